@@ -1,0 +1,36 @@
+"""sdcguard: catch GPUs and CPU cores that compute wrong answers silently.
+
+Importing ``sdcguard`` is cheap and never imports torch or cupy: the training-side names below are loaded on
+first use, so the fleet scanner and the report CLI run on nodes without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# name -> module that defines it (loaded lazily, see __getattr__)
+_LAZY: dict[str, str] = {
+    "SdcguardError": "sdcguard.errors",
+    "CorruptionDetected": "sdcguard.errors",
+    "DeviceInfo": "sdcguard.records",
+    "CaseResult": "sdcguard.records",
+    "Incident": "sdcguard.records",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sdcguard' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

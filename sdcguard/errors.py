@@ -1,0 +1,58 @@
+"""Exceptions of sdcguard.
+
+Every ``SdcguardError`` is a problem a user can act on; the CLI prints its message as one line on stderr and
+exits with code 2. ``CorruptionDetected`` is different: it is what the training guard raises with
+``on_detect="raise"`` when a step was found corrupted.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SdcguardError",
+    "BadInput",
+    "StoreError",
+    "SchemaTooNew",
+    "GoldenDataError",
+    "SuiteError",
+    "NoDevice",
+    "CorruptionDetected",
+]
+
+
+class SdcguardError(Exception):
+    """A problem the user can fix; the CLI prints it as one line and exits 2."""
+
+
+class BadInput(SdcguardError):
+    """An argument or a spec could not be understood."""
+
+
+class StoreError(SdcguardError):
+    """The fleet store cannot be opened, read or written (not SQLite, unreadable, locked for too long)."""
+
+
+class SchemaTooNew(StoreError):
+    """The store was written by a newer sdcguard; it is left untouched."""
+
+
+class GoldenDataError(SdcguardError):
+    """Golden data is missing or does not match its manifest: the suite, not the device, is suspect."""
+
+
+class SuiteError(SdcguardError):
+    """The golden suite itself failed (a kernel did not compile, a backend is broken): never a device failure."""
+
+
+class NoDevice(SdcguardError):
+    """No device matched the request, or the requested device cannot run the suite."""
+
+
+class CorruptionDetected(RuntimeError):
+    """Raised by the training guard (``on_detect="raise"``) when a step was found corrupted.
+
+    ``incidents`` holds the incidents of that step.
+    """
+
+    def __init__(self, message: str, incidents: tuple[object, ...] = ()) -> None:
+        super().__init__(message)
+        self.incidents = incidents

@@ -1,0 +1,90 @@
+"""The records that cross module boundaries: what a golden case run produced, what the training guard found,
+and what is known about a device. One definition each; the store persists exactly these fields.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["DeviceInfo", "CaseResult", "Incident", "ScanStatus"]
+
+ScanStatus = Literal["running", "complete", "preempted", "interrupted", "error"]
+"""``running`` until the scanner finishes it; a scan left ``running`` by a killed process is never counted as
+complete. ``preempted``: a job appeared on the device; ``error``: the suite could not run (never a device fault)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceInfo:
+    """What the fleet knows about one device (one row of the ``devices`` table)."""
+
+    id: str
+    """``GPU-<uuid>``, ``cpu:<host>:<core>`` or ``sim:<n>`` (see :mod:`sdcguard.devices`)."""
+    host: str
+    kind: Literal["gpu", "cpu", "sim"]
+    model: str | None = None
+    serial: str | None = None
+    pci_bus_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CaseResult:
+    """One execution of one golden case on one device, compared bit-exactly with the golden output."""
+
+    device: str
+    case: str
+    """Case id from the golden manifest, e.g. ``gemm.fp32.n256``."""
+    family: str
+    """Kernel family: ``gemm``, ``alu``, ``ieee``, ``intrinsics``, ``memory``, ``shared`` (or ``sim``)."""
+    seed: int
+    """Seed of the case's input generator: the failure replays on any other device."""
+    passed: bool
+    """False when the output differs from the golden in at least one bit."""
+    duration_s: float
+    started_at: float = field(default_factory=time.time)
+    """Unix time the execution started."""
+    output_digest: str | None = None
+    """sha256 (hex) of the raw output bytes; the circuit breaker compares wrong outputs across devices."""
+    mismatches: int = 0
+    """Number of output elements that differ from the golden."""
+    element: int | None = None
+    """Flat index of the first differing element."""
+    expected: str | None = None
+    """Raw bits of the expected element, hex (``0x3f800000``)."""
+    actual: str | None = None
+    """Raw bits of the actual element, hex."""
+    xor_mask: str | None = None
+    """``expected ^ actual``, hex: which bits flipped."""
+    location: str | None = None
+    """Where it ran or failed: ``sm:12``, ``core:3``, ``addr:0x7f..`` (memory families)."""
+    attempt: int = 0
+    """0 for the first run, 1..N for retests of a failure."""
+    sticky: bool | None = None
+    """After retests: True if the failure reproduced, False if it did not, None when not retested."""
+    detail: dict[str, Any] = field(default_factory=dict)
+    """Free-form extra facts (bytes tested, second read of a memory word, telemetry...)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Incident:
+    """A corrupted training step found by the guard."""
+
+    kind: str
+    """Which check fired: ``replay``, ``gradient_replica``, ``weight_replica``, ``nondeterministic``."""
+    step: int
+    suspect_ranks: tuple[int, ...]
+    device: str | None
+    """Device id of the (first) suspect, or None when no single device could be named."""
+    detail: str
+    """One human sentence: what differed, where, and how it was settled."""
+    devices: tuple[str, ...] = ()
+    """Device ids of every suspect rank, in the order of ``suspect_ranks``."""
+    hosts: tuple[str, ...] = ()
+    """Hostnames of every suspect rank, in the order of ``suspect_ranks``."""
+    parameter: str | None = None
+    """First differing parameter (or bucket) name."""
+    sticky: bool | None = None
+    """True when a re-run on the suspect device reproduced the wrong result."""
+    job: str | None = None
+    time: float = field(default_factory=time.time)

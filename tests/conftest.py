@@ -1,0 +1,33 @@
+"""Shared test configuration: the ``gpu`` marker skips (with the reason) where CUDA cannot run."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+
+@functools.cache
+def _cuda_unavailable_reason() -> str | None:
+    try:
+        import cupy  # noqa: F401
+    except Exception as e:  # ImportError, or a broken CUDA install
+        return f"cupy not importable: {type(e).__name__}: {e}"
+    try:
+        import cupy
+
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        return f"no CUDA device usable: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return None if n > 0 else "no CUDA device found"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    reason = _cuda_unavailable_reason()
+    if reason:
+        skip = pytest.mark.skip(reason=f"gpu test: {reason}")
+        for item in gpu_items:
+            item.add_marker(skip)
