@@ -1,0 +1,5 @@
+"""``python -m sdcguard`` is the ``sdcguard`` command."""
+
+from .cli import main
+
+main()
