@@ -1,0 +1,191 @@
+"""Capture what a replay needs: the micro-batch and every random-number state, taken just before a forward pass.
+
+A replay on another device must see exactly the inputs and random draws (dropout masks) of the original
+computation. :class:`Capture` holds the micro-batch (a tensor or any nesting of tuples, lists and dicts of
+tensors), the Python, NumPy, torch CPU and CUDA generator states, and the state of a user hook for anything else
+that draws random numbers (a tensor-parallel RNG tracker, for instance). Captures are picklable with the batch on
+the CPU, so they travel between ranks; :func:`rng_replayed` applies one for the span of a replay and then puts the
+current states back, so a replay never shifts the training run's own random stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "RngHook",
+    "RngState",
+    "Capture",
+    "capture_rng",
+    "restore_rng",
+    "rng_replayed",
+    "make_capture",
+    "batch_for_replay",
+    "map_tensors",
+]
+
+Batch = Any
+"""A tensor, or a tuple / list / dict (nested at will) whose leaves are tensors or plain Python values."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RngHook:
+    """Extra random state the guard must capture and restore (for instance a tensor-parallel RNG tracker).
+
+    ``get`` returns a picklable snapshot; ``set`` puts a snapshot back. Both run on every rank.
+    """
+
+    get: Callable[[], Any]
+    set: Callable[[Any], None]
+
+    def __post_init__(self) -> None:
+        if not callable(self.get) or not callable(self.set):
+            raise TypeError("RngHook needs two callables: get() -> state and set(state)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RngState:
+    """Every generator state at one instant of one rank."""
+
+    python: Any
+    numpy: Any
+    torch_cpu: torch.Tensor
+    cuda: tuple[torch.Tensor, ...] = ()
+    """One state per visible CUDA device (empty when CUDA is not initialised)."""
+    cuda_current: int | None = None
+    """Index of the current CUDA device: the one a replay on another rank maps onto its own current device."""
+    extra: Any = None
+    """What the user's :class:`RngHook` returned, if one was given."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Capture:
+    """One micro-batch of one rank at one step, with what it takes to recompute it bit for bit elsewhere."""
+
+    step: int
+    rank: int
+    """Rank (within the data-parallel group) that computed the original."""
+    micro_batch: int
+    """Index of the micro-batch within the step (0 without gradient accumulation)."""
+    batch: Batch
+    """The micro-batch, with every tensor on the CPU (see :meth:`to_portable`)."""
+    rng: RngState
+    loss_scale: float = 1.0
+    """The loss was multiplied by this before the backward pass (``1/k`` with ``k`` accumulation steps)."""
+    on_device: tuple[bool, ...] = field(default=())
+    """Per tensor leaf (in traversal order): was it on an accelerator? The replay moves those to its own device."""
+
+
+def map_tensors(obj: Batch, fn: Callable[[torch.Tensor], Any]) -> Batch:
+    """Apply ``fn`` to every tensor leaf of a nested batch, keeping the container types (and namedtuples)."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict) and type(obj) is dict:
+        return {k: map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, Mapping):  # OrderedDict, BatchEncoding-like mappings
+        return type(obj)((k, map_tensors(v, fn)) for k, v in obj.items())
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(map_tensors(v, fn) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_tensors(v, fn) for v in obj)
+    return obj
+
+
+def _leaves(obj: Batch) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    map_tensors(obj, lambda t: out.append(t))
+    return out
+
+
+def capture_rng(hook: RngHook | None = None) -> RngState:
+    """Snapshot every generator this process uses (call it right before the forward pass it describes)."""
+    cuda: tuple[torch.Tensor, ...] = ()
+    current: int | None = None
+    # Only touch CUDA when it is already initialised: capturing must not create a context on a CPU-only rank.
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        cuda = tuple(torch.cuda.get_rng_state_all())
+        current = torch.cuda.current_device()
+    return RngState(
+        python=random.getstate(),
+        numpy=np.random.get_state(),
+        torch_cpu=torch.random.get_rng_state(),
+        cuda=cuda,
+        cuda_current=current,
+        extra=hook.get() if hook is not None else None,
+    )
+
+
+def restore_rng(state: RngState, hook: RngHook | None = None, *, same_process: bool = True) -> None:
+    """Put a snapshot back.
+
+    ``same_process=False`` is a replay of another rank's capture: only that rank's *current* CUDA device state is
+    applied, to this process's current device (rank ``r`` uses ``cuda:r``, the replaying rank its own).
+    """
+    random.setstate(state.python)
+    np.random.set_state(state.numpy)
+    torch.random.set_rng_state(state.torch_cpu)
+    if state.cuda and torch.cuda.is_available():
+        if same_process:
+            torch.cuda.set_rng_state_all(list(state.cuda))
+        elif state.cuda_current is not None:
+            torch.cuda.set_rng_state(state.cuda[state.cuda_current], device=torch.cuda.current_device())
+    if hook is not None and state.extra is not None:
+        hook.set(state.extra)
+
+
+@contextlib.contextmanager
+def rng_replayed(state: RngState, hook: RngHook | None = None, *, same_process: bool = True) -> Iterator[None]:
+    """Run the body with ``state`` applied, then restore the states that were current before.
+
+    The training run's own random stream is untouched: a guarded run draws the same dropout masks as an unguarded
+    one.
+    """
+    saved = capture_rng(hook)
+    restore_rng(state, hook, same_process=same_process)
+    try:
+        yield
+    finally:
+        restore_rng(saved, hook, same_process=True)
+
+
+def make_capture(
+    *,
+    step: int,
+    rank: int,
+    micro_batch: int,
+    batch: Batch,
+    rng: RngState,
+    loss_scale: float = 1.0,
+) -> Capture:
+    """A portable capture: tensors copied to the CPU (detached), accelerator leaves remembered."""
+    leaves = _leaves(batch)
+    on_device = tuple(t.device.type != "cpu" for t in leaves)
+    # clone(): the caller may reuse or modify its batch buffers after the step.
+    portable = map_tensors(batch, lambda t: t.detach().to("cpu", copy=True))
+    return Capture(
+        step=step,
+        rank=rank,
+        micro_batch=micro_batch,
+        batch=portable,
+        rng=rng,
+        loss_scale=loss_scale,
+        on_device=on_device,
+    )
+
+
+def batch_for_replay(capture: Capture, device: torch.device) -> Batch:
+    """The capture's batch with the leaves that lived on an accelerator moved to ``device`` (this rank's own)."""
+    flags = iter(capture.on_device)
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        moved = next(flags, False)
+        return t.to(device) if moved and device.type != "cpu" else t
+
+    return map_tensors(capture.batch, move)

@@ -1,0 +1,797 @@
+"""``SDCGuard``: the training-side detector. One call per step runs forward, backward, the checks and the veto.
+
+What happens in ``guard.step(step, batch)`` on every data-parallel rank:
+
+1. Each micro-batch's forward and backward run through ``loss_fn`` and ``torch.autograd.grad`` into fresh
+   tensors: the *local* gradients, before any reduction. The guard computes them itself rather than reading
+   DDP's buckets from a comm hook: the replay then runs the very same code (so healthy hardware agrees bit for
+   bit), there is no bucket layout to mirror, a user's own comm hook is never displaced, and the original is
+   exactly the computation being checked. The price: the gradient all-reduce runs after the backward pass
+   instead of overlapping with it, and DDP's forward hooks (buffer broadcast) are not used; a DDP-wrapped model
+   is unwrapped and ``loss_fn`` receives the inner module.
+2. The guard all-reduces the accumulated local gradients itself (bucketed, averaged over the group).
+3. Every step: exact fingerprints of the reduced gradients are compared across replicas (``ReplicaCheck``):
+   this sees corruption after the reduction (collective, memory).
+4. Sampled steps (one in ``replay_every``): a replay of one micro-batch on another device, compared bit for bit
+   with the original (:mod:`sdcguard.shadows` for who replays whom, :mod:`sdcguard.replay` for the replay).
+   A disagreement is settled by a third opinion and a re-run on the original device (transient or sticky).
+5. One small all-reduce decides the veto: with ``on_detect="skip"`` no rank commits a corrupted step.
+
+The gradients land in ``.grad`` only when the step commits. ``after_optimizer_step()`` compares the weights
+across replicas on its own schedule.
+
+Exit-code contract (``on_detect="exit"``): every rank of the data-parallel group leaves at the same step, so no
+rank waits on a dead peer. Ranks named as suspects exit with :data:`EXIT_SUSPECT_DEVICE` (86): "do not restart on
+this node"; the others with :data:`EXIT_RESTART` (85): "restart me (without the suspect node)". A suspect rank
+also writes the incidents as JSON lines to ``$SDCGUARD_SUSPECT_FILE`` when that variable is set, so a node-level
+wrapper around ``torchrun`` can tell "leave the job" from "rejoin" (see the README).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .capture import Batch, Capture, RngHook, capture_rng, make_capture
+from .devices import cpu_id, gpu_id, hostname
+from .errors import BadInput, CorruptionDetected
+from .records import Incident
+from .replay import Digest, LossFn, digest, first_mismatch, local_gradients, replay
+from .shadows import (
+    VERDICT_LEN,
+    ShadowSample,
+    ShadowServer,
+    Verdict,
+    digest_hash,
+    exchange_objects,
+    flatten_params,
+    peer_source,
+    peer_target,
+    send_sample,
+    send_stop,
+    shadow_assignment,
+    unflatten_params,
+)
+
+__all__ = [
+    "SDCGuard",
+    "GuardConfig",
+    "StepReport",
+    "CalibrationReport",
+    "OnDetect",
+    "EXIT_SUSPECT_DEVICE",
+    "EXIT_RESTART",
+]
+
+OnDetect = Literal["record", "skip", "raise", "exit"]
+
+EXIT_SUSPECT_DEVICE = 86
+"""Exit status of a rank whose device was named as a suspect (``on_detect="exit"``): do not restart it here."""
+EXIT_RESTART = 85
+"""Exit status of the other ranks (``on_detect="exit"``): the job should restart without the suspect node."""
+
+_BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket size: few collectives, bounded extra memory
+
+# Ops whose CUDA kernels accumulate with atomics (order-dependent float sums): the usual reason a replay differs.
+_NONDETERMINISTIC_OPS = (
+    "index_add",
+    "scatter_add",
+    "scatter_reduce",
+    "index_put",
+    "put_",
+    "embedding_dense_backward",
+    "_embedding_bag_backward",
+    "index_reduce",
+    "bincount",
+    "histc",
+    "cumsum",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GuardConfig:
+    """Validated settings of a guard (``SDCGuard`` builds it from its keyword arguments)."""
+
+    replay_every: int = 50
+    """Replay one step in N (0: never)."""
+    shadows: Literal["peer"] | tuple[int, ...] = "peer"
+    """``"peer"``: data-parallel ranks replay each other; or the global ranks of dedicated shadows."""
+    weight_check_every: int = 100
+    """Compare the weights across replicas every N steps in ``after_optimizer_step`` (0: never)."""
+    store: str | None = None
+    """Path of the fleet store that incidents are recorded in (by the group's first rank)."""
+    on_detect: OnDetect = "skip"
+    """``record``: only record; ``skip``: no rank commits a corrupted step; ``raise``: raise
+    ``CorruptionDetected`` on every rank; ``exit``: every rank exits (see the module's exit-code contract)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.replay_every, int) or self.replay_every < 0:
+            raise BadInput(f"replay_every must be an integer >= 0, got {self.replay_every!r}")
+        if not isinstance(self.weight_check_every, int) or self.weight_check_every < 0:
+            raise BadInput(f"weight_check_every must be an integer >= 0, got {self.weight_check_every!r}")
+        if self.on_detect not in ("record", "skip", "raise", "exit"):
+            raise BadInput(f"on_detect must be record, skip, raise or exit, got {self.on_detect!r}")
+        if self.shadows != "peer":
+            if isinstance(self.shadows, str) or not all(isinstance(r, int) and r >= 0 for r in self.shadows):
+                raise BadInput(f'shadows must be "peer" or a list of ranks, got {self.shadows!r}')
+            if not self.shadows or len(set(self.shadows)) != len(self.shadows):
+                raise BadInput(f"shadows must name at least one rank, each once, got {list(self.shadows)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepReport:
+    """What ``guard.step`` found."""
+
+    step: int
+    loss: torch.Tensor
+    """The step's loss (mean over its micro-batches), detached."""
+    commit: bool
+    """False when the optimizer must not apply this step (identical on every rank)."""
+    incidents: tuple[Incident, ...] = ()
+    """Incidents found during this call (a dedicated shadow's verdict may name an earlier step)."""
+    replayed: bool = False
+    """Whether this step was a sampled (replayed) step."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationReport:
+    """Result of ``guard.calibrate``: are replays bit-identical on this setup?"""
+
+    deterministic: bool
+    same_device: bool
+    """A re-run on each rank's own device reproduced its result bit for bit (on every rank)."""
+    cross_rank: bool
+    """Another rank's replay reproduced each rank's result bit for bit."""
+    causes: tuple[str, ...] = ()
+    """Likely reasons when not deterministic."""
+    ranks_differing: tuple[int, ...] = ()
+    """Global ranks whose result was not reproduced."""
+
+    def __str__(self) -> str:
+        if self.deterministic:
+            return "replays are bit-identical on each rank and across ranks"
+        where = "across ranks" if self.same_device else "on the same device"
+        causes = "; ".join(self.causes) or "unknown"
+        return f"replays are NOT bit-identical ({where}); likely causes: {causes}"
+
+
+@dataclass
+class _Pending:
+    """A sample sent to a dedicated shadow, waiting for its verdict (every worker keeps the metadata)."""
+
+    sample: int
+    step: int
+    worker: int  # index in the data-parallel group
+    shadow: int  # global rank
+    # only on the sending worker:
+    handles: list[Any] = field(default_factory=list)
+    verdict: torch.Tensor | None = None
+    verdict_work: Any = None
+    capture: Capture | None = None
+    flats: list[torch.Tensor] = field(default_factory=list)
+    original: Digest | None = None
+
+
+@dataclass(frozen=True)
+class _Conflict:
+    """Two devices disagreeing on one micro-batch, with the opinions gathered to settle it."""
+
+    owner: int  # data-parallel index of the rank whose micro-batch it is
+    other: int | None  # data-parallel index of the replaying rank; None for a dedicated shadow
+    other_global: int
+    original: Digest
+    parameter: int | None
+    loss_differs: bool
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Records which aten ops ran (calibration names order-dependent ones as likely causes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.seen.add(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
+def _device_id(device: torch.device) -> str | None:
+    """This rank's device id (DESIGN: ``GPU-<uuid>``; a CPU rank is named by the first core it may run on)."""
+    try:
+        if device.type == "cuda":
+            props = torch.cuda.get_device_properties(device)
+            return gpu_id(str(props.uuid))
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+        return cpu_id(cores[0] if cores else 0)
+    except Exception:  # an odd driver must never stop training over a name
+        return None
+
+
+class SDCGuard:
+    """Exact replay and cross-replica checks around each training step (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        *,
+        group: Any = None,
+        replay_every: int = 50,
+        shadows: Literal["peer"] | Sequence[int] = "peer",
+        weight_check_every: int = 100,
+        store: str | os.PathLike[str] | None = None,
+        on_detect: OnDetect = "skip",
+        rng_hook: RngHook | None = None,
+    ) -> None:
+        self.config = GuardConfig(
+            replay_every=replay_every,
+            shadows="peer" if shadows == "peer" else tuple(shadows),
+            weight_check_every=weight_check_every,
+            store=None if store is None else os.fspath(store),
+            on_detect=on_detect,
+        )
+        self.model = model
+        self.module: nn.Module = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+        self.loss_fn = loss_fn
+        self.rng_hook = rng_hook
+        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        if not named:
+            raise BadInput("the model has no parameter that requires a gradient")
+        self.param_names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.device = self.params[0].device
+        self.incidents: list[Incident] = []
+        self.nondeterministic = False
+        """True once ``calibrate`` found replays not bit-identical: mismatches become ``nondeterministic``."""
+        self._steps = 0
+        self._samples = 0
+        self._last_step: int | None = None
+        self._pending: _Pending | None = None
+        self._closed = False
+        self._setup_groups(group)
+        from .replica import ReplicaCheck
+
+        self._grad_check = ReplicaCheck(group=self.group) if self.role == "worker" else None
+        self._weight_check = ReplicaCheck(group=self.group) if self.role == "worker" else None
+
+    # ------------------------------------------------------------------------------------------------ setup
+
+    def _setup_groups(self, group: Any) -> None:
+        self.distributed = dist.is_available() and dist.is_initialized()
+        shadows = self.config.shadows
+        if not self.distributed:
+            if shadows != "peer":
+                raise BadInput("dedicated shadows need torch.distributed to be initialised")
+            self.rank, self.group, self.members, self.role, self.shadow_ranks = 0, None, [0], "worker", ()
+        else:
+            self.rank = dist.get_rank()
+            world = dist.get_world_size()
+            if shadows == "peer":
+                self.group = group
+                self.members = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+                self.role = "worker"
+                self.shadow_ranks = ()
+            else:
+                if any(r >= world for r in shadows):
+                    raise BadInput(f"shadow ranks {list(shadows)} are not all below the world size {world}")
+                self.shadow_ranks = tuple(shadows)
+                workers = [r for r in range(world) if r not in shadows]
+                if not workers:
+                    raise BadInput("every rank is a shadow: at least one worker is needed")
+                if group is None:
+                    # new_group is collective over the world: every rank (shadows too) builds the guard here.
+                    group = dist.new_group(ranks=workers)
+                self.role = "shadow" if self.rank in shadows else "worker"
+                self.group = group if self.role == "worker" else None
+                if self.role == "worker" and dist.get_process_group_ranks(group) != workers:
+                    raise BadInput("with dedicated shadows, group must hold exactly the non-shadow ranks")
+                self.members = workers
+        self.dp_size = len(self.members)
+        self.dp_rank = self.members.index(self.rank) if self.role == "worker" else -1
+        me = (_device_id(self.device), hostname())
+        if not self.distributed:
+            everyone: list[Any] = [me]
+            ranks = [0]
+        elif self.shadow_ranks:
+            everyone = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, me)
+            ranks = list(range(dist.get_world_size()))
+        else:
+            everyone = [None] * self.dp_size
+            dist.all_gather_object(everyone, me, group=self.group)
+            ranks = self.members
+        self.identities: dict[int, tuple[str | None, str]] = dict(zip(ranks, everyone))
+
+    # ------------------------------------------------------------------------------------------- the step
+
+    def step(self, step: int, batch: Batch = None, *, micro_batches: Sequence[Batch] | None = None) -> StepReport:
+        """Forward, backward, checks and veto for one optimizer step.
+
+        ``batch`` is this rank's micro-batch; with gradient accumulation pass ``micro_batches=[...]`` instead (the
+        loss of each is scaled by ``1/len(micro_batches)``, as an accumulating loop would). On commit, the
+        averaged gradients are in ``.grad`` (added to what is there); on a vetoed step ``.grad`` is untouched.
+        """
+        if self.role != "worker":
+            raise RuntimeError("a dedicated shadow rank runs guard.serve(), not guard.step()")
+        if (batch is None) == (micro_batches is None):
+            raise BadInput("pass exactly one of batch or micro_batches")
+        mbs = [batch] if micro_batches is None else list(micro_batches)
+        if not mbs:
+            raise BadInput("micro_batches is empty")
+        every = self.config.replay_every
+        sampled = every > 0 and step % every == 0
+        sample = self._samples
+        chosen = sample % len(mbs)  # which micro-batch this sample replays: rotates with gradient accumulation
+        if self.shadow_ranks:
+            capture_here = sampled and self.dp_rank == shadow_assignment(sample, self.dp_size, len(self.shadow_ranks))[0]
+        else:
+            capture_here = sampled
+        scale = 1.0 / len(mbs)
+
+        cap: Capture | None = None
+        original: Digest | None = None
+        acc: list[torch.Tensor] | None = None
+        losses: list[torch.Tensor] = []
+        for i, mb in enumerate(mbs):
+            if capture_here and i == chosen:
+                cap = make_capture(
+                    step=step, rank=self.dp_rank, micro_batch=i, batch=mb, rng=capture_rng(self.rng_hook),
+                    loss_scale=scale,
+                )
+            loss, grads = local_gradients(self.module, self.loss_fn, self.params, mb, scale)
+            if capture_here and i == chosen:
+                original = digest(loss, grads)
+            losses.append(loss)
+            if acc is None:
+                acc = grads
+            else:
+                for a, g in zip(acc, grads):
+                    a.add_(g)
+        assert acc is not None
+        mean_loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
+        reduced = self._all_reduce(acc)
+
+        found: list[Incident] = []
+        found += self._replica_incidents(self._grad_check, reduced, step, "gradient_replica")
+        if sampled:
+            if self.shadow_ranks:
+                found += self._dedicated_round(step, sample, cap, original)
+            else:
+                assert cap is not None and original is not None
+                found += self._peer_round(step, sample, cap, original)
+            self._samples += 1
+
+        corrupt_now = any(i.kind != "nondeterministic" and i.step == step for i in found)
+        vetoed = self._agree(corrupt_now)
+        commit = not (vetoed and self.config.on_detect != "record")
+        if commit:
+            with torch.no_grad():
+                for p, g in zip(self.params, reduced):
+                    if p.grad is None:
+                        p.grad = g.view_as(p)
+                    else:
+                        p.grad.add_(g.view_as(p))
+        self._steps += 1
+        self._last_step = step
+        self._handle(found)
+        return StepReport(step=step, loss=mean_loss, commit=commit, incidents=tuple(found), replayed=sampled)
+
+    def after_optimizer_step(self) -> list[Incident]:
+        """Compare the weights across replicas when the schedule says so (call it after ``optimizer.step()``)."""
+        every = self.config.weight_check_every
+        if self.role != "worker" or not every or self._last_step is None or self._last_step % every:
+            return []
+        found = self._replica_incidents(self._weight_check, [p.detach() for p in self.params], self._last_step,
+                                        "weight_replica")
+        self._handle(found)
+        return found
+
+    # ------------------------------------------------------------------------------------- collectives
+
+    def _all_reduce(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        if not self.distributed or self.dp_size == 1:
+            return grads
+        out: list[torch.Tensor | None] = [None] * len(grads)
+        bucket: list[int] = []
+        size = 0
+
+        def flush() -> None:
+            nonlocal bucket, size
+            if not bucket:
+                return
+            flat = torch.cat([grads[i].reshape(-1) for i in bucket])
+            dist.all_reduce(flat, group=self.group)
+            flat.div_(self.dp_size)
+            offset = 0
+            for i in bucket:
+                n = grads[i].numel()
+                out[i] = flat[offset : offset + n].view_as(grads[i])
+                offset += n
+            bucket, size = [], 0
+
+        for i, g in enumerate(grads):
+            if bucket and (g.dtype != grads[bucket[0]].dtype or g.device != grads[bucket[0]].device
+                           or size + g.numel() * g.element_size() > _BUCKET_BYTES):
+                flush()
+            bucket.append(i)
+            size += g.numel() * g.element_size()
+        flush()
+        return [t for t in out if t is not None]
+
+    def _agree(self, flag: bool) -> bool:
+        """One small all-reduce: True on every rank when any rank saw a corrupted step."""
+        if not self.distributed or self.dp_size == 1:
+            return flag
+        t = torch.tensor([int(flag)], dtype=torch.int32, device=self._comm_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(t.item())
+
+    def _comm_device(self) -> torch.device:
+        backend = str(dist.get_backend(self.group)).lower()
+        return self.device if "nccl" in backend else torch.device("cpu")
+
+    def _gather(self, obj: Any) -> list[Any]:
+        if not self.distributed or self.dp_size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.dp_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def _broadcast(self, obj: Any, src: int) -> Any:
+        """Broadcast an object from data-parallel index ``src``."""
+        if not self.distributed or self.dp_size == 1:
+            return obj
+        box = [obj if self.dp_rank == src else None]
+        dist.broadcast_object_list(box, src=self.members[src], group=self.group)
+        return box[0]
+
+    # ----------------------------------------------------------------------------------- replica checks
+
+    def _replica_incidents(self, check: Any, tensors: Sequence[torch.Tensor], step: int, kind: str) -> list[Incident]:
+        if check is None or not self.distributed or self.dp_size == 1:
+            return []
+        result = check.check(tensors, names=self.param_names)
+        if result.ok:
+            return []
+        suspects = tuple(self.members[i] for i in result.minority) if result.minority else ()
+        what = "reduced gradients" if kind == "gradient_replica" else "weights"
+        param = self.param_names[result.first_index] if result.first_index is not None else None
+        if suspects:
+            detail = (f"the {what} at step {step} differ across replicas; rank(s) "
+                      f"{', '.join(map(str, suspects))} disagree with the majority"
+                      + (f", first at parameter {param!r}" if param else ""))
+        else:
+            detail = f"the {what} at step {step} differ across replicas with no majority"
+        return [self._incident(kind, step, suspects, detail, parameter=param)]
+
+    # ------------------------------------------------------------------------------------- peer replay
+
+    def _replay(self, cap: Capture, *, same_process: bool, values: Sequence[torch.Tensor] | None = None) -> Digest:
+        return replay(self.module, self.loss_fn, self.params, cap, device=self.device, rng_hook=self.rng_hook,
+                      same_process=same_process, param_values=values)
+
+    def _peer_round(self, step: int, sample: int, cap: Capture, original: Digest) -> list[Incident]:
+        W, me = self.dp_size, self.dp_rank
+        if W == 1:
+            again = self._replay(cap, same_process=True)
+            mm = first_mismatch(original, again)
+            if mm is None:
+                return []
+            c = _Conflict(owner=0, other=0, other_global=self.members[0], original=original,
+                          parameter=mm.index, loss_differs=mm.loss_differs)
+            return self._settle_single(step, c)
+        src, dst = peer_source(me, sample, W), peer_target(me, sample, W)
+        theirs: Capture = exchange_objects(cap, dst=self.members[dst], src=self.members[src], group=self.group)
+        mine = self._replay(theirs, same_process=False)
+        gathered = self._gather((original, mine))
+        conflicts: list[_Conflict] = []
+        for r in range(W):
+            p = peer_source(r, sample, W)
+            mm = first_mismatch(gathered[p][0], gathered[r][1])
+            if mm is not None:
+                conflicts.append(_Conflict(owner=p, other=r, other_global=self.members[r],
+                                           original=gathered[p][0], parameter=mm.index,
+                                           loss_differs=mm.loss_differs))
+        if not conflicts:
+            return []
+        if self.nondeterministic:
+            return [self._nondeterministic(step, c) for c in conflicts]
+        results = []
+        for c in conflicts:  # identical list on every rank: the rounds below line up
+            assert c.other is not None
+            owner_cap = self._broadcast(cap if me == c.owner else None, src=c.owner)
+            third = self._third(c.owner, c.other)
+            mine_op: dict[str, Digest] = {}
+            if me == c.owner:
+                mine_op["rerun"] = self._replay(owner_cap, same_process=True)
+            if me == c.other:
+                mine_op["replayer_rerun"] = self._replay(owner_cap, same_process=False)
+            if me == third:
+                mine_op["third"] = self._replay(owner_cap, same_process=False)
+            opinions = self._gather(mine_op)
+            replica = gathered[c.other][1]
+            results.append(self._settle(
+                step, c, replica=replica,
+                third=None if third is None else opinions[third]["third"],
+                third_rank=third,
+                rerun=opinions[c.owner]["rerun"],
+                other_rerun=opinions[c.other]["replayer_rerun"],
+            ))
+        return self._merge(step, results)
+
+    def _third(self, a: int, b: int) -> int | None:
+        for k in range(1, self.dp_size):
+            t = (b + k) % self.dp_size
+            if t not in (a, b):
+                return t
+        return None
+
+    # --------------------------------------------------------------------------------- dedicated shadows
+
+    def _dedicated_round(self, step: int, sample: int, cap: Capture | None, original: Digest | None) -> list[Incident]:
+        found = self._collect()
+        w, s = shadow_assignment(sample, self.dp_size, len(self.shadow_ranks))
+        pending = _Pending(sample=sample, step=step, worker=w, shadow=self.shadow_ranks[s])
+        if self.dp_rank == w:
+            assert cap is not None and original is not None
+            flats, layout = flatten_params(self.params)
+            msg = ShadowSample(sample=sample, step=step, capture=cap, original=original, flat_layout=layout)
+            pending.handles = send_sample(msg, flats, pending.shadow)
+            pending.verdict = torch.zeros(VERDICT_LEN, dtype=torch.int64, device=self._comm_device())
+            pending.verdict_work = dist.irecv(pending.verdict, src=pending.shadow)
+            pending.capture, pending.flats, pending.original = cap, flats, original
+        self._pending = pending
+        return found
+
+    def _collect(self) -> list[Incident]:
+        """Every worker: fetch the pending verdict (blocking on the sender only) and settle a mismatch."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return []
+        buf = torch.zeros(VERDICT_LEN, dtype=torch.int64, device=self._comm_device())
+        if self.dp_rank == pending.worker:
+            pending.verdict_work.wait()
+            for work in pending.handles[0][0] + pending.handles[1]:
+                work.wait()
+            buf.copy_(pending.verdict)
+        if self.dp_size > 1:
+            dist.broadcast(buf, src=self.members[pending.worker], group=self.group)
+        verdict = Verdict.from_tensor(buf)
+        if verdict.matched:
+            return []
+        c = _Conflict(owner=pending.worker, other=None, other_global=pending.shadow,
+                      original=pending.original or Digest(0, ()), parameter=verdict.first_index,
+                      loss_differs=verdict.loss_differs)
+        if self.nondeterministic:
+            return [self._nondeterministic(pending.step, c)]
+        payload = None
+        if self.dp_rank == pending.worker:
+            payload = (pending.capture, [f.cpu() for f in pending.flats], pending.original)
+        owner_cap, flats, original = self._broadcast(payload, src=pending.worker)
+        c = _Conflict(owner=c.owner, other=None, other_global=c.other_global, original=original,
+                      parameter=c.parameter, loss_differs=c.loss_differs)
+        values = unflatten_params([f.to(self.device) for f in flats], self.params)
+        third = (pending.worker + 1) % self.dp_size if self.dp_size > 1 else None
+        mine_op: dict[str, Digest] = {}
+        if self.dp_rank == pending.worker:
+            mine_op["rerun"] = self._replay(owner_cap, same_process=True, values=values)
+        if self.dp_rank == third:
+            mine_op["third"] = self._replay(owner_cap, same_process=False, values=values)
+        opinions = self._gather(mine_op)
+        return self._merge(pending.step, [self._settle(
+            pending.step, c, replica=None, replica_hash=verdict.shadow_hash,
+            third=None if third is None else opinions[third]["third"], third_rank=third,
+            rerun=opinions[pending.worker]["rerun"], other_rerun=None,
+        )])
+
+    def serve(self) -> int:
+        """On a dedicated shadow rank: replay the samples workers send until every worker calls ``close()``."""
+        if self.role != "shadow":
+            raise RuntimeError("guard.serve() runs on dedicated shadow ranks only")
+        server = ShadowServer(self.module, self.loss_fn, self.params, num_workers=self.dp_size,
+                              device=self.device, rng_hook=self.rng_hook)
+        return server.serve()
+
+    def close(self) -> list[Incident]:
+        """End of training: collect the last shadow verdict and release the shadows (every worker calls it)."""
+        if self._closed or self.role != "worker":
+            return []
+        self._closed = True
+        found: list[Incident] = []
+        if self.shadow_ranks:
+            found = self._collect()
+            self._handle(found)
+            for s in self.shadow_ranks:
+                send_stop(s)
+        return found
+
+    # -------------------------------------------------------------------------------------- attribution
+
+    def _settle(self, step: int, c: _Conflict, *, replica: Digest | None, third: Digest | None,
+                third_rank: int | None, rerun: Digest, other_rerun: Digest | None,
+                replica_hash: int | None = None) -> tuple[tuple[int, ...], bool | None, str, _Conflict]:
+        """Decide who is wrong in a two-device disagreement. Returns (suspect global ranks, sticky, how, c)."""
+        owner_g = self.members[c.owner]
+        other_g = c.other_global
+        other_name = f"rank {other_g}" + (" (dedicated shadow)" if c.other is None else "")
+
+        def same_as_replica(d: Digest) -> bool:
+            return d == replica if replica is not None else digest_hash(d) == replica_hash
+
+        if third is not None:
+            third_g = self.members[third_rank] if third_rank is not None else -1
+            if same_as_replica(third) and third != c.original:
+                sticky = rerun != third
+                how = (f"rank {third_g}'s replay agrees with {other_name}; a re-run on rank {owner_g} "
+                       + ("reproduced the wrong result (sticky)" if sticky else "was correct (transient)"))
+                return (owner_g,), sticky, how, c
+            if third == c.original and not same_as_replica(third):
+                sticky = None if other_rerun is None else other_rerun != third
+                how = f"rank {third_g}'s replay agrees with rank {owner_g}: {other_name} computed the replay wrong"
+                return (other_g,), sticky, how, c
+            return (owner_g, other_g), None, f"rank {third_g}'s replay agrees with neither", c
+        # Two devices only: the re-runs are the third opinion.
+        if same_as_replica(rerun) and (other_rerun is None or same_as_replica(other_rerun)):
+            return (owner_g,), False, f"a re-run on rank {owner_g} agrees with {other_name} (transient)", c
+        if rerun == c.original and other_rerun is not None and other_rerun == c.original:
+            return (other_g,), False, f"a re-run on {other_name} agrees with rank {owner_g} (transient)", c
+        return (owner_g, other_g), None, "both devices reproduce their own result: no third device to decide", c
+
+    def _settle_single(self, step: int, c: _Conflict) -> list[Incident]:
+        how = "a re-run on the same device differs (single rank: no other device to compare with)"
+        return self._merge(step, [((self.members[0],), False, how, c)])
+
+    def _merge(self, step: int, results: list[tuple[tuple[int, ...], bool | None, str, _Conflict]]) -> list[Incident]:
+        """One incident per suspect set and step (a sticky device fails its own and its replay of another)."""
+        by_suspects: dict[tuple[int, ...], list[tuple[bool | None, str, _Conflict]]] = {}
+        for suspects, sticky, how, c in results:
+            by_suspects.setdefault(suspects, []).append((sticky, how, c))
+        out = []
+        for suspects, items in by_suspects.items():
+            sticky_values = [s for s, _, _ in items if s is not None]
+            sticky = any(sticky_values) if sticky_values else None
+            first = items[0][2]
+            param = self.param_names[first.parameter] if first.parameter is not None else None
+            parts = []
+            for _, how, c in items:
+                where = f"parameter {self.param_names[c.parameter]!r}" if c.parameter is not None else "the loss"
+                other = f"rank {c.other_global}" + (" (dedicated shadow)" if c.other is None else "")
+                parts.append(f"rank {self.members[c.owner]}'s micro-batch: original and {other}'s replay differ "
+                             f"first at {where}" + (" (loss differs too)" if c.loss_differs and c.parameter
+                                                    is not None else "") + f"; {how}")
+            detail = f"step {step}: " + ". ".join(parts)
+            out.append(self._incident("replay", step, suspects, detail, parameter=param, sticky=sticky))
+        return out
+
+    def _nondeterministic(self, step: int, c: _Conflict) -> Incident:
+        where = f"parameter {self.param_names[c.parameter]!r}" if c.parameter is not None else "the loss"
+        detail = (f"step {step}: rank {self.members[c.owner]}'s micro-batch replayed on rank {c.other_global} "
+                  f"differs first at {where}, but calibrate() found this setup nondeterministic: not blamed on "
+                  "hardware")
+        return self._incident("nondeterministic", step, (), detail, parameter=None)
+
+    def _incident(self, kind: str, step: int, suspects: tuple[int, ...], detail: str, *,
+                  parameter: str | None = None, sticky: bool | None = None) -> Incident:
+        devices = tuple(self.identities.get(r, (None, ""))[0] or "" for r in suspects)
+        hosts = tuple(self.identities.get(r, (None, ""))[1] for r in suspects)
+        return Incident(kind=kind, step=step, suspect_ranks=suspects,
+                        device=(devices[0] or None) if len(suspects) == 1 else None,
+                        detail=detail, devices=devices, hosts=hosts, parameter=parameter, sticky=sticky,
+                        job=os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID"))
+
+    # ------------------------------------------------------------------------------------------ actions
+
+    def _handle(self, found: list[Incident]) -> None:
+        if not found:
+            return
+        self.incidents.extend(found)
+        self._record(found)
+        actionable = [i for i in found if i.kind != "nondeterministic"]
+        if not actionable:
+            return
+        if self.config.on_detect == "raise":
+            raise CorruptionDetected(
+                f"silent data corruption: {actionable[0].detail}", tuple(actionable))
+        if self.config.on_detect == "exit":
+            suspect = any(self.rank in i.suspect_ranks for i in actionable)
+            if suspect and os.environ.get("SDCGUARD_SUSPECT_FILE"):
+                with contextlib.suppress(OSError):
+                    with open(os.environ["SDCGUARD_SUSPECT_FILE"], "a", encoding="utf-8") as f:
+                        for i in actionable:
+                            f.write(json.dumps(asdict(i)) + "\n")
+            print(f"sdcguard: {actionable[0].detail}", file=sys.stderr, flush=True)
+            sys.exit(EXIT_SUSPECT_DEVICE if suspect else EXIT_RESTART)
+
+    def _record(self, found: list[Incident]) -> None:
+        # One writer per group: every rank holds the same incidents.
+        if self.config.store is None or self.dp_rank != 0:
+            return
+        try:
+            from .store import Store
+
+            with Store.open(self.config.store) as store:
+                for incident in found:
+                    store.record_incident(incident)
+        except Exception as e:  # never crash training over bookkeeping: the incident stays in memory
+            warnings.warn(f"sdcguard: could not record {len(found)} incident(s) in {self.config.store}: {e}; "
+                          "they are kept in guard.incidents", RuntimeWarning, stacklevel=3)
+
+    # -------------------------------------------------------------------------------------- calibration
+
+    def calibrate(self, batch: Batch) -> CalibrationReport:
+        """Replay one clean step on each rank and across ranks: are the results bit-identical?
+
+        Touches neither ``.grad`` nor the random streams. When not identical, the guard is marked
+        ``nondeterministic``: later replay mismatches are reported as ``nondeterministic`` incidents and never
+        veto a step or blame a device. Every worker calls it (collective).
+        """
+        if self.role != "worker":
+            raise RuntimeError("calibrate() runs on the data-parallel workers")
+        cap = make_capture(step=-1, rank=self.dp_rank, micro_batch=0, batch=batch, rng=capture_rng(self.rng_hook))
+        recorder = _OpRecorder()
+        with recorder:
+            first = self._replay(cap, same_process=True)
+        again = self._replay(cap, same_process=True)
+        same_here = first == again
+        W, me = self.dp_size, self.dp_rank
+        if W > 1:
+            theirs = exchange_objects(cap, dst=self.members[peer_target(me, 0, W)],
+                                      src=self.members[peer_source(me, 0, W)], group=self.group)
+            cross_mine = self._replay(theirs, same_process=False)
+        else:
+            cross_mine = first
+        gathered = self._gather((first, cross_mine, same_here, sorted(recorder.seen)))
+        same_device = all(g[2] for g in gathered)
+        differing = [self.members[r] for r in range(W) if not gathered[r][2]]
+        cross = True
+        for r in range(W):
+            p = peer_source(r, 0, W) if W > 1 else r
+            if gathered[r][1] != gathered[p][0]:
+                cross = False
+                differing.append(self.members[p])
+        deterministic = same_device and cross
+        causes: list[str] = []
+        if not deterministic:
+            ops = sorted({op for g in gathered for op in g[3] if op.rstrip("_") in _NONDETERMINISTIC_OPS
+                          or op in _NONDETERMINISTIC_OPS})
+            if not torch.are_deterministic_algorithms_enabled():
+                causes.append("deterministic algorithms are off (torch.use_deterministic_algorithms(True))")
+            if self.device.type == "cuda":
+                if not os.environ.get("CUBLAS_WORKSPACE_CONFIG"):
+                    causes.append("CUBLAS_WORKSPACE_CONFIG is not set (use :4096:8)")
+                if torch.backends.cudnn.benchmark:
+                    causes.append("torch.backends.cudnn.benchmark is on")
+            if ops:
+                causes.append("order-dependent ops ran: " + ", ".join(ops))
+            if not causes:
+                causes.append("the loss function draws randomness the guard does not capture (pass rng_hook=)")
+        self.nondeterministic = not deterministic
+        return CalibrationReport(deterministic=deterministic, same_device=same_device, cross_rank=cross,
+                                 causes=tuple(causes), ranks_differing=tuple(sorted(set(differing))))
+
+    # ------------------------------------------------------------------------------------------- state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters a resumed run needs (the sample counter drives pairings and micro-batch choice)."""
+        return {"version": 1, "steps": self._steps, "samples": self._samples, "last_step": self._last_step,
+                "nondeterministic": self.nondeterministic, "incidents": len(self.incidents)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("version") != 1:
+            raise BadInput(f"unknown SDCGuard state version {state.get('version')!r}")
+        self._steps = int(state["steps"])
+        self._samples = int(state["samples"])
+        self._last_step = state["last_step"]
+        self.nondeterministic = bool(state["nondeterministic"])
