@@ -121,7 +121,8 @@ class BitFormat:
         if self.kind == "int":
             return b.view(np.dtype(f"int{self.width}")).astype(np.float64)
         if self.name in ("float64", "float32", "float16"):
-            return b.view(np.dtype(self.name)).astype(np.float64)
+            with np.errstate(invalid="ignore"):  # NaN payloads are expected here
+                return b.view(np.dtype(self.name)).astype(np.float64)
         if self.name == "bfloat16":  # the top half of a float32
             return (b.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
         if self.name == "float8_e5m2":  # the top half of a float16
