@@ -18,6 +18,10 @@ _LAZY: dict[str, str] = {
     "DeviceInfo": "sdcguard.records",
     "CaseResult": "sdcguard.records",
     "Incident": "sdcguard.records",
+    "Store": "sdcguard.store",
+    "QuarantinePolicy": "sdcguard.policy",
+    "apply_policy": "sdcguard.policy",
+    "ActionTemplate": "sdcguard.actions",
 }
 
 __all__ = ["__version__", *_LAZY]
