@@ -134,4 +134,4 @@ def build_report(
 
 def report_json(rows: list[DeviceReport]) -> str:
     """The ``--format json`` text: a list of objects."""
-    return json.dumps([r.as_dict() for r in rows], indent=1)
+    return json.dumps([r.as_dict() for r in rows])  # no indent: the C encoder, 10x faster

@@ -74,10 +74,11 @@ CREATE TABLE IF NOT EXISTS results (
     UNIQUE (scan, seq)
 );
 -- The report's GROUP BY device, family reads only this covering index, in its order (no sort, no table).
-CREATE INDEX IF NOT EXISTS results_rates ON results(device, family, started_at, attempt, passed, duration_s);
--- Failures are rare: the policy and the circuit breaker read them through this small partial index.
-CREATE INDEX IF NOT EXISTS results_failures ON results(started_at, case_id, output_digest, device)
+CREATE INDEX IF NOT EXISTS results_rates ON results(device, family, started_at, duration_s);
+-- Failures and retests are rare: rates, the policy and the circuit breaker read them through small partial indexes.
+CREATE INDEX IF NOT EXISTS results_failures ON results(started_at, case_id, output_digest, device, family, attempt)
     WHERE passed = 0;
+CREATE INDEX IF NOT EXISTS results_retests ON results(started_at, device, family) WHERE attempt > 0;
 CREATE TABLE IF NOT EXISTS incidents (
     id INTEGER PRIMARY KEY,
     uuid TEXT NOT NULL UNIQUE,
