@@ -25,6 +25,10 @@ _LAZY: dict[str, str] = {
     "golden_output_hook": "sdcguard.inject.spec",
     # torch side: importing it loads torch, so it stays behind this lazy table
     "OpFaultMode": "sdcguard.inject.torch_faults",
+    "Store": "sdcguard.store",
+    "QuarantinePolicy": "sdcguard.policy",
+    "apply_policy": "sdcguard.policy",
+    "ActionTemplate": "sdcguard.actions",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -28,7 +28,13 @@ EXIT_CANNOT_RUN = 2
 """Could not run: bad input, no device, golden data or suite suspect."""
 
 # command name -> "module:attribute"; a module is imported only when its command runs or help lists it.
-_COMMANDS: dict[str, str] = {}
+_COMMANDS: dict[str, str] = {
+    "report": "sdcguard.cli.report:report",
+    "quarantine": "sdcguard.cli.quarantine:quarantine",
+    "incidents": "sdcguard.cli.incidents:incidents",
+    "merge": "sdcguard.cli.merge:merge",
+    "export": "sdcguard.cli.export:export",
+}
 
 
 @dataclass
