@@ -29,6 +29,14 @@ _LAZY: dict[str, str] = {
     "QuarantinePolicy": "sdcguard.policy",
     "apply_policy": "sdcguard.policy",
     "ActionTemplate": "sdcguard.actions",
+    # the training guard (torch)
+    "SDCGuard": "sdcguard.guard",
+    "StepReport": "sdcguard.guard",
+    "CalibrationReport": "sdcguard.guard",
+    "GuardConfig": "sdcguard.guard",
+    "RngHook": "sdcguard.capture",
+    "plan_roles": "sdcguard.shadows",
+    "Roles": "sdcguard.shadows",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -491,6 +491,8 @@ class SDCGuard:
                 return []
             c = _Conflict(owner=0, other=0, other_global=self.members[0], original=original,
                           parameter=mm.index, loss_differs=mm.loss_differs)
+            if self.nondeterministic:
+                return [self._nondeterministic(step, c)]
             return self._settle_single(step, c)
         src, dst = peer_source(me, sample, W), peer_target(me, sample, W)
         theirs: Capture = exchange_objects(cap, dst=self.members[dst], src=self.members[src], group=self.group)
