@@ -18,6 +18,9 @@ _LAZY: dict[str, str] = {
     "DeviceInfo": "sdcguard.records",
     "CaseResult": "sdcguard.records",
     "Incident": "sdcguard.records",
+    "fingerprint": "sdcguard.fingerprint",
+    "fingerprint_many": "sdcguard.fingerprint",
+    "ReplicaCheck": "sdcguard.replica",
 }
 
 __all__ = ["__version__", *_LAZY]
