@@ -265,7 +265,7 @@ def _torch_byte_pieces(x: Any, max_bytes: int) -> Iterator[Any]:
     if x.numel() == 0:
         return
     if x.is_contiguous() and not x.is_conj() and not x.is_neg():
-        flat = x.reshape(-1).view(__import__("torch").uint8)
+        flat = x.as_strided((x.numel(),), (1,)).view(__import__("torch").uint8)
         for s in range(0, flat.numel(), max_bytes):
             yield flat[s : s + max_bytes]
         return
@@ -287,7 +287,7 @@ def _torch_word_blocks(x: Any) -> Iterator[Any]:
 
     block_bytes = _BLOCK_WORDS * 4
     if x.is_contiguous() and not x.is_conj() and not x.is_neg() and x.numel():
-        flat = x.reshape(-1).view(torch.uint8)
+        flat = x.as_strided((x.numel(),), (1,)).view(torch.uint8)  # reshape keeps odd strides of size-1 dims
         if flat.numel() % 4 == 0 and flat.storage_offset() % 4 == 0:
             words = flat.view(torch.int32)
             for s in range(0, words.numel(), _BLOCK_WORDS):
