@@ -37,6 +37,9 @@ _LAZY: dict[str, str] = {
     "RngHook": "sdcguard.capture",
     "plan_roles": "sdcguard.shadows",
     "Roles": "sdcguard.shadows",
+    "fingerprint": "sdcguard.fingerprint",
+    "fingerprint_many": "sdcguard.fingerprint",
+    "ReplicaCheck": "sdcguard.replica",
 }
 
 __all__ = ["__version__", *_LAZY]
