@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from _dist import run_ranks
@@ -39,9 +38,10 @@ def _outcome(report: Any) -> tuple[bool, list[tuple[str, int, tuple[int, ...], b
     return report.commit, [(i.kind, i.step, i.suspect_ranks, i.sticky, i.parameter) for i in report.incidents]
 
 
-def _job(plans: list[Plan], steps: int, shadows: int, extras: dict[str, int], size: dict[str, int]) -> dict[str, Any]:
+def _job(
+    rank: int, world: int, plans: list[Plan], steps: int, shadows: int, extras: dict[str, int], size: dict[str, int]
+) -> dict[str, Any]:
     """One rank of a training job. ``shadows``: 0 for peer mode, else the number of dedicated shadows."""
-    rank = dist.get_rank()
     torch.manual_seed(0)
     model = TinyTransformer(**size)
     if shadows:

@@ -1,0 +1,150 @@
+"""What the training guard costs the workers: step time without the guard, with peer replay, with a dedicated shadow.
+
+One launch, side by side, interleaved in rounds so machine noise hits every configuration alike:
+
+- ``plain``: DDP forward + backward + SGD step, no guard (the baseline);
+- ``fwd+bwd``: forward and backward alone, no communication (the unit of the peer-mode goal);
+- ``peer``: ``SDCGuard(replay_every=10, shadows="peer")``;
+- ``shadow``: ``SDCGuard(replay_every=10, shadows=[last rank])``, the shadow replaying while workers go on.
+
+Goals (issue 4): peer mode costs at most a tenth of a forward+backward plus 1% of a step; a dedicated shadow costs
+the workers at most 2%. Run::
+
+    python benchmarks/replay_overhead.py [--workers 2] [--rounds 6] [--steps 20] [--threads 1]
+
+On a machine with fewer cores than processes the shadow competes with the workers for CPU (it runs at the lowest
+priority here); on a real cluster it has its own device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+
+def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace, queue: object) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from _tiny_transformer import TinyTransformer, lm_loss, make_batch
+    from sdcguard.guard import SDCGuard
+    from sdcguard.shadows import plan_roles
+
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    roles = plan_roles(1)
+    size = {"d": args.d, "heads": 4, "layers": args.layers, "seq": args.seq, "p": 0.1}
+
+    def fresh() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return TinyTransformer(**size)
+
+    # The dedicated guard is built on every rank (collective); the shadow serves until the workers close it.
+    shadow_model = fresh()
+    dedicated = SDCGuard(shadow_model, lm_loss, group=roles.dp_group, replay_every=10, shadows=list(roles.shadows))
+    if roles.role == "shadow":
+        os.nice(19)  # spare cycles only: on a real cluster the shadow has a device of its own
+        dedicated.serve()
+        dist.destroy_process_group()
+        return
+
+    group = roles.dp_group
+    plain_model, peer_model, fb_model = fresh(), fresh(), fresh()
+    plain = DDP(plain_model, process_group=group)
+    peer = SDCGuard(DDP(peer_model, process_group=group), lm_loss, group=group, replay_every=10)
+    opts = {name: torch.optim.SGD(m.parameters(), lr=1e-3) for name, m in
+            (("plain", plain_model), ("peer", peer_model), ("shadow", shadow_model))}
+    batch_of = lambda step: make_batch(step, rank, batch=args.batch, seq=args.seq)  # noqa: E731
+
+    def run(name: str, step: int) -> None:
+        batch = batch_of(step)
+        if name == "plain":
+            lm_loss(plain, batch).backward()
+        elif name == "fwd+bwd":
+            with torch.enable_grad():
+                loss = lm_loss(fb_model, batch)
+                torch.autograd.grad(loss, list(fb_model.parameters()))
+            return
+        else:
+            guard = peer if name == "peer" else dedicated
+            report = guard.step(step, batch)
+            if not report.commit:
+                raise RuntimeError(f"{name}: unexpected veto at step {step}: {report.incidents}")
+        opts[name].step()
+        opts[name].zero_grad(set_to_none=True)
+        if name != "plain":
+            (peer if name == "peer" else dedicated).after_optimizer_step()
+
+    names = ("plain", "fwd+bwd", "peer", "shadow")
+    times: dict[str, list[float]] = {n: [] for n in names}
+    step = {n: 0 for n in names}
+    for r in range(args.rounds + 1):  # round 0 warms up
+        for name in names:
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                run(name, step[name])
+                step[name] += 1
+            dist.barrier(group=group)
+            if r:
+                times[name].append((time.perf_counter() - t0) / args.steps)
+    dedicated.close()
+    if rank == 0:
+        queue.put(times)  # type: ignore[attr-defined]
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=20, help="steps per configuration per round (multiple of 10)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--d", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=8)
+    args = parser.parse_args()
+
+    import torch.multiprocessing as mp
+
+    world = args.workers + 1
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [ctx.Process(target=_rank_main, args=(r, world, os.path.join(tmp, "store"), args, queue))
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        times = queue.get(timeout=1800)
+        for p in procs:
+            p.join(60)
+
+    med = {n: statistics.median(v) for n, v in times.items()}
+    base, fb = med["plain"], med["fwd+bwd"]
+    print(f"workers={args.workers} + 1 shadow, model d={args.d} layers={args.layers} seq={args.seq} "
+          f"batch={args.batch}, threads/process={args.threads}, {args.rounds} rounds x {args.steps} steps")
+    print(f"{'configuration':<28}{'step (ms)':>12}{'vs plain':>12}")
+    for name, label in (("plain", "no guard (DDP)"), ("fwd+bwd", "forward+backward only"),
+                        ("peer", "guard, peer, replay_every=10"), ("shadow", "guard, dedicated shadow")):
+        print(f"{label:<28}{med[name] * 1e3:>12.2f}{med[name] / base - 1:>+12.1%}")
+    peer_cost = med["peer"] / base - 1
+    peer_goal = 0.1 * fb / base + 0.01
+    shadow_cost = med["shadow"] / base - 1
+    print(f"peer overhead {peer_cost:+.1%} (goal <= a tenth of fwd+bwd + 1% = {peer_goal:.1%}): "
+          f"{'met' if peer_cost <= peer_goal else 'NOT met'}")
+    print(f"dedicated-shadow overhead for the workers {shadow_cost:+.1%} (goal <= 2.0%): "
+          f"{'met' if shadow_cost <= 0.02 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
