@@ -34,8 +34,8 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import torch
@@ -43,11 +43,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .capture import Batch, Capture, RngHook, capture_rng, make_capture
+from .capture import Batch, Capture, RngHook, RngState, capture_rng, make_capture
 from .devices import cpu_id, gpu_id, hostname
 from .errors import BadInput, CorruptionDetected
 from .records import Incident
-from .replay import Digest, LossFn, digest, first_mismatch, local_gradients, replay
+from .replay import Digest, LossFn, digest, first_mismatch, local_gradients, param_fingerprints, replay
 from .shadows import (
     VERDICT_LEN,
     ShadowSample,
@@ -342,6 +342,7 @@ class SDCGuard:
 
         cap: Capture | None = None
         original: Digest | None = None
+        original_grads: list[torch.Tensor] = []
         acc: list[torch.Tensor] | None = None
         losses: list[torch.Tensor] = []
         for i, mb in enumerate(mbs):
@@ -352,10 +353,13 @@ class SDCGuard:
                 )
             loss, grads = local_gradients(self.module, self.loss_fn, self.params, mb, scale)
             if capture_here and i == chosen:
-                original = digest(loss, grads)
+                # A dedicated shadow needs per-parameter fingerprints now; a peer computes them on a mismatch only.
+                original = digest(loss, grads, per_param=bool(self.shadow_ranks))
+                original_grads = grads
             losses.append(loss)
             if acc is None:
-                acc = grads
+                # keep the chosen micro-batch's own gradients intact: accumulation adds into acc in place
+                acc = [g.clone() for g in grads] if original_grads is grads and len(mbs) > 1 else grads
             else:
                 for a, g in zip(acc, grads):
                     a.add_(g)
@@ -366,12 +370,7 @@ class SDCGuard:
         found: list[Incident] = []
         found += self._replica_incidents(self._grad_check, reduced, step, "gradient_replica")
         if sampled:
-            if self.shadow_ranks:
-                found += self._dedicated_round(step, sample, cap, original)
-            else:
-                assert cap is not None and original is not None
-                found += self._peer_round(step, sample, cap, original)
-            self._samples += 1
+            found += self._sampled_round(step, sample, cap, original, original_grads)
 
         corrupt_now = any(i.kind != "nondeterministic" and i.step == step for i in found)
         vetoed = self._agree(corrupt_now)
@@ -387,6 +386,53 @@ class SDCGuard:
         self._last_step = step
         self._handle(found)
         return StepReport(step=step, loss=mean_loss, commit=commit, incidents=tuple(found), replayed=sampled)
+
+    def check(self, step: int, batch: Batch, *, rng: RngState | None = None) -> StepReport:
+        """Check a step whose forward and backward a framework ran (the Lightning and Hugging Face adapters).
+
+        Call it after the backward pass, before the optimizer step, with the step's last micro-batch and the
+        random state captured just before its forward (``capture_rng()``). The reduced gradients in ``.grad`` are
+        compared across replicas; on a sampled step this rank re-runs the micro-batch on its own device as the
+        original and a peer (or a dedicated shadow) replays it. Unlike :meth:`step` the original is a re-run, so
+        a one-off transient in the framework's own backward is not seen; a faulty device (sticky or intermittent)
+        and corruption after the reduction are. ``.grad`` is left as it is: on ``commit=False`` the caller drops
+        the gradients (the adapters set them to None, so the optimizer step changes nothing).
+        """
+        if self.role != "worker":
+            raise RuntimeError("a dedicated shadow rank runs guard.serve(), not guard.check()")
+        every = self.config.replay_every
+        sampled = every > 0 and step % every == 0
+        sample = self._samples
+        reduced = [p.grad.detach() if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        found = self._replica_incidents(self._grad_check, reduced, step, "gradient_replica")
+        loss = torch.full((), float("nan"))
+        if sampled:
+            cap: Capture | None = None
+            original: Digest | None = None
+            grads: list[torch.Tensor] = []
+            if not self.shadow_ranks or self.dp_rank == shadow_assignment(
+                    sample, self.dp_size, len(self.shadow_ranks))[0]:
+                cap = make_capture(step=step, rank=self.dp_rank, micro_batch=0, batch=batch,
+                                   rng=rng if rng is not None else capture_rng(self.rng_hook))
+                original = self._replay(cap, same_process=True, keep=grads,
+                                        per_param=bool(self.shadow_ranks))
+            found += self._sampled_round(step, sample, cap, original, grads)
+        vetoed = self._agree(any(i.kind != "nondeterministic" and i.step == step for i in found))
+        commit = not (vetoed and self.config.on_detect != "record")
+        self._steps += 1
+        self._last_step = step
+        self._handle(found)
+        return StepReport(step=step, loss=loss, commit=commit, incidents=tuple(found), replayed=sampled)
+
+    def _sampled_round(self, step: int, sample: int, cap: Capture | None, original: Digest | None,
+                       original_grads: list[torch.Tensor]) -> list[Incident]:
+        try:
+            if self.shadow_ranks:
+                return self._dedicated_round(step, sample, cap, original)
+            assert cap is not None and original is not None
+            return self._peer_round(step, sample, cap, original, original_grads)
+        finally:
+            self._samples += 1
 
     def after_optimizer_step(self) -> list[Incident]:
         """Compare the weights across replicas when the schedule says so (call it after ``optimizer.step()``)."""
@@ -478,17 +524,23 @@ class SDCGuard:
 
     # ------------------------------------------------------------------------------------- peer replay
 
-    def _replay(self, cap: Capture, *, same_process: bool, values: Sequence[torch.Tensor] | None = None) -> Digest:
+    def _replay(self, cap: Capture, *, same_process: bool, values: Sequence[torch.Tensor] | None = None,
+                keep: list[torch.Tensor] | None = None, per_param: bool = False) -> Digest:
         return replay(self.module, self.loss_fn, self.params, cap, device=self.device, rng_hook=self.rng_hook,
-                      same_process=same_process, param_values=values)
+                      same_process=same_process, param_values=values, keep=keep, per_param=per_param)
 
-    def _peer_round(self, step: int, sample: int, cap: Capture, original: Digest) -> list[Incident]:
+    def _peer_round(
+        self, step: int, sample: int, cap: Capture, original: Digest, original_grads: list[torch.Tensor]
+    ) -> list[Incident]:
         W, me = self.dp_size, self.dp_rank
         if W == 1:
-            again = self._replay(cap, same_process=True)
-            mm = first_mismatch(original, again)
-            if mm is None:
+            kept: list[torch.Tensor] = []
+            again = self._replay(cap, same_process=True, keep=kept)
+            if again == original:
                 return []
+            mm = first_mismatch(replace(original, params=param_fingerprints(original_grads)),
+                                replace(again, params=param_fingerprints(kept)))
+            assert mm is not None
             c = _Conflict(owner=0, other=0, other_global=self.members[0], original=original,
                           parameter=mm.index, loss_differs=mm.loss_differs)
             if self.nondeterministic:
@@ -496,18 +548,27 @@ class SDCGuard:
             return self._settle_single(step, c)
         src, dst = peer_source(me, sample, W), peer_target(me, sample, W)
         theirs: Capture = exchange_objects(cap, dst=self.members[dst], src=self.members[src], group=self.group)
-        mine = self._replay(theirs, same_process=False)
+        replay_grads: list[torch.Tensor] = []
+        mine = self._replay(theirs, same_process=False, keep=replay_grads)
         gathered = self._gather((original, mine))
-        conflicts: list[_Conflict] = []
-        for r in range(W):
-            p = peer_source(r, sample, W)
-            mm = first_mismatch(gathered[p][0], gathered[r][1])
-            if mm is not None:
-                conflicts.append(_Conflict(owner=p, other=r, other_global=self.members[r],
-                                           original=gathered[p][0], parameter=mm.index,
-                                           loss_differs=mm.loss_differs))
-        if not conflicts:
+        pairs = [(peer_source(r, sample, W), r) for r in range(W)]
+        pairs = [(p, r) for p, r in pairs if gathered[p][0] != gathered[r][1]]
+        if not pairs:
             return []
+        # Name the first differing parameter: the two sides fingerprint their kept gradients per parameter.
+        mine_params = {
+            "original": param_fingerprints(original_grads) if any(p == me for p, _ in pairs) else None,
+            "replay": param_fingerprints(replay_grads) if any(r == me for _, r in pairs) else None,
+        }
+        per_param = self._gather(mine_params)
+        conflicts: list[_Conflict] = []
+        for p, r in pairs:
+            a = replace(gathered[p][0], params=per_param[p]["original"])
+            b = replace(gathered[r][1], params=per_param[r]["replay"])
+            mm = first_mismatch(a, b)
+            assert mm is not None
+            conflicts.append(_Conflict(owner=p, other=r, other_global=self.members[r], original=gathered[p][0],
+                                       parameter=mm.index, loss_differs=mm.loss_differs))
         if self.nondeterministic:
             return [self._nondeterministic(step, c) for c in conflicts]
         results = []
@@ -574,7 +635,7 @@ class SDCGuard:
         if verdict.matched:
             return []
         c = _Conflict(owner=pending.worker, other=None, other_global=pending.shadow,
-                      original=pending.original or Digest(0, ()), parameter=verdict.first_index,
+                      original=pending.original or Digest(loss=0, buckets=()), parameter=verdict.first_index,
                       loss_differs=verdict.loss_differs)
         if self.nondeterministic:
             return [self._nondeterministic(pending.step, c)]

@@ -20,18 +20,48 @@ from torch import nn
 from .capture import Batch, Capture, RngHook, batch_for_replay, rng_replayed
 from .fingerprint import fingerprint_many
 
-__all__ = ["LossFn", "Digest", "Mismatch", "local_gradients", "digest", "replay", "first_mismatch"]
+__all__ = [
+    "LossFn",
+    "Digest",
+    "Mismatch",
+    "BUCKET_BYTES",
+    "local_gradients",
+    "digest",
+    "param_fingerprints",
+    "replay",
+    "first_mismatch",
+]
 
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 """``loss_fn(model, batch) -> scalar loss``; the guard calls it for the step and for every replay."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Digest:
-    """Exact fingerprints of one computation: the loss and each parameter's local gradient (parameter order)."""
+    """Exact fingerprints of one computation: the loss and the local gradients.
+
+    ``buckets`` fingerprints the gradients concatenated in parameter order (one flat tensor per run of equal
+    dtype, at most :data:`BUCKET_BYTES` each): one fingerprint per bucket instead of one per parameter keeps the
+    cost at memory speed for models with hundreds of small tensors, and a single flipped bit anywhere still
+    changes it. ``params`` (per-parameter fingerprints) is filled when asked for, to name the first differing
+    parameter. Two digests are equal when loss and buckets are.
+    """
 
     loss: int
-    grads: tuple[int, ...]
+    buckets: tuple[int, ...]
+    params: tuple[int, ...] | None = None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Digest):
+            return NotImplemented
+        return self.loss == other.loss and self.buckets == other.buckets
+
+    def __hash__(self) -> int:
+        return hash((self.loss, self.buckets))
+
+
+BUCKET_BYTES = 64 * 1024 * 1024
+"""Largest flat gradient bucket fingerprinted at once (bounds the temporary copy)."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +69,8 @@ class Mismatch:
     """Where two digests of the same micro-batch first differ."""
 
     index: int | None
-    """Index of the first differing parameter gradient; None when only the loss differs."""
+    """Index of the first differing parameter gradient; None when only the loss differs or it is not known
+    (a digest without per-parameter fingerprints)."""
     loss_differs: bool
 
 
@@ -65,19 +96,44 @@ def local_gradients(
     return loss.detach(), out
 
 
-def digest(loss: torch.Tensor, grads: Sequence[torch.Tensor]) -> Digest:
-    """Fingerprint a computation's loss and gradients with one host synchronisation."""
-    fps = fingerprint_many([loss, *grads])
-    return Digest(loss=int(fps[0]), grads=tuple(int(f) for f in fps[1:]))
+def _buckets(grads: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    out: list[list[torch.Tensor]] = []
+    size = 0
+    for g in grads:
+        nbytes = g.numel() * g.element_size()
+        if out and (g.dtype != out[-1][0].dtype or g.device != out[-1][0].device or size + nbytes > BUCKET_BYTES):
+            out.append([])
+            size = 0
+        if not out:
+            out.append([])
+        out[-1].append(g)
+        size += nbytes
+    return out
+
+
+def param_fingerprints(grads: Sequence[torch.Tensor]) -> tuple[int, ...]:
+    """Per-parameter fingerprints (one host synchronisation)."""
+    return tuple(int(f) for f in fingerprint_many(list(grads)))
+
+
+def digest(loss: torch.Tensor, grads: Sequence[torch.Tensor], *, per_param: bool = False) -> Digest:
+    """Fingerprint a computation's loss and gradients (one host synchronisation per bucket group)."""
+    loss_fp = int(fingerprint_many([loss])[0])
+    bucket_fps: list[int] = []
+    for bucket in _buckets(grads):
+        flat = torch.cat([g.reshape(-1) for g in bucket]) if len(bucket) > 1 else bucket[0]
+        bucket_fps.append(int(fingerprint_many([flat])[0]))
+        del flat  # one temporary bucket at a time
+    return Digest(loss=loss_fp, buckets=tuple(bucket_fps), params=param_fingerprints(grads) if per_param else None)
 
 
 def first_mismatch(a: Digest, b: Digest) -> Mismatch | None:
-    """None when the two digests are identical, else where they first differ."""
+    """None when the two digests are identical, else where they first differ (as far as the digests tell)."""
     if a == b:
         return None
-    index = next((i for i, (x, y) in enumerate(zip(a.grads, b.grads)) if x != y), None)
-    if index is None and len(a.grads) != len(b.grads):
-        index = min(len(a.grads), len(b.grads))
+    index = None
+    if a.buckets != b.buckets and a.params is not None and b.params is not None:
+        index = next((i for i, (x, y) in enumerate(zip(a.params, b.params)) if x != y), None)
     return Mismatch(index=index, loss_differs=a.loss != b.loss)
 
 
@@ -122,15 +178,20 @@ def replay(
     rng_hook: RngHook | None = None,
     same_process: bool = False,
     param_values: Sequence[torch.Tensor] | None = None,
+    per_param: bool = False,
+    keep: list[torch.Tensor] | None = None,
 ) -> Digest:
     """Recompute the captured micro-batch on this process and return its :class:`Digest`.
 
     ``param_values`` replays at other parameter values than the live ones (a shadow rank, or a re-run after the
     optimizer moved on); ``same_process`` says the capture was taken by this very process (all CUDA generator
-    states are then restored, not only the current device's).
+    states are then restored, not only the current device's). ``per_param`` adds per-parameter fingerprints;
+    a ``keep`` list receives the replay's gradients (to fingerprint per parameter later, on a mismatch).
     """
     batch = batch_for_replay(capture, device)
     with _buffers_kept(module), _parameters_swapped(params, param_values):
         with rng_replayed(capture.rng, rng_hook, same_process=same_process):
             loss, grads = local_gradients(module, loss_fn, params, batch, capture.loss_scale)
-        return digest(loss, grads)
+        if keep is not None:
+            keep.extend(grads)
+        return digest(loss, grads, per_param=per_param)

@@ -112,7 +112,7 @@ def shadow_assignment(sample: int, num_workers: int, num_shadows: int) -> tuple[
 
 def digest_hash(d: Digest) -> int:
     """A 63-bit summary of a digest that fits a verdict tensor (Python int hashing is not salted)."""
-    return hash((d.loss, d.grads)) & 0x7FFF_FFFF_FFFF_FFFF
+    return hash((d.loss, d.buckets)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
 # --------------------------------------------------------------------------------------------- wire helpers
@@ -188,7 +188,7 @@ class ShadowSample:
     step: int
     capture: Capture
     original: Digest
-    """The worker's own fingerprints of that micro-batch's loss and local gradients."""
+    """The worker's own fingerprints of that micro-batch's loss and local gradients (with per-parameter ones)."""
     flat_layout: tuple[tuple[str, int], ...]
     """``(dtype name, element count)`` of each flat parameter tensor that follows the message."""
 
@@ -330,6 +330,7 @@ class ShadowServer:
                 rng_hook=self.rng_hook,
                 same_process=False,
                 param_values=values,
+                per_param=True,
             )
             mm = first_mismatch(sample.original, mine)
             verdict = Verdict(

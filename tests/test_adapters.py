@@ -1,0 +1,113 @@
+"""The Lightning and Hugging Face adapters on a real tiny model (skipped, with the reason, without the framework)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from _tiny_transformer import TinyTransformer, lm_loss, make_batch
+from sdcguard.inject.faults import Fault
+from sdcguard.inject.torch_faults import OpFaultMode
+
+
+def _flaky_gelu() -> OpFaultMode:
+    # A flaky device: half of its GELU computations get a flipped bit. One device alone cannot see a fault that
+    # hits every computation identically (it agrees with itself); these tests run on one device.
+    return OpFaultMode(Fault(pattern="bitflip", bit="high_mantissa", timing="intermittent", rate=0.5, seed=3),
+                       ops="gelu", phase="forward")
+
+
+def test_lightning_callback_checks_and_vetoes(tmp_path: Any) -> None:
+    L = pytest.importorskip("lightning.pytorch", reason="lightning is not installed")
+    from sdcguard.adapters.lightning import SDCGuardCallback
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = TinyTransformer()
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return self.net(tokens)
+
+        def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+            return lm_loss(self.net, batch)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    data = [make_batch(s, 0) for s in range(8)]
+
+    def fit(fault: OpFaultMode | None) -> SDCGuardCallback:
+        cb = SDCGuardCallback(loss_fn=lambda m, b: lm_loss(m.net, b), replay_every=1, weight_check_every=1)
+        trainer = L.Trainer(max_steps=8, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, callbacks=[cb],
+                            default_root_dir=tmp_path)
+        loader = torch.utils.data.DataLoader(data, batch_size=None)
+        if fault is None:
+            trainer.fit(Module(), loader)
+        else:
+            with fault:
+                trainer.fit(Module(), loader)
+        return cb
+
+    clean = fit(None)
+    assert clean.guard is not None and clean.guard.incidents == []
+    assert clean.last_report is not None and clean.last_report.replayed and clean.last_report.commit
+    broken = fit(_flaky_gelu())
+    assert broken.guard is not None and broken.guard.incidents
+    assert all(i.kind == "replay" and i.suspect_ranks == (0,) for i in broken.guard.incidents)
+    assert broken.state_dict()["samples"] == 8
+
+
+def test_hf_trainer_callback_checks_and_vetoes(tmp_path: Any) -> None:
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    from sdcguard.adapters.hf import SDCGuardTrainerCallback
+
+    config = transformers.GPT2Config(vocab_size=61, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    rows = [{"input_ids": make_batch(s, 0)["tokens"][0], "labels": make_batch(s, 0)["tokens"][0]} for s in range(16)]
+
+    def train(fault: OpFaultMode | None) -> SDCGuardTrainerCallback:
+        torch.manual_seed(0)
+        model = transformers.GPT2LMHeadModel(config)
+        cb = SDCGuardTrainerCallback(replay_every=1, weight_check_every=1)
+        args = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=8, per_device_train_batch_size=2,
+                                              use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no")
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, callbacks=[cb])
+        if fault is None:
+            trainer.train()
+        else:
+            with fault:
+                trainer.train()
+        return cb
+
+    clean = train(None)
+    assert clean.guard is not None and clean.guard.incidents == []
+    assert clean.last_report is not None and clean.last_report.commit
+    broken = train(_flaky_gelu())
+    assert broken.guard is not None and broken.guard.incidents
+    assert all(i.kind == "replay" and i.suspect_ranks == (0,) for i in broken.guard.incidents)
+
+
+def test_core_check_api_used_by_the_adapters() -> None:
+    """What both adapters rely on: check() after a framework's own backward, veto on a broken device."""
+    from sdcguard.capture import capture_rng
+    from sdcguard.guard import SDCGuard
+
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    guard = SDCGuard(model, lm_loss, replay_every=1)
+    transient = Fault(pattern="bitflip", bit="exponent", timing="transient")
+    for step, fault in enumerate((None, OpFaultMode(transient, ops="gelu", phase="forward"))):
+        batch = make_batch(step, 0)
+        rng = capture_rng()
+        lm_loss(model, batch).backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        with fault if fault is not None else torch.enable_grad():  # the fault hits the check's re-run
+            report = guard.check(step, batch, rng=rng)
+        assert report.replayed and report.commit is (fault is None)
+        assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))  # check leaves .grad alone
+        model.zero_grad()
+    assert [i.kind for i in guard.incidents] == ["replay"]
