@@ -53,6 +53,7 @@ kernel); cupy arrays run the same array code as numpy (``xp``). The numpy path n
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -149,17 +150,22 @@ def _xp_byte_pieces(a: Any, xp: Any, max_bytes: int) -> Iterator[Any]:
         yield from _xp_byte_pieces(a[i], xp, max_bytes)
 
 
-def _xp_word_blocks(a: Any, xp: Any) -> Iterator[Any]:
-    """int32 word blocks of ``_BLOCK_WORDS`` (the last one shorter), zero-padded at the very end."""
-    block_bytes = _BLOCK_WORDS * 4
+def _xp_word_blocks(a: Any, xp: Any) -> tuple[Iterator[Any], bool]:
+    """int32 word blocks of ``_BLOCK_WORDS`` (the last one shorter), zero-padded at the very end.
+
+    Returns the blocks and whether they are independent views (safe to process in parallel) rather than one
+    reused staging buffer.
+    """
     if a.flags.c_contiguous and a.size and (a.size * a.itemsize) % 4 == 0:
         flat = a.reshape(-1).view(np.uint8)
-        aligned = _xp_ptr(flat, xp) % 4 == 0
-        if aligned:
+        if _xp_ptr(flat, xp) % 4 == 0:
             words = flat.view(np.int32)
-            for s in range(0, words.size, _BLOCK_WORDS):
-                yield words[s : s + _BLOCK_WORDS]
-            return
+            return (words[s : s + _BLOCK_WORDS] for s in range(0, words.size, _BLOCK_WORDS)), True
+    return _xp_staged_blocks(a, xp), False
+
+
+def _xp_staged_blocks(a: Any, xp: Any) -> Iterator[Any]:
+    block_bytes = _BLOCK_WORDS * 4
     staging = xp.zeros(_BLOCK_WORDS, dtype=np.int32)
     sbytes = staging.view(np.uint8)
     fill = 0
@@ -184,53 +190,90 @@ def _xp_ptr(a: Any, xp: Any) -> int:
 
 
 @functools.cache
-def _xp_block_weights(xp_name: str, device: int) -> tuple[Any, Any]:
+def _xp_weights(xp_name: str, device: int) -> tuple[Any, Any]:
     t, u = _weights()
-    tt, uu = np.tile(t, _CHUNKS_PER_BLOCK), np.tile(u, _CHUNKS_PER_BLOCK)
     if xp_name == "numpy":
-        return tt, uu
+        return t, u
     import cupy
 
     with cupy.cuda.Device(device):
-        return cupy.asarray(tt), cupy.asarray(uu)
+        return cupy.asarray(t), cupy.asarray(u)
 
 
-def _xp_block_sums(words: Any, xp: Any, tt: Any, uu: Any, prod: Any, high: Any) -> Any:
-    """``V_c`` (uint64) of the chunks of one word block that starts on a chunk boundary."""
+def _xp_block_sums(words: Any, xp: Any, t: Any, u: Any, prod: Any, high: Any, out_a: Any, out_b: Any) -> None:
+    """``SA``/``SB`` of the chunks of one word block (starting on a chunk boundary) into ``out_a``/``out_b``."""
     n = words.size
-    full = n - n % CHUNK_WORDS
-    p, h = prod[:n], high[:n]
-    xp.multiply(words, tt[:n], out=p)  # int32 arithmetic wraps: mod 2**32 by definition
-    xp.right_shift(words, 16, out=h)
-    xp.multiply(h, uu[:n], out=h)
-    parts_a, parts_b = [], []
-    if full:
-        parts_a.append(p[:full].reshape(-1, CHUNK_WORDS).sum(axis=1, dtype=np.int32))
-        parts_b.append(h[:full].reshape(-1, CHUNK_WORDS).sum(axis=1, dtype=np.int32))
-    if n > full:
-        parts_a.append(p[full:].sum(dtype=np.int32).reshape(1))
-        parts_b.append(h[full:].sum(dtype=np.int32).reshape(1))
-    sa = xp.concatenate(parts_a).view(np.uint32).astype(np.uint64)
-    sb = xp.concatenate(parts_b).view(np.uint32).astype(np.uint64)
+    k, r = divmod(n, CHUNK_WORDS)
+    if k:
+        w = words[: k * CHUNK_WORDS].reshape(k, CHUNK_WORDS)
+        p, h = prod[:k], high[:k]
+        xp.multiply(w, t, out=p)  # int32 arithmetic wraps: mod 2**32 by definition
+        xp.right_shift(w, 16, out=h)  # arithmetic shift: the signed high half-word
+        xp.multiply(h, u, out=h)
+        p.sum(axis=1, dtype=np.int32, out=out_a[:k])
+        h.sum(axis=1, dtype=np.int32, out=out_b[:k])
+    if r:
+        w = words[k * CHUNK_WORDS :]
+        p, h = prod[k, :r], high[k, :r]
+        xp.multiply(w, t[:r], out=p)
+        xp.right_shift(w, 16, out=h)
+        xp.multiply(h, u[:r], out=h)
+        out_a[k] = p.sum(dtype=np.int32)
+        out_b[k] = h.sum(dtype=np.int32)
+
+
+_POOL: Any = None
+
+
+def _pool_workers() -> int:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(4, cpus))
+
+
+def _xp_sums_of_blocks(blocks: Iterator[Any], independent: bool, nwords: int, xp: Any, device: int = 0) -> Any:
+    """``V_c`` of every chunk as one uint64 array on the data's device."""
+    global _POOL
+    t, u = _xp_weights(xp.__name__, device)
+    nchunks = -(-nwords // CHUNK_WORDS)
+    out_a = xp.empty(nchunks, dtype=np.int32)
+    out_b = xp.empty(nchunks, dtype=np.int32)
+    workers = _pool_workers() if xp is np and independent else 1
+    if workers > 1 and nchunks >= 4 * _CHUNKS_PER_BLOCK * workers:
+        # numpy releases the GIL in its loops: independent blocks run on all cores, like torch's own reductions.
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(workers, thread_name_prefix="sdcguard-fingerprint")
+        local = threading.local()
+
+        def one(item: tuple[int, Any]) -> None:
+            c0, words = item
+            if not hasattr(local, "prod"):
+                local.prod = np.empty((_CHUNKS_PER_BLOCK, CHUNK_WORDS), dtype=np.int32)
+                local.high = np.empty((_CHUNKS_PER_BLOCK, CHUNK_WORDS), dtype=np.int32)
+            _xp_block_sums(words, np, t, u, local.prod, local.high, out_a[c0:], out_b[c0:])
+
+        list(_POOL.map(one, ((b * _CHUNKS_PER_BLOCK, w) for b, w in enumerate(blocks))))
+    else:
+        rows = min(_CHUNKS_PER_BLOCK, nchunks)  # a small input gets small temporaries
+        prod = xp.empty((rows, CHUNK_WORDS), dtype=np.int32)
+        high = xp.empty((rows, CHUNK_WORDS), dtype=np.int32)
+        for b, words in enumerate(blocks):
+            c0 = b * _CHUNKS_PER_BLOCK
+            _xp_block_sums(words, xp, t, u, prod, high, out_a[c0:], out_b[c0:])
+    sa = out_a.view(np.uint32).astype(np.uint64)
+    sb = out_b.view(np.uint32).astype(np.uint64)
     return sa | (sb << np.uint64(32))
-
-
-def _xp_sums_of_blocks(blocks: Iterator[Any], xp: Any, device: int = 0) -> Any:
-    tt, uu = _xp_block_weights(xp.__name__, device)
-    prod = xp.empty(_BLOCK_WORDS, dtype=np.int32)
-    high = xp.empty(_BLOCK_WORDS, dtype=np.int32)
-    sums = [_xp_block_sums(words, xp, tt, uu, prod, high) for words in blocks]
-    if not sums:
-        return xp.zeros(0, dtype=np.uint64)
-    return xp.concatenate(sums)
 
 
 def _xp_chunk_sums(a: Any, xp: Any) -> Any:
     """Per-chunk ``V_c`` as one uint64 array (still on the array's device)."""
+    nwords = -(-(a.size * a.itemsize) // 4)
     if xp is np:
-        return _xp_sums_of_blocks(_xp_word_blocks(a, xp), xp)
+        return _xp_sums_of_blocks(*_xp_word_blocks(a, xp), nwords, xp)
     with a.device:  # cupy: temporaries on the array's own GPU
-        return _xp_sums_of_blocks(_xp_word_blocks(a, xp), xp, int(a.device.id))
+        return _xp_sums_of_blocks(*_xp_word_blocks(a, xp), nwords, xp, int(a.device.id))
 
 
 def _xp_finish(v: Any, xp: Any, nbytes: int) -> Any:
@@ -281,19 +324,24 @@ def _torch_byte_pieces(x: Any, max_bytes: int) -> Iterator[Any]:
         yield from _torch_byte_pieces(x[i], max_bytes)
 
 
-def _torch_word_blocks(x: Any) -> Iterator[Any]:
-    """int32 word blocks of ``_BLOCK_WORDS`` (the last one shorter), zero-padded at the very end."""
+def _torch_word_blocks(x: Any, block_words: int = _BLOCK_WORDS) -> tuple[Iterator[Any], bool]:
+    """int32 word blocks of ``_BLOCK_WORDS`` (the last one shorter), zero-padded at the very end, and whether
+    they are independent views (rather than one reused staging buffer)."""
     import torch
 
-    block_bytes = _BLOCK_WORDS * 4
     if x.is_contiguous() and not x.is_conj() and not x.is_neg() and x.numel():
         flat = x.as_strided((x.numel(),), (1,)).view(torch.uint8)  # reshape keeps odd strides of size-1 dims
         if flat.numel() % 4 == 0 and flat.storage_offset() % 4 == 0:
             words = flat.view(torch.int32)
-            for s in range(0, words.numel(), _BLOCK_WORDS):
-                yield words[s : s + _BLOCK_WORDS]
-            return
-    staging = torch.zeros(_BLOCK_WORDS, dtype=torch.int32, device=x.device)
+            return (words[s : s + block_words] for s in range(0, words.numel(), block_words)), True
+    return _torch_staged_blocks(x, block_words), False
+
+
+def _torch_staged_blocks(x: Any, block_words: int) -> Iterator[Any]:
+    import torch
+
+    block_bytes = block_words * 4
+    staging = torch.zeros(min(block_words, -(-x.numel() * x.element_size() // 4)), dtype=torch.int32, device=x.device)
     sbytes = staging.view(torch.uint8)
     fill = 0
     for piece in _torch_byte_pieces(x, block_bytes):
@@ -313,18 +361,16 @@ def _torch_word_blocks(x: Any) -> Iterator[Any]:
 
 
 _TORCH_WEIGHTS: dict[Any, tuple[Any, Any]] = {}
+_GPU_BLOCK_WORDS = CHUNK_WORDS * 1024  # 64 MiB blocks on a GPU: fewer, larger kernels (launches dominate small ones)
 
 
-def _torch_block_weights(device: Any) -> tuple[Any, Any]:
+def _torch_weights(device: Any) -> tuple[Any, Any]:
     w = _TORCH_WEIGHTS.get(device)
     if w is None:
         import torch
 
         t, u = _weights()
-        w = (
-            torch.from_numpy(np.tile(t, _CHUNKS_PER_BLOCK)).to(device),
-            torch.from_numpy(np.tile(u, _CHUNKS_PER_BLOCK)).to(device),
-        )
+        w = (torch.from_numpy(t).to(device), torch.from_numpy(u).to(device))
         _TORCH_WEIGHTS[device] = w
     return w
 
@@ -339,27 +385,31 @@ def _torch_mix(z: Any) -> Any:
 
 
 def _torch_ops_chunk_sums(x: Any) -> Any:
-    """``V_c`` with torch ops on the tensor's device (the CUDA path; also run on CPU by the tests)."""
+    """``V_c`` with torch ops on the tensor's device (CUDA without cupy; also run on CPU by the tests)."""
     import torch
 
-    tt, uu = _torch_block_weights(x.device)
-    prod = torch.empty(_BLOCK_WORDS, dtype=torch.int32, device=x.device)
-    high = torch.empty(_BLOCK_WORDS, dtype=torch.int32, device=x.device)
+    t, u = _torch_weights(x.device)
+    block_words = _GPU_BLOCK_WORDS if x.device.type == "cuda" else _BLOCK_WORDS
+    nwords = -(-x.numel() * x.element_size() // 4)
+    rows = min(block_words // CHUNK_WORDS, -(-nwords // CHUNK_WORDS))
+    prod = torch.empty(rows, CHUNK_WORDS, dtype=torch.int32, device=x.device)
+    high = torch.empty(rows, CHUNK_WORDS, dtype=torch.int32, device=x.device)
     sums = []
-    for words in _torch_word_blocks(x):
-        n = words.numel()
-        full = n - n % CHUNK_WORDS
-        p, h = prod[:n], high[:n]
-        torch.mul(words, tt[:n], out=p)
-        torch.bitwise_right_shift(words, 16, out=h)
-        h.mul_(uu[:n])
+    for words in _torch_word_blocks(x, block_words)[0]:
+        k, r = divmod(words.numel(), CHUNK_WORDS)
         parts_a, parts_b = [], []
-        if full:
-            parts_a.append(p[:full].view(-1, CHUNK_WORDS).sum(dim=1, dtype=torch.int32))
-            parts_b.append(h[:full].view(-1, CHUNK_WORDS).sum(dim=1, dtype=torch.int32))
-        if n > full:
-            parts_a.append(p[full:].sum(dtype=torch.int32).reshape(1))
-            parts_b.append(h[full:].sum(dtype=torch.int32).reshape(1))
+        if k:
+            w = words[: k * CHUNK_WORDS].view(k, CHUNK_WORDS)
+            p, h = prod[:k], high[:k]
+            torch.mul(w, t, out=p)  # int32 arithmetic wraps: mod 2**32 by definition
+            torch.bitwise_right_shift(w, 16, out=h)
+            h.mul_(u)
+            parts_a.append(p.sum(dim=1, dtype=torch.int32))
+            parts_b.append(h.sum(dim=1, dtype=torch.int32))
+        if r:
+            w = words[k * CHUNK_WORDS :]
+            parts_a.append((w * t[:r]).sum(dtype=torch.int32).reshape(1))
+            parts_b.append(((w >> 16) * u[:r]).sum(dtype=torch.int32).reshape(1))
         sa = torch.cat(parts_a).to(torch.int64) & 0xFFFFFFFF
         sb = torch.cat(parts_b).to(torch.int64) << 32
         sums.append(sa | sb)
@@ -379,8 +429,9 @@ def _torch_fingerprint_device(x: Any, *, torch_ops: bool = False) -> Any:
     _check_torch(x)
     nbytes = x.numel() * x.element_size()
     if x.device.type == "cpu" and not torch_ops:
-        blocks = (w.numpy() for w in _torch_word_blocks(x))
-        fp = _xp_finish(_xp_sums_of_blocks(blocks, np), np, nbytes)
+        blocks, independent = _torch_word_blocks(x)
+        np_blocks = (w.numpy() for w in blocks)
+        fp = _xp_finish(_xp_sums_of_blocks(np_blocks, independent, -(-nbytes // 4), np), np, nbytes)
         return torch.from_numpy(fp.view(np.int64)).reshape(())
     v = _torch_ops_chunk_sums(x)
     c = torch.arange(v.numel(), dtype=torch.int64, device=x.device)
