@@ -44,9 +44,10 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .capture import Batch, Capture, RngHook, RngState, capture_rng, make_capture
-from .devices import cpu_id, gpu_id, hostname
+from .devices import hostname
 from .errors import BadInput, CorruptionDetected
 from .records import Incident
+from .replica import ReplicaCheck, local_device_id
 from .replay import Digest, LossFn, digest, first_mismatch, local_gradients, param_fingerprints, replay
 from .shadows import (
     VERDICT_LEN,
@@ -207,16 +208,8 @@ class _OpRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _device_id(device: torch.device) -> str | None:
-    """This rank's device id (DESIGN: ``GPU-<uuid>``; a CPU rank is named by the first core it may run on)."""
-    try:
-        if device.type == "cuda":
-            props = torch.cuda.get_device_properties(device)
-            return gpu_id(str(props.uuid))
-        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
-        return cpu_id(cores[0] if cores else 0)
-    except Exception:  # an odd driver must never stop training over a name
-        return None
+def _job_id() -> str | None:
+    return os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID")
 
 
 class SDCGuard:
@@ -261,10 +254,10 @@ class SDCGuard:
         self._pending: _Pending | None = None
         self._closed = False
         self._setup_groups(group)
-        from .replica import ReplicaCheck
-
-        self._grad_check = ReplicaCheck(group=self.group) if self.role == "worker" else None
-        self._weight_check = ReplicaCheck(group=self.group) if self.role == "worker" else None
+        # Cross-replica checks of reduced gradients and weights (collective to build: every worker builds it).
+        self._replica: ReplicaCheck | None = None
+        if self.distributed and self.role == "worker" and self.dp_size > 1:
+            self._replica = ReplicaCheck(self.module, group=self.group, job=_job_id())
 
     # ------------------------------------------------------------------------------------------------ setup
 
@@ -300,7 +293,7 @@ class SDCGuard:
                 self.members = workers
         self.dp_size = len(self.members)
         self.dp_rank = self.members.index(self.rank) if self.role == "worker" else -1
-        me = (_device_id(self.device), hostname())
+        me = (local_device_id(self.device), hostname())
         if not self.distributed:
             everyone: list[Any] = [me]
             ranks = [0]
@@ -367,21 +360,24 @@ class SDCGuard:
         mean_loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
         reduced = self._all_reduce(acc)
 
+        # The reduced gradients go into .grad now (the cross-replica check reads them there) and come out again
+        # on a veto: what was in .grad before is kept aside, not modified.
+        before = [p.grad for p in self.params]
+        with torch.no_grad():
+            for p, g in zip(self.params, reduced):
+                p.grad = g.view_as(p) if p.grad is None else p.grad + g.view_as(p)
         found: list[Incident] = []
-        found += self._replica_incidents(self._grad_check, reduced, step, "gradient_replica")
+        if self._replica is not None:
+            found += self._replica.check_gradients(step)
         if sampled:
             found += self._sampled_round(step, sample, cap, original, original_grads)
 
         corrupt_now = any(i.kind != "nondeterministic" and i.step == step for i in found)
         vetoed = self._agree(corrupt_now)
         commit = not (vetoed and self.config.on_detect != "record")
-        if commit:
-            with torch.no_grad():
-                for p, g in zip(self.params, reduced):
-                    if p.grad is None:
-                        p.grad = g.view_as(p)
-                    else:
-                        p.grad.add_(g.view_as(p))
+        if not commit:
+            for p, g in zip(self.params, before):
+                p.grad = g
         self._steps += 1
         self._last_step = step
         self._handle(found)
@@ -403,8 +399,7 @@ class SDCGuard:
         every = self.config.replay_every
         sampled = every > 0 and step % every == 0
         sample = self._samples
-        reduced = [p.grad.detach() if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        found = self._replica_incidents(self._grad_check, reduced, step, "gradient_replica")
+        found = self._replica.check_gradients(step) if self._replica is not None else []
         loss = torch.full((), float("nan"))
         if sampled:
             cap: Capture | None = None
@@ -439,8 +434,7 @@ class SDCGuard:
         every = self.config.weight_check_every
         if self.role != "worker" or not every or self._last_step is None or self._last_step % every:
             return []
-        found = self._replica_incidents(self._weight_check, [p.detach() for p in self.params], self._last_step,
-                                        "weight_replica")
+        found = self._replica.check_weights(self._last_step) if self._replica is not None else []
         self._handle(found)
         return found
 
@@ -502,25 +496,6 @@ class SDCGuard:
         box = [obj if self.dp_rank == src else None]
         dist.broadcast_object_list(box, src=self.members[src], group=self.group)
         return box[0]
-
-    # ----------------------------------------------------------------------------------- replica checks
-
-    def _replica_incidents(self, check: Any, tensors: Sequence[torch.Tensor], step: int, kind: str) -> list[Incident]:
-        if check is None or not self.distributed or self.dp_size == 1:
-            return []
-        result = check.check(tensors, names=self.param_names)
-        if result.ok:
-            return []
-        suspects = tuple(self.members[i] for i in result.minority) if result.minority else ()
-        what = "reduced gradients" if kind == "gradient_replica" else "weights"
-        param = self.param_names[result.first_index] if result.first_index is not None else None
-        if suspects:
-            detail = (f"the {what} at step {step} differ across replicas; rank(s) "
-                      f"{', '.join(map(str, suspects))} disagree with the majority"
-                      + (f", first at parameter {param!r}" if param else ""))
-        else:
-            detail = f"the {what} at step {step} differ across replicas with no majority"
-        return [self._incident(kind, step, suspects, detail, parameter=param)]
 
     # ------------------------------------------------------------------------------------- peer replay
 
@@ -752,7 +727,7 @@ class SDCGuard:
         return Incident(kind=kind, step=step, suspect_ranks=suspects,
                         device=(devices[0] or None) if len(suspects) == 1 else None,
                         detail=detail, devices=devices, hosts=hosts, parameter=parameter, sticky=sticky,
-                        job=os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID"))
+                        job=_job_id())
 
     # ------------------------------------------------------------------------------------------ actions
 

@@ -217,25 +217,14 @@ def test_a_flipped_bit_is_caught_by_a_same_device_replay(on_detect: str) -> None
     assert guard.incidents == list(report.incidents)
 
 
-def test_exit_mode_exits_86_and_writes_the_suspect_file(tmp_path: Path) -> None:
-    script = f"""
-import sys, torch
-sys.path.insert(0, {str(ROOT / "tests")!r})
-from _tiny_transformer import TinyTransformer, lm_loss, make_batch
-from sdcguard.guard import SDCGuard
-from sdcguard.inject.faults import Fault
-from sdcguard.inject.torch_faults import OpFaultMode
-torch.manual_seed(0)
-guard = SDCGuard(TinyTransformer(), lm_loss, replay_every=1, on_detect="exit")
-with OpFaultMode(Fault(pattern="bitflip", bit="sign", timing="transient"), ops="matmul", phase="forward"):
-    guard.step(3, make_batch(3, 0))
-print("not reached")
-"""
+def test_exit_mode_exits_86_and_writes_the_suspect_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     marker = tmp_path / "suspect.jsonl"
-    env = {**os.environ, "PYTHONPATH": _pythonpath(), "SDCGUARD_SUSPECT_FILE": str(marker)}
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == EXIT_SUSPECT_DEVICE, proc.stderr
-    assert "not reached" not in proc.stdout
+    monkeypatch.setenv("SDCGUARD_SUSPECT_FILE", str(marker))
+    guard = SDCGuard(_model(), lm_loss, replay_every=1, on_detect="exit")
+    fault = Fault(pattern="bitflip", bit="sign", timing="transient")
+    with OpFaultMode(fault, ops="matmul", phase="forward"), pytest.raises(SystemExit) as e:
+        guard.step(3, make_batch(3, 0))
+    assert e.value.code == EXIT_SUSPECT_DEVICE
     line = json.loads(marker.read_text().splitlines()[0])
     assert line["kind"] == "replay" and line["step"] == 3 and line["suspect_ranks"] == [0]
 
@@ -326,9 +315,9 @@ def test_step_argument_errors() -> None:
 
 
 def test_importing_sdcguard_stays_light_and_exposes_the_guard() -> None:
-    code = (
-        "import sys, sdcguard; assert 'torch' not in sys.modules; "
-        "assert sdcguard.SDCGuard.__name__ == 'SDCGuard'; assert 'torch' in sys.modules"
-    )
-    env = {**os.environ, "PYTHONPATH": _pythonpath()}
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    import sdcguard
+
+    assert sdcguard.SDCGuard is SDCGuard and {"SDCGuard", "StepReport", "CalibrationReport"} <= set(sdcguard.__all__)
+    code = "import sys, sdcguard; assert 'torch' not in sys.modules, 'importing sdcguard imported torch'"
+    subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": _pythonpath()}, check=True,
+                   timeout=120)

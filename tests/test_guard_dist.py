@@ -123,7 +123,7 @@ def test_peer_replay_stays_silent_when_clean_and_catches_every_single_bit_flip()
         plans.append((step, (i + 1) % world, op, BITS[i % len(BITS)], "sticky"))
         step += 2
     extras = {"reduced_grad_step": step, "reduced_grad_rank": 2, "weight_step": step + 2, "weight_rank": 1}
-    results = run_ranks(_job, world, plans, step + 3, 0, extras, {}, timeout=260)
+    results = run_ranks(_job, world, plans, step + 3, 0, extras, {"d": 8, "heads": 2, "seq": 4}, timeout=260)
 
     for res in results:
         assert all(res["steps"][s] == (True, [], []) for s in range(clean)), "a clean step raised an incident"
