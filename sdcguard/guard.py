@@ -284,7 +284,8 @@ class SDCGuard:
                 if not workers:
                     raise BadInput("every rank is a shadow: at least one worker is needed")
                 if group is None:
-                    # new_group is collective over the world: every rank (shadows too) builds the guard here.
+                    # new_group is collective over the world: every rank (shadows too) builds the guard here, and
+                    # every rank must pass group=None (or every rank the group from plan_roles).
                     group = dist.new_group(ranks=workers)
                 self.role = "shadow" if self.rank in shadows else "worker"
                 self.group = group if self.role == "worker" else None

@@ -62,7 +62,8 @@ class Roles:
     role: Role
     """This process's role."""
     dp_group: Any = field(default=None, repr=False)
-    """The workers' process group; ``None`` on a shadow (it is not a member)."""
+    """The workers' process group (on a shadow, torch's non-member placeholder: pass it to ``SDCGuard`` all the
+    same, so that no rank builds the group a second time)."""
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -85,7 +86,7 @@ def plan_roles(num_shadows: int, *, world_size: int | None = None, rank: int | N
     shadows = tuple(range(world - num_shadows, world))
     group = dist.new_group(ranks=list(workers)) if dist.is_initialized() else None
     role: Role = "shadow" if me in shadows else "worker"
-    return Roles(workers=workers, shadows=shadows, role=role, dp_group=group if role == "worker" else None)
+    return Roles(workers=workers, shadows=shadows, role=role, dp_group=group)
 
 
 def peer_offset(sample: int, world: int) -> int:
