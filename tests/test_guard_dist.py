@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from sdcguard.guard import SDCGuard
 from sdcguard.inject.faults import Fault
 from sdcguard.inject.torch_faults import OpFaultMode, corrupt_tensor_, corrupt_weights_
 from sdcguard.shadows import plan_roles
+from sdcguard.store import Store
 
 pytestmark = pytest.mark.distributed
 
@@ -39,7 +41,7 @@ def _outcome(report: Any) -> tuple[bool, list[tuple[str, int, tuple[int, ...], b
 
 
 def _job(
-    rank: int, world: int, plans: list[Plan], steps: int, shadows: int, extras: dict[str, int], size: dict[str, int]
+    rank: int, world: int, plans: list[Plan], steps: int, shadows: int, extras: dict[str, Any], size: dict[str, int]
 ) -> dict[str, Any]:
     """One rank of a training job. ``shadows``: 0 for peer mode, else the number of dedicated shadows."""
     torch.manual_seed(0)
@@ -50,7 +52,7 @@ def _job(
         guard = SDCGuard(wrapped, lm_loss, group=roles.dp_group, replay_every=1, shadows=list(roles.shadows),
                          weight_check_every=1)
     else:
-        guard = SDCGuard(DDP(model), lm_loss, replay_every=1, weight_check_every=1)
+        guard = SDCGuard(DDP(model), lm_loss, replay_every=1, weight_check_every=1, store=extras.get("store"))
     modes = {
         s: OpFaultMode(Fault(pattern="bitflip", bit=bit, timing=timing, seed=s, value_range=RANGES.get(op)),
                        ops=op, phase="forward", rank=r, steps=[s] if r != extras.get("shadow_rank") else None)
@@ -64,6 +66,7 @@ def _job(
 
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     torch.manual_seed(100 + rank)  # each rank's dropout stream differs, as in a real job
+    calibration = guard.calibrate(make_batch(0, rank, seq=size.get("seq", 8)))
     out: dict[int, Any] = {}
     for step in range(steps):
         mode = modes.get(step)
@@ -89,6 +92,7 @@ def _job(
         "closing": [(i.kind, i.step, i.suspect_ranks, i.sticky, i.parameter) for i in closing],
         "changed": {s: len(m.records) for s, m in modes.items() if m.rank == rank},
         "total": len(guard.incidents),
+        "calibration": (calibration.deterministic, calibration.same_device, calibration.cross_rank),
     }
 
 
@@ -111,7 +115,7 @@ def _grid() -> list[tuple[str, str]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(280)
-def test_peer_replay_stays_silent_when_clean_and_catches_every_single_bit_flip() -> None:
+def test_peer_replay_stays_silent_when_clean_and_catches_every_single_bit_flip(tmp_path: Path) -> None:
     """200 clean steps (no incident, every step committed), then a grid of faults, one every other step."""
     world, clean = 3, 200
     plans: list[Plan] = []
@@ -122,9 +126,14 @@ def test_peer_replay_stays_silent_when_clean_and_catches_every_single_bit_flip()
     for i, op in enumerate(OPS):  # sticky: every computation of that op on that rank during the step
         plans.append((step, (i + 1) % world, op, BITS[i % len(BITS)], "sticky"))
         step += 2
-    extras = {"reduced_grad_step": step, "reduced_grad_rank": 2, "weight_step": step + 2, "weight_rank": 1}
+    db = tmp_path / "fleet.db"
+    extras = {"reduced_grad_step": step, "reduced_grad_rank": 2, "weight_step": step + 2, "weight_rank": 1,
+              "store": str(db)}
     results = run_ranks(_job, world, plans, step + 3, 0, extras, {"d": 8, "heads": 2, "seq": 4}, timeout=260)
 
+    assert all(res["calibration"] == (True, True, True) for res in results)  # replays are bit-identical here
+    with Store.open(db, create=False) as store:  # the group's first rank recorded every incident, once
+        assert len(store.incidents()) == results[0]["total"] == len(plans) + 2
     for res in results:
         assert all(res["steps"][s] == (True, [], []) for s in range(clean)), "a clean step raised an incident"
     for s, r, op, bit, timing in plans:
@@ -164,6 +173,7 @@ def test_dedicated_shadow_replays_while_workers_go_on_and_names_the_faulty_rank(
     results = run_ranks(_job, world, plans, 9, 1, {"shadow_rank": shadow}, {}, timeout=220)
     assert results[shadow]["served"] == 9 and results[shadow]["changed"] >= 1
     workers = results[:3]
+    assert all(res["calibration"] == (True, True, True) for res in workers)
     for res in workers:
         steps = res["steps"]
         # a verdict arrives at the next sampled step: the incident names the step it happened at
