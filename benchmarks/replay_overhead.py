@@ -12,7 +12,7 @@ One launch, side by side, interleaved in rounds so machine noise hits every conf
 Goals (issue 4): peer mode costs at most a tenth of a forward+backward plus 1% of a step; a dedicated shadow costs
 the workers at most 2%. Run::
 
-    python benchmarks/replay_overhead.py [--workers 2] [--rounds 6] [--steps 20] [--threads 1]
+    python benchmarks/replay_overhead.py [--workers 2] [--rounds 24] [--steps 10] [--threads 1]
 
 On a machine with fewer cores than processes the shadow competes with the workers for CPU (it runs at the lowest
 priority here); on a real cluster it has its own device.
@@ -109,8 +109,8 @@ def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=20, help="steps per configuration per round (multiple of 10)")
+    parser.add_argument("--rounds", type=int, default=24)
+    parser.add_argument("--steps", type=int, default=10, help="steps per configuration per round (multiple of 10)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--d", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)

@@ -46,6 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .capture import Batch, Capture, RngHook, RngState, capture_rng, make_capture
 from .devices import hostname
 from .errors import BadInput, CorruptionDetected
+from .fingerprint import fingerprint_many
 from .records import Incident
 from .replica import ReplicaCheck, local_device_id
 from .replay import Digest, LossFn, digest, first_mismatch, local_gradients, param_fingerprints, replay
@@ -252,6 +253,7 @@ class SDCGuard:
         self._samples = 0
         self._last_step: int | None = None
         self._pending: _Pending | None = None
+        self._flats: list[torch.Tensor] = []
         self._closed = False
         self._setup_groups(group)
         # Cross-replica checks of reduced gradients and weights (collective to build: every worker builds it).
@@ -367,9 +369,7 @@ class SDCGuard:
         with torch.no_grad():
             for p, g in zip(self.params, reduced):
                 p.grad = g.view_as(p) if p.grad is None else p.grad + g.view_as(p)
-        found: list[Incident] = []
-        if self._replica is not None:
-            found += self._replica.check_gradients(step)
+        found = self._check_reduced(step)
         if sampled:
             found += self._sampled_round(step, sample, cap, original, original_grads)
 
@@ -442,6 +442,12 @@ class SDCGuard:
     # ------------------------------------------------------------------------------------- collectives
 
     def _all_reduce(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Average the local gradients over the group: one all-reduce per flat bucket (DDP's bucket size).
+
+        The flat buckets are kept in ``self._flats`` for the cross-replica check; the returned gradients are views
+        into them.
+        """
+        self._flats = []
         if not self.distributed or self.dp_size == 1:
             return grads
         out: list[torch.Tensor | None] = [None] * len(grads)
@@ -455,6 +461,7 @@ class SDCGuard:
             flat = torch.cat([grads[i].reshape(-1) for i in bucket])
             dist.all_reduce(flat, group=self.group)
             flat.div_(self.dp_size)
+            self._flats.append(flat)
             offset = 0
             for i in bucket:
                 n = grads[i].numel()
@@ -470,6 +477,30 @@ class SDCGuard:
             size += g.numel() * g.element_size()
         flush()
         return [t for t in out if t is not None]
+
+    def _check_reduced(self, step: int) -> list[Incident]:
+        """Every step: are the reduced gradients bit-identical on every replica?
+
+        Fast path: one fingerprint per flat bucket and one small all-gather. Only when a bucket differs (the
+        outcome is the same on every rank, so the collectives line up) does ``ReplicaCheck`` compare per
+        parameter, name the minority rank(s) and the first differing parameter.
+        """
+        if self._replica is None:
+            return []
+        fps = [f - (1 << 64) if f >= (1 << 63) else f for f in fingerprint_many(self._flats)]
+        local = torch.tensor(fps, dtype=torch.int64, device=self._comm_device())
+        table = torch.empty(self.dp_size * len(fps), dtype=torch.int64, device=local.device)
+        # all_gather_single is the newer name (torch >= 2.13 deprecates the old one); same collective.
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(table, local, group=self.group)
+        rows = table.view(self.dp_size, len(fps)).tolist()
+        if all(row == rows[0] for row in rows):
+            return []
+        found = self._replica.check_gradients(step)
+        if found:
+            return found
+        return [self._incident("gradient_replica", step, (), f"step {step}: the reduced gradient buckets differ "
+                               "across replicas, but no single parameter does (inconsistent fingerprints)")]
 
     def _agree(self, flag: bool) -> bool:
         """One small all-reduce: True on every rank when any rank saw a corrupted step."""
