@@ -10,8 +10,9 @@ What happens in ``guard.step(step, batch)`` on every data-parallel rank:
    instead of overlapping with it, and DDP's forward hooks (buffer broadcast) are not used; a DDP-wrapped model
    is unwrapped and ``loss_fn`` receives the inner module.
 2. The guard all-reduces the accumulated local gradients itself (bucketed, averaged over the group).
-3. Every step: exact fingerprints of the reduced gradients are compared across replicas (``ReplicaCheck``):
-   this sees corruption after the reduction (collective, memory).
+3. Every step: exact fingerprints of the reduced gradient buckets are compared across replicas (one small
+   all-gather); on a difference ``ReplicaCheck`` names the minority rank(s) and the first differing parameter.
+   This sees corruption after the reduction (collective, memory).
 4. Sampled steps (one in ``replay_every``): a replay of one micro-batch on another device, compared bit for bit
    with the original (:mod:`sdcguard.shadows` for who replays whom, :mod:`sdcguard.replay` for the replay).
    A disagreement is settled by a third opinion and a re-run on the original device (transient or sticky).
@@ -29,6 +30,7 @@ wrapper around ``torchrun`` can tell "leave the job" from "rejoin" (see the READ
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -84,6 +86,7 @@ EXIT_RESTART = 85
 """Exit status of the other ranks (``on_detect="exit"``): the job should restart without the suspect node."""
 
 _BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket size: few collectives, bounded extra memory
+_MAX_PENDING = 2  # samples a dedicated shadow may lag behind before the workers wait for its oldest verdict
 
 # Ops whose CUDA kernels accumulate with atomics (order-dependent float sums): the usual reason a replay differs.
 _NONDETERMINISTIC_OPS = (
@@ -252,7 +255,7 @@ class SDCGuard:
         self._steps = 0
         self._samples = 0
         self._last_step: int | None = None
-        self._pending: _Pending | None = None
+        self._pending: collections.deque[_Pending] = collections.deque()
         self._flats: list[torch.Tensor] = []
         self._closed = False
         self._setup_groups(group)
@@ -374,11 +377,13 @@ class SDCGuard:
             found += self._sampled_round(step, sample, cap, original, original_grads)
 
         corrupt_now = any(i.kind != "nondeterministic" and i.step == step for i in found)
-        vetoed = self._agree(corrupt_now)
+        vetoed, verdict_ready = self._agree(corrupt_now, self._verdict_ready())
         commit = not (vetoed and self.config.on_detect != "record")
         if not commit:
             for p, g in zip(self.params, before):
                 p.grad = g
+        if verdict_ready:  # a dedicated shadow's verdict on an earlier step: reported now, never vetoes this one
+            found += self._collect()
         self._steps += 1
         self._last_step = step
         self._handle(found)
@@ -413,8 +418,11 @@ class SDCGuard:
                 original = self._replay(cap, same_process=True, keep=grads,
                                         per_param=bool(self.shadow_ranks))
             found += self._sampled_round(step, sample, cap, original, grads)
-        vetoed = self._agree(any(i.kind != "nondeterministic" and i.step == step for i in found))
+        vetoed, verdict_ready = self._agree(any(i.kind != "nondeterministic" and i.step == step for i in found),
+                                            self._verdict_ready())
         commit = not (vetoed and self.config.on_detect != "record")
+        if verdict_ready:
+            found += self._collect()
         self._steps += 1
         self._last_step = step
         self._handle(found)
@@ -502,13 +510,19 @@ class SDCGuard:
         return [self._incident("gradient_replica", step, (), f"step {step}: the reduced gradient buckets differ "
                                "across replicas, but no single parameter does (inconsistent fingerprints)")]
 
-    def _agree(self, flag: bool) -> bool:
-        """One small all-reduce: True on every rank when any rank saw a corrupted step."""
+    def _agree(self, flag: bool, ready: bool = False) -> tuple[bool, bool]:
+        """One small all-reduce: (any rank saw a corrupted step, the oldest shadow verdict has arrived)."""
         if not self.distributed or self.dp_size == 1:
-            return flag
-        t = torch.tensor([int(flag)], dtype=torch.int32, device=self._comm_device())
+            return flag, ready
+        t = torch.tensor([int(flag), int(ready)], dtype=torch.int32, device=self._comm_device())
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        return bool(t.item())
+        return bool(t[0].item()), bool(t[1].item())
+
+    def _verdict_ready(self) -> bool:
+        """On the worker that sent the oldest pending sample: has its verdict arrived? (non-blocking)"""
+        if not self._pending or self._pending[0].worker != self.dp_rank:
+            return False
+        return bool(self._pending[0].verdict_work.is_completed())
 
     def _comm_device(self) -> torch.device:
         backend = str(dist.get_backend(self.group)).lower()
@@ -611,7 +625,9 @@ class SDCGuard:
     # --------------------------------------------------------------------------------- dedicated shadows
 
     def _dedicated_round(self, step: int, sample: int, cap: Capture | None, original: Digest | None) -> list[Incident]:
-        found = self._collect()
+        found: list[Incident] = []
+        while len(self._pending) >= _MAX_PENDING:  # the shadow fell behind: wait for its oldest verdict
+            found += self._collect()
         w, s = shadow_assignment(sample, self.dp_size, len(self.shadow_ranks))
         pending = _Pending(sample=sample, step=step, worker=w, shadow=self.shadow_ranks[s])
         if self.dp_rank == w:
@@ -622,14 +638,14 @@ class SDCGuard:
             pending.verdict = torch.zeros(VERDICT_LEN, dtype=torch.int64, device=self._comm_device())
             pending.verdict_work = dist.irecv(pending.verdict, src=pending.shadow)
             pending.capture, pending.flats, pending.original = cap, flats, original
-        self._pending = pending
+        self._pending.append(pending)
         return found
 
     def _collect(self) -> list[Incident]:
-        """Every worker: fetch the pending verdict (blocking on the sender only) and settle a mismatch."""
-        pending, self._pending = self._pending, None
-        if pending is None:
+        """Every worker: fetch the oldest pending verdict (the sender waits for it) and settle a mismatch."""
+        if not self._pending:
             return []
+        pending = self._pending.popleft()
         buf = torch.zeros(VERDICT_LEN, dtype=torch.int64, device=self._comm_device())
         if self.dp_rank == pending.worker:
             pending.verdict_work.wait()
@@ -675,13 +691,14 @@ class SDCGuard:
         return server.serve()
 
     def close(self) -> list[Incident]:
-        """End of training: collect the last shadow verdict and release the shadows (every worker calls it)."""
+        """End of training: collect the outstanding shadow verdicts and release the shadows (every worker)."""
         if self._closed or self.role != "worker":
             return []
         self._closed = True
         found: list[Incident] = []
         if self.shadow_ranks:
-            found = self._collect()
+            while self._pending:
+                found += self._collect()
             self._handle(found)
             for s in self.shadow_ranks:
                 send_stop(s)

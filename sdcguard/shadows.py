@@ -8,7 +8,7 @@ Two modes (``SDCGuard(shadows=...)``):
   point to point (one send and one receive per rank) and only on sampled steps.
 - dedicated: spare ranks outside the data-parallel group (hot spares) receive, on a sampled step, one worker's
   micro-batch, random states, gradient fingerprints and parameters, asynchronously; they replay it while the
-  workers go on, and send a small verdict back that the workers collect at their next sampled step
+  workers go on, and send a small verdict back that the workers pick up at the first step after it arrived
   (:class:`ShadowServer` runs on the spares; :func:`plan_roles` builds the groups).
 
 Every message is a pickled object in a ``uint8`` tensor preceded by its length; sends are non-blocking, and the
