@@ -21,6 +21,7 @@ Order of evaluation in one run:
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 import uuid as _uuid
 from collections.abc import Sequence
@@ -29,8 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .actions import ActionTemplate, run_action
-from .store import DEFAULT_WINDOW_S, Store, _end_probation, _quarantine
 from .rates import clopper_pearson_arrays
+from .store import DEFAULT_WINDOW_S, Store, _end_probation, _quarantine
 
 __all__ = ["QuarantinePolicy", "PolicyOutcome", "Decision", "apply_policy"]
 
@@ -259,8 +260,8 @@ def apply_policy(
     return out
 
 
-def _decide(conn: object, out: PolicyOutcome, d: Decision, t: float) -> None:
-    conn.execute(  # type: ignore[attr-defined]
+def _decide(conn: sqlite3.Connection, out: PolicyOutcome, d: Decision, t: float) -> None:
+    conn.execute(
         "INSERT INTO policy_decisions(uuid, time, device, decision, reason) VALUES (?, ?, ?, ?, ?)",
         (_uuid.uuid4().hex, t, d.device, d.decision, d.reason),
     )

@@ -298,14 +298,13 @@ class Store:
                 "UPDATE scans SET executions = executions + ?, failures = failures + ? WHERE id = ?",
                 (len(rows), failures, scan_id),
             )
+            # Simulated fleets pass their own clock: "seen" is the latest time this write speaks of.
+            seen = finished_at if finished_at is not None else max((r.started_at for r in results), default=None)
             if finish is not None:
-                conn.execute(
-                    "UPDATE scans SET status = ?, finished_at = ? WHERE id = ?",
-                    (finish, time.time() if finished_at is None else finished_at, scan_id),
-                )
-            conn.execute(
-                "UPDATE devices SET last_seen = MAX(last_seen, ?) WHERE id = ?", (time.time(), scan_device)
-            )
+                end = time.time() if finished_at is None else finished_at
+                conn.execute("UPDATE scans SET status = ?, finished_at = ? WHERE id = ?", (finish, end, scan_id))
+            if seen is not None:
+                conn.execute("UPDATE devices SET last_seen = MAX(last_seen, ?) WHERE id = ?", (seen, scan_device))
 
     def finish_scan(self, scan_id: int, status: ScanStatus, *, finished_at: float | None = None) -> None:
         """Set a scan's final status without adding results."""
