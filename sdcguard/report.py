@@ -14,7 +14,7 @@ Every figure comes from a few ``GROUP BY`` queries; no Python loop ever walks re
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .devices import parse_device_id
