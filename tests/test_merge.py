@@ -101,3 +101,26 @@ def test_merge_refuses_an_older_schema_without_touching_it(tmp_path: Path) -> No
     with pytest.raises(StoreError, match="older schema"):
         merge_stores(tmp_path / "out.db", [p])
     assert p.read_bytes() == before
+
+
+def test_a_version_1_store_migrates_forward_keeping_its_rows(tmp_path: Path) -> None:
+    from sdcguard.schema import MIGRATIONS
+
+    p = tmp_path / "v1.db"
+    conn = sqlite3.connect(p, isolation_level=None)
+    conn.execute("BEGIN")
+    MIGRATIONS[1](conn)
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    conn.execute("INSERT INTO scans(uuid, device, host, started_at, status) VALUES ('u1', 'sim:1', 'h', 1.0, 'complete')")
+    conn.execute("INSERT INTO results(scan, seq, device, case_id, family, seed, passed, duration_s, started_at) "
+                 "VALUES (1, 0, 'sim:1', 'alu.a', 'alu', 1, 0, 0.1, 2.0)")
+    conn.execute("COMMIT")
+    conn.close()
+    with Store.open(p) as store:
+        assert store.scalar("PRAGMA user_version") == SCHEMA_VERSION
+        assert store.scalar("SELECT COUNT(*) FROM sqlite_master WHERE name = 'results_retests'") == 1
+        from sdcguard.rates import device_rates
+
+        r = device_rates(store)["sim:1"].overall
+        assert (r.executions, r.failures) == (1, 1)

@@ -77,6 +77,14 @@ def test_same_wrong_digest_on_two_devices_trips_the_breaker(store: Store) -> Non
     assert "same wrong output" in out.reasons[0] and "nobody quarantined" in out.reasons[0]
     assert store.quarantine_list() == []
     assert _decisions(store) == [(None, "breaker")]
+    # Operators see it from the CLI too.
+    from click.testing import CliRunner
+
+    from sdcguard.cli import cli
+
+    r = CliRunner().invoke(cli, ["--db", str(store.path), "quarantine", "decisions", "--since", "all",
+                                 "--format", "json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)[0]["decision"] == "breaker"
 
 
 def test_share_of_devices_failing_one_case_trips_the_breaker(store: Store) -> None:
