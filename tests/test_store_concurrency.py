@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sdcguard.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -14,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 _WRITER = """
 import sys
 from sdcguard.records import CaseResult, Incident
+import pytest
+
 from sdcguard.store import Store
 
 path, worker, scans, per_scan = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -34,9 +38,10 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_eight_writers_lose_nothing_and_never_see_locked(tmp_path: Path) -> None:
     path = tmp_path / "fleet.db"
-    workers, scans, per_scan = 8, 15, 40
+    workers, scans, per_scan = 8, 10, 40
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [
         subprocess.Popen(
