@@ -148,12 +148,17 @@ class Store:
     def _prepare(self, *, create: bool) -> None:
         p = self.path
         try:
-            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            app = self._conn.execute("PRAGMA application_id").fetchone()[0]
+            # One read transaction: a consistent snapshot even while another process creates the store.
+            self._retry(lambda: self._conn.execute("BEGIN"))
+            try:
+                version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+                app = self._conn.execute("PRAGMA application_id").fetchone()[0]
+                tables = self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            finally:
+                self._conn.execute("ROLLBACK")
             if version > SCHEMA_VERSION:
                 raise SchemaTooNew(_too_new(p, version))
             if app != APPLICATION_ID:
-                tables = self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
                 if tables or version:
                     raise StoreError(f"{p} is a SQLite database but not an sdcguard fleet store; pass another --db")
                 if not create:
