@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sdcguard.actions import ActionTemplate, run_action
 from sdcguard.errors import BadInput
@@ -207,3 +209,37 @@ def test_action_template_validation() -> None:
     assert ActionTemplate.slurm_drain().render(device="GPU-1", host="n1", reason="r")[:3] == [
         "scontrol", "update", "NodeName=n1"]
     assert "n1" in ActionTemplate.kubernetes_taint().render(device="GPU-1", host="n1", reason="r")
+
+
+# ---------------------------------------------------------------- invariants over random fleets
+_device_history = st.lists(
+    st.tuples(st.booleans(), st.sampled_from(["alu.a", "alu.b"]), st.sampled_from(["d1", "d2", None]), st.booleans()),
+    max_size=6,
+)
+
+
+@settings(max_examples=25)
+@given(st.lists(st.tuples(st.integers(0, 400), _device_history), min_size=1, max_size=6))
+def test_policy_invariants(tmp_path_factory: pytest.TempPathFactory, fleet) -> None:
+    """Breaker => nobody quarantined; every quarantine has a recorded reason; a rerun changes nothing."""
+    with Store.open(tmp_path_factory.mktemp("pol") / "f.db") as store:
+        for i, (n_clean, fails) in enumerate(fleet):
+            d = f"sim:{i}"
+            rows = clean(d, n_clean, t=NOW - 5000)
+            rows += [result(d, passed=False, case=c, digest=(dg * 32) if dg else None, sticky=s, t=NOW - 100)
+                     for _, c, dg, s in fails if _]
+            scan(store, d, rows)
+        out = apply_policy(store, now=NOW)
+        if out.breaker_tripped:
+            assert out.quarantined == [] and store.quarantine_list() == []
+            assert any("circuit breaker" in r for r in out.reasons)
+        decided = {r["device"]: r["reason"] for r in store.query(
+            "SELECT device, reason FROM policy_decisions WHERE decision = 'quarantine'")}
+        assert set(decided) == set(out.quarantined)
+        assert all(decided[d] for d in decided)
+        assert {e.device for e in store.quarantine_list()} == set(out.quarantined)
+        for d in out.quarantined:
+            assert [h["action"] for h in store.quarantine_history(d)] == ["quarantine"]
+        again = apply_policy(store, now=NOW + 1)
+        assert again.quarantined == [] and again.breaker_tripped == out.breaker_tripped
+        assert {e.device for e in store.quarantine_list()} == set(out.quarantined)
