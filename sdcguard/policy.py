@@ -270,6 +270,8 @@ def _decide(conn: sqlite3.Connection, out: PolicyOutcome, d: Decision, t: float)
 
 
 def _run_actions(store: Store, actions: Sequence[ActionTemplate], out: PolicyOutcome, t: float) -> None:
+    # Commands run outside any transaction (a slow kubectl must not hold the store's write lock). Two policy
+    # runs at the same moment may both run a pending action: drain/taint/cordon commands are idempotent.
     by_name = {a.name: a for a in actions}
     with store.write() as conn:
         # One action row per (quarantine event, template): created once, retried until it succeeds.
