@@ -120,13 +120,13 @@ class BitFormat:
             return b.astype(np.float64)
         if self.kind == "int":
             return b.view(np.dtype(f"int{self.width}")).astype(np.float64)
-        if self.name in ("float64", "float32", "float16"):
-            with np.errstate(invalid="ignore"):  # NaN payloads are expected here
+        with np.errstate(invalid="ignore"):  # NaN payloads are expected here
+            if self.name in ("float64", "float32", "float16"):
                 return b.view(np.dtype(self.name)).astype(np.float64)
-        if self.name == "bfloat16":  # the top half of a float32
-            return (b.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
-        if self.name == "float8_e5m2":  # the top half of a float16
-            return (b.astype(np.uint16) << np.uint16(8)).view(np.float16).astype(np.float64)
+            if self.name == "bfloat16":  # the top half of a float32
+                return (b.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
+            if self.name == "float8_e5m2":  # the top half of a float16
+                return (b.astype(np.uint16) << np.uint16(8)).view(np.float16).astype(np.float64)
         return _e4m3fn_table()[b]
 
 
