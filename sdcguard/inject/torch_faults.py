@@ -341,6 +341,8 @@ class CorruptingCommHook:
 
             base = allreduce_hook
         self.base = base
+        # DDP reads a hook's __name__ and __qualname__, as if it were a function
+        self.__name__ = self.__qualname__ = "CorruptingCommHook"
 
     def _active(self) -> bool:
         if current_rank() != self.rank:
@@ -360,6 +362,12 @@ class CorruptingCommHook:
             return t
 
         return fut.then(corrupt)
+
+
+# DDP checks a hook's annotations against the real classes; with postponed annotations they would be strings.
+CorruptingCommHook.__call__.__annotations__.update(
+    {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+)
 
 
 def _resolve_ops(ops: str | Iterable[str]) -> frozenset[str]:
