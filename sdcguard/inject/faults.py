@@ -20,6 +20,7 @@ Numpy only: this module must import without torch.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -251,12 +252,13 @@ class FaultModel:
         fmt: BitFormat | str,
         *,
         read_bits: ReadBits,
-        eligible: np.ndarray | None = None,
+        eligible: np.ndarray | Callable[[], np.ndarray] | None = None,
     ) -> list[FaultRecord]:
         """Decide what happens to one computation whose output has ``n`` elements of format ``fmt``.
 
         ``read_bits(indices)`` returns the raw bits (unsigned integers) of the output at sorted flat
-        ``indices``; ``eligible`` holds the sorted flat indices a value range lets through (None: all).
+        ``indices``; ``eligible`` holds the sorted flat indices a value range lets through (None: all), or is a
+        function returning them, called only when the computation passes the rate draw (it may be costly).
         Returns the records (empty: not hit); the caller writes each ``after`` at its ``index``.
         Always advances the computation counter.
         """
@@ -268,6 +270,8 @@ class FaultModel:
             return []
         if f.rate < 1.0 and np.random.default_rng([f.seed, call, 1]).random() >= f.rate:
             return []
+        if callable(eligible):
+            eligible = eligible()
         if eligible is not None:
             eligible = np.asarray(eligible, dtype=np.int64)
             if eligible.size == 0:
@@ -392,27 +396,37 @@ class FaultModel:
             if fmt.has_inf and rng.random() < 0.5:
                 return "inf", fmt.inf_bits(sign)
             return "nan", fmt.nan_bits(sign)
-        counts = np.fromiter(MIX_FLIP_COUNTS, dtype=np.int64)
-        probs = np.fromiter(MIX_FLIP_COUNTS.values(), dtype=np.float64)
-        nflip = int(rng.choice(counts, p=probs / probs.sum()))
-        classes = [c for c in MIX_CLASS_WEIGHTS if fmt.bits(c)]
-        pool = np.array([b for c in classes for b in fmt.bits(c)], dtype=np.int64)
-        per_bit = np.array([MIX_CLASS_WEIGHTS[c] / len(fmt.bits(c)) for c in classes for _ in fmt.bits(c)])
-        nflip = min(nflip, pool.size)
+        pool, cum = _mix_bit_table(fmt)
+        nflip = min(_FLIP_COUNTS[int(np.searchsorted(_FLIP_CUM, rng.random(), side="right"))], len(pool))
         for _ in range(_MAX_VALID_TRIES):
-            bits = rng.choice(pool, size=nflip, replace=False, p=per_bit / per_bit.sum())
+            bits: list[int] = []
+            while len(bits) < nflip:  # distinct bits, each drawn with its class weight
+                b = pool[int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))]
+                if b not in bits:
+                    bits.append(b)
             after = before ^ _mask(bits)
-            if bool(fmt.is_finite(np.array([after], dtype=np.uint64))[0]):
+            if fmt.is_finite_bits(after):
                 return ("bitflip" if nflip == 1 else "multibit"), after
-        # Rare (a value next to the NaN/Inf encodings): the lowest mantissa bit whose flip stays finite.
+        # Rare (a value next to the NaN/Inf encodings): the lowest bit whose flip keeps the value finite.
         for b in range(fmt.width):
-            after = before ^ (1 << b)
-            if bool(fmt.is_finite(np.array([after], dtype=np.uint64))[0]):
-                return "bitflip", after
-        return "zero", 0  # only reachable for a value with no finite neighbour: none exists in these formats
+            if fmt.is_finite_bits(before ^ (1 << b)):
+                return "bitflip", before ^ (1 << b)
+        return "zero", 0  # unreachable in these formats: every value has a finite neighbour
 
 
-def _mask(bits: np.ndarray) -> int:
+_FLIP_COUNTS = tuple(MIX_FLIP_COUNTS)
+_FLIP_CUM = np.cumsum(list(MIX_FLIP_COUNTS.values())) / sum(MIX_FLIP_COUNTS.values())
+
+
+@functools.cache
+def _mix_bit_table(fmt: BitFormat) -> tuple[tuple[int, ...], np.ndarray]:
+    """Bits a wrong-but-valid value can have flipped, and their cumulative weights (class weight split evenly)."""
+    pool = tuple(b for c in MIX_CLASS_WEIGHTS for b in fmt.bits(c))
+    weights = [MIX_CLASS_WEIGHTS[c] / len(fmt.bits(c)) for c in MIX_CLASS_WEIGHTS for _ in fmt.bits(c)]
+    return pool, np.cumsum(weights)
+
+
+def _mask(bits: np.ndarray | list[int]) -> int:
     m = 0
     for b in np.asarray(bits).tolist():
         m |= 1 << int(b)

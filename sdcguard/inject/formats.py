@@ -113,6 +113,15 @@ class BitFormat:
             return (b & np.uint64(low)) != np.uint64(low)
         return (b & np.uint64(self.exponent_mask)) != np.uint64(self.exponent_mask)
 
+    def is_finite_bits(self, bits: int) -> bool:
+        """Whether one raw-bit value encodes a finite number."""
+        if not self.is_float:
+            return True
+        if not self.has_inf:
+            low = (1 << (self.exponent_bits + self.mantissa_bits)) - 1
+            return bits & low != low
+        return bits & self.exponent_mask != self.exponent_mask
+
     def decode(self, bits: np.ndarray) -> np.ndarray:
         """Values (float64) of raw bits of this format; used by value-range triggers."""
         b = np.ascontiguousarray(bits).astype(self.uint)

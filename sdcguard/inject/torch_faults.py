@@ -201,17 +201,19 @@ def _corrupt_segments_(
             out[sel] = vals.astype(np.uint64)
         return out
 
-    eligible = None
-    if model.fault.value_range is not None:
-        lo, hi = model.fault.value_range  # the same rule as Fault.in_range: lo <= v < hi in float64, NaN never
+    def eligible() -> np.ndarray:
+        lo, hi = model.fault.value_range  # type: ignore[misc]  # Fault.in_range's rule: lo <= v < hi, NaN never
         parts = []
         for (_, t), off in zip(segments, offsets[:-1].tolist(), strict=True):
             v = t.detach().to(torch.float64).reshape(-1)
             parts.append(torch.nonzero((v >= lo) & (v < hi)).reshape(-1).cpu().numpy() + off)
-        eligible = np.concatenate(parts).astype(np.int64)
+        return np.concatenate(parts).astype(np.int64)
 
     with torch.no_grad():
-        plan = model.plan(int(offsets[-1]), fmt, read_bits=read_bits, eligible=eligible)
+        plan = model.plan(
+            int(offsets[-1]), fmt, read_bits=read_bits,
+            eligible=eligible if model.fault.value_range is not None else None,
+        )
         if not plan:
             return []
         idx = np.array([r.index for r in plan], dtype=np.int64)
