@@ -271,3 +271,18 @@ def test_value_range_on_tensors():
     records = corrupt_tensor_(t, Fault(pattern="zero", elements=5, value_range=(0.0, 1.0)))
     assert sorted(r.index for r in records) == [1, 3]
     assert t.tolist() == [-5.0, 0.0, 3.0, 0.0, 9.0]
+
+
+def test_public_names_load_lazily():
+    import sdcguard
+    import sdcguard.inject
+
+    assert sdcguard.OpFaultMode is OpFaultMode
+    assert sdcguard.inject.corrupt_gradients_ is corrupt_gradients_
+
+
+def test_read_bits_may_return_signed_integers():
+    """A caller reading through a signed view (torch has no uint16/32 indexing everywhere) gets the right bits."""
+    model = FaultModel(Fault(pattern="bitflip", bit=0))
+    (r,) = model.plan(4, "bfloat16", read_bits=lambda idx: np.full(idx.size, -2, dtype=np.int16))
+    assert (r.before, r.after) == (0xFFFE, 0xFFFF)

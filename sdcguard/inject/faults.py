@@ -284,7 +284,8 @@ class FaultModel:
         index = self._positions_tile(rng, n, eligible) if control else self._positions(rng, n, eligible)
         if index.size == 0:
             return []
-        before = np.asarray(read_bits(index)).astype(np.uint64)
+        # masked to the format's width: a signed view read by the caller must not sign-extend
+        before = np.asarray(read_bits(index)).astype(np.uint64) & np.uint64((1 << fmt.width) - 1)
         records = []
         for i, b in zip(index.tolist(), before.tolist(), strict=True):
             effect, after = self._corrupt_one(rng, fmt, int(b))

@@ -157,6 +157,8 @@ def _steps(steps: int | Iterable[int] | None) -> frozenset[int] | None:
 def _supported(t: Any) -> bool:
     if not isinstance(t, torch.Tensor) or t.numel() == 0 or t.is_complex() or t.dtype == torch.bool:
         return False
+    if t.is_sparse or t.is_quantized or t.device.type == "meta":  # no raw bits to corrupt
+        return False
     return str(t.dtype).removeprefix("torch.") in _formats.FORMATS
 
 
