@@ -196,6 +196,20 @@ def test_control_fault_corrupts_most_of_one_tile(seed, n, tile):
     assert np.count_nonzero(out != a) == len(records)
 
 
+@given(st.integers(0, 2**32), st.lists(st.integers(2, 70), min_size=2, max_size=3), st.sampled_from([16, 1024]))
+def test_control_fault_on_a_matrix_hits_one_square_tile(seed, shape, tile):
+    a = np.ones(shape, dtype=np.float32)
+    out, records = FaultModel(Fault(pattern="zero", control=1.0, tile=tile, seed=seed)).corrupt_array(a)
+    side = math.isqrt(tile)
+    coords = np.array(np.unravel_index([r.index for r in records], a.shape)).T
+    assert len({(*c[:-2], c[-2] // side, c[-1] // side) for c in coords}) == 1, "one tile of one matrix"
+    rows, cols = shape[-2], shape[-1]
+    i, j = coords[0][-2] // side, coords[0][-1] // side
+    size = (min(rows, (i + 1) * side) - i * side) * (min(cols, (j + 1) * side) - j * side)
+    assert size / 2 - 1 <= len(records) <= size
+    assert np.count_nonzero(out != a) == len(records)
+
+
 @given(arrays(), faults)
 @settings(max_examples=100)
 def test_same_seed_repeats_the_same_faults(data, fault):

@@ -108,7 +108,8 @@ class Fault:
     """Chance that a hit is a control fault: 50-100% of one ``tile`` corrupted instead of ``elements`` values.
     None: the pattern's default (``mix``: 0.02; otherwise 0)."""
     tile: int = 1024
-    """Elements per output tile (flat, aligned) for control faults; 1024 = one 32x32 tile."""
+    """Elements per output tile for control faults: a square block of the last two dimensions, ``isqrt(tile)``
+    on a side (1024: 32x32, one thread block's output), or an aligned flat run for 1-d outputs."""
     value_range: tuple[float, float] | None = None
     """Only values ``v`` with ``lo <= v < hi`` (compared in float64; NaN never) can be corrupted; a computation
     without such values is not hit (and does not use up a transient fault)."""
@@ -253,12 +254,14 @@ class FaultModel:
         *,
         read_bits: ReadBits,
         eligible: np.ndarray | Callable[[], np.ndarray] | None = None,
+        shape: tuple[int, ...] | None = None,
     ) -> list[FaultRecord]:
         """Decide what happens to one computation whose output has ``n`` elements of format ``fmt``.
 
         ``read_bits(indices)`` returns the raw bits (unsigned integers) of the output at sorted flat
         ``indices``; ``eligible`` holds the sorted flat indices a value range lets through (None: all), or is a
         function returning them, called only when the computation passes the rate draw (it may be costly).
+        ``shape`` (C order, product ``n``) lets a control fault hit a 2-d tile; without it tiles are flat runs.
         Returns the records (empty: not hit); the caller writes each ``after`` at its ``index``.
         Always advances the computation counter.
         """
@@ -281,7 +284,9 @@ class FaultModel:
         key = [f.seed, call, 2] if f.timing == "transient" else [f.seed, 0, 2]
         rng = np.random.default_rng(key)
         control = f.effective_control > 0 and rng.random() < f.effective_control
-        index = self._positions_tile(rng, n, eligible) if control else self._positions(rng, n, eligible)
+        if shape is not None and math.prod(shape) != n:
+            raise BadInput(f"shape {shape} does not hold {n} elements")
+        index = self._positions_tile(rng, n, eligible, shape) if control else self._positions(rng, n, eligible)
         if index.size == 0:
             return []
         # masked to the format's width: a signed view read by the caller must not sign-extend
@@ -311,7 +316,7 @@ class FaultModel:
         eligible = None
         if self.fault.value_range is not None:
             eligible = np.flatnonzero(self.fault.in_range(fmt.decode(flat)))
-        records = self.plan(flat.size, fmt, read_bits=lambda idx: flat[idx], eligible=eligible)
+        records = self.plan(flat.size, fmt, read_bits=lambda idx: flat[idx], eligible=eligible, shape=out.shape)
         if records:
             idx = np.fromiter((r.index for r in records), dtype=np.int64, count=len(records))
             flat[idx] = np.fromiter((r.after for r in records), dtype=np.uint64, count=len(records)).astype(fmt.uint)
@@ -340,14 +345,25 @@ class FaultModel:
             pos = lane[(start + np.arange(min(f.elements, lane.size))) % lane.size]
         return np.unique(pos.astype(np.int64))
 
-    def _positions_tile(self, rng: np.random.Generator, n: int, eligible: np.ndarray | None) -> np.ndarray:
+    def _positions_tile(
+        self, rng: np.random.Generator, n: int, eligible: np.ndarray | None, shape: tuple[int, ...] | None
+    ) -> np.ndarray:
         f = self.fault
-        tiles = -(-n // f.tile)
-        t = int(rng.integers(tiles))
-        lo, hi = t * f.tile, min(n, (t + 1) * f.tile)
-        cands = np.arange(lo, hi, dtype=np.int64)
+        if shape is not None and len(shape) >= 2 and shape[-1] > 1 and shape[-2] > 1:
+            # one square block of the last two dimensions, in one matrix of the batch
+            rows, cols = shape[-2], shape[-1]
+            side = max(1, math.isqrt(f.tile))
+            tr, tc = -(-rows // side), -(-cols // side)
+            b, t = divmod(int(rng.integers(n // (rows * cols) * tr * tc)), tr * tc)
+            i, j = divmod(t, tc)
+            r = np.arange(i * side, min(rows, (i + 1) * side), dtype=np.int64)
+            c = np.arange(j * side, min(cols, (j + 1) * side), dtype=np.int64)
+            cands = (b * rows * cols + r[:, None] * cols + c[None, :]).reshape(-1)
+        else:
+            t = int(rng.integers(-(-n // f.tile)))
+            cands = np.arange(t * f.tile, min(n, (t + 1) * f.tile), dtype=np.int64)
         if eligible is not None:
-            cands = eligible[(eligible >= lo) & (eligible < hi)]
+            cands = np.intersect1d(cands, eligible, assume_unique=True)
         if cands.size == 0:
             return cands
         k = max(1, round(rng.uniform(0.5, 1.0) * cands.size))

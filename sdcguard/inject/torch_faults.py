@@ -215,6 +215,7 @@ def _corrupt_segments_(
         plan = model.plan(
             int(offsets[-1]), fmt, read_bits=read_bits,
             eligible=eligible if model.fault.value_range is not None else None,
+            shape=tuple(raws[0].shape) if len(raws) == 1 else None,
         )
         if not plan:
             return []
