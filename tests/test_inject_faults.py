@@ -30,6 +30,23 @@ faults = st.builds(
 )
 
 
+
+@st.composite
+def timed_faults(draw: st.DrawFn) -> Fault:
+    """Faults of every timing (and value ranges), for properties that hold whether or not a computation is hit."""
+    timing = draw(st.sampled_from(["transient", "intermittent", "sticky"]))
+    rate = 1.0 if timing == "sticky" else draw(st.sampled_from([0.0, 0.3, 1.0]))
+    return Fault(
+        pattern=draw(st.sampled_from(["bitflip", "multibit", "zero", "stuck0", "stuck1", "mix"])),
+        timing=timing,
+        rate=rate,
+        elements=draw(st.integers(1, 6)),
+        period=draw(st.sampled_from([None, 0, 2])),
+        value_range=draw(st.sampled_from([None, (-1.0, 1.0), (0.0, math.inf)])),
+        seed=draw(st.integers(0, 2**40)),
+    )
+
+
 def _check_exact(a: np.ndarray, name: str, out: np.ndarray, records: list) -> None:
     """The output differs from the input exactly where the records say, with the recorded bits."""
     fmt = formats.get(name)
@@ -210,7 +227,25 @@ def test_control_fault_on_a_matrix_hits_one_square_tile(seed, shape, tile):
     assert np.count_nonzero(out != a) == len(records)
 
 
-@given(arrays(), faults)
+@given(arrays(), timed_faults())
+@settings(max_examples=100)
+def test_every_computation_changes_exactly_what_it_records(data, fault):
+    a, name = data
+    model = FaultModel(fault)
+    for call in range(4):
+        out, records = model.corrupt_array(a, dtype=name)
+        _check_exact(a, name, out, records)
+        assert all(r.call == call for r in records)
+    assert model.calls == 4
+
+
+def test_empty_arrays_are_never_hit():
+    model = FaultModel(Fault(pattern="zero"))
+    out, records = model.corrupt_array(np.zeros((0, 3), dtype=np.float32))
+    assert records == [] and out.shape == (0, 3) and model.calls == 1 and model.hits == 0
+
+
+@given(arrays(), timed_faults())
 @settings(max_examples=100)
 def test_same_seed_repeats_the_same_faults(data, fault):
     a, name = data
