@@ -192,15 +192,21 @@ def _corrupt_segments_(
             out.append((s, sel, idx[sel] - offsets[s]))
         return out
 
-    def coords(s: int, local: np.ndarray) -> tuple[torch.Tensor, ...]:
+    # contiguous tensors are indexed through a flat view (one index tensor), others by coordinates
+    flats = [r.view(-1) if r.is_contiguous() else None for r in raws]
+
+    def at(s: int, local: np.ndarray) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         dev = raws[s].device
-        return tuple(torch.as_tensor(c, device=dev) for c in np.unravel_index(local, tuple(raws[s].shape)))
+        flat = flats[s]
+        if flat is not None:
+            return flat, (torch.from_numpy(local).to(dev),)
+        return raws[s], tuple(torch.from_numpy(c).to(dev) for c in np.unravel_index(local, tuple(raws[s].shape)))
 
     def read_bits(idx: np.ndarray) -> np.ndarray:
         out = np.empty(idx.size, dtype=np.uint64)
         for s, sel, local in split(np.asarray(idx, dtype=np.int64)):
-            vals = raws[s][coords(s, local)].cpu().numpy().view(fmt.uint)
-            out[sel] = vals.astype(np.uint64)
+            view, where = at(s, local)
+            out[sel] = view[where].cpu().numpy().view(fmt.uint).astype(np.uint64)
         return out
 
     def eligible() -> np.ndarray:
@@ -223,7 +229,8 @@ def _corrupt_segments_(
         after = np.array([r.after for r in plan], dtype=np.uint64).astype(fmt.uint).view(_NP_INT[fmt.width])
         records = []
         for s, sel, local in split(idx):
-            raws[s][coords(s, local)] = torch.from_numpy(after[sel].copy()).to(raws[s].device)
+            view, where = at(s, local)
+            view[where] = torch.from_numpy(after[sel].copy()).to(raws[s].device)
             label, t = segments[s]
             for j, li in zip(sel.tolist(), local.tolist(), strict=True):
                 r = plan[j]
