@@ -212,3 +212,11 @@ def test_export_prometheus_parses(db: Path, tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []  # the temp file was renamed
     code, _, err = _run("--db", str(db), "export", "prometheus", str(tmp_path / "nope" / "x.prom"))
     assert code == 2 and "does not exist" in err
+
+
+def test_reading_commands_leave_the_store_untouched(db: Path, tmp_path: Path) -> None:
+    before = snapshot(db)
+    for args in (["report", "--format", "json"], ["report"], ["quarantine", "list"], ["quarantine", "history"],
+                 ["incidents"], ["export", "prometheus", str(tmp_path / "m.prom")]):
+        assert _run("--db", str(db), *args)[0] == 0, args
+    assert snapshot(db) == before
