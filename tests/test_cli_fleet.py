@@ -220,3 +220,17 @@ def test_reading_commands_leave_the_store_untouched(db: Path, tmp_path: Path) ->
                  ["incidents"], ["export", "prometheus", str(tmp_path / "m.prom")]):
         assert _run("--db", str(db), *args)[0] == 0, args
     assert snapshot(db) == before
+
+
+def test_table_of_a_large_fleet_lists_what_needs_attention(tmp_path: Path) -> None:
+    path = tmp_path / "big.db"
+    t = NOW_ISH - 600
+    with Store.open(path) as store:
+        with store.write() as conn:  # 60 devices in one transaction
+            conn.executemany("INSERT INTO devices(id, host, kind, first_seen, last_seen) VALUES (?, 'n', 'sim', ?, ?)",
+                             [(f"sim:{i}", t, t) for i in range(60)])
+        scan(store, "sim:7", [result("sim:7", passed=False, t=t)], t=t)
+    code, out, _ = _run("--db", str(path), "report")
+    assert code == 0 and "sim:7" in out and "sim:8 " not in out and "59 healthy devices not listed" in out
+    code, out, _ = _run("--db", str(path), "report", "--all")
+    assert code == 0 and "sim:8 " in out
