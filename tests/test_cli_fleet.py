@@ -234,3 +234,12 @@ def test_table_of_a_large_fleet_lists_what_needs_attention(tmp_path: Path) -> No
     assert code == 0 and "sim:7" in out and "sim:8 " not in out and "59 healthy devices not listed" in out
     code, out, _ = _run("--db", str(path), "report", "--all")
     assert code == 0 and "sim:8 " in out
+
+
+def test_gpu_ids_are_accepted_in_any_case(tmp_path: Path) -> None:
+    db = tmp_path / "g.db"
+    upper = "GPU-3F2A1B4C-0000-1111-2222-ABCDEFABCDEF"
+    assert _run("--db", str(db), "quarantine", "add", upper, "--reason", "xid 79")[0] == 0
+    (row,) = json.loads(_run("--db", str(db), "quarantine", "list", "--format", "json")[1])
+    assert row["device"] == "GPU-" + upper[4:].lower()
+    assert _run("--db", str(db), "quarantine", "release", row["device"].upper().replace("GPU-", "gpu-", 1), "--reason", "ok")[0] == 0

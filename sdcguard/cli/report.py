@@ -11,7 +11,7 @@ import click
 
 from ..durations import iso_utc, since_timestamp
 from ..report import REPORT_FIELDS, build_report, report_json
-from ._common import fmt_float, format_option, open_store, print_table, status_text
+from ._common import device_id, fmt_float, format_option, open_store, print_table, status_text
 
 __all__ = ["report"]
 
@@ -42,6 +42,7 @@ def report(
     """
     now = time.time()
     start = since_timestamp(since, now=now)  # checked before the store is opened
+    device = device_id(device) if device else None
     with open_store() as store:
         rows = build_report(store, since=start, device=device, confidence=confidence, families=families)
         if plot is not None:
