@@ -18,6 +18,10 @@ _LAZY: dict[str, str] = {
     "DeviceInfo": "sdcguard.records",
     "CaseResult": "sdcguard.records",
     "Incident": "sdcguard.records",
+    "load_suite": "sdcguard.golden",
+    "Suite": "sdcguard.golden",
+    "Case": "sdcguard.golden",
+    "NumpyBackend": "sdcguard.golden",
 }
 
 __all__ = ["__version__", *_LAZY]
