@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import SuiteError
 from ..resources import kernels_dir
 
-__all__ = ["kernel_source", "load_module", "get_kernel"]
+__all__ = ["kernel_source", "load_module", "get_kernel", "compile_ptx"]
 
 
 def kernel_source(name: str) -> str:
@@ -40,3 +40,20 @@ def load_module(name: str, device: int) -> Any:
 def get_kernel(name: str, entry: str, device: int) -> Any:
     """The ``extern "C"`` function ``entry`` of ``kernels/<name>`` on device ``device``."""
     return load_module(name, device).get_function(entry)
+
+
+def compile_ptx(name: str, arch: str = "compute_80") -> str:
+    """Compile ``kernels/<name>`` to PTX with NVRTC alone (no GPU or driver needed): the CI proof that every kernel
+    builds for an architecture. Raises ``SuiteError`` with NVRTC's log (which names the real file) on failure."""
+    from cupy.cuda import nvrtc
+
+    prog = nvrtc.createProgram(kernel_source(name), name, [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", "-std=c++17", f"-I{kernels_dir()}"])
+        except nvrtc.NVRTCError as e:
+            raise SuiteError(f"kernel {name} does not compile for {arch}: {e}\n{nvrtc.getProgramLog(prog)}") from None
+        ptx = nvrtc.getPTX(prog)
+        return ptx.decode() if isinstance(ptx, bytes) else str(ptx)
+    finally:
+        nvrtc.destroyProgram(prog)
