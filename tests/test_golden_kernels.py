@@ -149,3 +149,36 @@ def test_host_build_intrinsics_kernel_logic(host: HostBackend) -> None:
     for row, want in enumerate([np.exp(x), np.log(y), np.sin(x), np.cos(x), x / y]):
         assert np.allclose(out[row], want, rtol=1e-6, atol=1e-6), row
     assert set(scratch["smids"]) <= set(range(host.build.fake_sms))
+
+
+@pytest.mark.slow
+def test_per_architecture_goldens_record_verify_and_run(host: HostBackend, tmp_path: Path) -> None:
+    from sdcguard.errors import GoldenDataError
+    from sdcguard.golden import generate, load_suite, verify
+    from sdcguard.golden.suite import record_arch_golden
+    from tests._golden import copy_golden, flip_byte
+
+    d = copy_golden(tmp_path)
+    case = case_by_id("intrinsics.fp32.fast")
+    arch = HostBackend.arch
+    runs = [host.execute(case)[1]["out"].reshape(case.shape).copy() for _ in range(2)]
+    with pytest.raises(GoldenDataError, match="needs 2 reference devices"):
+        record_arch_golden(d, case, arch, [("dev0", runs[0])])
+    wrong = runs[1].copy()
+    wrong.view(np.uint32)[0, 7] ^= 1
+    with pytest.raises(GoldenDataError, match="disagree"):
+        record_arch_golden(d, case, arch, [("dev0", runs[0]), ("dev1", wrong)])
+    path = record_arch_golden(d, case, arch, [("dev0", runs[0]), ("dev1", runs[1])])
+    assert path == d / "intrinsics" / arch / "intrinsics.fp32.fast.bin"
+    verify(d)
+    generate(d)  # regenerating the portable data keeps the recorded golden
+    verify(d)
+    suite = load_suite(d)
+    assert suite.arch_cases(arch) == (case,) and case not in suite.cases
+    backend = HostBackend(host.build, suite=suite)
+    assert backend.run(case).passed
+    r = backend.run(case, output_hook=bit_flip_hook(case.id, 4096 + 300, 2))  # row 1 (__logf), element 300
+    assert not r.passed and r.element == 4096 + 300 and r.location.startswith("sm:")
+    flip_byte(path, 10)
+    with pytest.raises(GoldenDataError, match="intrinsics.fp32.fast.bin"):
+        verify(d)

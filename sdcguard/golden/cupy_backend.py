@@ -89,11 +89,12 @@ class CupyBackend:
     def supports(self, case: Case) -> bool:
         """Every portable case; ``intrinsics`` only where the suite holds goldens for this architecture."""
         if case.gpu_only:
-            return case.id in self.suite.entries and self.suite.entries[case.id].get("arch") == self.arch
+            return (case.id, self.arch) in self.suite.arch_entries
         return True
 
     def cases(self) -> tuple[Case, ...]:
-        return tuple(c for c in self.suite.cases if self.supports(c))
+        """The suite's portable cases plus the GPU-only cases recorded for this architecture."""
+        return self.suite.cases + self.suite.arch_cases(self.arch)
 
     # ------------------------------------------------------------------------------------------------ buffers
 
@@ -146,7 +147,8 @@ class CupyBackend:
             raise SuiteError(f"{case.id}: no golden for {self.arch} (per-architecture intrinsics goldens)")
         if case.family == "gemm" and case.params["impl"] == "cublas":
             return self._run_cublas(case, output_hook)
-        expected = self.suite.expected(case)
+        arch = self.arch if case.gpu_only else None
+        expected = self.suite.expected(case, arch)
         plan = self._plan(case)
         inputs = self._device_inputs(case)
         raw, layout, fetch = self._scratch_for(case, plan)
@@ -178,7 +180,7 @@ class CupyBackend:
                 return int(out_view[element : element + 1].get()[0])
 
         return kernel_case_result(case=case, plan=plan, expected=expected,
-                                  golden_digest=self.suite.entries[case.id]["output_sha256"], host=host,
+                                  golden_digest=self.suite.entry_for(case, arch)["output_sha256"], host=host,
                                   output_hook=output_hook, device=self.device, started=started, duration=duration,
                                   reread=reread, detail={"backend": self.kind, "arch": self.arch,
                                                          "words": plan.scratch[plan.output][1]})
