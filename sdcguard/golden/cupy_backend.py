@@ -38,11 +38,26 @@ _COMPUTE = {"fp64": "COMPUTE_TYPE_FP64", "fp32": "COMPUTE_TYPE_PEDANTIC", "tf32"
 
 
 def _uuid_text(raw: Any) -> str:
-    b = bytes(raw)[:16] if not isinstance(raw, str) else raw
-    if isinstance(b, str):
-        return b
-    h = b.hex()
+    if isinstance(raw, str):
+        return raw
+    h = bytes(raw)[:16].hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _device_uuid(props: dict[str, Any]) -> str:
+    """The GPU's UUID: from the CUDA device properties, else from NVML by PCI address (CUDA and NVML may number
+    devices differently, the PCI address is common to both)."""
+    if props.get("uuid"):
+        return _uuid_text(props["uuid"])
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        bus = f"{props['pciDomainID']:08x}:{props['pciBusID']:02x}:{props['pciDeviceID']:02x}.0"
+        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByPciBusId(bus))
+        return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    except Exception as e:
+        raise NoDevice(f"cannot tell the UUID of this GPU (no uuid in its properties, NVML: {e})") from None
 
 
 class CupyBackend:
@@ -73,12 +88,24 @@ class CupyBackend:
         self.arch = f"sm_{props['major']}{props['minor']}"
         self.sm_count = int(props["multiProcessorCount"])
         self.model = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-        self.device: str = gpu_id(_uuid_text(props["uuid"]))
+        self.device: str = gpu_id(_device_uuid(props))
         self.memory_share = memory_share
         self._suite = suite
         self._inputs: dict[str, dict[str, Any]] = {}
         self._scratch: dict[str, tuple[Any, dict[str, tuple[int, str, int]], int]] = {}
         self._plans: dict[str, Plan] = {}
+
+    def close(self) -> None:
+        """Free the device buffers this backend holds (inputs and scratch); compiled modules stay cached."""
+        self._inputs.clear()
+        self._scratch.clear()
+        self._plans.clear()
+
+    def __enter__(self) -> CupyBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def suite(self) -> Suite:

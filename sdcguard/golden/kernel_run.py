@@ -62,7 +62,8 @@ def kernel_case_result(
     march = march_error(host["err"], plan) if "err" in host else None
     if mismatch is None and march is None:
         return CaseResult(device=device, case=case.id, family=case.family, seed=case.seed, passed=True,
-                          duration_s=duration, started_at=started, output_digest=golden_digest)
+                          duration_s=duration, started_at=started, output_digest=golden_digest,
+                          detail=dict(detail or {}))
     size = expected.dtype.itemsize
     info: dict[str, Any] = {"dtype": case.dtype, "out_dtype": case.out_dtype, **(detail or {})}
     smids = host["smids"]
