@@ -51,6 +51,8 @@ def test_nvrtc_compiles_every_kernel(name: str, arch: str) -> None:
         assert re.search(rf"\.entry {entry}\(", ptx), f"{entry} missing from the PTX of {name}"
     if name == "gemm_mma.cu":
         assert ptx.count("mma.sync.aligned") >= 3  # f16, bf16, tf32 tensor-core paths
+        # e4m3 tensor cores exist from sm_89: only the sm_90 build carries the fp8 product
+        assert ("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in ptx) == (arch == "compute_90")
 
 
 @pytest.mark.skipif(_nvrtc_reason() is not None, reason=_nvrtc_reason() or "")

@@ -117,11 +117,14 @@ class CupyBackend:
         """Every portable case; ``intrinsics`` only where the suite holds goldens for this architecture."""
         if case.gpu_only:
             return (case.id, self.arch) in self.suite.arch_entries
+        if case.dtype == "fp8":
+            return int(self.arch[3:]) >= 89  # e4m3 tensor cores: Ada, Hopper and newer
         return True
 
     def cases(self) -> tuple[Case, ...]:
-        """The suite's portable cases plus the GPU-only cases recorded for this architecture."""
-        return self.suite.cases + self.suite.arch_cases(self.arch)
+        """The suite's portable cases this GPU has the units for, plus the GPU-only cases recorded for its
+        architecture."""
+        return tuple(c for c in self.suite.cases if self.supports(c)) + self.suite.arch_cases(self.arch)
 
     # ------------------------------------------------------------------------------------------------ buffers
 
