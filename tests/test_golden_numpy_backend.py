@@ -102,6 +102,17 @@ def test_gpu_only_and_bad_hooks_are_suite_errors(backend: NumpyBackend) -> None:
     assert all(not c.gpu_only for c in backend.cases())
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPU cores")
+def test_backends_for_several_cores_in_one_thread() -> None:
+    from sdcguard.golden.numpy_backend import _PROCESS_CPUS
+
+    a, b = sorted(_PROCESS_CPUS)[:2]  # the module's backend may hold this thread on one core right now
+    case = case_by_id("alu.u32.chain")
+    with NumpyBackend(a) as first, NumpyBackend(b) as second:
+        assert second.run(case).device == cpu_id(b) and os.sched_getaffinity(0) == {b}
+        assert first.run(case).location == f"core:{a}" and os.sched_getaffinity(0) == {a}
+
+
 def test_unavailable_core_is_no_device() -> None:
     with pytest.raises(NoDevice, match="not available"):
         NumpyBackend(10_000)

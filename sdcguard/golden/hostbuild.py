@@ -24,7 +24,7 @@ from ..records import CaseResult
 from ..resources import kernels_dir
 from .cases import Case
 from .kernel_run import kernel_case_result
-from .launch import Launch, Plan, plan_for
+from .launch import Launch, Plan, plan_for, runs_on_kernels
 from .numpy_backend import OutputHook, default_suite
 from .suite import Suite
 
@@ -120,7 +120,7 @@ class HostBackend:
     def supports(self, case: Case) -> bool:
         if case.gpu_only:
             return (case.id, self.arch) in self.suite.arch_entries
-        return not (case.family == "gemm" and case.params["impl"] != "mma")
+        return runs_on_kernels(case)
 
     def _case_inputs(self, case: Case) -> dict[str, np.ndarray]:
         # GPU-only cases without a recorded golden have no manifest digest to check their inputs against

@@ -26,6 +26,10 @@ from .suite import Suite, load_suite
 
 __all__ = ["NumpyBackend", "OutputHook", "default_suite"]
 
+# The CPUs this process may use, as it started: a backend pinning this thread to one core must not hide the
+# others from the next backend (a scanner checks several cores from one thread).
+_PROCESS_CPUS = frozenset(os.sched_getaffinity(0))
+
 OutputHook = Callable[[str, np.ndarray], np.ndarray]
 """``hook(case_id, output) -> output``: applied before the comparison (the fire-drill injection point)."""
 
@@ -68,7 +72,8 @@ class NumpyBackend:
     arch = "cpu"
 
     def __init__(self, core: int, *, suite: Suite | None = None) -> None:
-        allowed = os.sched_getaffinity(0)
+        current = os.sched_getaffinity(0)
+        allowed = _PROCESS_CPUS | current
         if core not in allowed:
             raise NoDevice(f"CPU core {core} is not available to this process (allowed: {sorted(allowed)})")
         self.core = core
@@ -76,7 +81,7 @@ class NumpyBackend:
         self.location = f"core:{core}"
         self._suite = suite
         self._scratch: dict[str, dict[str, Any]] = {}
-        self._saved_affinity = allowed
+        self._saved_affinity = current
         blas = _openblas_threads()
         self._saved_blas_threads = blas[0]() if blas else None
         if blas:
@@ -85,7 +90,8 @@ class NumpyBackend:
         self._pin()
 
     def close(self) -> None:
-        """Give the thread its previous CPU affinity (and BLAS its thread count) back; drop scratch buffers."""
+        """Give the thread the CPU affinity it had when this backend was made (and BLAS its thread count) back;
+        drop scratch buffers. Close backends in the reverse order of their creation."""
         os.sched_setaffinity(0, self._saved_affinity)
         blas = _openblas_threads()
         if blas and self._saved_blas_threads is not None:
