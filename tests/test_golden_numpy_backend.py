@@ -32,6 +32,7 @@ def backend() -> Iterator[NumpyBackend]:
 
 def test_every_case_passes_on_this_core(backend: NumpyBackend) -> None:
     cases = backend.cases()
+    backend.prepare()
     assert {c.family for c in cases} == {"gemm", "alu", "ieee", "memory", "shared"}
     for case in cases:
         r = backend.run(case)
