@@ -117,3 +117,26 @@ def test_backends_for_several_cores_in_one_thread() -> None:
 def test_unavailable_core_is_no_device() -> None:
     with pytest.raises(NoDevice, match="not available"):
         NumpyBackend(10_000)
+
+
+def test_march_read_failure_is_reported_with_its_second_read(backend: NumpyBackend,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from sdcguard.golden import cpu_kernels
+
+    real = cpu_kernels.same_bytes
+    calls = {"n": 0}
+
+    def decaying_cell(blk: np.ndarray, expect: np.ndarray) -> bool:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second block read back: a cell of it lost bit 4 since it was written
+            blk[100] ^= np.uint32(0x10)
+        return real(blk, expect)
+
+    monkeypatch.setattr(cpu_kernels, "same_bytes", decaying_cell)
+    case = case_by_id("memory.u32.moving_inversions")
+    r = backend.run(case)
+    block = case.params["block"]
+    assert not r.passed and r.element == block + 100 and r.xor_mask == "0x00000010"
+    assert r.detail["march"]["phase"] == "ascending" and r.detail["march"]["stored_value_corrupt"] is True
+    assert r.location == f"core:{CORE}"
+    assert r.output_digest != default_suite().entries[case.id]["output_sha256"]  # final contents were rewritten

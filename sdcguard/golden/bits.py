@@ -25,6 +25,7 @@ __all__ = [
     "compose",
     "fmix32",
     "same_bytes",
+    "failure_digest",
     "e4m3_table",
     "e4m3_encode",
 ]
@@ -161,3 +162,14 @@ def e4m3_encode(values: np.ndarray) -> np.ndarray:
         return np.array([lookup[float(v)] for v in values.reshape(-1)], dtype=np.uint8).reshape(values.shape)
     except KeyError as e:
         raise ValueError(f"{e.args[0]!r} is not an e4m3 value") from None
+
+
+def failure_digest(output: np.ndarray, march: tuple[int, int, int] | None = None) -> str:
+    """The digest a failed result carries: sha256 of the output bytes, extended by a memory march's first failing
+    read ``(element, expected, actual)`` when the march saw one. Two devices with equal digests produced the same
+    wrong answer (the circuit breaker's signal), which a march failure with intact final contents would otherwise
+    fake, since its output then equals the golden."""
+    h = hashlib.sha256(np.ascontiguousarray(output).data)
+    if march is not None:
+        h.update(("march:%d:%d:%d" % march).encode())
+    return h.hexdigest()

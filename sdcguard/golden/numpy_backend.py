@@ -18,7 +18,7 @@ import numpy as np
 from ..devices import cpu_id
 from ..errors import NoDevice, SuiteError
 from ..records import CaseResult
-from .bits import hex_bits, sha256_bytes
+from .bits import failure_digest, hex_bits
 from .cases import Case
 from .compare import compare_bits
 from .cpu_kernels import RUNNERS, MarchError
@@ -189,6 +189,8 @@ class NumpyBackend:
                 detail["stored_value_corrupt"] = second != int(expected.view(np.uint32)[element])
         return CaseResult(
             device=self.device, case=case.id, family=case.family, seed=case.seed, passed=False, duration_s=duration,
-            started_at=started, output_digest=sha256_bytes(output), mismatches=count, element=element,
+            started_at=started, mismatches=count, element=element,
+            output_digest=failure_digest(output, None if march is None else (march.element, march.expected,
+                                                                               march.actual)),
             expected=exp_hex, actual=act_hex, xor_mask=xor_hex, location=self.location, detail=detail,
         )
