@@ -76,6 +76,8 @@ def install(monkeypatch: Any, build: HostBuild, *, sms: int = 4, arch: tuple[int
     cupy.cuda = cuda  # type: ignore[attr-defined]
     cupy.RawModule = RawModule  # type: ignore[attr-defined]
     cupy.asarray = _dev  # type: ignore[attr-defined]
+    pool = types.SimpleNamespace(free_bytes=lambda: 0, free_all_blocks=lambda: None)
+    cupy.get_default_memory_pool = lambda: pool  # type: ignore[attr-defined]
     cupy.empty = lambda n, dtype: np.empty(n, dtype=dtype).view(DevArray)  # type: ignore[attr-defined]
     cupy.matmul = lambda a, b: np.matmul(np.asarray(a, dtype=np.float32) if a.dtype == np.float16 else a,  # type: ignore[attr-defined]
                                          np.asarray(b, dtype=np.float32) if b.dtype == np.float16 else b

@@ -94,6 +94,7 @@ class CupyBackend:
         self._inputs: dict[str, dict[str, Any]] = {}
         self._scratch: dict[str, tuple[Any, dict[str, tuple[int, str, int]], int]] = {}
         self._plans: dict[str, Plan] = {}
+        self._march_words: int | None = None
 
     def close(self) -> None:
         """Free the device buffers this backend holds (inputs and scratch); compiled modules stay cached."""
@@ -140,14 +141,23 @@ class CupyBackend:
     def _plan(self, case: Case) -> Plan:
         plan = self._plans.get(case.id)
         if plan is None:
-            words = None
-            if case.family == "memory" and self.memory_share > 0:
-                with self._cp.cuda.Device(self.index):
-                    free, _ = self._cp.cuda.runtime.memGetInfo()
-                words = int(free * self.memory_share) // 4
+            words = self._memory_words() if case.family == "memory" else None
             plan = plan_for(case, self.suite.inputs(case), sm_count=self.sm_count, memory_words=words)
             self._plans[case.id] = plan
         return plan
+
+    def _memory_words(self) -> int | None:
+        """Words of a big march: ``memory_share`` of the memory free when first asked (one size for every
+        memory case, which share one buffer in turn)."""
+        if self.memory_share <= 0:
+            return None
+        if self._march_words is None:
+            cp = self._cp
+            with cp.cuda.Device(self.index):
+                free, _ = cp.cuda.runtime.memGetInfo()
+                free += cp.get_default_memory_pool().free_bytes()  # cached by cupy's pool, free to us
+            self._march_words = int(free * self.memory_share) // 4
+        return self._march_words
 
     def _scratch_for(self, case: Case, plan: Plan) -> tuple[Any, dict[str, tuple[int, str, int]], int]:
         """One device buffer for every scratch array of the case: (raw uint8 buffer, layout, bytes to fetch)."""
@@ -164,6 +174,11 @@ class CupyBackend:
             out_off = layout[plan.output][0]
             fetch = out_off + case.nbytes
             with self._cp.cuda.Device(self.index):
+                if case.family == "memory" and self.memory_share > 0:
+                    # big marches take turns: drop the previous memory case's buffer before taking a new one
+                    for other in [k for k in self._scratch if k.startswith("memory.")]:
+                        del self._scratch[other]
+                    self._cp.get_default_memory_pool().free_all_blocks()
                 raw = self._cp.empty(offset, dtype=np.uint8)
             got = (raw, layout, fetch)
             self._scratch[case.id] = got
