@@ -3,7 +3,7 @@ after the optimizer step bit-identical weights. A replica that differs was corru
 a faulty collective, a bad optimizer kernel).
 
 Each rank fingerprints its tensors (one :func:`sdcguard.fingerprint` per parameter, all in one batch), the ranks
-all-gather those few bytes (one fixed-size ``all_gather_into_tensor``), and a majority vote per parameter names
+all-gather those few bytes (one fixed-size ``all_gather_single``, formerly ``all_gather_into_tensor``), and a majority vote per parameter names
 the minority rank(s). With two ranks, or without a strict majority, every disagreeing rank is a suspect.
 
 Never hangs a job: each check issues exactly one collective of a size fixed at construction, on every rank,
@@ -160,7 +160,9 @@ class ReplicaCheck:
             mask = torch.tensor([t is not None for t in items], device=self._comm_device)
             local[mask] = fps
         gathered = torch.empty(self.world_size * len(items), dtype=torch.int64, device=self._comm_device)
-        dist.all_gather_into_tensor(gathered, local, group=self.group)
+        # torch 2.13 renamed all_gather_into_tensor to all_gather_single (same arguments); support both.
+        all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        all_gather(gathered, local, group=self.group)
         return gathered.view(self.world_size, len(items)).cpu()
 
     def _check(self, kind: str, step: int, tensors: list[torch.Tensor | None]) -> list[Incident]:
