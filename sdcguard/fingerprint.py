@@ -44,10 +44,14 @@ Why two 32-bit sums and not one 64-bit sum: CPUs without AVX-512 have no vector 
 multiply-and-sum runs at memory speed. A single linear sum modulo ``2**32`` cannot see a swap of two words that
 differ only in their top bit (a float32 ``x`` and ``-x``), hence ``SB`` over the high half-words.
 
-Implementation: fixed-size blocks (``_BLOCK_WORDS``), so the temporaries are bounded (two int32 buffers of one
-block) whatever the input size; a non-contiguous or misaligned input is copied block by block into a staging
-buffer on its own device, never to the host. Torch tensors on CUDA run the same torch ops on the GPU (no custom
-kernel); cupy arrays run the same array code as numpy (``xp``). The numpy path never imports torch.
+Implementation: fixed-size blocks (``_BLOCK_WORDS`` words, 1 MiB) with two int32 temporaries of one block, so
+memory stays bounded whatever the input size; a non-contiguous or misaligned input is copied block by block into
+a staging buffer on its own device, never to the host. CPU (numpy arrays, and torch CPU tensors through zero-copy
+``.numpy()`` views of the same memory): numpy's int32 loops, independent blocks on a small thread pool. CUDA
+(torch tensors through DLPack on torch's current stream, cupy arrays): one fused pass, a small cupy
+``RawKernel`` (``_CUDA_SOURCE``), one thread block per chunk; without cupy, torch tensors on a GPU fall back to the
+same arithmetic in torch ops (``_torch_ops_chunk_sums``, also exercised on CPU by the tests). The numpy path
+never imports torch.
 """
 
 from __future__ import annotations

@@ -169,21 +169,23 @@ class ReplicaCheck:
         table = self.gather(tensors).tolist()  # the one host sync
         suspects: set[int] = set()
         differing: list[str] = []
+        undecided = False
         for j, name in enumerate(self.names):
             column = [row[j] for row in table]
             minority = _minority(column)
             if minority:
                 differing.append(name)
                 suspects.update(minority)
+                undecided |= len(minority) == self.world_size
         if not differing:
             return []
         ranks = sorted(suspects)
         what = "gradients" if kind == "gradient_replica" else "weights"
         more = f" and {len(differing) - 1} more" if len(differing) > 1 else ""
         settled = (
-            "no majority, every disagreeing rank is a suspect"
-            if len(ranks) * 2 >= self.world_size
-            else f"majority of {self.world_size - len(ranks)} of {self.world_size} replicas"
+            "no strict majority: every disagreeing rank is a suspect"
+            if undecided
+            else f"outvoted by a strict majority of the {self.world_size} replicas"
         )
         global_ranks = tuple(self._global_ranks[r] for r in ranks)
         return [
