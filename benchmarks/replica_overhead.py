@@ -119,6 +119,15 @@ def main() -> None:
     print(f"  unchecked step: mean {statistics.mean(off):.3f} s, median {statistics.median(off):.3f} s")
     print(f"  checked step  : mean {statistics.mean(on):.3f} s, median {statistics.median(on):.3f} s")
     print(f"  overhead (median step time, checked vs unchecked): {100 * (statistics.median(on) / statistics.median(off) - 1):+.2f}%")
+    # Paired: each checked block against the unchecked block right after it (drift in machine load cancels).
+    per = args.steps_per_block
+    pairs = [
+        statistics.mean(s for _, s, _ in steps[b * per : (b + 1) * per])
+        / statistics.mean(s for _, s, _ in steps[(b + 1) * per : (b + 2) * per])
+        - 1
+        for b in range(0, args.blocks - 1, 2)
+    ]
+    print(f"  overhead (median of {len(pairs)} paired blocks): {100 * statistics.median(pairs):+.2f}%")
     print(
         f"  time inside the checks: mean {1000 * statistics.mean(in_check):.1f} ms per checked step = "
         f"{100 * statistics.mean(in_check) / statistics.median(off):.2f}% of an unchecked step   (goal <= 1%)"

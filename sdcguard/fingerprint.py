@@ -171,7 +171,7 @@ def _xp_word_blocks(a: Any, xp: Any, view_words: int = _BLOCK_WORDS) -> tuple[It
 
 def _xp_staged_blocks(a: Any, xp: Any) -> Iterator[Any]:
     block_bytes = _BLOCK_WORDS * 4
-    staging = xp.zeros(_BLOCK_WORDS, dtype=np.int32)
+    staging = xp.zeros(min(_BLOCK_WORDS, -(-(a.size * a.itemsize) // 4)), dtype=np.int32)  # never above the input
     sbytes = staging.view(np.uint8)
     fill = 0
     for piece in _xp_byte_pieces(a, xp, block_bytes):
@@ -231,7 +231,12 @@ _POOL: Any = None
 
 
 def _pool_workers() -> int:
+    """Threads for independent numpy blocks: the cores we may use, capped by torch's intra-op threads when torch
+    is loaded (a training rank pinned to one thread must not get more from us)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_num_threads"):
+        cpus = min(cpus, torch.get_num_threads())
     return max(1, min(4, cpus))
 
 
