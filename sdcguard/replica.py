@@ -114,6 +114,7 @@ class ReplicaCheck:
         self.skipped: tuple[str, ...] = tuple(skipped)
         """Sharded parameters left out (no explicit replicate group was given)."""
         self._params = [p for _, p in named]
+        self._warned_odd = False
         first = self._params[0].device if self._params else torch.device("cpu")
         backend = dist.get_backend(group)
         self._comm_device = (
@@ -151,14 +152,21 @@ class ReplicaCheck:
 
     def gather(self, tensors: Iterable[torch.Tensor | None]) -> torch.Tensor:
         """All-gathered fingerprints, shape ``(world_size, len(tensors))`` int64, on the host (one collective)."""
-        items = list(tensors)
-        present = [_local(t) for t in items if t is not None]
+        items = [None if t is None else _local(t) for t in tensors]
+        # Only dense tensors have raw bits to fingerprint. Anything else (a sparse gradient) gets a fixed value
+        # instead of an exception: raising here on one rank would leave the others waiting in the collective.
+        dense = [t is not None and t.layout == torch.strided and not t.is_quantized for t in items]
+        labels = self.names if len(items) == len(self.names) else [str(i) for i in range(len(items))]
+        odd = [n for n, t, d in zip(labels, items, dense) if t is not None and not d]
+        if odd and not self._warned_odd:
+            warnings.warn(f"ReplicaCheck: not comparing non-dense tensors of {', '.join(odd[:5])}", stacklevel=3)
+            self._warned_odd = True
+        present = [t for t, d in zip(items, dense) if d]
         fps = fingerprints_on_device(present).to(self._comm_device) if present else None
-        local = torch.zeros(len(items), dtype=torch.int64, device=self._comm_device)
-        # None (no gradient) -> 0: a fixed value, so a rank missing a gradient that others have stands out.
+        # No gradient -> 0, non-dense -> 1: fixed values, so a rank missing a gradient that others have stands out.
+        local = torch.tensor([0 if t is None else 1 for t in items], dtype=torch.int64, device=self._comm_device)
         if fps is not None:
-            mask = torch.tensor([t is not None for t in items], device=self._comm_device)
-            local[mask] = fps
+            local[torch.tensor(dense, device=self._comm_device)] = fps
         gathered = torch.empty(self.world_size * len(items), dtype=torch.int64, device=self._comm_device)
         # torch 2.13 renamed all_gather_into_tensor to all_gather_single (same arguments); support both.
         all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

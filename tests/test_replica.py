@@ -195,3 +195,27 @@ def test_cpu_device_ids_name_the_pinned_core_or_the_local_rank(monkeypatch: pyte
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     monkeypatch.setenv("LOCAL_RANK", "3")
     assert local_device_id() == cpu_id(3)  # unpinned: the local rank stands in for a core
+
+
+def _sparse_gradient(rank: int, world_size: int) -> Any:
+    import warnings
+
+    import torch
+
+    from sdcguard.replica import ReplicaCheck
+
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"emb": torch.nn.Embedding(10, 3, sparse=True), "lin": torch.nn.Linear(3, 2)})
+    check = ReplicaCheck(model)
+    model["lin"](model["emb"](torch.tensor([1, 2]))).sum().backward()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        incidents = check.check_gradients(0)  # must not raise (a raise would strand the other ranks)
+    return _summary(incidents), [str(w.message) for w in caught]
+
+
+@pytest.mark.distributed
+def test_a_sparse_gradient_is_reported_not_raised() -> None:
+    [(incidents, messages)] = run_ranks(_sparse_gradient, 1, timeout=TIMEOUT)
+    assert incidents == []
+    assert any("non-dense" in m and "emb.weight" in m for m in messages)
