@@ -280,3 +280,12 @@ def test_the_cuda_kernel_compiles_with_nvrtc() -> None:
         pytest.fail(f"kernel does not compile: {e}\n{nvrtc.getProgramLog(prog)}")
     ptx = nvrtc.getPTX(prog)
     assert "sdcguard_chunk_sums" in (ptx.decode() if isinstance(ptx, bytes) else ptx)
+
+
+def test_parameters_and_lazy_views_fingerprint_their_values() -> None:
+    w = torch.nn.Linear(3, 5).weight  # requires grad
+    assert fingerprint(w) == fingerprint(w.detach().clone())
+    assert fingerprint(w.t()) == fingerprint(w.detach().t().contiguous())
+    z = torch.randn(6, dtype=torch.complex64)
+    assert fingerprint(z.conj()) == fingerprint(z.conj().resolve_conj())  # the conjugate's bits, not z's
+    assert fingerprint(z.conj()) != fingerprint(z)
