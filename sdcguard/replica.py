@@ -155,7 +155,10 @@ class ReplicaCheck:
         items = [None if t is None else _local(t) for t in tensors]
         # Only dense tensors have raw bits to fingerprint. Anything else (a sparse gradient) gets a fixed value
         # instead of an exception: raising here on one rank would leave the others waiting in the collective.
-        dense = [t is not None and t.layout == torch.strided and not t.is_quantized for t in items]
+        dense = [
+            t is not None and t.layout == torch.strided and not t.is_quantized and t.device.type != "meta"
+            for t in items
+        ]
         labels = self.names if len(items) == len(self.names) else [str(i) for i in range(len(items))]
         odd = [n for n, t, d in zip(labels, items, dense) if t is not None and not d]
         if odd and not self._warned_odd:
