@@ -34,6 +34,9 @@ _LAZY: dict[str, str] = {
     "Case": "sdcguard.golden",
     "NumpyBackend": "sdcguard.golden",
     "CupyBackend": "sdcguard.golden",
+    "fingerprint": "sdcguard.fingerprint",
+    "fingerprint_many": "sdcguard.fingerprint",
+    "ReplicaCheck": "sdcguard.replica",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -1,0 +1,109 @@
+"""Distributed test harness: run a function on N real processes talking over gloo, and never hang.
+
+``run_ranks(fn, world_size, *args, timeout=...)`` starts ``world_size`` processes (``spawn``: no fork after torch
+started threads), each joins a gloo process group through a ``FileStore`` in a fresh temporary directory, runs
+``fn(rank, world_size, *args)`` and sends back its (picklable) return value. It returns the values in rank order,
+or raises if any rank fails (with that rank's traceback) or the timeout passes; in every case all ranks are killed
+before it returns, so a test can never leave processes behind or hang.
+
+``fn`` must be importable by the children: define it at module level in a test module or here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["run_ranks", "RankFailed"]
+
+
+class RankFailed(RuntimeError):
+    """A rank raised, died, or did not finish in time."""
+
+
+def _child(
+    fn: Callable[..., Any], rank: int, world_size: int, store_path: str, timeout: float, args: tuple, results: Any
+) -> None:
+    try:
+        # what torchrun sets, so code under test sees the usual environment
+        os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)})
+        import torch
+        import torch.distributed as dist
+
+        # Several ranks share few cores: one intra-op thread each avoids oversubscription stalls.
+        torch.set_num_threads(1)
+        store = dist.FileStore(store_path, world_size)
+        dist.init_process_group(
+            "gloo",
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=max(5.0, timeout)),
+        )
+        try:
+            value = fn(rank, world_size, *args)
+        finally:
+            dist.destroy_process_group()
+        results.put((rank, True, value))
+    except BaseException:  # report everything, including KeyboardInterrupt/SystemExit, to the parent
+        results.put((rank, False, traceback.format_exc()))
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return their values in rank order."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    ctx = mp.get_context("spawn")
+    tmp = tempfile.mkdtemp(prefix="sdcguard-dist-")
+    store_path = os.path.join(tmp, "store")
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_child, args=(fn, r, world_size, store_path, timeout, args, results), name=f"rank{r}", daemon=True
+        )
+        for r in range(world_size)
+    ]
+    values: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.start()
+        while len(values) < world_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(range(world_size)) - set(values))
+                raise RankFailed(f"timeout after {timeout:.0f}s: ranks {missing} did not finish")
+            try:
+                rank, ok, value = results.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if r not in values and p.exitcode is not None]
+                if dead:
+                    # give a dying rank's queued traceback a moment to arrive before blaming the exit code
+                    try:
+                        rank, ok, value = results.get(timeout=2.0)
+                    except queue.Empty:
+                        codes = {r: procs[r].exitcode for r in dead}
+                        raise RankFailed(f"ranks died without a result (exit codes {codes})") from None
+                else:
+                    continue
+            if not ok:
+                raise RankFailed(f"rank {rank} failed:\n{value}")
+            values[rank] = value
+        return [values[r] for r in range(world_size)]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=10)
+        results.close()
+        results.cancel_join_thread()
+        shutil.rmtree(tmp, ignore_errors=True)
