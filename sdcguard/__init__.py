@@ -18,6 +18,17 @@ _LAZY: dict[str, str] = {
     "DeviceInfo": "sdcguard.records",
     "CaseResult": "sdcguard.records",
     "Incident": "sdcguard.records",
+    "Store": "sdcguard.store",
+    "QuarantinePolicy": "sdcguard.policy",
+    "apply_policy": "sdcguard.policy",
+    "ActionTemplate": "sdcguard.actions",
+    "Fault": "sdcguard.inject.faults",
+    "FaultModel": "sdcguard.inject.faults",
+    "FaultRecord": "sdcguard.inject.faults",
+    "parse_inject_spec": "sdcguard.inject.spec",
+    "golden_output_hook": "sdcguard.inject.spec",
+    # torch side: importing it loads torch, so it stays behind this lazy table
+    "OpFaultMode": "sdcguard.inject.torch_faults",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -26,6 +26,8 @@ class DeviceInfo:
     model: str | None = None
     serial: str | None = None
     pci_bus_id: str | None = None
+    index: int | None = None
+    """Local index on its host: the NVML/CUDA index of a GPU, the core of a CPU (the Prometheus ``gpu`` label)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,166 @@
+"""Per-device SDC rates with one-sided Clopper–Pearson bounds, computed by SQL aggregation.
+
+A device's *rate* is failed executions / executions of golden cases (first attempts only, see
+:mod:`sdcguard.store`). ``rate_low`` and ``rate_high`` are one-sided bounds, each at ``confidence``:
+``P(true rate >= rate_low) >= C`` and ``P(true rate <= rate_high) >= C``.
+
+Why Clopper–Pearson and not Jeffreys: Clopper–Pearson inverts the exact binomial test, so its coverage is at
+least the nominal confidence for every true rate and every n (it is conservative). Jeffreys has better *average*
+coverage but dips below nominal for rates near 0, which is exactly where SDC rates live. The lower bound drives
+quarantine (taking hardware out of service): a bound that is never optimistic means a healthy device is
+quarantined by chance at most ``1 - C`` of the time. With zero failures the upper bound is
+``1 - (1 - C) ** (1 / n)``, i.e. ``n = ln(1 - C) / ln(1 - R)`` clean executions bound the rate by R
+(299 clean executions: rate_high <= 1% at 95%).
+
+The aggregation is one ``GROUP BY device, family`` over a covering index; Python only sees the grouped rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from scipy.stats import beta
+
+if TYPE_CHECKING:
+    from .store import Store
+
+__all__ = ["Rate", "DeviceRates", "clopper_pearson", "clopper_pearson_arrays", "device_rates", "fleet_rates"]
+
+
+def _check_confidence(confidence: float) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+
+
+def clopper_pearson_arrays(
+    failures: np.ndarray | Sequence[int], executions: np.ndarray | Sequence[int], confidence: float = 0.95
+) -> tuple[np.ndarray, np.ndarray]:
+    """Vectorised :func:`clopper_pearson`: arrays of one-sided lower and upper bounds."""
+    _check_confidence(confidence)
+    k = np.asarray(failures, dtype=np.float64)
+    n = np.asarray(executions, dtype=np.float64)
+    if np.any(k < 0) or np.any(k > n):
+        raise ValueError("need 0 <= failures <= executions")
+    alpha = 1.0 - confidence
+    with np.errstate(invalid="ignore", divide="ignore"):
+        low = np.where(k > 0, beta.ppf(alpha, np.maximum(k, 1), np.maximum(n - k + 1, 1)), 0.0)
+        high = np.where(k < n, beta.ppf(confidence, k + 1, np.maximum(n - k, 1)), 1.0)
+    low = np.where(n > 0, low, 0.0)
+    high = np.where(n > 0, high, 1.0)
+    return np.asarray(low, dtype=np.float64), np.asarray(high, dtype=np.float64)
+
+
+def clopper_pearson(failures: int, executions: int, confidence: float = 0.95) -> tuple[float, float]:
+    """One-sided Clopper–Pearson bounds ``(rate_low, rate_high)`` of a binomial rate, each at ``confidence``.
+
+    ``executions == 0`` gives ``(0, 1)``: nothing is known.
+    """
+    low, high = clopper_pearson_arrays([failures], [executions], confidence)
+    return float(low[0]), float(high[0])
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rate:
+    """Executions, failures and the SDC rate with its bounds, for one device (and family) or the fleet."""
+
+    executions: int
+    failures: int
+    rate: float
+    rate_low: float
+    rate_high: float
+    test_hours: float
+    """Device-hours of testing: the summed ``duration_s`` of every execution (retests included) / 3600."""
+
+    @property
+    def failures_per_test_hour(self) -> float | None:
+        """Failures per device-hour (GPU-hour) of testing; None before any testing time."""
+        return self.failures / self.test_hours if self.test_hours > 0 else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "executions": self.executions, "failures": self.failures, "rate": self.rate,
+            "rate_low": self.rate_low, "rate_high": self.rate_high, "test_hours": self.test_hours,
+            "failures_per_test_hour": self.failures_per_test_hour,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceRates:
+    """A device's overall rate and its rate per kernel family."""
+
+    device: str
+    overall: Rate
+    families: dict[str, Rate] = field(default_factory=dict)
+
+
+def _rates(k: np.ndarray, n: np.ndarray, seconds: np.ndarray, confidence: float) -> list[Rate]:
+    low, high = clopper_pearson_arrays(k, n, confidence)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = np.where(n > 0, k / np.maximum(n, 1), 0.0)
+    return [
+        Rate(executions=int(n[i]), failures=int(k[i]), rate=float(rate[i]), rate_low=float(low[i]),
+             rate_high=float(high[i]), test_hours=float(seconds[i]) / 3600.0)
+        for i in range(len(n))
+    ]
+
+
+_AGG = (
+    "SUM(attempt = 0) AS n, SUM(attempt = 0 AND passed = 0) AS k, SUM(duration_s) AS seconds"
+)
+
+
+def device_rates(
+    store: Store, *, since: float | None = None, devices: Sequence[str] | None = None, confidence: float = 0.95
+) -> dict[str, DeviceRates]:
+    """Rates of every device with executions since ``since`` (or ever), overall and per kernel family."""
+    _check_confidence(confidence)
+    clauses: list[str] = []
+    params: list[Any] = []
+    if since is not None:
+        clauses.append("started_at >= ?")
+        params.append(since)
+    if devices is not None:
+        clauses.append("device IN (SELECT value FROM json_each(?))")
+        params.append(json.dumps(list(devices)))
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    rows = store._conn.execute(
+        f"SELECT device, family, {_AGG} FROM results {where} GROUP BY device, family ORDER BY device, family", params
+    ).fetchall()
+    if not rows:
+        return {}
+    names = [r[0] for r in rows]
+    fams = [r[1] for r in rows]
+    n = np.array([r[2] for r in rows], dtype=np.int64)
+    k = np.array([r[3] for r in rows], dtype=np.int64)
+    s = np.array([r[4] for r in rows], dtype=np.float64)
+    per_family = _rates(k, n, s, confidence)
+    # Overall per device: sum the family rows of each device (rows are ordered by device).
+    uniq, start = np.unique(np.array(names, dtype=object), return_index=True)
+    order = np.argsort(start)
+    uniq, start = uniq[order], start[order]
+    dn, dk, ds = np.add.reduceat(n, start), np.add.reduceat(k, start), np.add.reduceat(s, start)
+    overall = _rates(dk, dn, ds, confidence)
+    out: dict[str, DeviceRates] = {}
+    bounds = [*start.tolist(), len(rows)]
+    for j, dev in enumerate(uniq.tolist()):
+        fam = {fams[i]: per_family[i] for i in range(bounds[j], bounds[j + 1])}
+        out[dev] = DeviceRates(device=dev, overall=overall[j], families=fam)
+    return out
+
+
+def fleet_rates(store: Store, *, since: float | None = None, confidence: float = 0.95) -> DeviceRates:
+    """The whole fleet's rate (``device="fleet"``), overall and per kernel family."""
+    where, params = ("WHERE started_at >= ?", [since]) if since is not None else ("", [])
+    rows = store._conn.execute(
+        f"SELECT family, {_AGG} FROM results {where} GROUP BY family ORDER BY family", params
+    ).fetchall()
+    n = np.array([r[1] for r in rows], dtype=np.int64)
+    k = np.array([r[2] for r in rows], dtype=np.int64)
+    s = np.array([r[3] for r in rows], dtype=np.float64)
+    fam = dict(zip([r[0] for r in rows], _rates(k, n, s, confidence)))
+    overall = _rates(np.array([k.sum()]), np.array([n.sum()]), np.array([s.sum()]), confidence)[0]
+    return DeviceRates(device="fleet", overall=overall, families=fam)

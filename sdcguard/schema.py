@@ -1,0 +1,172 @@
+"""The fleet store's schema: the one definition of its tables, indexes and forward migrations.
+
+The schema version lives in ``PRAGMA user_version`` (bytes 60-63 of the file header) and the file is marked as an
+sdcguard store with ``PRAGMA application_id`` (bytes 68-71), so :mod:`sdcguard.store` can read both from the
+header *before* SQLite touches the file: a newer or foreign file is refused byte-for-byte untouched.
+
+Natural keys (``scans.uuid``, ``results(scan, seq)``, ``incidents.uuid``, ``*.uuid``) make ``sdcguard merge``
+idempotent: merging the same per-node store twice inserts nothing the second time.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+__all__ = ["SCHEMA_VERSION", "APPLICATION_ID", "SQLITE_MAGIC", "MIGRATIONS", "migrate"]
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+APPLICATION_ID = 0x5344_4347  # "SDCG"
+SCHEMA_VERSION = 1
+
+_V1 = """
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS devices (
+    id TEXT PRIMARY KEY,
+    host TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    model TEXT,
+    serial TEXT,
+    pci_bus_id TEXT,
+    idx INTEGER,
+    first_seen REAL NOT NULL,
+    last_seen REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS scans (
+    id INTEGER PRIMARY KEY,
+    uuid TEXT NOT NULL UNIQUE,
+    device TEXT NOT NULL,
+    host TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    finished_at REAL,
+    budget_s REAL,
+    status TEXT NOT NULL CHECK (status IN ('running','complete','preempted','interrupted','error')),
+    executions INTEGER NOT NULL DEFAULT 0,
+    failures INTEGER NOT NULL DEFAULT 0,
+    meta TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS scans_device ON scans(device, status, started_at);
+CREATE INDEX IF NOT EXISTS scans_status ON scans(status, started_at);
+CREATE TABLE IF NOT EXISTS results (
+    id INTEGER PRIMARY KEY,
+    scan INTEGER NOT NULL REFERENCES scans(id),
+    seq INTEGER NOT NULL,
+    device TEXT NOT NULL,
+    case_id TEXT NOT NULL,
+    family TEXT NOT NULL,
+    seed INTEGER NOT NULL,
+    passed INTEGER NOT NULL,
+    duration_s REAL NOT NULL,
+    started_at REAL NOT NULL,
+    output_digest TEXT,
+    mismatches INTEGER NOT NULL DEFAULT 0,
+    element INTEGER,
+    expected TEXT,
+    actual TEXT,
+    xor_mask TEXT,
+    location TEXT,
+    attempt INTEGER NOT NULL DEFAULT 0,
+    sticky INTEGER,
+    detail TEXT NOT NULL DEFAULT '{}',
+    UNIQUE (scan, seq)
+);
+-- The report's GROUP BY device, family reads only this covering index, in its order (no sort, no table).
+CREATE INDEX IF NOT EXISTS results_rates ON results(device, family, started_at, attempt, passed, duration_s);
+-- Failures are rare: the policy and the circuit breaker read them through this small partial index.
+CREATE INDEX IF NOT EXISTS results_failures ON results(started_at, case_id, output_digest, device)
+    WHERE passed = 0;
+CREATE TABLE IF NOT EXISTS incidents (
+    id INTEGER PRIMARY KEY,
+    uuid TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    suspect_ranks TEXT NOT NULL,
+    device TEXT,
+    devices TEXT NOT NULL,
+    hosts TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    parameter TEXT,
+    sticky INTEGER,
+    job TEXT,
+    time REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS incidents_time ON incidents(time);
+-- One row per device an incident names (Incident.device and every Incident.devices entry).
+CREATE TABLE IF NOT EXISTS incident_devices (
+    incident INTEGER NOT NULL REFERENCES incidents(id),
+    device TEXT NOT NULL,
+    PRIMARY KEY (incident, device)
+);
+CREATE INDEX IF NOT EXISTS incident_devices_device ON incident_devices(device);
+-- Current state only; healthy devices have no row. The history below keeps every change.
+CREATE TABLE IF NOT EXISTS quarantine (
+    device TEXT PRIMARY KEY,
+    state TEXT NOT NULL CHECK (state IN ('quarantined','probation')),
+    since REAL NOT NULL,
+    reason TEXT NOT NULL,
+    by TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS quarantine_history (
+    id INTEGER PRIMARY KEY,
+    uuid TEXT NOT NULL UNIQUE,
+    device TEXT NOT NULL,
+    action TEXT NOT NULL CHECK (action IN ('quarantine','release','probation_passed')),
+    time REAL NOT NULL,
+    by TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS quarantine_history_device ON quarantine_history(device, time);
+CREATE TABLE IF NOT EXISTS policy_decisions (
+    id INTEGER PRIMARY KEY,
+    uuid TEXT NOT NULL UNIQUE,
+    time REAL NOT NULL,
+    device TEXT,
+    decision TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS policy_decisions_time ON policy_decisions(time);
+-- One row per (quarantine event, action template); done = 0 rows are retried on the next policy run.
+CREATE TABLE IF NOT EXISTS actions (
+    id INTEGER PRIMARY KEY,
+    uuid TEXT NOT NULL UNIQUE,
+    device TEXT NOT NULL,
+    action TEXT NOT NULL,
+    quarantined_since REAL NOT NULL,
+    created REAL NOT NULL,
+    done INTEGER NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (device, action, quarantined_since)
+);
+CREATE INDEX IF NOT EXISTS actions_pending ON actions(done);
+CREATE TABLE IF NOT EXISTS action_attempts (
+    id INTEGER PRIMARY KEY,
+    uuid TEXT NOT NULL UNIQUE,
+    action_id INTEGER NOT NULL REFERENCES actions(id),
+    time REAL NOT NULL,
+    argv TEXT NOT NULL,
+    returncode INTEGER,
+    ok INTEGER NOT NULL,
+    output TEXT NOT NULL
+);
+"""
+
+
+def _v1(conn: sqlite3.Connection) -> None:
+    for statement in _V1.split(";\n"):
+        if statement.strip():
+            conn.execute(statement)
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1}
+"""``version -> function`` bringing a store from ``version - 1`` to ``version``; run in one transaction."""
+
+
+def migrate(conn: sqlite3.Connection, current: int) -> None:
+    """Apply every migration after ``current`` inside the caller's transaction, then stamp the version."""
+    for version in range(current + 1, SCHEMA_VERSION + 1):
+        MIGRATIONS[version](conn)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
