@@ -6,8 +6,10 @@ transaction (``record_results(..., finish=status)``). A scanner killed mid-way t
 holding a prefix of its results, never a ``complete`` scan with missing ones; the next scan of that device (which
 holds the device's lock, so nobody else is scanning it) marks such leftovers ``interrupted``.
 
-Every result carries ``detail["seq"]``, its position in the scan, so anyone can check that a scan's results form
-a gap-free prefix.
+The store numbers a scan's results (``seq``) in order. The recorder always keeps the latest result back for the
+final transaction, and that last result carries ``detail["scan_total"]``, the number of results the scan
+produced: a ``complete`` scan whose result count differs from its last result's ``scan_total`` would be a scan
+with missing results, and anyone can check there is none.
 """
 
 from __future__ import annotations
@@ -54,10 +56,9 @@ class ScanRecorder:
         self.finished: ScanStatus | None = None
 
     def add(self, result: CaseResult) -> None:
-        detail = {**result.detail, "seq": self.seq}
-        self._pending.append(dataclasses.replace(result, detail=detail))
+        self._pending.append(result)
         self.seq += 1
-        if len(self._pending) >= self.batch or self._clock() - self._last_flush >= self.flush_every_s:
+        if len(self._pending) > self.batch or self._clock() - self._last_flush >= self.flush_every_s:
             self.flush()
 
     def extend(self, results: Sequence[CaseResult]) -> None:
@@ -67,13 +68,21 @@ class ScanRecorder:
     def flush(self, *, finish: ScanStatus | None = None) -> None:
         if self.finished is not None:
             raise RuntimeError(f"scan {self.scan_id} already finished as {self.finished}")
-        if not self._pending and finish is None:
-            return
+        if finish is None:
+            # keep the latest result back: the final transaction always carries one (with the scan's total)
+            batch, keep = self._pending[:-1], self._pending[-1:]
+            if not batch:
+                return
+        else:
+            batch, keep = self._pending, []
+            if batch:
+                last = batch[-1]
+                batch[-1] = dataclasses.replace(last, detail={**last.detail, "scan_total": self.seq})
         t0 = self._clock()
-        self.store.record_results(self.scan_id, self._pending, finish=finish)
+        self.store.record_results(self.scan_id, batch, finish=finish)
         self.slowest_flush_s = max(self.slowest_flush_s, self._clock() - t0)
-        self.recorded += len(self._pending)
-        self._pending = []
+        self.recorded += len(batch)
+        self._pending = keep
         self._last_flush = self._clock()
         if finish is not None:
             self.finished = finish

@@ -32,7 +32,7 @@ def main() -> None:
     if case is None:
         raise SdcguardError(f"retest: case {payload['case']!r} is not in the golden suite")
     backend = make_backend(target)
-    hook = make_hook(payload.get("inject"), target.device)
+    hook = make_hook(payload.get("inject"), target)
     out = []
     for attempt in range(1, int(payload["n"]) + 1):
         r = backend.run(case, output_hook=hook)

@@ -72,13 +72,15 @@ def make_backend(target: ScanTarget) -> Any:
     raise SdcguardError(f"{target.device}: no golden-suite backend for {target.kind} devices")
 
 
-def make_hook(inject: str | None, device: str) -> Callable[[str, Any], Any] | None:
-    """The fire-drill output hook for ``device`` (None without ``--inject`` or when no rule names it)."""
+def make_hook(inject: str | None, target: ScanTarget) -> Callable[[str, Any], Any] | None:
+    """The fire-drill output hook for a target (None without ``--inject`` or when no rule names it)."""
     if not inject:
         return None
     from sdcguard.inject.faults import golden_output_hook, parse_inject_spec
 
-    return golden_output_hook(parse_inject_spec(inject), device)
+    # cuda:N in a rule means the GPU that `--device cuda:N` selects: NVML index N.
+    cuda_index = target.index if target.kind == "gpu" else None
+    return golden_output_hook(parse_inject_spec(inject), target.device, cuda_index=cuda_index)
 
 
 def _localize(target: ScanTarget, r: CaseResult) -> CaseResult:
@@ -95,11 +97,10 @@ def _past_failures(store: Any, device: str) -> dict[str, int]:
     """Failures per family recorded for this device (any time): those families are scanned first."""
     from sdcguard.rates import device_rates
 
-    out: dict[str, int] = {}
-    for row in device_rates(store, devices=[device], by_family=True):
-        if row.failures:
-            out[row.family] = out.get(row.family, 0) + int(row.failures)
-    return out
+    rates = device_rates(store, devices=[device]).get(device)
+    if rates is None:
+        return {}
+    return {family: r.failures for family, r in rates.families.items() if r.failures}
 
 
 def _run_retests(
@@ -141,13 +142,16 @@ class _Tally:
 
 
 def _finish_stale_scans(store: Any, device: str, host: str) -> int:
-    """Mark this device's scans left ``running`` by a killed scanner as ``interrupted`` (we hold its lock)."""
-    finish = getattr(store, "running_scans", None)
-    if finish is None:
-        return 0
-    stale = [s for s in finish(device=device, host=host)]
-    for scan_id in stale:
-        store.record_results(scan_id, [], finish="interrupted")
+    """Mark this device's scans left ``running`` by a killed scanner as ``interrupted``.
+
+    Safe because we hold the device's lock: no other scanner on this host is scanning it now (the policy's
+    time-based reaping would get there too, but only after the budget plus a grace period).
+    """
+    stale = store.query(
+        "SELECT id FROM scans WHERE device = ? AND host = ? AND status = 'running'", (device, host)
+    )
+    for row in stale:
+        store.finish_scan(int(row["id"]), "interrupted")
     return len(stale)
 
 
@@ -191,7 +195,7 @@ def _scan_locked(
     host = target.info.host or hostname()
     suite = load_suite(None if options.golden_dir is None else Path(options.golden_dir))
     backend = make_backend(target)
-    hook = make_hook(options.inject, device)
+    hook = make_hook(options.inject, target)
 
     telemetry = telemetry_for(target)
     with Store.open(options.db) as store:
@@ -334,9 +338,12 @@ def _scan_locked(
 
 
 def _record_after(store: Any, scan_id: int, telemetry_after: dict[str, Any]) -> None:
-    update = getattr(store, "update_scan_meta", None)
-    if update is not None:
-        update(scan_id, {"telemetry_after": telemetry_after})
+    """Add the after-run telemetry to the scan's meta (the store's scans.meta JSON)."""
+    with store.write() as conn:
+        conn.execute(
+            "UPDATE scans SET meta = json_set(meta, '$.telemetry_after', json(?)) WHERE id = ?",
+            (json.dumps(telemetry_after, default=str), scan_id),
+        )
 
 
 def main() -> None:

@@ -28,7 +28,9 @@ EXIT_CANNOT_RUN = 2
 """Could not run: bad input, no device, golden data or suite suspect."""
 
 # command name -> "module:attribute"; a module is imported only when its command runs or help lists it.
-_COMMANDS: dict[str, str] = {}
+_COMMANDS: dict[str, str] = {
+    "scan": "sdcguard.cli.scan:scan",
+}
 
 
 @dataclass
