@@ -29,6 +29,11 @@ EXIT_CANNOT_RUN = 2
 
 # command name -> "module:attribute"; a module is imported only when its command runs or help lists it.
 _COMMANDS: dict[str, str] = {
+    "report": "sdcguard.cli.report:report",
+    "quarantine": "sdcguard.cli.quarantine:quarantine",
+    "incidents": "sdcguard.cli.incidents:incidents",
+    "merge": "sdcguard.cli.merge:merge",
+    "export": "sdcguard.cli.export:export",
     "scan": "sdcguard.cli.scan:scan",
 }
 

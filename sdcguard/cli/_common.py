@@ -1,0 +1,55 @@
+"""Helpers shared by the store-backed commands: opening the store, output formats, rich tables."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import click
+
+from ..store import Store
+
+__all__ = ["open_store", "format_option", "print_table", "fmt_float"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def open_store(create: bool = False) -> Store:
+    """Open the store named by ``--db`` / ``$SDCGUARD_DB`` (errors become one line, exit 2, via the group)."""
+    state = click.get_current_context().find_root().obj
+    return Store.open(state.db, create=create)
+
+
+def format_option(*choices: str) -> Callable[[F], F]:
+    """``--format`` with the given choices, the first is the default."""
+    return click.option(
+        "--format", "fmt", type=click.Choice(choices), default=choices[0], show_default=True, help="Output format."
+    )
+
+
+def fmt_float(v: float | None, digits: int = 3) -> str:
+    return "-" if v is None else f"{v:.{digits}g}"
+
+
+_STATUS_STYLE = {"healthy": "green", "suspect": "yellow", "quarantined": "bold red", "probation": "magenta"}
+
+
+def status_text(status: str) -> str:
+    style = _STATUS_STYLE.get(status)
+    return f"[{style}]{status}[/{style}]" if style else status
+
+
+def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]], caption: str | None = None) -> None:
+    """A rich table on stdout (plain text when stdout is not a terminal)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, caption=caption)
+    for c in columns:
+        table.add_column(c, overflow="fold")
+    for r in rows:
+        table.add_row(*r)
+    console = Console(soft_wrap=False)
+    if not console.is_terminal:
+        console = Console(soft_wrap=False, width=200)  # piped output: do not fold ids into 80 columns
+    console.print(table)

@@ -1,0 +1,86 @@
+"""``sdcguard quarantine list|add|release|history``: the devices out of service, by hand and by policy."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..durations import iso_utc
+from ._common import format_option, open_store, print_table, status_text
+
+__all__ = ["quarantine"]
+
+
+@click.group("quarantine")
+def quarantine() -> None:
+    """Devices out of service: list them, add one by hand, release one (it goes on probation).
+
+    Example: sdcguard quarantine release GPU-... --reason "replaced the board"
+    """
+
+
+@quarantine.command("list")
+@format_option("table", "json")
+def list_(fmt: str) -> None:
+    """Devices quarantined or on probation.
+
+    Example: sdcguard quarantine list --format json
+    """
+    with open_store() as store:
+        entries = store.quarantine_list()
+    if fmt == "json":
+        click.echo(json.dumps(
+            [{"device": e.device, "host": e.host, "state": e.state, "since": iso_utc(e.since), "reason": e.reason,
+              "by": e.by} for e in entries], indent=1))
+        return
+    print_table(
+        "quarantine", ["device", "host", "state", "since (UTC)", "by", "reason"],
+        [[e.device, e.host or "-", status_text(e.state), iso_utc(e.since) or "", e.by, e.reason] for e in entries],
+        caption=None if entries else "no device is quarantined or on probation",
+    )
+
+
+@quarantine.command("add")
+@click.argument("device")
+@click.option("--reason", required=True, help="Why (kept in the history).")
+def add(device: str, reason: str) -> None:
+    """Quarantine DEVICE by hand.
+
+    Example: sdcguard quarantine add cpu:node7:3 --reason "MCE errors in dmesg"
+    """
+    with open_store(create=True) as store:
+        store.quarantine(device, reason=reason)
+    click.echo(f"{device} quarantined")
+
+
+@quarantine.command("release")
+@click.argument("device")
+@click.option("--reason", required=True, help="Why (kept in the history).")
+def release(device: str, reason: str) -> None:
+    """Release a quarantined DEVICE: it goes on probation until enough clean scans.
+
+    Example: sdcguard quarantine release GPU-... --reason "board replaced"
+    """
+    with open_store() as store:
+        store.release(device, reason=reason)
+    click.echo(f"{device} released: on probation until enough clean scans")
+
+
+@quarantine.command("history")
+@click.argument("device", required=False)
+@format_option("table", "json")
+def history(device: str | None, fmt: str) -> None:
+    """Every quarantine change: who, when, why (of DEVICE, or of all devices).
+
+    Example: sdcguard quarantine history cpu:node7:3
+    """
+    with open_store() as store:
+        rows = store.quarantine_history(device)
+    if fmt == "json":
+        click.echo(json.dumps([{**r, "time": iso_utc(r["time"])} for r in rows], indent=1))
+        return
+    print_table(
+        "quarantine history", ["time (UTC)", "device", "action", "by", "reason"],
+        [[iso_utc(r["time"]) or "", r["device"], r["action"], r["by"], r["reason"]] for r in rows],
+    )

@@ -1,0 +1,71 @@
+"""``sdcguard report``: per-device SDC rates, bounds and status over a window."""
+
+from __future__ import annotations
+
+import csv
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from ..durations import iso_utc, since_timestamp
+from ..report import REPORT_FIELDS, build_report, report_json
+from ._common import fmt_float, format_option, open_store, print_table, status_text
+
+__all__ = ["report"]
+
+
+@click.command("report")
+@click.option("--since", default="7d", show_default=True, help="Window: a duration (90s, 30m, 12h, 7d, 2w) or 'all'.")
+@click.option("--device", default=None, help="Only this device id.")
+@format_option("table", "json", "csv")
+@click.option("--confidence", type=click.FloatRange(0.5, 0.9999), default=0.95, show_default=True,
+              help="Confidence of each one-sided Clopper-Pearson bound.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write a PNG of the rate over time per device (needs matplotlib: sdcguard[plot]).")
+def report(since: str, device: str | None, fmt: str, confidence: float, plot: Path | None) -> None:
+    """Per-device SDC rates with one-sided bounds, and each device's status.
+
+    Status: quarantined, probation (released, watched until clean scans), suspect (a failed execution in the
+    window, not quarantined), healthy.
+
+    Example: sdcguard report --since 7d --format json
+    """
+    now = time.time()
+    start = since_timestamp(since, now=now)  # checked before the store is opened
+    with open_store() as store:
+        rows = build_report(store, since=start, device=device, confidence=confidence)
+        if plot is not None:
+            from ..plot import plot_rates
+
+            plot_rates(store, plot, since=start, devices=[device] if device else None, now=now)
+    if fmt == "json":
+        click.echo(report_json(rows))
+    elif fmt == "csv":
+        w = csv.writer(sys.stdout, lineterminator="\n")
+        w.writerow(REPORT_FIELDS)
+        for r in rows:
+            d = r.as_dict()
+            w.writerow(["" if d[f] is None else d[f] for f in REPORT_FIELDS])
+    else:
+        counts = {s: sum(r.status == s for r in rows) for s in ("quarantined", "probation", "suspect", "healthy")}
+        caption = (
+            f"{len(rows)} devices, window {since}: "
+            + ", ".join(f"{n} {s}" for s, n in counts.items())
+            + f"; bounds one-sided Clopper-Pearson at {confidence:.0%}"
+        )
+        print_table(
+            "sdcguard report",
+            ["device", "host", "status", "executions", "failures", "rate", "rate_low", "rate_high", "scans",
+             "last scan (UTC)"],
+            [
+                [r.device, r.host, status_text(r.status), str(r.overall.executions), str(r.overall.failures),
+                 fmt_float(r.overall.rate), fmt_float(r.overall.rate_low), fmt_float(r.overall.rate_high),
+                 str(r.scans), iso_utc(r.last_scan) or "never"]
+                for r in rows
+            ],
+            caption=caption,
+        )
+    if plot is not None:
+        click.echo(f"plot written to {plot}", err=True)

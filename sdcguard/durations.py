@@ -1,0 +1,39 @@
+"""Durations and timestamps as the CLI spells them: ``90s``, ``30m``, ``12h``, ``7d``, ``2w``; ISO 8601 UTC."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import datetime, timezone
+
+from .errors import BadInput
+
+__all__ = ["parse_duration", "since_timestamp", "iso_utc"]
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
+
+
+def parse_duration(text: str, *, option: str = "--since") -> float:
+    """Seconds in a duration such as ``7d``; :class:`BadInput` (one sentence) for anything else."""
+    m = _RE.match(text or "")
+    if not m or float(m[1]) <= 0:
+        raise BadInput(
+            f"{option} {text!r} is not a duration: use a positive number and a unit s, m, h, d or w (e.g. 30m, 12h, 7d, 2w)"
+        )
+    return float(m[1]) * _UNITS[m[2].lower()]
+
+
+def since_timestamp(text: str | None, *, now: float | None = None, default: str | None = "7d") -> float | None:
+    """The Unix time ``text`` (a duration, or ``all``) reaches back to; None for ``all``."""
+    value = default if text is None else text
+    if value is None or value.strip().lower() == "all":
+        return None
+    return (time.time() if now is None else now) - parse_duration(value)
+
+
+def iso_utc(t: float | None) -> str | None:
+    """``2026-11-30T07:52:59Z`` (None stays None)."""
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

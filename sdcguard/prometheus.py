@@ -1,0 +1,101 @@
+"""Prometheus export: a node-exporter textfile-collector file with one series per device.
+
+Labels follow the DCGM exporter, so sdcguard series join dashboards built for it: ``gpu`` (the device's index
+on its host: NVML index, CPU core, simulated device number), ``UUID`` (the device id: ``GPU-<uuid>`` for a GPU),
+``Hostname``; plus ``device`` (the sdcguard id) and ``kind``. The file is written to a temporary file in the same
+directory and renamed over the target (``os.replace``), so the collector never reads half a file.
+
+Counters (``*_total``) cover all time; rates and bounds too; ``sdcguard_device_status`` is 1 for the device's
+current status (``suspect``: a failure in the last ``suspect_window_s``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from .errors import BadInput
+from .report import DeviceReport, build_report
+from .store import DEFAULT_WINDOW_S, Store
+
+__all__ = ["render_textfile", "write_textfile"]
+
+_STATUSES = ("healthy", "suspect", "quarantined", "probation")
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(r: DeviceReport, **extra: str) -> str:
+    pairs = {
+        "gpu": "" if r.index is None else str(r.index), "UUID": r.device, "Hostname": r.host, "device": r.device,
+        "kind": r.kind, **extra,
+    }
+    if r.model:
+        pairs["modelName"] = r.model
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs.items()) + "}"
+
+
+def _num(v: float | int | None) -> str:
+    return "NaN" if v is None else repr(float(v))
+
+
+def render_textfile(store: Store, *, now: float | None = None, suspect_window_s: float = DEFAULT_WINDOW_S) -> str:
+    """The textfile's content."""
+    t = time.time() if now is None else now
+    rows = build_report(store, since=None, suspect_since=t - suspect_window_s)
+    metrics: list[tuple[str, str, str, list[tuple[str, float | int | None]]]] = [
+        ("sdcguard_executions_total", "counter", "Golden-case executions (first attempts) on the device.",
+         [(_labels(r), r.overall.executions) for r in rows]),
+        ("sdcguard_failures_total", "counter", "Executions whose output differed from the golden in at least one bit.",
+         [(_labels(r), r.overall.failures) for r in rows]),
+        ("sdcguard_test_seconds_total", "counter", "Seconds of golden-case testing on the device.",
+         [(_labels(r), r.overall.test_hours * 3600.0) for r in rows]),
+        ("sdcguard_failure_rate", "gauge", "Failures per execution.",
+         [(_labels(r), r.overall.rate) for r in rows]),
+        ("sdcguard_failure_rate_lower", "gauge", "One-sided Clopper-Pearson lower bound of the failure rate (95%).",
+         [(_labels(r), r.overall.rate_low) for r in rows]),
+        ("sdcguard_failure_rate_upper", "gauge", "One-sided Clopper-Pearson upper bound of the failure rate (95%).",
+         [(_labels(r), r.overall.rate_high) for r in rows]),
+        ("sdcguard_last_scan_timestamp_seconds", "gauge", "Unix time the device's last complete scan finished.",
+         [(_labels(r), r.last_scan) for r in rows if r.last_scan is not None]),
+        ("sdcguard_device_status", "gauge", "1 for the device's current status (healthy, suspect, quarantined, probation).",
+         [(_labels(r, status=s), int(r.status == s)) for r in rows for s in _STATUSES]),
+    ]
+    lines = []
+    for name, kind, help_text, samples in metrics:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.extend(f"{name}{labels} {_num(value)}" for labels, value in samples)
+    return "\n".join(lines) + "\n"
+
+
+def write_textfile(store: Store, path: Path, *, now: float | None = None) -> int:
+    """Write the textfile atomically (temp file in the same directory, then rename); returns the device count."""
+    text = render_textfile(store, now=now)
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise BadInput(f"cannot write {path}: directory {directory} does not exist")
+    if path.is_dir():
+        raise BadInput(f"cannot write {path}: it is a directory")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise BadInput(f"cannot write {path}: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the collector may run as another user
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return text.count("sdcguard_executions_total{")
