@@ -109,7 +109,7 @@ def _rates(k: np.ndarray, n: np.ndarray, seconds: np.ndarray, confidence: float)
 
 
 _AGG = (
-    "SUM(attempt = 0) AS n, SUM(attempt = 0 AND passed = 0) AS k, SUM(duration_s) AS seconds"
+    "SUM((attempt = 0) * executions) AS n, SUM(attempt = 0 AND passed = 0) AS k, SUM(duration_s) AS seconds"
 )
 
 

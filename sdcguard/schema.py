@@ -17,7 +17,7 @@ __all__ = ["SCHEMA_VERSION", "APPLICATION_ID", "SQLITE_MAGIC", "MIGRATIONS", "mi
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 APPLICATION_ID = 0x5344_4347  # "SDCG"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _V1 = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -160,7 +160,17 @@ def _v1(conn: sqlite3.Connection) -> None:
             conn.execute(statement)
 
 
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1}
+def _v2(conn: sqlite3.Connection) -> None:
+    # results.executions: a row may stand for several identical passing executions (the fleet simulator's daily
+    # aggregates); rates sum it. The covering index of the rates gains the column so they stay index-only.
+    conn.execute("ALTER TABLE results ADD COLUMN executions INTEGER NOT NULL DEFAULT 1")
+    conn.execute("DROP INDEX IF EXISTS results_rates")
+    conn.execute(
+        "CREATE INDEX results_rates ON results(device, family, started_at, attempt, passed, duration_s, executions)"
+    )
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1, 2: _v2}
 """``version -> function`` bringing a store from ``version - 1`` to ``version``; run in one transaction."""
 
 
