@@ -1,0 +1,144 @@
+"""The quarantine policy on a simulated fleet: 10,000 devices scanned daily for 30 days, through the real store.
+
+One device in 1,000 is defective, with a per-execution failure probability log-uniform in [1e-5, 1e-1]; every
+device (healthy ones too) has a rare transient rate. Each day every device not quarantined gets a scan with the
+scanner's default budget (``fleet_scan.sim``), then the policy runs. On day 10 a bad golden file is rolled out
+(every device fails one case with the same wrong output); it is rolled back the next day.
+
+Printed, for the default policy and two naive ones (and any variant given with --variant):
+share of defective devices quarantined, of those with p >= 1e-3 quarantined within 7 days, median days to
+quarantine, healthy devices wrongly quarantined, what the circuit breaker did on day 10 and what followed on day 11.
+Goals for the default policy: >= 99% of defective devices with p >= 1e-3 quarantined within 7 days, <= 1 healthy
+device in 10,000 wrongly quarantined over 30 days.
+
+    python benchmarks/fleet_policy.py                 # the full fleet (several minutes on 2 cores)
+    python benchmarks/fleet_policy.py --devices 2000 --defective-share 0.01 --days 14   # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fleet_scan.options import DEFAULT_BUDGET_S  # noqa: E402
+from fleet_scan.sim import DEFAULT_CASES, SimFleet, simulate  # noqa: E402
+from sdcguard.policy import QuarantinePolicy  # noqa: E402
+from sdcguard.store import Store  # noqa: E402
+
+POLICIES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "any-failure": {"rate_threshold": 0.0},
+    "sticky-only": {"rate_threshold": 1.0 - 1e-12},
+}
+"""``any-failure``: quarantine on any failed execution (rate_low > 0). ``sticky-only``: never on rate alone."""
+
+
+def _run(args: tuple[str, dict[str, Any], dict[str, Any]]) -> dict[str, Any]:
+    name, overrides, opts = args
+    fleet = SimFleet(devices=opts["devices"], defective_share=opts["defective_share"], seed=opts["seed"],
+                     transient_rate=opts["transient_rate"])
+    policy = QuarantinePolicy(**overrides)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=opts["tmp"]) as tmp, Store.open(Path(tmp) / "fleet.db") as store:
+        p, quarantined_on, log = simulate(
+            store, fleet, policy, days=opts["days"], budget_s=opts["budget"], bad_golden_day=opts["bad_day"]
+        )
+        rows = store.scalar("SELECT COUNT(*) FROM results")
+    ids = [f"sim:{n}" for n in range(fleet.devices)]
+    defective = [d for d, pi in zip(ids, p) if pi > 0]
+    strong = [d for d, pi in zip(ids, p) if pi >= 1e-3]
+    healthy = [d for d, pi in zip(ids, p) if pi == 0]
+    days_to = [quarantined_on[d] + 1 for d in defective if d in quarantined_on]
+    within7 = [d for d in strong if d in quarantined_on and quarantined_on[d] + 1 <= 7]
+    bad_day = opts["bad_day"]
+    day = {d.day: d for d in log}
+    return {
+        "policy": name,
+        "overrides": overrides,
+        "defective": len(defective),
+        "defective_quarantined": sum(d in quarantined_on for d in defective),
+        "strong": len(strong),
+        "strong_within_7_days": len(within7),
+        "median_days_to_quarantine": statistics.median(days_to) if days_to else None,
+        "healthy": len(healthy),
+        "healthy_quarantined": sum(d in quarantined_on for d in healthy),
+        "missed": sorted((f"{p[int(d[4:])]:.1e}" for d in defective if d not in quarantined_on), reverse=True),
+        "breaker_days": [d.day for d in log if d.breaker_tripped],
+        "bad_day_quarantined": len(day[bad_day].quarantined) if bad_day in day else None,
+        "bad_day_reason": (day[bad_day].reasons or [""])[0] if bad_day in day else None,
+        "day_after_quarantined": len(day[bad_day + 1].quarantined) if bad_day + 1 in day else None,
+        "executions_per_device_day": log[0].executions / fleet.devices if log else 0,
+        "result_rows": rows,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def _pct(a: int, b: int) -> str:
+    return f"{a}/{b} ({100.0 * a / b:.0f}%)" if b else "n/a"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--devices", type=int, default=10_000)
+    ap.add_argument("--defective-share", type=float, default=1e-3)
+    ap.add_argument("--transient-rate", type=float, default=1e-8)
+    ap.add_argument("--days", type=int, default=30)
+    ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S)
+    ap.add_argument("--bad-day", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=min(3, os.cpu_count() or 1))
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:JSON",
+                    help='an extra policy, e.g. \'low-threshold:{"rate_threshold": 1e-4}\'')
+    ap.add_argument("--json", type=Path, help="also write the figures as JSON")
+    args = ap.parse_args()
+    policies = dict(POLICIES)
+    for v in args.variant:
+        name, _, text = v.partition(":")
+        policies[name] = json.loads(text)
+    tmp = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    opts = {"devices": args.devices, "defective_share": args.defective_share, "seed": args.seed, "days": args.days,
+            "budget": args.budget, "bad_day": args.bad_day, "transient_rate": args.transient_rate, "tmp": tmp}
+    jobs = [(name, overrides, opts) for name, overrides in policies.items()]
+    t0 = time.perf_counter()
+    with multiprocessing.get_context("fork").Pool(args.workers) as pool:
+        out = pool.map(_run, jobs)
+    wall = time.perf_counter() - t0
+    print(f"fleet: {args.devices} devices, {args.defective_share:g} defective (p log-uniform 1e-5..1e-1), "
+          f"transient rate {args.transient_rate:g}/execution, {args.days} daily scans of {args.budget:g} s "
+          f"({out[0]['executions_per_device_day']:.0f} executions per device-day over {len(DEFAULT_CASES)} cases), "
+          f"bad golden file on day {args.bad_day}")
+    print()
+    print("| policy | defective quarantined | p >= 1e-3 within 7 days | median days to quarantine | healthy wrongly "
+          "quarantined | breaker on bad-golden day | quarantined that day / the day after |")
+    print("|---|---|---|---|---|---|---|")
+    for r in out:
+        breaker = "tripped" if args.bad_day in r["breaker_days"] else "did not trip"
+        print(f"| {r['policy']} | {_pct(r['defective_quarantined'], r['defective'])} | "
+              f"{_pct(r['strong_within_7_days'], r['strong'])} | {r['median_days_to_quarantine']} | "
+              f"{_pct(r['healthy_quarantined'], r['healthy'])} | {breaker} | "
+              f"{r['bad_day_quarantined']} / {r['day_after_quarantined']} |")
+    print()
+    for r in out:
+        extra = [d for d in r["breaker_days"] if d != args.bad_day]
+        print(f"{r['policy']}: missed defective p = {', '.join(r['missed']) or 'none'}; breaker days {r['breaker_days']}"
+              f"{' (false trips: ' + str(extra) + ')' if extra else ''}; {r['result_rows']} result rows, "
+              f"{r['seconds']:.0f} s")
+        if r["bad_day_reason"]:
+            print(f"  day {args.bad_day}: {r['bad_day_reason']}")
+    print(f"\nwall time {wall:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
