@@ -29,6 +29,10 @@ _LAZY: dict[str, str] = {
     "golden_output_hook": "sdcguard.inject.spec",
     # torch side: importing it loads torch, so it stays behind this lazy table
     "OpFaultMode": "sdcguard.inject.torch_faults",
+    "load_suite": "sdcguard.golden",
+    "Suite": "sdcguard.golden",
+    "Case": "sdcguard.golden",
+    "NumpyBackend": "sdcguard.golden",
 }
 
 __all__ = ["__version__", *_LAZY]

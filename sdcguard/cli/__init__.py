@@ -35,6 +35,7 @@ _COMMANDS: dict[str, str] = {
     "merge": "sdcguard.cli.merge:merge",
     "export": "sdcguard.cli.export:export",
     "scan": "sdcguard.cli.scan:scan",
+    "golden": "sdcguard.cli.golden:golden",
 }
 
 
