@@ -97,7 +97,7 @@ def discover_gpus() -> list[ScanTarget]:
             did = gpu_id(uuid)
         except Exception:  # MIG instances have MIG-<uuid>: not scanned as whole GPUs
             continue
-        info = DeviceInfo(id=did, host=host, kind="gpu", model=model, serial=serial, pci_bus_id=pci)
+        info = DeviceInfo(id=did, host=host, kind="gpu", model=model, serial=serial, pci_bus_id=pci, index=i)
         out.append(ScanTarget(info=info, index=i, driver=driver))
     return out
 
@@ -118,7 +118,7 @@ def discover_cpus() -> list[ScanTarget]:
     host = hostname()
     model = _cpu_model()
     return [
-        ScanTarget(info=DeviceInfo(id=cpu_id(core, host), host=host, kind="cpu", model=model), index=core)
+        ScanTarget(info=DeviceInfo(id=cpu_id(core, host), host=host, kind="cpu", model=model, index=core), index=core)
         for core in sorted(os.sched_getaffinity(0))
     ]
 

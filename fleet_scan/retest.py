@@ -31,7 +31,7 @@ def main() -> None:
     case = cases.get(payload["case"])
     if case is None:
         raise SdcguardError(f"retest: case {payload['case']!r} is not in the golden suite")
-    backend = make_backend(target)
+    backend = make_backend(target, suite)
     hook = make_hook(payload.get("inject"), target)
     out = []
     for attempt in range(1, int(payload["n"]) + 1):

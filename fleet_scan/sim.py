@@ -15,6 +15,7 @@ shortcut: the rates, the breaker and the quarantines are the store's and the pol
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 from collections.abc import Sequence
@@ -113,6 +114,11 @@ def _failure(dev: str, case: SimCase, t: float, digest: str, element: int) -> Ca
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _plan(cases: tuple[SimCase, ...], past: tuple[tuple[str, int], ...]) -> list[SimCase]:
+    return order_cases(cases, dict(past))
+
+
 def scan_sim_device(
     store: Any,
     *,
@@ -129,7 +135,7 @@ def scan_sim_device(
     bad_case: str | None = None,
 ) -> tuple[int, int, set[str]]:
     """One day's scan of one simulated device through the store; (executions, failures, failing families)."""
-    plan = order_cases(cases, past_failures)
+    plan = _plan(tuple(cases), tuple(sorted(past_failures.items())))
     # As the real budget loop: cycles of the plan while the next case fits (the final flush reserve kept free).
     total = int((budget_s - 0.05) / (sum(c.seconds for c in plan) / len(plan)))
     base, extra = divmod(total, len(plan))

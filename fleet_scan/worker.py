@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sdcguard.devices import hostname
-from sdcguard.errors import SdcguardError
+from sdcguard.errors import SdcguardError, SuiteError
 from sdcguard.records import CaseResult, ScanStatus
 
 from .discovery import ScanTarget
@@ -57,19 +57,24 @@ def result_from_json(data: dict[str, Any]) -> CaseResult:
     return CaseResult(**data)
 
 
-def make_backend(target: ScanTarget) -> Any:
+def make_backend(target: ScanTarget, suite: Any = None) -> Any:
     """The golden-suite backend of a target: numpy pinned to the core, or CuPy on the GPU."""
     if target.kind == "cpu":
         from sdcguard.golden import NumpyBackend
 
-        return NumpyBackend(target.index)
+        return NumpyBackend(target.index, suite=suite)
     if target.kind == "gpu":
-        from sdcguard.golden import CupyBackend
-
+        try:
+            from sdcguard.golden import CupyBackend  # type: ignore[attr-defined]
+        except ImportError as e:
+            raise SuiteError(f"{target.device}: this sdcguard has no CUDA golden-suite backend ({e})") from None
         # The worker's environment makes the target the only visible CUDA device (CUDA_VISIBLE_DEVICES=<uuid>):
         # NVML and CUDA may number GPUs differently, the UUID is unambiguous.
-        return CupyBackend(0)
-    raise SdcguardError(f"{target.device}: no golden-suite backend for {target.kind} devices")
+        try:
+            return CupyBackend(0, suite=suite)
+        except TypeError:
+            return CupyBackend(0)
+    raise SuiteError(f"{target.device}: no golden-suite backend for {target.kind} devices")
 
 
 def make_hook(inject: str | None, target: ScanTarget) -> Callable[[str, Any], Any] | None:
@@ -194,7 +199,10 @@ def _scan_locked(
     device = target.device
     host = target.info.host or hostname()
     suite = load_suite(None if options.golden_dir is None else Path(options.golden_dir))
-    backend = make_backend(target)
+    backend = make_backend(target, suite)
+    runnable = [c for c in suite.cases if backend.supports(c)] if hasattr(backend, "supports") else list(suite.cases)
+    if not runnable:
+        raise SuiteError(f"{device}: the golden suite has no case this device's backend can run")
     hook = make_hook(options.inject, target)
 
     telemetry = telemetry_for(target)
@@ -202,7 +210,7 @@ def _scan_locked(
         store.upsert_device(target.info)
         stale = _finish_stale_scans(store, device, host)
         past = _past_failures(store, device)
-        plan = order_cases(suite.cases, past)
+        plan = order_cases(runnable, past)
         meta: dict[str, Any] = {
             "scanner_pid": os.getpid(),
             "host": host,
