@@ -8,7 +8,10 @@ stop one device (SIGTERM: the worker records what it has as ``interrupted``).
 
 A failing case is retested :attr:`ScanOptions.retests` times in a *fresh* process (:mod:`fleet_scan.retest`):
 a corrupted interpreter or a poisoned cache in this process cannot make the retest agree with it. The original
-failure gets ``sticky=True`` when a retest failed again, ``False`` when every retest passed.
+failure gets ``sticky=True`` when a retest failed again, ``False`` when every retest passed. Each failing case is
+retested once per scan, while the retest still fits the budget (it is killed at the deadline otherwise), and no
+more once a failure reproduced. Retest executions are recorded with ``attempt`` 1..N (the store's rates count
+first attempts only).
 """
 
 from __future__ import annotations
@@ -266,7 +269,14 @@ def _scan_locked(
                     tally.failures += 1
                     tally.failing_cases[r.case] = tally.failing_cases.get(r.case, 0) + 1
                     retests: list[CaseResult] = []
-                    if options.retests and r.case not in retested and budget.fits(retest_estimate):
+                    # Each failing case is retested once per scan, until one failure reproduced: the device is then
+                    # known bad and further retests would only eat the budget the other cases need.
+                    if (
+                        options.retests
+                        and not tally.sticky
+                        and r.case not in retested
+                        and budget.fits(retest_estimate)
+                    ):
                         retested.add(r.case)
                         t_re = time.monotonic()
                         retests, retest_error = _run_retests(target, options, r.case, budget.remaining())
