@@ -14,12 +14,15 @@ shortcut: the rates, the breaker and the quarantines are the store's and the pol
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
 import math
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,7 +33,7 @@ from sdcguard.records import CaseResult, DeviceInfo
 from .options import DEFAULT_BUDGET_S, DEFAULT_RETESTS
 from .schedule import order_cases
 
-__all__ = ["SimCase", "SimFleet", "SimDay", "simulate", "DEFAULT_CASES"]
+__all__ = ["SimCase", "SimFleet", "SimDay", "SimRun", "simulate", "scan_sim_device", "DEFAULT_CASES"]
 
 _FAMILIES = ("gemm", "alu", "ieee", "intrinsics", "memory", "shared")
 
@@ -48,8 +51,10 @@ class SimCase:
 DEFAULT_CASES: tuple[SimCase, ...] = tuple(
     SimCase(id=f"sim.{family}.{i}", family=family, seed=1000 * k + i)
     for k, family in enumerate(_FAMILIES)
-    for i in range(2)
+    for i in range(1)
 )
+"""One case per family: the policy sees per-case rows (the breaker counts devices per case), and one row per case
+and day keeps 10,000 devices x 30 days affordable."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,8 +190,89 @@ def scan_sim_device(
     return executions, failures, failing_families
 
 
+class SimRun:
+    """A fleet being scanned day by day into one store; :meth:`fork` continues the same history in a copy."""
+
+    def __init__(
+        self,
+        store_path: Path,
+        fleet: SimFleet,
+        policy: Any,
+        *,
+        budget_s: float = DEFAULT_BUDGET_S,
+        retests: int = DEFAULT_RETESTS,
+        cases: Sequence[SimCase] = DEFAULT_CASES,
+        start: float = 1_767_225_600.0,
+    ) -> None:
+        from sdcguard.store import Store
+
+        self.store_path = Path(store_path)
+        self.fleet = fleet
+        self.policy = policy
+        self.budget_s = budget_s
+        self.retests = retests
+        self.cases = tuple(cases)
+        self.start = start
+        self.p = fleet.failure_probabilities()
+        self.rng = np.random.default_rng([fleet.seed, 2])
+        self.ids = [sim_id(n) for n in range(fleet.devices)]
+        self.quarantined_on: dict[str, int] = {}
+        self.past: dict[str, dict[str, int]] = {}
+        self.log: list[SimDay] = []
+        self.store = Store.open(self.store_path)
+        for n, dev in enumerate(self.ids):
+            self.store.upsert_device(DeviceInfo(id=dev, host=fleet.host(n), kind="sim", model="simulated"), now=start)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def day(self, day: int, *, bad_case: str | None = None) -> SimDay:
+        """Scan every device not quarantined, then run the policy once (``bad_case``: the bad golden file)."""
+        from sdcguard.policy import apply_policy
+
+        t_day = self.start + day * 86400.0
+        today = SimDay(day=day)
+        for n, dev in enumerate(self.ids):
+            if dev in self.quarantined_on:
+                continue
+            ex, fa, fams = scan_sim_device(
+                self.store, dev=dev, host=self.fleet.host(n), p_fault=float(self.p[n]),
+                transient_rate=self.fleet.transient_rate, t=t_day + 60.0 * (n % 60), cases=self.cases,
+                past_failures=self.past.get(dev, {}), budget_s=self.budget_s, retests=self.retests, rng=self.rng,
+                bad_case=bad_case,
+            )
+            today.executions += ex
+            today.failures += fa
+            for f in fams:
+                self.past.setdefault(dev, {})[f] = self.past.get(dev, {}).get(f, 0) + 1
+        outcome = apply_policy(self.store, self.policy, now=t_day + 7200.0)
+        today.quarantined = list(outcome.quarantined)
+        today.breaker_tripped = outcome.breaker_tripped
+        today.reasons = [r for r in outcome.reasons if "breaker" in r][:3]
+        for dev in outcome.quarantined:
+            self.quarantined_on.setdefault(dev, day)
+        self.log.append(today)
+        return today
+
+    def fork(self, store_path: Path) -> SimRun:
+        """The same fleet, history and random state, continuing in a copy of the store at ``store_path``."""
+        from sdcguard.store import Store
+
+        self.store.close()  # the last connection closing checkpoints the WAL into the file
+        shutil.copyfile(self.store_path, store_path)
+        self.store = Store.open(self.store_path)
+        other = copy.copy(self)
+        other.store_path = Path(store_path)
+        other.store = Store.open(other.store_path)
+        other.rng = copy.deepcopy(self.rng)
+        other.quarantined_on = dict(self.quarantined_on)
+        other.past = copy.deepcopy(self.past)
+        other.log = list(self.log)
+        return other
+
+
 def simulate(
-    store: Any,
+    store_path: Path,
     fleet: SimFleet,
     policy: Any,
     *,
@@ -196,47 +282,15 @@ def simulate(
     cases: Sequence[SimCase] = DEFAULT_CASES,
     bad_golden_day: int | None = 10,
     bad_golden_case: str | None = None,
-    start: float = 1_767_225_600.0,
-    progress: Any = None,
-) -> tuple[np.ndarray, dict[str, int], list[SimDay]]:
+) -> SimRun:
     """Scan the fleet daily for ``days`` days; quarantined devices are no longer scanned.
 
-    Returns the per-device fault probabilities, ``{device: day it was quarantined}`` and each day's policy run.
-    The bad golden file is present on ``bad_golden_day`` only (rolled back the next day).
+    The bad golden file (a wrong expected output for ``bad_golden_case``) is present on ``bad_golden_day`` only
+    (rolled back the next day). Returns the run (``quarantined_on``, ``log``, ``p``), its store closed.
     """
-    from sdcguard.policy import apply_policy
-
-    p = fleet.failure_probabilities()
-    rng = np.random.default_rng([fleet.seed, 2])
-    bad_case = bad_golden_case or cases[len(cases) // 2].id
-    ids = [sim_id(n) for n in range(fleet.devices)]
-    for n, dev in enumerate(ids):
-        store.upsert_device(DeviceInfo(id=dev, host=fleet.host(n), kind="sim", model="simulated"), now=start)
-    quarantined_on: dict[str, int] = {}
-    past: dict[str, dict[str, int]] = {}
-    log: list[SimDay] = []
+    run = SimRun(store_path, fleet, policy, budget_s=budget_s, retests=retests, cases=cases)
+    bad_case = bad_golden_case or run.cases[len(run.cases) // 2].id
     for day in range(days):
-        t_day = start + day * 86400.0
-        today = SimDay(day=day)
-        for n, dev in enumerate(ids):
-            if dev in quarantined_on:
-                continue
-            ex, fa, fams = scan_sim_device(
-                store, dev=dev, host=fleet.host(n), p_fault=float(p[n]), transient_rate=fleet.transient_rate,
-                t=t_day + 60.0 * (n % 60), cases=cases, past_failures=past.get(dev, {}), budget_s=budget_s,
-                retests=retests, rng=rng, bad_case=bad_case if day == bad_golden_day else None,
-            )
-            today.executions += ex
-            today.failures += fa
-            for f in fams:
-                past.setdefault(dev, {})[f] = past.get(dev, {}).get(f, 0) + 1
-        outcome = apply_policy(store, policy, now=t_day + 7200.0)
-        today.quarantined = list(outcome.quarantined)
-        today.breaker_tripped = outcome.breaker_tripped
-        today.reasons = [r for r in outcome.reasons if "breaker" in r][:3]
-        for dev in outcome.quarantined:
-            quarantined_on.setdefault(dev, day)
-        log.append(today)
-        if progress is not None:
-            progress(today)
-    return p, quarantined_on, log
+        run.day(day, bad_case=bad_case if day == bad_golden_day else None)
+    run.close()
+    return run
