@@ -17,7 +17,7 @@ __all__ = ["SCHEMA_VERSION", "APPLICATION_ID", "SQLITE_MAGIC", "MIGRATIONS", "mi
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 APPLICATION_ID = 0x5344_4347  # "SDCG"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _V1 = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -73,9 +73,7 @@ CREATE TABLE IF NOT EXISTS results (
     detail TEXT NOT NULL DEFAULT '{}',
     UNIQUE (scan, seq)
 );
--- The report's GROUP BY device, family reads only this covering index, in its order (no sort, no table).
 CREATE INDEX IF NOT EXISTS results_rates ON results(device, family, started_at, attempt, passed, duration_s);
--- Failures are rare: the policy and the circuit breaker read them through this small partial index.
 CREATE INDEX IF NOT EXISTS results_failures ON results(started_at, case_id, output_digest, device)
     WHERE passed = 0;
 CREATE TABLE IF NOT EXISTS incidents (
@@ -154,23 +152,40 @@ CREATE TABLE IF NOT EXISTS action_attempts (
 """
 
 
-def _v1(conn: sqlite3.Connection) -> None:
-    for statement in _V1.split(";\n"):
-        if statement.strip():
-            conn.execute(statement)
+# Version 2: leaner indexes for the report. The GROUP BY device, family reads only ``results_rates``, in its
+# order (no sort, no table); failures and retests are rare, so rates, the policy and the circuit breaker read
+# them through small partial indexes instead of evaluating an expression over every row.
+_V2 = """
+DROP INDEX IF EXISTS results_rates;
+CREATE INDEX results_rates ON results(device, family, started_at, duration_s);
+DROP INDEX IF EXISTS results_failures;
+CREATE INDEX results_failures ON results(started_at, case_id, output_digest, device, family, attempt)
+    WHERE passed = 0;
+CREATE INDEX IF NOT EXISTS results_retests ON results(started_at, device, family) WHERE attempt > 0;
+"""
 
 
-def _v2(conn: sqlite3.Connection) -> None:
-    # results.executions: a row may stand for several identical passing executions (the fleet simulator's daily
-    # aggregates); rates sum it. The covering index of the rates gains the column so they stay index-only.
-    conn.execute("ALTER TABLE results ADD COLUMN executions INTEGER NOT NULL DEFAULT 1")
-    conn.execute("DROP INDEX IF EXISTS results_rates")
-    conn.execute(
-        "CREATE INDEX results_rates ON results(device, family, started_at, attempt, passed, duration_s, executions)"
-    )
+def _script(sql: str) -> Callable[[sqlite3.Connection], None]:
+    def run(conn: sqlite3.Connection) -> None:
+        # Statement by statement: executescript() would COMMIT the caller's transaction.
+        for statement in sql.split(";\n"):
+            if statement.strip():
+                conn.execute(statement)
+
+    return run
 
 
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1, 2: _v2}
+# Version 3: a result row may stand for several identical passing executions (``CaseResult.executions``; the fleet
+# simulator records a day's passing executions of one case as one row). Rates sum the column; it joins the
+# covering index so the report's big scan stays index-only.
+_V3 = """
+ALTER TABLE results ADD COLUMN executions INTEGER NOT NULL DEFAULT 1;
+DROP INDEX IF EXISTS results_rates;
+CREATE INDEX results_rates ON results(device, family, started_at, duration_s, executions);
+"""
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _script(_V1), 2: _script(_V2), 3: _script(_V3)}
 """``version -> function`` bringing a store from ``version - 1`` to ``version``; run in one transaction."""
 
 

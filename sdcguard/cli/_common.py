@@ -9,7 +9,7 @@ import click
 
 from ..store import Store
 
-__all__ = ["open_store", "format_option", "print_table", "fmt_float"]
+__all__ = ["open_store", "format_option", "print_table", "fmt_float", "status_text"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -14,7 +14,8 @@ __all__ = ["quarantine"]
 
 @click.group("quarantine")
 def quarantine() -> None:
-    """Devices out of service: list them, add one by hand, release one (it goes on probation).
+    """Devices out of service: list them, add one by hand, release one (it goes on probation), see the history
+    and the policy's decisions.
 
     Example: sdcguard quarantine release GPU-... --reason "replaced the board"
     """
@@ -83,4 +84,30 @@ def history(device: str | None, fmt: str) -> None:
     print_table(
         "quarantine history", ["time (UTC)", "device", "action", "by", "reason"],
         [[iso_utc(r["time"]) or "", r["device"], r["action"], r["by"], r["reason"]] for r in rows],
+    )
+
+
+@quarantine.command("decisions")
+@click.option("--since", default="7d", show_default=True, help="Window: a duration (12h, 7d, 2w) or 'all'.")
+@format_option("table", "json")
+def decisions(since: str, fmt: str) -> None:
+    """What the policy decided and why: quarantines, circuit-breaker trips, probations passed, actions.
+
+    Example: sdcguard quarantine decisions --since 1d
+    """
+    from ..durations import since_timestamp
+
+    start = since_timestamp(since)
+    with open_store() as store:
+        rows = store.query(
+            "SELECT time, device, decision, reason FROM policy_decisions WHERE time >= ? ORDER BY time, id",
+            (start if start is not None else float("-inf"),),
+        )
+    if fmt == "json":
+        click.echo(json.dumps([{**r, "time": iso_utc(r["time"])} for r in rows], indent=1))
+        return
+    print_table(
+        "policy decisions", ["time (UTC)", "device", "decision", "reason"],
+        [[iso_utc(r["time"]) or "", r["device"] or "(fleet)", r["decision"], r["reason"]] for r in rows],
+        caption=None if rows else "no policy decision in the window",
     )

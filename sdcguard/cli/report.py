@@ -22,20 +22,23 @@ __all__ = ["report"]
 @format_option("table", "json", "csv")
 @click.option("--confidence", type=click.FloatRange(0.5, 0.9999), default=0.95, show_default=True,
               help="Confidence of each one-sided Clopper-Pearson bound.")
+@click.option("--families", is_flag=True, help="JSON: add each device's rates per kernel family.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write a PNG of the rate over time per device (needs matplotlib: sdcguard[plot]).")
-def report(since: str, device: str | None, fmt: str, confidence: float, plot: Path | None) -> None:
+def report(
+    since: str, device: str | None, fmt: str, confidence: float, families: bool, plot: Path | None
+) -> None:
     """Per-device SDC rates with one-sided bounds, and each device's status.
 
     Status: quarantined, probation (released, watched until clean scans), suspect (a failed execution in the
     window, not quarantined), healthy.
 
-    Example: sdcguard report --since 7d --format json
+    Example: sdcguard report --since 7d --format json --families
     """
     now = time.time()
     start = since_timestamp(since, now=now)  # checked before the store is opened
     with open_store() as store:
-        rows = build_report(store, since=start, device=device, confidence=confidence)
+        rows = build_report(store, since=start, device=device, confidence=confidence, families=families)
         if plot is not None:
             from ..plot import plot_rates
 
