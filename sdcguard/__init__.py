@@ -33,6 +33,7 @@ _LAZY: dict[str, str] = {
     "Suite": "sdcguard.golden",
     "Case": "sdcguard.golden",
     "NumpyBackend": "sdcguard.golden",
+    "CupyBackend": "sdcguard.golden",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from typing import Any
+
 from .cases import CASES, FAMILIES, GENERATOR_VERSION, PORTABLE_CASES, Case, case_by_id
 from .compare import Mismatch, compare_bits
 from .numpy_backend import NumpyBackend, OutputHook, default_suite
@@ -30,6 +32,7 @@ __all__ = [
     "Mismatch",
     "compare_bits",
     "NumpyBackend",
+    "CupyBackend",
     "OutputHook",
     "default_suite",
     "Suite",
@@ -39,3 +42,12 @@ __all__ = [
     "verify",
 ]
 
+
+
+def __getattr__(name: str) -> Any:
+    # The GPU backend's module is only imported when asked for (cupy itself loads when a backend is created).
+    if name == "CupyBackend":
+        from .cupy_backend import CupyBackend
+
+        return CupyBackend
+    raise AttributeError(f"module 'sdcguard.golden' has no attribute {name!r}")

@@ -6,6 +6,9 @@ whose results it judges; the generators draw raw 64-bit words from PCG64, whose 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import hashlib
 from typing import Any
 
@@ -21,6 +24,7 @@ __all__ = [
     "round_exact",
     "compose",
     "fmix32",
+    "same_bytes",
 ]
 
 # precision p (significand bits incl. the hidden one), minimum normal exponent, storage bits
@@ -105,3 +109,25 @@ def fmix32(x: np.ndarray) -> np.ndarray:
     x *= np.uint32(0xC2B2AE35)
     x ^= x >> np.uint32(16)
     return x
+
+
+@functools.cache
+def _memcmp() -> Any:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    fn = ctypes.CDLL(name).memcmp
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    return fn
+
+
+def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """True when two C-contiguous arrays of equal size hold the same bytes (libc memcmp: one streaming read of
+    each, several times faster than an elementwise numpy comparison on large buffers)."""
+    if a.nbytes != b.nbytes:
+        return False
+    memcmp = _memcmp()
+    if memcmp is None or not (a.flags.c_contiguous and b.flags.c_contiguous):
+        return bool(np.array_equal(uint_view(a).reshape(-1), uint_view(b).reshape(-1)))
+    return memcmp(a.ctypes.data, b.ctypes.data, a.nbytes) == 0

@@ -149,11 +149,13 @@ def _build() -> tuple[Case, ...]:
         _gemm("tf32", "int", "mma", m=128, n=128, k=1024, range=64, scale=16),
         _gemm("tf32", "perm", "mma", m=128, n=128, k=1024, bits_a=11, bits_b=11, exp=16),
         # cuBLAS fp16 writes fp16: the exact result must itself be an fp16 value (|sum| <= 2048).
-        _gemm("fp16", "int", "cublas", m=128, n=128, k=128, range=4, scale=2),
-        _gemm("fp16", "int", "mma", m=128, n=128, k=1024, range=64, scale=4),
-        _gemm("fp16", "perm", "mma", m=128, n=128, k=1024, bits_a=11, bits_b=11, exp=6),
-        _gemm("bf16", "int", "mma", m=128, n=128, k=1024, range=64, scale=16),
-        _gemm("bf16", "perm", "mma", m=128, n=128, k=1024, bits_a=8, bits_b=8, exp=20),
+        # 16-bit operands are square-ish (k = m = n): the CPU widens them to fp32 first, O(k*(m+n)) work that a
+        # long k would make dominate the O(m*n*k) product.
+        _gemm("fp16", "int", "cublas", m=256, n=256, k=128, range=4, scale=2),
+        _gemm("fp16", "int", "mma", m=256, n=256, k=256, range=64, scale=4),
+        _gemm("fp16", "perm", "mma", m=256, n=256, k=256, bits_a=11, bits_b=11, exp=6),
+        _gemm("bf16", "int", "mma", m=256, n=256, k=256, range=64, scale=16),
+        _gemm("bf16", "perm", "mma", m=256, n=256, k=256, bits_a=8, bits_b=8, exp=20),
     ]
     # Integer ALU chains.
     for dtype, n in (("u32", 16384), ("u64", 8192)):
@@ -188,7 +190,7 @@ def _build() -> tuple[Case, ...]:
     for pattern in ("moving_inversions", "modulo20", "address", "random"):
         cid = f"memory.u32.{pattern}"
         cases.append(Case(id=cid, family="memory", dtype="u32", shape=(words,), seed=_seed(cid),
-                          params={"words": words, "pattern": pattern, "block": 16384}, out_dtype="uint32"))
+                          params={"words": words, "pattern": pattern, "block": 131072}, out_dtype="uint32"))
     # Shared memory and atomics.
     cid = "shared.u32.reduce"
     cases.append(Case(id=cid, family="shared", dtype="u32", shape=(3 * 256 + 2,), seed=_seed(cid),

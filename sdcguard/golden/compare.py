@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import SuiteError
-from .bits import hex_bits, uint_view
+from .bits import hex_bits, same_bytes, uint_view
 
 __all__ = ["Mismatch", "compare_bits"]
 
@@ -38,7 +38,7 @@ def compare_bits(expected: np.ndarray, actual: np.ndarray) -> Mismatch | None:
         )
     e = uint_view(expected).reshape(-1)
     a = uint_view(actual).reshape(-1)
-    if np.array_equal(e, a):
+    if same_bytes(e, a):
         return None
     bad = np.flatnonzero(e != a)
     i = int(bad[0])
