@@ -27,11 +27,11 @@ def main() -> None:
 
     golden_dir = payload.get("golden_dir")
     suite = load_suite(Path(golden_dir) if golden_dir else None)
-    cases = {c.id: c for c in suite.cases}
+    backend = make_backend(target, suite)
+    cases = {c.id: c for c in backend.cases()}
     case = cases.get(payload["case"])
     if case is None:
         raise SdcguardError(f"retest: case {payload['case']!r} is not in the golden suite")
-    backend = make_backend(target, suite)
     hook = make_hook(payload.get("inject"), target)
     out = []
     for attempt in range(1, int(payload["n"]) + 1):

@@ -73,10 +73,7 @@ def make_backend(target: ScanTarget, suite: Any = None) -> Any:
             raise SuiteError(f"{target.device}: this sdcguard has no CUDA golden-suite backend ({e})") from None
         # The worker's environment makes the target the only visible CUDA device (CUDA_VISIBLE_DEVICES=<uuid>):
         # NVML and CUDA may number GPUs differently, the UUID is unambiguous.
-        try:
-            return CupyBackend(0, suite=suite)
-        except TypeError:
-            return CupyBackend(0)
+        return CupyBackend(0, suite=suite)
     raise SuiteError(f"{target.device}: no golden-suite backend for {target.kind} devices")
 
 
@@ -203,7 +200,8 @@ def _scan_locked(
     host = target.info.host or hostname()
     suite = load_suite(None if options.golden_dir is None else Path(options.golden_dir))
     backend = make_backend(target, suite)
-    runnable = [c for c in suite.cases if backend.supports(c)] if hasattr(backend, "supports") else list(suite.cases)
+    # the backend's own list: numpy skips GPU-only cases, CuPy adds the per-architecture ones
+    runnable = list(backend.cases())
     if not runnable:
         raise SuiteError(f"{device}: the golden suite has no case this device's backend can run")
     hook = make_hook(options.inject, target)
