@@ -368,9 +368,18 @@ def main() -> None:
     target = ScanTarget.from_json(payload["target"])
     options = ScanOptions.from_json(payload["options"])
 
+    parent_gone = False
+
     def emit(event: dict[str, Any]) -> None:
-        sys.stdout.write(json.dumps(event, default=str) + "\n")
-        sys.stdout.flush()
+        # If the scanner that started us died, keep scanning and recording: the store is the real output.
+        nonlocal parent_gone
+        if parent_gone:
+            return
+        try:
+            sys.stdout.write(json.dumps(event, default=str) + "\n")
+            sys.stdout.flush()
+        except (BrokenPipeError, OSError):
+            parent_gone = True
 
     try:
         scan_device(target, options, emit)

@@ -149,3 +149,56 @@ def test_recorder_writes_every_result_and_the_total_lands_with_the_final_status(
         assert rows[-1].detail["scan_total"] == n
         assert store.scans()[0]["status"] == "complete"
         assert store.scans()[0]["failures"] == sum(1 for i in range(n) if i % 7 == 3)
+
+
+def test_a_job_appearing_between_cases_is_seen() -> None:
+    core = sorted(os.sched_getaffinity(0))[0]
+    monitor = IdleMonitor(_cpu(core), window_s=0.0, cpu_busy_max=50.0)
+    assert monitor.job_appeared() is None  # first reading: nothing to compare with yet
+    spin = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"]
+    )
+    try:
+        reason = None
+        deadline = time.monotonic() + 10
+        while reason is None and time.monotonic() < deadline:
+            time.sleep(0.3)
+            reason = monitor.job_appeared()
+        assert reason is not None and f"core {core}" in reason
+    finally:
+        spin.kill()
+        spin.wait()
+
+
+def test_the_example_config_loads(tmp_path: Path) -> None:
+    from sdcguard.cli.scan import _policy, load_config, parse_action
+
+    root = Path(__file__).resolve().parent.parent
+    config = load_config(root / "deploy" / "sdcguard.toml")
+    assert config["scan"]["budget"] == 60
+    assert _policy(config["policy"]).rate_threshold == 1e-4
+    assert [parse_action(a).name for a in config["scan"]["actions"]] == ["slurm-drain"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[policy]\nrate_treshold = 1e-4\n")
+    with pytest.raises(BadInput, match="rate_treshold"):
+        _policy(load_config(bad)["policy"])
+    bad.write_text("[scan\n")
+    with pytest.raises(BadInput, match="not valid TOML"):
+        load_config(bad)
+
+
+def test_simulated_fleet_goes_through_the_real_store_and_policy(tmp_path: Path) -> None:
+    from fleet_scan.sim import SimFleet, SimRun
+    from sdcguard.policy import QuarantinePolicy
+
+    fleet = SimFleet(devices=40, defective_share=0.05, p_low=0.05, p_high=0.1, transient_rate=0.0, seed=3)
+    run = SimRun(tmp_path / "sim.db", fleet, QuarantinePolicy(), budget_s=5.0)
+    defective = {f"sim:{n}" for n, p in enumerate(run.p) if p > 0}
+    assert len(defective) == 2
+    day0 = run.day(0)
+    assert set(day0.quarantined) == defective and not day0.breaker_tripped
+    bad = run.day(1, bad_case=run.cases[0].id)  # every remaining device fails one case identically
+    assert bad.breaker_tripped and bad.quarantined == []
+    rows = run.store.query("SELECT COUNT(*) AS n, SUM(executions) AS e FROM results WHERE attempt = 0")[0]
+    assert rows["e"] > rows["n"]  # passing executions aggregated per case and day
+    run.close()
