@@ -48,10 +48,6 @@ _RETEST_FIRST_GUESS_S = 1.0
 """Assumed cost of a fresh retest process before one was timed (interpreter, numpy, suite load, the runs)."""
 
 
-class _Stop(Exception):
-    """SIGTERM/SIGINT: finish the scan as ``interrupted`` with what was recorded."""
-
-
 def result_to_json(r: CaseResult) -> dict[str, Any]:
     return dataclasses.asdict(r)
 
@@ -141,7 +137,9 @@ def _run_retests(
 @dataclasses.dataclass
 class _Tally:
     executions: int = 0
+    """First attempts (what the rates count)."""
     failures: int = 0
+    retest_runs: int = 0
     failing_cases: dict[str, int] = dataclasses.field(default_factory=dict)
     sticky: list[str] = dataclasses.field(default_factory=list)
 
@@ -231,8 +229,12 @@ def _scan_locked(
         recorder = ScanRecorder(store, scan_id)
         emit({"event": "start", "device": device, "scan": scan_id, "budget_s": options.budget_s})
 
+        # SIGTERM/SIGINT (preemption by Slurm or Kubernetes, the parent giving up): finish the case in flight,
+        # then record everything as `interrupted`. A flag, not an exception: a store write is never cut in half.
+        stop: list[str] = []
+
         def _on_signal(signum: int, frame: Any) -> None:
-            raise _Stop(signal.Signals(signum).name)
+            stop.append(signal.Signals(signum).name)
 
         old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         tally = _Tally()
@@ -246,6 +248,9 @@ def _scan_locked(
         last_progress = last_idle = time.monotonic()
         try:
             while True:
+                if stop:
+                    status, reason = "interrupted", f"stopped by {stop[0]}"
+                    break
                 if options.budget_s is None and position >= len(plan):
                     break  # no budget: exactly one pass
                 budget.observe_flush(recorder.slowest_flush_s)
@@ -262,6 +267,7 @@ def _scan_locked(
                         break
                 t0 = time.monotonic()
                 r = _localize(target, backend.run(case, output_hook=hook))
+                clock.observe(case.id, time.monotonic() - t0)
                 tally.executions += 1
                 if not r.passed:
                     tally.failures += 1
@@ -271,6 +277,7 @@ def _scan_locked(
                     # known bad and further retests would only eat the budget the other cases need.
                     if (
                         options.retests
+                        and not stop
                         and not tally.sticky
                         and r.case not in retested
                         and budget.fits(retest_estimate)
@@ -290,10 +297,7 @@ def _scan_locked(
                     first_seq = recorder.seq - 1
                     for x in retests:
                         x = _localize(target, x)
-                        tally.executions += 1
-                        if not x.passed:
-                            tally.failures += 1
-                            tally.failing_cases[x.case] = tally.failing_cases.get(x.case, 0) + 1
+                        tally.retest_runs += 1
                         recorder.add(dataclasses.replace(x, detail={**x.detail, "retest_of": first_seq}))
                     emit(
                         {
@@ -311,7 +315,6 @@ def _scan_locked(
                     )
                 else:
                     recorder.add(r)
-                clock.observe(case.id, time.monotonic() - t0)
                 if time.monotonic() - last_progress >= _PROGRESS_EVERY_S:
                     last_progress = time.monotonic()
                     emit(
@@ -323,8 +326,6 @@ def _scan_locked(
                             "failures": tally.failures,
                         }
                     )
-        except _Stop as e:
-            status, reason = "interrupted", f"stopped by {e}"
         except SdcguardError as e:  # the suite could not run: never a device fault
             status, error = "error", str(e)
         except Exception as e:  # a scanner bug: recorded as an error, the results so far are kept
@@ -341,6 +342,7 @@ def _scan_locked(
         scan=scan_id,
         executions=tally.executions,
         failures=tally.failures,
+        retest_runs=tally.retest_runs,
         failing_cases=tally.failing_cases,
         sticky_cases=tally.sticky,
         elapsed_s=round(budget.elapsed(), 3),

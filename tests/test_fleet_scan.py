@@ -165,6 +165,26 @@ def test_sigkill_at_any_moment_leaves_the_store_consistent(tmp_path: Path) -> No
     assert store_rows(db, "SELECT COUNT(*) FROM scans WHERE status = 'running'") == [(0,)]
 
 
+def test_sigterm_records_what_was_done_as_interrupted(tmp_path: Path) -> None:
+    db = tmp_path / "fleet.db"
+    core = cores()[0]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sdcguard", "--db", str(db), "scan", "--all", "--json", "--budget", "30",
+         "--device", f"cpu:{core}", "--lock-dir", str(tmp_path / "locks")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:  # wait until the device's scan has begun, and a little more
+        if '"progress"' in line:
+            break
+    proc.send_signal(signal.SIGTERM)  # the scanner passes it on to its workers (as Slurm or Kubernetes would)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    ((status, executions),) = store_rows(db, "SELECT status, executions FROM scans")
+    assert status == "interrupted" and executions > 0
+    _check_consistent(db)
+
+
 def test_python_m_fleet_scan_is_sdcguard_scan(tmp_path: Path) -> None:
     a = sdcguard(tmp_path / "x.db", "scan", "--help")
     b = sdcguard(tmp_path / "x.db", "--help", module="fleet_scan")
