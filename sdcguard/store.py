@@ -118,7 +118,9 @@ class Store:
         self._timeout_s = timeout_s
         self.path = path
         self.db = sqlite_utils.Database(conn)
-        """The sqlite-utils view of the same connection, for queries."""
+        """The sqlite-utils view of the same connection, for reading (``store.db["results"].count``,
+        ``store.db.query(...)``). Write through the store's methods or :meth:`write`: sqlite-utils' own writes
+        commit as they go, which would break a transaction open here."""
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -230,13 +232,11 @@ class Store:
             raise
 
     def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
-        """Rows of a read-only query, as dicts."""
+        """Rows of a read-only query, as dicts (through sqlite-utils)."""
         try:
-            cur = self._conn.execute(sql, params)
+            return list(self.db.query(sql, params))
         except sqlite3.OperationalError as e:
             raise StoreError(f"fleet store {self.path}: {e}") from None
-        names = [d[0] for d in cur.description or ()]
-        return [dict(zip(names, row)) for row in cur.fetchall()]
 
     def scalar(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """The single value of a read-only query."""

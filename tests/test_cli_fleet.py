@@ -212,3 +212,34 @@ def test_export_prometheus_parses(db: Path, tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []  # the temp file was renamed
     code, _, err = _run("--db", str(db), "export", "prometheus", str(tmp_path / "nope" / "x.prom"))
     assert code == 2 and "does not exist" in err
+
+
+def test_reading_commands_leave_the_store_untouched(db: Path, tmp_path: Path) -> None:
+    before = snapshot(db)
+    for args in (["report", "--format", "json"], ["report"], ["quarantine", "list"], ["quarantine", "history"],
+                 ["incidents"], ["export", "prometheus", str(tmp_path / "m.prom")]):
+        assert _run("--db", str(db), *args)[0] == 0, args
+    assert snapshot(db) == before
+
+
+def test_table_of_a_large_fleet_lists_what_needs_attention(tmp_path: Path) -> None:
+    path = tmp_path / "big.db"
+    t = NOW_ISH - 600
+    with Store.open(path) as store:
+        with store.write() as conn:  # 60 devices in one transaction
+            conn.executemany("INSERT INTO devices(id, host, kind, first_seen, last_seen) VALUES (?, 'n', 'sim', ?, ?)",
+                             [(f"sim:{i}", t, t) for i in range(60)])
+        scan(store, "sim:7", [result("sim:7", passed=False, t=t)], t=t)
+    code, out, _ = _run("--db", str(path), "report")
+    assert code == 0 and "sim:7" in out and "sim:8 " not in out and "59 healthy devices not listed" in out
+    code, out, _ = _run("--db", str(path), "report", "--all")
+    assert code == 0 and "sim:8 " in out
+
+
+def test_gpu_ids_are_accepted_in_any_case(tmp_path: Path) -> None:
+    db = tmp_path / "g.db"
+    upper = "GPU-3F2A1B4C-0000-1111-2222-ABCDEFABCDEF"
+    assert _run("--db", str(db), "quarantine", "add", upper, "--reason", "xid 79")[0] == 0
+    (row,) = json.loads(_run("--db", str(db), "quarantine", "list", "--format", "json")[1])
+    assert row["device"] == "GPU-" + upper[4:].lower()
+    assert _run("--db", str(db), "quarantine", "release", row["device"].upper().replace("GPU-", "gpu-", 1), "--reason", "ok")[0] == 0

@@ -7,7 +7,7 @@ import json
 import click
 
 from ..durations import iso_utc
-from ._common import format_option, open_store, print_table, status_text
+from ._common import device_id, format_option, open_store, print_table, status_text
 
 __all__ = ["quarantine"]
 
@@ -50,6 +50,7 @@ def add(device: str, reason: str) -> None:
 
     Example: sdcguard quarantine add cpu:node7:3 --reason "MCE errors in dmesg"
     """
+    device = device_id(device)
     with open_store(create=True) as store:
         store.quarantine(device, reason=reason)
     click.echo(f"{device} quarantined")
@@ -63,6 +64,7 @@ def release(device: str, reason: str) -> None:
 
     Example: sdcguard quarantine release GPU-... --reason "board replaced"
     """
+    device = device_id(device)
     with open_store() as store:
         store.release(device, reason=reason)
     click.echo(f"{device} released: on probation until enough clean scans")
@@ -77,7 +79,7 @@ def history(device: str | None, fmt: str) -> None:
     Example: sdcguard quarantine history cpu:node7:3
     """
     with open_store() as store:
-        rows = store.quarantine_history(device)
+        rows = store.quarantine_history(device_id(device) if device else None)
     if fmt == "json":
         click.echo(json.dumps([{**r, "time": iso_utc(r["time"])} for r in rows], indent=1))
         return
