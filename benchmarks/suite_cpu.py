@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 from sdcguard.golden import NumpyBackend  # noqa: E402
+from sdcguard.golden.bits import e4m3_table  # noqa: E402
 from sdcguard.golden.cases import Case  # noqa: E402
 from sdcguard.golden.cpu_kernels import flops, traffic_bytes  # noqa: E402
 
@@ -51,6 +52,8 @@ def widen(x: np.ndarray, dtype: str) -> np.ndarray:
         return x.astype(np.float32)
     if dtype == "bf16":
         return (x.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    if dtype == "fp8":
+        return np.take(e4m3_table(), x)
     return x
 
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sdcguard.cli import cli
 from sdcguard.errors import GoldenDataError
@@ -82,3 +84,23 @@ def test_generate_is_deterministic_and_matches_the_repository(tmp_path: Path) ->
     assert mine.keys() == repo.keys()
     for rel in mine:
         assert mine[rel] == repo[rel], f"{rel} differs after regenerating"
+
+
+@pytest.fixture(scope="module")
+def golden_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_golden(tmp_path_factory.mktemp("flips"))
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_any_flipped_byte_is_named_property(golden_copy: Path, data: st.DataObject) -> None:
+    path = data.draw(st.sampled_from(golden_files(golden_copy)))
+    offset = data.draw(st.integers(0, path.stat().st_size - 1))
+    mask = data.draw(st.integers(1, 255))
+    flip_byte(path, offset, mask)
+    try:
+        with pytest.raises(GoldenDataError) as err:
+            load_suite(golden_copy)
+        assert path.name in str(err.value)
+    finally:
+        flip_byte(path, offset, mask)

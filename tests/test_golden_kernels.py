@@ -14,7 +14,7 @@ from sdcguard.errors import SuiteError
 from sdcguard.golden import case_by_id, default_suite
 from sdcguard.golden.hostbuild import HostBackend, HostBuild, entry_points, kernel_files
 from sdcguard.golden.kernel_run import kernel_case_result
-from sdcguard.golden.launch import plan_for
+from sdcguard.golden.launch import plan_for, runs_on_kernels
 from sdcguard.golden.loader import kernel_source
 from tests._golden import bit_flip_hook
 
@@ -51,6 +51,8 @@ def test_nvrtc_compiles_every_kernel(name: str, arch: str) -> None:
         assert re.search(rf"\.entry {entry}\(", ptx), f"{entry} missing from the PTX of {name}"
     if name == "gemm_mma.cu":
         assert ptx.count("mma.sync.aligned") >= 3  # f16, bf16, tf32 tensor-core paths
+        # e4m3 tensor cores exist from sm_89: only the sm_90 build carries the fp8 product
+        assert ("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in ptx) == (arch == "compute_90")
 
 
 @pytest.mark.skipif(_nvrtc_reason() is not None, reason=_nvrtc_reason() or "")
@@ -72,7 +74,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostBackend]:
     yield HostBackend(build)
 
 
-HOST_CASES = [c.id for c in default_suite().cases if HostBackend.supports(None, c)]  # type: ignore[arg-type]
+HOST_CASES = [c.id for c in default_suite().cases if runs_on_kernels(c)]
 
 
 @pytest.mark.slow
@@ -134,6 +136,8 @@ def test_host_build_march_catches_a_stored_fault_with_a_second_read(host: HostBa
     assert r.location == f"sm:{march['sm']}"
     # the march rewrote the word, so the final contents are right again: only the march saw it
     assert r.mismatches == 1
+    # ...and its digest still differs from the golden's: equal digests on two devices mean the same wrong answer
+    assert r.output_digest != default_suite().entries[case.id]["output_sha256"]
 
 
 @pytest.mark.slow
@@ -182,3 +186,67 @@ def test_per_architecture_goldens_record_verify_and_run(host: HostBackend, tmp_p
     flip_byte(path, 10)
     with pytest.raises(GoldenDataError, match="intrinsics.fp32.fast.bin"):
         verify(d)
+
+
+# ------------------------------------------------------------------- CupyBackend's own code, on the host build
+
+FAKE_GPU_CASES = ["gemm.fp64.int.cublas", "gemm.fp32.perm.cublas", "gemm.tf32.int.cublas", "gemm.fp16.int.cublas",
+                  "gemm.bf16.int.mma", "alu.u32.chain", "ieee.fp64.fma", "ieee.fp32.cvt_fp16",
+                  "memory.u32.modulo20", "memory.u32.random", "shared.u64.bins"]
+
+
+@pytest.fixture()
+def fake_gpu(host: HostBackend, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[object, dict]]:
+    from sdcguard.golden import CupyBackend
+    from tests._fake_cupy import install
+
+    log = install(monkeypatch, host.build)
+    yield CupyBackend(0), log
+
+
+@pytest.mark.slow
+def test_cupy_backend_runs_every_family_with_one_host_sync(fake_gpu) -> None:  # type: ignore[no-untyped-def]
+    gpu, log = fake_gpu
+    assert gpu.device == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f" and gpu.arch == "sm_90"
+    assert case_by_id("intrinsics.fp32.fast") not in gpu.cases()  # no golden recorded for sm_90 here
+    gpu.prepare(tuple(case_by_id(c) for c in FAKE_GPU_CASES))
+    for cid in FAKE_GPU_CASES:
+        before = log["gets"]
+        r = gpu.run(case_by_id(cid))
+        assert r.passed, r
+        assert log["gets"] == before + 1, f"{cid}: {log['gets'] - before} host syncs"
+    # cuBLAS's compute type is pinned per dtype and put back afterwards
+    from cupy._core import _routines_linalg as linalg
+
+    assert ("float64", linalg.COMPUTE_TYPE_FP64) in log["compute_types"]
+    assert ("float32", linalg.COMPUTE_TYPE_PEDANTIC) in log["compute_types"]
+    assert ("float32", linalg.COMPUTE_TYPE_TF32) in log["compute_types"]
+    assert ("float16", linalg.COMPUTE_TYPE_FP32) in log["compute_types"]
+    assert linalg.get_compute_type(np.float32) == 0 and linalg.get_compute_type(np.float16) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case_id", ["alu.u32.chain", "memory.u32.random", "gemm.fp32.int.cublas"])
+def test_cupy_backend_reports_flips_with_sm_and_second_read(fake_gpu, case_id: str) -> None:  # type: ignore[no-untyped-def]
+    gpu, _ = fake_gpu
+    case = case_by_id(case_id)
+    r = gpu.run(case, output_hook=bit_flip_hook(case_id, 4100, 9))
+    assert not r.passed and r.element == 4100 and r.xor_mask.endswith("200") and r.device == gpu.device
+    if case_id.endswith("cublas"):
+        assert r.location == "sm:unknown" and (r.detail["row"], r.detail["col"]) == divmod(4100, case.shape[1])
+    else:
+        assert re.fullmatch(r"sm:\d+", r.location)
+    if case.family == "memory":
+        assert r.detail["stored_value_corrupt"] is False and r.detail["second_read"] == r.expected
+
+
+@pytest.mark.slow
+def test_cupy_backend_marches_a_share_of_free_memory(host: HostBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sdcguard.golden import CupyBackend
+    from tests._fake_cupy import install
+
+    install(monkeypatch, host.build)
+    gpu = CupyBackend(0, memory_share=0.25)  # the fake reports 64 MiB free: a 16 MiB march, golden on 8 MiB
+    case = case_by_id("memory.u32.moving_inversions")
+    r = gpu.run(case)
+    assert r.passed and r.detail["words"] == (16 << 20) // 4 > case.size

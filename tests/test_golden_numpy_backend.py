@@ -32,6 +32,7 @@ def backend() -> Iterator[NumpyBackend]:
 
 def test_every_case_passes_on_this_core(backend: NumpyBackend) -> None:
     cases = backend.cases()
+    backend.prepare()
     assert {c.family for c in cases} == {"gemm", "alu", "ieee", "memory", "shared"}
     for case in cases:
         r = backend.run(case)
@@ -102,6 +103,40 @@ def test_gpu_only_and_bad_hooks_are_suite_errors(backend: NumpyBackend) -> None:
     assert all(not c.gpu_only for c in backend.cases())
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPU cores")
+def test_backends_for_several_cores_in_one_thread() -> None:
+    from sdcguard.golden.numpy_backend import _PROCESS_CPUS
+
+    a, b = sorted(_PROCESS_CPUS)[:2]  # the module's backend may hold this thread on one core right now
+    case = case_by_id("alu.u32.chain")
+    with NumpyBackend(a) as first, NumpyBackend(b) as second:
+        assert second.run(case).device == cpu_id(b) and os.sched_getaffinity(0) == {b}
+        assert first.run(case).location == f"core:{a}" and os.sched_getaffinity(0) == {a}
+
+
 def test_unavailable_core_is_no_device() -> None:
     with pytest.raises(NoDevice, match="not available"):
         NumpyBackend(10_000)
+
+
+def test_march_read_failure_is_reported_with_its_second_read(backend: NumpyBackend,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from sdcguard.golden import cpu_kernels
+
+    real = cpu_kernels.same_bytes
+    calls = {"n": 0}
+
+    def decaying_cell(blk: np.ndarray, expect: np.ndarray) -> bool:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second block read back: a cell of it lost bit 4 since it was written
+            blk[100] ^= np.uint32(0x10)
+        return real(blk, expect)
+
+    monkeypatch.setattr(cpu_kernels, "same_bytes", decaying_cell)
+    case = case_by_id("memory.u32.moving_inversions")
+    r = backend.run(case)
+    block = case.params["block"]
+    assert not r.passed and r.element == block + 100 and r.xor_mask == "0x00000010"
+    assert r.detail["march"]["phase"] == "ascending" and r.detail["march"]["stored_value_corrupt"] is True
+    assert r.location == f"core:{CORE}"
+    assert r.output_digest != default_suite().entries[case.id]["output_sha256"]  # final contents were rewritten

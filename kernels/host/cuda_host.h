@@ -176,6 +176,7 @@ inline float __cosf(float x) { return std::cos(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 
 // ---- the sdc_* device helpers of sdc_common.cuh
+typedef unsigned char sdc_u8;
 typedef unsigned short sdc_u16;
 typedef unsigned int sdc_u32;
 
@@ -227,6 +228,14 @@ inline float sdc_f16_to_f32(sdc_u16 h) {
 
 inline float sdc_bf16_to_f32(sdc_u16 h) { return sdc_bits_f32((sdc_u32)h << 16); }
 
+inline float sdc_e4m3_to_f32(unsigned char b) {  // OCP e4m3 ("fn"): bias 7, no infinities
+    const float sign = (b & 0x80u) ? -1.0f : 1.0f;
+    const int e = (b >> 3) & 0xF, m = b & 0x7;
+    if (e == 0xF && m == 0x7) return std::nanf("");
+    if (e == 0) return sign * std::ldexp((float)m, -9);
+    return sign * std::ldexp((float)(8 + m), e - 10);
+}
+
 namespace sdc_host {
 struct MmaSlot {
     sdc_u32 a[32][4];
@@ -235,7 +244,7 @@ struct MmaSlot {
 };
 inline MmaSlot g_mma[32];
 
-// kind 0: f16 m16n8k16, 1: bf16 m16n8k16, 2: tf32 m16n8k8. See sdc_common.cuh for the layouts.
+// kind 0: f16 m16n8k16, 1: bf16 m16n8k16, 2: tf32 m16n8k8, 3: e4m3 m16n8k32. See sdc_common.cuh for the layouts.
 template <int KIND>
 inline void mma(float* c, const sdc_u32* a, const sdc_u32* b) {
     const unsigned lane = g_cur->linear & 31, w = g_cur->linear >> 5;
@@ -245,11 +254,21 @@ inline void mma(float* c, const sdc_u32* a, const sdc_u32* b) {
     s.b[lane][1] = b[1];
     __syncwarp();
     if (lane == 0) {
-        const int K = KIND == 2 ? 8 : 16;
-        double A[16][16] = {}, B[16][8] = {};
+        const int K = KIND == 2 ? 8 : KIND == 3 ? 32 : 16;
+        double A[16][32] = {}, B[32][8] = {};
         for (int L = 0; L < 32; ++L) {
             const int g = L >> 2, t = L & 3;
-            if (KIND == 2) {
+            if (KIND == 3) {
+                auto f = [](sdc_u32 v, int j) { return (double)sdc_e4m3_to_f32((unsigned char)(v >> (8 * j))); };
+                for (int j = 0; j < 4; ++j) {
+                    A[g][4 * t + j] = f(s.a[L][0], j);
+                    A[g + 8][4 * t + j] = f(s.a[L][1], j);
+                    A[g][4 * t + 16 + j] = f(s.a[L][2], j);
+                    A[g + 8][4 * t + 16 + j] = f(s.a[L][3], j);
+                    B[4 * t + j][g] = f(s.b[L][0], j);
+                    B[4 * t + 16 + j][g] = f(s.b[L][1], j);
+                }
+            } else if (KIND == 2) {
                 auto f = [](sdc_u32 v) { return (double)sdc_bits_f32(v & 0xFFFFE000u); };
                 A[g][t] = f(s.a[L][0]);
                 A[g + 8][t] = f(s.a[L][1]);
@@ -291,3 +310,4 @@ inline void mma(float* c, const sdc_u32* a, const sdc_u32* b) {
 inline void sdc_mma_f16(float* c, const sdc_u32* a, const sdc_u32* b) { sdc_host::mma<0>(c, a, b); }
 inline void sdc_mma_bf16(float* c, const sdc_u32* a, const sdc_u32* b) { sdc_host::mma<1>(c, a, b); }
 inline void sdc_mma_tf32(float* c, const sdc_u32* a, const sdc_u32* b) { sdc_host::mma<2>(c, a, b); }
+inline void sdc_mma_fp8(float* c, const sdc_u32* a, const sdc_u32* b) { sdc_host::mma<3>(c, a, b); }

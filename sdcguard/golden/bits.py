@@ -25,6 +25,9 @@ __all__ = [
     "compose",
     "fmix32",
     "same_bytes",
+    "failure_digest",
+    "e4m3_table",
+    "e4m3_encode",
 ]
 
 # precision p (significand bits incl. the hidden one), minimum normal exponent, storage bits
@@ -34,6 +37,7 @@ FORMATS: dict[str, tuple[int, int, int]] = {
     "tf32": (11, -126, 32),
     "fp16": (11, -14, 16),
     "bf16": (8, -126, 16),
+    "fp8": (4, -6, 8),  # OCP e4m3 ("fn"): bias 7, no infinities, 0x7f/0xff are NaN
 }
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -131,3 +135,41 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     if memcmp is None or not (a.flags.c_contiguous and b.flags.c_contiguous):
         return bool(np.array_equal(uint_view(a).reshape(-1), uint_view(b).reshape(-1)))
     return memcmp(a.ctypes.data, b.ctypes.data, a.nbytes) == 0
+
+
+@functools.cache
+def e4m3_table() -> np.ndarray:
+    """float32 value of every e4m3 byte (index = the byte), built with integer arithmetic."""
+    out = np.empty(256, dtype=np.float32)
+    for b in range(256):
+        sign = -1.0 if b & 0x80 else 1.0
+        e, m = (b >> 3) & 0xF, b & 0x7
+        if e == 0xF and m == 0x7:
+            out[b] = np.nan
+        elif e == 0:
+            out[b] = sign * float(np.ldexp(float(m), -9))  # subnormal: m * 2**-9
+        else:
+            out[b] = sign * float(np.ldexp(float(8 + m), e - 10))  # (1.m) * 2**(e-7)
+    out.flags.writeable = False
+    return out
+
+
+def e4m3_encode(values: np.ndarray) -> np.ndarray:
+    """Exactly representable float64 values -> e4m3 bytes (``ValueError`` for anything not representable)."""
+    table = e4m3_table()
+    lookup = {float(v): b for b, v in enumerate(table.tolist()) if not np.isnan(v) and b != 0x80}
+    try:
+        return np.array([lookup[float(v)] for v in values.reshape(-1)], dtype=np.uint8).reshape(values.shape)
+    except KeyError as e:
+        raise ValueError(f"{e.args[0]!r} is not an e4m3 value") from None
+
+
+def failure_digest(output: np.ndarray, march: tuple[int, int, int] | None = None) -> str:
+    """The digest a failed result carries: sha256 of the output bytes, extended by a memory march's first failing
+    read ``(element, expected, actual)`` when the march saw one. Two devices with equal digests produced the same
+    wrong answer (the circuit breaker's signal), which a march failure with intact final contents would otherwise
+    fake, since its output then equals the golden."""
+    h = hashlib.sha256(np.ascontiguousarray(output).data)
+    if march is not None:
+        h.update(("march:%d:%d:%d" % march).encode())
+    return h.hexdigest()

@@ -54,14 +54,15 @@ GENERATOR_VERSION = "1"
 Family = Literal["gemm", "alu", "ieee", "intrinsics", "memory", "shared"]
 FAMILIES: tuple[Family, ...] = ("gemm", "alu", "ieee", "intrinsics", "memory", "shared")
 
-# numpy dtype of each case dtype's storage (bf16 and tf32 have none: bf16 is kept as raw uint16 bits, tf32 as
-# float32 values whose low 13 mantissa bits are zero).
+# numpy dtype of each case dtype's storage (bf16, fp8 and tf32 have none: bf16 is kept as raw uint16 bits, fp8
+# (OCP e4m3, "fn": no infinities) as raw uint8 bits, tf32 as float32 values whose low 13 mantissa bits are zero).
 _STORAGE: dict[str, str] = {
     "fp64": "float64",
     "fp32": "float32",
     "tf32": "float32",
     "fp16": "float16",
     "bf16": "uint16",
+    "fp8": "uint8",
     "u32": "uint32",
     "u64": "uint64",
 }
@@ -75,7 +76,7 @@ class Case:
     """Stable id, ``<family>.<dtype>.<variant>`` (e.g. ``gemm.fp32.int.cublas``)."""
     family: Family
     dtype: str
-    """The data type under test: ``fp64 fp32 tf32 fp16 bf16 u32 u64`` (ieee conversions name the source type)."""
+    """The data type under test: ``fp64 fp32 tf32 fp16 bf16 fp8 u32 u64`` (ieee conversions name the source type)."""
     shape: tuple[int, ...]
     """Shape of the output array compared with the golden."""
     seed: int
@@ -156,6 +157,10 @@ def _build() -> tuple[Case, ...]:
         _gemm("fp16", "perm", "mma", m=256, n=256, k=256, bits_a=11, bits_b=11, exp=6),
         _gemm("bf16", "int", "mma", m=256, n=256, k=256, range=64, scale=16),
         _gemm("bf16", "perm", "mma", m=256, n=256, k=256, bits_a=8, bits_b=8, exp=20),
+        # fp8 (e4m3) tensor cores exist from sm_89 on; their accumulation is narrower than fp32 (reports say ~14
+        # bits), so the integer sums stay below 2**12.
+        _gemm("fp8", "int", "mma", m=256, n=256, k=256, range=4, scale=4),
+        _gemm("fp8", "perm", "mma", m=256, n=256, k=256, bits_a=4, bits_b=4, exp=4),
     ]
     # Integer ALU chains.
     for dtype, n in (("u32", 16384), ("u64", 8192)):

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .bits import same_bytes
+from .bits import e4m3_table, same_bytes
 from .cases import Case
 from .reference import memory_pattern
 
@@ -47,6 +47,8 @@ def _as_f32(a: np.ndarray, dtype: str) -> np.ndarray:
         return a.astype(np.float32)  # F16C conversion units
     if dtype == "bf16":
         return (a.astype(_U32) << _U32(16)).view(np.float32)
+    if dtype == "fp8":
+        return np.take(e4m3_table(), a)  # numpy has no fp8: decode by table
     return a
 
 

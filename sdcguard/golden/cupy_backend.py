@@ -38,11 +38,26 @@ _COMPUTE = {"fp64": "COMPUTE_TYPE_FP64", "fp32": "COMPUTE_TYPE_PEDANTIC", "tf32"
 
 
 def _uuid_text(raw: Any) -> str:
-    b = bytes(raw)[:16] if not isinstance(raw, str) else raw
-    if isinstance(b, str):
-        return b
-    h = b.hex()
+    if isinstance(raw, str):
+        return raw
+    h = bytes(raw)[:16].hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _device_uuid(props: dict[str, Any]) -> str:
+    """The GPU's UUID: from the CUDA device properties, else from NVML by PCI address (CUDA and NVML may number
+    devices differently, the PCI address is common to both)."""
+    if props.get("uuid"):
+        return _uuid_text(props["uuid"])
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        bus = f"{props['pciDomainID']:08x}:{props['pciBusID']:02x}:{props['pciDeviceID']:02x}.0"
+        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByPciBusId(bus))
+        return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    except Exception as e:
+        raise NoDevice(f"cannot tell the UUID of this GPU (no uuid in its properties, NVML: {e})") from None
 
 
 class CupyBackend:
@@ -73,12 +88,25 @@ class CupyBackend:
         self.arch = f"sm_{props['major']}{props['minor']}"
         self.sm_count = int(props["multiProcessorCount"])
         self.model = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-        self.device: str = gpu_id(_uuid_text(props["uuid"]))
+        self.device: str = gpu_id(_device_uuid(props))
         self.memory_share = memory_share
         self._suite = suite
         self._inputs: dict[str, dict[str, Any]] = {}
         self._scratch: dict[str, tuple[Any, dict[str, tuple[int, str, int]], int]] = {}
         self._plans: dict[str, Plan] = {}
+        self._march_words: int | None = None
+
+    def close(self) -> None:
+        """Free the device buffers this backend holds (inputs and scratch); compiled modules stay cached."""
+        self._inputs.clear()
+        self._scratch.clear()
+        self._plans.clear()
+
+    def __enter__(self) -> CupyBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def suite(self) -> Suite:
@@ -90,11 +118,14 @@ class CupyBackend:
         """Every portable case; ``intrinsics`` only where the suite holds goldens for this architecture."""
         if case.gpu_only:
             return (case.id, self.arch) in self.suite.arch_entries
+        if case.dtype == "fp8":
+            return int(self.arch[3:]) >= 89  # e4m3 tensor cores: Ada, Hopper and newer
         return True
 
     def cases(self) -> tuple[Case, ...]:
-        """The suite's portable cases plus the GPU-only cases recorded for this architecture."""
-        return self.suite.cases + self.suite.arch_cases(self.arch)
+        """The suite's portable cases this GPU has the units for, plus the GPU-only cases recorded for its
+        architecture."""
+        return tuple(c for c in self.suite.cases if self.supports(c)) + self.suite.arch_cases(self.arch)
 
     # ------------------------------------------------------------------------------------------------ buffers
 
@@ -110,14 +141,23 @@ class CupyBackend:
     def _plan(self, case: Case) -> Plan:
         plan = self._plans.get(case.id)
         if plan is None:
-            words = None
-            if case.family == "memory" and self.memory_share > 0:
-                with self._cp.cuda.Device(self.index):
-                    free, _ = self._cp.cuda.runtime.memGetInfo()
-                words = int(free * self.memory_share) // 4
+            words = self._memory_words() if case.family == "memory" else None
             plan = plan_for(case, self.suite.inputs(case), sm_count=self.sm_count, memory_words=words)
             self._plans[case.id] = plan
         return plan
+
+    def _memory_words(self) -> int | None:
+        """Words of a big march: ``memory_share`` of the memory free when first asked (one size for every
+        memory case, which share one buffer in turn)."""
+        if self.memory_share <= 0:
+            return None
+        if self._march_words is None:
+            cp = self._cp
+            with cp.cuda.Device(self.index):
+                free, _ = cp.cuda.runtime.memGetInfo()
+                free += cp.get_default_memory_pool().free_bytes()  # cached by cupy's pool, free to us
+            self._march_words = int(free * self.memory_share) // 4
+        return self._march_words
 
     def _scratch_for(self, case: Case, plan: Plan) -> tuple[Any, dict[str, tuple[int, str, int]], int]:
         """One device buffer for every scratch array of the case: (raw uint8 buffer, layout, bytes to fetch)."""
@@ -134,10 +174,28 @@ class CupyBackend:
             out_off = layout[plan.output][0]
             fetch = out_off + case.nbytes
             with self._cp.cuda.Device(self.index):
+                if case.family == "memory" and self.memory_share > 0:
+                    # big marches take turns: drop the previous memory case's buffer before taking a new one
+                    for other in [k for k in self._scratch if k.startswith("memory.")]:
+                        del self._scratch[other]
+                    self._cp.get_default_memory_pool().free_all_blocks()
                 raw = self._cp.empty(offset, dtype=np.uint8)
             got = (raw, layout, fetch)
             self._scratch[case.id] = got
         return got
+
+    def prepare(self, cases: tuple[Case, ...] | None = None) -> None:
+        """Build expected outputs, upload inputs, allocate scratch and compile every kernel now, so that a timed
+        budget pays for none of it: call it before starting the clock."""
+        for case in cases if cases is not None else self.cases():
+            self.suite.expected(case, self.arch if case.gpu_only else None)
+            self._device_inputs(case)
+            if case.family == "gemm" and case.params["impl"] == "cublas":
+                continue
+            plan = self._plan(case)
+            self._scratch_for(case, plan)
+            for launch in plan.launches:
+                get_kernel(plan.module, launch.kernel, self.index)
 
     # ------------------------------------------------------------------------------------------------ running
 

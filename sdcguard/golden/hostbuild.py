@@ -24,14 +24,15 @@ from ..records import CaseResult
 from ..resources import kernels_dir
 from .cases import Case
 from .kernel_run import kernel_case_result
-from .launch import Launch, Plan, plan_for
+from .launch import Launch, Plan, plan_for, runs_on_kernels
 from .numpy_backend import OutputHook, default_suite
 from .suite import Suite
 
 __all__ = ["HostBuild", "HostBackend", "kernel_files", "entry_points"]
 
 _ENTRY = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(')
-_CTYPES = {"i32": ctypes.c_int32, "u32": ctypes.c_uint32, "u64": ctypes.c_uint64}
+_NUMPY_SCALARS = {"i32": np.int32, "u32": np.uint32, "u64": np.uint64}
+_BY_DTYPE = {"int32": ctypes.c_int32, "uint32": ctypes.c_uint32, "uint64": ctypes.c_uint64}
 
 
 def kernel_files() -> list[Path]:
@@ -78,18 +79,29 @@ class HostBuild:
 
     def launch(self, launch: Launch, buffers: dict[str, np.ndarray]) -> None:
         """Run one launch of a plan over host buffers (cuLaunchKernel's argument convention)."""
-        holders: list[Any] = []
+        args: list[Any] = []
         for arg in launch.args:
             if arg[0] == "buf":
-                a = buffers[arg[1]]
-                holders.append(ctypes.c_void_p(a.ctypes.data + arg[2] * a.itemsize))
+                args.append(buffers[arg[1]][arg[2] :])
             else:
-                holders.append(_CTYPES[arg[0]](arg[1]))
+                args.append(_NUMPY_SCALARS[arg[0]](arg[1]))
+        self.call(launch.kernel, launch.grid, launch.block, args)
+
+    def call(self, kernel: str, grid: tuple[int, ...], block: tuple[int, ...], args: Any) -> None:
+        """Launch ``kernel`` the way ``cupy.RawKernel.__call__`` does: arrays by pointer, numpy scalars by value."""
+        holders: list[Any] = []
+        for a in args:
+            if isinstance(a, np.ndarray):
+                holders.append(ctypes.c_void_p(a.ctypes.data))
+            elif isinstance(a, np.generic) and a.dtype.name in _BY_DTYPE:
+                holders.append(_BY_DTYPE[a.dtype.name](a.item()))
+            else:
+                raise SuiteError(f"host build: unsupported kernel argument {a!r} for {kernel}")
         argv = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
-        grid = (ctypes.c_uint * 3)(*launch.grid)
-        block = (ctypes.c_uint * 3)(*launch.block)
-        if self._lib.sdc_host_launch(launch.kernel.encode(), grid, block, argv) != 0:
-            raise SuiteError(f"host build has no kernel {launch.kernel}")
+        g = (ctypes.c_uint * 3)(*(tuple(grid) + (1, 1, 1))[:3])
+        b = (ctypes.c_uint * 3)(*(tuple(block) + (1, 1, 1))[:3])
+        if self._lib.sdc_host_launch(kernel.encode(), g, b, argv) != 0:
+            raise SuiteError(f"host build has no kernel {kernel}")
 
 
 class HostBackend:
@@ -108,7 +120,7 @@ class HostBackend:
     def supports(self, case: Case) -> bool:
         if case.gpu_only:
             return (case.id, self.arch) in self.suite.arch_entries
-        return not (case.family == "gemm" and case.params["impl"] != "mma")
+        return runs_on_kernels(case)
 
     def _case_inputs(self, case: Case) -> dict[str, np.ndarray]:
         # GPU-only cases without a recorded golden have no manifest digest to check their inputs against

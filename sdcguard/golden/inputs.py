@@ -11,7 +11,7 @@ import hashlib
 
 import numpy as np
 
-from .bits import FORMATS, raw_words
+from .bits import FORMATS, e4m3_encode, raw_words
 from .cases import Case, storage_dtype
 
 __all__ = ["make_inputs", "inputs_digest", "device_inputs"]
@@ -34,6 +34,8 @@ def _to_storage(values: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bf16":
         f32 = values.astype(np.float32)
         return (f32.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+    if dtype == "fp8":
+        return e4m3_encode(values)
     out = values.astype(storage_dtype(dtype))
     # The generators only produce representable values: a lossy cast would be a generator bug.
     assert np.array_equal(out.astype(np.float64), values), f"values not representable in {dtype}"

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import SuiteError
 from ..records import CaseResult
-from .bits import hex_bits, sha256_bytes
+from .bits import failure_digest, hex_bits
 from .cases import Case
 from .compare import compare_bits
 from .launch import Plan
@@ -62,7 +62,8 @@ def kernel_case_result(
     march = march_error(host["err"], plan) if "err" in host else None
     if mismatch is None and march is None:
         return CaseResult(device=device, case=case.id, family=case.family, seed=case.seed, passed=True,
-                          duration_s=duration, started_at=started, output_digest=golden_digest)
+                          duration_s=duration, started_at=started, output_digest=golden_digest,
+                          detail=dict(detail or {}))
     size = expected.dtype.itemsize
     info: dict[str, Any] = {"dtype": case.dtype, "out_dtype": case.out_dtype, **(detail or {})}
     smids = host["smids"]
@@ -93,6 +94,8 @@ def kernel_case_result(
                          "second_read": hex_bits(march["second_read"], size),
                          "stored_value_corrupt": march["second_read"] != march["expected"]}
     return CaseResult(device=device, case=case.id, family=case.family, seed=case.seed, passed=False,
-                      duration_s=duration, started_at=started, output_digest=sha256_bytes(output), mismatches=count,
+                      duration_s=duration, started_at=started, mismatches=count,
+                      output_digest=failure_digest(output, None if march is None else (
+                          march["element"], march["expected"], march["actual"])),
                       element=element, expected=exp_hex, actual=act_hex, xor_mask=xor_hex, location=location,
                       detail=info)

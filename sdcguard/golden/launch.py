@@ -14,7 +14,7 @@ import numpy as np
 
 from .cases import Case
 
-__all__ = ["Arg", "Launch", "Plan", "plan_for", "MEMORY_PHASES", "ERR_WORDS"]
+__all__ = ["Arg", "Launch", "Plan", "plan_for", "runs_on_kernels", "MEMORY_PHASES", "ERR_WORDS"]
 
 Arg = tuple
 """``("buf", name, element_offset)`` for a buffer, or ``("i32"|"u32"|"u64", value)`` for a scalar."""
@@ -180,6 +180,11 @@ def _shared(case: Case, sm_count: int) -> Plan:
                 launches=(Launch(kernel="shared_bins_u64", grid=(grid, 1, 1), block=(256, 1, 1),
                                  args=(_buf("x"), _buf("out"), _buf("smids"), ("i32", n))),),
                 element_block=lambda e: None)
+
+
+def runs_on_kernels(case: Case) -> bool:
+    """True when a case runs through our kernels: everything but the cuBLAS GEMMs."""
+    return not (case.family == "gemm" and case.params["impl"] != "mma")
 
 
 def plan_for(case: Case, inputs: dict[str, np.ndarray], *, sm_count: int, memory_words: int | None = None) -> Plan:

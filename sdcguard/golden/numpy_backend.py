@@ -18,13 +18,17 @@ import numpy as np
 from ..devices import cpu_id
 from ..errors import NoDevice, SuiteError
 from ..records import CaseResult
-from .bits import hex_bits, sha256_bytes
+from .bits import failure_digest, hex_bits
 from .cases import Case
 from .compare import compare_bits
 from .cpu_kernels import RUNNERS, MarchError
 from .suite import Suite, load_suite
 
 __all__ = ["NumpyBackend", "OutputHook", "default_suite"]
+
+# The CPUs this process may use, as it started: a backend pinning this thread to one core must not hide the
+# others from the next backend (a scanner checks several cores from one thread).
+_PROCESS_CPUS = frozenset(os.sched_getaffinity(0))
 
 OutputHook = Callable[[str, np.ndarray], np.ndarray]
 """``hook(case_id, output) -> output``: applied before the comparison (the fire-drill injection point)."""
@@ -68,7 +72,8 @@ class NumpyBackend:
     arch = "cpu"
 
     def __init__(self, core: int, *, suite: Suite | None = None) -> None:
-        allowed = os.sched_getaffinity(0)
+        current = os.sched_getaffinity(0)
+        allowed = _PROCESS_CPUS | current
         if core not in allowed:
             raise NoDevice(f"CPU core {core} is not available to this process (allowed: {sorted(allowed)})")
         self.core = core
@@ -76,7 +81,7 @@ class NumpyBackend:
         self.location = f"core:{core}"
         self._suite = suite
         self._scratch: dict[str, dict[str, Any]] = {}
-        self._saved_affinity = allowed
+        self._saved_affinity = current
         blas = _openblas_threads()
         self._saved_blas_threads = blas[0]() if blas else None
         if blas:
@@ -85,7 +90,8 @@ class NumpyBackend:
         self._pin()
 
     def close(self) -> None:
-        """Give the thread its previous CPU affinity (and BLAS its thread count) back; drop scratch buffers."""
+        """Give the thread the CPU affinity it had when this backend was made (and BLAS its thread count) back;
+        drop scratch buffers. Close backends in the reverse order of their creation."""
         os.sched_setaffinity(0, self._saved_affinity)
         blas = _openblas_threads()
         if blas and self._saved_blas_threads is not None:
@@ -117,6 +123,13 @@ class NumpyBackend:
     def cases(self) -> tuple[Case, ...]:
         """The suite's cases this backend runs, in order."""
         return tuple(c for c in self.suite.cases if self.supports(c))
+
+    def prepare(self, cases: tuple[Case, ...] | None = None) -> None:
+        """Build every input and expected output now (about a second in all), so that a timed budget pays for
+        none of it: call it before starting the clock."""
+        for case in cases if cases is not None else self.cases():
+            self.suite.inputs(case)
+            self.suite.expected(case)
 
     def run(self, case: Case, *, output_hook: OutputHook | None = None) -> CaseResult:
         """Run ``case`` once on the pinned core and compare its output bit for bit with the golden.
@@ -176,6 +189,8 @@ class NumpyBackend:
                 detail["stored_value_corrupt"] = second != int(expected.view(np.uint32)[element])
         return CaseResult(
             device=self.device, case=case.id, family=case.family, seed=case.seed, passed=False, duration_s=duration,
-            started_at=started, output_digest=sha256_bytes(output), mismatches=count, element=element,
+            started_at=started, mismatches=count, element=element,
+            output_digest=failure_digest(output, None if march is None else (march.element, march.expected,
+                                                                               march.actual)),
             expected=exp_hex, actual=act_hex, xor_mask=xor_hex, location=self.location, detail=detail,
         )
