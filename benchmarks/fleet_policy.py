@@ -82,31 +82,28 @@ def _rows(path: Path) -> int:
         return int(store.scalar("SELECT COUNT(*) FROM results"))
 
 
-def _run(args: tuple[str, dict[str, Any], dict[str, Any]]) -> list[dict[str, Any]]:
-    """One policy: a clean month, and (forked on the bad day, same history) the bad-golden branch for 3 days."""
-    name, overrides, opts = args
-    fleet = SimFleet(devices=opts["devices"], defective_share=opts["defective_share"], seed=opts["seed"],
+def _run(args: tuple[str, str, dict[str, Any], dict[str, Any]]) -> dict[str, Any]:
+    """One policy in one scenario: ``clean`` (the whole month) or ``bad`` (the bad golden file on its day)."""
+    scenario, name, overrides, opts = args
+    devices = opts["devices"] if scenario == "clean" else opts["bad_devices"]
+    fleet = SimFleet(devices=devices, defective_share=opts["defective_share"], seed=opts["seed"],
                      transient_rate=opts["transient_rate"])
     policy = QuarantinePolicy(**overrides)
     bad_day, days = opts["bad_day"], opts["days"]
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=opts["tmp"]) as tmp:
-        clean = SimRun(Path(tmp) / "clean.db", fleet, policy, budget_s=opts["budget"])
-        bad_case = clean.cases[len(clean.cases) // 2].id
-        out = []
-        for day in range(days):
-            if day == bad_day:
-                bad = clean.fork(Path(tmp) / "bad.db")
-                for d in range(bad_day, min(days, bad_day + 3)):
-                    bad.day(d, bad_case=bad_case if d == bad_day else None)
-                bad.close()
-                out.append(_summary(name, overrides, bad, bad_day, _rows(bad.store_path)))
-                (Path(tmp) / "bad.db").unlink()
-            clean.day(day)
-        clean.close()
-        out.insert(0, _summary(name, overrides, clean, None, _rows(clean.store_path)))
-    for r in out:
-        r["seconds"] = time.perf_counter() - t0
+        run = SimRun(Path(tmp) / "fleet.db", fleet, policy, budget_s=opts["budget"])
+        if scenario == "clean":
+            for day in range(days):
+                run.day(day)
+        else:  # the same history up to the bad day, then the bad file for one day and two days after it
+            bad_case = run.cases[len(run.cases) // 2].id
+            for day in range(min(days, bad_day + 3)):
+                run.day(day, bad_case=bad_case if day == bad_day else None)
+        run.close()
+        out = _summary(name, overrides, run, None if scenario == "clean" else bad_day, _rows(run.store_path))
+    out["scenario"] = scenario
+    out["seconds"] = time.perf_counter() - t0
     return out
 
 
@@ -122,6 +119,8 @@ def main() -> None:
     ap.add_argument("--days", type=int, default=30)
     ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S)
     ap.add_argument("--bad-day", type=int, default=10)
+    ap.add_argument("--bad-devices", type=int, default=None,
+                    help="fleet size of the bad-golden scenario (default: --devices)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1))
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:JSON",
@@ -134,16 +133,28 @@ def main() -> None:
         policies[name] = json.loads(text)
     tmp = "/dev/shm" if os.path.isdir("/dev/shm") else None
     opts = {"devices": args.devices, "defective_share": args.defective_share, "seed": args.seed, "days": args.days,
-            "budget": args.budget, "transient_rate": args.transient_rate, "tmp": tmp, "bad_day": args.bad_day}
+            "budget": args.budget, "transient_rate": args.transient_rate, "tmp": tmp, "bad_day": args.bad_day,
+            "bad_devices": args.bad_devices or args.devices}
     # Each policy twice: a clean month (the detection and false-quarantine goals), and the same month with the
     # bad golden file on --bad-day (the circuit breaker, and what the policy does once the breaker's window ends).
-    jobs = [(name, overrides, opts) for name, overrides in policies.items()]
+    # Each policy twice: a clean month (the detection and false-quarantine goals), and the same fleet with the bad
+    # golden file on --bad-day (the circuit breaker, and what the policy does once the breaker's window ends).
+    # Jobs report as they finish (a partial run still gives its lines).
+    jobs = [("clean", name, o, opts) for name, o in policies.items() if name in ("default", "proposed")]
+    jobs += [("bad", name, o, opts) for name, o in policies.items()]
+    jobs += [("clean", name, o, opts) for name, o in policies.items() if name not in ("default", "proposed")]
     t0 = time.perf_counter()
+    out = []
     with multiprocessing.get_context("fork").Pool(args.workers) as pool:
-        out = [r for rs in pool.map(_run, jobs) for r in rs]
+        for r in pool.imap_unordered(_run, jobs):
+            out.append(r)
+            print(json.dumps({k: v for k, v in r.items() if k != "overrides"}), flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(out, indent=2))
     wall = time.perf_counter() - t0
-    clean = {r["policy"]: r for r in out if r["bad_day"] is None}
-    bad = {r["policy"]: r for r in out if r["bad_day"] is not None}
+    print()
+    clean = {r["policy"]: r for r in out if r["scenario"] == "clean"}
+    bad = {r["policy"]: r for r in out if r["scenario"] == "bad"}
     first = out[0]
     print(f"fleet: {args.devices} devices, {args.defective_share:g} defective (p log-uniform 1e-5..1e-1), "
           f"transient rate {args.transient_rate:g}/execution on every device, {args.days} daily scans of "
@@ -161,7 +172,7 @@ def main() -> None:
               f"{_pct(r['healthy_quarantined'], r['healthy'])} |")
     print()
     print(f"Bad golden file rolled out on day {args.bad_day} (every device fails one case with the same output), "
-          f"rolled back the next day (same history up to day {args.bad_day}, {3} days simulated from there):")
+          f"rolled back the next day; {args.bad_devices or args.devices} devices, days 0..{args.bad_day + 2}:")
     print()
     print(f"| policy | breaker on day {args.bad_day} | quarantined on day {args.bad_day} | quarantined on day "
           f"{args.bad_day + 1} | healthy quarantined after day {args.bad_day} | other breaker days |")
