@@ -87,7 +87,7 @@ def _run(args: tuple[str, str, dict[str, Any], dict[str, Any]]) -> dict[str, Any
     scenario, name, overrides, opts = args
     devices = opts["devices"] if scenario == "clean" else opts["bad_devices"]
     fleet = SimFleet(devices=devices, defective_share=opts["defective_share"], seed=opts["seed"],
-                     transient_rate=opts["transient_rate"])
+                     transient_rate=opts["transient_rate"], p_low=opts["p_low"], p_high=opts["p_high"])
     policy = QuarantinePolicy(**overrides)
     bad_day, days = opts["bad_day"], opts["days"]
     t0 = time.perf_counter()
@@ -116,6 +116,10 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=10_000)
     ap.add_argument("--defective-share", type=float, default=1e-3)
     ap.add_argument("--transient-rate", type=float, default=1e-8)
+    ap.add_argument("--p-low", type=float, default=1e-5, help="lowest failure probability of a defective device")
+    ap.add_argument("--p-high", type=float, default=1e-1, help="highest failure probability of a defective device")
+    ap.add_argument("--policies", default=None, help="comma-separated subset of the policies to run")
+    ap.add_argument("--scenarios", default="clean,bad", help="clean, bad or both (default)")
     ap.add_argument("--days", type=int, default=30)
     ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S)
     ap.add_argument("--bad-day", type=int, default=10)
@@ -131,9 +135,12 @@ def main() -> None:
     for v in args.variant:
         name, _, text = v.partition(":")
         policies[name] = json.loads(text)
+    if args.policies:
+        policies = {k: v for k, v in policies.items() if k in args.policies.split(",")}
+    scenarios = args.scenarios.split(",")
     tmp = "/dev/shm" if os.path.isdir("/dev/shm") else None
     opts = {"devices": args.devices, "defective_share": args.defective_share, "seed": args.seed, "days": args.days,
-            "budget": args.budget, "transient_rate": args.transient_rate, "tmp": tmp, "bad_day": args.bad_day,
+            "budget": args.budget, "transient_rate": args.transient_rate, "tmp": tmp, "bad_day": args.bad_day, "p_low": args.p_low, "p_high": args.p_high,
             "bad_devices": args.bad_devices or args.devices}
     # Each policy twice: a clean month (the detection and false-quarantine goals), and the same month with the
     # bad golden file on --bad-day (the circuit breaker, and what the policy does once the breaker's window ends).
@@ -143,6 +150,7 @@ def main() -> None:
     jobs = [("clean", name, o, opts) for name, o in policies.items() if name in ("default", "proposed")]
     jobs += [("bad", name, o, opts) for name, o in policies.items()]
     jobs += [("clean", name, o, opts) for name, o in policies.items() if name not in ("default", "proposed")]
+    jobs = [j for j in jobs if j[0] in scenarios]
     t0 = time.perf_counter()
     out = []
     with multiprocessing.get_context("fork").Pool(args.workers) as pool:
@@ -156,33 +164,37 @@ def main() -> None:
     clean = {r["policy"]: r for r in out if r["scenario"] == "clean"}
     bad = {r["policy"]: r for r in out if r["scenario"] == "bad"}
     first = out[0]
-    print(f"fleet: {args.devices} devices, {args.defective_share:g} defective (p log-uniform 1e-5..1e-1), "
+    print(f"fleet: {args.devices} devices, {args.defective_share:g} defective (p log-uniform "
+          f"{args.p_low:g}..{args.p_high:g}), "
           f"transient rate {args.transient_rate:g}/execution on every device, {args.days} daily scans of "
           f"{args.budget:g} s ({first['executions_per_device_day']:.0f} executions per device-day over "
           f"{len(DEFAULT_CASES)} cases)")
     print()
-    print(f"Clean month ({args.days} days):")
-    print()
-    print("| policy | defective quarantined | p >= 1e-3 within 7 days | median days to quarantine | "
-          "healthy wrongly quarantined |")
-    print("|---|---|---|---|---|")
-    for name, r in clean.items():
-        print(f"| {name} | {_pct(r['defective_quarantined'], r['defective'])} | "
-              f"{_pct(r['strong_within_7_days'], r['strong'])} | {r['median_days_to_quarantine']} | "
-              f"{_pct(r['healthy_quarantined'], r['healthy'])} |")
-    print()
-    print(f"Bad golden file rolled out on day {args.bad_day} (every device fails one case with the same output), "
-          f"rolled back the next day; {args.bad_devices or args.devices} devices, days 0..{args.bad_day + 2}:")
-    print()
-    print(f"| policy | breaker on day {args.bad_day} | quarantined on day {args.bad_day} | quarantined on day "
-          f"{args.bad_day + 1} | healthy quarantined after day {args.bad_day} | other breaker days |")
-    print("|---|---|---|---|---|---|")
-    for name, r in bad.items():
-        other = [d for d in r["breaker_days"] if d != args.bad_day]
-        print(f"| {name} | {'tripped' if args.bad_day in r['breaker_days'] else 'did not trip'} | "
-              f"{r['bad_day_quarantined']} | {r['day_after_quarantined']} | "
-              f"{r['healthy_quarantined_after_bad_day']} | {other or 'none'} |")
-    print()
+    if clean:
+        print(f"Clean month ({args.days} days):")
+        print()
+        print("| policy | defective quarantined | p >= 1e-3 within 7 days | median days to quarantine | "
+              "healthy wrongly quarantined |")
+        print("|---|---|---|---|---|")
+        for name, r in clean.items():
+            print(f"| {name} | {_pct(r['defective_quarantined'], r['defective'])} | "
+                  f"{_pct(r['strong_within_7_days'], r['strong'])} | {r['median_days_to_quarantine']} | "
+                  f"{_pct(r['healthy_quarantined'], r['healthy'])} |")
+        print()
+    if bad:
+        print(f"Bad golden file rolled out on day {args.bad_day} (every device fails one case with the same "
+              f"output), rolled back the next day; {args.bad_devices or args.devices} devices, days "
+              f"0..{args.bad_day + 2}:")
+        print()
+        print(f"| policy | breaker on day {args.bad_day} | quarantined on day {args.bad_day} | quarantined on day "
+              f"{args.bad_day + 1} | healthy quarantined after day {args.bad_day} | other breaker days |")
+        print("|---|---|---|---|---|---|")
+        for name, r in bad.items():
+            other = [d for d in r["breaker_days"] if d != args.bad_day]
+            print(f"| {name} | {'tripped' if args.bad_day in r['breaker_days'] else 'did not trip'} | "
+                  f"{r['bad_day_quarantined']} | {r['day_after_quarantined']} | "
+                  f"{r['healthy_quarantined_after_bad_day']} | {other or 'none'} |")
+        print()
     for name, r in clean.items():
         print(f"{name}: overrides {r['overrides'] or '(defaults)'}; missed defective p = "
               f"{', '.join(r['missed']) or 'none'}; breaker days in the clean month {r['breaker_days'] or 'none'}; "
