@@ -65,7 +65,8 @@ def _summary(name: str, overrides: dict[str, Any], run: SimRun, bad_day: int | N
         "median_days_to_quarantine": statistics.median(days_to) if days_to else None,
         "healthy": len(healthy),
         "healthy_quarantined": sum(d in quarantined_on for d in healthy),
-        "missed": sorted((f"{p[int(d[4:])]:.1e}" for d in defective if d not in quarantined_on), reverse=True),
+        "missed": [f"{x:.1e}" for x in sorted((p[int(d[4:])] for d in defective if d not in quarantined_on),
+                                               reverse=True)],
         "breaker_days": [d.day for d in log if d.breaker_tripped],
         "bad_day_quarantined": len(day[bad_day].quarantined) if bad_day in day else None,
         "bad_day_reason": (day[bad_day].reasons or [""])[0] if bad_day in day else None,
@@ -108,7 +109,10 @@ def _run(args: tuple[str, str, dict[str, Any], dict[str, Any]]) -> dict[str, Any
 
 
 def _pct(a: int, b: int) -> str:
-    return f"{a}/{b} ({100.0 * a / b:.0f}%)" if b else "n/a"
+    if not b:
+        return "n/a"
+    pct = 100.0 * a / b
+    return f"{a}/{b} ({pct:.0f}%)" if pct >= 1 or pct == 0 else f"{a}/{b} ({pct:.2f}%)"
 
 
 def main() -> None:
