@@ -21,7 +21,7 @@ __all__ = ["HasFamily", "order_cases", "next_case", "Budget", "CaseClock", "UNKN
 
 UNKNOWN_CASE_S = 0.3
 """Assumed wall time of a case never timed on this device."""
-_MARGIN = 1.15
+_MARGIN = 1.3
 """Timing noise allowance on top of the slowest observed iteration."""
 
 

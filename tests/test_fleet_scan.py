@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_scan_of_this_machine_passes_within_budget_and_report_shows_healthy(tmp_path: Path) -> None:
-    db, budget = tmp_path / "fleet.db", 2.0
+    db, budget = tmp_path / "fleet.db", 3.0
     proc = scan(db, tmp_path / "locks", budget=budget)
     assert proc.returncode == 0, proc.stderr
     done = {e["device"]: e for e in events(proc) if e["event"] == "done"}

@@ -69,7 +69,7 @@ def test_budget_is_never_overrun_when_cases_keep_their_times(budget_s: float, ti
     clock.t += flush  # the final flush
     assert clock.t <= budget_s + 1e-9
     # and it fills the budget: whatever is left is less than the cheapest case (plus margins and the flush reserve)
-    cheapest = min(times) * 1.15
+    cheapest = min(times) * 1.3
     assert budget_s - clock.t <= max(cheapest, UNKNOWN_CASE_S) + budget.reserve_s + 1e-9
     assert runs >= 1 or budget_s - budget.reserve_s < UNKNOWN_CASE_S
 
