@@ -117,14 +117,14 @@ _MERGE_SQL = (
        WHERE scans.status IN ('running', 'interrupted') AND excluded.status NOT IN ('running', 'interrupted')""",
     # Results by (scan uuid, seq).
     """INSERT OR IGNORE INTO main.results(scan, seq, device, case_id, family, seed, passed, duration_s, started_at,
-         output_digest, mismatches, element, expected, actual, xor_mask, location, attempt, sticky, detail)
+         output_digest, mismatches, element, expected, actual, xor_mask, location, attempt, sticky, detail, executions)
        SELECT m.id, r.seq, r.device, r.case_id, r.family, r.seed, r.passed, r.duration_s, r.started_at,
          r.output_digest, r.mismatches, r.element, r.expected, r.actual, r.xor_mask, r.location, r.attempt, r.sticky,
-         r.detail
+         r.detail, r.executions
        FROM src.results r JOIN src.scans s ON s.id = r.scan JOIN main.scans m ON m.uuid = s.uuid""",
     # Scan counters follow the merged results.
     """UPDATE main.scans SET
-         executions = (SELECT COUNT(*) FROM main.results r WHERE r.scan = scans.id),
+         executions = (SELECT COALESCE(SUM(r.executions), 0) FROM main.results r WHERE r.scan = scans.id),
          failures = (SELECT COUNT(*) FROM main.results r WHERE r.scan = scans.id AND r.passed = 0)
        WHERE uuid IN (SELECT uuid FROM src.scans)""",
     """INSERT OR IGNORE INTO main.incidents(uuid, kind, step, suspect_ranks, device, devices, hosts, detail,

@@ -55,7 +55,7 @@ def plot_rates(
     fig, ax = plt.subplots(figsize=(10, 5))
     if picked:
         rows = store._conn.execute(
-            "SELECT device, CAST((started_at - ?) / ? AS INTEGER) AS b, SUM(attempt = 0), "
+            "SELECT device, CAST((started_at - ?) / ? AS INTEGER) AS b, SUM((attempt = 0) * executions), "
             "SUM(attempt = 0 AND passed = 0) FROM results WHERE started_at >= ? "
             "AND device IN (SELECT value FROM json_each(?)) GROUP BY device, b ORDER BY device, b",
             (start, width, start, json.dumps(picked)),
@@ -80,7 +80,7 @@ def plot_rates(
         title = "SDC failure rate per device"
     else:
         rows = store._conn.execute(
-            "SELECT CAST((started_at - ?) / ? AS INTEGER) AS b, SUM(attempt = 0), SUM(attempt = 0 AND passed = 0) "
+            "SELECT CAST((started_at - ?) / ? AS INTEGER) AS b, SUM((attempt = 0) * executions), SUM(attempt = 0 AND passed = 0) "
             "FROM results WHERE started_at >= ? GROUP BY b ORDER BY b",
             (start, width, start),
         ).fetchall()

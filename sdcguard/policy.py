@@ -175,7 +175,7 @@ def _candidates(store: Store, policy: QuarantinePolicy, t: float, devices: Seque
     ]
     if failing:
         rows = store._conn.execute(
-            "SELECT device, SUM(attempt = 0), SUM(attempt = 0 AND passed = 0) FROM results "
+            "SELECT device, SUM((attempt = 0) * executions), SUM(attempt = 0 AND passed = 0) FROM results "
             "WHERE device IN (SELECT value FROM json_each(?)) AND started_at >= ? GROUP BY device",
             (json.dumps(failing), since),
         ).fetchall()

@@ -130,7 +130,8 @@ def _grouped(
     w = f"WHERE {where}" if where else ""
     a = f"AND {where}" if where else ""
     rows = conn.execute(
-        f"SELECT {keys}, COUNT(*), TOTAL(duration_s) FROM results {w} GROUP BY {keys} ORDER BY {keys}", params
+        f"SELECT {keys}, TOTAL(executions), TOTAL(duration_s) FROM results {w} GROUP BY {keys} ORDER BY {keys}",
+        params,
     ).fetchall()
     width = keys.count(",") + 1
     fail = {
@@ -145,7 +146,8 @@ def _grouped(
         for r in conn.execute(f"SELECT {keys}, COUNT(*) FROM results INDEXED BY results_retests WHERE attempt > 0 {a} GROUP BY {keys}", params)
     }
     key_list = [tuple(r[:width]) for r in rows]
-    n = np.array([r[width] - retests.get(key, 0) for r, key in zip(rows, key_list)], dtype=np.int64)
+    # a retest row is always one execution (only passing first attempts are aggregated)
+    n = np.array([int(r[width]) - retests.get(key, 0) for r, key in zip(rows, key_list)], dtype=np.int64)
     k = np.array([fail.get(key, 0) for key in key_list], dtype=np.int64)
     s = np.array([r[width + 1] for r in rows], dtype=np.float64)
     return key_list, n, k, s

@@ -66,6 +66,13 @@ class CaseResult:
     """After retests: True if the failure reproduced, False if it did not, None when not retested."""
     detail: dict[str, Any] = field(default_factory=dict)
     """Free-form extra facts (bytes tested, second read of a memory word, telemetry...)."""
+    executions: int = 1
+    """How many identical passing executions this row stands for: 1 for every real execution (the scanner); the
+    fleet simulator records a day's passing executions of one case as one row. A failed row is one execution."""
+
+    def __post_init__(self) -> None:
+        if self.executions < 1 or (not self.passed and self.executions != 1):
+            raise ValueError(f"executions must be >= 1, and 1 for a failed execution; got {self.executions}")
 
 
 @dataclass(frozen=True, kw_only=True)

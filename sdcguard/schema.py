@@ -17,7 +17,7 @@ __all__ = ["SCHEMA_VERSION", "APPLICATION_ID", "SQLITE_MAGIC", "MIGRATIONS", "mi
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 APPLICATION_ID = 0x5344_4347  # "SDCG"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _V1 = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -175,7 +175,17 @@ def _script(sql: str) -> Callable[[sqlite3.Connection], None]:
     return run
 
 
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _script(_V1), 2: _script(_V2)}
+# Version 3: a result row may stand for several identical passing executions (``CaseResult.executions``; the fleet
+# simulator records a day's passing executions of one case as one row). Rates sum the column; it joins the
+# covering index so the report's big scan stays index-only.
+_V3 = """
+ALTER TABLE results ADD COLUMN executions INTEGER NOT NULL DEFAULT 1;
+DROP INDEX IF EXISTS results_rates;
+CREATE INDEX results_rates ON results(device, family, started_at, duration_s, executions);
+"""
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _script(_V1), 2: _script(_V2), 3: _script(_V3)}
 """``version -> function`` bringing a store from ``version - 1`` to ``version``; run in one transaction."""
 
 

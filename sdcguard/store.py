@@ -293,15 +293,17 @@ class Store:
             seq = conn.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM results WHERE scan = ?", (scan_id,)).fetchone()[0]
             rows = []
             failures = 0
+            executions = 0
             for i, r in enumerate(results):
                 if r.device != scan_device:
                     _ensure_device(conn, r.device, scan_host, r.started_at)
                 failures += not r.passed
+                executions += r.executions
                 rows.append(_result_row(scan_id, seq + i, r))
             conn.executemany(_INSERT_RESULT, rows)
             conn.execute(
                 "UPDATE scans SET executions = executions + ?, failures = failures + ? WHERE id = ?",
-                (len(rows), failures, scan_id),
+                (executions, failures, scan_id),
             )
             # Simulated fleets pass their own clock: "seen" is the latest time this write speaks of.
             seen = finished_at if finished_at is not None else max((r.started_at for r in results), default=None)
@@ -462,7 +464,7 @@ class Store:
 # ---------------------------------------------------------------------- helpers (inside a transaction)
 _RESULT_COLUMNS = (
     "scan", "seq", "device", "case_id", "family", "seed", "passed", "duration_s", "started_at", "output_digest",
-    "mismatches", "element", "expected", "actual", "xor_mask", "location", "attempt", "sticky", "detail",
+    "mismatches", "element", "expected", "actual", "xor_mask", "location", "attempt", "sticky", "detail", "executions",
 )
 _INSERT_RESULT = (
     f"INSERT INTO results({', '.join(_RESULT_COLUMNS)}) VALUES ({', '.join('?' * len(_RESULT_COLUMNS))})"
@@ -473,7 +475,7 @@ def _result_row(scan_id: int, seq: int, r: CaseResult) -> tuple[Any, ...]:
     return (
         scan_id, seq, r.device, r.case, r.family, r.seed, int(r.passed), float(r.duration_s), float(r.started_at),
         r.output_digest, r.mismatches, r.element, r.expected, r.actual, r.xor_mask, r.location, r.attempt,
-        None if r.sticky is None else int(r.sticky), _jdump(r.detail),
+        None if r.sticky is None else int(r.sticky), _jdump(r.detail), int(r.executions),
     )
 
 
@@ -484,6 +486,7 @@ def _row_result(r: dict[str, Any]) -> CaseResult:
         mismatches=r["mismatches"], element=r["element"], expected=r["expected"], actual=r["actual"],
         xor_mask=r["xor_mask"], location=r["location"], attempt=r["attempt"],
         sticky=None if r["sticky"] is None else bool(r["sticky"]), detail=json.loads(r["detail"]),
+        executions=r["executions"],
     )
 
 

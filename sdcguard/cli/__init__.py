@@ -34,6 +34,7 @@ _COMMANDS: dict[str, str] = {
     "incidents": "sdcguard.cli.incidents:incidents",
     "merge": "sdcguard.cli.merge:merge",
     "export": "sdcguard.cli.export:export",
+    "scan": "sdcguard.cli.scan:scan",
     "golden": "sdcguard.cli.golden:golden",
 }
 
@@ -68,7 +69,12 @@ class _LazyGroup(click.Group):
         # Every error is one line on stderr: no usage block, no traceback (SDCGUARD_DEBUG=1 shows them).
         standalone = kwargs.pop("standalone_mode", True)
         try:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+            # Without standalone mode click *returns* the code of a command's ctx.exit(code) instead of raising:
+            # pass it on, or `ctx.exit(1)` (corruption found) would end the process with 0.
+            if standalone and isinstance(rv, int) and not isinstance(rv, bool) and rv:
+                sys.exit(rv)
+            return rv
         except click.exceptions.Exit as e:
             if standalone:
                 sys.exit(e.exit_code)

@@ -1,0 +1,17 @@
+"""The fleet scanner: finds idle devices, runs the golden suite within a budget, records, applies the policy.
+
+``sdcguard scan`` and ``python -m fleet_scan`` are its command line. The pieces: :mod:`.discovery` (which
+devices), :mod:`.telemetry` (snapshots before and after), :mod:`.idle` (idle checks and per-device locks),
+:mod:`.schedule` (case order and budget), :mod:`.worker` (one device's scan, in its own process),
+:mod:`.retest` (retests in a fresh process), :mod:`.record` (batched, crash-safe recording), :mod:`.runner`
+(the whole machine, then the policy), :mod:`.progress` (rich bar or JSON lines) and :mod:`.sim` (a simulated
+fleet running the same recording and policy).
+"""
+
+from __future__ import annotations
+
+from .discovery import ScanTarget, discover_cpus, discover_gpus, select_targets
+from .options import ScanOptions
+from .runner import ScanOutcome, run_scan
+
+__all__ = ["ScanTarget", "ScanOptions", "ScanOutcome", "run_scan", "discover_cpus", "discover_gpus", "select_targets"]

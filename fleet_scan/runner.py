@@ -1,0 +1,247 @@
+"""The scan of one machine: pick devices, scan them in parallel (a worker process each), then apply the policy.
+
+Before any device is touched the fire-drill spec is parsed, the golden suite is loaded (its manifest's sha256 are
+verified: tampered golden data stops the scan with exit 2 before anything is recorded) and the store is opened
+(created if needed, so the workers never race to create it). After the workers the quarantine policy of
+:mod:`sdcguard.policy` runs over the scanned devices: quarantine, circuit breaker, actions.
+
+Exit codes (DESIGN.md): 0 every scanned device passed; 1 corruption found; 2 could not run (bad input, no
+device, golden data or suite suspect, circuit breaker tripped).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sdcguard.errors import GoldenDataError
+
+from .discovery import ScanTarget, select_targets
+from .options import ScanOptions
+from .progress import Reporter
+
+__all__ = ["ScanOutcome", "run_scan", "worker_env"]
+
+EXIT_OK, EXIT_CORRUPTION, EXIT_CANNOT_RUN = 0, 1, 2
+_GRACE_S = 60.0
+"""A worker still running this long after its budget (plus its idle window) is stopped (SIGTERM, then SIGKILL)."""
+
+
+@dataclass
+class ScanOutcome:
+    """What one scanner invocation did."""
+
+    devices: list[dict[str, Any]]
+    """The ``done`` summary of every device (status, executions, failures, failing cases, sticky cases...)."""
+    exit_code: int
+    message: str
+    """One line: what happened (the reason, for exit code 2)."""
+    quarantined: list[str] = field(default_factory=list)
+    breaker_tripped: bool = False
+    policy_reasons: list[str] = field(default_factory=list)
+
+
+def worker_env(target: ScanTarget) -> dict[str, str]:
+    """Environment of a worker: one BLAS thread (a core scan uses its core only), the GPU by UUID, our path."""
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+        env[var] = "1"
+    if target.kind == "gpu":
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = target.device  # GPU-<uuid>: unambiguous, whatever the numbering
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+class _Worker:
+    def __init__(self, target: ScanTarget, options: ScanOptions, reporter: Reporter) -> None:
+        self.target = target
+        self.summary: dict[str, Any] | None = None
+        self.stderr = ""
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fleet_scan.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=worker_env(target),
+        )
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"target": target.to_json(), "options": options.to_json()}))
+        self.proc.stdin.close()
+        self._reporter = reporter
+        self._out = threading.Thread(target=self._read_stdout, daemon=True)
+        self._err = threading.Thread(target=self._read_stderr, daemon=True)
+        self._out.start()
+        self._err.start()
+
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a stray print from a library: not an event
+            if event.get("event") == "done":
+                self.summary = event
+            self._reporter.event(event)
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        self.stderr = self.proc.stderr.read()
+
+    def wait(self, deadline: float | None) -> None:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGTERM)  # the worker records what it has as `interrupted`
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._out.join(timeout=5)
+        self._err.join(timeout=5)
+
+    def result(self) -> dict[str, Any]:
+        if self.summary is not None:
+            return self.summary
+        tail = (self.stderr.strip().splitlines() or [f"exit code {self.proc.returncode}"])[-1]
+        return {"event": "done", "device": self.target.device, "status": "error", "error": f"worker died: {tail}"}
+
+
+def _check_inputs(options: ScanOptions) -> None:
+    if options.inject:
+        from sdcguard.inject.faults import parse_inject_spec
+
+        parse_inject_spec(options.inject)  # BadInput names what is wrong before any device is touched
+    from sdcguard.golden import load_suite
+
+    suite = load_suite(Path(options.golden_dir) if options.golden_dir else None)
+    if not suite.cases:
+        raise GoldenDataError("the golden suite has no cases")
+
+
+def run_scan(
+    options: ScanOptions,
+    specs: Sequence[str] = (),
+    *,
+    reporter: Reporter,
+    policy: Any = None,
+    actions: Sequence[Any] = (),
+    targets: Sequence[ScanTarget] | None = None,
+) -> ScanOutcome:
+    """Scan the devices named by ``specs`` (default: every GPU, else every CPU core) and apply the policy.
+
+    Raises :class:`~sdcguard.errors.SdcguardError` (exit 2) for bad input, no device and suspect golden data;
+    device faults never raise, they are in the outcome.
+    """
+    chosen = list(targets) if targets is not None else select_targets(specs)
+    _check_inputs(options)
+    from sdcguard.store import Store
+
+    with Store.open(options.db):
+        pass  # created (schema, WAL) once here, before the workers open it concurrently
+
+    workers: list[_Worker] = []
+    stop = {"signal": None}
+
+    def _forward(signum: int, frame: Any) -> None:
+        stop["signal"] = signum
+        for w in workers:
+            if w.proc.poll() is None:
+                w.proc.send_signal(signal.SIGTERM)
+
+    old = {s: signal.signal(s, _forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for t in chosen:
+            workers.append(_Worker(t, options, reporter))
+        deadline = None
+        if options.budget_s is not None:
+            deadline = time.monotonic() + options.budget_s + options.idle_window_s * 2 + _GRACE_S
+        for w in workers:
+            w.wait(deadline)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    summaries = [w.result() for w in workers]
+    return _conclude(options, summaries, reporter, policy, actions)
+
+
+def _conclude(
+    options: ScanOptions,
+    summaries: list[dict[str, Any]],
+    reporter: Reporter,
+    policy: Any,
+    actions: Sequence[Any],
+) -> ScanOutcome:
+    for s in summaries:
+        if s.get("status") == "error" and "scan" not in s:
+            reporter.event(s)  # a worker that died before its scan began sent no event of its own
+    scanned = [s["device"] for s in summaries if "scan" in s]
+    errors = [f"{s['device']}: {s['error']}" for s in summaries if s.get("status") == "error"]
+    failures = sum(int(s.get("failures", 0)) for s in summaries)
+
+    outcome = ScanOutcome(devices=summaries, exit_code=EXIT_OK, message="")
+    if scanned:
+        from sdcguard.policy import QuarantinePolicy, apply_policy
+        from sdcguard.store import Store
+
+        with Store.open(options.db) as store:
+            result = apply_policy(
+                store, policy if policy is not None else QuarantinePolicy(), devices=scanned, actions=actions
+            )
+        outcome.quarantined = list(result.quarantined)
+        outcome.breaker_tripped = bool(result.breaker_tripped)
+        outcome.policy_reasons = list(result.reasons)
+        reporter.event(
+            {
+                "event": "policy",
+                "quarantined": outcome.quarantined,
+                "breaker_tripped": outcome.breaker_tripped,
+                "reasons": outcome.policy_reasons,
+            }
+        )
+
+    skipped = [s for s in summaries if s.get("status") in ("busy", "locked")]
+    if outcome.breaker_tripped:
+        outcome.exit_code = EXIT_CANNOT_RUN
+        why = "; ".join(outcome.policy_reasons[:3]) or "the same wrong output on several devices"
+        outcome.message = f"circuit breaker tripped, nobody quarantined: the suite or software is suspect ({why})"
+    elif errors:
+        outcome.exit_code = EXIT_CANNOT_RUN
+        outcome.message = "could not run: " + "; ".join(errors)
+    elif failures:
+        outcome.exit_code = EXIT_CORRUPTION
+        bad = [s["device"] for s in summaries if s.get("failures")]
+        outcome.message = f"corruption found on {', '.join(bad)} ({failures} failed executions)" + (
+            f"; quarantined: {', '.join(outcome.quarantined)}" if outcome.quarantined else ""
+        )
+    else:
+        outcome.message = f"{len(scanned)} device(s) scanned, all passed" + (
+            f"; {len(skipped)} skipped (busy or locked)" if skipped else ""
+        )
+    reporter.event(
+        {
+            "event": "summary",
+            "exit_code": outcome.exit_code,
+            "message": outcome.message,
+            "scanned": scanned,
+            "skipped": [s["device"] for s in skipped],
+            "quarantined": outcome.quarantined,
+            "breaker_tripped": outcome.breaker_tripped,
+        }
+    )
+    return outcome
+

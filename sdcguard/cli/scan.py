@@ -1,0 +1,201 @@
+"""``sdcguard scan``: the fleet scanner's cron entry (also ``python -m fleet_scan``).
+
+Only argument handling lives here; the work is :func:`fleet_scan.runner.run_scan`. Settings come from, in order
+of precedence: the command line, the environment (``SDCGUARD_*``), a TOML config file (``--config`` or
+``$SDCGUARD_CONFIG``, sections ``[scan]`` and ``[policy]``), the defaults.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import sys
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import BadInput
+from ..inject.spec import INJECT_SPEC_HELP
+
+__all__ = ["scan", "parse_action", "load_config"]
+
+_ACTION_SHORTCUTS = ("slurm-drain", "kubernetes-taint")
+
+
+def parse_action(text: str) -> Any:
+    """An :class:`~sdcguard.actions.ActionTemplate` from a command line (split with shlex, never run by a shell).
+
+    ``slurm-drain`` and ``kubernetes-taint`` name the built-in templates. The name of any other template is its
+    program plus a hash of the whole text: stable across runs, so the store knows whether it already ran.
+    """
+    from ..actions import ActionTemplate
+
+    text = text.strip()
+    if text == "slurm-drain":
+        return ActionTemplate.slurm_drain()
+    if text == "kubernetes-taint":
+        return ActionTemplate.kubernetes_taint()
+    try:
+        argv = tuple(shlex.split(text))
+    except ValueError as e:
+        raise BadInput(f"bad --action {text!r}: {e}") from None
+    if not argv:
+        raise BadInput("empty --action: give a command line, e.g. 'scontrol update NodeName={host} State=DRAIN'")
+    name = f"{Path(argv[0]).name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+    return ActionTemplate(name=name, argv=argv)
+
+
+def load_config(path: Path | None) -> dict[str, Any]:
+    """The TOML config (``{}`` without one); ``BadInput`` for an unreadable or malformed file."""
+    if path is None:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise BadInput(f"cannot read config {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise BadInput(f"config {path} is not valid TOML: {e}") from None
+    unknown = set(data) - {"scan", "policy"}
+    if unknown:
+        raise BadInput(f"config {path}: unknown section(s) {sorted(unknown)}; use [scan] and [policy]")
+    return data
+
+
+def _policy(section: dict[str, Any]) -> Any:
+    from dataclasses import fields
+
+    from ..policy import QuarantinePolicy
+
+    known = {f.name for f in fields(QuarantinePolicy)}
+    unknown = set(section) - known
+    if unknown:
+        raise BadInput(f"[policy]: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
+    try:
+        return QuarantinePolicy(**section)
+    except (TypeError, ValueError) as e:
+        raise BadInput(f"[policy]: {e}") from None
+
+
+def _pick(ctx: click.Context, name: str, value: Any, config: dict[str, Any], key: str | None = None) -> Any:
+    """The CLI/env value unless it is click's default and the config has one."""
+    source = ctx.get_parameter_source(name)
+    if source in (click.core.ParameterSource.DEFAULT, None) and (key or name) in config:
+        return config[key or name]
+    return value
+
+
+@click.command(
+    "scan",
+    epilog=INJECT_SPEC_HELP,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
+)
+@click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Fleet store (overrides the top-level --db / $SDCGUARD_DB).")
+@click.option("--device", "devices", multiple=True, metavar="SPEC",
+              help="cuda:N, cpu:N, a device id or all (repeatable). Default: every GPU, else every CPU core.")
+@click.option("--budget", type=float, default=None, metavar="SECONDS",
+              help="Wall-clock seconds per device (default 60; config [scan] budget).")
+@click.option("--only-idle/--all", "only_idle", default=True,
+              help="Scan only idle devices and stop when a job appears (default), or every device asked for.")
+@click.option("--inject", "inject", multiple=True, metavar="SPEC",
+              help="Fire drill: make devices behave as faulty hardware (grammar below).")
+@click.option("--json", "json_lines", is_flag=True, help="Progress as JSON lines even on a terminal.")
+@click.option("--retests", type=int, default=None, help="Retests of a failing case in a fresh process (default 3).")
+@click.option("--action", "actions", multiple=True, metavar="TEMPLATE",
+              help="Command run (as an argv list, no shell) for each quarantined device; placeholders {device} "
+                   "{host} {reason}; or slurm-drain / kubernetes-taint. Repeatable; $SDCGUARD_ACTIONS holds "
+                   "one per line.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), envvar="SDCGUARD_CONFIG",
+              default=None, help="TOML file with [scan] and [policy] sections ($SDCGUARD_CONFIG).")
+@click.option("--lock-dir", type=click.Path(file_okay=False, path_type=Path), envvar="SDCGUARD_LOCK_DIR",
+              default=None, help="Directory of per-device lock files ($SDCGUARD_LOCK_DIR; default "
+                                 "$XDG_RUNTIME_DIR/sdcguard-locks or /tmp/sdcguard-locks).")
+@click.option("--golden-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Golden data directory (default: the one shipped with sdcguard).")
+@click.option("--idle-window", type=float, default=None, metavar="SECONDS",
+              help="Window of the idle check (default 1).")
+@click.option("--gpu-util-max", type=float, default=None, metavar="PCT",
+              help="A GPU above this utilization is busy (default 5).")
+@click.option("--cpu-busy-max", type=float, default=None, metavar="PCT",
+              help="A core kept busier than this by other processes is busy (default 50).")
+@click.pass_context
+def scan(
+    ctx: click.Context,
+    db_path: Path | None,
+    devices: Sequence[str],
+    budget: float | None,
+    only_idle: bool,
+    inject: Sequence[str],
+    json_lines: bool,
+    retests: int | None,
+    actions: Sequence[str],
+    config_path: Path | None,
+    lock_dir: Path | None,
+    golden_dir: Path | None,
+    idle_window: float | None,
+    gpu_util_max: float | None,
+    cpu_busy_max: float | None,
+) -> None:
+    """Scan this machine's idle devices with the golden suite, record the results, apply the quarantine policy.
+
+    Each device gets its own process and lock; cases are compared bit-exactly with the golden data, failures are
+    retested in a fresh process, and the policy may quarantine devices and run the actions.
+
+    Exit codes: 0 every scanned device passed; 1 corruption found; 2 could not run (bad input, no device, golden
+    data suspect, circuit breaker tripped).
+
+    \b
+    Example (cron, Slurm drain on quarantine):
+      sdcguard --db /var/lib/sdcguard/node.db scan --budget 60 \\
+          --action 'scontrol update NodeName={host} State=DRAIN Reason={reason}'
+    """
+    from fleet_scan.options import DEFAULT_BUDGET_S, DEFAULT_RETESTS, ScanOptions
+    from fleet_scan.progress import make_reporter
+    from fleet_scan.runner import run_scan
+
+    config = load_config(config_path)
+    section = dict(config.get("scan", {}))
+    known = {"budget", "retests", "only_idle", "actions", "lock_dir", "golden_dir", "idle_window", "gpu_util_max",
+             "cpu_busy_max", "devices"}
+    unknown = set(section) - known
+    if unknown:
+        raise BadInput(f"[scan]: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
+    db = db_path if db_path is not None else ctx.obj.db if ctx.obj is not None else Path("sdcguard.db")
+    only_idle = _pick(ctx, "only_idle", only_idle, section)
+    action_texts = list(actions)
+    if not action_texts:
+        env = os.environ.get("SDCGUARD_ACTIONS", "")
+        action_texts = [line for line in env.splitlines() if line.strip()] or list(section.get("actions", []))
+    templates = [parse_action(t) for t in action_texts]
+    policy = _policy(dict(config.get("policy", {})))
+    options = ScanOptions(
+        db=str(db),
+        budget_s=float(budget if budget is not None else section.get("budget", DEFAULT_BUDGET_S)),
+        retests=int(retests if retests is not None else section.get("retests", DEFAULT_RETESTS)),
+        inject=";".join(inject) or None,
+        only_idle=bool(only_idle),
+        idle_window_s=float(idle_window if idle_window is not None else section.get("idle_window", 1.0)),
+        gpu_util_max=float(gpu_util_max if gpu_util_max is not None else section.get("gpu_util_max", 5.0)),
+        cpu_busy_max=float(cpu_busy_max if cpu_busy_max is not None else section.get("cpu_busy_max", 50.0)),
+        lock_dir=str(lock_dir) if lock_dir else section.get("lock_dir"),
+        golden_dir=str(golden_dir) if golden_dir else section.get("golden_dir"),
+        json=json_lines,
+    )
+    specs = list(devices) or list(section.get("devices", []))
+    with make_reporter(json_lines) as reporter:
+        outcome = run_scan(options, specs, reporter=reporter, policy=policy, actions=templates)
+    if outcome.exit_code:
+        click.echo(f"sdcguard: {outcome.message}", err=True)
+    ctx.exit(outcome.exit_code)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m fleet_scan [--db PATH] [scan options]``: the same command as ``sdcguard scan``."""
+    from . import cli
+
+    cli.main(args=["scan", *(sys.argv[1:] if argv is None else argv)], prog_name="python -m fleet_scan")

@@ -1,0 +1,80 @@
+"""Helpers for tests that run the real scanner (``python -m sdcguard scan``) in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(ROOT) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+    e.pop("SDCGUARD_DB", None)
+    e.pop("SDCGUARD_ACTIONS", None)
+    e.pop("SDCGUARD_CONFIG", None)
+    return e
+
+
+def cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def sdcguard(db: Path, *args: str, timeout: float = 120, module: str = "sdcguard") -> subprocess.CompletedProcess[str]:
+    """Run ``python -m sdcguard --db DB ARGS`` (or ``python -m fleet_scan --db DB ARGS``)."""
+    return subprocess.run(
+        [sys.executable, "-m", module, "--db", str(db), *args],
+        capture_output=True, text=True, timeout=timeout, env=env(),
+    )
+
+
+def scan(db: Path, lock_dir: Path, *args: str, budget: float = 1.5, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """A scan of this machine's CPU cores with a short budget, busy or not (tests must not depend on load)."""
+    return sdcguard(db, "scan", "--all", "--json", "--budget", str(budget), "--lock-dir", str(lock_dir), *args,
+                    timeout=timeout)
+
+
+def events(proc: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def report(db: Path) -> dict[str, dict[str, Any]]:
+    proc = sdcguard(db, "report", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    return {row["device"]: row for row in json.loads(proc.stdout)}
+
+
+def argv_recorder(tmp: Path) -> tuple[str, Path]:
+    """An action template running a script that appends its argv (JSON) to a log; (template, log path)."""
+    script = tmp / "record_argv.py"
+    log = tmp / "argv.log"
+    script.write_text(
+        "import json, sys\n"
+        "with open(sys.argv[1], 'a') as f:\n"
+        "    f.write(json.dumps(sys.argv[2:]) + '\\n')\n"
+    )
+    return f"{sys.executable} {script} {log} {{device}} {{host}} {{reason}}", log
+
+
+def tampered_golden(tmp: Path) -> Path:
+    """A copy of the golden data with one byte of one golden file flipped (its manifest unchanged)."""
+    src = ROOT / "golden_vectors"
+    dst = tmp / "golden_vectors"
+    shutil.copytree(src, dst)
+    victim = sorted(p for p in dst.rglob("*.bin"))[0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    return dst
+
+
+def store_rows(db: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql, params).fetchall()

@@ -1,0 +1,138 @@
+"""GPU discovery, telemetry and idle detection against a stand-in NVML (no GPU on CI machines).
+
+The stand-in implements the pynvml calls the scanner makes with the same names and signatures, and raises
+``NVMLError`` for what a board does not support, as the real library does.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from typing import Any
+
+import pytest
+
+from fleet_scan import discovery
+from fleet_scan.discovery import discover_gpus, select_targets
+from fleet_scan.idle import IdleMonitor
+from fleet_scan.telemetry import GpuTelemetry
+
+_UUIDS = ["GPU-0badc0de-1111-2222-3333-444455556666", "GPU-0badc0de-1111-2222-3333-444455557777"]
+
+
+class NVMLError(Exception):
+    pass
+
+
+def _fake_nvml(*, processes: dict[int, list[int]] | None = None, util: int = 0, xids: list[int] | None = None) -> Any:
+    m = types.ModuleType("pynvml")
+    m.NVMLError = NVMLError
+    for i, name in enumerate(["NVML_TEMPERATURE_GPU", "NVML_CLOCK_SM", "NVML_CLOCK_MEM",
+                              "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED",
+                              "NVML_VOLATILE_ECC", "NVML_AGGREGATE_ECC",
+                              "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS",
+                              "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", "nvmlEventTypeXidCriticalError"]):
+        setattr(m, name, i)
+    pending = list(xids or [])
+    m.nvmlInit = lambda: None
+    m.nvmlSystemGetDriverVersion = lambda: b"550.54.15"
+    m.nvmlDeviceGetCount = lambda: len(_UUIDS)
+    m.nvmlDeviceGetHandleByIndex = lambda i: i
+    m.nvmlDeviceGetUUID = lambda h: _UUIDS[h]
+
+    def serial(h: int) -> str:
+        if h == 1:
+            raise NVMLError("Not Supported")
+        return "1652823054321"
+
+    m.nvmlDeviceGetSerial = serial
+    m.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=f"00000000:{h + 0x18:02X}:00.0")
+    m.nvmlDeviceGetName = lambda h: "NVIDIA H200"
+    m.nvmlDeviceGetTemperature = lambda h, sensor: 41 + h
+    m.nvmlDeviceGetClockInfo = lambda h, clock: 1980 if clock == m.NVML_CLOCK_SM else 2619
+    m.nvmlDeviceGetPowerUsage = lambda h: 118_000
+    m.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=util, memory=0)
+    m.nvmlDeviceGetTotalEccErrors = lambda h, kind, counter: 3 if kind == m.NVML_MEMORY_ERROR_TYPE_CORRECTED else 0
+
+    def retired(h: int, cause: int) -> list[int]:
+        raise NVMLError("Not Supported")  # HBM boards remap rows instead
+
+    m.nvmlDeviceGetRetiredPages = retired
+    m.nvmlDeviceGetRemappedRows = lambda h: (2, 0, 0, 0)
+    m.nvmlEventSetCreate = lambda: "events"
+    m.nvmlDeviceRegisterEvents = lambda h, kinds, events: None
+
+    def wait(events: str, timeout_ms: int) -> Any:
+        if not pending:
+            raise NVMLError("Timeout")
+        return types.SimpleNamespace(eventData=pending.pop(0))
+
+    m.nvmlEventSetWait_v2 = wait
+    m.nvmlEventSetFree = lambda events: None
+    procs = processes or {}
+    m.nvmlDeviceGetComputeRunningProcesses = lambda h: [types.SimpleNamespace(pid=p) for p in procs.get(h, [])]
+    m.nvmlDeviceGetGraphicsRunningProcesses = lambda h: []
+    return m
+
+
+def _install(monkeypatch: pytest.MonkeyPatch, fake: Any) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", fake)
+
+
+def test_gpus_are_found_with_their_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    _install(monkeypatch, _fake_nvml())
+    gpus = discover_gpus()
+    assert [g.device for g in gpus] == _UUIDS
+    assert gpus[0].info.serial == "1652823054321" and gpus[1].info.serial is None
+    assert gpus[1].info.pci_bus_id == "00000000:19:00.0" and gpus[0].info.model == "NVIDIA H200"
+    assert gpus[0].driver == "550.54.15" and [g.index for g in gpus] == [0, 1]
+    # with GPUs present, the default scan is the GPUs, not the CPU cores
+    assert select_targets([]) == gpus
+    assert select_targets(["cuda:1"]) == [gpus[1]]
+
+
+def test_no_nvml_means_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _fake_nvml()
+
+    def broken() -> None:
+        raise NVMLError("NVML Shared Library Not Found")
+
+    fake.nvmlInit = broken
+    _install(monkeypatch, fake)
+    assert discover_gpus() == []
+    assert discovery.nvml() is None
+
+
+def test_gpu_telemetry_reads_what_the_board_has_and_the_xids_in_between(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _fake_nvml(xids=[79])
+    _install(monkeypatch, fake)
+    tel = GpuTelemetry(0)
+    snap = tel.snapshot()
+    assert snap["temperature_c"] == 41 and snap["sm_clock_mhz"] == 1980 and snap["mem_clock_mhz"] == 2619
+    assert snap["power_w"] == 118.0 and snap["ecc_sbe_volatile"] == 3 and snap["ecc_dbe_volatile"] == 0
+    assert snap["remapped_rows_correctable"] == 2 and snap["remap_failure"] is False
+    assert "retired_pages_sbe" not in snap  # not supported: absent, not an error
+    assert snap["xids"] == [79]
+    tel.close()
+
+
+def test_a_gpu_with_a_job_is_busy_and_its_appearance_preempts(monkeypatch: pytest.MonkeyPatch) -> None:
+    procs: dict[int, list[int]] = {0: [4242], 1: []}
+    _install(monkeypatch, _fake_nvml(processes=procs))
+    gpus = discover_gpus()
+    busy = IdleMonitor(gpus[0], window_s=0.05).busy_reason()
+    assert busy is not None and "4242" in busy
+    monitor = IdleMonitor(gpus[1], window_s=0.05)
+    assert monitor.busy_reason() is None
+    procs[1].append(os.getpid())  # the scanner's own CUDA context is not a job
+    assert monitor.job_appeared() is None
+    procs[1].append(5151)
+    reason = monitor.job_appeared()
+    assert reason is not None and "5151" in reason
+
+
+def test_a_busy_gpu_without_processes_is_busy_by_utilization(monkeypatch: pytest.MonkeyPatch) -> None:
+    _install(monkeypatch, _fake_nvml(util=87))
+    gpu = discover_gpus()[0]
+    reason = IdleMonitor(gpu, window_s=0.05, gpu_util_max=5).busy_reason()
+    assert reason is not None and "87%" in reason

@@ -1,0 +1,204 @@
+"""Fleet scanner parts: discovery, device locks, idle detection, batched recording."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleet_scan.discovery import ScanTarget, discover_cpus, select_targets
+from fleet_scan.idle import DeviceLock, DeviceLocked, IdleMonitor, read_cpu_times
+from fleet_scan.record import ScanRecorder
+from fleet_scan.telemetry import telemetry_for
+from sdcguard.devices import cpu_id, hostname
+from sdcguard.errors import BadInput, NoDevice
+from sdcguard.records import CaseResult, DeviceInfo
+from sdcguard.store import Store
+
+_UUID = "GPU-12345678-1234-1234-1234-123456789abc"
+
+
+def _gpu(i: int, uuid: str = _UUID) -> ScanTarget:
+    return ScanTarget(info=DeviceInfo(id=uuid, host=hostname(), kind="gpu", model="H200"), index=i, driver="550")
+
+
+def _cpu(core: int) -> ScanTarget:
+    return ScanTarget(info=DeviceInfo(id=cpu_id(core), host=hostname(), kind="cpu"), index=core)
+
+
+def test_default_is_every_gpu_else_every_core() -> None:
+    gpus, cpus = [_gpu(0)], [_cpu(0), _cpu(1)]
+    assert select_targets([], gpus=gpus, cpus=cpus) == gpus
+    assert select_targets([], gpus=[], cpus=cpus) == cpus
+    assert select_targets(["all"], gpus=gpus, cpus=cpus) == gpus + cpus
+    assert select_targets(["cpu:1", "cpu:1", cpu_id(0)], gpus=gpus, cpus=cpus) == [cpus[1], cpus[0]]
+    assert select_targets(["cuda:0"], gpus=gpus, cpus=cpus) == gpus
+    assert select_targets([_UUID.upper().replace("GPU-", "GPU-")], gpus=gpus, cpus=cpus) == gpus
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        ("cuda:3", "no GPU cuda:3"),
+        ("cpu:9", "no CPU core cpu:9"),
+        ("sim:4", "simulated"),
+        ("cpu:otherhost:0", "otherhost"),
+    ],
+)
+def test_no_matching_device_says_why(spec: str, words: str) -> None:
+    with pytest.raises(NoDevice, match=words):
+        select_targets([spec], gpus=[_gpu(0)], cpus=[_cpu(0)])
+
+
+def test_bad_spec_is_bad_input() -> None:
+    with pytest.raises(BadInput):
+        select_targets(["banana"], gpus=[], cpus=[_cpu(0)])
+
+
+def test_cpus_follow_the_affinity_mask() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    found = discover_cpus()
+    assert [t.index for t in found] == cores
+    assert all(t.device == cpu_id(t.index) and t.kind == "cpu" for t in found)
+
+
+def test_target_round_trips_through_json() -> None:
+    for t in (_gpu(2), _cpu(1)):
+        assert ScanTarget.from_json(t.to_json()) == t
+
+
+def test_cpu_telemetry_has_a_timestamp_and_what_proc_gives() -> None:
+    snap = telemetry_for(_cpu(sorted(os.sched_getaffinity(0))[0])).snapshot()
+    assert snap["time"] > 0
+    assert "loadavg_1m" in snap
+
+
+def test_read_cpu_times_parses_per_core_lines() -> None:
+    text = "cpu  10 0 10 100 5 0 0 0 0 0\ncpu0 4 0 6 50 2 0 0 0 0 0\ncpu1 6 0 4 50 3 0 0 0 0 0\nintr 1 2\n"
+    assert read_cpu_times(text) == {0: (10, 62), 1: (10, 63)}
+
+
+def test_lock_keeps_a_second_scanner_out_and_dies_with_its_holder(tmp_path: Path) -> None:
+    device = cpu_id(0)
+    with DeviceLock(device, tmp_path):
+        with pytest.raises(DeviceLocked, match="another scanner"):
+            DeviceLock(device, tmp_path).acquire()
+        DeviceLock(cpu_id(1), tmp_path).acquire()  # another device is free
+    # a holder killed with SIGKILL never leaves the device locked: the kernel drops flock locks
+    code = (
+        "import sys, time; sys.path.insert(0, sys.argv[1]); from fleet_scan.idle import DeviceLock; "
+        f"DeviceLock({device!r}, sys.argv[2]).acquire(); print('locked', flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(Path(__file__).resolve().parent.parent), str(tmp_path)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with pytest.raises(DeviceLocked, match=f"pid {holder.pid}"):
+            DeviceLock(device, tmp_path).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    with DeviceLock(device, tmp_path):
+        pass
+
+
+def test_a_busy_core_is_not_idle() -> None:
+    core = sorted(os.sched_getaffinity(0))[0]
+    spin = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"]
+    )
+    try:
+        time.sleep(0.3)
+        monitor = IdleMonitor(_cpu(core), window_s=0.6, cpu_busy_max=50.0)
+        reason = monitor.busy_reason()
+        assert reason is not None and f"core {core}" in reason
+    finally:
+        spin.kill()
+        spin.wait()
+
+
+def _result(device: str, i: int, passed: bool = True) -> CaseResult:
+    return CaseResult(device=device, case=f"alu.{i % 3}", family="alu", seed=i, passed=passed, duration_s=0.001)
+
+
+@settings(max_examples=25)
+@given(st.integers(1, 60), st.integers(1, 8))
+def test_recorder_writes_every_result_and_the_total_lands_with_the_final_status(n: int, batch: int) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp, Store.open(Path(tmp) / "s.db") as store:
+        device = cpu_id(0)
+        scan = store.begin_scan(device=device, host=hostname(), budget_s=1.0)
+        rec = ScanRecorder(store, scan, batch=batch, flush_every_s=1e9)
+        for i in range(n):
+            rec.add(_result(device, i, passed=i % 7 != 3))
+            # before the end the scan is running and holds a prefix, never the last result
+            row = store.scans()[0]
+            assert row["status"] == "running" and row["executions"] < i + 1
+        rec.finish("complete")
+        rows = store.results(scan_id=scan)
+        assert [r.seed for r in rows] == list(range(n))
+        assert rows[-1].detail["scan_total"] == n
+        assert store.scans()[0]["status"] == "complete"
+        assert store.scans()[0]["failures"] == sum(1 for i in range(n) if i % 7 == 3)
+
+
+def test_a_job_appearing_between_cases_is_seen() -> None:
+    core = sorted(os.sched_getaffinity(0))[0]
+    monitor = IdleMonitor(_cpu(core), window_s=0.0, cpu_busy_max=50.0)
+    assert monitor.job_appeared() is None  # first reading: nothing to compare with yet
+    spin = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"]
+    )
+    try:
+        reason = None
+        deadline = time.monotonic() + 10
+        while reason is None and time.monotonic() < deadline:
+            time.sleep(0.3)
+            reason = monitor.job_appeared()
+        assert reason is not None and f"core {core}" in reason
+    finally:
+        spin.kill()
+        spin.wait()
+
+
+def test_the_example_config_loads(tmp_path: Path) -> None:
+    from sdcguard.cli.scan import _policy, load_config, parse_action
+
+    root = Path(__file__).resolve().parent.parent
+    config = load_config(root / "deploy" / "sdcguard.toml")
+    assert config["scan"]["budget"] == 60
+    assert _policy(config["policy"]).rate_threshold == 1e-4
+    assert [parse_action(a).name for a in config["scan"]["actions"]] == ["slurm-drain"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[policy]\nrate_treshold = 1e-4\n")
+    with pytest.raises(BadInput, match="rate_treshold"):
+        _policy(load_config(bad)["policy"])
+    bad.write_text("[scan\n")
+    with pytest.raises(BadInput, match="not valid TOML"):
+        load_config(bad)
+
+
+def test_simulated_fleet_goes_through_the_real_store_and_policy(tmp_path: Path) -> None:
+    from fleet_scan.sim import SimFleet, SimRun
+    from sdcguard.policy import QuarantinePolicy
+
+    fleet = SimFleet(devices=40, defective_share=0.05, p_low=0.05, p_high=0.1, transient_rate=0.0, seed=3)
+    run = SimRun(tmp_path / "sim.db", fleet, QuarantinePolicy(), budget_s=5.0)
+    defective = {f"sim:{n}" for n, p in enumerate(run.p) if p > 0}
+    assert len(defective) == 2
+    day0 = run.day(0)
+    assert set(day0.quarantined) == defective and not day0.breaker_tripped
+    bad = run.day(1, bad_case=run.cases[0].id)  # every remaining device fails one case identically
+    assert bad.breaker_tripped and bad.quarantined == []
+    rows = run.store.query("SELECT COUNT(*) AS n, SUM(executions) AS e FROM results WHERE attempt = 0")[0]
+    assert rows["e"] > rows["n"]  # passing executions aggregated per case and day
+    run.close()
