@@ -44,9 +44,12 @@ class QuarantinePolicy:
     """Look-back window for rates and incidents (7 days)."""
     confidence: float = 0.95
     """Confidence of the one-sided Clopper–Pearson lower bound compared with ``rate_threshold``."""
-    rate_threshold: float = 1e-3
-    """Quarantine when ``rate_low`` exceeds this (one failure in 1,000 executions). With the defaults a single
-    failure quarantines only within its first ~50 executions; two failures within ~350."""
+    rate_threshold: float = 1e-4
+    """Quarantine when ``rate_low`` exceeds this (one failure in 10,000 executions). The lower bound sits below
+    the true rate, so the threshold must sit well below the rates worth catching: at 1e-3 a device failing 1.2e-3
+    of its executions stayed under it for weeks in ``benchmarks/fleet_policy.py``, at 1e-4 every device at or above
+    1e-3 was caught within 7 days, and healthy devices (rare transients) still need two failures within ~3,500
+    executions to cross it."""
     quarantine_on_sticky: bool = True
     """Quarantine on any failure reproduced on retest (``CaseResult.sticky``)."""
     incident_threshold: int = 2
@@ -145,9 +148,44 @@ def _breaker(store: Store, policy: QuarantinePolicy, t: float) -> list[str]:
     return why
 
 
+def _mark_suite_suspects(store: Store, policy: QuarantinePolicy, since: float) -> str:
+    """Fill the temporary table ``_suite_suspect`` and return the SQL condition "this failed result is evidence
+    against its device".
+
+    A failure that the circuit breaker would blame on the suite (the same wrong output on several devices, or a
+    case failed by too large a share of the devices that ran it on one day) is never evidence against a device,
+    even after the breaker's own window has passed: otherwise a bad golden file rolled out yesterday quarantines
+    the whole fleet tomorrow, when its failures are still inside the rate window.
+    """
+    conn = store._conn
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS _suite_suspect(case_id TEXT, digest TEXT, day INTEGER)")
+    conn.execute("DELETE FROM _suite_suspect")
+    conn.execute(
+        "INSERT INTO _suite_suspect(case_id, digest, day) SELECT case_id, output_digest, NULL FROM results "
+        "WHERE passed = 0 AND started_at >= ? AND output_digest IS NOT NULL GROUP BY case_id, output_digest "
+        "HAVING COUNT(DISTINCT device) >= ?",
+        (since, policy.breaker_same_digest_devices),
+    )
+    day = f"CAST(started_at / {policy.breaker_window_s!r} AS INTEGER)"
+    conn.execute(
+        f"INSERT INTO _suite_suspect(case_id, digest, day) SELECT case_id, NULL, {day} AS d FROM results "
+        "WHERE started_at >= ? GROUP BY case_id, d "
+        "HAVING COUNT(DISTINCT CASE WHEN passed = 0 THEN device END) >= ? "
+        "AND COUNT(DISTINCT CASE WHEN passed = 0 THEN device END) > ? * COUNT(DISTINCT device)",
+        (since, policy.breaker_min_devices, policy.breaker_share),
+    )
+    if conn.execute("SELECT COUNT(*) FROM _suite_suspect").fetchone()[0] == 0:
+        return "1"  # nothing suspect: keep the queries on their indexes
+    return (
+        "NOT EXISTS (SELECT 1 FROM _suite_suspect s WHERE s.case_id = results.case_id AND "
+        f"(s.digest = results.output_digest OR s.day = {day}))"
+    )
+
+
 def _candidates(store: Store, policy: QuarantinePolicy, t: float, devices: Sequence[str] | None) -> dict[str, str]:
     """``device -> reason`` for every not-yet-quarantined device the rules name."""
     since = t - policy.window_s
+    evidence = _mark_suite_suspects(store, policy, min(since, t - policy.breaker_window_s))
     scope, sp = _scope(devices)
     quarantined = {r[0] for r in store._conn.execute("SELECT device FROM quarantine WHERE state = 'quarantined'")}
     probation = {
@@ -162,7 +200,7 @@ def _candidates(store: Store, policy: QuarantinePolicy, t: float, devices: Seque
     if policy.quarantine_on_sticky:
         for dev, case in store._conn.execute(
             "SELECT device, MIN(case_id) FROM results WHERE passed = 0 AND started_at >= ? AND sticky = 1"
-            f"{scope} GROUP BY device",
+            f" AND {evidence}{scope} GROUP BY device",
             [since, *sp],
         ):
             add(dev, f"sticky failure: case {case} failed and the failure reproduced on retest")
@@ -170,12 +208,13 @@ def _candidates(store: Store, policy: QuarantinePolicy, t: float, devices: Seque
     failing = [
         r[0]
         for r in store._conn.execute(
-            f"SELECT DISTINCT device FROM results WHERE passed = 0 AND started_at >= ?{scope}", [since, *sp]
+            f"SELECT DISTINCT device FROM results WHERE passed = 0 AND started_at >= ? AND {evidence}{scope}",
+            [since, *sp],
         )
     ]
     if failing:
         rows = store._conn.execute(
-            "SELECT device, SUM((attempt = 0) * executions), SUM(attempt = 0 AND passed = 0) FROM results "
+            f"SELECT device, SUM((attempt = 0) * executions), SUM(attempt = 0 AND passed = 0 AND {evidence}) FROM results "
             "WHERE device IN (SELECT value FROM json_each(?)) AND started_at >= ? GROUP BY device",
             (json.dumps(failing), since),
         ).fetchall()
@@ -201,7 +240,7 @@ def _candidates(store: Store, policy: QuarantinePolicy, t: float, devices: Seque
         if devices is not None and dev not in devices:
             continue
         case = store.scalar(
-            "SELECT case_id FROM results WHERE passed = 0 AND started_at >= ? AND device = ? LIMIT 1",
+            f"SELECT case_id FROM results WHERE passed = 0 AND started_at >= ? AND device = ? AND {evidence} LIMIT 1",
             (released_at, dev),
         )
         if case is not None:

@@ -243,3 +243,16 @@ def test_policy_invariants(tmp_path_factory: pytest.TempPathFactory, fleet) -> N
         again = apply_policy(store, now=NOW + 1)
         assert again.quarantined == [] and again.breaker_tripped == out.breaker_tripped
         assert {e.device for e in store.quarantine_list()} == set(out.quarantined)
+
+
+def test_failures_blamed_on_the_suite_are_never_evidence_later(store: Store) -> None:
+    # A bad golden file: two devices give the same wrong output two days ago. The breaker window (1 day) has
+    # passed, the rate window (7 days) has not: those failures must still not quarantine anyone.
+    for d in ("sim:1", "sim:2"):
+        scan(store, d, [*clean(d, 10), result(d, passed=False, sticky=True, digest="cd" * 32, t=NOW - 2 * 86400)])
+    out = apply_policy(store, now=NOW)
+    assert not out.breaker_tripped and out.quarantined == []
+    # A device failing on its own (its own wrong output) is still quarantined in the same run.
+    scan(store, "sim:3", [*clean("sim:3", 10), result("sim:3", passed=False, sticky=True, digest="ef" * 32, t=NOW - 5)])
+    out = apply_policy(store, now=NOW)
+    assert out.quarantined == ["sim:3"]
