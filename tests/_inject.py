@@ -30,8 +30,9 @@ def arrays(draw: st.DrawFn, *, finite: bool = False, min_size: int = 1) -> tuple
     bits = rng.integers(0, 2**fmt.width, size=n, dtype=np.uint64, endpoint=False).astype(fmt.uint)
     if finite and fmt.is_float:
         # keep the values finite: clear the top exponent bit where the value is not finite
-        fin = fmt.is_finite(bits)
-        bits = np.where(fin, bits, bits & fmt.uint(~(1 << (fmt.mantissa_bits + fmt.exponent_bits - 1)) & ((1 << fmt.width) - 1)))
+        top_exponent_bit = 1 << (fmt.mantissa_bits + fmt.exponent_bits - 1)
+        keep = fmt.uint(~top_exponent_bit & ((1 << fmt.width) - 1))
+        bits = np.where(fmt.is_finite(bits), bits, bits & keep)
     if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2") or fmt.kind == "uint":
         arr = bits
     else:

@@ -30,6 +30,23 @@ faults = st.builds(
 )
 
 
+
+@st.composite
+def timed_faults(draw: st.DrawFn) -> Fault:
+    """Faults of every timing (and value ranges), for properties that hold whether or not a computation is hit."""
+    timing = draw(st.sampled_from(["transient", "intermittent", "sticky"]))
+    rate = 1.0 if timing == "sticky" else draw(st.sampled_from([0.0, 0.3, 1.0]))
+    return Fault(
+        pattern=draw(st.sampled_from(["bitflip", "multibit", "zero", "stuck0", "stuck1", "mix"])),
+        timing=timing,
+        rate=rate,
+        elements=draw(st.integers(1, 6)),
+        period=draw(st.sampled_from([None, 0, 2])),
+        value_range=draw(st.sampled_from([None, (-1.0, 1.0), (0.0, math.inf)])),
+        seed=draw(st.integers(0, 2**40)),
+    )
+
+
 def _check_exact(a: np.ndarray, name: str, out: np.ndarray, records: list) -> None:
     """The output differs from the input exactly where the records say, with the recorded bits."""
     fmt = formats.get(name)
@@ -196,7 +213,39 @@ def test_control_fault_corrupts_most_of_one_tile(seed, n, tile):
     assert np.count_nonzero(out != a) == len(records)
 
 
-@given(arrays(), faults)
+@given(st.integers(0, 2**32), st.lists(st.integers(2, 70), min_size=2, max_size=3), st.sampled_from([16, 1024]))
+def test_control_fault_on_a_matrix_hits_one_square_tile(seed, shape, tile):
+    a = np.ones(shape, dtype=np.float32)
+    out, records = FaultModel(Fault(pattern="zero", control=1.0, tile=tile, seed=seed)).corrupt_array(a)
+    side = math.isqrt(tile)
+    coords = np.array(np.unravel_index([r.index for r in records], a.shape)).T
+    assert len({(*c[:-2], c[-2] // side, c[-1] // side) for c in coords}) == 1, "one tile of one matrix"
+    rows, cols = shape[-2], shape[-1]
+    i, j = coords[0][-2] // side, coords[0][-1] // side
+    size = (min(rows, (i + 1) * side) - i * side) * (min(cols, (j + 1) * side) - j * side)
+    assert size / 2 - 1 <= len(records) <= size
+    assert np.count_nonzero(out != a) == len(records)
+
+
+@given(arrays(), timed_faults())
+@settings(max_examples=100)
+def test_every_computation_changes_exactly_what_it_records(data, fault):
+    a, name = data
+    model = FaultModel(fault)
+    for call in range(4):
+        out, records = model.corrupt_array(a, dtype=name)
+        _check_exact(a, name, out, records)
+        assert all(r.call == call for r in records)
+    assert model.calls == 4
+
+
+def test_empty_arrays_are_never_hit():
+    model = FaultModel(Fault(pattern="zero"))
+    out, records = model.corrupt_array(np.zeros((0, 3), dtype=np.float32))
+    assert records == [] and out.shape == (0, 3) and model.calls == 1 and model.hits == 0
+
+
+@given(arrays(), timed_faults())
 @settings(max_examples=100)
 def test_same_seed_repeats_the_same_faults(data, fault):
     a, name = data

@@ -20,6 +20,7 @@ Numpy only: this module must import without torch.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -107,7 +108,8 @@ class Fault:
     """Chance that a hit is a control fault: 50-100% of one ``tile`` corrupted instead of ``elements`` values.
     None: the pattern's default (``mix``: 0.02; otherwise 0)."""
     tile: int = 1024
-    """Elements per output tile (flat, aligned) for control faults; 1024 = one 32x32 tile."""
+    """Elements per output tile for control faults: a square block of the last two dimensions, ``isqrt(tile)``
+    on a side (1024: 32x32, one thread block's output), or an aligned flat run for 1-d outputs."""
     value_range: tuple[float, float] | None = None
     """Only values ``v`` with ``lo <= v < hi`` (compared in float64; NaN never) can be corrupted; a computation
     without such values is not hit (and does not use up a transient fault)."""
@@ -251,12 +253,15 @@ class FaultModel:
         fmt: BitFormat | str,
         *,
         read_bits: ReadBits,
-        eligible: np.ndarray | None = None,
+        eligible: np.ndarray | Callable[[], np.ndarray] | None = None,
+        shape: tuple[int, ...] | None = None,
     ) -> list[FaultRecord]:
         """Decide what happens to one computation whose output has ``n`` elements of format ``fmt``.
 
         ``read_bits(indices)`` returns the raw bits (unsigned integers) of the output at sorted flat
-        ``indices``; ``eligible`` holds the sorted flat indices a value range lets through (None: all).
+        ``indices``; ``eligible`` holds the sorted flat indices a value range lets through (None: all), or is a
+        function returning them, called only when the computation passes the rate draw (it may be costly).
+        ``shape`` (C order, product ``n``) lets a control fault hit a 2-d tile; without it tiles are flat runs.
         Returns the records (empty: not hit); the caller writes each ``after`` at its ``index``.
         Always advances the computation counter.
         """
@@ -268,6 +273,8 @@ class FaultModel:
             return []
         if f.rate < 1.0 and np.random.default_rng([f.seed, call, 1]).random() >= f.rate:
             return []
+        if callable(eligible):
+            eligible = eligible()
         if eligible is not None:
             eligible = np.asarray(eligible, dtype=np.int64)
             if eligible.size == 0:
@@ -277,10 +284,13 @@ class FaultModel:
         key = [f.seed, call, 2] if f.timing == "transient" else [f.seed, 0, 2]
         rng = np.random.default_rng(key)
         control = f.effective_control > 0 and rng.random() < f.effective_control
-        index = self._positions_tile(rng, n, eligible) if control else self._positions(rng, n, eligible)
+        if shape is not None and math.prod(shape) != n:
+            raise BadInput(f"shape {shape} does not hold {n} elements")
+        index = self._positions_tile(rng, n, eligible, shape) if control else self._positions(rng, n, eligible)
         if index.size == 0:
             return []
-        before = np.asarray(read_bits(index)).astype(np.uint64)
+        # masked to the format's width: a signed view read by the caller must not sign-extend
+        before = np.asarray(read_bits(index)).astype(np.uint64) & np.uint64((1 << fmt.width) - 1)
         records = []
         for i, b in zip(index.tolist(), before.tolist(), strict=True):
             effect, after = self._corrupt_one(rng, fmt, int(b))
@@ -306,7 +316,7 @@ class FaultModel:
         eligible = None
         if self.fault.value_range is not None:
             eligible = np.flatnonzero(self.fault.in_range(fmt.decode(flat)))
-        records = self.plan(flat.size, fmt, read_bits=lambda idx: flat[idx], eligible=eligible)
+        records = self.plan(flat.size, fmt, read_bits=lambda idx: flat[idx], eligible=eligible, shape=out.shape)
         if records:
             idx = np.fromiter((r.index for r in records), dtype=np.int64, count=len(records))
             flat[idx] = np.fromiter((r.after for r in records), dtype=np.uint64, count=len(records)).astype(fmt.uint)
@@ -335,14 +345,25 @@ class FaultModel:
             pos = lane[(start + np.arange(min(f.elements, lane.size))) % lane.size]
         return np.unique(pos.astype(np.int64))
 
-    def _positions_tile(self, rng: np.random.Generator, n: int, eligible: np.ndarray | None) -> np.ndarray:
+    def _positions_tile(
+        self, rng: np.random.Generator, n: int, eligible: np.ndarray | None, shape: tuple[int, ...] | None
+    ) -> np.ndarray:
         f = self.fault
-        tiles = -(-n // f.tile)
-        t = int(rng.integers(tiles))
-        lo, hi = t * f.tile, min(n, (t + 1) * f.tile)
-        cands = np.arange(lo, hi, dtype=np.int64)
+        if shape is not None and len(shape) >= 2 and shape[-1] > 1 and shape[-2] > 1:
+            # one square block of the last two dimensions, in one matrix of the batch
+            rows, cols = shape[-2], shape[-1]
+            side = max(1, math.isqrt(f.tile))
+            tr, tc = -(-rows // side), -(-cols // side)
+            b, t = divmod(int(rng.integers(n // (rows * cols) * tr * tc)), tr * tc)
+            i, j = divmod(t, tc)
+            r = np.arange(i * side, min(rows, (i + 1) * side), dtype=np.int64)
+            c = np.arange(j * side, min(cols, (j + 1) * side), dtype=np.int64)
+            cands = (b * rows * cols + r[:, None] * cols + c[None, :]).reshape(-1)
+        else:
+            t = int(rng.integers(-(-n // f.tile)))
+            cands = np.arange(t * f.tile, min(n, (t + 1) * f.tile), dtype=np.int64)
         if eligible is not None:
-            cands = eligible[(eligible >= lo) & (eligible < hi)]
+            cands = np.intersect1d(cands, eligible, assume_unique=True)
         if cands.size == 0:
             return cands
         k = max(1, round(rng.uniform(0.5, 1.0) * cands.size))
@@ -392,27 +413,37 @@ class FaultModel:
             if fmt.has_inf and rng.random() < 0.5:
                 return "inf", fmt.inf_bits(sign)
             return "nan", fmt.nan_bits(sign)
-        counts = np.fromiter(MIX_FLIP_COUNTS, dtype=np.int64)
-        probs = np.fromiter(MIX_FLIP_COUNTS.values(), dtype=np.float64)
-        nflip = int(rng.choice(counts, p=probs / probs.sum()))
-        classes = [c for c in MIX_CLASS_WEIGHTS if fmt.bits(c)]
-        pool = np.array([b for c in classes for b in fmt.bits(c)], dtype=np.int64)
-        per_bit = np.array([MIX_CLASS_WEIGHTS[c] / len(fmt.bits(c)) for c in classes for _ in fmt.bits(c)])
-        nflip = min(nflip, pool.size)
+        pool, cum = _mix_bit_table(fmt)
+        nflip = min(_FLIP_COUNTS[int(np.searchsorted(_FLIP_CUM, rng.random(), side="right"))], len(pool))
         for _ in range(_MAX_VALID_TRIES):
-            bits = rng.choice(pool, size=nflip, replace=False, p=per_bit / per_bit.sum())
+            bits: list[int] = []
+            while len(bits) < nflip:  # distinct bits, each drawn with its class weight
+                b = pool[int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))]
+                if b not in bits:
+                    bits.append(b)
             after = before ^ _mask(bits)
-            if bool(fmt.is_finite(np.array([after], dtype=np.uint64))[0]):
+            if fmt.is_finite_bits(after):
                 return ("bitflip" if nflip == 1 else "multibit"), after
-        # Rare (a value next to the NaN/Inf encodings): the lowest mantissa bit whose flip stays finite.
+        # Rare (a value next to the NaN/Inf encodings): the lowest bit whose flip keeps the value finite.
         for b in range(fmt.width):
-            after = before ^ (1 << b)
-            if bool(fmt.is_finite(np.array([after], dtype=np.uint64))[0]):
-                return "bitflip", after
-        return "zero", 0  # only reachable for a value with no finite neighbour: none exists in these formats
+            if fmt.is_finite_bits(before ^ (1 << b)):
+                return "bitflip", before ^ (1 << b)
+        return "zero", 0  # unreachable in these formats: every value has a finite neighbour
 
 
-def _mask(bits: np.ndarray) -> int:
+_FLIP_COUNTS = tuple(MIX_FLIP_COUNTS)
+_FLIP_CUM = np.cumsum(list(MIX_FLIP_COUNTS.values())) / sum(MIX_FLIP_COUNTS.values())
+
+
+@functools.cache
+def _mix_bit_table(fmt: BitFormat) -> tuple[tuple[int, ...], np.ndarray]:
+    """Bits a wrong-but-valid value can have flipped, and their cumulative weights (class weight split evenly)."""
+    pool = tuple(b for c in MIX_CLASS_WEIGHTS for b in fmt.bits(c))
+    weights = [MIX_CLASS_WEIGHTS[c] / len(fmt.bits(c)) for c in MIX_CLASS_WEIGHTS for _ in fmt.bits(c)]
+    return pool, np.cumsum(weights)
+
+
+def _mask(bits: np.ndarray | list[int]) -> int:
     m = 0
     for b in np.asarray(bits).tolist():
         m |= 1 << int(b)

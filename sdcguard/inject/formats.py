@@ -113,6 +113,15 @@ class BitFormat:
             return (b & np.uint64(low)) != np.uint64(low)
         return (b & np.uint64(self.exponent_mask)) != np.uint64(self.exponent_mask)
 
+    def is_finite_bits(self, bits: int) -> bool:
+        """Whether one raw-bit value encodes a finite number."""
+        if not self.is_float:
+            return True
+        if not self.has_inf:
+            low = (1 << (self.exponent_bits + self.mantissa_bits)) - 1
+            return bits & low != low
+        return bits & self.exponent_mask != self.exponent_mask
+
     def decode(self, bits: np.ndarray) -> np.ndarray:
         """Values (float64) of raw bits of this format; used by value-range triggers."""
         b = np.ascontiguousarray(bits).astype(self.uint)
@@ -120,13 +129,13 @@ class BitFormat:
             return b.astype(np.float64)
         if self.kind == "int":
             return b.view(np.dtype(f"int{self.width}")).astype(np.float64)
-        if self.name in ("float64", "float32", "float16"):
-            with np.errstate(invalid="ignore"):  # NaN payloads are expected here
+        with np.errstate(invalid="ignore"):  # NaN payloads are expected here
+            if self.name in ("float64", "float32", "float16"):
                 return b.view(np.dtype(self.name)).astype(np.float64)
-        if self.name == "bfloat16":  # the top half of a float32
-            return (b.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
-        if self.name == "float8_e5m2":  # the top half of a float16
-            return (b.astype(np.uint16) << np.uint16(8)).view(np.float16).astype(np.float64)
+            if self.name == "bfloat16":  # the top half of a float32
+                return (b.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
+            if self.name == "float8_e5m2":  # the top half of a float16
+                return (b.astype(np.uint16) << np.uint16(8)).view(np.float16).astype(np.float64)
         return _e4m3fn_table()[b]
 
 

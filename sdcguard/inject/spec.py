@@ -42,8 +42,8 @@ store, quarantine policy) can be proven end to end.
     bits=N        bits flipped per value by multibit (default 2)
     elements=N    values corrupted per hit (default 1)
     period=N      corrupted positions repeat every N elements (mix: 32)
-    control=P     chance a hit corrupts most of one tile instead (mix: 0.02)
-    tile=N        elements per tile for control faults (default 1024)
+    control=P     chance a hit corrupts most of one output tile instead (mix: 0.02)
+    tile=N        elements per tile for control faults (default 1024 = 32x32)
     range=LO..HI  only values v with LO <= v < HI are corrupted
     case=GLOB     only golden cases whose id matches, e.g. case=gemm*
     seed=N        seed (default 0); with the device id it fixes every choice

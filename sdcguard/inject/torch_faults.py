@@ -157,6 +157,8 @@ def _steps(steps: int | Iterable[int] | None) -> frozenset[int] | None:
 def _supported(t: Any) -> bool:
     if not isinstance(t, torch.Tensor) or t.numel() == 0 or t.is_complex() or t.dtype == torch.bool:
         return False
+    if t.is_sparse or t.is_quantized or t.device.type == "meta":  # no raw bits to corrupt
+        return False
     return str(t.dtype).removeprefix("torch.") in _formats.FORMATS
 
 
@@ -190,35 +192,45 @@ def _corrupt_segments_(
             out.append((s, sel, idx[sel] - offsets[s]))
         return out
 
-    def coords(s: int, local: np.ndarray) -> tuple[torch.Tensor, ...]:
+    # contiguous tensors are indexed through a flat view (one index tensor), others by coordinates
+    flats = [r.view(-1) if r.is_contiguous() else None for r in raws]
+
+    def at(s: int, local: np.ndarray) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         dev = raws[s].device
-        return tuple(torch.as_tensor(c, device=dev) for c in np.unravel_index(local, tuple(raws[s].shape)))
+        flat = flats[s]
+        if flat is not None:
+            return flat, (torch.from_numpy(local).to(dev),)
+        return raws[s], tuple(torch.from_numpy(c).to(dev) for c in np.unravel_index(local, tuple(raws[s].shape)))
 
     def read_bits(idx: np.ndarray) -> np.ndarray:
         out = np.empty(idx.size, dtype=np.uint64)
         for s, sel, local in split(np.asarray(idx, dtype=np.int64)):
-            vals = raws[s][coords(s, local)].cpu().numpy().view(fmt.uint)
-            out[sel] = vals.astype(np.uint64)
+            view, where = at(s, local)
+            out[sel] = view[where].cpu().numpy().view(fmt.uint).astype(np.uint64)
         return out
 
-    eligible = None
-    if model.fault.value_range is not None:
-        lo, hi = model.fault.value_range  # the same rule as Fault.in_range: lo <= v < hi in float64, NaN never
+    def eligible() -> np.ndarray:
+        lo, hi = model.fault.value_range  # type: ignore[misc]  # Fault.in_range's rule: lo <= v < hi, NaN never
         parts = []
         for (_, t), off in zip(segments, offsets[:-1].tolist(), strict=True):
             v = t.detach().to(torch.float64).reshape(-1)
             parts.append(torch.nonzero((v >= lo) & (v < hi)).reshape(-1).cpu().numpy() + off)
-        eligible = np.concatenate(parts).astype(np.int64)
+        return np.concatenate(parts).astype(np.int64)
 
     with torch.no_grad():
-        plan = model.plan(int(offsets[-1]), fmt, read_bits=read_bits, eligible=eligible)
+        plan = model.plan(
+            int(offsets[-1]), fmt, read_bits=read_bits,
+            eligible=eligible if model.fault.value_range is not None else None,
+            shape=tuple(raws[0].shape) if len(raws) == 1 else None,
+        )
         if not plan:
             return []
         idx = np.array([r.index for r in plan], dtype=np.int64)
         after = np.array([r.after for r in plan], dtype=np.uint64).astype(fmt.uint).view(_NP_INT[fmt.width])
         records = []
         for s, sel, local in split(idx):
-            raws[s][coords(s, local)] = torch.from_numpy(after[sel].copy()).to(raws[s].device)
+            view, where = at(s, local)
+            view[where] = torch.from_numpy(after[sel].copy()).to(raws[s].device)
             label, t = segments[s]
             for j, li in zip(sel.tolist(), local.tolist(), strict=True):
                 r = plan[j]
@@ -341,6 +353,8 @@ class CorruptingCommHook:
 
             base = allreduce_hook
         self.base = base
+        # DDP reads a hook's __name__ and __qualname__, as if it were a function
+        self.__name__ = self.__qualname__ = "CorruptingCommHook"
 
     def _active(self) -> bool:
         if current_rank() != self.rank:
@@ -360,6 +374,12 @@ class CorruptingCommHook:
             return t
 
         return fut.then(corrupt)
+
+
+# DDP checks a hook's annotations against the real classes; with postponed annotations they would be strings.
+CorruptingCommHook.__call__.__annotations__.update(
+    {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+)
 
 
 def _resolve_ops(ops: str | Iterable[str]) -> frozenset[str]:
