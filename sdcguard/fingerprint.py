@@ -44,10 +44,14 @@ Why two 32-bit sums and not one 64-bit sum: CPUs without AVX-512 have no vector 
 multiply-and-sum runs at memory speed. A single linear sum modulo ``2**32`` cannot see a swap of two words that
 differ only in their top bit (a float32 ``x`` and ``-x``), hence ``SB`` over the high half-words.
 
-Implementation: fixed-size blocks (``_BLOCK_WORDS``), so the temporaries are bounded (two int32 buffers of one
-block) whatever the input size; a non-contiguous or misaligned input is copied block by block into a staging
-buffer on its own device, never to the host. Torch tensors on CUDA run the same torch ops on the GPU (no custom
-kernel); cupy arrays run the same array code as numpy (``xp``). The numpy path never imports torch.
+Implementation: fixed-size blocks (``_BLOCK_WORDS`` words, 1 MiB) with two int32 temporaries of one block, so
+memory stays bounded whatever the input size; a non-contiguous or misaligned input is copied block by block into
+a staging buffer on its own device, never to the host. CPU (numpy arrays, and torch CPU tensors through zero-copy
+``.numpy()`` views of the same memory): numpy's int32 loops, independent blocks on a small thread pool. CUDA
+(torch tensors through DLPack on torch's current stream, cupy arrays): one fused pass, a small cupy
+``RawKernel`` (``_CUDA_SOURCE``), one thread block per chunk; without cupy, torch tensors on a GPU fall back to the
+same arithmetic in torch ops (``_torch_ops_chunk_sums``, also exercised on CPU by the tests). The numpy path
+never imports torch.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ CHUNK_WORDS = 1 << _M
 """Words (4 bytes) per chunk: the unit inside which swaps and double flips are detected with certainty."""
 _CHUNKS_PER_BLOCK = 16
 _BLOCK_WORDS = CHUNK_WORDS * _CHUNKS_PER_BLOCK  # 1 MiB of input per block; temporaries: 2 x 1 MiB
+_WHOLE = CHUNK_WORDS * (1 << 30)  # "one block": dense views on a GPU need no temporaries at all
 
 _MASK64 = (1 << 64) - 1
 _PHI = 0x9E3779B97F4A7C15
@@ -150,7 +155,7 @@ def _xp_byte_pieces(a: Any, xp: Any, max_bytes: int) -> Iterator[Any]:
         yield from _xp_byte_pieces(a[i], xp, max_bytes)
 
 
-def _xp_word_blocks(a: Any, xp: Any) -> tuple[Iterator[Any], bool]:
+def _xp_word_blocks(a: Any, xp: Any, view_words: int = _BLOCK_WORDS) -> tuple[Iterator[Any], bool]:
     """int32 word blocks of ``_BLOCK_WORDS`` (the last one shorter), zero-padded at the very end.
 
     Returns the blocks and whether they are independent views (safe to process in parallel) rather than one
@@ -160,13 +165,13 @@ def _xp_word_blocks(a: Any, xp: Any) -> tuple[Iterator[Any], bool]:
         flat = a.reshape(-1).view(np.uint8)
         if _xp_ptr(flat, xp) % 4 == 0:
             words = flat.view(np.int32)
-            return (words[s : s + _BLOCK_WORDS] for s in range(0, words.size, _BLOCK_WORDS)), True
+            return (words[s : s + view_words] for s in range(0, words.size, view_words)), True
     return _xp_staged_blocks(a, xp), False
 
 
 def _xp_staged_blocks(a: Any, xp: Any) -> Iterator[Any]:
     block_bytes = _BLOCK_WORDS * 4
-    staging = xp.zeros(_BLOCK_WORDS, dtype=np.int32)
+    staging = xp.zeros(min(_BLOCK_WORDS, -(-(a.size * a.itemsize) // 4)), dtype=np.int32)  # never above the input
     sbytes = staging.view(np.uint8)
     fill = 0
     for piece in _xp_byte_pieces(a, xp, block_bytes):
@@ -226,7 +231,12 @@ _POOL: Any = None
 
 
 def _pool_workers() -> int:
+    """Threads for independent numpy blocks: the cores we may use, capped by torch's intra-op threads when torch
+    is loaded (a training rank pinned to one thread must not get more from us)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_num_threads"):
+        cpus = min(cpus, torch.get_num_threads())
     return max(1, min(4, cpus))
 
 
@@ -272,8 +282,10 @@ def _xp_chunk_sums(a: Any, xp: Any) -> Any:
     nwords = -(-(a.size * a.itemsize) // 4)
     if xp is np:
         return _xp_sums_of_blocks(*_xp_word_blocks(a, xp), nwords, xp)
-    with a.device:  # cupy: temporaries on the array's own GPU
-        return _xp_sums_of_blocks(*_xp_word_blocks(a, xp), nwords, xp, int(a.device.id))
+    with a.device:  # cupy: temporaries on the array's own GPU, the fused kernel over each block
+        blocks, views = _xp_word_blocks(a, xp, _WHOLE)
+        sa, sb = _cuda_sums(xp, blocks, _WHOLE if views else _BLOCK_WORDS, nwords, int(a.device.id))
+        return sa.view(np.uint32).astype(np.uint64) | (sb.view(np.uint32).astype(np.uint64) << np.uint64(32))
 
 
 def _xp_finish(v: Any, xp: Any, nbytes: int) -> Any:
@@ -324,7 +336,9 @@ def _torch_byte_pieces(x: Any, max_bytes: int) -> Iterator[Any]:
         yield from _torch_byte_pieces(x[i], max_bytes)
 
 
-def _torch_word_blocks(x: Any, block_words: int = _BLOCK_WORDS) -> tuple[Iterator[Any], bool]:
+def _torch_word_blocks(
+    x: Any, block_words: int = _BLOCK_WORDS, view_words: int | None = None
+) -> tuple[Iterator[Any], bool]:
     """int32 word blocks of ``_BLOCK_WORDS`` (the last one shorter), zero-padded at the very end, and whether
     they are independent views (rather than one reused staging buffer)."""
     import torch
@@ -333,7 +347,8 @@ def _torch_word_blocks(x: Any, block_words: int = _BLOCK_WORDS) -> tuple[Iterato
         flat = x.as_strided((x.numel(),), (1,)).view(torch.uint8)  # reshape keeps odd strides of size-1 dims
         if flat.numel() % 4 == 0 and flat.storage_offset() % 4 == 0:
             words = flat.view(torch.int32)
-            return (words[s : s + block_words] for s in range(0, words.numel(), block_words)), True
+            step = view_words or block_words
+            return (words[s : s + step] for s in range(0, words.numel(), step)), True
     return _torch_staged_blocks(x, block_words), False
 
 
@@ -433,7 +448,9 @@ def _torch_fingerprint_device(x: Any, *, torch_ops: bool = False) -> Any:
         np_blocks = (w.numpy() for w in blocks)
         fp = _xp_finish(_xp_sums_of_blocks(np_blocks, independent, -(-nbytes // 4), np), np, nbytes)
         return torch.from_numpy(fp.view(np.int64)).reshape(())
-    v = _torch_ops_chunk_sums(x)
+    v = _torch_cuda_chunk_sums(x) if x.device.type == "cuda" and not torch_ops else None
+    if v is None:
+        v = _torch_ops_chunk_sums(x)
     c = torch.arange(v.numel(), dtype=torch.int64, device=x.device)
     k = _torch_mix(v + c * _signed64(_PHI) + _signed64(_SEED))
     acc = k.sum()
@@ -461,6 +478,119 @@ def fingerprints_on_device(xs: Sequence[Any]) -> Any:
         return torch.zeros(0, dtype=torch.int64)
     device = xs[0].device
     return torch.stack([_torch_fingerprint_device(x).to(device) for x in xs])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# CUDA: one fused pass (a small cupy RawKernel) for torch CUDA tensors and cupy arrays
+# ----------------------------------------------------------------------------------------------------------------
+
+# One thread block per chunk: each thread multiplies-and-adds a strided share of the chunk's words (uint4 loads),
+# then a warp-shuffle reduction. Unsigned 32-bit arithmetic wraps mod 2**32, as the definition says; the signed
+# right shift is arithmetic in CUDA C++. The weight tables (2 x 64 KiB) stay in L2, so the data is read once.
+_CUDA_SOURCE = r"""
+#define CHUNK 16384
+extern "C" __global__ void sdcguard_chunk_sums(
+    const unsigned int* __restrict__ words, long long nwords,
+    const unsigned int* __restrict__ T, const unsigned int* __restrict__ U,
+    unsigned int* __restrict__ out_a, unsigned int* __restrict__ out_b)
+{
+    long long base = (long long)blockIdx.x * CHUNK;
+    long long left = nwords - base;
+    int n = left < CHUNK ? (int)left : CHUNK;
+    unsigned int a = 0u, b = 0u;
+    const unsigned int* w = words + base;
+    if (n == CHUNK && (((unsigned long long)w) & 15ull) == 0ull) {
+        const uint4* w4 = (const uint4*)w;
+        const uint4* t4 = (const uint4*)T;
+        const uint4* u4 = (const uint4*)U;
+        for (int i = threadIdx.x; i < CHUNK / 4; i += blockDim.x) {
+            uint4 x = w4[i];
+            uint4 t = __ldg(t4 + i);
+            uint4 u = __ldg(u4 + i);
+            a += x.x * t.x + x.y * t.y + x.z * t.z + x.w * t.w;
+            b += (unsigned int)(((int)x.x) >> 16) * u.x + (unsigned int)(((int)x.y) >> 16) * u.y
+               + (unsigned int)(((int)x.z) >> 16) * u.z + (unsigned int)(((int)x.w) >> 16) * u.w;
+        }
+    } else {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            unsigned int x = w[i];
+            a += x * T[i];
+            b += (unsigned int)(((int)x) >> 16) * U[i];
+        }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+        a += __shfl_down_sync(0xffffffffu, a, off);
+        b += __shfl_down_sync(0xffffffffu, b, off);
+    }
+    __shared__ unsigned int sa[32], sb[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) { sa[warp] = a; sb[warp] = b; }
+    __syncthreads();
+    if (warp == 0) {
+        int nwarps = (blockDim.x + 31) >> 5;
+        a = lane < nwarps ? sa[lane] : 0u;
+        b = lane < nwarps ? sb[lane] : 0u;
+        for (int off = 16; off > 0; off >>= 1) {
+            a += __shfl_down_sync(0xffffffffu, a, off);
+            b += __shfl_down_sync(0xffffffffu, b, off);
+        }
+        if (lane == 0) { out_a[blockIdx.x] = a; out_b[blockIdx.x] = b; }
+    }
+}
+"""
+_CUDA_THREADS = 256
+_CUDA_KERNELS: dict[int, Any] = {}
+
+
+def _cupy_or_none() -> Any:
+    try:
+        import cupy
+    except Exception:  # not installed, or a broken CUDA install: the torch-op path still works
+        return None
+    return cupy
+
+
+def _cuda_kernel(cupy: Any, device: int) -> Any:
+    kernel = _CUDA_KERNELS.get(device)
+    if kernel is None:
+        with cupy.cuda.Device(device):
+            kernel = cupy.RawModule(code=_CUDA_SOURCE).get_function("sdcguard_chunk_sums")
+        _CUDA_KERNELS[device] = kernel
+    return kernel
+
+
+def _cuda_sums(cupy: Any, blocks: Iterator[Any], block_words: int, nwords: int, device: int) -> tuple[Any, Any]:
+    """SA and SB (cupy int32 arrays) of every chunk, from cupy word blocks, in one kernel launch per block."""
+    nchunks = -(-nwords // CHUNK_WORDS)
+    out_a = cupy.empty(nchunks, dtype=np.int32)
+    out_b = cupy.empty(nchunks, dtype=np.int32)
+    t, u = _xp_weights("cupy", device)
+    kernel = _cuda_kernel(cupy, device)
+    per_block = block_words // CHUNK_WORDS
+    for b, words in enumerate(blocks):
+        grid = -(-int(words.size) // CHUNK_WORDS)
+        c0 = b * per_block
+        kernel((grid,), (_CUDA_THREADS,), (words, np.int64(words.size), t, u, out_a[c0:], out_b[c0:]))
+    return out_a, out_b
+
+
+def _torch_cuda_chunk_sums(x: Any) -> Any:
+    """``V_c`` of a CUDA tensor with the fused kernel (zero-copy through DLPack), or None without cupy."""
+    cupy = _cupy_or_none()
+    if cupy is None:
+        return None
+    import torch
+
+    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    nwords = -(-x.numel() * x.element_size() // 4)
+    blocks, views = _torch_word_blocks(x, _GPU_BLOCK_WORDS, _WHOLE)  # a dense tensor: one launch over all of it
+    block_words = _WHOLE if views else _GPU_BLOCK_WORDS
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream)
+    with cupy.cuda.Device(device), stream:  # on torch's stream: ordered after the ops that produced x
+        sa, sb = _cuda_sums(cupy, (cupy.from_dlpack(w) for w in blocks), block_words, nwords, device)
+        a = torch.from_dlpack(sa).to(torch.int64) & 0xFFFFFFFF
+        b = torch.from_dlpack(sb).to(torch.int64) << 32
+    return a | b
 
 
 # ----------------------------------------------------------------------------------------------------------------

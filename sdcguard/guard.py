@@ -535,6 +535,21 @@ class SDCGuard:
         dist.all_gather_object(out, obj, group=self.group)
         return out
 
+    def _gather_digests(self, original: Digest, replayed: Digest) -> list[tuple[Digest, Digest]]:
+        """Every rank's (original, replay) digests with one fixed-size all-gather (no pickling)."""
+        def signed(v: int) -> int:
+            return v - (1 << 64) if v >= (1 << 63) else v
+
+        n = 1 + len(original.buckets)
+        values = [original.loss, *original.buckets, replayed.loss, *replayed.buckets]
+        local = torch.tensor([signed(v) for v in values], dtype=torch.int64, device=self._comm_device())
+        table = torch.empty(self.dp_size * 2 * n, dtype=torch.int64, device=local.device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(table, local, group=self.group)
+        rows = [[v & ((1 << 64) - 1) for v in row] for row in table.view(self.dp_size, 2 * n).tolist()]
+        return [(Digest(loss=r[0], buckets=tuple(r[1:n])), Digest(loss=r[n], buckets=tuple(r[n + 1:])))
+                for r in rows]
+
     def _broadcast(self, obj: Any, src: int) -> Any:
         """Broadcast an object from data-parallel index ``src``."""
         if not self.distributed or self.dp_size == 1:
@@ -571,7 +586,7 @@ class SDCGuard:
         theirs: Capture = exchange_objects(cap, dst=self.members[dst], src=self.members[src], group=self.group)
         replay_grads: list[torch.Tensor] = []
         mine = self._replay(theirs, same_process=False, keep=replay_grads)
-        gathered = self._gather((original, mine))
+        gathered = self._gather_digests(original, mine)
         pairs = [(peer_source(r, sample, W), r) for r in range(W)]
         pairs = [(p, r) for p, r in pairs if gathered[p][0] != gathered[r][1]]
         if not pairs:

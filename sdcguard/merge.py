@@ -81,8 +81,8 @@ def merge_stores(out: Path, inputs: Sequence[Path]) -> list[MergeStats]:
     return stats
 
 
-def _counts(conn: sqlite3.Connection) -> dict[str, int]:
-    return {t: conn.execute(f"SELECT COUNT(*) FROM main.{t}").fetchone()[0] for t in _COUNTED}
+def _counts(store: Store) -> dict[str, int]:
+    return {t: store.db[t].count for t in _COUNTED}
 
 
 def _merge_one(store: Store, path: Path) -> MergeStats:
@@ -90,11 +90,11 @@ def _merge_one(store: Store, path: Path) -> MergeStats:
     conn.execute("ATTACH DATABASE ? AS src", (str(path),))
     try:
         with store.write():
-            before = _counts(conn)
+            before = _counts(store)
             for sql in _MERGE_SQL:
                 conn.execute(sql)
             _replay_quarantine(conn)
-            after = _counts(conn)
+            after = _counts(store)
     finally:
         conn.execute("DETACH DATABASE src")
     return MergeStats(source=str(path), **{t: after[t] - before[t] for t in _COUNTED})

@@ -20,8 +20,9 @@ def plot_rates(
 ) -> list[str]:
     """Write a PNG of the failure rate per time bin for each device; returns the devices drawn.
 
-    Without ``devices`` it draws the devices that failed in the window or are quarantined or on probation (at
-    most 20, most failures first), else the whole fleet as one line.
+    Without ``devices`` it draws every device of a fleet of at most 20; in a larger fleet the devices that failed
+    in the window or are quarantined or on probation (at most 20, most failures first), else the whole fleet as
+    one line.
     """
     try:
         import matplotlib
@@ -47,6 +48,8 @@ def plot_rates(
             )
         ]
         picked += [d for d in sorted(states) if d not in picked][: max(0, _MAX_DEVICES - len(picked))]
+        if store.scalar("SELECT COUNT(*) FROM devices") <= _MAX_DEVICES:  # a small fleet: draw everyone
+            picked += [r[0] for r in store._conn.execute("SELECT id FROM devices ORDER BY id") if r[0] not in picked]
     else:
         picked = list(devices)
     fig, ax = plt.subplots(figsize=(10, 5))
@@ -66,7 +69,10 @@ def plot_rates(
             xs, ys = series.get(dev, ([], []))
             state = states.get(dev)
             if state == "quarantined":
-                ax.plot(xs, ys, "x--", color="red", label=f"{dev} (quarantined)")
+                line, = ax.plot(xs, ys, "x--", color="red", label=f"{dev} (quarantined)")
+                since_q = store.scalar("SELECT since FROM quarantine WHERE device = ?", (dev,))
+                if since_q is not None and since_q >= start:  # when it was taken out of service
+                    ax.axvline((since_q - t) / 86400.0, color=line.get_color(), alpha=0.4, linestyle=":")
             elif state == "probation":
                 ax.plot(xs, ys, "s:", label=f"{dev} (probation)")
             else:
@@ -81,7 +87,9 @@ def plot_rates(
         ax.plot([(start + (b + 0.5) * width - t) / 86400.0 for b, _, _ in rows],
                 [k / n if n else 0.0 for _, n, k in rows], "o-", label="fleet")
         title = "SDC failure rate, whole fleet (no device failed)"
-    ax.set_xlabel("days before now")
+    ax.set_xlim(-span / 86400.0, 0.0)
+    ax.set_ylim(bottom=0.0)
+    ax.set_xlabel("days (0 = now)")
     ax.set_ylabel("failed executions / executions")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)

@@ -21,6 +21,7 @@ Order of evaluation in one run:
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 import uuid as _uuid
 from collections.abc import Sequence
@@ -29,8 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .actions import ActionTemplate, run_action
-from .store import DEFAULT_WINDOW_S, Store, _end_probation, _quarantine
 from .rates import clopper_pearson_arrays
+from .store import DEFAULT_WINDOW_S, Store, _end_probation, _quarantine
 
 __all__ = ["QuarantinePolicy", "PolicyOutcome", "Decision", "apply_policy"]
 
@@ -259,8 +260,8 @@ def apply_policy(
     return out
 
 
-def _decide(conn: object, out: PolicyOutcome, d: Decision, t: float) -> None:
-    conn.execute(  # type: ignore[attr-defined]
+def _decide(conn: sqlite3.Connection, out: PolicyOutcome, d: Decision, t: float) -> None:
+    conn.execute(
         "INSERT INTO policy_decisions(uuid, time, device, decision, reason) VALUES (?, ?, ?, ?, ?)",
         (_uuid.uuid4().hex, t, d.device, d.decision, d.reason),
     )
@@ -269,6 +270,8 @@ def _decide(conn: object, out: PolicyOutcome, d: Decision, t: float) -> None:
 
 
 def _run_actions(store: Store, actions: Sequence[ActionTemplate], out: PolicyOutcome, t: float) -> None:
+    # Commands run outside any transaction (a slow kubectl must not hold the store's write lock). Two policy
+    # runs at the same moment may both run a pending action: drain/taint/cordon commands are idempotent.
     by_name = {a.name: a for a in actions}
     with store.write() as conn:
         # One action row per (quarantine event, template): created once, retried until it succeeds.

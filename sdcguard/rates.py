@@ -152,9 +152,11 @@ def _grouped(
 
 
 def device_rates(
-    store: Store, *, since: float | None = None, devices: Sequence[str] | None = None, confidence: float = 0.95
+    store: Store, *, since: float | None = None, devices: Sequence[str] | None = None, confidence: float = 0.95,
+    by_family: bool = True,
 ) -> dict[str, DeviceRates]:
-    """Rates of every device with executions since ``since`` (or ever), overall and per kernel family."""
+    """Rates of every device with executions since ``since`` (or ever), overall and (``by_family``) per kernel
+    family; without ``by_family`` the query groups by device only and ``families`` stays empty."""
     _check_confidence(confidence)
     clauses: list[str] = []
     params: list[Any] = []
@@ -164,6 +166,10 @@ def device_rates(
     if since is not None:
         clauses.append("started_at >= ?")
         params.append(since)
+    if not by_family:
+        keys, n, k, s = _grouped(store, "device", " AND ".join(clauses), params)
+        rates = _rates(k, n, s, confidence)
+        return {key[0]: DeviceRates(device=key[0], overall=r) for key, r in zip(keys, rates)}
     keys, n, k, s = _grouped(store, "device, family", " AND ".join(clauses), params)
     if not keys:
         return {}

@@ -3,7 +3,7 @@ after the optimizer step bit-identical weights. A replica that differs was corru
 a faulty collective, a bad optimizer kernel).
 
 Each rank fingerprints its tensors (one :func:`sdcguard.fingerprint` per parameter, all in one batch), the ranks
-all-gather those few bytes (one fixed-size ``all_gather_into_tensor``), and a majority vote per parameter names
+all-gather those few bytes (one fixed-size ``all_gather_single``, formerly ``all_gather_into_tensor``), and a majority vote per parameter names
 the minority rank(s). With two ranks, or without a strict majority, every disagreeing rank is a suspect.
 
 Never hangs a job: each check issues exactly one collective of a size fixed at construction, on every rank,
@@ -114,6 +114,7 @@ class ReplicaCheck:
         self.skipped: tuple[str, ...] = tuple(skipped)
         """Sharded parameters left out (no explicit replicate group was given)."""
         self._params = [p for _, p in named]
+        self._warned_odd = False
         first = self._params[0].device if self._params else torch.device("cpu")
         backend = dist.get_backend(group)
         self._comm_device = (
@@ -151,37 +152,51 @@ class ReplicaCheck:
 
     def gather(self, tensors: Iterable[torch.Tensor | None]) -> torch.Tensor:
         """All-gathered fingerprints, shape ``(world_size, len(tensors))`` int64, on the host (one collective)."""
-        items = list(tensors)
-        present = [_local(t) for t in items if t is not None]
+        items = [None if t is None else _local(t) for t in tensors]
+        # Only dense tensors have raw bits to fingerprint. Anything else (a sparse gradient) gets a fixed value
+        # instead of an exception: raising here on one rank would leave the others waiting in the collective.
+        dense = [
+            t is not None and t.layout == torch.strided and not t.is_quantized and t.device.type != "meta"
+            for t in items
+        ]
+        labels = self.names if len(items) == len(self.names) else [str(i) for i in range(len(items))]
+        odd = [n for n, t, d in zip(labels, items, dense) if t is not None and not d]
+        if odd and not self._warned_odd:
+            warnings.warn(f"ReplicaCheck: not comparing non-dense tensors of {', '.join(odd[:5])}", stacklevel=3)
+            self._warned_odd = True
+        present = [t for t, d in zip(items, dense) if d]
         fps = fingerprints_on_device(present).to(self._comm_device) if present else None
-        local = torch.zeros(len(items), dtype=torch.int64, device=self._comm_device)
-        # None (no gradient) -> 0: a fixed value, so a rank missing a gradient that others have stands out.
+        # No gradient -> 0, non-dense -> 1: fixed values, so a rank missing a gradient that others have stands out.
+        local = torch.tensor([0 if t is None else 1 for t in items], dtype=torch.int64, device=self._comm_device)
         if fps is not None:
-            mask = torch.tensor([t is not None for t in items], device=self._comm_device)
-            local[mask] = fps
+            local[torch.tensor(dense, device=self._comm_device)] = fps
         gathered = torch.empty(self.world_size * len(items), dtype=torch.int64, device=self._comm_device)
-        dist.all_gather_into_tensor(gathered, local, group=self.group)
+        # torch 2.13 renamed all_gather_into_tensor to all_gather_single (same arguments); support both.
+        all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        all_gather(gathered, local, group=self.group)
         return gathered.view(self.world_size, len(items)).cpu()
 
     def _check(self, kind: str, step: int, tensors: list[torch.Tensor | None]) -> list[Incident]:
         table = self.gather(tensors).tolist()  # the one host sync
         suspects: set[int] = set()
         differing: list[str] = []
+        undecided = False
         for j, name in enumerate(self.names):
             column = [row[j] for row in table]
             minority = _minority(column)
             if minority:
                 differing.append(name)
                 suspects.update(minority)
+                undecided |= len(minority) == self.world_size
         if not differing:
             return []
         ranks = sorted(suspects)
         what = "gradients" if kind == "gradient_replica" else "weights"
         more = f" and {len(differing) - 1} more" if len(differing) > 1 else ""
         settled = (
-            "no majority, every disagreeing rank is a suspect"
-            if len(ranks) * 2 >= self.world_size
-            else f"majority of {self.world_size - len(ranks)} of {self.world_size} replicas"
+            "no strict majority: every disagreeing rank is a suspect"
+            if undecided
+            else f"outvoted by a strict majority of the {self.world_size} replicas"
         )
         global_ranks = tuple(self._global_ranks[r] for r in ranks)
         return [

@@ -14,7 +14,7 @@ Every figure comes from a few ``GROUP BY`` queries; no Python loop ever walks re
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .devices import parse_device_id
@@ -29,7 +29,7 @@ REPORT_FIELDS = (
     "device", "host", "kind", "model", "index", "executions", "failures", "rate", "rate_low", "rate_high",
     "confidence", "test_hours", "failures_per_test_hour", "scans", "status", "last_scan",
 )
-"""The flat fields of a report row, in CSV column order (JSON adds ``families``)."""
+"""The flat fields of a report row, in CSV column order (JSON adds ``families`` when asked for)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +42,8 @@ class DeviceReport:
     model: str | None
     index: int | None
     overall: Rate
-    families: dict[str, Rate] = field(default_factory=dict)
+    families: dict[str, Rate] | None = None
+    """Per kernel family, when the report was built with ``families=True``."""
     confidence: float
     scans: int
     """Complete scans started in the window."""
@@ -59,7 +60,10 @@ class DeviceReport:
             "rate_high": o.rate_high, "confidence": self.confidence, "test_hours": o.test_hours,
             "failures_per_test_hour": o.failures_per_test_hour, "scans": self.scans, "status": self.status,
             "last_scan": iso_utc(self.last_scan),
-            "families": {name: r.as_dict() for name, r in sorted(self.families.items())},
+            **(
+                {"families": {name: r.as_dict() for name, r in sorted(self.families.items())}}
+                if self.families is not None else {}
+            ),
         }
 
 
@@ -73,12 +77,12 @@ def _local_index(device: str) -> int | None:
 
 def build_report(
     store: Store, *, since: float | None, device: str | None = None, confidence: float = 0.95,
-    suspect_since: float | None = None,
+    suspect_since: float | None = None, families: bool = False,
 ) -> list[DeviceReport]:
     """The report rows, ordered quarantined first, then by failures (most first) and device id.
 
     ``since``: start of the window (None: all time). ``suspect_since``: start of the window in which a failure
-    makes a device ``suspect`` (default: ``since``).
+    makes a device ``suspect`` (default: ``since``). ``families``: add the per-family rates to each row.
     """
     if device is not None:
         known = store.scalar("SELECT 1 FROM devices WHERE id = ?", (device,))
@@ -86,7 +90,9 @@ def build_report(
             raise BadInput(f"no device {device!r} in {store.path}; `sdcguard report` lists the known devices")
     where, params = ("WHERE id = ?", [device]) if device else ("", [])
     devices = store.query(f"SELECT id, host, kind, model, idx FROM devices {where} ORDER BY id", params)
-    rates = device_rates(store, since=since, devices=[device] if device else None, confidence=confidence)
+    rates = device_rates(
+        store, since=since, devices=[device] if device else None, confidence=confidence, by_family=families
+    )
     dev_clause, dev_params = ("AND device = ?", [device]) if device else ("", [])
     win_clause, win_params = ("AND started_at >= ?", [since]) if since is not None else ("", [])
     scans = dict(
@@ -123,7 +129,7 @@ def build_report(
             DeviceReport(
                 device=d["id"], host=d["host"], kind=d["kind"], model=d["model"],
                 index=d["idx"] if d["idx"] is not None else _local_index(d["id"]),
-                overall=r.overall if r else empty, families=dict(r.families) if r else {}, confidence=confidence,
+                overall=r.overall if r else empty, families=(dict(r.families) if r else {}) if families else None, confidence=confidence,
                 scans=int(scans.get(d["id"], 0)), status=status, last_scan=last.get(d["id"]),
             )
         )

@@ -73,9 +73,10 @@ def _check_header(path: Path) -> int:
     """Refuse what cannot be an sdcguard store before SQLite opens it; return the file's size."""
     if path.is_dir():
         raise StoreError(f"{path} is a directory, not a fleet store file")
-    parent = path.parent if str(path.parent) else Path(".")
+    parent = path.parent
     if not parent.is_dir():
-        raise StoreError(f"cannot open fleet store {path}: directory {parent} does not exist")
+        what = f"{parent} is not a directory" if parent.exists() else f"directory {parent} does not exist"
+        raise StoreError(f"cannot open fleet store {path}: {what}")
     try:
         with open(path, "rb") as f:
             header = f.read(100)
@@ -112,11 +113,14 @@ class Store:
     One ``Store`` belongs to one thread (SQLite connections are not shared); open one per process or thread.
     """
 
-    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+    def __init__(self, conn: sqlite3.Connection, path: Path, timeout_s: float = _BUSY_TIMEOUT_S) -> None:
         self._conn = conn
+        self._timeout_s = timeout_s
         self.path = path
         self.db = sqlite_utils.Database(conn)
-        """The sqlite-utils view of the same connection, for queries."""
+        """The sqlite-utils view of the same connection, for reading (``store.db["results"].count``,
+        ``store.db.query(...)``). Write through the store's methods or :meth:`write`: sqlite-utils' own writes
+        commit as they go, which would break a transaction open here."""
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -136,7 +140,7 @@ class Store:
             raise StoreError(f"cannot open fleet store {p}: {e}") from None
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
-            store = cls(conn, p)
+            store = cls(conn, p, timeout_s)
             store._prepare(create=create)
         except BaseException:
             conn.close()
@@ -146,12 +150,17 @@ class Store:
     def _prepare(self, *, create: bool) -> None:
         p = self.path
         try:
-            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            app = self._conn.execute("PRAGMA application_id").fetchone()[0]
+            # One read transaction: a consistent snapshot even while another process creates the store.
+            self._retry(lambda: self._conn.execute("BEGIN"))
+            try:
+                version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+                app = self._conn.execute("PRAGMA application_id").fetchone()[0]
+                tables = self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            finally:
+                self._conn.execute("ROLLBACK")
             if version > SCHEMA_VERSION:
                 raise SchemaTooNew(_too_new(p, version))
             if app != APPLICATION_ID:
-                tables = self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
                 if tables or version:
                     raise StoreError(f"{p} is a SQLite database but not an sdcguard fleet store; pass another --db")
                 if not create:
@@ -173,19 +182,25 @@ class Store:
                         "INSERT OR REPLACE INTO meta(key, value) VALUES ('created_by', ?)", (f"sdcguard {_version()}",)
                     )
 
-    def _retry(self, fn: Any, attempts: int = 20) -> Any:
-        # The busy timeout covers ordinary lock waits; a few operations (switching to WAL, the first
-        # read of a fresh WAL file) can still report "locked" at once under contention, so retry those.
-        delay = 0.01
-        for i in range(attempts):
+    def _retry(self, fn: Any) -> Any:
+        # The busy timeout covers ordinary lock waits; a few operations (switching to WAL, the first read of a
+        # fresh WAL file while another process creates it) can report "locked" at once under contention, so
+        # retry those with backoff, but never wait longer than the busy timeout in all.
+        deadline = time.monotonic() + self._timeout_s
+        delay = 0.005
+        while True:
             try:
                 return fn()
             except sqlite3.OperationalError as e:
-                if "locked" not in str(e) and "busy" not in str(e) or i == attempts - 1:
-                    raise StoreError(f"fleet store {self.path}: {e}") from None
+                text = str(e)
+                if "locked" not in text and "busy" not in text:
+                    raise StoreError(f"fleet store {self.path}: {text}") from None
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        f"fleet store {self.path} stayed locked by another process for over {self._timeout_s:g} s"
+                    ) from None
                 time.sleep(delay)
-                delay = min(delay * 2, 1.0)
-        raise AssertionError("unreachable")
+                delay = min(delay * 2, 0.5)
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
@@ -217,13 +232,11 @@ class Store:
             raise
 
     def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
-        """Rows of a read-only query, as dicts."""
+        """Rows of a read-only query, as dicts (through sqlite-utils)."""
         try:
-            cur = self._conn.execute(sql, params)
+            return list(self.db.query(sql, params))
         except sqlite3.OperationalError as e:
             raise StoreError(f"fleet store {self.path}: {e}") from None
-        names = [d[0] for d in cur.description or ()]
-        return [dict(zip(names, row)) for row in cur.fetchall()]
 
     def scalar(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """The single value of a read-only query."""
@@ -290,14 +303,13 @@ class Store:
                 "UPDATE scans SET executions = executions + ?, failures = failures + ? WHERE id = ?",
                 (len(rows), failures, scan_id),
             )
+            # Simulated fleets pass their own clock: "seen" is the latest time this write speaks of.
+            seen = finished_at if finished_at is not None else max((r.started_at for r in results), default=None)
             if finish is not None:
-                conn.execute(
-                    "UPDATE scans SET status = ?, finished_at = ? WHERE id = ?",
-                    (finish, time.time() if finished_at is None else finished_at, scan_id),
-                )
-            conn.execute(
-                "UPDATE devices SET last_seen = MAX(last_seen, ?) WHERE id = ?", (time.time(), scan_device)
-            )
+                end = time.time() if finished_at is None else finished_at
+                conn.execute("UPDATE scans SET status = ?, finished_at = ? WHERE id = ?", (finish, end, scan_id))
+            if seen is not None:
+                conn.execute("UPDATE devices SET last_seen = MAX(last_seen, ?) WHERE id = ?", (seen, scan_device))
 
     def finish_scan(self, scan_id: int, status: ScanStatus, *, finished_at: float | None = None) -> None:
         """Set a scan's final status without adding results."""

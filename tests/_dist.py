@@ -33,6 +33,8 @@ def _child(
     fn: Callable[..., Any], rank: int, world_size: int, store_path: str, timeout: float, args: tuple, results: Any
 ) -> None:
     try:
+        # what torchrun sets, so code under test sees the usual environment
+        os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)})
         import torch
         import torch.distributed as dist
 

@@ -261,3 +261,31 @@ def test_cupy_and_cuda_tensors_agree_with_the_host() -> None:
         assert fingerprint(t[1::3]) == fingerprint(host[1::3])
         v = torch.randn(300, 301, device="cuda").t()
         assert fingerprint(v) == fingerprint(v.cpu().contiguous())
+
+
+def test_the_cuda_kernel_compiles_with_nvrtc() -> None:
+    """The fused GPU kernel cannot run here, but it must compile (NVRTC needs no GPU)."""
+    cupy = pytest.importorskip("cupy", reason="cupy is not installed")
+    from sdcguard.fingerprint import _CUDA_SOURCE
+
+    nvrtc = cupy.cuda.nvrtc  # an attribute, not an importable submodule
+
+    try:
+        prog = nvrtc.createProgram(_CUDA_SOURCE, "sdcguard_fingerprint.cu", [], [])
+    except Exception as e:  # the NVRTC library itself is missing
+        pytest.skip(f"NVRTC unavailable: {e}")
+    try:
+        nvrtc.compileProgram(prog, ["-arch=compute_70"])
+    except Exception as e:
+        pytest.fail(f"kernel does not compile: {e}\n{nvrtc.getProgramLog(prog)}")
+    ptx = nvrtc.getPTX(prog)
+    assert "sdcguard_chunk_sums" in (ptx.decode() if isinstance(ptx, bytes) else ptx)
+
+
+def test_parameters_and_lazy_views_fingerprint_their_values() -> None:
+    w = torch.nn.Linear(3, 5).weight  # requires grad
+    assert fingerprint(w) == fingerprint(w.detach().clone())
+    assert fingerprint(w.t()) == fingerprint(w.detach().t().contiguous())
+    z = torch.randn(6, dtype=torch.complex64)
+    assert fingerprint(z.conj()) == fingerprint(z.conj().resolve_conj())  # the conjugate's bits, not z's
+    assert fingerprint(z.conj()) != fingerprint(z)

@@ -68,6 +68,11 @@ def _loop(rank: int, steps: int, weight_every: int, faults: dict[str, Any]) -> A
             found += incidents
             if incidents and w and w["rank"] == rank:
                 _flip_bit(params[w["param"]].data, w["index"], w["bit"])  # repair, so later steps are clean
+    from sdcguard.devices import hostname
+    from sdcguard.replica import local_device_id
+
+    # what this rank says about itself must be what every rank was told at construction
+    assert check.devices[rank] == local_device_id() and check.hosts[rank] == hostname()
     return _summary(found), check.devices, check.hosts
 
 
@@ -99,7 +104,7 @@ def test_a_flipped_gradient_bit_and_a_flipped_weight_bit_are_attributed_to_their
     ]
     for _, found, devices, hosts in ddp_job:  # every rank reached the same verdict
         assert found == expected
-        assert len(devices) == 3 and len(set(devices)) == 3  # one device id per rank
+        assert len(devices) == len(hosts) == 3  # one device id per rank, each checked by its own rank
         assert all(d.startswith("cpu:") for d in devices)
 
 
@@ -176,3 +181,41 @@ def test_majority_vote() -> None:
     assert _minority([5, 7, 5, 7]) == [0, 1, 2, 3]  # no strict majority: every rank is a suspect
     assert _minority([5, 7]) == [0, 1]  # two replicas: both suspects
     assert _minority([1, 2, 3]) == [0, 1, 2]
+
+
+def test_cpu_device_ids_name_the_pinned_core_or_the_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from sdcguard.devices import cpu_id
+    from sdcguard.replica import local_device_id
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5, 6}, raising=False)
+    assert local_device_id() == cpu_id(5)  # pinned to a subset: its lowest core
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert local_device_id() == cpu_id(3)  # unpinned: the local rank stands in for a core
+
+
+def _sparse_gradient(rank: int, world_size: int) -> Any:
+    import warnings
+
+    import torch
+
+    from sdcguard.replica import ReplicaCheck
+
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"emb": torch.nn.Embedding(10, 3, sparse=True), "lin": torch.nn.Linear(3, 2)})
+    check = ReplicaCheck(model)
+    model["lin"](model["emb"](torch.tensor([1, 2]))).sum().backward()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        incidents = check.check_gradients(0)  # must not raise (a raise would strand the other ranks)
+    return _summary(incidents), [str(w.message) for w in caught]
+
+
+@pytest.mark.distributed
+def test_a_sparse_gradient_is_reported_not_raised() -> None:
+    [(incidents, messages)] = run_ranks(_sparse_gradient, 1, timeout=TIMEOUT)
+    assert incidents == []
+    assert any("non-dense" in m and "emb.weight" in m for m in messages)

@@ -193,6 +193,15 @@ def test_missing_file_without_create_creates_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_path_under_a_file_is_refused_untouched(tmp_path: Path) -> None:
+    f = tmp_path / "notes.txt"
+    f.write_text("x")
+    before = snapshot(f)
+    with pytest.raises(StoreError, match="is not a directory"):
+        Store.open(f / "fleet.db")
+    assert snapshot(f) == before
+
+
 def test_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="directory"):
         Store.open(tmp_path)

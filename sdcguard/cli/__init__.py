@@ -34,6 +34,7 @@ _COMMANDS: dict[str, str] = {
     "incidents": "sdcguard.cli.incidents:incidents",
     "merge": "sdcguard.cli.merge:merge",
     "export": "sdcguard.cli.export:export",
+    "golden": "sdcguard.cli.golden:golden",
 }
 
 

@@ -9,7 +9,7 @@ import click
 
 from ..store import Store
 
-__all__ = ["open_store", "format_option", "print_table", "fmt_float"]
+__all__ = ["open_store", "format_option", "print_table", "fmt_float", "status_text", "device_id"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -18,6 +18,19 @@ def open_store(create: bool = False) -> Store:
     """Open the store named by ``--db`` / ``$SDCGUARD_DB`` (errors become one line, exit 2, via the group)."""
     state = click.get_current_context().find_root().obj
     return Store.open(state.db, create=create)
+
+
+def device_id(text: str) -> str:
+    """A device id as the store spells it: GPU UUIDs in lower case (``GPU-ABC...`` from nvidia-smi works too)."""
+    from ..devices import gpu_id
+
+    t = text.strip()
+    if t.upper().startswith("GPU-"):
+        try:
+            return gpu_id("GPU-" + t[4:])
+        except Exception:
+            return t  # not a UUID: let the store say what is wrong with it
+    return t
 
 
 def format_option(*choices: str) -> Callable[[F], F]:

@@ -7,14 +7,15 @@ import json
 import click
 
 from ..durations import iso_utc
-from ._common import format_option, open_store, print_table, status_text
+from ._common import device_id, format_option, open_store, print_table, status_text
 
 __all__ = ["quarantine"]
 
 
 @click.group("quarantine")
 def quarantine() -> None:
-    """Devices out of service: list them, add one by hand, release one (it goes on probation).
+    """Devices out of service: list them, add one by hand, release one (it goes on probation), see the history
+    and the policy's decisions.
 
     Example: sdcguard quarantine release GPU-... --reason "replaced the board"
     """
@@ -49,6 +50,7 @@ def add(device: str, reason: str) -> None:
 
     Example: sdcguard quarantine add cpu:node7:3 --reason "MCE errors in dmesg"
     """
+    device = device_id(device)
     with open_store(create=True) as store:
         store.quarantine(device, reason=reason)
     click.echo(f"{device} quarantined")
@@ -62,6 +64,7 @@ def release(device: str, reason: str) -> None:
 
     Example: sdcguard quarantine release GPU-... --reason "board replaced"
     """
+    device = device_id(device)
     with open_store() as store:
         store.release(device, reason=reason)
     click.echo(f"{device} released: on probation until enough clean scans")
@@ -76,11 +79,37 @@ def history(device: str | None, fmt: str) -> None:
     Example: sdcguard quarantine history cpu:node7:3
     """
     with open_store() as store:
-        rows = store.quarantine_history(device)
+        rows = store.quarantine_history(device_id(device) if device else None)
     if fmt == "json":
         click.echo(json.dumps([{**r, "time": iso_utc(r["time"])} for r in rows], indent=1))
         return
     print_table(
         "quarantine history", ["time (UTC)", "device", "action", "by", "reason"],
         [[iso_utc(r["time"]) or "", r["device"], r["action"], r["by"], r["reason"]] for r in rows],
+    )
+
+
+@quarantine.command("decisions")
+@click.option("--since", default="7d", show_default=True, help="Window: a duration (12h, 7d, 2w) or 'all'.")
+@format_option("table", "json")
+def decisions(since: str, fmt: str) -> None:
+    """What the policy decided and why: quarantines, circuit-breaker trips, probations passed, actions.
+
+    Example: sdcguard quarantine decisions --since 1d
+    """
+    from ..durations import since_timestamp
+
+    start = since_timestamp(since)
+    with open_store() as store:
+        rows = store.query(
+            "SELECT time, device, decision, reason FROM policy_decisions WHERE time >= ? ORDER BY time, id",
+            (start if start is not None else float("-inf"),),
+        )
+    if fmt == "json":
+        click.echo(json.dumps([{**r, "time": iso_utc(r["time"])} for r in rows], indent=1))
+        return
+    print_table(
+        "policy decisions", ["time (UTC)", "device", "decision", "reason"],
+        [[iso_utc(r["time"]) or "", r["device"] or "(fleet)", r["decision"], r["reason"]] for r in rows],
+        caption=None if rows else "no policy decision in the window",
     )

@@ -11,9 +11,12 @@ import click
 
 from ..durations import iso_utc, since_timestamp
 from ..report import REPORT_FIELDS, build_report, report_json
-from ._common import fmt_float, format_option, open_store, print_table, status_text
+from ._common import device_id, fmt_float, format_option, open_store, print_table, status_text
 
 __all__ = ["report"]
+
+_TABLE_ALL_UP_TO = 50
+"""A table lists every device up to this many; beyond, healthy devices are counted, not listed."""
 
 
 @click.command("report")
@@ -22,20 +25,26 @@ __all__ = ["report"]
 @format_option("table", "json", "csv")
 @click.option("--confidence", type=click.FloatRange(0.5, 0.9999), default=0.95, show_default=True,
               help="Confidence of each one-sided Clopper-Pearson bound.")
+@click.option("--families", is_flag=True, help="JSON: add each device's rates per kernel family.")
+@click.option("--all", "show_all", is_flag=True,
+              help=f"Table: list healthy devices too (they are folded away in fleets over {_TABLE_ALL_UP_TO} devices).")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write a PNG of the rate over time per device (needs matplotlib: sdcguard[plot]).")
-def report(since: str, device: str | None, fmt: str, confidence: float, plot: Path | None) -> None:
+def report(
+    since: str, device: str | None, fmt: str, confidence: float, families: bool, show_all: bool, plot: Path | None
+) -> None:
     """Per-device SDC rates with one-sided bounds, and each device's status.
 
     Status: quarantined, probation (released, watched until clean scans), suspect (a failed execution in the
     window, not quarantined), healthy.
 
-    Example: sdcguard report --since 7d --format json
+    Example: sdcguard report --since 7d --format json --families
     """
     now = time.time()
     start = since_timestamp(since, now=now)  # checked before the store is opened
+    device = device_id(device) if device else None
     with open_store() as store:
-        rows = build_report(store, since=start, device=device, confidence=confidence)
+        rows = build_report(store, since=start, device=device, confidence=confidence, families=families)
         if plot is not None:
             from ..plot import plot_rates
 
@@ -55,6 +64,10 @@ def report(since: str, device: str | None, fmt: str, confidence: float, plot: Pa
             + ", ".join(f"{n} {s}" for s, n in counts.items())
             + f"; bounds one-sided Clopper-Pearson at {confidence:.0%}"
         )
+        if len(rows) > _TABLE_ALL_UP_TO and not show_all and device is None:
+            # The morning view of a large fleet: what needs attention; the rest is a count (JSON/CSV list all).
+            rows = [r for r in rows if r.status != "healthy"]
+            caption += f"; {counts['healthy']} healthy devices not listed (--all lists them)"
         print_table(
             "sdcguard report",
             ["device", "host", "status", "executions", "failures", "rate", "rate_low", "rate_high", "scans",

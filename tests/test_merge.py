@@ -1,0 +1,126 @@
+"""Merging per-node stores: a property test of idempotence and order independence, and schema migration."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sdcguard.errors import StoreError
+from sdcguard.merge import merge_stores
+from sdcguard.records import Incident
+from sdcguard.schema import APPLICATION_ID, SCHEMA_VERSION
+from sdcguard.store import Store
+from tests._fleet import NOW, result
+
+# One node's history: scans of (device number, [passed...], finished?) and incidents naming device numbers.
+node = st.tuples(
+    st.lists(st.tuples(st.integers(0, 3), st.lists(st.booleans(), max_size=5), st.booleans()), max_size=4),
+    st.lists(st.integers(0, 3), max_size=2),
+    st.lists(st.integers(0, 3), max_size=2, unique=True),
+)
+
+
+def _fill(path: Path, spec: tuple[list, list, list], tag: str) -> None:
+    scans, incidents, quarantined = spec
+    with Store.open(path) as store:
+        for i, (dev, passes, finished) in enumerate(scans):
+            d = f"sim:{dev}"
+            sid = store.begin_scan(device=d, host=tag, budget_s=10.0, started_at=NOW - 1000 + i)
+            store.record_results(sid, [result(d, passed=p, t=NOW - 900 + j) for j, p in enumerate(passes)],
+                                 finish="complete" if finished else None)
+        for k, dev in enumerate(incidents):
+            store.record_incident(Incident(kind="replay", step=k, suspect_ranks=(dev,), device=f"sim:{dev}",
+                                           detail=tag, devices=(f"sim:{dev}",), hosts=(tag,), time=NOW - 50 + k))
+        for dev in quarantined:
+            store.quarantine(f"sim:{dev}", reason=f"by {tag}", by=tag, now=NOW)
+
+
+def _content(path: Path) -> dict[str, list[tuple]]:
+    with Store.open(path, create=False) as s:
+        return {
+            "results": sorted(s._conn.execute(
+                "SELECT sc.uuid, r.seq, r.device, r.passed FROM results r JOIN scans sc ON sc.id = r.scan").fetchall()),
+            "scans": sorted(s._conn.execute("SELECT uuid, status, executions, failures FROM scans").fetchall()),
+            "incidents": sorted(s._conn.execute(
+                "SELECT i.uuid, d.device FROM incidents i JOIN incident_devices d ON d.incident = i.id").fetchall()),
+            "history": sorted(s._conn.execute("SELECT uuid FROM quarantine_history").fetchall()),
+            "quarantine": sorted(s._conn.execute("SELECT device, state FROM quarantine").fetchall()),
+        }
+
+
+@settings(max_examples=15)
+@given(node, node)
+def test_merge_is_idempotent_and_order_independent(tmp_path_factory: pytest.TempPathFactory, a, b) -> None:
+    d = tmp_path_factory.mktemp("merge")
+    pa, pb = d / "a.db", d / "b.db"
+    _fill(pa, a, "node-a")
+    _fill(pb, b, "node-b")
+    merge_stores(d / "ab.db", [pa, pb])
+    once = _content(d / "ab.db")
+    stats = merge_stores(d / "ab.db", [pb, pa, pa])
+    assert all(s.results == s.scans == s.incidents == s.quarantine_history == 0 for s in stats)
+    assert _content(d / "ab.db") == once
+    merge_stores(d / "ba.db", [pb, pa])
+    ba = _content(d / "ba.db")
+    assert {k: v for k, v in ba.items() if k != "quarantine"} == {k: v for k, v in once.items() if k != "quarantine"}
+    # Nothing lost: every input row is in the merge.
+    for p in (pa, pb):
+        part = _content(p)
+        for key in ("results", "scans", "incidents", "history"):
+            assert set(part[key]) <= set(once[key])
+    assert len(once["results"]) == len(_content(pa)["results"]) + len(_content(pb)["results"])
+
+
+def test_a_fresh_store_is_stamped_and_a_blank_one_migrates(tmp_path: Path) -> None:
+    p = tmp_path / "s.db"
+    Store.open(p).close()
+    header = p.read_bytes()[:100]
+    assert int.from_bytes(header[60:64], "big") == SCHEMA_VERSION
+    assert int.from_bytes(header[68:72], "big") == APPLICATION_ID
+    # An empty file (e.g. `touch fleet.db`) becomes a store when created on purpose.
+    blank = tmp_path / "blank.db"
+    blank.write_bytes(b"")
+    Store.open(blank).close()
+    conn = sqlite3.connect(blank)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    conn.close()
+
+
+def test_merge_refuses_an_older_schema_without_touching_it(tmp_path: Path) -> None:
+    p = tmp_path / "old.db"
+    Store.open(p).close()
+    conn = sqlite3.connect(p)
+    conn.execute("PRAGMA user_version = 0")
+    conn.commit()
+    conn.close()
+    before = p.read_bytes()
+    with pytest.raises(StoreError, match="older schema"):
+        merge_stores(tmp_path / "out.db", [p])
+    assert p.read_bytes() == before
+
+
+def test_a_version_1_store_migrates_forward_keeping_its_rows(tmp_path: Path) -> None:
+    from sdcguard.schema import MIGRATIONS
+
+    p = tmp_path / "v1.db"
+    conn = sqlite3.connect(p, isolation_level=None)
+    conn.execute("BEGIN")
+    MIGRATIONS[1](conn)
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    conn.execute("INSERT INTO scans(uuid, device, host, started_at, status) VALUES ('u1', 'sim:1', 'h', 1.0, 'complete')")
+    conn.execute("INSERT INTO results(scan, seq, device, case_id, family, seed, passed, duration_s, started_at) "
+                 "VALUES (1, 0, 'sim:1', 'alu.a', 'alu', 1, 0, 0.1, 2.0)")
+    conn.execute("COMMIT")
+    conn.close()
+    with Store.open(p) as store:
+        assert store.scalar("PRAGMA user_version") == SCHEMA_VERSION
+        assert store.scalar("SELECT COUNT(*) FROM sqlite_master WHERE name = 'results_retests'") == 1
+        from sdcguard.rates import device_rates
+
+        r = device_rates(store)["sim:1"].overall
+        assert (r.executions, r.failures) == (1, 1)
