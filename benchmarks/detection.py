@@ -82,6 +82,16 @@ class Trial:
     rank: int
     seed: int
 
+    def __post_init__(self) -> None:
+        if self.target not in TARGETS:
+            raise ValueError(f"unknown target {self.target!r}: use one of {', '.join(TARGETS)}")
+        if self.bits not in BIT_CLASSES:
+            raise ValueError(f"unknown bit class {self.bits!r}: use one of {', '.join(BIT_CLASSES)}")
+        if self.timing not in (*TIMINGS, "intermittent"):
+            raise ValueError(f"unknown timing {self.timing!r}")
+        if not 0 <= self.rank < WORLD:
+            raise ValueError(f"rank must be in 0..{WORLD - 1}, got {self.rank}")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Campaign:
@@ -96,6 +106,15 @@ class Campaign:
     latency_cap: int = 200
     """Give up on a latency run after this many steps."""
     intermittent_rate: float = 0.3
+    """Chance that an intermittent fault hits each computation (each matching op call)."""
+
+    def __post_init__(self) -> None:
+        if self.clean_steps < 0 or self.warmup < 1 or self.latency_cap < 1:
+            raise ValueError("clean_steps must be >= 0, warmup and latency_cap >= 1")
+        if not 0.0 < self.intermittent_rate <= 1.0:
+            raise ValueError(f"intermittent_rate must be in (0, 1], got {self.intermittent_rate}")
+        if any(n < 1 or t not in ("sticky", "intermittent") for n, t, _ in self.latency):
+            raise ValueError("latency runs need replay_every >= 1 and a sticky or intermittent timing")
 
 
 class LossSpikeDetector:
@@ -301,7 +320,7 @@ def _rank_main(rank: int, world: int, campaign: Campaign) -> dict[str, Any]:
     guard = guards[1]
     params = guard.params
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    spike = LossSpikeDetector()
+    spike = LossSpikeDetector(num_samples=campaign.warmup)
     seq = MODEL["seq"]
     out: dict[str, Any] = {"rank": rank}
 
@@ -665,6 +684,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the full results (every trial) as JSON")
     ap.add_argument("--markdown", type=Path, help="write the tables as markdown")
     args = ap.parse_args(argv)
+    if (args.reps is not None and args.reps < 1) or (args.clean_steps is not None and args.clean_steps < 0):
+        ap.error("--reps must be >= 1 and --clean-steps >= 0")
     campaign = plan(quick=args.quick, reps=args.reps)
     if args.clean_steps is not None:
         campaign = replace(campaign, clean_steps=args.clean_steps)
