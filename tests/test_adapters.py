@@ -12,10 +12,11 @@ from sdcguard.inject.faults import Fault
 from sdcguard.inject.torch_faults import OpFaultMode
 
 
-def _flaky_gelu() -> OpFaultMode:
-    # A flaky device: half of its GELU computations get a flipped bit. One device alone cannot see a fault that
-    # hits every computation identically (it agrees with itself); these tests run on one device.
-    return OpFaultMode(Fault(pattern="bitflip", bit="high_mantissa", timing="intermittent", rate=0.5, seed=3),
+def _flaky_gelu(seed: int = 3) -> OpFaultMode:
+    # A flaky device: half of its GELU computations get a flipped bit (in one faulty element, fixed by the seed).
+    # One device alone cannot see a fault that hits every computation identically (it agrees with itself); these
+    # tests run on one device.
+    return OpFaultMode(Fault(pattern="bitflip", bit="high_mantissa", timing="intermittent", rate=0.5, seed=seed),
                        ops="gelu", phase="forward")
 
 
@@ -64,31 +65,64 @@ def test_lightning_callback_checks_and_vetoes(tmp_path: Any) -> None:
 
 def test_hf_trainer_callback_checks_and_vetoes(tmp_path: Any) -> None:
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    pytest.importorskip("accelerate", reason="accelerate (the Trainer needs it) is not installed")
     from sdcguard.adapters.hf import SDCGuardTrainerCallback
 
-    config = transformers.GPT2Config(vocab_size=61, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    # activation "gelu": GPT-2's default "gelu_new" is a tanh composite with no aten gelu op to corrupt. Dropout
+    # stays on (GPT-2's 0.1): the replays must reproduce the Trainer's random state.
+    config = transformers.GPT2Config(vocab_size=61, n_positions=16, n_embd=16, n_layer=1, n_head=2,
+                                     activation_function="gelu", bos_token_id=0, eos_token_id=0)
     rows = [{"input_ids": make_batch(s, 0)["tokens"][0], "labels": make_batch(s, 0)["tokens"][0]} for s in range(16)]
 
-    def train(fault: OpFaultMode | None) -> SDCGuardTrainerCallback:
+    class WeightProbe(transformers.TrainerCallback):
+        """After the guard's callback: did each optimizer step move the weights, and did the guard commit it?"""
+
+        def __init__(self, cb: SDCGuardTrainerCallback) -> None:
+            self.cb = cb
+            self.before: list[torch.Tensor] = []
+            self.steps: list[tuple[bool, bool]] = []  # (committed, weights changed)
+
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+            self.before = [p.detach().clone() for p in model.parameters()]
+
+        def on_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+            assert self.cb.last_report is not None and self.cb.last_report.step == state.global_step
+            changed = any(not torch.equal(b, p) for b, p in zip(self.before, model.parameters()))
+            self.steps.append((self.cb.last_report.commit, changed))
+
+    def train(fault: OpFaultMode | None) -> tuple[SDCGuardTrainerCallback, WeightProbe]:
         torch.manual_seed(0)
         model = transformers.GPT2LMHeadModel(config)
         cb = SDCGuardTrainerCallback(replay_every=1, weight_check_every=1)
-        args = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=8, per_device_train_batch_size=2,
-                                              use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no")
-        trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, callbacks=[cb])
+        probe = WeightProbe(cb)
+        args = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=6, per_device_train_batch_size=2,
+                                              use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
+                                              disable_tqdm=True)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, callbacks=[cb, probe])
         if fault is None:
             trainer.train()
         else:
             with fault:
                 trainer.train()
-        return cb
+        return cb, probe
 
-    clean = train(None)
+    clean, clean_steps = train(None)
     assert clean.guard is not None and clean.guard.incidents == []
-    assert clean.last_report is not None and clean.last_report.commit
-    broken = train(_flaky_gelu())
+    assert clean.last_report is not None and clean.last_report.replayed
+    assert clean_steps.steps == [(True, True)] * 6  # every step checked, committed and applied
+
+    # The fault model's faulty element sits at a fixed flat index per seed. GPT-2's causal-LM loss drops the last
+    # position's logits, so a hit there is masked: it changes no loss and no gradient, and there is nothing to
+    # detect (seed 3, the Lightning test's, lands on batch 1, position 7 of the (2, 8, 64) GELU output).
+    fault = _flaky_gelu(seed=0)
+    broken, broken_steps = train(fault)
+    assert fault.records and all(r.index // 64 % 8 < 7 for r in fault.records)  # a live position, not masked
     assert broken.guard is not None and broken.guard.incidents
     assert all(i.kind == "replay" and i.suspect_ranks == (0,) for i in broken.guard.incidents)
+    vetoed = [changed for committed, changed in broken_steps.steps if not committed]
+    assert len(vetoed) == len({i.step for i in broken.guard.incidents}) > 0
+    assert not any(vetoed)  # a vetoed step changes no weights
+    assert all(changed for committed, changed in broken_steps.steps if committed)
 
 
 def test_core_check_api_used_by_the_adapters() -> None:
