@@ -95,7 +95,7 @@ def test_hf_trainer_callback_checks_and_vetoes(tmp_path: Any) -> None:
         model = transformers.GPT2LMHeadModel(config)
         cb = SDCGuardTrainerCallback(replay_every=1, weight_check_every=1)
         probe = WeightProbe(cb)
-        args = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=6, per_device_train_batch_size=2,
+        args = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=2,
                                               use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
                                               disable_tqdm=True)
         trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, callbacks=[cb, probe])
@@ -109,7 +109,7 @@ def test_hf_trainer_callback_checks_and_vetoes(tmp_path: Any) -> None:
     clean, clean_steps = train(None)
     assert clean.guard is not None and clean.guard.incidents == []
     assert clean.last_report is not None and clean.last_report.replayed
-    assert clean_steps.steps == [(True, True)] * 6  # every step checked, committed and applied
+    assert clean_steps.steps == [(True, True)] * 4  # every step checked, committed and applied
 
     # The fault model's faulty element sits at a fixed flat index per seed. GPT-2's causal-LM loss drops the last
     # position's logits, so a hit there is masked: it changes no loss and no gradient, and there is nothing to
@@ -123,6 +123,29 @@ def test_hf_trainer_callback_checks_and_vetoes(tmp_path: Any) -> None:
     assert len(vetoed) == len({i.step for i in broken.guard.incidents}) > 0
     assert not any(vetoed)  # a vetoed step changes no weights
     assert all(changed for committed, changed in broken_steps.steps if committed)
+
+
+def test_hf_callback_captures_a_positional_forward() -> None:
+    """A custom compute_loss may call the model positionally: the step is still checked, not silently skipped."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    from sdcguard.adapters.hf import SDCGuardTrainerCallback
+
+    config = transformers.GPT2Config(vocab_size=61, n_positions=16, n_embd=16, n_layer=1, n_head=2,
+                                     bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).train()
+    cb = SDCGuardTrainerCallback(replay_every=1)
+    state = transformers.TrainerState()
+    cb.on_train_begin(None, state, None, model=model)
+    with pytest.warns(RuntimeWarning, match="no training forward"):
+        cb.on_pre_optimizer_step(None, state, None)  # nothing captured yet: said, not silent
+    assert cb.last_report is None
+    ids = make_batch(0, 0)["tokens"][:2]
+    model(ids, labels=ids).loss.backward()  # input_ids passed positionally
+    cb.on_pre_optimizer_step(None, state, None)
+    assert cb.last_report is not None and cb.last_report.replayed and cb.last_report.commit
+    assert cb.guard is not None and cb.guard.incidents == []
+    cb.on_train_end(None, state, None)
 
 
 def test_core_check_api_used_by_the_adapters() -> None:
