@@ -39,12 +39,29 @@ def test_lightning_callback_checks_and_vetoes(tmp_path: Any) -> None:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.05)
 
+    class WeightProbe(L.Callback):
+        """After the guard's callback: did each optimizer step move the weights, and did the guard commit it?"""
+
+        def __init__(self, cb: SDCGuardCallback) -> None:
+            self.cb = cb
+            self.before: list[torch.Tensor] = []
+            self.steps: list[tuple[bool, bool]] = []  # (committed, weights changed)
+
+        def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+            self.before = [p.detach().clone() for p in pl_module.parameters()]
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, idx: int) -> None:
+            assert self.cb.last_report is not None
+            changed = any(not torch.equal(b, p) for b, p in zip(self.before, pl_module.parameters()))
+            self.steps.append((self.cb.last_report.commit, changed))
+
     data = [make_batch(s, 0) for s in range(8)]
 
-    def fit(fault: OpFaultMode | None) -> SDCGuardCallback:
+    def fit(fault: OpFaultMode | None) -> tuple[SDCGuardCallback, WeightProbe]:
         cb = SDCGuardCallback(loss_fn=lambda m, b: lm_loss(m.net, b), replay_every=1, weight_check_every=1)
+        probe = WeightProbe(cb)
         trainer = L.Trainer(max_steps=8, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False, callbacks=[cb],
+                            enable_progress_bar=False, enable_model_summary=False, callbacks=[cb, probe],
                             default_root_dir=tmp_path)
         loader = torch.utils.data.DataLoader(data, batch_size=None)
         if fault is None:
@@ -52,15 +69,19 @@ def test_lightning_callback_checks_and_vetoes(tmp_path: Any) -> None:
         else:
             with fault:
                 trainer.fit(Module(), loader)
-        return cb
+        return cb, probe
 
-    clean = fit(None)
+    clean, clean_probe = fit(None)
     assert clean.guard is not None and clean.guard.incidents == []
     assert clean.last_report is not None and clean.last_report.replayed and clean.last_report.commit
-    broken = fit(_flaky_gelu())
+    assert clean_probe.steps == [(True, True)] * 8  # every step checked, committed and applied
+    broken, broken_probe = fit(_flaky_gelu())
     assert broken.guard is not None and broken.guard.incidents
     assert all(i.kind == "replay" and i.suspect_ranks == (0,) for i in broken.guard.incidents)
     assert broken.state_dict()["samples"] == 8
+    vetoed = [changed for committed, changed in broken_probe.steps if not committed]
+    assert len(vetoed) == len({i.step for i in broken.guard.incidents}) > 0
+    assert not any(vetoed)  # a vetoed step changes no weights
 
 
 def test_hf_trainer_callback_checks_and_vetoes(tmp_path: Any) -> None:
