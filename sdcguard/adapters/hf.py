@@ -1,7 +1,7 @@
 """Hugging Face adapter: :class:`SDCGuardTrainerCallback` checks every optimizer step of a ``Trainer``.
 
 The ``Trainer`` runs forward and backward itself and callbacks do not see the batch, so the callback records the
-keyword inputs of the model's last training forward (a forward pre-hook) and the random state just before it, and
+inputs of the model's last training forward by name (a forward pre-hook) and the random state just before it, and
 in ``on_pre_optimizer_step`` (gradients accumulated and clipped) calls :meth:`SDCGuard.check`: reduced gradients
 compared across replicas and, on sampled steps, the last micro-batch replayed by a peer or a dedicated shadow. A
 vetoed step has its gradients dropped, so the optimizer step changes nothing::
