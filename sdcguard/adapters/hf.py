@@ -1,7 +1,7 @@
 """Hugging Face adapter: :class:`SDCGuardTrainerCallback` checks every optimizer step of a ``Trainer``.
 
 The ``Trainer`` runs forward and backward itself and callbacks do not see the batch, so the callback records the
-keyword inputs of the model's last training forward (a forward pre-hook) and the random state just before it, and
+inputs of the model's last training forward by name (a forward pre-hook) and the random state just before it, and
 in ``on_pre_optimizer_step`` (gradients accumulated and clipped) calls :meth:`SDCGuard.check`: reduced gradients
 compared across replicas and, on sampled steps, the last micro-batch replayed by a peer or a dedicated shadow. A
 vetoed step has its gradients dropped, so the optimizer step changes nothing::
@@ -13,6 +13,8 @@ vetoed step has its gradients dropped, so the optimizer step changes nothing::
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from typing import Any
 
 import torch
@@ -45,23 +47,36 @@ class SDCGuardTrainerCallback(TrainerCallback):
 
     def _capture(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         # Only real training forwards: not evaluation, not the guard's own replays.
-        if module.training and torch.is_grad_enabled() and not self._checking and not args:
-            self._batch = dict(kwargs)
-            self._rng = capture_rng(self.guard.rng_hook if self.guard else None)
+        if not (module.training and torch.is_grad_enabled()) or self._checking:
+            return
+        if args:
+            # A positional call (a custom compute_loss): name the arguments, so the batch stays the keyword
+            # inputs that model_output_loss (and a user's loss_fn) passes back as model(**batch).
+            kwargs = dict(inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments)
+        self._batch = dict(kwargs)
+        self._rng = capture_rng(self.guard.rng_hook if self.guard else None)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         if self.guard is None:
             self.guard = SDCGuard(model, self.loss_fn, **self.guard_kwargs)
-            self._hook = model.register_forward_pre_hook(self._capture, with_kwargs=True)
+            # On the module the guard replays (the Trainer passes the unwrapped model; a DDP wrapper's forward
+            # calls this one's, so its hook still fires).
+            self._hook = self.guard.module.register_forward_pre_hook(self._capture, with_kwargs=True)
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.guard is None or self._batch is None:
+        if self.guard is None:
+            return
+        if self._batch is None:
+            # Never silently unchecked: the Trainer ran no training forward of the model the guard watches.
+            warnings.warn("SDCGuardTrainerCallback saw no training forward of the model before an optimizer "
+                          "step: that step is not checked", RuntimeWarning, stacklevel=2)
             return
         self._checking = True
         try:
             report = self.guard.check(state.global_step, self._batch, rng=self._rng)
         finally:
             self._checking = False
+            self._batch = None  # a later step without a captured forward must not re-check this one
         self.last_report = report
         if not report.commit:
             for p in self.guard.module.parameters():
