@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import BadInput
 from . import formats as _formats
-from .faults import Effect, Fault, FaultModel
+from .faults import Fault, FaultModel, FaultRecord
 
 __all__ = [
     "OP_FAMILIES",
@@ -96,8 +96,9 @@ _NP_INT = {8: np.uint8, 16: np.int16, 32: np.int32, 64: np.int64}
 
 
 @dataclass(frozen=True, kw_only=True)
-class TorchFaultRecord:
-    """Exactly what one fault did to one element of a torch tensor."""
+class TorchFaultRecord(FaultRecord):
+    """Exactly what one fault did to one element of a torch tensor: the bits (:class:`FaultRecord`) and where in
+    the training job it happened."""
 
     target: str
     """What was hit: the aten op (``aten.mm``), ``grad:<param>``, ``weight:<param>``, ``all_reduce``,
@@ -109,26 +110,7 @@ class TorchFaultRecord:
     occurrence: int | None
     """Ops only: index of this op call among the matching calls of its step."""
     shape: tuple[int, ...]
-    dtype: str
-    index: int
-    """Flat index in C order of ``shape``."""
-    before: int
-    after: int
-    effect: Effect
-    call: int
-    """The fault model's computation counter when it was hit."""
-    control: bool = False
-
-    @property
-    def xor(self) -> int:
-        return self.before ^ self.after
-
-    @property
-    def changed(self) -> bool:
-        return self.before != self.after
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "xor": self.xor}
+    """Shape of the tensor; ``index`` is a flat index in C order of it."""
 
 
 def current_rank() -> int:
