@@ -47,7 +47,9 @@ differ only in their top bit (a float32 ``x`` and ``-x``), hence ``SB`` over the
 Implementation: fixed-size blocks (``_BLOCK_WORDS`` words, 1 MiB) with two int32 temporaries of one block, so
 memory stays bounded whatever the input size; a non-contiguous or misaligned input is copied block by block into
 a staging buffer on its own device, never to the host. CPU (numpy arrays, and torch CPU tensors through zero-copy
-``.numpy()`` views of the same memory): numpy's int32 loops, independent blocks on a small thread pool. CUDA
+``.numpy()`` views of the same memory): a one-pass C loop (``sdcguard/_fpcore.c``, an optional extension built at
+install; numpy's int32 loops compute the same values where it is missing), independent blocks on a small thread
+pool. CUDA
 (torch tensors through DLPack on torch's current stream, cupy arrays): one fused pass, a small cupy
 ``RawKernel`` (``_CUDA_SOURCE``), one thread block per chunk; without cupy, torch tensors on a GPU fall back to the
 same arithmetic in torch ops (``_torch_ops_chunk_sums``, also exercised on CPU by the tests). The numpy path
@@ -205,8 +207,17 @@ def _xp_weights(xp_name: str, device: int) -> tuple[Any, Any]:
         return cupy.asarray(t), cupy.asarray(u)
 
 
+try:  # the C inner loop (one pass, GIL released); optional, numpy computes the same values without it
+    from . import _fpcore
+except ImportError:  # pragma: no cover - built by the package's own install; a compiler-less install lacks it
+    _fpcore = None
+
+
 def _xp_block_sums(words: Any, xp: Any, t: Any, u: Any, prod: Any, high: Any, out_a: Any, out_b: Any) -> None:
     """``SA``/``SB`` of the chunks of one word block (starting on a chunk boundary) into ``out_a``/``out_b``."""
+    if xp is np and _fpcore is not None and _USE_C:
+        _fpcore.chunk_sums(words, t, u, CHUNK_WORDS, out_a, out_b)
+        return
     n = words.size
     k, r = divmod(n, CHUNK_WORDS)
     if k:
@@ -226,6 +237,9 @@ def _xp_block_sums(words: Any, xp: Any, t: Any, u: Any, prod: Any, high: Any, ou
         out_a[k] = p.sum(dtype=np.int32)
         out_b[k] = h.sum(dtype=np.int32)
 
+
+_USE_C = os.environ.get("SDCGUARD_FINGERPRINT_NUMPY") != "1"
+"""``SDCGUARD_FINGERPRINT_NUMPY=1`` forces the numpy loops (the tests compare both paths)."""
 
 _POOL: Any = None
 
@@ -264,7 +278,16 @@ def _xp_sums_of_blocks(blocks: Iterator[Any], independent: bool, nwords: int, xp
                 local.high = np.empty((_CHUNKS_PER_BLOCK, CHUNK_WORDS), dtype=np.int32)
             _xp_block_sums(words, np, t, u, local.prod, local.high, out_a[c0:], out_b[c0:])
 
-        list(_POOL.map(one, ((b * _CHUNKS_PER_BLOCK, w) for b, w in enumerate(blocks))))
+        items = [(b * _CHUNKS_PER_BLOCK, w) for b, w in enumerate(blocks)]
+        if _fpcore is not None and _USE_C:
+            # The C loop needs no temporaries: one task per worker over a contiguous run of blocks, so the pool's
+            # per-task overhead does not eat the time a 1 MiB block takes (~80 us).
+            step = -(-len(items) // workers)
+            runs = [items[i : i + step] for i in range(0, len(items), step)]
+            list(_POOL.map(lambda run: [_fpcore.chunk_sums(w, t, u, CHUNK_WORDS, out_a[c0:], out_b[c0:])
+                                        for c0, w in run], runs))
+        else:
+            list(_POOL.map(one, items))
     else:
         rows = min(_CHUNKS_PER_BLOCK, nchunks)  # a small input gets small temporaries
         prod = xp.empty((rows, CHUNK_WORDS), dtype=np.int32)

@@ -289,3 +289,20 @@ def test_parameters_and_lazy_views_fingerprint_their_values() -> None:
     z = torch.randn(6, dtype=torch.complex64)
     assert fingerprint(z.conj()) == fingerprint(z.conj().resolve_conj())  # the conjugate's bits, not z's
     assert fingerprint(z.conj()) != fingerprint(z)
+
+
+@given(st.binary(min_size=0, max_size=3 * 4 * (1 << 14) + 7))
+def test_c_inner_loop_and_numpy_loops_agree(data: bytes) -> None:
+    """The optional C loop (sdcguard._fpcore) and the numpy loops compute the same definition."""
+    from sdcguard import fingerprint as F
+
+    if F._fpcore is None:
+        pytest.skip("sdcguard._fpcore was not built (no C compiler at install time): numpy loops only")
+    a = np.frombuffer(data, dtype=np.uint8)
+    with_c = F.fingerprint(a)
+    saved = F._USE_C
+    F._USE_C = False
+    try:
+        assert F.fingerprint(a) == with_c
+    finally:
+        F._USE_C = saved
