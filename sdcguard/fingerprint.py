@@ -171,15 +171,15 @@ def _xp_word_blocks(a: Any, xp: Any, view_words: int = _BLOCK_WORDS) -> tuple[It
     return _xp_staged_blocks(a, xp), False
 
 
-def _xp_staged_blocks(a: Any, xp: Any) -> Iterator[Any]:
-    block_bytes = _BLOCK_WORDS * 4
-    staging = xp.zeros(min(_BLOCK_WORDS, -(-(a.size * a.itemsize) // 4)), dtype=np.int32)  # never above the input
-    sbytes = staging.view(np.uint8)
+def _stage(pieces: Iterator[Any], staging: Any, sbytes: Any, block_bytes: int) -> Iterator[Any]:
+    """Pack 1-d uint8 ``pieces`` (numpy, cupy or torch) into the int32 ``staging`` buffer (``sbytes`` is its byte
+    view), yielding it each time it holds ``block_bytes``; the last, partial block is zero-padded to whole words.
+    One buffer is reused, so a consumer must finish with a block before asking for the next."""
     fill = 0
-    for piece in _xp_byte_pieces(a, xp, block_bytes):
-        pos = 0
-        while pos < piece.size:
-            take = min(block_bytes - fill, piece.size - pos)
+    for piece in pieces:
+        pos, size = 0, len(piece)
+        while pos < size:
+            take = min(block_bytes - fill, size - pos)
             sbytes[fill : fill + take] = piece[pos : pos + take]
             fill += take
             pos += take
@@ -190,6 +190,13 @@ def _xp_staged_blocks(a: Any, xp: Any) -> Iterator[Any]:
         nwords = (fill + 3) // 4
         sbytes[fill : nwords * 4] = 0
         yield staging[:nwords]
+
+
+def _xp_staged_blocks(a: Any, xp: Any) -> Iterator[Any]:
+    block_bytes = _BLOCK_WORDS * 4
+    staging = xp.zeros(min(_BLOCK_WORDS, -(-(a.size * a.itemsize) // 4)), dtype=np.int32)  # never above the input
+    sbytes = staging.view(np.uint8)
+    return _stage(_xp_byte_pieces(a, xp, block_bytes), staging, sbytes, block_bytes)
 
 
 def _xp_ptr(a: Any, xp: Any) -> int:
@@ -381,21 +388,7 @@ def _torch_staged_blocks(x: Any, block_words: int) -> Iterator[Any]:
     block_bytes = block_words * 4
     staging = torch.zeros(min(block_words, -(-x.numel() * x.element_size() // 4)), dtype=torch.int32, device=x.device)
     sbytes = staging.view(torch.uint8)
-    fill = 0
-    for piece in _torch_byte_pieces(x, block_bytes):
-        pos, size = 0, piece.numel()
-        while pos < size:
-            take = min(block_bytes - fill, size - pos)
-            sbytes[fill : fill + take].copy_(piece[pos : pos + take])
-            fill += take
-            pos += take
-            if fill == block_bytes:
-                yield staging
-                fill = 0
-    if fill:
-        nwords = (fill + 3) // 4
-        sbytes[fill : nwords * 4].zero_()
-        yield staging[:nwords]
+    return _stage(_torch_byte_pieces(x, block_bytes), staging, sbytes, block_bytes)
 
 
 _TORCH_WEIGHTS: dict[Any, tuple[Any, Any]] = {}
