@@ -446,7 +446,7 @@ class Store:
             if state is None or state[0] != "quarantined":
                 known = conn.execute("SELECT 1 FROM devices WHERE id = ?", (device,)).fetchone()
                 what = "is not quarantined" if known else "is not a known device"
-                now_state = f" (it is on probation)" if state else ""
+                now_state = " (it is on probation)" if state else ""
                 raise BadInput(f"cannot release {device}: it {what}{now_state}; see `sdcguard quarantine list`")
             conn.execute(
                 "UPDATE quarantine SET state = 'probation', since = ?, reason = ?, by = ? WHERE device = ?",

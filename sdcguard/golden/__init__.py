@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from typing import Any
 
 from .cases import CASES, FAMILIES, GENERATOR_VERSION, PORTABLE_CASES, Case, case_by_id
 from .compare import Mismatch, compare_bits
-from .numpy_backend import NumpyBackend, OutputHook, default_suite
+from .backend import OutputHook, default_suite
+from .numpy_backend import NumpyBackend
 from .suite import Suite, VerifyReport, generate, load_suite, verify
 
 __all__ = [

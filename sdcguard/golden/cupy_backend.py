@@ -25,7 +25,7 @@ from .bits import sha256_bytes
 from .kernel_run import kernel_case_result
 from .launch import Plan, plan_for
 from .loader import get_kernel
-from .numpy_backend import OutputHook, default_suite
+from .backend import BackendBase, OutputHook
 from .suite import Suite
 
 __all__ = ["CupyBackend"]
@@ -60,7 +60,7 @@ def _device_uuid(props: dict[str, Any]) -> str:
         raise NoDevice(f"cannot tell the UUID of this GPU (no uuid in its properties, NVML: {e})") from None
 
 
-class CupyBackend:
+class CupyBackend(BackendBase):
     """Runs golden cases on CUDA device ``index`` (device id ``GPU-<uuid>``, locations ``sm:<id>``).
 
     ``memory_share`` (0..0.9): memory marches cover this share of the device's free memory instead of only the
@@ -101,18 +101,6 @@ class CupyBackend:
         self._inputs.clear()
         self._scratch.clear()
         self._plans.clear()
-
-    def __enter__(self) -> CupyBackend:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def suite(self) -> Suite:
-        if self._suite is None:
-            self._suite = default_suite()
-        return self._suite
 
     def supports(self, case: Case) -> bool:
         """Every portable case; ``intrinsics`` only where the suite holds goldens for this architecture."""

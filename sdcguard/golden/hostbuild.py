@@ -25,7 +25,7 @@ from ..resources import kernels_dir
 from .cases import Case
 from .kernel_run import kernel_case_result
 from .launch import Launch, Plan, plan_for, runs_on_kernels
-from .numpy_backend import OutputHook, default_suite
+from .backend import OutputHook, default_suite
 from .suite import Suite
 
 __all__ = ["HostBuild", "HostBackend", "kernel_files", "entry_points"]

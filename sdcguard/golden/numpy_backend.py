@@ -22,23 +22,14 @@ from .bits import failure_digest, hex_bits
 from .cases import Case
 from .compare import compare_bits
 from .cpu_kernels import RUNNERS, MarchError
-from .suite import Suite, load_suite
+from .backend import BackendBase, OutputHook
+from .suite import Suite
 
-__all__ = ["NumpyBackend", "OutputHook", "default_suite"]
+__all__ = ["NumpyBackend"]
 
 # The CPUs this process may use, as it started: a backend pinning this thread to one core must not hide the
 # others from the next backend (a scanner checks several cores from one thread).
 _PROCESS_CPUS = frozenset(os.sched_getaffinity(0))
-
-OutputHook = Callable[[str, np.ndarray], np.ndarray]
-"""``hook(case_id, output) -> output``: applied before the comparison (the fire-drill injection point)."""
-
-
-@functools.cache
-def default_suite() -> Suite:
-    """The suite from the packaged ``golden_vectors/`` (loaded and checked once per process)."""
-    return load_suite()
-
 
 @functools.cache
 def _openblas_threads() -> tuple[Callable[[], int], Callable[[int], None]] | None:
@@ -65,7 +56,7 @@ def _openblas_threads() -> tuple[Callable[[], int], Callable[[int], None]] | Non
     return None
 
 
-class NumpyBackend:
+class NumpyBackend(BackendBase):
     """Runs golden cases on CPU core ``core`` (device id ``cpu:<host>:<core>``, location ``core:<core>``)."""
 
     kind = "numpy"
@@ -97,18 +88,6 @@ class NumpyBackend:
         if blas and self._saved_blas_threads is not None:
             blas[1](self._saved_blas_threads)
         self._scratch.clear()
-
-    def __enter__(self) -> NumpyBackend:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def suite(self) -> Suite:
-        if self._suite is None:
-            self._suite = default_suite()
-        return self._suite
 
     def _pin(self) -> None:
         try:

@@ -1,0 +1,43 @@
+"""What every golden-suite backend shares: the output hook type, the packaged suite, and the suite/lifetime
+plumbing of a backend (numpy per CPU core, CuPy per GPU)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Self
+
+import numpy as np
+
+from .suite import Suite, load_suite
+
+__all__ = ["OutputHook", "default_suite", "BackendBase"]
+
+OutputHook = Callable[[str, np.ndarray], np.ndarray]
+"""``hook(case_id, output) -> output``: applied before the comparison (the fire-drill injection point)."""
+
+
+@functools.cache
+def default_suite() -> Suite:
+    """The suite from the packaged ``golden_vectors/`` (loaded and checked once per process)."""
+    return load_suite()
+
+
+class BackendBase:
+    """The suite a backend runs (the packaged one unless given) and ``with backend: ...`` closing it."""
+
+    _suite: Suite | None = None
+
+    @property
+    def suite(self) -> Suite:
+        if self._suite is None:
+            self._suite = default_suite()
+        return self._suite
+
+    def close(self) -> None:
+        """Release what the backend holds; subclasses say what."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
