@@ -1,14 +1,22 @@
-/* The CPU inner loop of sdcguard.fingerprint: per-chunk weighted sums SA and SB (defined in the module docstring
- * of sdcguard/fingerprint.py) over a contiguous block of 32-bit words, in one pass at memory speed.
+/* The CPU engine of sdcguard.fingerprint: the per-chunk weighted sums SA and SB and the mixed chunk terms
+ * (definitions in the module docstring of sdcguard/fingerprint.py), in one pass at memory speed.
  *
- * numpy needs five passes over each block for the same sums (two multiplies, a shift, two reductions); this loop
- * reads each word once. Built as an optional extension: without a C compiler the numpy path computes the same
- * values (the tests compare both with a pure-Python reference). The GIL is released, so independent blocks run
- * on several cores from sdcguard's thread pool.
+ * partials(runs, t, u, chunk) takes a flat uint64 buffer of (address, nbytes, c0) triples: each a run of whole
+ * chunks of raw bytes in memory, starting at chunk index c0 of its tensor (the last run of a tensor may end in a
+ * partial chunk and a partial word, zero-padded as the definition says). For each it returns
+ * sum_c mix(V_c + c*PHI + SEED) mod 2**64 over its chunks; the caller adds the runs of one tensor and applies
+ * the final mix. One call handles any number of tensors, so a model's hundreds of small parameters cost one
+ * call, not hundreds of numpy operations each. Addresses rather than buffer objects, because torch tensors do
+ * not export the buffer protocol: the caller keeps the memory alive for the call. Words are read with memcpy,
+ * so no alignment is needed. The GIL is released for the arithmetic, so runs can be shared out to threads.
+ *
+ * Built as an optional extension: without a C compiler numpy computes the same values (the tests compare both
+ * with a pure-Python reference).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
 #define SDC_CLONES __attribute__((target_clones("avx2", "default")))
@@ -16,73 +24,103 @@
 #define SDC_CLONES
 #endif
 
+#define PHI 0x9E3779B97F4A7C15ull
+#define SEED 0x5D6C9A2B3F17E4C1ull
+
+static inline uint64_t mix64(uint64_t z) { /* splitmix64 finalizer */
+    z ^= z >> 30;
+    z *= 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 27;
+    z *= 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* The mixed terms of the chunks of `nbytes` bytes at `p`, the first being chunk c0. */
 SDC_CLONES
-static void chunk_sums(const int32_t *w, Py_ssize_t n, const uint32_t *t, const uint32_t *u, Py_ssize_t chunk,
-                       uint32_t *out_a, uint32_t *out_b) {
-    Py_ssize_t nchunks = (n + chunk - 1) / chunk;
-    for (Py_ssize_t c = 0; c < nchunks; c++) {
-        const int32_t *wc = w + c * chunk;
-        Py_ssize_t m = n - c * chunk;
-        if (m > chunk) m = chunk;
+static uint64_t run_partial(const unsigned char *p, uint64_t nbytes, const uint32_t *t, const uint32_t *u,
+                            uint64_t chunk, uint64_t c0) {
+    uint64_t nwords = nbytes / 4, tail = nbytes % 4, acc = 0, c = c0;
+    for (uint64_t s = 0; s < nwords || (s == nwords && tail); s += chunk, c++) {
+        uint64_t m = nwords - s < chunk ? nwords - s : chunk;
         uint32_t sa = 0, sb = 0; /* unsigned: wraps mod 2**32, as the definition says */
-        for (Py_ssize_t i = 0; i < m; i++) {
-            int32_t x = wc[i];
+        const unsigned char *pc = p + 4 * s;
+        for (uint64_t i = 0; i < m; i++) {
+            int32_t x;
+            memcpy(&x, pc + 4 * i, 4); /* an unaligned load where needed; vectorized like a plain one */
             sa += (uint32_t)x * t[i];
             sb += (uint32_t)(x >> 16) * u[i]; /* arithmetic shift: the signed high half-word */
         }
-        out_a[c] = sa;
-        out_b[c] = sb;
+        if (m < chunk && tail) { /* the last, partial word, zero-padded; it lies in this chunk */
+            int32_t x = 0;
+            memcpy(&x, p + 4 * nwords, (size_t)tail);
+            sa += (uint32_t)x * t[m];
+            sb += (uint32_t)(x >> 16) * u[m];
+            tail = 0;
+        }
+        acc += mix64(((uint64_t)sa | ((uint64_t)sb << 32)) + c * PHI + SEED);
     }
+    return acc;
 }
 
-static int get(PyObject *obj, Py_buffer *view, int writable, const char *what) {
-    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, view, flags) < 0) return -1;
-    if (view->itemsize != 4 || view->len % 4) {
-        PyErr_Format(PyExc_ValueError, "%s must be a contiguous buffer of 4-byte items", what);
+static int get_table(PyObject *obj, Py_buffer *view, Py_ssize_t chunk, const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (view->len < 4 * chunk || ((uintptr_t)view->buf & 3)) {
+        PyErr_Format(PyExc_ValueError, "%s must be an aligned buffer of at least `chunk` 32-bit words", what);
         PyBuffer_Release(view);
         return -1;
     }
     return 0;
 }
 
-static PyObject *py_chunk_sums(PyObject *self, PyObject *args) {
-    PyObject *ow, *ot, *ou, *oa, *ob;
+static PyObject *py_partials(PyObject *self, PyObject *args) {
+    PyObject *oruns, *ot, *ou, *result = NULL;
     Py_ssize_t chunk;
-    if (!PyArg_ParseTuple(args, "OOOnOO", &ow, &ot, &ou, &chunk, &oa, &ob)) return NULL;
-    Py_buffer w, t, u, a, b;
+    Py_buffer runs, t, u;
+    if (!PyArg_ParseTuple(args, "OOOn", &oruns, &ot, &ou, &chunk)) return NULL;
     if (chunk <= 0) return PyErr_Format(PyExc_ValueError, "chunk must be > 0");
-    if (get(ow, &w, 0, "words") < 0) return NULL;
-    if (get(ot, &t, 0, "t") < 0) goto fail_w;
-    if (get(ou, &u, 0, "u") < 0) goto fail_t;
-    if (get(oa, &a, 1, "out_a") < 0) goto fail_u;
-    if (get(ob, &b, 1, "out_b") < 0) goto fail_a;
-    Py_ssize_t n = w.len / 4, nchunks = (n + chunk - 1) / chunk;
-    if (t.len / 4 < chunk || u.len / 4 < chunk || a.len / 4 < nchunks || b.len / 4 < nchunks) {
-        PyErr_Format(PyExc_ValueError, "weights shorter than a chunk or outputs shorter than %zd chunks", nchunks);
-        goto fail_b;
+    if (PyObject_GetBuffer(oruns, &runs, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (runs.len % 24 || (runs.len && ((uintptr_t)runs.buf & 7))) {
+        PyErr_SetString(PyExc_ValueError, "runs must be an aligned buffer of (address, nbytes, c0) uint64 triples");
+        goto done_runs;
     }
+    if (get_table(ot, &t, chunk, "t") < 0) goto done_runs;
+    if (get_table(ou, &u, chunk, "u") < 0) goto done_t;
+    Py_ssize_t n = runs.len / 24;
+    uint64_t *out = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(uint64_t));
+    if (out == NULL) {
+        PyErr_NoMemory();
+        goto done_u;
+    }
+    const uint64_t *r = (const uint64_t *)runs.buf;
     Py_BEGIN_ALLOW_THREADS
-    chunk_sums((const int32_t *)w.buf, n, (const uint32_t *)t.buf, (const uint32_t *)u.buf, chunk,
-               (uint32_t *)a.buf, (uint32_t *)b.buf);
+    for (Py_ssize_t k = 0; k < n; k++)
+        out[k] = run_partial((const unsigned char *)(uintptr_t)r[3 * k], r[3 * k + 1], (const uint32_t *)t.buf,
+                             (const uint32_t *)u.buf, (uint64_t)chunk, r[3 * k + 2]);
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&b); PyBuffer_Release(&a); PyBuffer_Release(&u); PyBuffer_Release(&t); PyBuffer_Release(&w);
-    Py_RETURN_NONE;
-fail_b: PyBuffer_Release(&b);
-fail_a: PyBuffer_Release(&a);
-fail_u: PyBuffer_Release(&u);
-fail_t: PyBuffer_Release(&t);
-fail_w: PyBuffer_Release(&w);
-    return NULL;
+    result = PyList_New(n);
+    for (Py_ssize_t k = 0; result != NULL && k < n; k++) {
+        PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)out[k]);
+        if (v == NULL) Py_CLEAR(result);
+        else PyList_SET_ITEM(result, k, v);
+    }
+    PyMem_Free(out);
+done_u:
+    PyBuffer_Release(&u);
+done_t:
+    PyBuffer_Release(&t);
+done_runs:
+    PyBuffer_Release(&runs);
+    return result;
 }
 
 static PyMethodDef methods[] = {
-    {"chunk_sums", py_chunk_sums, METH_VARARGS,
-     "chunk_sums(words, t, u, chunk, out_a, out_b): SA and SB of every chunk of `chunk` words into out_a/out_b."},
+    {"partials", py_partials, METH_VARARGS,
+     "partials(runs, t, u, chunk) -> list[int]: for each (address, nbytes, c0) uint64 triple in runs, the sum "
+     "mod 2**64 of the mixed terms mix(V_c + c*PHI + SEED) of its chunks, numbered from c0."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fpcore", "CPU inner loop of sdcguard.fingerprint.", -1,
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fpcore", "CPU engine of sdcguard.fingerprint.", -1,
                                     methods};
 
 PyMODINIT_FUNC PyInit__fpcore(void) { return PyModule_Create(&module); }

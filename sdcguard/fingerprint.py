@@ -44,12 +44,14 @@ Why two 32-bit sums and not one 64-bit sum: CPUs without AVX-512 have no vector 
 multiply-and-sum runs at memory speed. A single linear sum modulo ``2**32`` cannot see a swap of two words that
 differ only in their top bit (a float32 ``x`` and ``-x``), hence ``SB`` over the high half-words.
 
-Implementation: fixed-size blocks (``_BLOCK_WORDS`` words, 1 MiB) with two int32 temporaries of one block, so
-memory stays bounded whatever the input size; a non-contiguous or misaligned input is copied block by block into
-a staging buffer on its own device, never to the host. CPU (numpy arrays, and torch CPU tensors through zero-copy
-``.numpy()`` views of the same memory): a one-pass C loop (``sdcguard/_fpcore.c``, an optional extension built at
-install; numpy's int32 loops compute the same values where it is missing), independent blocks on a small thread
-pool. CUDA
+Implementation. CPU (numpy arrays, and torch CPU tensors read in place): a one-pass C engine
+(``sdcguard/_fpcore.c``, an optional extension built at install; numpy's int32 loops compute the same values where
+it is missing). An input whose bytes lie in order in memory is cut into runs of whole chunks (4 MiB); all runs of
+all inputs of one call go to the engine together, shared out to a few threads when large, so a model's hundreds
+of small parameters cost one call and a large buffer uses every core. The per-chunk terms of one input add up
+before the final mix, so how it is cut never changes the value. A non-contiguous input (or a lazy conjugate or
+negation) is copied block by block (``_BLOCK_WORDS`` words, 1 MiB) into one staging buffer on its own device,
+never to the host, so memory stays bounded whatever its size. CUDA
 (torch tensors through DLPack on torch's current stream, cupy arrays): one fused pass, a small cupy
 ``RawKernel`` (``_CUDA_SOURCE``), one thread block per chunk; without cupy, torch tensors on a GPU fall back to the
 same arithmetic in torch ops (``_torch_ops_chunk_sums``, also exercised on CPU by the tests). The numpy path
@@ -58,6 +60,7 @@ never imports torch.
 
 from __future__ import annotations
 
+import array
 import functools
 import os
 import sys
@@ -130,14 +133,6 @@ def _mix_np(z: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _xp_of(a: Any) -> Any:
-    if isinstance(a, np.ndarray):
-        return np
-    import cupy  # only reached for a cupy array
-
-    return cupy
-
-
 def _xp_byte_pieces(a: Any, xp: Any, max_bytes: int) -> Iterator[Any]:
     """Contiguous uint8 pieces whose concatenation is ``a``'s raw bytes in logical C order (bounded copies)."""
     if a.size == 0:
@@ -204,56 +199,60 @@ def _xp_ptr(a: Any, xp: Any) -> int:
 
 
 @functools.cache
-def _xp_weights(xp_name: str, device: int) -> tuple[Any, Any]:
-    t, u = _weights()
-    if xp_name == "numpy":
-        return t, u
+def _cupy_weights(device: int) -> tuple[Any, Any]:
+    """The weight tables on one GPU (uploaded once)."""
     import cupy
 
+    t, u = _weights()
     with cupy.cuda.Device(device):
         return cupy.asarray(t), cupy.asarray(u)
 
 
-try:  # the C inner loop (one pass, GIL released); optional, numpy computes the same values without it
+def _xp_finish(v: Any, xp: Any, nbytes: int) -> Any:
+    """The fingerprint from the chunk values ``v``, as a 1-element uint64 array on the same device."""
+    return _mix_np(_xp_partial(v, 0, xp).reshape(1) + np.uint64(_mix_int(nbytes + _PHI)))
+
+
+def _xp_partial(v: Any, c0: int, xp: Any) -> Any:
+    """``sum_c mix(V_c + c*PHI + SEED)`` over chunk values ``v`` numbered from ``c0``: a 0-d uint64 array."""
+    c = xp.arange(c0, c0 + v.size, dtype=np.uint64)
+    return _mix_np(v + c * np.uint64(_PHI) + np.uint64(_SEED)).sum(dtype=np.uint64)
+
+
+def _cupy_fingerprint_device(a: Any) -> Any:
+    """The fingerprint of a cupy array as a 1-element uint64 array on its GPU (no host sync)."""
+    import cupy
+
+    nwords = -(-(a.size * a.itemsize) // 4)
+    with a.device:  # temporaries on the array's own GPU, the fused kernel over each block
+        blocks, views = _xp_word_blocks(a, cupy, _WHOLE)
+        sa, sb = _cuda_sums(cupy, blocks, _WHOLE if views else _BLOCK_WORDS, nwords, int(a.device.id))
+        v = sa.view(np.uint32).astype(np.uint64) | (sb.view(np.uint32).astype(np.uint64) << np.uint64(32))
+        return _xp_finish(v, cupy, a.size * a.itemsize)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# CPU: numpy arrays and torch CPU tensors (zero-copy numpy views of the same memory)
+# ----------------------------------------------------------------------------------------------------------------
+
+try:  # the C engine (one pass, GIL released, many inputs per call); optional, numpy computes the same values
     from . import _fpcore
 except ImportError:  # pragma: no cover - built by the package's own install; a compiler-less install lacks it
     _fpcore = None
 
-
-def _xp_block_sums(words: Any, xp: Any, t: Any, u: Any, prod: Any, high: Any, out_a: Any, out_b: Any) -> None:
-    """``SA``/``SB`` of the chunks of one word block (starting on a chunk boundary) into ``out_a``/``out_b``."""
-    if xp is np and _fpcore is not None and _USE_C:
-        _fpcore.chunk_sums(words, t, u, CHUNK_WORDS, out_a, out_b)
-        return
-    n = words.size
-    k, r = divmod(n, CHUNK_WORDS)
-    if k:
-        w = words[: k * CHUNK_WORDS].reshape(k, CHUNK_WORDS)
-        p, h = prod[:k], high[:k]
-        xp.multiply(w, t, out=p)  # int32 arithmetic wraps: mod 2**32 by definition
-        xp.right_shift(w, 16, out=h)  # arithmetic shift: the signed high half-word
-        xp.multiply(h, u, out=h)
-        p.sum(axis=1, dtype=np.int32, out=out_a[:k])
-        h.sum(axis=1, dtype=np.int32, out=out_b[:k])
-    if r:
-        w = words[k * CHUNK_WORDS :]
-        p, h = prod[k, :r], high[k, :r]
-        xp.multiply(w, t[:r], out=p)
-        xp.right_shift(w, 16, out=h)
-        xp.multiply(h, u[:r], out=h)
-        out_a[k] = p.sum(dtype=np.int32)
-        out_b[k] = h.sum(dtype=np.int32)
-
-
 _USE_C = os.environ.get("SDCGUARD_FINGERPRINT_NUMPY") != "1"
 """``SDCGUARD_FINGERPRINT_NUMPY=1`` forces the numpy loops (the tests compare both paths)."""
 
+_RUN_BYTES = 4 << 20
+"""Dense inputs are cut into runs of whole chunks of at most this many bytes, which threads share out."""
+_POOL_MIN_BYTES = 8 << 20
+"""Below this much data in one call, handing work to threads costs more than it saves."""
 _POOL: Any = None
 
 
 def _pool_workers() -> int:
-    """Threads for independent numpy blocks: the cores we may use, capped by torch's intra-op threads when torch
-    is loaded (a training rank pinned to one thread must not get more from us)."""
+    """Threads for one call: the cores we may use, capped by torch's intra-op threads when torch is loaded (a
+    training rank pinned to one thread must not get more from us), and by 4."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "get_num_threads"):
@@ -261,78 +260,136 @@ def _pool_workers() -> int:
     return max(1, min(4, cpus))
 
 
-def _xp_sums_of_blocks(blocks: Iterator[Any], independent: bool, nwords: int, xp: Any, device: int = 0) -> Any:
-    """``V_c`` of every chunk as one uint64 array on the data's device."""
+def _cpu_span(x: Any) -> tuple[int, int] | None:
+    """``(address, nbytes)`` of a CPU array's or tensor's raw bytes when they lie in logical C order in its own
+    memory; None when they must be copied first (not C-contiguous, or a lazy conjugate or negation)."""
+    if isinstance(x, np.ndarray):
+        return (x.__array_interface__["data"][0], x.nbytes) if x.flags.c_contiguous else None
+    if not x.is_contiguous() or x.is_conj() or x.is_neg():
+        return None
+    return x.data_ptr(), x.numel() * x.element_size()
+
+
+def _np_block_sums(words: np.ndarray, t: np.ndarray, u: np.ndarray, prod: np.ndarray, high: np.ndarray,
+                   out_a: np.ndarray, out_b: np.ndarray) -> None:
+    """``SA``/``SB`` of the chunks of one block of words (starting on a chunk boundary) with numpy's loops;
+    ``prod`` and ``high`` are flat int32 temporaries at least as long as ``words``."""
+    k, r = divmod(words.size, CHUNK_WORDS)
+    if k:
+        w = words[: k * CHUNK_WORDS].reshape(k, CHUNK_WORDS)
+        p, h = prod[: k * CHUNK_WORDS].reshape(k, CHUNK_WORDS), high[: k * CHUNK_WORDS].reshape(k, CHUNK_WORDS)
+        np.multiply(w, t, out=p)  # int32 arithmetic wraps: mod 2**32 by definition
+        np.right_shift(w, 16, out=h)  # arithmetic shift: the signed high half-word
+        np.multiply(h, u, out=h)
+        p.sum(axis=1, dtype=np.int32, out=out_a[:k])
+        h.sum(axis=1, dtype=np.int32, out=out_b[:k])
+    if r:
+        w = words[k * CHUNK_WORDS :]
+        p, h = prod[k * CHUNK_WORDS : k * CHUNK_WORDS + r], high[k * CHUNK_WORDS : k * CHUNK_WORDS + r]
+        np.multiply(w, t[:r], out=p)
+        np.right_shift(w, 16, out=h)
+        np.multiply(h, u[:r], out=h)
+        out_a[k] = p.sum(dtype=np.int32)
+        out_b[k] = h.sum(dtype=np.int32)
+
+
+def _np_partial(address: int, nbytes: int, c0: int) -> int:
+    """What ``_fpcore.partials`` computes for one run, with numpy's loops (temporaries of at most one block)."""
+    if not nbytes:
+        return 0
+    import ctypes
+
+    b = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=np.uint8)
+    if nbytes % 4:  # only the last run of an input: a copy no bigger than the run, zero-padded
+        words = np.zeros(-(-nbytes // 4), dtype=np.int32)
+        words.view(np.uint8)[:nbytes] = b
+    else:
+        words = b.view(np.int32)
+    t, u = _weights()
+    nchunks = -(-words.size // CHUNK_WORDS)
+    out_a = np.empty(nchunks, dtype=np.int32)
+    out_b = np.empty(nchunks, dtype=np.int32)
+    prod = np.empty(min(words.size, _BLOCK_WORDS), dtype=np.int32)
+    high = np.empty_like(prod)
+    for s in range(0, words.size, _BLOCK_WORDS):
+        c = s // CHUNK_WORDS
+        _np_block_sums(words[s : s + _BLOCK_WORDS], t, u, prod, high, out_a[c:], out_b[c:])
+    v = out_a.view(np.uint32).astype(np.uint64) | (out_b.view(np.uint32).astype(np.uint64) << np.uint64(32))
+    return int(_xp_partial(v, c0, np))
+
+
+def _cpu_partials(runs: list[int]) -> list[int]:
+    """For each run (flat ``address, nbytes, first chunk index`` triples): the sum of its chunks' mixed terms.
+    The memory must stay alive during the call (the caller holds the arrays and tensors)."""
+    if _fpcore is not None and _USE_C and runs:
+        t, u = _weights()
+        return _fpcore.partials(array.array("Q", runs), t, u, CHUNK_WORDS)  # type: ignore[no-any-return]
+    return [_np_partial(*runs[k : k + 3]) for k in range(0, len(runs), 3)]
+
+
+def _cpu_run_partials(runs: list[int]) -> list[int]:
+    """``_cpu_partials`` of all runs, shared out to a few threads (contiguous groups of about equal bytes) when
+    there is enough data: the C engine and numpy's loops both release the GIL, like torch's own reductions."""
     global _POOL
-    t, u = _xp_weights(xp.__name__, device)
-    nchunks = -(-nwords // CHUNK_WORDS)
-    out_a = xp.empty(nchunks, dtype=np.int32)
-    out_b = xp.empty(nchunks, dtype=np.int32)
-    workers = _pool_workers() if xp is np and independent else 1
-    if workers > 1 and nchunks >= 4 * _CHUNKS_PER_BLOCK * workers:
-        # numpy releases the GIL in its loops: independent blocks run on all cores, like torch's own reductions.
-        import threading
+    total = sum(runs[1::3])
+    workers = _pool_workers()
+    if workers == 1 or len(runs) < 6 or total < _POOL_MIN_BYTES:
+        return _cpu_partials(runs)
+    groups: list[list[int]] = [[] for _ in range(workers)]
+    start = 0
+    for k in range(0, len(runs), 3):
+        groups[min(workers - 1, start * workers // total)] += runs[k : k + 3]
+        start += runs[k + 1]
+    if _POOL is None:
         from concurrent.futures import ThreadPoolExecutor
 
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(workers, thread_name_prefix="sdcguard-fingerprint")
-        local = threading.local()
+        _POOL = ThreadPoolExecutor(4, thread_name_prefix="sdcguard-fingerprint")
+    return [p for part in _POOL.map(_cpu_partials, [g for g in groups if g]) for p in part]
 
-        def one(item: tuple[int, Any]) -> None:
-            c0, words = item
-            if not hasattr(local, "prod"):
-                local.prod = np.empty((_CHUNKS_PER_BLOCK, CHUNK_WORDS), dtype=np.int32)
-                local.high = np.empty((_CHUNKS_PER_BLOCK, CHUNK_WORDS), dtype=np.int32)
-            _xp_block_sums(words, np, t, u, local.prod, local.high, out_a[c0:], out_b[c0:])
 
-        items = [(b * _CHUNKS_PER_BLOCK, w) for b, w in enumerate(blocks)]
-        if _fpcore is not None and _USE_C:
-            # The C loop needs no temporaries: one task per worker over a contiguous run of blocks, so the pool's
-            # per-task overhead does not eat the time a 1 MiB block takes (~80 us).
-            step = -(-len(items) // workers)
-            runs = [items[i : i + step] for i in range(0, len(items), step)]
-            list(_POOL.map(lambda run: [_fpcore.chunk_sums(w, t, u, CHUNK_WORDS, out_a[c0:], out_b[c0:])
-                                        for c0, w in run], runs))
-        else:
-            list(_POOL.map(one, items))
+def _cpu_staged_partial(x: Any, nbytes: int) -> int:
+    """The summed chunk terms of an input whose bytes must be copied: packed block by block into one staging
+    buffer (at most one block, never more than the input), on this thread."""
+    block_bytes = _BLOCK_WORDS * 4
+    if isinstance(x, np.ndarray):
+        pieces: Iterator[Any] = _xp_byte_pieces(x, np, block_bytes)
     else:
-        rows = min(_CHUNKS_PER_BLOCK, nchunks)  # a small input gets small temporaries
-        prod = xp.empty((rows, CHUNK_WORDS), dtype=np.int32)
-        high = xp.empty((rows, CHUNK_WORDS), dtype=np.int32)
-        for b, words in enumerate(blocks):
-            c0 = b * _CHUNKS_PER_BLOCK
-            _xp_block_sums(words, xp, t, u, prod, high, out_a[c0:], out_b[c0:])
-    sa = out_a.view(np.uint32).astype(np.uint64)
-    sb = out_b.view(np.uint32).astype(np.uint64)
-    return sa | (sb << np.uint64(32))
+        pieces = (p.numpy() for p in _torch_byte_pieces(x, block_bytes))
+    staging = np.zeros(min(_BLOCK_WORDS, -(-nbytes // 4)), dtype=np.int32)
+    address = staging.__array_interface__["data"][0]
+    blocks = _stage(pieces, staging, staging.view(np.uint8), block_bytes)
+    return sum(_cpu_partials([address, w.nbytes, b * _CHUNKS_PER_BLOCK])[0] for b, w in enumerate(blocks))
 
 
-def _xp_chunk_sums(a: Any, xp: Any) -> Any:
-    """Per-chunk ``V_c`` as one uint64 array (still on the array's device)."""
-    nwords = -(-(a.size * a.itemsize) // 4)
-    if xp is np:
-        return _xp_sums_of_blocks(*_xp_word_blocks(a, xp), nwords, xp)
-    with a.device:  # cupy: temporaries on the array's own GPU, the fused kernel over each block
-        blocks, views = _xp_word_blocks(a, xp, _WHOLE)
-        sa, sb = _cuda_sums(xp, blocks, _WHOLE if views else _BLOCK_WORDS, nwords, int(a.device.id))
-        return sa.view(np.uint32).astype(np.uint64) | (sb.view(np.uint32).astype(np.uint64) << np.uint64(32))
+def _cpu_fingerprints(xs: Sequence[Any]) -> list[int]:
+    """Fingerprints of numpy arrays and CPU torch tensors (which the caller keeps alive).
 
-
-def _xp_finish(v: Any, xp: Any, nbytes: int) -> Any:
-    """The fingerprint from the chunk values, as a 1-element uint64 array on the same device."""
-    c = xp.arange(v.size, dtype=np.uint64)
-    k = _mix_np(v + c * np.uint64(_PHI) + np.uint64(_SEED))
-    acc = k.sum(dtype=np.uint64).reshape(1)
-    return _mix_np(acc + np.uint64(_mix_int(nbytes + _PHI)))
-
-
-def _xp_fingerprint_device(a: Any, xp: Any) -> Any:
-    """The fingerprint as a 1-element uint64 array on the array's device (no host sync)."""
-    v = _xp_chunk_sums(a, xp)
-    if xp is np:
-        return _xp_finish(v, xp, a.size * a.itemsize)
-    with a.device:
-        return _xp_finish(v, xp, a.size * a.itemsize)
+    Every input whose bytes lie in order in memory is cut into runs of whole chunks; all runs of all inputs go to
+    the engine in one call (a few, on threads, when large), so a model's hundreds of small parameters cost one
+    call. Inputs whose bytes need copying are staged one block at a time. The runs of one input add up
+    (mod 2**64) before the final mix.
+    """
+    acc = [0] * len(xs)
+    sizes: list[int] = []
+    runs: list[int] = []
+    owners: list[int] = []
+    for k, x in enumerate(xs):
+        span = _cpu_span(x)
+        if span is None:
+            if not isinstance(x, np.ndarray):
+                x = x.detach()  # a parameter that requires grad: the same memory
+            nbytes = x.nbytes if isinstance(x, np.ndarray) else x.numel() * x.element_size()
+            acc[k] = _cpu_staged_partial(x, nbytes)
+            sizes.append(nbytes)
+            continue
+        address, nbytes = span
+        sizes.append(nbytes)
+        for s in range(0, nbytes, _RUN_BYTES):
+            runs += (address + s, min(_RUN_BYTES, nbytes - s), s // (4 * CHUNK_WORDS))
+            owners.append(k)
+    for k, p in zip(owners, _cpu_run_partials(runs)):
+        acc[k] += p
+    return [_mix_int(a + _mix_int(n + _PHI)) for a, n in zip(acc, sizes)]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -450,20 +507,15 @@ def _torch_ops_chunk_sums(x: Any) -> Any:
 
 
 def _torch_fingerprint_device(x: Any, *, torch_ops: bool = False) -> Any:
-    """The fingerprint of one tensor as a 0-d int64 tensor (the uint64 reinterpreted) on its device.
-
-    On CPU the words go through the numpy code (zero-copy ``.numpy()`` views of the same memory: numpy's int32
-    loops are faster than torch's here); ``torch_ops=True`` forces the torch-op path that CUDA tensors take.
-    """
+    """The fingerprint of one GPU tensor as a 0-d int64 tensor (the uint64 reinterpreted) on its device, with
+    no host sync. CPU tensors take the CPU engine; ``torch_ops=True`` forces the torch-op path (any device),
+    which CUDA tensors take without cupy."""
     import torch
 
     _check_torch(x)
     nbytes = x.numel() * x.element_size()
     if x.device.type == "cpu" and not torch_ops:
-        blocks, independent = _torch_word_blocks(x)
-        np_blocks = (w.numpy() for w in blocks)
-        fp = _xp_finish(_xp_sums_of_blocks(np_blocks, independent, -(-nbytes // 4), np), np, nbytes)
-        return torch.from_numpy(fp.view(np.int64)).reshape(())
+        return torch.tensor(_signed64(_cpu_fingerprints([x])[0]), dtype=torch.int64)
     v = _torch_cuda_chunk_sums(x) if x.device.type == "cuda" and not torch_ops else None
     if v is None:
         v = _torch_ops_chunk_sums(x)
@@ -492,8 +544,11 @@ def fingerprints_on_device(xs: Sequence[Any]) -> Any:
 
     if not xs:
         return torch.zeros(0, dtype=torch.int64)
-    device = xs[0].device
-    return torch.stack([_torch_fingerprint_device(x).to(device) for x in xs])
+    for x in xs:
+        _check_torch(x)
+    if all(x.device.type == "cpu" for x in xs):  # one batched call of the CPU engine for all of them
+        return torch.tensor([_signed64(v) for v in _cpu_fingerprints(xs)], dtype=torch.int64)
+    return torch.stack([_torch_fingerprint_device(x).to(xs[0].device) for x in xs])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -580,7 +635,7 @@ def _cuda_sums(cupy: Any, blocks: Iterator[Any], block_words: int, nwords: int, 
     nchunks = -(-nwords // CHUNK_WORDS)
     out_a = cupy.empty(nchunks, dtype=np.int32)
     out_b = cupy.empty(nchunks, dtype=np.int32)
-    t, u = _xp_weights("cupy", device)
+    t, u = _cupy_weights(device)
     kernel = _cuda_kernel(cupy, device)
     per_block = block_words // CHUNK_WORDS
     for b, words in enumerate(blocks):
@@ -626,20 +681,27 @@ def fingerprint(x: Any) -> int:
 def fingerprint_many(xs: Sequence[Any]) -> list[int]:
     """Fingerprints of many tensors/arrays with one host synchronisation per device (not one per tensor)."""
     results: list[int | None] = [None] * len(xs)
-    pending: dict[Any, list[tuple[int, Any]]] = {}
+    cpu: list[tuple[int, Any]] = []  # numpy arrays and CPU torch tensors: one batched call of the CPU engine
+    pending: dict[Any, list[tuple[int, Any]]] = {}  # GPU: fingerprints left on their device until one sync
     for i, x in enumerate(xs):
         if isinstance(x, np.generic):  # a numpy scalar: its bytes, as a 0-d array
             x = np.asarray(x)
         if isinstance(x, np.ndarray):
             _check_np(x)
-            results[i] = int(_xp_fingerprint_device(x, np)[0])
+            cpu.append((i, x))
         elif _is_torch_tensor(x):
-            pending.setdefault(("torch", x.device), []).append((i, _torch_fingerprint_device(x)))
+            _check_torch(x)
+            if x.device.type == "cpu":
+                cpu.append((i, x))
+            else:
+                pending.setdefault(("torch", x.device), []).append((i, _torch_fingerprint_device(x)))
         elif type(x).__module__.startswith("cupy"):
             _check_np(x)
-            pending.setdefault(("cupy", int(x.device.id)), []).append((i, _xp_fingerprint_device(x, _xp_of(x))))
+            pending.setdefault(("cupy", int(x.device.id)), []).append((i, _cupy_fingerprint_device(x)))
         else:
             raise TypeError(f"fingerprint: expected a torch tensor, numpy or cupy array, got {type(x).__name__}")
+    for (i, _), v in zip(cpu, _cpu_fingerprints([x for _, x in cpu])):
+        results[i] = v
     for (kind, _), items in pending.items():
         if kind == "torch":
             import torch

@@ -306,3 +306,23 @@ def test_c_inner_loop_and_numpy_loops_agree(data: bytes) -> None:
         assert F.fingerprint(a) == with_c
     finally:
         F._USE_C = saved
+
+
+def test_large_inputs_split_across_threads_agree_with_every_other_path() -> None:
+    """Inputs beyond one 4 MiB run are cut into runs that threads share: every split, the numpy loops and the
+    torch-op path give the same value, aligned or not, alone or batched with small tensors."""
+    from sdcguard import fingerprint as F
+
+    b = torch.randint(0, 256, (9 * (1 << 20) + 6,), dtype=torch.uint8)
+    for x in (b, b[1:], b[3:-1]):
+        expected = int(_torch_fingerprint_device(x, torch_ops=True).item()) & _M64
+        assert fingerprint(x) == expected == fingerprint(x.numpy())
+        saved = F._USE_C
+        F._USE_C = False
+        try:
+            assert fingerprint(x) == expected
+        finally:
+            F._USE_C = saved
+    small = [torch.randn(n) for n in (1, 7, 100, 3000)]
+    xs = [*small, b[1:], torch.randn(3, 5).t(), *small]
+    assert fingerprint_many(xs) == [fingerprint(x) for x in xs]
