@@ -37,7 +37,7 @@ _LAZY: dict[str, str] = {
     # the training guard (torch)
     "SDCGuard": "sdcguard.guard",
     "StepReport": "sdcguard.guard",
-    "CalibrationReport": "sdcguard.guard",
+    "CalibrationReport": "sdcguard.calibration",
     "GuardConfig": "sdcguard.guard",
     "RngHook": "sdcguard.capture",
     "plan_roles": "sdcguard.shadows",

@@ -43,8 +43,9 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from .attribution import Attributor, Conflict, job_id
+from .calibration import CalibrationReport, calibrate
 from .capture import Batch, Capture, RngHook, RngState, capture_rng, make_capture
 from .devices import hostname
 from .errors import BadInput, CorruptionDetected
@@ -57,7 +58,6 @@ from .shadows import (
     ShadowSample,
     ShadowServer,
     Verdict,
-    digest_hash,
     exchange_objects,
     flatten_params,
     peer_source,
@@ -87,22 +87,6 @@ EXIT_RESTART = 85
 
 _BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket size: few collectives, bounded extra memory
 _MAX_PENDING = 2  # samples a dedicated shadow may lag behind before the workers wait for its oldest verdict
-
-# Ops whose CUDA kernels accumulate with atomics (order-dependent float sums): the usual reason a replay differs.
-_NONDETERMINISTIC_OPS = (
-    "index_add",
-    "scatter_add",
-    "scatter_reduce",
-    "index_put",
-    "put_",
-    "embedding_dense_backward",
-    "_embedding_bag_backward",
-    "index_reduce",
-    "bincount",
-    "histc",
-    "cumsum",
-)
-
 
 @dataclass(frozen=True, kw_only=True)
 class GuardConfig:
@@ -149,28 +133,6 @@ class StepReport:
     """Whether this step was a sampled (replayed) step."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class CalibrationReport:
-    """Result of ``guard.calibrate``: are replays bit-identical on this setup?"""
-
-    deterministic: bool
-    same_device: bool
-    """A re-run on each rank's own device reproduced its result bit for bit (on every rank)."""
-    cross_rank: bool
-    """Another rank's replay reproduced each rank's result bit for bit."""
-    causes: tuple[str, ...] = ()
-    """Likely reasons when not deterministic."""
-    ranks_differing: tuple[int, ...] = ()
-    """Global ranks whose result was not reproduced."""
-
-    def __str__(self) -> str:
-        if self.deterministic:
-            return "replays are bit-identical on each rank and across ranks"
-        where = "across ranks" if self.same_device else "on the same device"
-        causes = "; ".join(self.causes) or "unknown"
-        return f"replays are NOT bit-identical ({where}); likely causes: {causes}"
-
-
 @dataclass
 class _Pending:
     """A sample sent to a dedicated shadow, waiting for its verdict (every worker keeps the metadata)."""
@@ -186,34 +148,6 @@ class _Pending:
     capture: Capture | None = None
     flats: list[torch.Tensor] = field(default_factory=list)
     original: Digest | None = None
-
-
-@dataclass(frozen=True)
-class _Conflict:
-    """Two devices disagreeing on one micro-batch, with the opinions gathered to settle it."""
-
-    owner: int  # data-parallel index of the rank whose micro-batch it is
-    other: int | None  # data-parallel index of the replaying rank; None for a dedicated shadow
-    other_global: int
-    original: Digest
-    parameter: int | None
-    loss_differs: bool
-
-
-class _OpRecorder(TorchDispatchMode):
-    """Records which aten ops ran (calibration names order-dependent ones as likely causes)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[str] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.seen.add(func.__name__.split(".")[0])
-        return func(*args, **(kwargs or {}))
-
-
-def _job_id() -> str | None:
-    return os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID")
 
 
 class SDCGuard:
@@ -259,10 +193,11 @@ class SDCGuard:
         self._flats: list[torch.Tensor] = []
         self._closed = False
         self._setup_groups(group)
+        self._attr = Attributor(self.members, self.param_names, self.identities)
         # Cross-replica checks of reduced gradients and weights (collective to build: every worker builds it).
         self._replica: ReplicaCheck | None = None
         if self.distributed and self.role == "worker" and self.dp_size > 1:
-            self._replica = ReplicaCheck(self.module, group=self.group, job=_job_id())
+            self._replica = ReplicaCheck(self.module, group=self.group, job=job_id())
 
     # ------------------------------------------------------------------------------------------------ setup
 
@@ -334,7 +269,8 @@ class SDCGuard:
         sample = self._samples
         chosen = sample % len(mbs)  # which micro-batch this sample replays: rotates with gradient accumulation
         if self.shadow_ranks:
-            capture_here = sampled and self.dp_rank == shadow_assignment(sample, self.dp_size, len(self.shadow_ranks))[0]
+            first_worker = shadow_assignment(sample, self.dp_size, len(self.shadow_ranks))[0]
+            capture_here = sampled and self.dp_rank == first_worker
         else:
             capture_here = sampled
         scale = 1.0 / len(mbs)
@@ -507,7 +443,7 @@ class SDCGuard:
         found = self._replica.check_gradients(step)
         if found:
             return found
-        return [self._incident("gradient_replica", step, (), f"step {step}: the reduced gradient buckets differ "
+        return [self._attr.incident("gradient_replica", step, (), f"step {step}: the reduced gradient buckets differ "
                                "across replicas, but no single parameter does (inconsistent fingerprints)")]
 
     def _agree(self, flag: bool, ready: bool = False) -> tuple[bool, bool]:
@@ -577,11 +513,11 @@ class SDCGuard:
             mm = first_mismatch(replace(original, params=param_fingerprints(original_grads)),
                                 replace(again, params=param_fingerprints(kept)))
             assert mm is not None
-            c = _Conflict(owner=0, other=0, other_global=self.members[0], original=original,
+            c = Conflict(owner=0, other=0, other_global=self.members[0], original=original,
                           parameter=mm.index, loss_differs=mm.loss_differs)
             if self.nondeterministic:
-                return [self._nondeterministic(step, c)]
-            return self._settle_single(step, c)
+                return [self._attr.nondeterministic(step, c)]
+            return self._attr.settle_single(step, c)
         src, dst = peer_source(me, sample, W), peer_target(me, sample, W)
         theirs: Capture = exchange_objects(cap, dst=self.members[dst], src=self.members[src], group=self.group)
         replay_grads: list[torch.Tensor] = []
@@ -597,16 +533,16 @@ class SDCGuard:
             "replay": param_fingerprints(replay_grads) if any(r == me for _, r in pairs) else None,
         }
         per_param = self._gather(mine_params)
-        conflicts: list[_Conflict] = []
+        conflicts: list[Conflict] = []
         for p, r in pairs:
             a = replace(gathered[p][0], params=per_param[p]["original"])
             b = replace(gathered[r][1], params=per_param[r]["replay"])
             mm = first_mismatch(a, b)
             assert mm is not None
-            conflicts.append(_Conflict(owner=p, other=r, other_global=self.members[r], original=gathered[p][0],
+            conflicts.append(Conflict(owner=p, other=r, other_global=self.members[r], original=gathered[p][0],
                                        parameter=mm.index, loss_differs=mm.loss_differs))
         if self.nondeterministic:
-            return [self._nondeterministic(step, c) for c in conflicts]
+            return [self._attr.nondeterministic(step, c) for c in conflicts]
         results = []
         for c in conflicts:  # identical list on every rank: the rounds below line up
             assert c.other is not None
@@ -621,14 +557,11 @@ class SDCGuard:
                 mine_op["third"] = self._replay(owner_cap, same_process=False)
             opinions = self._gather(mine_op)
             replica = gathered[c.other][1]
-            results.append(self._settle(
-                step, c, replica=replica,
-                third=None if third is None else opinions[third]["third"],
-                third_rank=third,
-                rerun=opinions[c.owner]["rerun"],
-                other_rerun=opinions[c.other]["replayer_rerun"],
+            results.append(self._attr.settle(
+                c, replica=replica, third=None if third is None else opinions[third]["third"], third_rank=third,
+                rerun=opinions[c.owner]["rerun"], other_rerun=opinions[c.other]["replayer_rerun"],
             ))
-        return self._merge(step, results)
+        return self._attr.merge(step, results)
 
     def _third(self, a: int, b: int) -> int | None:
         for k in range(1, self.dp_size):
@@ -672,16 +605,16 @@ class SDCGuard:
         verdict = Verdict.from_tensor(buf)
         if verdict.matched:
             return []
-        c = _Conflict(owner=pending.worker, other=None, other_global=pending.shadow,
+        c = Conflict(owner=pending.worker, other=None, other_global=pending.shadow,
                       original=pending.original or Digest(loss=0, buckets=()), parameter=verdict.first_index,
                       loss_differs=verdict.loss_differs)
         if self.nondeterministic:
-            return [self._nondeterministic(pending.step, c)]
+            return [self._attr.nondeterministic(pending.step, c)]
         payload = None
         if self.dp_rank == pending.worker:
             payload = (pending.capture, [f.cpu() for f in pending.flats], pending.original)
         owner_cap, flats, original = self._broadcast(payload, src=pending.worker)
-        c = _Conflict(owner=c.owner, other=None, other_global=c.other_global, original=original,
+        c = Conflict(owner=c.owner, other=None, other_global=c.other_global, original=original,
                       parameter=c.parameter, loss_differs=c.loss_differs)
         values = unflatten_params([f.to(self.device) for f in flats], self.params)
         third = (pending.worker + 1) % self.dp_size if self.dp_size > 1 else None
@@ -691,11 +624,12 @@ class SDCGuard:
         if self.dp_rank == third:
             mine_op["third"] = self._replay(owner_cap, same_process=False, values=values)
         opinions = self._gather(mine_op)
-        return self._merge(pending.step, [self._settle(
-            pending.step, c, replica=None, replica_hash=verdict.shadow_hash,
-            third=None if third is None else opinions[third]["third"], third_rank=third,
-            rerun=opinions[pending.worker]["rerun"], other_rerun=None,
-        )])
+        settled = self._attr.settle(
+            c, replica=None, replica_hash=verdict.shadow_hash,
+            third=None if third is None else opinions[third]["third"],
+            third_rank=third, rerun=opinions[pending.worker]["rerun"], other_rerun=None,
+        )
+        return self._attr.merge(pending.step, [settled])
 
     def serve(self) -> int:
         """On a dedicated shadow rank: replay the samples workers send until every worker calls ``close()``."""
@@ -718,80 +652,6 @@ class SDCGuard:
             for s in self.shadow_ranks:
                 send_stop(s)
         return found
-
-    # -------------------------------------------------------------------------------------- attribution
-
-    def _settle(self, step: int, c: _Conflict, *, replica: Digest | None, third: Digest | None,
-                third_rank: int | None, rerun: Digest, other_rerun: Digest | None,
-                replica_hash: int | None = None) -> tuple[tuple[int, ...], bool | None, str, _Conflict]:
-        """Decide who is wrong in a two-device disagreement. Returns (suspect global ranks, sticky, how, c)."""
-        owner_g = self.members[c.owner]
-        other_g = c.other_global
-        other_name = f"rank {other_g}" + (" (dedicated shadow)" if c.other is None else "")
-
-        def same_as_replica(d: Digest) -> bool:
-            return d == replica if replica is not None else digest_hash(d) == replica_hash
-
-        if third is not None:
-            third_g = self.members[third_rank] if third_rank is not None else -1
-            if same_as_replica(third) and third != c.original:
-                sticky = rerun != third
-                how = (f"rank {third_g}'s replay agrees with {other_name}; a re-run on rank {owner_g} "
-                       + ("reproduced the wrong result (sticky)" if sticky else "was correct (transient)"))
-                return (owner_g,), sticky, how, c
-            if third == c.original and not same_as_replica(third):
-                sticky = None if other_rerun is None else other_rerun != third
-                how = f"rank {third_g}'s replay agrees with rank {owner_g}: {other_name} computed the replay wrong"
-                return (other_g,), sticky, how, c
-            return (owner_g, other_g), None, f"rank {third_g}'s replay agrees with neither", c
-        # Two devices only: the re-runs are the third opinion.
-        if same_as_replica(rerun) and (other_rerun is None or same_as_replica(other_rerun)):
-            return (owner_g,), False, f"a re-run on rank {owner_g} agrees with {other_name} (transient)", c
-        if rerun == c.original and other_rerun is not None and other_rerun == c.original:
-            return (other_g,), False, f"a re-run on {other_name} agrees with rank {owner_g} (transient)", c
-        return (owner_g, other_g), None, "both devices reproduce their own result: no third device to decide", c
-
-    def _settle_single(self, step: int, c: _Conflict) -> list[Incident]:
-        how = "a re-run on the same device differs (single rank: no other device to compare with)"
-        return self._merge(step, [((self.members[0],), False, how, c)])
-
-    def _merge(self, step: int, results: list[tuple[tuple[int, ...], bool | None, str, _Conflict]]) -> list[Incident]:
-        """One incident per suspect set and step (a sticky device fails its own and its replay of another)."""
-        by_suspects: dict[tuple[int, ...], list[tuple[bool | None, str, _Conflict]]] = {}
-        for suspects, sticky, how, c in results:
-            by_suspects.setdefault(suspects, []).append((sticky, how, c))
-        out = []
-        for suspects, items in by_suspects.items():
-            sticky_values = [s for s, _, _ in items if s is not None]
-            sticky = any(sticky_values) if sticky_values else None
-            first = items[0][2]
-            param = self.param_names[first.parameter] if first.parameter is not None else None
-            parts = []
-            for _, how, c in items:
-                where = f"parameter {self.param_names[c.parameter]!r}" if c.parameter is not None else "the loss"
-                other = f"rank {c.other_global}" + (" (dedicated shadow)" if c.other is None else "")
-                parts.append(f"rank {self.members[c.owner]}'s micro-batch: original and {other}'s replay differ "
-                             f"first at {where}" + (" (loss differs too)" if c.loss_differs and c.parameter
-                                                    is not None else "") + f"; {how}")
-            detail = f"step {step}: " + ". ".join(parts)
-            out.append(self._incident("replay", step, suspects, detail, parameter=param, sticky=sticky))
-        return out
-
-    def _nondeterministic(self, step: int, c: _Conflict) -> Incident:
-        where = f"parameter {self.param_names[c.parameter]!r}" if c.parameter is not None else "the loss"
-        detail = (f"step {step}: rank {self.members[c.owner]}'s micro-batch replayed on rank {c.other_global} "
-                  f"differs first at {where}, but calibrate() found this setup nondeterministic: not blamed on "
-                  "hardware")
-        return self._incident("nondeterministic", step, (), detail, parameter=None)
-
-    def _incident(self, kind: str, step: int, suspects: tuple[int, ...], detail: str, *,
-                  parameter: str | None = None, sticky: bool | None = None) -> Incident:
-        devices = tuple(self.identities.get(r, (None, ""))[0] or "" for r in suspects)
-        hosts = tuple(self.identities.get(r, (None, ""))[1] for r in suspects)
-        return Incident(kind=kind, step=step, suspect_ranks=suspects,
-                        device=(devices[0] or None) if len(suspects) == 1 else None,
-                        detail=detail, devices=devices, hosts=hosts, parameter=parameter, sticky=sticky,
-                        job=_job_id())
 
     # ------------------------------------------------------------------------------------------ actions
 
@@ -837,51 +697,11 @@ class SDCGuard:
 
         Touches neither ``.grad`` nor the random streams. When not identical, the guard is marked
         ``nondeterministic``: later replay mismatches are reported as ``nondeterministic`` incidents and never
-        veto a step or blame a device. Every worker calls it (collective).
+        veto a step or blame a device. Every worker calls it (collective). See :mod:`sdcguard.calibration`.
         """
         if self.role != "worker":
             raise RuntimeError("calibrate() runs on the data-parallel workers")
-        cap = make_capture(step=-1, rank=self.dp_rank, micro_batch=0, batch=batch, rng=capture_rng(self.rng_hook))
-        recorder = _OpRecorder()
-        with recorder:
-            first = self._replay(cap, same_process=True)
-        again = self._replay(cap, same_process=True)
-        same_here = first == again
-        W, me = self.dp_size, self.dp_rank
-        if W > 1:
-            theirs = exchange_objects(cap, dst=self.members[peer_target(me, 0, W)],
-                                      src=self.members[peer_source(me, 0, W)], group=self.group)
-            cross_mine = self._replay(theirs, same_process=False)
-        else:
-            cross_mine = first
-        gathered = self._gather((first, cross_mine, same_here, sorted(recorder.seen)))
-        same_device = all(g[2] for g in gathered)
-        differing = [self.members[r] for r in range(W) if not gathered[r][2]]
-        cross = True
-        for r in range(W):
-            p = peer_source(r, 0, W) if W > 1 else r
-            if gathered[r][1] != gathered[p][0]:
-                cross = False
-                differing.append(self.members[p])
-        deterministic = same_device and cross
-        causes: list[str] = []
-        if not deterministic:
-            ops = sorted({op for g in gathered for op in g[3] if op.rstrip("_") in _NONDETERMINISTIC_OPS
-                          or op in _NONDETERMINISTIC_OPS})
-            if not torch.are_deterministic_algorithms_enabled():
-                causes.append("deterministic algorithms are off (torch.use_deterministic_algorithms(True))")
-            if self.device.type == "cuda":
-                if not os.environ.get("CUBLAS_WORKSPACE_CONFIG"):
-                    causes.append("CUBLAS_WORKSPACE_CONFIG is not set (use :4096:8)")
-                if torch.backends.cudnn.benchmark:
-                    causes.append("torch.backends.cudnn.benchmark is on")
-            if ops:
-                causes.append("order-dependent ops ran: " + ", ".join(ops))
-            if not causes:
-                causes.append("the loss function draws randomness the guard does not capture (pass rng_hook=)")
-        self.nondeterministic = not deterministic
-        return CalibrationReport(deterministic=deterministic, same_device=same_device, cross_rank=cross,
-                                 causes=tuple(causes), ranks_differing=tuple(sorted(set(differing))))
+        return calibrate(self, batch)
 
     # ------------------------------------------------------------------------------------------- state
 
