@@ -16,7 +16,8 @@ What happens in ``guard.step(step, batch)`` on every data-parallel rank:
 4. Sampled steps (one in ``replay_every``): a replay of one micro-batch on another device, compared bit for bit
    with the original (:mod:`sdcguard.shadows` for who replays whom, :mod:`sdcguard.replay` for the replay).
    A disagreement is settled by a third opinion and a re-run on the original device (transient or sticky).
-5. One small all-reduce decides the veto: with ``on_detect="skip"`` no rank commits a corrupted step.
+5. The veto: with ``on_detect="skip"`` no rank commits a corrupted step. Every rank decides alike with no
+   collective of its own, because every input of the decision came out of the collectives above.
 
 The gradients land in ``.grad`` only when the step commits. ``after_optimizer_step()`` compares the weights
 across replicas on its own schedule.
@@ -49,7 +50,6 @@ from .calibration import CalibrationReport, calibrate
 from .capture import Batch, Capture, RngHook, RngState, capture_rng, make_capture
 from .devices import hostname
 from .errors import BadInput, CorruptionDetected
-from .fingerprint import fingerprint_many
 from .records import Incident
 from .replica import ReplicaCheck, local_device_id
 from .replay import Digest, LossFn, digest, first_mismatch, local_gradients, param_fingerprints, replay
@@ -308,18 +308,14 @@ class SDCGuard:
         with torch.no_grad():
             for p, g in zip(self.params, reduced):
                 p.grad = g.view_as(p) if p.grad is None else p.grad + g.view_as(p)
-        found = self._check_reduced(step)
+        found, arrived = self._check_reduced(step, self._flats)
         if sampled:
             found += self._sampled_round(step, sample, cap, original, original_grads)
-
-        corrupt_now = any(i.kind != "nondeterministic" and i.step == step for i in found)
-        vetoed, verdict_ready = self._agree(corrupt_now, self._verdict_ready())
-        commit = not (vetoed and self.config.on_detect != "record")
+        commit = self._commit(step, found)
         if not commit:
             for p, g in zip(self.params, before):
                 p.grad = g
-        if verdict_ready:  # a dedicated shadow's verdict on an earlier step: reported now, never vetoes this one
-            found += self._collect()
+        found += self._collect_arrived(arrived)
         self._steps += 1
         self._last_step = step
         self._handle(found)
@@ -341,7 +337,7 @@ class SDCGuard:
         every = self.config.replay_every
         sampled = every > 0 and step % every == 0
         sample = self._samples
-        found = self._replica.check_gradients(step) if self._replica is not None else []
+        found, arrived = self._check_reduced(step, [p.grad for p in self.params])
         loss = torch.full((), float("nan"))
         if sampled:
             cap: Capture | None = None
@@ -354,11 +350,8 @@ class SDCGuard:
                 original = self._replay(cap, same_process=True, keep=grads,
                                         per_param=bool(self.shadow_ranks))
             found += self._sampled_round(step, sample, cap, original, grads)
-        vetoed, verdict_ready = self._agree(any(i.kind != "nondeterministic" and i.step == step for i in found),
-                                            self._verdict_ready())
-        commit = not (vetoed and self.config.on_detect != "record")
-        if verdict_ready:
-            found += self._collect()
+        commit = self._commit(step, found)
+        found += self._collect_arrived(arrived)
         self._steps += 1
         self._last_step = step
         self._handle(found)
@@ -422,43 +415,53 @@ class SDCGuard:
         flush()
         return [t for t in out if t is not None]
 
-    def _check_reduced(self, step: int) -> list[Incident]:
+    def _check_reduced(self, step: int, tensors: Sequence[torch.Tensor | None]) -> tuple[list[Incident], int]:
         """Every step: are the reduced gradients bit-identical on every replica?
 
-        Fast path: one fingerprint per flat bucket and one small all-gather. Only when a bucket differs (the
-        outcome is the same on every rank, so the collectives line up) does ``ReplicaCheck`` compare per
-        parameter, name the minority rank(s) and the first differing parameter.
+        Fast path: one fingerprint per tensor given (the flat buckets in ``step``, each parameter's ``.grad`` in
+        ``check``) and one small all-gather. Only when one differs (the outcome is the same on every rank, so the
+        collectives line up) does ``ReplicaCheck`` compare per parameter, name the minority rank(s) and the
+        first differing parameter. The same all-gather announces a dedicated shadow's verdict that has arrived
+        at the worker that asked for it (see :meth:`_arrived`), which is returned with the incidents.
         """
+        arrived = self._arrived()
         if self._replica is None:
-            return []
-        fps = [f - (1 << 64) if f >= (1 << 63) else f for f in fingerprint_many(self._flats)]
-        local = torch.tensor(fps, dtype=torch.int64, device=self._comm_device())
-        table = torch.empty(self.dp_size * len(fps), dtype=torch.int64, device=local.device)
-        # all_gather_single is the newer name (torch >= 2.13 deprecates the old one); same collective.
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        gather(table, local, group=self.group)
-        rows = table.view(self.dp_size, len(fps)).tolist()
+            return [], arrived
+        table = self._replica.gather(tensors, extra=[arrived]).tolist()
+        arrived = max(row[-1] for row in table)
+        rows = [row[:-1] for row in table]
         if all(row == rows[0] for row in rows):
-            return []
+            return [], arrived
         found = self._replica.check_gradients(step)
-        if found:
-            return found
-        return [self._attr.incident("gradient_replica", step, (), f"step {step}: the reduced gradient buckets differ "
-                               "across replicas, but no single parameter does (inconsistent fingerprints)")]
+        if not found:
+            found = [self._attr.incident(
+                "gradient_replica", step, (), f"step {step}: the reduced gradients differ across replicas, but "
+                "no single parameter does (inconsistent fingerprints)")]
+        return found, arrived
 
-    def _agree(self, flag: bool, ready: bool = False) -> tuple[bool, bool]:
-        """One small all-reduce: (any rank saw a corrupted step, the oldest shadow verdict has arrived)."""
-        if not self.distributed or self.dp_size == 1:
-            return flag, ready
-        t = torch.tensor([int(flag), int(ready)], dtype=torch.int32, device=self._comm_device())
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        return bool(t[0].item()), bool(t[1].item())
+    def _commit(self, step: int, found: list[Incident]) -> bool:
+        """The veto: False when this step is corrupted and ``on_detect`` is not ``record``.
 
-    def _verdict_ready(self) -> bool:
-        """On the worker that sent the oldest pending sample: has its verdict arrived? (non-blocking)"""
+        Every input of the decision came out of collectives (gathered fingerprints and digests, broadcast
+        verdicts), so every rank holds the same incidents and reaches the same decision with no collective of
+        its own.
+        """
+        corrupted = any(i.kind != "nondeterministic" and i.step == step for i in found)
+        return not (corrupted and self.config.on_detect != "record")
+
+    def _arrived(self) -> int:
+        """``1 +`` the sample number of the oldest pending shadow sample when this worker sent it and its verdict
+        has arrived (non-blocking); 0 otherwise."""
         if not self._pending or self._pending[0].worker != self.dp_rank:
-            return False
-        return bool(self._pending[0].verdict_work.is_completed())
+            return 0
+        return self._pending[0].sample + 1 if self._pending[0].verdict_work.is_completed() else 0
+
+    def _collect_arrived(self, arrived: int) -> list[Incident]:
+        """Settle the shadow verdict announced in this step's all-gather, if it is still the oldest pending one
+        (a full queue may have collected it already). Every worker decides alike: the value was gathered."""
+        if arrived and self._pending and self._pending[0].sample == arrived - 1:
+            return self._collect()  # an earlier step's verdict: reported now, never vetoes this one
+        return []
 
     def _comm_device(self) -> torch.device:
         backend = str(dist.get_backend(self.group)).lower()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import collections
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -150,8 +150,10 @@ class ReplicaCheck:
         """Compare the parameters themselves across replicas (after the optimizer step)."""
         return self._check("weight_replica", step, [p.detach() for p in self._params])
 
-    def gather(self, tensors: Iterable[torch.Tensor | None]) -> torch.Tensor:
-        """All-gathered fingerprints, shape ``(world_size, len(tensors))`` int64, on the host (one collective)."""
+    def gather(self, tensors: Iterable[torch.Tensor | None], extra: Sequence[int] = ()) -> torch.Tensor:
+        """All-gathered fingerprints, shape ``(world_size, len(tensors) + len(extra))`` int64, on the host (one
+        collective). ``extra``: int64 values each rank contributes alongside (the last columns), so a caller can
+        share a few flags without a collective of its own."""
         items = [None if t is None else _local(t) for t in tensors]
         # Only dense tensors have raw bits to fingerprint. Anything else (a sparse gradient) gets a fixed value
         # instead of an exception: raising here on one rank would leave the others waiting in the collective.
@@ -167,14 +169,15 @@ class ReplicaCheck:
         present = [t for t, d in zip(items, dense) if d]
         fps = fingerprints_on_device(present).to(self._comm_device) if present else None
         # No gradient -> 0, non-dense -> 1: fixed values, so a rank missing a gradient that others have stands out.
-        local = torch.tensor([0 if t is None else 1 for t in items], dtype=torch.int64, device=self._comm_device)
+        local = torch.tensor([0 if t is None else 1 for t in items] + list(extra), dtype=torch.int64,
+                             device=self._comm_device)
         if fps is not None:
-            local[torch.tensor(dense, device=self._comm_device)] = fps
-        gathered = torch.empty(self.world_size * len(items), dtype=torch.int64, device=self._comm_device)
+            local[torch.tensor(dense + [False] * len(extra), device=self._comm_device)] = fps
+        gathered = torch.empty(self.world_size * len(local), dtype=torch.int64, device=self._comm_device)
         # torch 2.13 renamed all_gather_into_tensor to all_gather_single (same arguments); support both.
         all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         all_gather(gathered, local, group=self.group)
-        return gathered.view(self.world_size, len(items)).cpu()
+        return gathered.view(self.world_size, len(local)).cpu()
 
     def _check(self, kind: str, step: int, tensors: list[torch.Tensor | None]) -> list[Incident]:
         table = self.gather(tensors).tolist()  # the one host sync
