@@ -50,6 +50,7 @@ from .calibration import CalibrationReport, calibrate
 from .capture import Batch, Capture, RngHook, RngState, capture_rng, make_capture
 from .devices import hostname
 from .errors import BadInput, CorruptionDetected
+from .fingerprint import _MASK64, _signed64
 from .records import Incident
 from .replica import ReplicaCheck, local_device_id
 from .replay import Digest, LossFn, digest, first_mismatch, local_gradients, param_fingerprints, replay
@@ -475,17 +476,13 @@ class SDCGuard:
         return out
 
     def _gather_digests(self, original: Digest, replayed: Digest) -> list[tuple[Digest, Digest]]:
-        """Every rank's (original, replay) digests with one fixed-size all-gather (no pickling)."""
-        def signed(v: int) -> int:
-            return v - (1 << 64) if v >= (1 << 63) else v
-
+        """Every rank's (original, replay) digests with one fixed-size all-gather (no pickling): the integers
+        ride as the extra columns of ``ReplicaCheck.gather``, the collective of the every-step check."""
+        assert self._replica is not None  # peer rounds with more than one replica
         n = 1 + len(original.buckets)
         values = [original.loss, *original.buckets, replayed.loss, *replayed.buckets]
-        local = torch.tensor([signed(v) for v in values], dtype=torch.int64, device=self._comm_device())
-        table = torch.empty(self.dp_size * 2 * n, dtype=torch.int64, device=local.device)
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        gather(table, local, group=self.group)
-        rows = [[v & ((1 << 64) - 1) for v in row] for row in table.view(self.dp_size, 2 * n).tolist()]
+        table = self._replica.gather([], extra=[_signed64(v) for v in values])
+        rows = [[v & _MASK64 for v in row] for row in table.tolist()]
         return [(Digest(loss=r[0], buckets=tuple(r[1:n])), Digest(loss=r[n], buckets=tuple(r[n + 1:])))
                 for r in rows]
 
