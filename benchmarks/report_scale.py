@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sdcguard.report import build_report, report_json  # noqa: E402
-from sdcguard.store import Store  # noqa: E402
+from sdcguard.fleet.report import build_report, report_json  # noqa: E402
+from sdcguard.fleet.store import Store  # noqa: E402
 
 FAMILIES = ("gemm", "alu", "ieee", "intrinsics", "memory", "shared")
 
@@ -122,7 +122,7 @@ def main() -> None:
     )
     if proc.returncode != 0:
         raise SystemExit(f"report --families failed: {proc.stderr.strip()}")
-    t_start, c_start, _ = child(["-c", "import sdcguard.cli.report, sdcguard.report"])
+    t_start, c_start, _ = child(["-c", "import sdcguard.cli.report, sdcguard.fleet.report"])
     load = os.getloadavg()[0]
     print(f"results: {count:,} over {len(rows):,} devices ({len(text) / 1e6:.1f} MB of JSON); "
           f"load average {load:.1f} on {os.cpu_count()} CPUs")

@@ -3,7 +3,7 @@
 Before any device is touched the fire-drill spec is parsed, the golden suite is loaded (its manifest's sha256 are
 verified: tampered golden data stops the scan with exit 2 before anything is recorded) and the store is opened
 (created if needed, so the workers never race to create it). After the workers the quarantine policy of
-:mod:`sdcguard.policy` runs over the scanned devices: quarantine, circuit breaker, actions.
+:mod:`sdcguard.fleet.policy` runs over the scanned devices: quarantine, circuit breaker, actions.
 
 Exit codes (DESIGN.md): 0 every scanned device passed; 1 corruption found; 2 could not run (bad input, no
 device, golden data or suite suspect, circuit breaker tripped).
@@ -149,7 +149,7 @@ def run_scan(
     """
     chosen = list(targets) if targets is not None else select_targets(specs)
     _check_inputs(options)
-    from sdcguard.store import Store
+    from sdcguard.fleet.store import Store
 
     with Store.open(options.db):
         pass  # created (schema, WAL) once here, before the workers open it concurrently
@@ -195,8 +195,8 @@ def _conclude(
 
     outcome = ScanOutcome(devices=summaries, exit_code=EXIT_OK, message="")
     if scanned:
-        from sdcguard.policy import QuarantinePolicy, apply_policy
-        from sdcguard.store import Store
+        from sdcguard.fleet.policy import QuarantinePolicy, apply_policy
+        from sdcguard.fleet.store import Store
 
         with Store.open(options.db) as store:
             result = apply_policy(

@@ -5,7 +5,7 @@ rate on every device). A day's scan of a device does what :mod:`fleet_scan.worke
 sees: ``begin_scan``, the executions the default budget allows spread over the suite in the scanner's own order
 (:func:`fleet_scan.schedule.order_cases`, past failures first), a retest of each failing case (reproduced with the
 device's own probability: a transient does not come back, the golden data's fault always does), and the final
-batch with ``finish="complete"``; then :func:`sdcguard.policy.apply_policy` runs over the fleet once a day.
+batch with ``finish="complete"``; then :func:`sdcguard.fleet.policy.apply_policy` runs over the fleet once a day.
 
 To stay fast at 10,000 devices x 30 days, one result row stands for a day's *passing* executions of one case
 (``CaseResult.executions``); every failed execution is its own row, with its own output digest. That is the only
@@ -204,7 +204,7 @@ class SimRun:
         cases: Sequence[SimCase] = DEFAULT_CASES,
         start: float = 1_767_225_600.0,
     ) -> None:
-        from sdcguard.store import Store
+        from sdcguard.fleet.store import Store
 
         self.store_path = Path(store_path)
         self.fleet = fleet
@@ -228,7 +228,7 @@ class SimRun:
 
     def day(self, day: int, *, bad_case: str | None = None) -> SimDay:
         """Scan every device not quarantined, then run the policy once (``bad_case``: the bad golden file)."""
-        from sdcguard.policy import apply_policy
+        from sdcguard.fleet.policy import apply_policy
 
         t_day = self.start + day * 86400.0
         today = SimDay(day=day)
@@ -256,7 +256,7 @@ class SimRun:
 
     def fork(self, store_path: Path) -> SimRun:
         """The same fleet, history and random state, continuing in a copy of the store at ``store_path``."""
-        from sdcguard.store import Store
+        from sdcguard.fleet.store import Store
 
         self.store.close()  # the last connection closing checkpoints the WAL into the file
         shutil.copyfile(self.store_path, store_path)

@@ -96,7 +96,7 @@ def _localize(target: ScanTarget, r: CaseResult) -> CaseResult:
 
 def _past_failures(store: Any, device: str) -> dict[str, int]:
     """Failures per family recorded for this device (any time): those families are scanned first."""
-    from sdcguard.rates import device_rates
+    from sdcguard.fleet.rates import device_rates
 
     rates = device_rates(store, devices=[device]).get(device)
     if rates is None:
@@ -192,7 +192,7 @@ def _scan_locked(
     target: ScanTarget, options: ScanOptions, emit: Emit, monitor: IdleMonitor, summary: dict[str, Any]
 ) -> dict[str, Any]:
     from sdcguard.golden import load_suite
-    from sdcguard.store import Store
+    from sdcguard.fleet.store import Store
 
     device = target.device
     host = target.info.host or hostname()

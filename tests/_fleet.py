@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sdcguard.records import CaseResult, DeviceInfo
-from sdcguard.store import Store
+from sdcguard.fleet.store import Store
 
 NOW = 1_800_000_000.0
 """A fixed 'now' (2027-01-15) so windows are deterministic."""

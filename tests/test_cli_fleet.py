@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from sdcguard.cli import cli
 from sdcguard.records import Incident
-from sdcguard.store import Store
+from sdcguard.fleet.store import Store
 from tests._fleet import clean, result, scan, snapshot
 
 ROOT = Path(__file__).resolve().parents[1]

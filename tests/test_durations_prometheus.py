@@ -11,9 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sdcguard.durations import parse_duration, since_timestamp
 from sdcguard.errors import BadInput
-from sdcguard.prometheus import render_textfile, write_textfile
+from sdcguard.fleet.prometheus import render_textfile, write_textfile
 from sdcguard.records import DeviceInfo
-from sdcguard.store import Store
+from sdcguard.fleet.store import Store
 from tests._fleet import NOW, result, scan
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -13,9 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_store_report_policy_import_neither_torch_nor_cupy() -> None:
     code = (
         "import sys, sdcguard\n"
-        "import sdcguard.store, sdcguard.rates, sdcguard.policy, sdcguard.actions, sdcguard.report, sdcguard.merge\n"
-        "import sdcguard.prometheus, sdcguard.cli.report, sdcguard.cli.quarantine, sdcguard.cli.merge\n"
-        "assert sdcguard.Store is sdcguard.store.Store and sdcguard.QuarantinePolicy is sdcguard.policy.QuarantinePolicy\n"
+        "import sdcguard.fleet.store, sdcguard.fleet.rates, sdcguard.fleet.policy, sdcguard.fleet.actions, sdcguard.fleet.report, sdcguard.fleet.merge\n"
+        "import sdcguard.fleet.prometheus, sdcguard.cli.report, sdcguard.cli.quarantine, sdcguard.cli.merge\n"
+        "assert sdcguard.Store is sdcguard.fleet.store.Store and sdcguard.QuarantinePolicy is sdcguard.fleet.policy.QuarantinePolicy\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'cupy', 'matplotlib'))\n"
         "print(bad)\n"
     )

@@ -19,7 +19,7 @@ from fleet_scan.telemetry import telemetry_for
 from sdcguard.devices import cpu_id, hostname
 from sdcguard.errors import BadInput, NoDevice
 from sdcguard.records import CaseResult, DeviceInfo
-from sdcguard.store import Store
+from sdcguard.fleet.store import Store
 
 _UUID = "GPU-12345678-1234-1234-1234-123456789abc"
 
@@ -189,7 +189,7 @@ def test_the_example_config_loads(tmp_path: Path) -> None:
 
 def test_simulated_fleet_goes_through_the_real_store_and_policy(tmp_path: Path) -> None:
     from fleet_scan.sim import SimFleet, SimRun
-    from sdcguard.policy import QuarantinePolicy
+    from sdcguard.fleet.policy import QuarantinePolicy
 
     fleet = SimFleet(devices=40, defective_share=0.05, p_low=0.05, p_high=0.1, transient_rate=0.0, seed=3)
     run = SimRun(tmp_path / "sim.db", fleet, QuarantinePolicy(), budget_s=5.0)

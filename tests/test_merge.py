@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sdcguard.errors import StoreError
-from sdcguard.merge import merge_stores
+from sdcguard.fleet.merge import merge_stores
 from sdcguard.records import Incident
-from sdcguard.schema import APPLICATION_ID, SCHEMA_VERSION
-from sdcguard.store import Store
+from sdcguard.fleet.schema import APPLICATION_ID, SCHEMA_VERSION
+from sdcguard.fleet.store import Store
 from tests._fleet import NOW, result
 
 # One node's history: scans of (device number, [passed...], finished?) and incidents naming device numbers.
@@ -104,7 +104,7 @@ def test_merge_refuses_an_older_schema_without_touching_it(tmp_path: Path) -> No
 
 
 def test_a_version_1_store_migrates_forward_keeping_its_rows(tmp_path: Path) -> None:
-    from sdcguard.schema import MIGRATIONS
+    from sdcguard.fleet.schema import MIGRATIONS
 
     p = tmp_path / "v1.db"
     conn = sqlite3.connect(p, isolation_level=None)
@@ -120,7 +120,7 @@ def test_a_version_1_store_migrates_forward_keeping_its_rows(tmp_path: Path) -> 
     with Store.open(p) as store:
         assert store.scalar("PRAGMA user_version") == SCHEMA_VERSION
         assert store.scalar("SELECT COUNT(*) FROM sqlite_master WHERE name = 'results_retests'") == 1
-        from sdcguard.rates import device_rates
+        from sdcguard.fleet.rates import device_rates
 
         r = device_rates(store)["sim:1"].overall
         assert (r.executions, r.failures) == (1, 1)

@@ -11,8 +11,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from scipy.stats import beta, binom
 
-from sdcguard.rates import clopper_pearson, clopper_pearson_arrays, device_rates, fleet_rates
-from sdcguard.store import Store
+from sdcguard.fleet.rates import clopper_pearson, clopper_pearson_arrays, device_rates, fleet_rates
+from sdcguard.fleet.store import Store
 from tests._fleet import NOW, result, scan
 
 confidences = st.sampled_from([0.8, 0.9, 0.95, 0.99])

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from sdcguard.errors import BadInput, SchemaTooNew, StoreError
 from sdcguard.records import CaseResult, DeviceInfo, Incident
-from sdcguard.schema import SCHEMA_VERSION
-from sdcguard.store import Store
+from sdcguard.fleet.schema import SCHEMA_VERSION
+from sdcguard.fleet.store import Store
 
 from tests._fleet import NOW, result, scan, snapshot
 

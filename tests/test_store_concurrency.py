@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sdcguard.store import Store
+from sdcguard.fleet.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,7 +18,7 @@ import sys
 from sdcguard.records import CaseResult, Incident
 import pytest
 
-from sdcguard.store import Store
+from sdcguard.fleet.store import Store
 
 path, worker, scans, per_scan = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 device = f"sim:{worker}"

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ..store import Store
+from ..fleet.store import Store
 
 __all__ = ["open_store", "format_option", "print_table", "fmt_float", "status_text", "device_id"]
 

@@ -23,7 +23,7 @@ def prometheus(file: Path) -> None:
 
     Example: sdcguard export prometheus /var/lib/node_exporter/textfile/sdcguard.prom
     """
-    from ..prometheus import write_textfile
+    from ..fleet.prometheus import write_textfile
 
     with open_store() as store:
         n = write_textfile(store, file)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..merge import merge_stores
+from ..fleet.merge import merge_stores
 
 __all__ = ["merge"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from ..durations import iso_utc, since_timestamp
-from ..report import REPORT_FIELDS, build_report, report_json
+from ..fleet.report import REPORT_FIELDS, build_report, report_json
 from ._common import device_id, fmt_float, format_option, open_store, print_table, status_text
 
 __all__ = ["report"]
@@ -46,7 +46,7 @@ def report(
     with open_store() as store:
         rows = build_report(store, since=start, device=device, confidence=confidence, families=families)
         if plot is not None:
-            from ..plot import plot_rates
+            from ..fleet.plot import plot_rates
 
             plot_rates(store, plot, since=start, devices=[device] if device else None, now=now)
     if fmt == "json":

@@ -27,12 +27,12 @@ _ACTION_SHORTCUTS = ("slurm-drain", "kubernetes-taint")
 
 
 def parse_action(text: str) -> Any:
-    """An :class:`~sdcguard.actions.ActionTemplate` from a command line (split with shlex, never run by a shell).
+    """An :class:`~sdcguard.fleet.actions.ActionTemplate` from a command line (split with shlex, never run by a shell).
 
     ``slurm-drain`` and ``kubernetes-taint`` name the built-in templates. The name of any other template is its
     program plus a hash of the whole text: stable across runs, so the store knows whether it already ran.
     """
-    from ..actions import ActionTemplate
+    from ..fleet.actions import ActionTemplate
 
     text = text.strip()
     if text == "slurm-drain":
@@ -69,7 +69,7 @@ def load_config(path: Path | None) -> dict[str, Any]:
 def _policy(section: dict[str, Any]) -> Any:
     from dataclasses import fields
 
-    from ..policy import QuarantinePolicy
+    from ..fleet.policy import QuarantinePolicy
 
     known = {f.name for f in fields(QuarantinePolicy)}
     unknown = set(section) - known

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import BadInput, SchemaTooNew, StoreError
+from ..errors import BadInput, SchemaTooNew, StoreError
 from .schema import APPLICATION_ID, SCHEMA_VERSION
 from .store import Store, _check_header
 

@@ -17,9 +17,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .devices import parse_device_id
-from .durations import iso_utc
-from .errors import BadInput
+from ..devices import parse_device_id
+from ..durations import iso_utc
+from ..errors import BadInput
 from .rates import Rate, clopper_pearson, device_rates
 from .store import DeviceStatus, Store
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import BadInput
+from ..errors import BadInput
 from .store import Store
 
 __all__ = ["plot_rates"]

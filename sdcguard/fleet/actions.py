@@ -12,7 +12,7 @@ import string
 import subprocess
 from dataclasses import dataclass
 
-from .errors import BadInput
+from ..errors import BadInput
 
 __all__ = ["ActionTemplate", "ActionResult", "PLACEHOLDERS", "run_action"]
 

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .errors import BadInput
+from ..errors import BadInput
 from .report import DeviceReport, build_report
 from .store import DEFAULT_WINDOW_S, Store
 
