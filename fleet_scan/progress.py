@@ -1,7 +1,9 @@
 """Progress of a scan: a rich progress bar per device on a terminal, JSON lines otherwise (cron logs, CI, k8s).
 
 Both take the workers' events (``start``, ``progress``, ``failure``, ``done``) and the runner's own (``skip``,
-``policy``, ``summary``). JSON lines are one object per line on stdout, every object with an ``event`` key.
+``policy``, ``summary``). A scan sends one ``failure`` event per failing case, when the scan ends: how many of its
+executions failed, and the first one's element, bits, location and retest outcome (live counts ride on
+``progress``). JSON lines are one object per line on stdout, every object with an ``event`` key.
 """
 
 from __future__ import annotations
@@ -111,10 +113,12 @@ class RichReporter(Reporter):
                 stats=f"{event.get('executions', 0)} runs, {event.get('failures', 0)} failed",
             )
         elif kind == "failure":
+            count = event.get("count", 1)
             self._progress.console.print(
-                f"[red]FAIL[/red] {device} {event.get('case')} seed={event.get('seed')} "
-                f"element={event.get('element')} expected={event.get('expected')} actual={event.get('actual')} "
-                f"xor={event.get('xor_mask')} at {event.get('location')} sticky={event.get('sticky')}"
+                f"[red]FAIL[/red] {device} {event.get('case')}: {count} failed execution{'s' if count != 1 else ''}; "
+                f"first: seed={event.get('seed')} element={event.get('element')} expected={event.get('expected')} "
+                f"actual={event.get('actual')} xor={event.get('xor_mask')} at {event.get('location')} "
+                f"reproduced on retest={event.get('sticky')}"
             )
         elif kind == "done":
             if device in self._tasks:

@@ -1,22 +1,19 @@
 """Recording one device's scan in the fleet store, so that a scanner killed at any moment leaves it consistent.
 
 ``begin_scan`` creates the scan as ``running``; results go in batches (every :data:`BATCH` results or
-:data:`FLUSH_EVERY_S` seconds), each batch one transaction; the last batch and the final status land in one
-transaction (``record_results(..., finish=status)``). A scanner killed mid-way therefore leaves a ``running`` scan
-holding a prefix of its results, never a ``complete`` scan with missing ones; the next scan of that device (which
-holds the device's lock, so nobody else is scanning it) marks such leftovers ``interrupted``.
-
-The store numbers a scan's results (``seq``) in order. The recorder always keeps the latest result back for the
-final transaction, and that last result carries ``detail["scan_total"]``, the number of results the scan
-produced: a ``complete`` scan whose result count differs from its last result's ``scan_total`` would be a scan
-with missing results, and anyone can check there is none.
+:data:`FLUSH_EVERY_S` seconds), each batch one transaction, and the store folds each case's passing first
+attempts into the scan's one row for that case (failures and retests stay one row each). The last batch, the
+final status and ``total`` (every execution the scanner produced, retests included) land in one transaction
+(``record_results(..., finish=status, total=...)``). A scanner killed mid-way therefore leaves a ``running`` scan
+holding the batches it committed, never a ``complete`` scan with missing results: a complete scan's rows always
+add up to its ``total``, and the next scan of that device (which holds the device's lock, so nobody else is
+scanning it) marks such leftovers ``interrupted``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sdcguard.records import CaseResult, ScanStatus
@@ -58,35 +55,29 @@ class ScanRecorder:
     def add(self, result: CaseResult) -> None:
         self._pending.append(result)
         self.seq += 1
-        if len(self._pending) > self.batch or self._clock() - self._last_flush >= self.flush_every_s:
+        if len(self._pending) >= self.batch or self._clock() - self._last_flush >= self.flush_every_s:
             self.flush()
 
     def extend(self, results: Sequence[CaseResult]) -> None:
         for r in results:
             self.add(r)
 
-    def flush(self, *, finish: ScanStatus | None = None) -> None:
+    def flush(self, *, finish: ScanStatus | None = None, meta: Mapping[str, Any] | None = None) -> None:
         if self.finished is not None:
             raise RuntimeError(f"scan {self.scan_id} already finished as {self.finished}")
-        if finish is None:
-            # keep the latest result back: the final transaction always carries one (with the scan's total)
-            batch, keep = self._pending[:-1], self._pending[-1:]
-            if not batch:
-                return
-        else:
-            batch, keep = self._pending, []
-            if batch:
-                last = batch[-1]
-                batch[-1] = dataclasses.replace(last, detail={**last.detail, "scan_total": self.seq})
+        if finish is None and not self._pending:
+            return
         t0 = self._clock()
-        self.store.record_results(self.scan_id, batch, finish=finish)
+        self.store.record_results(self.scan_id, self._pending, finish=finish,
+                                  total=self.seq if finish is not None else None, meta=meta)
         self.slowest_flush_s = max(self.slowest_flush_s, self._clock() - t0)
-        self.recorded += len(batch)
-        self._pending = keep
+        self.recorded += len(self._pending)
+        self._pending = []
         self._last_flush = self._clock()
         if finish is not None:
             self.finished = finish
 
-    def finish(self, status: ScanStatus) -> None:
-        """The remaining results and the final status, in one transaction."""
-        self.flush(finish=status)
+    def finish(self, status: ScanStatus, *, meta: Mapping[str, Any] | None = None) -> None:
+        """The remaining results, the final status, the scan's total and ``meta`` (merged into the scan's), in
+        one transaction."""
+        self.flush(finish=status, meta=meta)

@@ -141,6 +141,7 @@ def run_scan(
     policy: Any = None,
     actions: Sequence[Any] = (),
     targets: Sequence[ScanTarget] | None = None,
+    policy_scope: str = "fleet",
 ) -> ScanOutcome:
     """Scan the devices named by ``specs`` (default: every GPU, else every CPU core) and apply the policy.
 
@@ -176,7 +177,7 @@ def run_scan(
         for s, h in old.items():
             signal.signal(s, h)
     summaries = [w.result() for w in workers]
-    return _conclude(options, summaries, reporter, policy, actions)
+    return _conclude(options, summaries, reporter, policy, actions, policy_scope)
 
 
 def _conclude(
@@ -185,6 +186,7 @@ def _conclude(
     reporter: Reporter,
     policy: Any,
     actions: Sequence[Any],
+    policy_scope: str = "fleet",
 ) -> ScanOutcome:
     for s in summaries:
         if s.get("status") == "error" and "scan" not in s:
@@ -200,7 +202,8 @@ def _conclude(
 
         with Store.open(options.db) as store:
             result = apply_policy(
-                store, policy if policy is not None else QuarantinePolicy(), devices=scanned, actions=actions
+                store, policy if policy is not None else QuarantinePolicy(), devices=scanned, actions=actions,
+                scope=policy_scope,  # type: ignore[arg-type]
             )
         outcome.quarantined = list(result.quarantined)
         outcome.breaker_tripped = bool(result.breaker_tripped)
@@ -208,6 +211,7 @@ def _conclude(
         reporter.event(
             {
                 "event": "policy",
+                "scope": policy_scope,
                 "quarantined": outcome.quarantined,
                 "breaker_tripped": outcome.breaker_tripped,
                 "reasons": outcome.policy_reasons,

@@ -142,20 +142,19 @@ class _Tally:
     retest_runs: int = 0
     failing_cases: dict[str, int] = dataclasses.field(default_factory=dict)
     sticky: list[str] = dataclasses.field(default_factory=list)
+    first_failure: dict[str, CaseResult] = dataclasses.field(default_factory=dict)
+    """Each failing case's first failed execution (after its retest, if any)."""
 
-
-def _finish_stale_scans(store: Any, device: str, host: str) -> int:
-    """Mark this device's scans left ``running`` by a killed scanner as ``interrupted``.
-
-    Safe because we hold the device's lock: no other scanner on this host is scanning it now (the policy's
-    time-based reaping would get there too, but only after the budget plus a grace period).
-    """
-    stale = store.query(
-        "SELECT id FROM scans WHERE device = ? AND host = ? AND status = 'running'", (device, host)
-    )
-    for row in stale:
-        store.finish_scan(int(row["id"]), "interrupted")
-    return len(stale)
+    def failure_events(self, device: str) -> list[dict[str, Any]]:
+        """One ``failure`` event per failing case of the scan: how often, and its first failing element."""
+        return [
+            {
+                "event": "failure", "device": device, "case": r.case, "count": self.failing_cases[r.case],
+                "seed": r.seed, "element": r.element, "mismatches": r.mismatches, "expected": r.expected,
+                "actual": r.actual, "xor_mask": r.xor_mask, "location": r.location, "sticky": r.sticky,
+            }
+            for r in self.first_failure.values()
+        ]
 
 
 def scan_device(target: ScanTarget, options: ScanOptions, emit: Emit) -> dict[str, Any]:
@@ -212,7 +211,9 @@ def _scan_locked(
     telemetry = telemetry_for(target)
     with Store.open(options.db) as store:
         store.upsert_device(target.info)
-        stale = _finish_stale_scans(store, device, host)
+        # We hold the device's lock: no other scanner on this host is scanning it now, so a scan of it still
+        # `running` here was left by a killed scanner (the policy's time-based reaping would get there later).
+        stale = store.reap(device=device, host=host)
         past = _past_failures(store, device)
         plan = order_cases(runnable, past)
         meta: dict[str, Any] = {
@@ -299,25 +300,11 @@ def _scan_locked(
                         else:
                             r = dataclasses.replace(r, detail={**r.detail, "retest_error": retest_error})
                     recorder.add(r)
-                    first_seq = recorder.seq - 1
+                    tally.first_failure.setdefault(r.case, r)
                     for x in retests:
                         x = _localize(target, x)
                         tally.retest_runs += 1
-                        recorder.add(dataclasses.replace(x, detail={**x.detail, "retest_of": first_seq}))
-                    emit(
-                        {
-                            "event": "failure",
-                            "device": device,
-                            "case": r.case,
-                            "seed": r.seed,
-                            "element": r.element,
-                            "expected": r.expected,
-                            "actual": r.actual,
-                            "xor_mask": r.xor_mask,
-                            "location": r.location,
-                            "sticky": r.sticky,
-                        }
-                    )
+                        recorder.add(dataclasses.replace(x, detail={**x.detail, "retest_of_started_at": r.started_at}))
                 else:
                     recorder.add(r)
                 if time.monotonic() - last_progress >= _PROGRESS_EVERY_S:
@@ -340,8 +327,9 @@ def _scan_locked(
                 signal.signal(s, h)
         telemetry_after = telemetry.snapshot()
         telemetry.close()
-        recorder.finish(status)
-        _record_after(store, scan_id, telemetry_after)
+        for event in tally.failure_events(device):
+            emit(event)
+        recorder.finish(status, meta={"telemetry_after": telemetry_after})
     summary.update(
         status=status,
         scan=scan_id,
@@ -358,15 +346,6 @@ def _scan_locked(
     )
     emit(summary)
     return summary
-
-
-def _record_after(store: Any, scan_id: int, telemetry_after: dict[str, Any]) -> None:
-    """Add the after-run telemetry to the scan's meta (the store's scans.meta JSON)."""
-    with store.write() as conn:
-        conn.execute(
-            "UPDATE scans SET meta = json_set(meta, '$.telemetry_after', json(?)) WHERE id = ?",
-            (json.dumps(telemetry_after, default=str), scan_id),
-        )
 
 
 def main() -> None:

@@ -67,12 +67,16 @@ class CaseResult:
     detail: dict[str, Any] = field(default_factory=dict)
     """Free-form extra facts (bytes tested, second read of a memory word, telemetry...)."""
     executions: int = 1
-    """How many identical passing executions this row stands for: 1 for every real execution (the scanner); the
-    fleet simulator records a day's passing executions of one case as one row. A failed row is one execution."""
+    """How many passing executions of this case this record stands for: 1 for one execution (what a backend
+    returns); the store keeps one row per (scan, case) for the passing first attempts, with their count, summed
+    ``duration_s``, first ``started_at`` and ``last_started_at``. A failed execution or a retest is always one."""
+    last_started_at: float | None = None
+    """When the last of ``executions`` started (None: the same as ``started_at``)."""
 
     def __post_init__(self) -> None:
-        if self.executions < 1 or (not self.passed and self.executions != 1):
-            raise ValueError(f"executions must be >= 1, and 1 for a failed execution; got {self.executions}")
+        if self.executions < 1 or ((not self.passed or self.attempt) and self.executions != 1):
+            raise ValueError(
+                f"executions must be >= 1, and 1 for a failed execution or a retest; got {self.executions}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from sdcguard.cli import cli
-from sdcguard.records import Incident
+from sdcguard.records import DeviceInfo, Incident
 from sdcguard.fleet.store import Store
 from tests._fleet import clean, result, scan, snapshot
 
@@ -162,13 +163,14 @@ def test_merge_is_idempotent(tmp_path: Path, db: Path) -> None:
     assert snapshot(db) == before  # inputs are read, never written
 
     def counts() -> tuple[int, ...]:
-        with Store.open(out, create=False) as s:
-            return tuple(s.scalar(f"SELECT COUNT(*) FROM {t}") for t in
+        with sqlite3.connect(out) as c:
+            return tuple(c.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in
                          ("devices", "scans", "results", "incidents", "incident_devices", "quarantine_history",
                           "quarantine"))
 
     first = counts()
-    assert first == (4, 4, 59, 1, 1, 1, 1)
+    # results: one row per device's passing case, plus sim:1's failed execution
+    assert first == (4, 4, 5, 1, 1, 1, 1)
     code, text, _ = _run("merge", str(out), str(db), str(other), str(db))
     assert code == 0 and "+0 results" in text
     assert counts() == first
@@ -226,9 +228,7 @@ def test_table_of_a_large_fleet_lists_what_needs_attention(tmp_path: Path) -> No
     path = tmp_path / "big.db"
     t = NOW_ISH - 600
     with Store.open(path) as store:
-        with store.write() as conn:  # 60 devices in one transaction
-            conn.executemany("INSERT INTO devices(id, host, kind, first_seen, last_seen) VALUES (?, 'n', 'sim', ?, ?)",
-                             [(f"sim:{i}", t, t) for i in range(60)])
+        store.upsert_devices([DeviceInfo(id=f"sim:{i}", host="n", kind="sim") for i in range(60)], now=t)
         scan(store, "sim:7", [result("sim:7", passed=False, t=t)], t=t)
     code, out, _ = _run("--db", str(path), "report")
     assert code == 0 and "sim:7" in out and "sim:8 " not in out and "59 healthy devices not listed" in out

@@ -126,7 +126,8 @@ def test_a_busy_core_is_not_idle() -> None:
 
 
 def _result(device: str, i: int, passed: bool = True) -> CaseResult:
-    return CaseResult(device=device, case=f"alu.{i % 3}", family="alu", seed=i, passed=passed, duration_s=0.001)
+    return CaseResult(device=device, case=f"alu.{i % 3}", family="alu", seed=i % 3, passed=passed, duration_s=0.001,
+                      started_at=1000.0 + i)
 
 
 @settings(max_examples=25)
@@ -140,15 +141,20 @@ def test_recorder_writes_every_result_and_the_total_lands_with_the_final_status(
         rec = ScanRecorder(store, scan, batch=batch, flush_every_s=1e9)
         for i in range(n):
             rec.add(_result(device, i, passed=i % 7 != 3))
-            # before the end the scan is running and holds a prefix, never the last result
+            # before the end the scan is running and holds whole batches (what was committed), nothing else
             row = store.scans()[0]
-            assert row["status"] == "running" and row["executions"] < i + 1
-        rec.finish("complete")
+            assert row["status"] == "running" and row["total"] is None
+            assert row["executions"] == rec.recorded == (i + 1) // batch * batch
+        rec.finish("complete", meta={"telemetry_after": {"t": 1}})
         rows = store.results(scan_id=scan)
-        assert [r.seed for r in rows] == list(range(n))
-        assert rows[-1].detail["scan_total"] == n
-        assert store.scans()[0]["status"] == "complete"
-        assert store.scans()[0]["failures"] == sum(1 for i in range(n) if i % 7 == 3)
+        fails = [i for i in range(n) if i % 7 == 3]
+        # one row per passing case, one per failed execution; every execution accounted for
+        assert len(rows) == len({i % 3 for i in range(n) if i % 7 != 3}) + len(fails)
+        assert sum(r.executions for r in rows) == n
+        assert sorted(r.started_at for r in rows if not r.passed) == [1000.0 + i for i in fails]
+        (row,) = store.scans()
+        assert row["status"] == "complete" and row["total"] == n and row["failures"] == len(fails)
+        assert '"telemetry_after"' in row["meta"]
 
 
 def test_a_job_appearing_between_cases_is_seen() -> None:
@@ -171,17 +177,17 @@ def test_a_job_appearing_between_cases_is_seen() -> None:
 
 
 def test_the_example_config_loads(tmp_path: Path) -> None:
-    from sdcguard.cli.scan import _policy, load_config, parse_action
+    from sdcguard.cli.common import load_config, load_policy, parse_action
 
     root = Path(__file__).resolve().parent.parent
     config = load_config(root / "deploy" / "sdcguard.toml")
     assert config["scan"]["budget"] == 60
-    assert _policy(config["policy"]).rate_threshold == 1e-4
+    assert load_policy(config).rate_threshold == 1e-4
     assert [parse_action(a).name for a in config["scan"]["actions"]] == ["slurm-drain"]
     bad = tmp_path / "bad.toml"
     bad.write_text("[policy]\nrate_treshold = 1e-4\n")
     with pytest.raises(BadInput, match="rate_treshold"):
-        _policy(load_config(bad)["policy"])
+        load_policy(load_config(bad))
     bad.write_text("[scan\n")
     with pytest.raises(BadInput, match="not valid TOML"):
         load_config(bad)
@@ -199,6 +205,6 @@ def test_simulated_fleet_goes_through_the_real_store_and_policy(tmp_path: Path) 
     assert set(day0.quarantined) == defective and not day0.breaker_tripped
     bad = run.day(1, bad_case=run.cases[0].id)  # every remaining device fails one case identically
     assert bad.breaker_tripped and bad.quarantined == []
-    rows = run.store.query("SELECT COUNT(*) AS n, SUM(executions) AS e FROM results WHERE attempt = 0")[0]
-    assert rows["e"] > rows["n"]  # passing executions aggregated per case and day
+    rows = run.store.results()
+    assert sum(r.executions for r in rows if not r.attempt) > len(rows)  # passing executions folded per case
     run.close()

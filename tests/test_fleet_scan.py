@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from fleet_scan.idle import DeviceLock
 from sdcguard.cli import cli
-from sdcguard.cli.scan import parse_action
+from sdcguard.cli.common import parse_action
 from sdcguard.devices import cpu_id, hostname
 
 from _scan import ROOT, argv_recorder, cores, env, events, report, scan, sdcguard, store_rows, tampered_golden
@@ -118,13 +118,13 @@ def _check_consistent(db: Path) -> None:
     assert store_rows(db, "PRAGMA integrity_check") == [("ok",)]
     if not store_rows(db, "SELECT 1 FROM sqlite_master WHERE name = 'scans'"):
         return  # killed before the schema's (single) transaction committed: an empty store
-    for scan_id, status, executions in store_rows(db, "SELECT id, status, executions FROM scans"):
-        rows = store_rows(db, "SELECT seq, detail FROM results WHERE scan = ? ORDER BY seq", (scan_id,))
-        assert [r[0] for r in rows] == list(range(len(rows))), "results are a gap-free prefix"
-        assert executions == len(rows)
+    for scan_id, status, executions, total in store_rows(db, "SELECT id, status, executions, total FROM scans"):
+        rows = store_rows(db, "SELECT seq, executions, attempt FROM results WHERE scan = ? ORDER BY seq", (scan_id,))
+        assert [r[0] for r in rows] == list(range(len(rows))), "results are numbered without gaps"
+        assert executions == sum(n for _, n, attempt in rows if attempt == 0)
         if status == "complete":
             assert rows, f"complete scan {scan_id} without results"
-            assert json.loads(rows[-1][1])["scan_total"] == len(rows), f"complete scan {scan_id} misses results"
+            assert total == sum(n for _, n, _ in rows), f"complete scan {scan_id} misses results"
 
 
 def test_sigkill_at_any_moment_leaves_the_store_consistent(tmp_path: Path) -> None:

@@ -40,15 +40,16 @@ def _fill(path: Path, spec: tuple[list, list, list], tag: str) -> None:
 
 
 def _content(path: Path) -> dict[str, list[tuple]]:
-    with Store.open(path, create=False) as s:
+    with sqlite3.connect(path) as c:
         return {
-            "results": sorted(s._conn.execute(
-                "SELECT sc.uuid, r.seq, r.device, r.passed FROM results r JOIN scans sc ON sc.id = r.scan").fetchall()),
-            "scans": sorted(s._conn.execute("SELECT uuid, status, executions, failures FROM scans").fetchall()),
-            "incidents": sorted(s._conn.execute(
+            "results": sorted(c.execute(
+                "SELECT sc.uuid, r.seq, r.device, r.passed, r.executions FROM results r "
+                "JOIN scans sc ON sc.id = r.scan").fetchall()),
+            "scans": sorted(c.execute("SELECT uuid, status, executions, failures FROM scans").fetchall()),
+            "incidents": sorted(c.execute(
                 "SELECT i.uuid, d.device FROM incidents i JOIN incident_devices d ON d.incident = i.id").fetchall()),
-            "history": sorted(s._conn.execute("SELECT uuid FROM quarantine_history").fetchall()),
-            "quarantine": sorted(s._conn.execute("SELECT device, state FROM quarantine").fetchall()),
+            "history": sorted(c.execute("SELECT uuid FROM quarantine_history").fetchall()),
+            "quarantine": sorted(c.execute("SELECT device, state FROM quarantine").fetchall()),
         }
 
 
@@ -118,9 +119,10 @@ def test_a_version_1_store_migrates_forward_keeping_its_rows(tmp_path: Path) -> 
     conn.execute("COMMIT")
     conn.close()
     with Store.open(p) as store:
-        assert store.scalar("PRAGMA user_version") == SCHEMA_VERSION
-        assert store.scalar("SELECT COUNT(*) FROM sqlite_master WHERE name = 'results_retests'") == 1
         from sdcguard.fleet.rates import device_rates
 
         r = device_rates(store)["sim:1"].overall
         assert (r.executions, r.failures) == (1, 1)
+    with sqlite3.connect(p) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert c.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'results_retests'").fetchone()[0] == 1

@@ -27,7 +27,7 @@ def store(tmp_path: Path) -> Store:
 
 
 def _decisions(store: Store) -> list[tuple[str | None, str]]:
-    return [(r["device"], r["decision"]) for r in store.query("SELECT * FROM policy_decisions ORDER BY id")]
+    return [(d.device, d.decision) for d in store.decisions()]
 
 
 def test_sticky_failure_quarantines_and_is_recorded(store: Store) -> None:
@@ -182,7 +182,7 @@ def test_actions_get_argv_without_a_shell_and_failures_are_retried(store: Store,
     assert argv[3].startswith("Reason=sticky failure") and argv[3].endswith("; rm -rf /")  # one argument, no shell
     assert sorted(out.actions_failed) == [("sim:1", "broken"), ("sim:1", "missing")]
     assert out.actions_ok == [("sim:1", "drain")]
-    attempts = store.query("SELECT a.action, t.ok, t.returncode FROM action_attempts t JOIN actions a ON a.id = t.action_id")
+    attempts = store.action_attempts()
     assert sorted((r["action"], r["ok"], r["returncode"]) for r in attempts) == [
         ("broken", 0, 3), ("drain", 1, 0), ("missing", 0, None)]
     # Next run: the failures are retried, the success is not repeated.
@@ -233,8 +233,7 @@ def test_policy_invariants(tmp_path_factory: pytest.TempPathFactory, fleet) -> N
         if out.breaker_tripped:
             assert out.quarantined == [] and store.quarantine_list() == []
             assert any("circuit breaker" in r for r in out.reasons)
-        decided = {r["device"]: r["reason"] for r in store.query(
-            "SELECT device, reason FROM policy_decisions WHERE decision = 'quarantine'")}
+        decided = {d.device: d.reason for d in store.decisions() if d.decision == "quarantine"}
         assert set(decided) == set(out.quarantined)
         assert all(decided[d] for d in decided)
         assert {e.device for e in store.quarantine_list()} == set(out.quarantined)

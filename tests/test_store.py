@@ -40,20 +40,32 @@ results_st = st.builds(
 
 
 @settings(max_examples=40)
-@given(st.lists(results_st, max_size=12))
-def test_results_round_trip(tmp_path_factory: pytest.TempPathFactory, results: list[CaseResult]) -> None:
+@given(st.lists(results_st, max_size=12), st.integers(0, 12))
+def test_results_round_trip(tmp_path_factory: pytest.TempPathFactory, results: list[CaseResult], cut: int) -> None:
+    """Failed executions and retests come back as they went in; the passing first attempts of one case come back
+    as one row holding their count, summed time and first and last start, however the batches were cut."""
     path = tmp_path_factory.mktemp("rt") / "s.db"
     with Store.open(path) as store:
         sid = store.begin_scan(device="sim:0", host="h", budget_s=None)
-        store.record_results(sid, results[: len(results) // 2])
-        store.record_results(sid, results[len(results) // 2 :], finish="complete")
+        store.record_results(sid, results[:cut])
+        store.record_results(sid, results[cut:], finish="complete", total=len(results))
     with Store.open(path, create=False) as store:
         back = store.results(scan_id=sid)
-        assert sorted(back, key=repr) == sorted(results, key=repr)
+        individual = [r for r in results if not r.passed or r.attempt]
+        assert sorted((r for r in back if not r.passed or r.attempt), key=repr) == sorted(individual, key=repr)
+        folded = {r.case: r for r in back if r.passed and not r.attempt}
+        passes = [r for r in results if r.passed and not r.attempt]
+        assert set(folded) == {r.case for r in passes}
+        for case, row in folded.items():
+            mine = [r for r in passes if r.case == case]
+            first = min(r.started_at for r in mine)
+            last = max(r.started_at for r in mine)
+            assert row.executions == len(mine) and row.duration_s == pytest.approx(sum(r.duration_s for r in mine))
+            assert row.started_at == first and (row.last_started_at or row.started_at) == last
         (row,) = store.scans()
-        assert row["status"] == "complete"
-        assert row["executions"] == len(results)
-        assert row["failures"] == sum(not r.passed for r in results)
+        assert row["status"] == "complete" and row["total"] == len(results)
+        assert row["executions"] == sum(not r.attempt for r in results)
+        assert row["failures"] == sum(not r.passed and not r.attempt for r in results)
 
 
 @settings(max_examples=30)
@@ -104,7 +116,7 @@ def test_finish_lands_with_results_and_finished_scan_refuses_more(tmp_path: Path
 def test_a_failed_write_leaves_nothing(tmp_path: Path) -> None:
     with Store.open(tmp_path / "s.db") as store:
         sid = store.begin_scan(device="sim:1", host="h", budget_s=10)
-        bad = result("sim:1")
+        bad = result("sim:1", passed=False)
         object.__setattr__(bad, "seed", object())  # not storable: the batch must fail as a whole
         with pytest.raises(Exception):
             store.record_results(sid, [result("sim:1"), bad], finish="complete")

@@ -33,6 +33,8 @@ _COMMANDS: dict[str, str] = {
     "quarantine": "sdcguard.cli.quarantine:quarantine",
     "incidents": "sdcguard.cli.incidents:incidents",
     "merge": "sdcguard.cli.merge:merge",
+    "policy": "sdcguard.cli.policy:policy",
+    "prune": "sdcguard.cli.prune:prune",
     "export": "sdcguard.cli.export:export",
     "scan": "sdcguard.cli.scan:scan",
     "golden": "sdcguard.cli.golden:golden",

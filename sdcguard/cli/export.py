@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ._common import open_store
+from .common import open_store
 
 __all__ = ["export"]
 

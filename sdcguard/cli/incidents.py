@@ -8,7 +8,7 @@ from dataclasses import asdict
 import click
 
 from ..durations import iso_utc, since_timestamp
-from ._common import format_option, open_store, print_table
+from .common import format_option, open_store, print_table
 
 __all__ = ["incidents"]
 

@@ -14,13 +14,19 @@ __all__ = ["merge"]
 @click.command("merge")
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
-def merge(out: Path, inputs: tuple[Path, ...]) -> None:
-    """Merge per-node stores IN.db... into OUT.db (created if missing). Merging an input twice adds nothing.
+@click.option("--full", is_flag=True,
+              help="Read every row of every input again, not only what is new since its last merge.")
+def merge(out: Path, inputs: tuple[Path, ...], full: bool) -> None:
+    """Merge per-node stores IN.db... into OUT.db (created if missing).
 
-    Example: sdcguard merge fleet.db /shared/sdcguard/*.db
+    Each input brings only what is new since its last merge into OUT.db; merging an input twice adds nothing.
+    Inputs are only read.
+
+    Example: sdcguard merge fleet.db /shared/sdcguard/nodes/*.db
     """
-    for s in merge_stores(out, inputs):
+    for s in merge_stores(out, inputs, full=full):
         click.echo(
             f"{s.source}: +{s.devices} devices, +{s.scans} scans, +{s.results} results, +{s.incidents} incidents, "
             f"+{s.quarantine_history} quarantine changes"
+            + (f" ({s.skipped_scans} scans older than the retention horizon skipped)" if s.skipped_scans else "")
         )

@@ -7,7 +7,7 @@ import json
 import click
 
 from ..durations import iso_utc
-from ._common import device_id, format_option, open_store, print_table, status_text
+from .common import device_id, format_option, open_store, print_table, status_text
 
 __all__ = ["quarantine"]
 
@@ -101,15 +101,13 @@ def decisions(since: str, fmt: str) -> None:
 
     start = since_timestamp(since)
     with open_store() as store:
-        rows = store.query(
-            "SELECT time, device, decision, reason FROM policy_decisions WHERE time >= ? ORDER BY time, id",
-            (start if start is not None else float("-inf"),),
-        )
+        rows = store.decisions(since=start)
     if fmt == "json":
-        click.echo(json.dumps([{**r, "time": iso_utc(r["time"])} for r in rows], indent=1))
+        click.echo(json.dumps([{"time": iso_utc(r.time), "device": r.device, "decision": r.decision,
+                                "reason": r.reason} for r in rows], indent=1))
         return
     print_table(
         "policy decisions", ["time (UTC)", "device", "decision", "reason"],
-        [[iso_utc(r["time"]) or "", r["device"] or "(fleet)", r["decision"], r["reason"]] for r in rows],
+        [[iso_utc(r.time) or "", r.device or "(fleet)", r.decision, r.reason] for r in rows],
         caption=None if rows else "no policy decision in the window",
     )

@@ -11,7 +11,7 @@ import click
 
 from ..durations import iso_utc, since_timestamp
 from ..fleet.report import REPORT_FIELDS, build_report, report_json
-from ._common import device_id, fmt_float, format_option, open_store, print_table, status_text
+from .common import device_id, fmt_float, format_option, open_store, print_table, status_text
 
 __all__ = ["report"]
 

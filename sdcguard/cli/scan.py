@@ -7,11 +7,7 @@ of precedence: the command line, the environment (``SDCGUARD_*``), a TOML config
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shlex
 import sys
-import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,66 +16,9 @@ import click
 
 from ..errors import BadInput
 from ..inject.spec import INJECT_SPEC_HELP
+from .common import actions_option, config_option, load_config, load_policy, parse_actions
 
-__all__ = ["scan", "parse_action", "load_config"]
-
-_ACTION_SHORTCUTS = ("slurm-drain", "kubernetes-taint")
-
-
-def parse_action(text: str) -> Any:
-    """An :class:`~sdcguard.fleet.actions.ActionTemplate` from a command line (split with shlex, never run by a shell).
-
-    ``slurm-drain`` and ``kubernetes-taint`` name the built-in templates. The name of any other template is its
-    program plus a hash of the whole text: stable across runs, so the store knows whether it already ran.
-    """
-    from ..fleet.actions import ActionTemplate
-
-    text = text.strip()
-    if text == "slurm-drain":
-        return ActionTemplate.slurm_drain()
-    if text == "kubernetes-taint":
-        return ActionTemplate.kubernetes_taint()
-    try:
-        argv = tuple(shlex.split(text))
-    except ValueError as e:
-        raise BadInput(f"bad --action {text!r}: {e}") from None
-    if not argv:
-        raise BadInput("empty --action: give a command line, e.g. 'scontrol update NodeName={host} State=DRAIN'")
-    name = f"{Path(argv[0]).name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
-    return ActionTemplate(name=name, argv=argv)
-
-
-def load_config(path: Path | None) -> dict[str, Any]:
-    """The TOML config (``{}`` without one); ``BadInput`` for an unreadable or malformed file."""
-    if path is None:
-        return {}
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as e:
-        raise BadInput(f"cannot read config {path}: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise BadInput(f"config {path} is not valid TOML: {e}") from None
-    unknown = set(data) - {"scan", "policy"}
-    if unknown:
-        raise BadInput(f"config {path}: unknown section(s) {sorted(unknown)}; use [scan] and [policy]")
-    return data
-
-
-def _policy(section: dict[str, Any]) -> Any:
-    from dataclasses import fields
-
-    from ..fleet.policy import QuarantinePolicy
-
-    known = {f.name for f in fields(QuarantinePolicy)}
-    unknown = set(section) - known
-    if unknown:
-        raise BadInput(f"[policy]: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
-    try:
-        return QuarantinePolicy(**section)
-    except (TypeError, ValueError) as e:
-        raise BadInput(f"[policy]: {e}") from None
-
+__all__ = ["scan"]
 
 def _pick(ctx: click.Context, name: str, value: Any, config: dict[str, Any], key: str | None = None) -> Any:
     """The CLI/env value unless it is click's default and the config has one."""
@@ -106,12 +45,12 @@ def _pick(ctx: click.Context, name: str, value: Any, config: dict[str, Any], key
               help="Fire drill: make devices behave as faulty hardware (grammar below).")
 @click.option("--json", "json_lines", is_flag=True, help="Progress as JSON lines even on a terminal.")
 @click.option("--retests", type=int, default=None, help="Retests of a failing case in a fresh process (default 3).")
-@click.option("--action", "actions", multiple=True, metavar="TEMPLATE",
-              help="Command run (as an argv list, no shell) for each quarantined device; placeholders {device} "
-                   "{host} {reason}; or slurm-drain / kubernetes-taint. Repeatable; $SDCGUARD_ACTIONS holds "
-                   "one per line.")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), envvar="SDCGUARD_CONFIG",
-              default=None, help="TOML file with [scan] and [policy] sections ($SDCGUARD_CONFIG).")
+@actions_option
+@config_option
+@click.option("--policy-scope", type=click.Choice(["fleet", "node"]), default=None,
+              help="Rules applied after the scan: fleet (every rule; this store is the whole fleet's, the default) "
+                   "or node (only a sticky failure another device of this node passed; the merge job applies the "
+                   "fleet's rules to the merged store). Config [scan] policy_scope.")
 @click.option("--lock-dir", type=click.Path(file_okay=False, path_type=Path), envvar="SDCGUARD_LOCK_DIR",
               default=None, help="Directory of per-device lock files ($SDCGUARD_LOCK_DIR; default "
                                  "$XDG_RUNTIME_DIR/sdcguard-locks or /tmp/sdcguard-locks).")
@@ -140,6 +79,7 @@ def scan(
     idle_window: float | None,
     gpu_util_max: float | None,
     cpu_busy_max: float | None,
+    policy_scope: str | None,
 ) -> None:
     """Scan this machine's idle devices with the golden suite, record the results, apply the quarantine policy.
 
@@ -161,18 +101,17 @@ def scan(
     config = load_config(config_path)
     section = dict(config.get("scan", {}))
     known = {"budget", "retests", "only_idle", "actions", "lock_dir", "golden_dir", "idle_window", "gpu_util_max",
-             "cpu_busy_max", "devices"}
+             "cpu_busy_max", "devices", "policy_scope"}
     unknown = set(section) - known
     if unknown:
         raise BadInput(f"[scan]: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
     db = db_path if db_path is not None else ctx.obj.db if ctx.obj is not None else Path("sdcguard.db")
     only_idle = _pick(ctx, "only_idle", only_idle, section)
-    action_texts = list(actions)
-    if not action_texts:
-        env = os.environ.get("SDCGUARD_ACTIONS", "")
-        action_texts = [line for line in env.splitlines() if line.strip()] or list(section.get("actions", []))
-    templates = [parse_action(t) for t in action_texts]
-    policy = _policy(dict(config.get("policy", {})))
+    templates = parse_actions(actions, section)
+    policy = load_policy(config)
+    scope = policy_scope or section.get("policy_scope", "fleet")
+    if scope not in ("fleet", "node"):
+        raise BadInput(f"[scan] policy_scope must be 'fleet' or 'node', got {scope!r}")
     options = ScanOptions(
         db=str(db),
         budget_s=float(budget if budget is not None else section.get("budget", DEFAULT_BUDGET_S)),
@@ -188,7 +127,7 @@ def scan(
     )
     specs = list(devices) or list(section.get("devices", []))
     with make_reporter(json_lines) as reporter:
-        outcome = run_scan(options, specs, reporter=reporter, policy=policy, actions=templates)
+        outcome = run_scan(options, specs, reporter=reporter, policy=policy, actions=templates, policy_scope=scope)
     if outcome.exit_code:
         click.echo(f"sdcguard: {outcome.message}", err=True)
     ctx.exit(outcome.exit_code)

@@ -15,19 +15,20 @@ quarantined by chance at most ``1 - C`` of the time. With zero failures the uppe
 The bounds are quantiles of the beta distribution, computed with ``scipy.special.betaincinv`` (exactly what
 ``scipy.stats.beta.ppf`` calls, without importing all of ``scipy.stats``: the report CLI starts faster).
 
-The aggregation is one ``GROUP BY device, family`` over a covering index (executions and testing time), plus
-two small queries over partial indexes (failures, retests, both rare); Python only sees grouped rows.
+The counts come from :meth:`sdcguard.fleet.store.Store.tallies` (grouped in SQL over a covering index and two
+small partial ones); this module is only the statistics.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.special import betaincinv
+
+from .rows import Tally
 
 if TYPE_CHECKING:
     from .store import Store
@@ -118,39 +119,11 @@ def _rates(k: np.ndarray, n: np.ndarray, seconds: np.ndarray, confidence: float)
     ]
 
 
-def _grouped(
-    store: Store, keys: str, where: str, params: list[Any]
-) -> tuple[list[tuple[Any, ...]], np.ndarray, np.ndarray, np.ndarray]:
-    """``(key tuples, executions, failures, seconds)`` grouped by ``keys``, first attempts only.
-
-    The big scan counts rows and sums durations over the covering index ``results_rates``; failures and retests
-    are rare and come from the partial indexes, so no per-row expression is evaluated over a million rows.
-    """
-    conn = store._conn
-    w = f"WHERE {where}" if where else ""
-    a = f"AND {where}" if where else ""
-    rows = conn.execute(
-        f"SELECT {keys}, TOTAL(executions), TOTAL(duration_s) FROM results {w} GROUP BY {keys} ORDER BY {keys}",
-        params,
-    ).fetchall()
-    width = keys.count(",") + 1
-    fail = {
-        tuple(r[:width]): r[width]
-        for r in conn.execute(
-            f"SELECT {keys}, COUNT(*) FROM results INDEXED BY results_failures WHERE passed = 0 AND attempt = 0 {a} "
-            f"GROUP BY {keys}", params
-        )
-    }
-    retests = {
-        tuple(r[:width]): r[width]
-        for r in conn.execute(f"SELECT {keys}, COUNT(*) FROM results INDEXED BY results_retests WHERE attempt > 0 {a} GROUP BY {keys}", params)
-    }
-    key_list = [tuple(r[:width]) for r in rows]
-    # a retest row is always one execution (only passing first attempts are aggregated)
-    n = np.array([int(r[width]) - retests.get(key, 0) for r, key in zip(rows, key_list)], dtype=np.int64)
-    k = np.array([fail.get(key, 0) for key in key_list], dtype=np.int64)
-    s = np.array([r[width + 1] for r in rows], dtype=np.float64)
-    return key_list, n, k, s
+def _from_tallies(tallies: Sequence[Tally], confidence: float) -> list[Rate]:
+    n = np.array([t.executions for t in tallies], dtype=np.int64)
+    k = np.array([t.failures for t in tallies], dtype=np.int64)
+    s = np.array([t.test_s for t in tallies], dtype=np.float64)
+    return _rates(k, n, s, confidence)
 
 
 def device_rates(
@@ -158,43 +131,41 @@ def device_rates(
     by_family: bool = True,
 ) -> dict[str, DeviceRates]:
     """Rates of every device with executions since ``since`` (or ever), overall and (``by_family``) per kernel
-    family; without ``by_family`` the query groups by device only and ``families`` stays empty."""
+    family; without ``by_family`` the store groups by device only and ``families`` stays empty."""
     _check_confidence(confidence)
-    clauses: list[str] = []
-    params: list[Any] = []
-    if devices is not None:
-        clauses.append("device IN (SELECT value FROM json_each(?))")
-        params.append(json.dumps(list(devices)))
-    if since is not None:
-        clauses.append("started_at >= ?")
-        params.append(since)
     if not by_family:
-        keys, n, k, s = _grouped(store, "device", " AND ".join(clauses), params)
-        rates = _rates(k, n, s, confidence)
-        return {key[0]: DeviceRates(device=key[0], overall=r) for key, r in zip(keys, rates)}
-    keys, n, k, s = _grouped(store, "device, family", " AND ".join(clauses), params)
-    if not keys:
+        tallies = store.tallies(since=since, devices=devices, by="device")
+        return {t.device: DeviceRates(device=t.device, overall=r)  # type: ignore[misc]
+                for t, r in zip(tallies, _from_tallies(tallies, confidence))}
+    tallies = store.tallies(since=since, devices=devices, by="device_family")
+    if not tallies:
         return {}
-    per_family = _rates(k, n, s, confidence)
-    # Overall per device: sum the family rows of each device (rows come ordered by device).
-    names = [key[0] for key in keys]
+    per_family = _from_tallies(tallies, confidence)
+    # Overall per device: the sum of its family rows (rows come ordered by device).
+    names = [t.device for t in tallies]
     start = np.array([i for i in range(len(names)) if i == 0 or names[i] != names[i - 1]], dtype=np.int64)
-    dn, dk, ds = np.add.reduceat(n, start), np.add.reduceat(k, start), np.add.reduceat(s, start)
-    overall = _rates(dk, dn, ds, confidence)
+    n = np.array([t.executions for t in tallies], dtype=np.int64)
+    k = np.array([t.failures for t in tallies], dtype=np.int64)
+    s = np.array([t.test_s for t in tallies], dtype=np.float64)
+    overall = _rates(np.add.reduceat(k, start), np.add.reduceat(n, start), np.add.reduceat(s, start), confidence)
     out: dict[str, DeviceRates] = {}
-    bounds = [*start.tolist(), len(keys)]
+    bounds = [*start.tolist(), len(tallies)]
     for j in range(len(start)):
         lo, hi = bounds[j], bounds[j + 1]
-        out[names[lo]] = DeviceRates(
-            device=names[lo], overall=overall[j], families={keys[i][1]: per_family[i] for i in range(lo, hi)}
+        dev = names[lo]
+        assert dev is not None
+        out[dev] = DeviceRates(
+            device=dev, overall=overall[j],
+            families={tallies[i].family: per_family[i] for i in range(lo, hi)},  # type: ignore[misc]
         )
     return out
 
 
 def fleet_rates(store: Store, *, since: float | None = None, confidence: float = 0.95) -> DeviceRates:
     """The whole fleet's rate (``device="fleet"``), overall and per kernel family."""
-    where, params = ("started_at >= ?", [since]) if since is not None else ("", [])
-    keys, n, k, s = _grouped(store, "family", where, params)
-    fam = dict(zip([key[0] for key in keys], _rates(k, n, s, confidence)))
-    overall = _rates(np.array([k.sum()]), np.array([n.sum()]), np.array([s.sum()]), confidence)[0]
-    return DeviceRates(device="fleet", overall=overall, families=fam)
+    _check_confidence(confidence)
+    tallies = store.tallies(since=since, by="family")
+    fam = {t.family: r for t, r in zip(tallies, _from_tallies(tallies, confidence))}
+    overall = _rates(np.array([sum(t.failures for t in tallies)]), np.array([sum(t.executions for t in tallies)]),
+                     np.array([sum(t.test_s for t in tallies)]), confidence)[0]
+    return DeviceRates(device="fleet", overall=overall, families=fam)  # type: ignore[arg-type]

@@ -8,7 +8,7 @@ complete scans in the window, the last complete scan, and the status:
 - ``suspect``: neither of those, but at least one failed execution in the window;
 - ``healthy``: everything else, including a device with no execution in the window.
 
-Every figure comes from a few ``GROUP BY`` queries; no Python loop ever walks result rows.
+Every figure comes from the store's named queries (a few ``GROUP BY`` each); no Python loop walks result rows.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from ..devices import parse_device_id
 from ..durations import iso_utc
 from ..errors import BadInput
 from .rates import Rate, clopper_pearson, device_rates
-from .store import DeviceStatus, Store
+from .rows import DeviceStatus, ScanCounts
+from .store import Store
 
-__all__ = ["DeviceReport", "build_report", "REPORT_FIELDS"]
+__all__ = ["DeviceReport", "build_report", "report_json", "REPORT_FIELDS"]
 
 REPORT_FIELDS = (
     "device", "host", "kind", "model", "index", "executions", "failures", "rate", "rate_low", "rate_high",
@@ -85,52 +86,35 @@ def build_report(
     makes a device ``suspect`` (default: ``since``). ``families``: add the per-family rates to each row.
     """
     if device is not None:
-        known = store.scalar("SELECT 1 FROM devices WHERE id = ?", (device,))
-        if not known:
+        one = store.device(device)
+        if one is None:
             raise BadInput(f"no device {device!r} in {store.path}; `sdcguard report` lists the known devices")
-    where, params = ("WHERE id = ?", [device]) if device else ("", [])
-    devices = store.query(f"SELECT id, host, kind, model, idx FROM devices {where} ORDER BY id", params)
+        devices = [one]
+    else:
+        devices = store.devices()
     rates = device_rates(
         store, since=since, devices=[device] if device else None, confidence=confidence, by_family=families
     )
-    dev_clause, dev_params = ("AND device = ?", [device]) if device else ("", [])
-    win_clause, win_params = ("AND started_at >= ?", [since]) if since is not None else ("", [])
-    scans = dict(
-        store._conn.execute(
-            f"SELECT device, COUNT(*) FROM scans WHERE status = 'complete' {win_clause} {dev_clause} GROUP BY device",
-            [*win_params, *dev_params],
-        ).fetchall()
-    )
-    last = dict(
-        store._conn.execute(
-            f"SELECT device, MAX(COALESCE(finished_at, started_at)) FROM scans WHERE status = 'complete' {dev_clause} "
-            "GROUP BY device",
-            dev_params,
-        ).fetchall()
-    )
-    states = dict(store._conn.execute("SELECT device, state FROM quarantine").fetchall())
+    scans = store.scan_counts(since=since, device=device)
     if suspect_since is None or suspect_since == since:
-        failing = {d for d, r in rates.items() if r.overall.failures > 0}
+        failing: set[str] | None = {d for d, r in rates.items() if r.overall.failures > 0}
     else:
-        failing = {
-            r[0]
-            for r in store._conn.execute(
-                f"SELECT DISTINCT device FROM results WHERE passed = 0 AND started_at >= ? {dev_clause}",
-                [suspect_since, *dev_params],
-            )
-        }
+        failing = None
+    statuses = store.statuses(suspect_since=suspect_since if suspect_since is not None else since,
+                              devices=[d.id for d in devices], failing=failing)
     lo0, hi0 = clopper_pearson(0, 0, confidence)
     empty = Rate(executions=0, failures=0, rate=0.0, rate_low=lo0, rate_high=hi0, test_hours=0.0)
+    none = ScanCounts(0, None)
     rows = []
     for d in devices:
-        r = rates.get(d["id"])
-        status: DeviceStatus = states.get(d["id"]) or ("suspect" if d["id"] in failing else "healthy")
+        r = rates.get(d.id)
+        counts = scans.get(d.id, none)
         rows.append(
             DeviceReport(
-                device=d["id"], host=d["host"], kind=d["kind"], model=d["model"],
-                index=d["idx"] if d["idx"] is not None else _local_index(d["id"]),
-                overall=r.overall if r else empty, families=(dict(r.families) if r else {}) if families else None, confidence=confidence,
-                scans=int(scans.get(d["id"], 0)), status=status, last_scan=last.get(d["id"]),
+                device=d.id, host=d.host, kind=d.kind, model=d.model,
+                index=d.index if d.index is not None else _local_index(d.id),
+                overall=r.overall if r else empty, families=(dict(r.families) if r else {}) if families else None,
+                confidence=confidence, scans=counts.complete, status=statuses[d.id], last_scan=counts.last_complete,
             )
         )
     order = {"quarantined": 0, "probation": 1, "suspect": 2, "healthy": 3}

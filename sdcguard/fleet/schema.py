@@ -1,11 +1,15 @@
 """The fleet store's schema: the one definition of its tables, indexes and forward migrations.
 
 The schema version lives in ``PRAGMA user_version`` (bytes 60-63 of the file header) and the file is marked as an
-sdcguard store with ``PRAGMA application_id`` (bytes 68-71), so :mod:`sdcguard.store` can read both from the
+sdcguard store with ``PRAGMA application_id`` (bytes 68-71), so :mod:`sdcguard.fleet.store` can read both from the
 header *before* SQLite touches the file: a newer or foreign file is refused byte-for-byte untouched.
 
 Natural keys (``scans.uuid``, ``results(scan, seq)``, ``incidents.uuid``, ``*.uuid``) make ``sdcguard merge``
 idempotent: merging the same per-node store twice inserts nothing the second time.
+
+Version 4 (the store at fleet scale): one ``results`` row per (scan, case) for its passing first attempts
+(``executions``, total ``duration_s``, first ``started_at``, ``last_started_at``), every failed execution and every
+retest its own row; daily roll-ups of pruned scans; merge watermarks; every incident's whole record as JSON.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ __all__ = ["SCHEMA_VERSION", "APPLICATION_ID", "SQLITE_MAGIC", "MIGRATIONS", "mi
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 APPLICATION_ID = 0x5344_4347  # "SDCG"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _V1 = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -185,7 +189,89 @@ CREATE INDEX results_rates ON results(device, family, started_at, duration_s, ex
 """
 
 
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _script(_V1), 2: _script(_V2), 3: _script(_V3)}
+# Version 4: the store grows with scans and cases, not with executions.
+# - Passing first attempts of one case in one scan are one row (``executions``, summed ``duration_s``, first
+#   ``started_at`` and ``last_started_at``); existing rows are folded together here, which changes no count, rate,
+#   bound or testing time. Failed executions and retests stay one row each.
+# - ``scans.total``: executions (retests included) the scanner says it produced, set with the final status, so a
+#   complete scan with missing results can be told; ``scans.executions``/``failures`` count first attempts only,
+#   like the rates.
+# - ``rollups``/``scan_rollups``: what ``sdcguard prune`` keeps of scans older than the retention horizon
+#   (per device, family and UTC day); ``meta.pruned_before`` is that horizon.
+# - ``merge_sources``: per merged input (its ``meta.store_id``), how far the last merge got.
+# - ``pass_digests``: the output digests each case passed with (one per golden file in use): a wrong output
+#   equal to one of them is a device computing what another golden file expects.
+# - ``incidents.record``: the whole Incident as JSON, so an optional field added later needs no new column.
+_V4 = """
+ALTER TABLE results ADD COLUMN last_started_at REAL;
+ALTER TABLE scans ADD COLUMN total INTEGER;
+ALTER TABLE incidents ADD COLUMN record TEXT;
+UPDATE incidents SET record = json_object('kind', kind, 'step', step, 'suspect_ranks', json(suspect_ranks),
+    'device', device, 'detail', detail, 'devices', json(devices), 'hosts', json(hosts), 'parameter', parameter,
+    'sticky', CASE WHEN sticky IS NULL THEN NULL WHEN sticky THEN json('true') ELSE json('false') END,
+    'job', job, 'time', time);
+CREATE TEMP TABLE _fold AS SELECT scan, case_id, MIN(id) AS keep, TOTAL(executions) AS n, TOTAL(duration_s) AS s,
+    MIN(started_at) AS first, MAX(COALESCE(last_started_at, started_at)) AS last
+    FROM results WHERE passed = 1 AND attempt = 0 GROUP BY scan, case_id HAVING COUNT(*) > 1;
+CREATE UNIQUE INDEX temp._fold_keep ON _fold(keep);
+CREATE INDEX temp._fold_key ON _fold(scan, case_id);
+UPDATE results SET executions = (SELECT CAST(n AS INTEGER) FROM _fold WHERE keep = results.id),
+    duration_s = (SELECT s FROM _fold WHERE keep = results.id),
+    started_at = (SELECT first FROM _fold WHERE keep = results.id),
+    last_started_at = (SELECT last FROM _fold WHERE keep = results.id)
+    WHERE id IN (SELECT keep FROM _fold);
+DELETE FROM results WHERE passed = 1 AND attempt = 0 AND id NOT IN (SELECT keep FROM _fold)
+    AND EXISTS (SELECT 1 FROM _fold f WHERE f.scan = results.scan AND f.case_id = results.case_id);
+DROP TABLE _fold;
+UPDATE scans SET
+    executions = (SELECT TOTAL(executions) FROM results r WHERE r.scan = scans.id AND r.attempt = 0),
+    failures = (SELECT COUNT(*) FROM results r WHERE r.scan = scans.id AND r.attempt = 0 AND r.passed = 0),
+    total = CASE WHEN status = 'running' THEN NULL
+        ELSE (SELECT TOTAL(executions) FROM results r WHERE r.scan = scans.id) END;
+CREATE INDEX IF NOT EXISTS results_cases ON results(case_id, started_at, device);
+CREATE TABLE IF NOT EXISTS pass_digests (
+    case_id TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    last_seen REAL NOT NULL,
+    PRIMARY KEY (case_id, digest)
+) WITHOUT ROWID;
+INSERT OR REPLACE INTO pass_digests(case_id, digest, last_seen)
+    SELECT case_id, output_digest, MAX(COALESCE(last_started_at, started_at)) FROM results
+    WHERE passed = 1 AND attempt = 0 AND output_digest IS NOT NULL GROUP BY case_id, output_digest;
+CREATE TABLE IF NOT EXISTS rollups (
+    device TEXT NOT NULL,
+    family TEXT NOT NULL,
+    day INTEGER NOT NULL,
+    executions INTEGER NOT NULL,
+    failures INTEGER NOT NULL,
+    test_s REAL NOT NULL,
+    PRIMARY KEY (device, family, day)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS scan_rollups (
+    device TEXT NOT NULL,
+    day INTEGER NOT NULL,
+    complete INTEGER NOT NULL,
+    last_complete REAL,
+    PRIMARY KEY (device, day)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS merge_sources (
+    source TEXT PRIMARY KEY,
+    path TEXT NOT NULL,
+    merged_at REAL NOT NULL,
+    scans INTEGER NOT NULL,
+    incidents INTEGER NOT NULL,
+    history INTEGER NOT NULL,
+    decisions INTEGER NOT NULL,
+    attempts INTEGER NOT NULL,
+    open_scans TEXT NOT NULL
+);
+INSERT OR IGNORE INTO meta(key, value) VALUES ('store_id', lower(hex(randomblob(16))))
+"""
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
+    1: _script(_V1), 2: _script(_V2), 3: _script(_V3), 4: _script(_V4),
+}
 """``version -> function`` bringing a store from ``version - 1`` to ``version``; run in one transaction."""
 
 

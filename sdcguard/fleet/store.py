@@ -1,51 +1,45 @@
 """The fleet store: one SQLite file (WAL) holding devices, scans, results, incidents and quarantine state.
 
-Every write runs in one ``BEGIN IMMEDIATE`` transaction: it takes the write lock up front, so concurrent writers
-(several scanner processes, a training job) wait on the busy timeout instead of failing half-way with
-"database is locked", and a process killed at any moment leaves the store as it was before or after the write.
+This module holds the writes; :mod:`.queries` the named reads, :mod:`.maintenance` merging and pruning,
+:mod:`.connection` opening and transactions, :mod:`.schema` the tables. Nothing outside these modules writes
+SQL: everything else asks :class:`Store` by name and gets records (:mod:`.rows`).
 
-Opening is careful: the file header is read *before* SQLite opens the file, so a text file, a foreign SQLite
-database or a store written by a newer sdcguard is refused with one sentence and left byte-for-byte untouched.
-
-Which executions count: every recorded execution of a golden case is an independent bit-exact comparison
-against verified golden data, so it counts in the rates whatever became of its scan (a scanner killed mid-scan
-must not hide the failures it already found). Only first attempts (``attempt = 0``) count: retests are run
-*because* a case failed, and counting them would bias the rate. The scan's status matters for scan counts,
-``last_scan`` and probation, which count only ``complete`` scans.
+The store grows with scans and cases, not with executions: the passing first attempts of one case in one scan
+are one row (their count, summed time, first and last start, and output digest), folded together as batches
+arrive; every failed execution and every retest is its own row with its bits, element, location and retest
+outcome. Counts, rates, bounds and testing time are exactly those of one row per execution.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import json
 import os
-import sqlite3
 import time
 import uuid as _uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
-
-import sqlite_utils
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..devices import device_kind, hostname
-from ..errors import BadInput, SchemaTooNew, StoreError
+from ..errors import BadInput, StoreError
 from ..records import CaseResult, DeviceInfo, Incident, ScanStatus
-from .schema import APPLICATION_ID, SCHEMA_VERSION, SQLITE_MAGIC, migrate
+from .maintenance import StoreMaintenance
+from .queries import DAY_S, StoreQueries
+from .rows import Decision, PendingAction, QuarantineEntry
 
-__all__ = ["Store", "QuarantineEntry", "DeviceStatus", "DEFAULT_WINDOW_S", "default_actor"]
+__all__ = ["Store", "QuarantineEntry", "DEFAULT_WINDOW_S", "default_actor"]
 
-DeviceStatus = Literal["healthy", "suspect", "quarantined", "probation"]
-"""``quarantined``/``probation``: the quarantine table says so. ``suspect``: not quarantined nor on probation, but
-at least one failed execution in the window. ``healthy``: everything else (including never scanned)."""
-
-DEFAULT_WINDOW_S = 7 * 86400.0
+DEFAULT_WINDOW_S = 7 * DAY_S
 """The default window of rates, suspect status and the policy: 7 days."""
 
-_BUSY_TIMEOUT_S = 30.0
 _TERMINAL: frozenset[str] = frozenset({"complete", "preempted", "interrupted", "error"})
+_RESULT_COLUMNS = (
+    "scan", "seq", "device", "case_id", "family", "seed", "passed", "duration_s", "started_at", "output_digest",
+    "mismatches", "element", "expected", "actual", "xor_mask", "location", "attempt", "sticky", "detail", "executions",
+    "last_started_at",
+)
+_INSERT_RESULT = f"INSERT INTO results({', '.join(_RESULT_COLUMNS)}) VALUES ({', '.join('?' * len(_RESULT_COLUMNS))})"
 
 
 def default_actor() -> str:
@@ -57,208 +51,34 @@ def default_actor() -> str:
     return f"{user}@{hostname()}"
 
 
-@dataclass(frozen=True, kw_only=True)
-class QuarantineEntry:
-    """One row of the current quarantine state."""
-
-    device: str
-    state: Literal["quarantined", "probation"]
-    since: float
-    reason: str
-    by: str
-    host: str | None = None
-
-
-def _check_header(path: Path) -> int:
-    """Refuse what cannot be an sdcguard store before SQLite opens it; return the file's size."""
-    if path.is_dir():
-        raise StoreError(f"{path} is a directory, not a fleet store file")
-    parent = path.parent
-    if not parent.is_dir():
-        what = f"{parent} is not a directory" if parent.exists() else f"directory {parent} does not exist"
-        raise StoreError(f"cannot open fleet store {path}: {what}")
-    try:
-        with open(path, "rb") as f:
-            header = f.read(100)
-    except FileNotFoundError:
-        return -1
-    except PermissionError:
-        raise StoreError(f"cannot read fleet store {path}: permission denied") from None
-    except OSError as e:
-        raise StoreError(f"cannot read fleet store {path}: {e.strerror or e}") from None
-    if not header:
-        return 0
-    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
-        raise StoreError(f"{path} is not an sdcguard fleet store (not a SQLite database); pass another --db")
-    version = int.from_bytes(header[60:64], "big")
-    if version > SCHEMA_VERSION:
-        raise SchemaTooNew(_too_new(path, version))
-    return len(header)
-
-
-def _too_new(path: Path, version: int) -> str:
-    return (
-        f"{path} was written by a newer sdcguard (schema {version}; this one reads up to {SCHEMA_VERSION}): "
-        "upgrade sdcguard to use it"
-    )
-
-
 def _jdump(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-class Store:
+class Store(StoreQueries, StoreMaintenance):
     """The fleet store. Open with :meth:`Store.open`; use as a context manager or call :meth:`close`.
 
     One ``Store`` belongs to one thread (SQLite connections are not shared); open one per process or thread.
     """
 
-    def __init__(self, conn: sqlite3.Connection, path: Path, timeout_s: float = _BUSY_TIMEOUT_S) -> None:
-        self._conn = conn
-        self._timeout_s = timeout_s
-        self.path = path
-        self.db = sqlite_utils.Database(conn)
-        """The sqlite-utils view of the same connection, for reading (``store.db["results"].count``,
-        ``store.db.query(...)``). Write through the store's methods or :meth:`write`: sqlite-utils' own writes
-        commit as they go, which would break a transaction open here."""
-
-    # ------------------------------------------------------------------ opening
-    @classmethod
-    def open(cls, path: str | os.PathLike[str], *, create: bool = True, timeout_s: float = _BUSY_TIMEOUT_S) -> Store:
-        """Open (and with ``create``, create or migrate) the store at ``path``.
-
-        Raises :class:`StoreError` (not SQLite, unreadable, missing directory, missing file without ``create``)
-        or :class:`SchemaTooNew`; in every such case the file is left untouched.
-        """
-        p = Path(path)
-        size = _check_header(p)
-        if size < 0 and not create:
-            raise StoreError(f"no fleet store at {p} (run `sdcguard scan` first, or pass --db / $SDCGUARD_DB)")
-        try:
-            conn = sqlite3.connect(str(p), timeout=timeout_s, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as e:
-            raise StoreError(f"cannot open fleet store {p}: {e}") from None
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
-            store = cls(conn, p, timeout_s)
-            store._prepare(create=create)
-        except BaseException:
-            conn.close()
-            raise
-        return store
-
-    def _prepare(self, *, create: bool) -> None:
-        p = self.path
-        try:
-            # One read transaction: a consistent snapshot even while another process creates the store.
-            self._retry(lambda: self._conn.execute("BEGIN"))
-            try:
-                version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-                app = self._conn.execute("PRAGMA application_id").fetchone()[0]
-                tables = self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            finally:
-                self._conn.execute("ROLLBACK")
-            if version > SCHEMA_VERSION:
-                raise SchemaTooNew(_too_new(p, version))
-            if app != APPLICATION_ID:
-                if tables or version:
-                    raise StoreError(f"{p} is a SQLite database but not an sdcguard fleet store; pass another --db")
-                if not create:
-                    raise StoreError(f"{p} is an empty file, not a fleet store; pass another --db")
-        except sqlite3.DatabaseError as e:
-            raise StoreError(f"{p} is not an sdcguard fleet store ({e}); pass another --db") from None
-        # Only now (the file is ours, or empty) may SQLite write to it.
-        self._retry(lambda: self._conn.execute("PRAGMA journal_mode = WAL").fetchone())
-        self._conn.execute("PRAGMA synchronous = NORMAL")
-        self._conn.execute("PRAGMA foreign_keys = ON")
-        if version < SCHEMA_VERSION:
-            with self.write() as conn:
-                current = conn.execute("PRAGMA user_version").fetchone()[0]  # another process may have won
-                if current > SCHEMA_VERSION:
-                    raise SchemaTooNew(_too_new(p, current))
-                if current < SCHEMA_VERSION:
-                    migrate(conn, current)
-                    conn.execute(
-                        "INSERT OR REPLACE INTO meta(key, value) VALUES ('created_by', ?)", (f"sdcguard {_version()}",)
-                    )
-
-    def _retry(self, fn: Any) -> Any:
-        # The busy timeout covers ordinary lock waits; a few operations (switching to WAL, the first read of a
-        # fresh WAL file while another process creates it) can report "locked" at once under contention, so
-        # retry those with backoff, but never wait longer than the busy timeout in all.
-        deadline = time.monotonic() + self._timeout_s
-        delay = 0.005
-        while True:
-            try:
-                return fn()
-            except sqlite3.OperationalError as e:
-                text = str(e)
-                if "locked" not in text and "busy" not in text:
-                    raise StoreError(f"fleet store {self.path}: {text}") from None
-                if time.monotonic() >= deadline:
-                    raise StoreError(
-                        f"fleet store {self.path} stayed locked by another process for over {self._timeout_s:g} s"
-                    ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
-
-    def close(self) -> None:
-        """Close the connection (idempotent)."""
-        try:
-            self._conn.close()
-        except sqlite3.Error:
-            pass
-
-    def __enter__(self) -> Store:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``); rolled back if the body raises."""
-        self._retry(lambda: self._conn.execute("BEGIN IMMEDIATE"))
-        try:
-            yield self._conn
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        try:
-            self._retry(lambda: self._conn.execute("COMMIT"))
-        except BaseException:
-            if self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
-            raise
-
-    def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[dict[str, Any]]:
-        """Rows of a read-only query, as dicts (through sqlite-utils)."""
-        try:
-            return list(self.db.query(sql, params))
-        except sqlite3.OperationalError as e:
-            raise StoreError(f"fleet store {self.path}: {e}") from None
-
-    def scalar(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        """The single value of a read-only query."""
-        row = self._conn.execute(sql, params).fetchone()
-        return None if row is None else row[0]
-
     # ------------------------------------------------------------------ devices
     def upsert_device(self, info: DeviceInfo, *, now: float | None = None) -> None:
         """Insert or update a device; fields left ``None`` keep what is known."""
-        t = time.time() if now is None else now
-        with self.write() as conn:
-            _upsert_device(conn, info, t)
+        self.upsert_devices([info], now=now)
 
-    def devices(self) -> list[DeviceInfo]:
-        """Every known device, by id."""
-        return [
-            DeviceInfo(
-                id=r["id"], host=r["host"], kind=r["kind"], model=r["model"], serial=r["serial"],
-                pci_bus_id=r["pci_bus_id"], index=r["idx"],
+    def upsert_devices(self, infos: Sequence[DeviceInfo], *, now: float | None = None) -> None:
+        """:meth:`upsert_device` for many devices in one transaction."""
+        t = time.time() if now is None else now
+        with self._write() as conn:
+            conn.executemany(
+                "INSERT INTO devices(id, host, kind, model, serial, pci_bus_id, idx, first_seen, last_seen) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET host = excluded.host, "
+                "kind = excluded.kind, model = COALESCE(excluded.model, model), "
+                "serial = COALESCE(excluded.serial, serial), pci_bus_id = COALESCE(excluded.pci_bus_id, pci_bus_id), "
+                "idx = COALESCE(excluded.idx, idx), first_seen = MIN(first_seen, excluded.first_seen), "
+                "last_seen = MAX(last_seen, excluded.last_seen)",
+                [(i.id, i.host, i.kind, i.model, i.serial, i.pci_bus_id, i.index, t, t) for i in infos],
             )
-            for r in self.query("SELECT * FROM devices ORDER BY id")
-        ]
 
     # ------------------------------------------------------------------ scans and results
     def begin_scan(
@@ -267,7 +87,7 @@ class Store:
     ) -> int:
         """Start one device's scan (status ``running``); returns its id for :meth:`record_results`."""
         t = time.time() if started_at is None else started_at
-        with self.write() as conn:
+        with self._write() as conn:
             _ensure_device(conn, device, host, t)
             cur = conn.execute(
                 "INSERT INTO scans(uuid, device, host, started_at, budget_s, status, meta) "
@@ -278,160 +98,98 @@ class Store:
 
     def record_results(
         self, scan_id: int, results: Sequence[CaseResult], *, finish: ScanStatus | None = None,
-        finished_at: float | None = None,
+        finished_at: float | None = None, total: int | None = None, meta: Mapping[str, Any] | None = None,
     ) -> None:
-        """Append results to a scan in one transaction; with ``finish``, set its final status in the same one."""
+        """Append results to a scan in one transaction; with ``finish``, set its final status in the same one.
+
+        Passing first attempts are folded into the scan's one row per case (and family); failed executions and retests get a
+        row each. ``total``: the executions (retests included) the scanner produced in the whole scan, kept with
+        the final status so a complete scan with missing results can be told. ``meta``: keys merged into the
+        scan's meta.
+        """
         if finish is not None and finish not in _TERMINAL:
             raise BadInput(f"finish must be one of {sorted(_TERMINAL)}, got {finish!r}")
-        with self.write() as conn:
+        with self._write() as conn:
             row = conn.execute("SELECT device, host, status FROM scans WHERE id = ?", (scan_id,)).fetchone()
             if row is None:
                 raise StoreError(f"no scan {scan_id} in {self.path}")
             scan_device, scan_host, status = row
             if status not in ("running", "interrupted"):
                 raise StoreError(f"scan {scan_id} is already {status}; start a new scan")
-            seq = conn.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM results WHERE scan = ?", (scan_id,)).fetchone()[0]
-            rows = []
-            failures = 0
-            executions = 0
-            for i, r in enumerate(results):
-                if r.device != scan_device:
-                    _ensure_device(conn, r.device, scan_host, r.started_at)
-                failures += not r.passed
-                executions += r.executions
-                rows.append(_result_row(scan_id, seq + i, r))
-            conn.executemany(_INSERT_RESULT, rows)
-            conn.execute(
-                "UPDATE scans SET executions = executions + ?, failures = failures + ? WHERE id = ?",
-                (executions, failures, scan_id),
-            )
-            # Simulated fleets pass their own clock: "seen" is the latest time this write speaks of.
-            seen = finished_at if finished_at is not None else max((r.started_at for r in results), default=None)
+            _append(conn, scan_id, scan_device, scan_host, results)
+            seen = finished_at if finished_at is not None else max(
+                (r.last_started_at or r.started_at for r in results), default=None)
             if finish is not None:
                 end = time.time() if finished_at is None else finished_at
-                conn.execute("UPDATE scans SET status = ?, finished_at = ? WHERE id = ?", (finish, end, scan_id))
+                conn.execute(
+                    "UPDATE scans SET status = ?, finished_at = ?, total = COALESCE(?, total) WHERE id = ?",
+                    (finish, end, total, scan_id),
+                )
+            if meta:
+                conn.execute("UPDATE scans SET meta = json_patch(meta, ?) WHERE id = ?", (_jdump(dict(meta)), scan_id))
             if seen is not None:
+                # Simulated fleets pass their own clock: "seen" is the latest time this write speaks of.
                 conn.execute("UPDATE devices SET last_seen = MAX(last_seen, ?) WHERE id = ?", (seen, scan_device))
 
     def finish_scan(self, scan_id: int, status: ScanStatus, *, finished_at: float | None = None) -> None:
         """Set a scan's final status without adding results."""
         self.record_results(scan_id, (), finish=status, finished_at=finished_at)
 
-    def reap(self, *, grace_s: float = 600.0, default_budget_s: float = 3600.0, now: float | None = None) -> int:
+    def reap(
+        self, *, grace_s: float = 600.0, default_budget_s: float = 3600.0, now: float | None = None,
+        device: str | None = None, host: str | None = None,
+    ) -> int:
         """Mark scans left ``running`` by a killed scanner as ``interrupted``; returns how many.
 
-        A scan is stale when ``started_at + budget (or default_budget_s) + grace_s`` has passed.
+        The one reaping path. Without ``device``: a scan is stale when ``started_at + budget (or
+        default_budget_s) + grace_s`` has passed (the policy's sweep). With ``device`` and ``host``: every scan of
+        that device on that host still ``running`` (the scanner holding the device's lock knows nobody else is
+        scanning it).
         """
         t = time.time() if now is None else now
-        with self.write() as conn:
-            cur = conn.execute(
-                "UPDATE scans SET status = 'interrupted', finished_at = ? WHERE status = 'running' "
-                "AND started_at + COALESCE(budget_s, ?) + ? < ?",
-                (t, default_budget_s, grace_s, t),
-            )
+        with self._write() as conn:
+            if device is not None:
+                cur = conn.execute(
+                    "UPDATE scans SET status = 'interrupted', finished_at = ? WHERE status = 'running' "
+                    "AND device = ? AND host = ?", (t, device, host),
+                )
+            else:
+                cur = conn.execute(
+                    "UPDATE scans SET status = 'interrupted', finished_at = ? WHERE status = 'running' "
+                    "AND started_at + COALESCE(budget_s, ?) + ? < ?",
+                    (t, default_budget_s, grace_s, t),
+                )
             return cur.rowcount
-
-    def scans(self, *, device: str | None = None) -> list[dict[str, Any]]:
-        """Scan rows (newest first), optionally of one device."""
-        where, params = ("WHERE device = ?", (device,)) if device else ("", ())
-        return self.query(f"SELECT * FROM scans {where} ORDER BY started_at DESC, id DESC", params)
-
-    def results(
-        self, *, device: str | None = None, since: float | None = None, failed_only: bool = False,
-        scan_id: int | None = None,
-    ) -> list[CaseResult]:
-        """Recorded executions as :class:`CaseResult`, oldest first."""
-        clauses, params = [], []
-        if device is not None:
-            clauses.append("device = ?")
-            params.append(device)
-        if since is not None:
-            clauses.append("started_at >= ?")
-            params.append(since)
-        if failed_only:
-            clauses.append("passed = 0")
-        if scan_id is not None:
-            clauses.append("scan = ?")
-            params.append(scan_id)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        return [_row_result(r) for r in self.query(f"SELECT * FROM results {where} ORDER BY started_at, id", params)]
 
     # ------------------------------------------------------------------ incidents
     def record_incident(self, incident: Incident) -> int:
-        """Record a training incident; returns its id."""
+        """Record a training incident; returns its id. The whole record is kept as JSON next to the indexed
+        columns, so an optional field added to :class:`Incident` later needs no change here."""
         named = {d for d in (incident.device, *incident.devices) if d}
-        with self.write() as conn:
+        record = _jdump(dataclasses.asdict(incident))
+        with self._write() as conn:
             host = incident.hosts[0] if incident.hosts else "unknown"
             for i, d in enumerate(incident.devices or ((incident.device,) if incident.device else ())):
                 _ensure_device(conn, d, incident.hosts[i] if i < len(incident.hosts) else host, incident.time)
             cur = conn.execute(
                 "INSERT INTO incidents(uuid, kind, step, suspect_ranks, device, devices, hosts, detail, parameter, "
-                "sticky, job, time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "sticky, job, time, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     _uuid.uuid4().hex, incident.kind, incident.step, _jdump(list(incident.suspect_ranks)),
                     incident.device, _jdump(list(incident.devices)), _jdump(list(incident.hosts)), incident.detail,
                     incident.parameter, None if incident.sticky is None else int(incident.sticky), incident.job,
-                    incident.time,
+                    incident.time, record,
                 ),
             )
             iid = int(cur.lastrowid or 0)
             conn.executemany("INSERT INTO incident_devices(incident, device) VALUES (?, ?)", [(iid, d) for d in named])
             return iid
 
-    def incidents(self, *, since: float | None = None, device: str | None = None) -> list[Incident]:
-        """Recorded incidents, oldest first; with ``device``, those naming it."""
-        clauses, params = [], []
-        if since is not None:
-            clauses.append("i.time >= ?")
-            params.append(since)
-        if device is not None:
-            clauses.append("i.id IN (SELECT incident FROM incident_devices WHERE device = ?)")
-            params.append(device)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = self.query(f"SELECT i.* FROM incidents i {where} ORDER BY i.time, i.id", params)
-        return [
-            Incident(
-                kind=r["kind"], step=r["step"], suspect_ranks=tuple(json.loads(r["suspect_ranks"])),
-                device=r["device"], detail=r["detail"], devices=tuple(json.loads(r["devices"])),
-                hosts=tuple(json.loads(r["hosts"])), parameter=r["parameter"],
-                sticky=None if r["sticky"] is None else bool(r["sticky"]), job=r["job"], time=r["time"],
-            )
-            for r in rows
-        ]
-
-    # ------------------------------------------------------------------ quarantine
-    def quarantine_status(
-        self, device: str, *, window_s: float = DEFAULT_WINDOW_S, now: float | None = None
-    ) -> DeviceStatus:
-        """``quarantined`` / ``probation`` from the quarantine table; else ``suspect`` if the device failed at
-        least one execution in the last ``window_s`` seconds; else ``healthy``."""
-        state = self.scalar("SELECT state FROM quarantine WHERE device = ?", (device,))
-        if state is not None:
-            return state  # type: ignore[no-any-return]
-        t = time.time() if now is None else now
-        failed = self.scalar(
-            "SELECT 1 FROM results WHERE passed = 0 AND started_at >= ? AND device = ? LIMIT 1", (t - window_s, device)
-        )
-        return "suspect" if failed else "healthy"
-
-    def quarantine_list(self) -> list[QuarantineEntry]:
-        """Devices quarantined or on probation, oldest first."""
-        rows = self.query(
-            "SELECT q.*, d.host FROM quarantine q LEFT JOIN devices d ON d.id = q.device ORDER BY q.since, q.device"
-        )
-        return [QuarantineEntry(**r) for r in rows]
-
-    def quarantine_history(self, device: str | None = None) -> list[dict[str, Any]]:
-        """Every quarantine change (who, when, why, action), oldest first."""
-        where, params = ("WHERE device = ?", (device,)) if device else ("", ())
-        return self.query(
-            f"SELECT device, action, time, by, reason FROM quarantine_history {where} ORDER BY time, id", params
-        )
-
+    # ------------------------------------------------------------------ quarantine by hand
     def quarantine(self, device: str, *, reason: str, by: str | None = None, now: float | None = None) -> None:
         """Take a device out of service (also from probation). ``BadInput`` if it already is quarantined."""
         t = time.time() if now is None else now
-        with self.write() as conn:
+        with self._write() as conn:
             _quarantine(conn, device, reason=reason, by=by or default_actor(), now=t, strict=True)
 
     def release(self, device: str, *, reason: str, by: str | None = None, now: float | None = None) -> None:
@@ -441,7 +199,7 @@ class Store:
         """
         _need_reason(reason)
         t = time.time() if now is None else now
-        with self.write() as conn:
+        with self._write() as conn:
             state = conn.execute("SELECT state FROM quarantine WHERE device = ?", (device,)).fetchone()
             if state is None or state[0] != "quarantined":
                 known = conn.execute("SELECT 1 FROM devices WHERE id = ?", (device,)).fetchone()
@@ -457,51 +215,141 @@ class Store:
     def end_probation(self, device: str, *, reason: str, by: str = "policy", now: float | None = None) -> None:
         """A device on probation passed it: back to healthy (no quarantine row)."""
         t = time.time() if now is None else now
-        with self.write() as conn:
+        with self._write() as conn:
             _end_probation(conn, device, reason=reason, by=by, now=t)
 
+    # ------------------------------------------------------------------ what a policy run decided
+    def record_policy_run(
+        self, *, now: float, notes: Sequence[Decision] = (), quarantine: Mapping[str, str] = {},
+        passed_probation: Mapping[str, str] = {},
+    ) -> list[Decision]:
+        """Record one policy run in one transaction: ``notes`` (breaker trips and other fleet-wide findings),
+        quarantines (``device -> reason``; a device already quarantined is left as it is) and probations passed.
+        Returns the decisions recorded, in order."""
+        out: list[Decision] = []
+        with self._write() as conn:
+            for d in notes:
+                _decide(conn, d, now)
+                out.append(d)
+            for dev, why in quarantine.items():
+                if _quarantine(conn, dev, reason=why, by="policy", now=now, strict=False):
+                    d = Decision(device=dev, decision="quarantine", reason=f"{dev}: {why}")
+                    _decide(conn, d, now)
+                    out.append(d)
+            for dev, why in passed_probation.items():
+                if _end_probation(conn, dev, reason=why, by="policy", now=now):
+                    d = Decision(device=dev, decision="probation_passed", reason=f"{dev}: {why}")
+                    _decide(conn, d, now)
+                    out.append(d)
+        return out
 
-# ---------------------------------------------------------------------- helpers (inside a transaction)
-_RESULT_COLUMNS = (
-    "scan", "seq", "device", "case_id", "family", "seed", "passed", "duration_s", "started_at", "output_digest",
-    "mismatches", "element", "expected", "actual", "xor_mask", "location", "attempt", "sticky", "detail", "executions",
-)
-_INSERT_RESULT = (
-    f"INSERT INTO results({', '.join(_RESULT_COLUMNS)}) VALUES ({', '.join('?' * len(_RESULT_COLUMNS))})"
-)
+    def pending_actions(self, names: Sequence[str], *, now: float) -> list[PendingAction]:
+        """Actions (by template name) not yet run successfully for each device's current quarantine; one action
+        row per (quarantine event, template) is created here the first time."""
+        with self._write() as conn:
+            conn.executemany(
+                "INSERT OR IGNORE INTO actions(uuid, device, action, quarantined_since, created) "
+                "SELECT lower(hex(randomblob(16))), device, ?, since, ? FROM quarantine WHERE state = 'quarantined'",
+                [(name, now) for name in names],
+            )
+        rows = self._rows(
+            "SELECT a.id, a.device, a.action, q.reason, COALESCE(d.host, 'unknown') FROM actions a "
+            "JOIN quarantine q ON q.device = a.device AND q.since = a.quarantined_since AND q.state = 'quarantined' "
+            "LEFT JOIN devices d ON d.id = a.device WHERE a.done = 0 ORDER BY a.id"
+        )
+        return [PendingAction(id=r[0], device=r[1], action=r[2], reason=r[3], host=r[4]) for r in rows]
+
+    def record_action_attempt(
+        self, action_id: int, *, argv: Sequence[str], returncode: int | None, ok: bool, output: str, now: float,
+        decision: Decision,
+    ) -> None:
+        """One run of a pending action, and the decision that says how it went."""
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO action_attempts(uuid, action_id, time, argv, returncode, ok, output) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (_uuid.uuid4().hex, action_id, now, json.dumps(list(argv)), returncode, int(ok), output),
+            )
+            conn.execute("UPDATE actions SET attempts = attempts + 1, done = ? WHERE id = ?", (int(ok), action_id))
+            _decide(conn, decision, now)
+
+    def action_attempts(self) -> list[dict[str, Any]]:
+        """Every attempt of every action (device, action, when, argv, return code, ok, output), oldest first."""
+        return self._dicts(
+            "SELECT a.device, a.action, t.time, t.argv, t.returncode, t.ok, t.output FROM action_attempts t "
+            "JOIN actions a ON a.id = t.action_id ORDER BY t.id"
+        )
+
+
+# ---------------------------------------------------------------------- inside a transaction
+def _append(conn: Any, scan_id: int, scan_device: str, scan_host: str, results: Sequence[CaseResult]) -> None:
+    """Write a batch: passing first attempts folded into the scan's row of their case, the rest one row each."""
+    if not results:
+        return
+    seq = conn.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM results WHERE scan = ?", (scan_id,)).fetchone()[0]
+    folded = {(c, f): i for c, f, i in conn.execute(
+        "SELECT case_id, family, id FROM results WHERE scan = ? AND passed = 1 AND attempt = 0", (scan_id,))}
+    passes: dict[tuple[str, str], list[Any]] = {}  # (case, family) -> [row template, executions, seconds, first, last]
+    rows: list[tuple[Any, ...]] = []
+    executions = failures = 0
+    for r in results:
+        if r.device != scan_device:
+            _ensure_device(conn, r.device, scan_host, r.started_at)
+        if r.attempt == 0:
+            executions += r.executions
+            failures += not r.passed
+        if r.passed and r.attempt == 0:
+            key = (r.case, r.family)
+            p = passes.get(key)
+            last = r.last_started_at if r.last_started_at is not None else r.started_at
+            if p is None:
+                passes[key] = [r, r.executions, r.duration_s, r.started_at, last]
+                if key not in folded:
+                    rows.append((key, seq))  # a placeholder: the row is written once its totals are known
+                    seq += 1
+            else:
+                p[1] += r.executions
+                p[2] += r.duration_s
+                p[3] = min(p[3], r.started_at)
+                p[4] = max(p[4], last)
+            continue
+        rows.append(_result_row(scan_id, seq, r))
+        seq += 1
+    new = []
+    for item in rows:
+        if len(item) == 2:  # a case's first passing row in this scan
+            key, s = item
+            r, n, secs, first, last = passes[key]
+            new.append(_result_row(scan_id, s, dataclasses.replace(
+                r, executions=n, duration_s=secs, started_at=first, last_started_at=last if last != first else None)))
+        else:
+            new.append(item)
+    conn.executemany(_INSERT_RESULT, new)
+    conn.executemany(
+        "UPDATE results SET executions = executions + ?, duration_s = duration_s + ?, started_at = MIN(started_at, ?), "
+        "last_started_at = MAX(COALESCE(last_started_at, started_at), ?) WHERE id = ?",
+        [(n, secs, first, last, folded[key]) for key, (_, n, secs, first, last) in passes.items() if key in folded],
+    )
+    conn.executemany(
+        "INSERT INTO pass_digests(case_id, digest, last_seen) VALUES (?, ?, ?) "
+        "ON CONFLICT(case_id, digest) DO UPDATE SET last_seen = MAX(last_seen, excluded.last_seen)",
+        [(case, p[0].output_digest, p[4]) for (case, _), p in passes.items() if p[0].output_digest],
+    )
+    conn.execute(
+        "UPDATE scans SET executions = executions + ?, failures = failures + ? WHERE id = ?",
+        (executions, failures, scan_id),
+    )
 
 
 def _result_row(scan_id: int, seq: int, r: CaseResult) -> tuple[Any, ...]:
     return (
         scan_id, seq, r.device, r.case, r.family, r.seed, int(r.passed), float(r.duration_s), float(r.started_at),
         r.output_digest, r.mismatches, r.element, r.expected, r.actual, r.xor_mask, r.location, r.attempt,
-        None if r.sticky is None else int(r.sticky), _jdump(r.detail), int(r.executions),
+        None if r.sticky is None else int(r.sticky), _jdump(r.detail), int(r.executions), r.last_started_at,
     )
 
 
-def _row_result(r: dict[str, Any]) -> CaseResult:
-    return CaseResult(
-        device=r["device"], case=r["case_id"], family=r["family"], seed=r["seed"], passed=bool(r["passed"]),
-        duration_s=r["duration_s"], started_at=r["started_at"], output_digest=r["output_digest"],
-        mismatches=r["mismatches"], element=r["element"], expected=r["expected"], actual=r["actual"],
-        xor_mask=r["xor_mask"], location=r["location"], attempt=r["attempt"],
-        sticky=None if r["sticky"] is None else bool(r["sticky"]), detail=json.loads(r["detail"]),
-        executions=r["executions"],
-    )
-
-
-def _upsert_device(conn: sqlite3.Connection, info: DeviceInfo, t: float) -> None:
-    conn.execute(
-        "INSERT INTO devices(id, host, kind, model, serial, pci_bus_id, idx, first_seen, last_seen) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET host = excluded.host, kind = excluded.kind, "
-        "model = COALESCE(excluded.model, model), serial = COALESCE(excluded.serial, serial), "
-        "pci_bus_id = COALESCE(excluded.pci_bus_id, pci_bus_id), idx = COALESCE(excluded.idx, idx), "
-        "first_seen = MIN(first_seen, excluded.first_seen), last_seen = MAX(last_seen, excluded.last_seen)",
-        (info.id, info.host, info.kind, info.model, info.serial, info.pci_bus_id, info.index, t, t),
-    )
-
-
-def _ensure_device(conn: sqlite3.Connection, device: str, host: str, t: float) -> None:
+def _ensure_device(conn: Any, device: str, host: str, t: float) -> None:
     try:
         kind = device_kind(device)
     except BadInput:
@@ -518,14 +366,21 @@ def _need_reason(reason: str) -> None:
         raise BadInput("a reason is required (--reason TEXT): the quarantine history keeps why")
 
 
-def _history(conn: sqlite3.Connection, device: str, action: str, t: float, by: str, reason: str) -> None:
+def _history(conn: Any, device: str, action: str, t: float, by: str, reason: str) -> None:
     conn.execute(
         "INSERT INTO quarantine_history(uuid, device, action, time, by, reason) VALUES (?, ?, ?, ?, ?, ?)",
         (_uuid.uuid4().hex, device, action, t, by, reason),
     )
 
 
-def _quarantine(conn: sqlite3.Connection, device: str, *, reason: str, by: str, now: float, strict: bool) -> bool:
+def _decide(conn: Any, d: Decision, t: float) -> None:
+    conn.execute(
+        "INSERT INTO policy_decisions(uuid, time, device, decision, reason) VALUES (?, ?, ?, ?, ?)",
+        (_uuid.uuid4().hex, t, d.device, d.decision, d.reason),
+    )
+
+
+def _quarantine(conn: Any, device: str, *, reason: str, by: str, now: float, strict: bool) -> bool:
     """Quarantine ``device``; False (nothing written) if it already is. ``strict``: raise instead."""
     _need_reason(reason)
     state = conn.execute("SELECT state FROM quarantine WHERE device = ?", (device,)).fetchone()
@@ -554,13 +409,8 @@ def _quarantine(conn: sqlite3.Connection, device: str, *, reason: str, by: str, 
     return True
 
 
-def _end_probation(conn: sqlite3.Connection, device: str, *, reason: str, by: str, now: float) -> None:
+def _end_probation(conn: Any, device: str, *, reason: str, by: str, now: float) -> bool:
     cur = conn.execute("DELETE FROM quarantine WHERE device = ? AND state = 'probation'", (device,))
     if cur.rowcount:
         _history(conn, device, "probation_passed", now, by, reason)
-
-
-def _version() -> str:
-    from .. import __version__
-
-    return __version__
+    return bool(cur.rowcount)

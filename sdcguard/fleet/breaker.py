@@ -1,0 +1,159 @@
+"""The circuit breakers: when failures point at the suite or the software, not at the hardware.
+
+**The scanner's breaker** judges failed golden-case executions. Two devices with the same defect and the same
+deterministic inputs can give the same wrong output, so an identical wrong output on several devices is not by
+itself a suite problem. What tells them apart is what the *other* devices did with the same case:
+
+- a **bad golden file** makes every device that uses it fail the case, all with the same output (the right
+  one), so either the failing devices are a large share of those that ran the case, or their "wrong" output is
+  exactly the output other devices pass the case with (a staged roll-out: the devices with the old, good file
+  pass with the very output the devices with the bad file are told is wrong);
+- a **batch of devices sharing one defect** is a few devices among many: most devices that ran the case in the
+  same window passed it, and the batch's shared wrong output is no output anyone passes with.
+
+So a wrong output shared by ``breaker_same_digest_devices`` or more devices blames the suite only when it is an
+output the case passes with somewhere, or when more than ``breaker_share`` of the devices that ran the case in
+that time bucket gave it; otherwise it is a shared defect and each device is judged on its own evidence. Failures
+of any outputs by more than ``breaker_share`` (and at least ``breaker_min_devices``) of the devices that ran a
+case in one bucket blame the suite or the software too (a driver update breaking a kernel). Failures blamed on
+the suite are never evidence against a device, also after the breaker's window.
+
+**The training breaker** judges training incidents: incidents of one job naming ``incident_breaker_devices`` or
+more distinct devices in the window point at software nondeterminism (a faulty device is one device); that job's
+incidents then quarantine nobody.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..records import Incident
+from .rows import FailedExecution
+
+if TYPE_CHECKING:
+    from .policy import QuarantinePolicy
+    from .store import Store
+
+__all__ = ["SuiteVerdict", "judge_suite", "TrainingVerdict", "judge_training", "attributed"]
+
+
+@dataclass
+class SuiteVerdict:
+    """What the scanner's breaker made of the failures in the evidence window."""
+
+    bucket_s: float
+    trips: list[str] = field(default_factory=list)
+    """One sentence per reason to trip now (suite-suspect failures inside the breaker window)."""
+    suspect_digests: set[tuple[str, str]] = field(default_factory=set)
+    """``(case, digest)``: wrong outputs blamed on the suite."""
+    suspect_buckets: set[tuple[str, int]] = field(default_factory=set)
+    """``(case, bucket)``: every failure of the case in that bucket is blamed on the suite."""
+    shared: dict[tuple[str, str], str] = field(default_factory=dict)
+    """``(case, digest)`` -> why an identical wrong output on several devices was judged a shared defect."""
+
+    def is_suspect(self, f: FailedExecution) -> bool:
+        """True when this failure is blamed on the suite (never evidence against its device)."""
+        return ((f.case, f.digest or "") in self.suspect_digests
+                or (f.case, int(f.started_at // self.bucket_s)) in self.suspect_buckets)
+
+
+def judge_suite(
+    store: Store, failures: Sequence[FailedExecution], policy: QuarantinePolicy, *, now: float, since: float
+) -> SuiteVerdict:
+    """Judge ``failures`` (every device's failed first attempts since ``since``) against what the other
+    devices did with the same cases."""
+    verdict = SuiteVerdict(bucket_s=policy.breaker_window_s)
+    bucket = verdict.bucket_s
+    recent = now - policy.breaker_window_s
+    same: dict[tuple[str, str], set[str]] = defaultdict(set)
+    failing: dict[tuple[str, int], set[str]] = defaultdict(set)
+    for f in failures:
+        if f.digest:
+            same[(f.case, f.digest)].add(f.device)
+        failing[(f.case, int(f.started_at // bucket))].add(f.device)
+    groups = {k: v for k, v in same.items() if len(v) >= policy.breaker_same_digest_devices}
+    wide = {k: v for k, v in failing.items() if len(v) >= policy.breaker_min_devices}
+    cases = {c for c, _ in groups} | {c for c, _ in wide}
+    if not cases:
+        return verdict
+    ran = {(c.case, c.bucket): c.devices for c in store.case_coverage(cases, since=since, bucket_s=bucket)}
+    passes = store.pass_digests({c for c, _ in groups})
+    for (case, digest), devices in sorted(groups.items()):
+        hits = [f for f in failures if f.case == case and f.digest == digest]
+        by_bucket: dict[int, set[str]] = defaultdict(set)
+        for f in hits:
+            by_bucket[int(f.started_at // bucket)].add(f.device)
+        share = max(len(d) / max(ran.get((case, b), len(d)), 1) for b, d in by_bucket.items())
+        if digest in passes[case]:
+            why = "the very output other devices pass it with (their golden file differs)"
+        elif share > policy.breaker_share:
+            why = f"{share:.0%} of the devices that ran it"
+        else:
+            others = max(ran.get((case, b), 0) for b in by_bucket) - len(devices)
+            verdict.shared[(case, digest)] = (
+                f"{len(devices)} devices gave this same wrong output while {max(others, 0)} others passed the "
+                "case: a defect they share, not the suite"
+            )
+            continue
+        verdict.suspect_digests.add((case, digest))
+        if any(f.started_at >= recent for f in hits):
+            verdict.trips.append(
+                f"circuit breaker: case {case} gave the same wrong output (digest {digest[:12]}) on {len(devices)} "
+                f"devices, {why}: the suite or the software is suspect, not the hardware; nobody quarantined"
+            )
+    for (case, b), devices in sorted(wide.items()):
+        total = ran.get((case, b), len(devices))
+        if len(devices) > policy.breaker_share * total:
+            verdict.suspect_buckets.add((case, b))
+            if (b + 1) * bucket > recent:
+                verdict.trips.append(
+                    f"circuit breaker: {len(devices)} of {total} devices failed case {case} (more than "
+                    f"{policy.breaker_share:.0%}): the suite or the software is suspect; nobody quarantined"
+                )
+    return verdict
+
+
+def attributed(incident: Incident) -> bool:
+    """True when an incident singles out one device by majority: it names a device, exactly one suspect rank,
+    and is not a ``nondeterministic`` replay (which never blames hardware)."""
+    return (incident.device is not None and len(incident.suspect_ranks) == 1
+            and len({d for d in incident.devices if d} - {incident.device}) == 0
+            and incident.kind != "nondeterministic")
+
+
+@dataclass
+class TrainingVerdict:
+    """What the training breaker made of the incidents in the window."""
+
+    tripped_jobs: dict[str, str] = field(default_factory=dict)
+    """job -> why its incidents are not evidence."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """device -> attributed incidents naming it, from jobs whose breaker did not trip."""
+
+
+def _job(incident: Incident) -> str:
+    return incident.job if incident.job is not None else "(no job id)"
+
+
+def judge_training(incidents: Sequence[Incident], policy: QuarantinePolicy) -> TrainingVerdict:
+    """Trip the training breaker per job, and count the attributed incidents of the other jobs per device."""
+    verdict = TrainingVerdict()
+    named: dict[str, set[str]] = defaultdict(set)
+    for i in incidents:
+        named[_job(i)].update(d for d in (i.device, *i.devices) if d)
+    days = policy.window_s / 86400
+    for job, devices in sorted(named.items()):
+        if len(devices) >= policy.incident_breaker_devices:
+            verdict.tripped_jobs[job] = (
+                f"training circuit breaker: incidents of job {job} named {len(devices)} distinct devices in the last "
+                f"{days:g} days ({', '.join(sorted(devices)[:5])}{', ...' if len(devices) > 5 else ''}): software "
+                "nondeterminism is suspect, not the hardware; nobody quarantined on this job's training incidents"
+            )
+    for i in incidents:
+        if attributed(i) and _job(i) not in verdict.tripped_jobs:
+            assert i.device is not None
+            verdict.counts[i.device] = verdict.counts.get(i.device, 0) + 1
+    return verdict

@@ -1,0 +1,144 @@
+"""What the store's named queries return: small records, and the one definition of a device's status.
+
+Every module that reads the fleet store (rates, policy, report, plot, merge) gets these from
+:class:`sdcguard.fleet.store.Store` methods; none of them sees SQL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "DeviceStatus", "device_status", "Tally", "FailedExecution", "CaseCoverage", "ScanCounts", "QuarantineEntry",
+    "Decision", "PendingAction", "SeriesPoint", "MergeStats", "PruneStats",
+]
+
+DeviceStatus = Literal["healthy", "suspect", "quarantined", "probation"]
+"""``quarantined``/``probation``: the quarantine table says so. ``suspect``: neither, but at least one failed
+execution (first attempt) in the window. ``healthy``: everything else (including never scanned)."""
+
+
+def device_status(state: str | None, failed_in_window: bool) -> DeviceStatus:
+    """The one definition of a device's status, from its quarantine state (None: no row) and whether it failed
+    at least one execution in the window."""
+    if state == "quarantined" or state == "probation":
+        return state
+    return "suspect" if failed_in_window else "healthy"
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """Executions summed over a group of rows (a device, a family, or a device and a family).
+
+    ``executions`` and ``failures`` count first attempts only (a retest is run *because* of a failure and would
+    bias the rate); ``test_s`` is every second of testing, retests included.
+    """
+
+    device: str | None
+    family: str | None
+    executions: int
+    failures: int
+    test_s: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FailedExecution:
+    """One failed first attempt, as the policy weighs it."""
+
+    device: str
+    host: str
+    case: str
+    family: str
+    digest: str | None
+    sticky: bool | None
+    started_at: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CaseCoverage:
+    """Who ran one case in one time bucket: the denominator of the circuit breaker's share rule."""
+
+    case: str
+    bucket: int
+    """``int(started_at // bucket_s)``."""
+    devices: int
+    """Distinct devices with at least one execution of the case in the bucket."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScanCounts:
+    """A device's complete scans in a window, and its latest complete scan ever."""
+
+    complete: int
+    last_complete: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuarantineEntry:
+    """One row of the current quarantine state."""
+
+    device: str
+    state: Literal["quarantined", "probation"]
+    since: float
+    reason: str
+    by: str
+    host: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decision:
+    """One decision of a policy run, as recorded in ``policy_decisions``."""
+
+    device: str | None
+    decision: str
+    """``quarantine``, ``breaker``, ``training_breaker``, ``probation_passed``, ``action_failed``, ``action_ok``."""
+    reason: str
+    time: float | None = None
+    """When it was recorded (filled in by :meth:`Store.decisions`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PendingAction:
+    """An action not yet run successfully for a device's current quarantine."""
+
+    id: int
+    device: str
+    action: str
+    reason: str
+    host: str
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesPoint:
+    """Executions and failures of one device (None: the whole fleet) in one time bin of a plot."""
+
+    device: str | None
+    bin: int
+    executions: int
+    failures: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class MergeStats:
+    """What one input brought to the output (0 everywhere when it had nothing new)."""
+
+    source: str
+    devices: int
+    scans: int
+    results: int
+    incidents: int
+    quarantine_history: int
+    skipped_scans: int = 0
+    """Scans older than the output's retention horizon: already rolled up there, not merged again."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PruneStats:
+    """What ``prune`` rolled up and removed."""
+
+    before: float
+    """The retention horizon (UTC midnight): scans that started before it are rolled up."""
+    scans: int
+    results: int
+    rollup_rows: int
