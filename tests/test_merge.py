@@ -126,3 +126,99 @@ def test_a_version_1_store_migrates_forward_keeping_its_rows(tmp_path: Path) -> 
     with sqlite3.connect(p) as c:
         assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert c.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'results_retests'").fetchone()[0] == 1
+
+
+# ---------------------------------------------------------------- incremental merges
+# (what happens on a node, which node, its argument, whether a merge follows)
+_step = st.tuples(
+    st.sampled_from(["begin", "record", "record", "finish", "incident", "quarantine"]),
+    st.integers(0, 1),
+    st.integers(0, 2),
+    st.booleans(),
+)
+
+
+def _full_content(path: Path) -> dict[str, list[tuple]]:
+    content = _content(path)
+    with sqlite3.connect(path) as c:
+        content["rows"] = sorted(c.execute(
+            "SELECT sc.uuid, r.seq, r.executions, r.duration_s, r.started_at, r.last_started_at FROM results r "
+            "JOIN scans sc ON sc.id = r.scan").fetchall())
+        content["scans"] = sorted(c.execute("SELECT uuid, status, executions, failures, total FROM scans").fetchall())
+    return content
+
+
+@settings(max_examples=30)
+@given(st.lists(_step, max_size=20))
+def test_incremental_merges_end_where_one_full_merge_does(tmp_path_factory: pytest.TempPathFactory, steps) -> None:
+    """Whatever happened on the nodes between merges (scans left running and finished later, passing rows that
+    kept growing), merging only what is new each time gives the same store as one merge of everything; and one
+    more merge adds nothing."""
+    d = tmp_path_factory.mktemp("inc")
+    nodes = [d / "n0.db", d / "n1.db"]
+    stores = [Store.open(p) for p in nodes]
+    open_scans: list[list[tuple[int, str]]] = [[], []]
+    clock = [NOW - 5000.0]
+
+    def tick() -> float:
+        clock[0] += 1.0
+        return clock[0]
+
+    try:
+        for kind, n, arg, merge_after in steps:
+            s = stores[n]
+            if kind == "begin" or (kind == "record" and not open_scans[n]):
+                dev = f"sim:{n}{arg}"
+                open_scans[n].append((s.begin_scan(device=dev, host=f"node{n}", budget_s=10.0, started_at=tick()), dev))
+            if kind == "record":
+                sid, dev = open_scans[n][-1]
+                s.record_results(sid, [result(dev, passed=i != arg, t=tick()) for i in range(3)])
+            elif kind == "finish" and open_scans[n]:
+                sid, _ = open_scans[n].pop(0)
+                s.finish_scan(sid, "complete" if arg else "preempted", finished_at=tick())
+            elif kind == "incident":
+                dev = f"sim:{n}{arg}"
+                s.record_incident(Incident(kind="replay", step=int(tick()), suspect_ranks=(arg,), device=dev,
+                                           detail="x", devices=(dev,), hosts=(f"node{n}",), time=clock[0]))
+            elif kind == "quarantine":
+                dev = f"sim:{n}{arg}"
+                if dev not in {e.device for e in s.quarantine_list()}:
+                    s.quarantine(dev, reason="by hand", by="ops", now=tick())
+            if merge_after:
+                merge_stores(d / "inc.db", nodes)
+        merge_stores(d / "inc.db", nodes)
+    finally:
+        for s in stores:
+            s.close()
+    merge_stores(d / "full.db", nodes)
+    assert _full_content(d / "inc.db") == _full_content(d / "full.db")
+    again = merge_stores(d / "inc.db", nodes)
+    assert all(x.scans == x.results == x.incidents == x.quarantine_history == x.devices == 0 for x in again)
+    assert _full_content(d / "inc.db") == _full_content(d / "full.db")
+    assert _full_content(d / "inc.db") == _full_content(d / "full.db")
+    # --full reads everything again and still counts nothing twice
+    merge_stores(d / "inc.db", nodes, full=True)
+    assert _full_content(d / "inc.db") == _full_content(d / "full.db")
+
+
+def test_a_merge_reads_only_what_is_new(tmp_path: Path) -> None:
+    node = tmp_path / "node.db"
+    with Store.open(node) as s:
+        for i in range(30):
+            sid = s.begin_scan(device="sim:1", host="n", budget_s=1.0, started_at=NOW - 10_000 + i)
+            s.record_results(sid, [result("sim:1", t=NOW - 10_000 + i)], finish="complete")
+    (first,) = merge_stores(tmp_path / "fleet.db", [node])
+    assert (first.scans, first.results) == (30, 30)
+    with Store.open(node) as s:
+        sid = s.begin_scan(device="sim:1", host="n", budget_s=1.0, started_at=NOW - 100)
+        s.record_results(sid, [result("sim:1", t=NOW - 100)])  # left running: taken again at the next merge
+    (second,) = merge_stores(tmp_path / "fleet.db", [node])
+    assert (second.scans, second.results) == (1, 1)
+    with Store.open(node) as s:
+        s.record_results(sid, [result("sim:1", t=NOW - 99)] * 4, finish="complete")
+    (third,) = merge_stores(tmp_path / "fleet.db", [node])
+    assert (third.scans, third.results) == (0, 0)  # the same row, grown to 5 executions
+    with Store.open(tmp_path / "fleet.db", create=False) as f:
+        (latest,) = [x for x in f.scans() if x["started_at"] == NOW - 100]
+        assert (latest["status"], latest["executions"], latest["total"]) == ("complete", 5, None)
+        assert f.tallies(by="device")[0].executions == 35

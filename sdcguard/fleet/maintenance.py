@@ -76,11 +76,12 @@ class StoreMaintenance(StoreBase):
             "WHERE (id > ? OR id IN (SELECT value FROM json_each(?)))",
             (scans_after, json.dumps(reopened)),
         )
-        skipped = conn.execute(
-            "SELECT COUNT(*) FROM temp.merge_scans m JOIN src.scans s ON s.id = m.src_id WHERE s.started_at < ?",
-            (horizon,)).fetchone()[0]
-        conn.execute(
-            "DELETE FROM temp.merge_scans WHERE src_id IN (SELECT id FROM src.scans WHERE started_at < ?)", (horizon,))
+        # Scans older than our retention horizon are in our roll-ups already, except those we still hold open
+        # (prune leaves a running scan alone): those take their final state from the input as usual.
+        old = ("src_id IN (SELECT id FROM src.scans WHERE started_at < ?) "
+               f"AND uuid NOT IN (SELECT uuid FROM main.scans WHERE status IN {_OPEN})")
+        skipped = conn.execute(f"SELECT COUNT(*) FROM temp.merge_scans WHERE {old}", (horizon,)).fetchone()[0]
+        conn.execute(f"DELETE FROM temp.merge_scans WHERE {old}", (horizon,))
         new_scans = conn.execute(
             "SELECT COUNT(*) FROM temp.merge_scans m WHERE NOT EXISTS (SELECT 1 FROM main.scans s WHERE s.uuid = m.uuid)"
         ).fetchone()[0]
