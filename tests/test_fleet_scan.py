@@ -51,6 +51,12 @@ def test_inject_quarantines_that_core_only_and_runs_the_action(tmp_path: Path) -
         proc = scan(db, locks, "--inject", f"cpu:{bad}:bitflip,rate=1.0", "--action", template)
         assert proc.returncode == 1, proc.stderr
         assert "corruption found" in proc.stderr
+        # progress: one failure event per failing case, with its count and first failing element
+        failures = [e for e in events(proc) if e["event"] == "failure"]
+        (done,) = [e for e in events(proc) if e["event"] == "done" and e["device"] == cpu_id(bad)]
+        assert sorted(e["case"] for e in failures) == sorted(done["failing_cases"])
+        assert sum(e["count"] for e in failures) == done["failures"] > len(failures)
+        assert all(e["element"] is not None and e["xor_mask"] and e["device"] == cpu_id(bad) for e in failures)
     rows = report(db)
     assert rows[cpu_id(bad)]["status"] == "quarantined"
     assert {d for d, r in rows.items() if r["status"] != "healthy"} == {cpu_id(bad)}
@@ -99,6 +105,23 @@ def test_identical_failures_on_two_devices_trip_the_breaker(tmp_path: Path) -> N
     assert not log.exists()
     policy = [e for e in events(proc) if e["event"] == "policy"][0]
     assert policy["breaker_tripped"] and not policy["quarantined"]
+
+
+@pytest.mark.skipif(len(cores()) < 2, reason="needs a second core to pass what the faulty one fails")
+def test_node_scope_quarantines_what_another_core_of_the_node_passed(tmp_path: Path) -> None:
+    db, locks = tmp_path / "fleet.db", tmp_path / "locks"
+    bad = cores()[-1]
+    proc = scan(db, locks, "--policy-scope", "node", "--inject", f"cpu:{bad}:bitflip,rate=1.0")
+    assert proc.returncode == 1, proc.stderr
+    policy = [e for e in events(proc) if e["event"] == "policy"][0]
+    assert policy["scope"] == "node" and policy["quarantined"] == [cpu_id(bad)]
+    assert "on the same node passed it" in policy["reasons"][0]
+    # every core fails one case identically: the node cannot tell a bad golden file from a bad batch, and waits
+    rule = "zero,rate=1.0,elements=100000000,case=alu.u32.*"
+    proc = scan(tmp_path / "other.db", locks, "--policy-scope", "node", "--inject", f"all:{rule}")
+    assert proc.returncode == 1, proc.stderr
+    policy = [e for e in events(proc) if e["event"] == "policy"][0]
+    assert policy["quarantined"] == [] and not policy["breaker_tripped"]
 
 
 def test_a_locked_device_is_left_alone(tmp_path: Path) -> None:

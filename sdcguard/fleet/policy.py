@@ -3,11 +3,13 @@
 Rules need different views, so the policy runs in two places (``scope``):
 
 - **node** (the scanner, after each scan, on its node's own store): a failure reproduced on retest (sticky),
-  but only when another device of the same node passed the same case in the window. That device ran the same
-  golden file with the same software on the same host, so neither can be what is wrong, and the node needs nobody
-  else's data to act (drain the node now, not at the next merge). A sticky failure no other device of the node
-  passed is left to the fleet: the node cannot tell a bad golden file or a batch of devices sharing one defect
-  from one faulty device.
+  but only when another device of the same node passed the same case within ``breaker_window_s`` of it (it ran
+  the same golden file with the same software on the same host, so neither can be what is wrong), no other
+  device of the node gave the same wrong output, and that output is not one the case passes with (a device
+  computing what an older golden file expects). Then the node needs nobody else's data to act: the node is
+  drained now, not at the next merge. Everything else is left to the fleet: one node cannot tell a bad golden
+  file or a batch of devices sharing one defect from faulty devices, and has too few devices for a rate of
+  failures across devices to mean anything.
 - **fleet** (the merge job, on the merged store, or the scanner on a store nobody merges): every rule, evaluated
   in this order:
 
@@ -121,17 +123,28 @@ class PolicyOutcome:
 def _node_candidates(store: Store, policy: QuarantinePolicy, t: float, devices: Sequence[str] | None) -> dict[str, str]:
     if not policy.quarantine_on_sticky:
         return {}
-    since = t - policy.window_s
-    sticky = [f for f in store.failed_executions(since=since, devices=devices) if f.sticky]
-    passers = store.case_passers({f.case for f in sticky}, since=since)
+    failures = store.failed_executions(since=t - policy.window_s)
+    scope = None if devices is None else set(devices)
+    sticky = [f for f in failures if f.sticky and (scope is None or f.device in scope)]
+    if not sticky:
+        return {}
+    shared: dict[tuple[str, str], set[str]] = {}
+    for f in failures:
+        if f.digest:
+            shared.setdefault((f.case, f.digest), set()).add(f.device)
+    cases = {f.case for f in sticky}
+    passers = store.case_passers(cases, since=min(f.started_at for f in sticky) - policy.breaker_window_s)
+    passes = store.pass_digests(cases)
     found: dict[str, str] = {}
     for f in sticky:
         peers = sorted(passers[f.case] - {f.device})
-        if peers and f.device not in found:
-            found[f.device] = (
-                f"sticky failure: case {f.case} failed and the failure reproduced on retest, while {peers[0]} on "
-                "the same node passed it (the golden data and the software there are sound)"
-            )
+        if (not peers or f.device in found or (f.digest or "") in passes[f.case]
+                or len(shared.get((f.case, f.digest or ""), ())) > 1):
+            continue  # the fleet's view is needed (see the module docstring)
+        found[f.device] = (
+            f"sticky failure: case {f.case} failed and the failure reproduced on retest, while {peers[0]} on the "
+            "same node passed it (the golden data and the software there are sound)"
+        )
     return found
 
 

@@ -1,0 +1,20 @@
+#!/bin/bash
+# The fleet's half of the policy, on the Slurm controller (cron, daily, after the night's scans):
+#
+#   17 5 * * *  /opt/sdcguard/deploy/slurm/sdcguard-merge.sh >> /shared/sdcguard/logs/merge.log 2>&1
+#
+# 1. merge every node's store into the fleet store (each brings only what is new since its last merge);
+# 2. apply the fleet's rules (failure rate, circuit breakers across hosts, training incidents, probation) and
+#    drain the nodes of the devices they quarantine;
+# 3. roll scans older than 30 days into daily counts, so the store stays the size of its window;
+# 4. write the Prometheus textfile.
+# Exit code: the policy's (1: devices quarantined, 2: a circuit breaker tripped), else the first failing step's.
+set -u
+SDC=/opt/sdcguard/.venv/bin/sdcguard
+FLEET=/shared/sdcguard/fleet.db
+"$SDC" merge "$FLEET" /shared/sdcguard/nodes/*.db || exit
+"$SDC" --db "$FLEET" policy --config /etc/sdcguard/sdcguard.toml --action slurm-drain
+rc=$?
+"$SDC" --db "$FLEET" prune --before 30d || exit
+"$SDC" --db "$FLEET" export prometheus /var/lib/node_exporter/textfile/sdcguard.prom || exit
+exit $rc
