@@ -1,8 +1,10 @@
 """The scan of one machine: pick devices, scan them in parallel (a worker process each), then apply the policy.
 
 Before any device is touched the fire-drill spec is parsed, the golden suite is loaded (its manifest's sha256 are
-verified: tampered golden data stops the scan with exit 2 before anything is recorded) and the store is opened
-(created if needed, so the workers never race to create it). After the workers the quarantine policy of
+verified: tampered golden data stops the scan with exit 2 before anything is recorded), the store is opened
+(created if needed, so the workers never race to create it) and every case's inputs and expected output are
+built here, on a core this scan does not test when there is one, checked against the manifest and handed to the
+workers (:mod:`sdcguard.golden.references`): a device never computes its own reference. After the workers the quarantine policy of
 :mod:`sdcguard.fleet.policy` runs over the scanned devices: quarantine, circuit breaker, actions.
 
 Exit codes (DESIGN.md): 0 every scanned device passed; 1 corruption found; 2 could not run (bad input, no
@@ -13,9 +15,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -29,7 +33,7 @@ from .discovery import ScanTarget, select_targets
 from .options import ScanOptions
 from .progress import Reporter
 
-__all__ = ["ScanOutcome", "run_scan", "worker_env"]
+__all__ = ["ScanOutcome", "run_scan", "worker_env", "reference_cores"]
 
 EXIT_OK, EXIT_CORRUPTION, EXIT_CANNOT_RUN = 0, 1, 2
 _GRACE_S = 60.0
@@ -64,7 +68,7 @@ def worker_env(target: ScanTarget) -> dict[str, str]:
 
 
 class _Worker:
-    def __init__(self, target: ScanTarget, options: ScanOptions, reporter: Reporter) -> None:
+    def __init__(self, target: ScanTarget, options: ScanOptions, reporter: Reporter, references: str) -> None:
         self.target = target
         self.summary: dict[str, Any] | None = None
         self.stderr = ""
@@ -77,7 +81,8 @@ class _Worker:
             env=worker_env(target),
         )
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"target": target.to_json(), "options": options.to_json()}))
+        self.proc.stdin.write(json.dumps({"target": target.to_json(), "options": options.to_json(),
+                                          "references": references}))
         self.proc.stdin.close()
         self._reporter = reporter
         self._out = threading.Thread(target=self._read_stdout, daemon=True)
@@ -121,7 +126,7 @@ class _Worker:
         return {"event": "done", "device": self.target.device, "status": "error", "error": f"worker died: {tail}"}
 
 
-def _check_inputs(options: ScanOptions) -> None:
+def _check_inputs(options: ScanOptions) -> Any:
     if options.inject:
         from sdcguard.inject.faults import parse_inject_spec
 
@@ -131,6 +136,20 @@ def _check_inputs(options: ScanOptions) -> None:
     suite = load_suite(Path(options.golden_dir) if options.golden_dir else None)
     if not suite.cases:
         raise GoldenDataError("the golden suite has no cases")
+    return suite
+
+
+def reference_cores(targets: Sequence[ScanTarget]) -> list[int]:
+    """The cores to build references on, best first: those this scan does not test, then the others."""
+    allowed = sorted(os.sched_getaffinity(0))
+    tested = {t.index for t in targets if t.kind == "cpu"}
+    return [c for c in allowed if c not in tested] + [c for c in allowed if c in tested]
+
+
+def _references_dir() -> str:
+    shm = Path("/dev/shm")
+    return tempfile.mkdtemp(prefix="sdcguard-references-", dir=str(shm) if shm.is_dir() and os.access(shm, os.W_OK)
+                            else None)
 
 
 def run_scan(
@@ -149,12 +168,27 @@ def run_scan(
     device faults never raise, they are in the outcome.
     """
     chosen = list(targets) if targets is not None else select_targets(specs)
-    _check_inputs(options)
+    suite = _check_inputs(options)
     from sdcguard.fleet.store import Store
+    from sdcguard.golden.references import write_references
 
     with Store.open(options.db):
         pass  # created (schema, WAL) once here, before the workers open it concurrently
+    references = _references_dir()
+    try:
+        # Inputs and expected outputs are built here, off the devices under test, and checked against the
+        # manifest; the workers only read them (sdcguard.golden.references).
+        for note in write_references(suite, Path(references), cores=reference_cores(chosen)):
+            reporter.event({"event": "message", "text": note})
+        return _scan_all(options, chosen, reporter, policy, actions, policy_scope, references)
+    finally:
+        shutil.rmtree(references, ignore_errors=True)
 
+
+def _scan_all(
+    options: ScanOptions, chosen: list[ScanTarget], reporter: Reporter, policy: Any, actions: Sequence[Any],
+    policy_scope: str, references: str,
+) -> ScanOutcome:
     workers: list[_Worker] = []
     stop = {"signal": None}
 
@@ -167,7 +201,7 @@ def run_scan(
     old = {s: signal.signal(s, _forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         for t in chosen:
-            workers.append(_Worker(t, options, reporter))
+            workers.append(_Worker(t, options, reporter, references))
         deadline = None
         if options.budget_s is not None:
             deadline = time.monotonic() + options.budget_s + options.idle_window_s * 2 + _GRACE_S

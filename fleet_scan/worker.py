@@ -38,7 +38,8 @@ from .record import ScanRecorder
 from .schedule import Budget, CaseClock, next_case, order_cases
 from .telemetry import telemetry_for
 
-__all__ = ["scan_device", "make_backend", "make_hook", "result_to_json", "result_from_json", "main"]
+__all__ = ["scan_device", "make_backend", "make_hook", "load_worker_suite", "result_to_json", "result_from_json",
+           "main"]
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -104,16 +105,29 @@ def _past_failures(store: Any, device: str) -> dict[str, int]:
     return {family: r.failures for family, r in rates.families.items() if r.failures}
 
 
+def load_worker_suite(options: ScanOptions, references: str | None) -> Any:
+    """The suite a worker (or a retest) runs: the references its parent built off this device when it handed
+    them over (nothing is computed or hashed here, see :mod:`sdcguard.golden.references`), else the golden data
+    loaded and checked here (a worker started by hand)."""
+    if references:
+        from sdcguard.golden.references import load_references
+
+        return load_references(Path(references))
+    from sdcguard.golden import load_suite
+
+    return load_suite(None if options.golden_dir is None else Path(options.golden_dir))
+
+
 def _run_retests(
-    target: ScanTarget, options: ScanOptions, case_id: str, timeout_s: float
+    target: ScanTarget, options: ScanOptions, case_id: str, timeout_s: float, references: str | None
 ) -> tuple[list[CaseResult], str | None]:
     """Retest one case in a fresh process; (results, error)."""
     payload = {
         "target": target.to_json(),
         "case": case_id,
         "n": options.retests,
-        "inject": options.inject,
-        "golden_dir": options.golden_dir,
+        "options": options.to_json(),
+        "references": references,
     }
     try:
         proc = subprocess.run(
@@ -157,8 +171,13 @@ class _Tally:
         ]
 
 
-def scan_device(target: ScanTarget, options: ScanOptions, emit: Emit) -> dict[str, Any]:
-    """Scan one device; returns the ``done`` summary (also emitted). Raises nothing for device faults."""
+def scan_device(
+    target: ScanTarget, options: ScanOptions, emit: Emit, *, references: str | None = None
+) -> dict[str, Any]:
+    """Scan one device; returns the ``done`` summary (also emitted). Raises nothing for device faults.
+
+    ``references``: the directory of inputs and expected outputs the parent built off this device.
+    """
     device = target.device
     summary: dict[str, Any] = {"event": "done", "device": device, "kind": target.kind}
 
@@ -182,20 +201,20 @@ def scan_device(target: ScanTarget, options: ScanOptions, emit: Emit) -> dict[st
                 summary.update(status="busy", reason=reason)
                 emit(summary)
                 return summary
-        return _scan_locked(target, options, emit, monitor, summary)
+        return _scan_locked(target, options, emit, monitor, summary, references)
     finally:
         lock.release()
 
 
 def _scan_locked(
-    target: ScanTarget, options: ScanOptions, emit: Emit, monitor: IdleMonitor, summary: dict[str, Any]
+    target: ScanTarget, options: ScanOptions, emit: Emit, monitor: IdleMonitor, summary: dict[str, Any],
+    references: str | None,
 ) -> dict[str, Any]:
-    from sdcguard.golden import load_suite
     from sdcguard.fleet.store import Store
 
     device = target.device
     host = target.info.host or hostname()
-    suite = load_suite(None if options.golden_dir is None else Path(options.golden_dir))
+    suite = load_worker_suite(options, references)
     backend = make_backend(target, suite)
     # the backend's own list: numpy skips GPU-only cases, CuPy adds the per-architecture ones
     runnable = list(backend.cases())
@@ -290,7 +309,8 @@ def _scan_locked(
                     ):
                         retested.add(r.case)
                         t_re = time.monotonic()
-                        retests, retest_error = _run_retests(target, options, r.case, budget.remaining())
+                        retests, retest_error = _run_retests(target, options, r.case, budget.remaining(),
+                                                                   references)
                         retest_estimate = max(retest_estimate, (time.monotonic() - t_re) * 1.2)
                         if retests:
                             sticky = any(not x.passed for x in retests)
@@ -375,7 +395,7 @@ def main() -> None:
             parent_gone = True
 
     try:
-        scan_device(target, options, emit)
+        scan_device(target, options, emit, references=payload.get("references"))
     except SdcguardError as e:  # before the scan began (golden data, store): no scan recorded
         emit({"event": "done", "device": target.device, "status": "error", "error": str(e),
               "error_type": type(e).__name__})

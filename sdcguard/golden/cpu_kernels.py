@@ -16,9 +16,8 @@ import numpy as np
 
 from .bits import e4m3_table, same_bytes
 from .cases import Case
-from .reference import memory_pattern
 
-__all__ = ["MarchError", "RUNNERS", "traffic_bytes", "flops"]
+__all__ = ["MarchError", "RUNNERS", "march_words", "traffic_bytes", "flops"]
 
 _U32 = np.uint32
 _U64 = np.uint64
@@ -127,12 +126,31 @@ def _check(blk: np.ndarray, expect: np.ndarray, base: int, phase: str, buf: np.n
                       count=int(bad.size))
 
 
+def march_words(kind: str, index: np.ndarray, base: int, salt: np.uint32, *, out: np.ndarray) -> np.ndarray:
+    """The final contents of words ``base + index`` of an address-in-address or random march, computed by the
+    march itself in wrapping 32-bit arithmetic: a formulation of its own, independent of the reference
+    arithmetic's (masked 64-bit, :func:`sdcguard.golden.reference.memory_pattern`), so a bug in either shows up
+    against the golden instead of cancelling out."""
+    np.add(index, _U32(base & 0xFFFFFFFF), out=out)
+    if kind == "address":
+        np.left_shift(out, _U32(2), out=out)
+        np.add(out, salt, out=out)
+        return np.invert(out, out=out)
+    np.multiply(out, _U32(0x9E3779B1), out=out)
+    np.add(out, salt, out=out)
+    for shift, mul in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
+        np.bitwise_xor(out, out >> _U32(shift), out=out)
+        np.multiply(out, _U32(mul), out=out)
+    np.bitwise_xor(out, out >> _U32(16), out=out)
+    return np.invert(out, out=out)
+
+
 def _memory(case: Case, inp: dict[str, np.ndarray], scratch: Scratch) -> tuple[np.ndarray, MarchError | None]:
     """The march over ``scratch["buf"]``; the final contents are what the golden compare checks.
 
-    Address-in-address and random patterns read their words from ``scratch["final"]`` (the final contents, set by
-    the backend to the verified golden output): the march writes its complement, reads it back, and writes the
-    final contents. Keeping one pattern array, not two, keeps the working set at buffer + golden, like a copy.
+    Address-in-address and random marches compute their words block by block on every run
+    (:func:`march_words`), never from the golden they are then compared with: a pattern computed wrong, by a
+    bug or by the core, is a failed execution.
     """
     words, block, kind = case.params["words"], case.params["block"], case.params["pattern"]
     buf = scratch.get("buf")
@@ -177,18 +195,18 @@ def _memory(case: Case, inp: dict[str, np.ndarray], scratch: Scratch) -> tuple[n
                                  second_read=err.second_read, phase=err.phase, count=err.count)
             note(err)
     else:
-        final = scratch.get("final")
-        if final is None:
-            # the final contents (the inverse of the pattern written first), from the reference arithmetic
-            final = scratch["final"] = memory_pattern(case, inp, np.arange(words, dtype=_U64))
-        tmp = scratch["tmp"]
-        np.invert(final, out=buf)  # write the pattern
+        tmp, fin = scratch["tmp"], scratch.setdefault("fin", np.empty(block, dtype=_U32))
+        index = scratch.setdefault("index", np.arange(block, dtype=_U32))
+        salt = _U32(inp["salt"][0])
+        for s in starts:  # write the pattern, block by block
+            blk = buf[s : s + block]
+            np.invert(march_words(kind, index[: len(blk)], s, salt, out=fin[: len(blk)]), out=blk)
         for s in starts:  # read it back, write its inverse (the final contents)
             blk = buf[s : s + block]
-            fin = final[s : s + block]
-            pat = np.invert(fin, out=tmp[: len(blk)])
+            words = march_words(kind, index[: len(blk)], s, salt, out=fin[: len(blk)])
+            pat = np.invert(words, out=tmp[: len(blk)])
             note(_check(blk, pat, s, "ascending", buf))
-            np.copyto(blk, fin)
+            np.copyto(blk, words)
     return buf, first
 
 
