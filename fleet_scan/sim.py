@@ -1,15 +1,19 @@
-"""The ``sim:`` backend: a simulated fleet scanned daily through the real store and the real quarantine policy.
+"""The ``sim:`` backend: a simulated fleet scanned daily the way it is deployed.
 
-Each simulated device has a per-execution failure probability (0 for healthy hardware, plus a rare transient
-rate on every device). A day's scan of a device does what :mod:`fleet_scan.worker` does, at the level the policy
-sees: ``begin_scan``, the executions the default budget allows spread over the suite in the scanner's own order
+Each host (``devices_per_host`` devices) has its own node store, as on Kubernetes or Slurm. A day's scan of a
+device does what :mod:`fleet_scan.worker` does, at the level the store and the policy see: ``begin_scan``, the
+executions the default budget allows spread over the real suite's cases in the scanner's own order
 (:func:`fleet_scan.schedule.order_cases`, past failures first), a retest of each failing case (reproduced with the
-device's own probability: a transient does not come back, the golden data's fault always does), and the final
-batch with ``finish="complete"``; then :func:`sdcguard.fleet.policy.apply_policy` runs over the fleet once a day.
+device's own probability: a transient does not come back, a bad golden file always does), and the final batch
+with ``finish="complete"``. The store folds the passing executions of each case into one row per scan, exactly
+as it does for the scanner; every failed execution is its own row with its own output digest. Then each node
+applies the node policy to its own store (``scope="node"``), the fleet store merges every node store
+(incrementally) and the fleet policy runs on it (``scope="fleet"``), as ``deploy/`` does.
 
-To stay fast at 10,000 devices x 30 days, one result row stands for a day's *passing* executions of one case
-(``CaseResult.executions``); every failed execution is its own row, with its own output digest. That is the only
-shortcut: the rates, the breaker and the quarantines are the store's and the policy's.
+Faults: a defective device fails any execution with its probability; every device has a rare transient rate; a
+**bad golden file** (one day) makes every device fail one case with its right answer, which is the output the
+case passes with the other days; a **batch sharing one defect** fails one case with the same wrong output on
+every device of the batch (same inputs, same fault), half of the batch two to a host.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ import dataclasses
 import functools
 import hashlib
 import math
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,19 +31,18 @@ from typing import Any
 import numpy as np
 
 from sdcguard.devices import sim_id
+from sdcguard.golden.cases import PORTABLE_CASES
 from sdcguard.records import CaseResult, DeviceInfo
 
 from .options import DEFAULT_BUDGET_S, DEFAULT_RETESTS
 from .schedule import order_cases
 
-__all__ = ["SimCase", "SimFleet", "SimDay", "SimRun", "simulate", "scan_sim_device", "DEFAULT_CASES"]
-
-_FAMILIES = ("gemm", "alu", "ieee", "intrinsics", "memory", "shared")
+__all__ = ["SimCase", "SimFleet", "SimDay", "SimRun", "scan_sim_device", "DEFAULT_CASES"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class SimCase:
-    """A simulated golden case (the real suite's families, a nominal wall time per execution)."""
+    """A simulated golden case (a real case's id, family and seed; a nominal wall time per execution)."""
 
     id: str
     family: str
@@ -48,13 +50,8 @@ class SimCase:
     seconds: float = 0.02
 
 
-DEFAULT_CASES: tuple[SimCase, ...] = tuple(
-    SimCase(id=f"sim.{family}.{i}", family=family, seed=1000 * k + i)
-    for k, family in enumerate(_FAMILIES)
-    for i in range(1)
-)
-"""One case per family: the policy sees per-case rows (the breaker counts devices per case), and one row per case
-and day keeps 10,000 devices x 30 days affordable."""
+DEFAULT_CASES: tuple[SimCase, ...] = tuple(SimCase(id=c.id, family=c.family, seed=c.seed) for c in PORTABLE_CASES)
+"""The CPU suite's cases: a simulated scan writes as many rows as a real one."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +66,10 @@ class SimFleet:
     """Defective devices' per-execution failure probabilities, log-uniform over [p_low, p_high]."""
     transient_rate: float = 1e-8
     """Per-execution probability of a one-off (non-reproducible) wrong result on any device, healthy included."""
+    shared_defect_devices: int = 0
+    """Devices of a batch sharing one defect (on top of the defective share)."""
+    shared_defect_p: float = 0.05
+    """Probability that the batch's defect corrupts one execution of its case."""
     devices_per_host: int = 8
     seed: int = 0
 
@@ -81,6 +82,8 @@ class SimFleet:
             raise ValueError("need 0 < p_low <= p_high < 1")
         if not 0 <= self.transient_rate < 1:
             raise ValueError("transient_rate must be in [0, 1)")
+        if not 0 <= self.shared_defect_devices <= self.devices // 2 or not 0 < self.shared_defect_p <= 1:
+            raise ValueError("shared_defect_devices must be in [0, devices/2], shared_defect_p in (0, 1]")
 
     def failure_probabilities(self) -> np.ndarray:
         """Per-device probability of a *reproducible* failure per execution (0 for healthy devices)."""
@@ -89,7 +92,20 @@ class SimFleet:
         p = np.zeros(self.devices)
         bad = rng.choice(self.devices, size=n_bad, replace=False)
         p[bad] = np.exp(rng.uniform(math.log(self.p_low), math.log(self.p_high), size=n_bad))
+        p[self.shared_batch()] = 0.0  # the batch's defect is its own
         return p
+
+    def shared_batch(self) -> list[int]:
+        """The devices of the batch, from the fleet's last hosts: a quarter of the batch's hosts hold two of it
+        (installed together), the others one."""
+        k, per = self.shared_defect_devices, self.devices_per_host
+        pairs = k // 4 if per >= 2 else 0
+        hosts = list(range(self.devices // per - 1, -1, -1))
+        if len(hosts) < k - pairs:
+            raise ValueError(f"a batch of {k} devices needs {k - pairs} hosts, the fleet has {len(hosts)}")
+        out = [h * per + j for h in hosts[:pairs] for j in (0, 1)]
+        out += [h * per for h in hosts[pairs : k - pairs]]
+        return sorted(out)
 
     def host(self, n: int) -> str:
         return f"simhost{n // self.devices_per_host:05d}"
@@ -97,10 +113,12 @@ class SimFleet:
 
 @dataclass
 class SimDay:
-    """What the policy did on one day."""
+    """What the policies did on one day."""
 
     day: int
     quarantined: list[str] = field(default_factory=list)
+    """By the node policies and the fleet policy together."""
+    by_node: list[str] = field(default_factory=list)
     breaker_tripped: bool = False
     reasons: list[str] = field(default_factory=list)
     failures: int = 0
@@ -138,8 +156,13 @@ def scan_sim_device(
     retests: int,
     rng: np.random.Generator,
     bad_case: str | None = None,
+    shared: tuple[str, float] | None = None,
 ) -> tuple[int, int, set[str]]:
-    """One day's scan of one simulated device through the store; (executions, failures, failing families)."""
+    """One day's scan of one simulated device through the store; (executions, failures, failing families).
+
+    ``bad_case``: the bad golden file's case. ``shared``: ``(case, p)`` of a defect this device shares with its
+    batch (the same wrong output on each of them).
+    """
     plan = _plan(tuple(cases), tuple(sorted(past_failures.items())))
     # As the real budget loop: cycles of the plan while the next case fits (the final flush reserve kept free).
     total = int((budget_s - 0.05) / (sum(c.seconds for c in plan) / len(plan)))
@@ -154,15 +177,23 @@ def scan_sim_device(
         if n == 0:
             continue
         at = t + budget_s * i / len(plan)
+        golden = _digest("golden", case.id)  # the output the case passes with
+        shared_p = shared[1] if shared is not None and shared[0] == case.id else 0.0
+        again_p = p_fault
         if case.id == bad_case:
-            k, digest = n, _digest("bad-golden", case.id)  # every device's right answer differs from the bad file
+            k, digest = n, golden  # every device computes the right answer; the bad file says it is wrong
+            again_p = 1.0
+        elif shared_p:
+            k, digest = int(rng.binomial(n, min(1.0, p + shared_p))), _digest("batch", case.id)
+            again_p = shared_p
         else:
             k, digest = int(rng.binomial(n, p)), ""
         executions += n
         if n - k:
             results.append(
                 CaseResult(device=dev, case=case.id, family=case.family, seed=case.seed, passed=True,
-                           duration_s=(n - k) * case.seconds, started_at=at, executions=n - k)
+                           duration_s=(n - k) * case.seconds, started_at=at, executions=n - k,
+                           last_started_at=at + (n - 1) * case.seconds, output_digest=golden)
             )
         if not k:
             continue
@@ -173,10 +204,8 @@ def scan_sim_device(
             for j in range(k)
         ]
         if retests:
-            if case.id == bad_case:
-                again = retests
-            else:  # a transient does not come back; a faulty unit fails again with its own probability
-                again = int(rng.binomial(retests, p_fault)) if p_fault else 0
+            # a transient does not come back; a faulty unit (or a wrong golden) fails again with its probability
+            again = int(rng.binomial(retests, again_p)) if again_p else 0
             fails[0] = dataclasses.replace(fails[0], sticky=again > 0)
             for a in range(1, retests + 1):
                 if a <= again:
@@ -184,18 +213,22 @@ def scan_sim_device(
                         _failure(dev, case, at, digest or _digest(dev, case.id, "retest", a), 0), attempt=a))
                 else:
                     fails.append(CaseResult(device=dev, case=case.id, family=case.family, seed=case.seed,
-                                            passed=True, duration_s=case.seconds, started_at=at, attempt=a))
+                                            passed=True, duration_s=case.seconds, started_at=at, attempt=a,
+                                            output_digest=golden))
         results.extend(fails)
-    store.record_results(scan_id, results, finish="complete", finished_at=t + budget_s)
+    store.record_results(scan_id, results, finish="complete", finished_at=t + budget_s, total=None)
     return executions, failures, failing_families
 
 
 class SimRun:
-    """A fleet being scanned day by day into one store; :meth:`fork` continues the same history in a copy."""
+    """A fleet scanned day by day into per-node stores, merged into a fleet store, with both policies.
+
+    :meth:`fork` continues the same history in a copy of every store.
+    """
 
     def __init__(
         self,
-        store_path: Path,
+        directory: Path,
         fleet: SimFleet,
         policy: Any,
         *,
@@ -206,7 +239,8 @@ class SimRun:
     ) -> None:
         from sdcguard.fleet.store import Store
 
-        self.store_path = Path(store_path)
+        self.directory = Path(directory)
+        (self.directory / "nodes").mkdir(parents=True, exist_ok=True)
         self.fleet = fleet
         self.policy = policy
         self.budget_s = budget_s
@@ -214,83 +248,78 @@ class SimRun:
         self.cases = tuple(cases)
         self.start = start
         self.p = fleet.failure_probabilities()
+        self.batch = set(fleet.shared_batch())
+        self.shared_case = self.cases[len(self.cases) // 3].id
         self.rng = np.random.default_rng([fleet.seed, 2])
         self.ids = [sim_id(n) for n in range(fleet.devices)]
+        self.hosts: dict[str, list[int]] = {}
+        for n in range(fleet.devices):
+            self.hosts.setdefault(fleet.host(n), []).append(n)
         self.quarantined_on: dict[str, int] = {}
         self.past: dict[str, dict[str, int]] = {}
         self.log: list[SimDay] = []
-        self.store = Store.open(self.store_path)
-        for n, dev in enumerate(self.ids):
-            self.store.upsert_device(DeviceInfo(id=dev, host=fleet.host(n), kind="sim", model="simulated"), now=start)
+        for host, members in self.hosts.items():
+            with Store.open(self.node_store(host)) as node:
+                node.upsert_devices([DeviceInfo(id=self.ids[n], host=host, kind="sim", model="simulated")
+                                     for n in members], now=start)
 
-    def close(self) -> None:
-        self.store.close()
+    @property
+    def fleet_store(self) -> Path:
+        return self.directory / "fleet.db"
+
+    def node_store(self, host: str) -> Path:
+        return self.directory / "nodes" / f"{host}.db"
 
     def day(self, day: int, *, bad_case: str | None = None) -> SimDay:
-        """Scan every device not quarantined, then run the policy once (``bad_case``: the bad golden file)."""
+        """Scan every device not quarantined, each node applies its policy, the fleet merges and applies its own
+        (``bad_case``: the bad golden file of that day)."""
+        from sdcguard.fleet.merge import merge_stores
         from sdcguard.fleet.policy import apply_policy
+        from sdcguard.fleet.store import Store
 
         t_day = self.start + day * 86400.0
         today = SimDay(day=day)
-        for n, dev in enumerate(self.ids):
-            if dev in self.quarantined_on:
-                continue
-            ex, fa, fams = scan_sim_device(
-                self.store, dev=dev, host=self.fleet.host(n), p_fault=float(self.p[n]),
-                transient_rate=self.fleet.transient_rate, t=t_day + 60.0 * (n % 60), cases=self.cases,
-                past_failures=self.past.get(dev, {}), budget_s=self.budget_s, retests=self.retests, rng=self.rng,
-                bad_case=bad_case,
-            )
-            today.executions += ex
-            today.failures += fa
-            for f in fams:
-                self.past.setdefault(dev, {})[f] = self.past.get(dev, {}).get(f, 0) + 1
-        outcome = apply_policy(self.store, self.policy, now=t_day + 7200.0)
-        today.quarantined = list(outcome.quarantined)
+        for host, members in self.hosts.items():
+            scanned = []
+            with Store.open(self.node_store(host)) as node:
+                for n in members:
+                    dev = self.ids[n]
+                    if dev in self.quarantined_on:
+                        continue
+                    ex, fa, fams = scan_sim_device(
+                        node, dev=dev, host=host, p_fault=float(self.p[n]), transient_rate=self.fleet.transient_rate,
+                        t=t_day + 60.0 * (n % 60), cases=self.cases, past_failures=self.past.get(dev, {}),
+                        budget_s=self.budget_s, retests=self.retests, rng=self.rng, bad_case=bad_case,
+                        shared=(self.shared_case, self.fleet.shared_defect_p) if n in self.batch else None,
+                    )
+                    scanned.append(dev)
+                    today.executions += ex
+                    today.failures += fa
+                    for f in fams:
+                        self.past.setdefault(dev, {})[f] = self.past.get(dev, {}).get(f, 0) + 1
+                if scanned:
+                    out = apply_policy(node, self.policy, devices=scanned, now=t_day + 3600.0, scope="node")
+                    today.by_node += out.quarantined
+        merge_stores(self.fleet_store, [self.node_store(h) for h in self.hosts])
+        with Store.open(self.fleet_store) as fleet:
+            outcome = apply_policy(fleet, self.policy, now=t_day + 7200.0, scope="fleet")
+        today.quarantined = sorted({*today.by_node, *outcome.quarantined})
         today.breaker_tripped = outcome.breaker_tripped
         today.reasons = [r for r in outcome.reasons if "breaker" in r][:3]
-        for dev in outcome.quarantined:
+        for dev in today.quarantined:
             self.quarantined_on.setdefault(dev, day)
         self.log.append(today)
         return today
 
-    def fork(self, store_path: Path) -> SimRun:
-        """The same fleet, history and random state, continuing in a copy of the store at ``store_path``."""
-        from sdcguard.fleet.store import Store
+    def fork(self, directory: Path) -> SimRun:
+        """The same fleet, history and random state, continuing in a copy of every store at ``directory``."""
+        import shutil
 
-        self.store.close()  # the last connection closing checkpoints the WAL into the file
-        shutil.copyfile(self.store_path, store_path)
-        self.store = Store.open(self.store_path)
+        shutil.copytree(self.directory, directory)
         other = copy.copy(self)
-        other.store_path = Path(store_path)
-        other.store = Store.open(other.store_path)
+        other.directory = Path(directory)
         other.rng = copy.deepcopy(self.rng)
         other.quarantined_on = dict(self.quarantined_on)
         other.past = copy.deepcopy(self.past)
         other.log = list(self.log)
         return other
-
-
-def simulate(
-    store_path: Path,
-    fleet: SimFleet,
-    policy: Any,
-    *,
-    days: int = 30,
-    budget_s: float = DEFAULT_BUDGET_S,
-    retests: int = DEFAULT_RETESTS,
-    cases: Sequence[SimCase] = DEFAULT_CASES,
-    bad_golden_day: int | None = 10,
-    bad_golden_case: str | None = None,
-) -> SimRun:
-    """Scan the fleet daily for ``days`` days; quarantined devices are no longer scanned.
-
-    The bad golden file (a wrong expected output for ``bad_golden_case``) is present on ``bad_golden_day`` only
-    (rolled back the next day). Returns the run (``quarantined_on``, ``log``, ``p``), its store closed.
-    """
-    run = SimRun(store_path, fleet, policy, budget_s=budget_s, retests=retests, cases=cases)
-    bad_case = bad_golden_case or run.cases[len(run.cases) // 2].id
-    for day in range(days):
-        run.day(day, bad_case=bad_case if day == bad_golden_day else None)
-    run.close()
-    return run

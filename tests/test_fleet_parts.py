@@ -193,18 +193,34 @@ def test_the_example_config_loads(tmp_path: Path) -> None:
         load_config(bad)
 
 
-def test_simulated_fleet_goes_through_the_real_store_and_policy(tmp_path: Path) -> None:
-    from fleet_scan.sim import SimFleet, SimRun
+def test_simulated_fleet_goes_through_node_stores_the_merge_and_both_policies(tmp_path: Path) -> None:
+    from fleet_scan.sim import DEFAULT_CASES, SimFleet, SimRun
     from sdcguard.fleet.policy import QuarantinePolicy
 
     fleet = SimFleet(devices=40, defective_share=0.05, p_low=0.05, p_high=0.1, transient_rate=0.0, seed=3)
-    run = SimRun(tmp_path / "sim.db", fleet, QuarantinePolicy(), budget_s=5.0)
+    run = SimRun(tmp_path, fleet, QuarantinePolicy(), budget_s=5.0)
     defective = {f"sim:{n}" for n, p in enumerate(run.p) if p > 0}
     assert len(defective) == 2
     day0 = run.day(0)
     assert set(day0.quarantined) == defective and not day0.breaker_tripped
+    assert set(day0.by_node) == defective  # reproduced, and their node's other devices passed those cases
     bad = run.day(1, bad_case=run.cases[0].id)  # every remaining device fails one case identically
-    assert bad.breaker_tripped and bad.quarantined == []
-    rows = run.store.results()
-    assert sum(r.executions for r in rows if not r.attempt) > len(rows)  # passing executions folded per case
-    run.close()
+    assert bad.breaker_tripped and bad.quarantined == [] and bad.by_node == []
+    with Store.open(run.fleet_store, create=False) as store:
+        rows = store.results()
+        scans = store.scans()
+    # the scanner's rows: one per (scan, case) passing, one per failed execution or retest
+    assert len(scans) == 40 + 38
+    assert sum(r.executions for r in rows if not r.attempt) == day0.executions + bad.executions
+    assert len([r for r in rows if r.passed and not r.attempt]) <= len(scans) * len(DEFAULT_CASES)
+
+
+def test_a_simulated_batch_sharing_one_defect_is_quarantined(tmp_path: Path) -> None:
+    from fleet_scan.sim import SimFleet, SimRun
+    from sdcguard.fleet.policy import QuarantinePolicy
+
+    fleet = SimFleet(devices=64, defective_share=0.0, transient_rate=0.0, shared_defect_devices=6, seed=1)
+    run = SimRun(tmp_path, fleet, QuarantinePolicy())  # the default 60 s budget
+    days = [run.day(d) for d in range(2)]
+    batch = {f"sim:{n}" for n in fleet.shared_batch()}
+    assert set(run.quarantined_on) == batch and not any(d.breaker_tripped for d in days)

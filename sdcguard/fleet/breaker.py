@@ -104,11 +104,15 @@ def judge_suite(
                 f"circuit breaker: case {case} gave the same wrong output (digest {digest[:12]}) on {len(devices)} "
                 f"devices, {why}: the suite or the software is suspect, not the hardware; nobody quarantined"
             )
+    latest: dict[tuple[str, int], float] = {}
+    for f in failures:
+        key = (f.case, int(f.started_at // bucket))
+        latest[key] = max(latest.get(key, f.started_at), f.started_at)
     for (case, b), devices in sorted(wide.items()):
         total = ran.get((case, b), len(devices))
         if len(devices) > policy.breaker_share * total:
             verdict.suspect_buckets.add((case, b))
-            if (b + 1) * bucket > recent:
+            if latest[(case, b)] >= recent:
                 verdict.trips.append(
                     f"circuit breaker: {len(devices)} of {total} devices failed case {case} (more than "
                     f"{policy.breaker_share:.0%}): the suite or the software is suspect; nobody quarantined"

@@ -320,8 +320,8 @@ def _append(conn: Any, scan_id: int, scan_device: str, scan_host: str, results: 
         if len(item) == 2:  # a case's first passing row in this scan
             key, s = item
             r, n, secs, first, last = passes[key]
-            new.append(_result_row(scan_id, s, dataclasses.replace(
-                r, executions=n, duration_s=secs, started_at=first, last_started_at=last if last != first else None)))
+            row = _result_row(scan_id, s, r)
+            new.append((*row[:7], float(secs), float(first), *row[9:19], int(n), last if last != first else None))
         else:
             new.append(item)
     conn.executemany(_INSERT_RESULT, new)
