@@ -76,6 +76,25 @@ def test_inject_quarantines_that_core_only_and_runs_the_action(tmp_path: Path) -
     assert any(attempt > 0 for *_, attempt in failed)
 
 
+def test_an_intermittent_fire_drill_keeps_every_failure_and_its_rate(tmp_path: Path) -> None:
+    """Passing executions fold into a row per case; each failed one keeps its own row; the rate is estimated
+    right (bounds at 99.9% contain the injected 5%: a miss here is a one-in-500 event, not noise)."""
+    db = tmp_path / "fleet.db"
+    core = cores()[0]
+    proc = scan(db, tmp_path / "locks", "--device", f"cpu:{core}", "--inject",
+                f"cpu:{core}:bitflip,rate=0.05,timing=intermittent", budget=3.0)
+    assert proc.returncode == 1, proc.stderr
+    (done,) = [e for e in events(proc) if e["event"] == "done"]
+    ((failed_rows,),) = store_rows(db, "SELECT COUNT(*) FROM results WHERE passed = 0 AND attempt = 0")
+    ((passing_rows, passing),) = store_rows(
+        db, "SELECT COUNT(*), SUM(executions) FROM results WHERE passed = 1 AND attempt = 0")
+    assert failed_rows == done["failures"] > 0 and passing == done["executions"] - done["failures"], (failed_rows, passing, done)
+    assert passing_rows <= 31  # one per case
+    r = sdcguard(db, "report", "--format", "json", "--confidence", "0.999")
+    (row,) = json.loads(r.stdout)
+    assert row["rate_low"] <= 0.05 <= row["rate_high"], row
+
+
 def test_tampered_golden_file_exits_2_and_quarantines_nobody(tmp_path: Path) -> None:
     db = tmp_path / "fleet.db"
     golden = tampered_golden(tmp_path)

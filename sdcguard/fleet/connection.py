@@ -94,6 +94,8 @@ class StoreBase:
         self._conn = conn
         self._timeout_s = timeout_s
         self.path = path
+        self._known_digests: set[tuple[str, str]] = set()
+        """``(case, digest)`` pairs this connection knows ``pass_digests`` holds (rows are never deleted)."""
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, create: bool = True, timeout_s: float = BUSY_TIMEOUT_S) -> Self:

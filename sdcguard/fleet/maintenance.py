@@ -118,9 +118,9 @@ class StoreMaintenance(StoreBase):
                              AND r.passed = 0)
                WHERE id IN (SELECT dst_id FROM temp.merge_scans)""")
         conn.execute(
-            """INSERT INTO main.pass_digests(case_id, digest, last_seen)
-               SELECT case_id, digest, last_seen FROM src.pass_digests WHERE true
-               ON CONFLICT(case_id, digest) DO UPDATE SET last_seen = MAX(pass_digests.last_seen, excluded.last_seen)""")
+            """INSERT INTO main.pass_digests(case_id, digest, first_seen)
+               SELECT case_id, digest, first_seen FROM src.pass_digests WHERE true
+               ON CONFLICT(case_id, digest) DO UPDATE SET first_seen = MIN(pass_digests.first_seen, excluded.first_seen)""")
         incidents = conn.execute(
             """INSERT OR IGNORE INTO main.incidents(uuid, kind, step, suspect_ranks, device, devices, hosts, detail,
                  parameter, sticky, job, time, record)

@@ -232,11 +232,11 @@ CREATE INDEX IF NOT EXISTS results_cases ON results(case_id, started_at, device)
 CREATE TABLE IF NOT EXISTS pass_digests (
     case_id TEXT NOT NULL,
     digest TEXT NOT NULL,
-    last_seen REAL NOT NULL,
+    first_seen REAL NOT NULL,
     PRIMARY KEY (case_id, digest)
 ) WITHOUT ROWID;
-INSERT OR REPLACE INTO pass_digests(case_id, digest, last_seen)
-    SELECT case_id, output_digest, MAX(COALESCE(last_started_at, started_at)) FROM results
+INSERT OR REPLACE INTO pass_digests(case_id, digest, first_seen)
+    SELECT case_id, output_digest, MIN(started_at) FROM results
     WHERE passed = 1 AND attempt = 0 AND output_digest IS NOT NULL GROUP BY case_id, output_digest;
 CREATE TABLE IF NOT EXISTS rollups (
     device TEXT NOT NULL,

@@ -116,7 +116,7 @@ class Store(StoreQueries, StoreMaintenance):
             scan_device, scan_host, status = row
             if status not in ("running", "interrupted"):
                 raise StoreError(f"scan {scan_id} is already {status}; start a new scan")
-            _append(conn, scan_id, scan_device, scan_host, results)
+            _append(conn, scan_id, scan_device, scan_host, results, self._known_digests)
             seen = finished_at if finished_at is not None else max(
                 (r.last_started_at or r.started_at for r in results), default=None)
             if finish is not None:
@@ -282,7 +282,10 @@ class Store(StoreQueries, StoreMaintenance):
 
 
 # ---------------------------------------------------------------------- inside a transaction
-def _append(conn: Any, scan_id: int, scan_device: str, scan_host: str, results: Sequence[CaseResult]) -> None:
+def _append(
+    conn: Any, scan_id: int, scan_device: str, scan_host: str, results: Sequence[CaseResult],
+    known: set[tuple[str, str]],
+) -> None:
     """Write a batch: passing first attempts folded into the scan's row of their case, the rest one row each."""
     if not results:
         return
@@ -330,11 +333,12 @@ def _append(conn: Any, scan_id: int, scan_device: str, scan_host: str, results: 
         "last_started_at = MAX(COALESCE(last_started_at, started_at), ?) WHERE id = ?",
         [(n, secs, first, last, folded[key]) for key, (_, n, secs, first, last) in passes.items() if key in folded],
     )
-    conn.executemany(
-        "INSERT INTO pass_digests(case_id, digest, last_seen) VALUES (?, ?, ?) "
-        "ON CONFLICT(case_id, digest) DO UPDATE SET last_seen = MAX(last_seen, excluded.last_seen)",
-        [(case, p[0].output_digest, p[4]) for (case, _), p in passes.items() if p[0].output_digest],
-    )
+    digests = {(case, p[0].output_digest): p[3] for (case, _), p in passes.items() if p[0].output_digest}
+    new_digests = [(c, d, t) for (c, d), t in digests.items() if (c, d) not in known]
+    if new_digests:
+        conn.executemany("INSERT OR IGNORE INTO pass_digests(case_id, digest, first_seen) VALUES (?, ?, ?)",
+                         new_digests)
+        known.update((c, d) for c, d, _ in new_digests)
     conn.execute(
         "UPDATE scans SET executions = executions + ?, failures = failures + ? WHERE id = ?",
         (executions, failures, scan_id),
