@@ -190,7 +190,7 @@ def _scan_all(
     policy_scope: str, references: str,
 ) -> ScanOutcome:
     workers: list[_Worker] = []
-    stop = {"signal": None}
+    stop: dict[str, int | None] = {"signal": None}
 
     def _forward(signum: int, frame: Any) -> None:
         stop["signal"] = signum

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sdcguard.fleet.merge import merge_stores
-from sdcguard.fleet.policy import QuarantinePolicy, apply_policy
+from sdcguard.fleet.policy import apply_policy
 from sdcguard.fleet.store import Store
 from sdcguard.records import Incident
 from tests._fleet import NOW, clean, result, scan

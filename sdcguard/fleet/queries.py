@@ -102,7 +102,8 @@ class StoreQueries(StoreBase):
         scan_id: int | None = None,
     ) -> list[CaseResult]:
         """Recorded rows as :class:`CaseResult` (a passing row may stand for several executions), oldest first."""
-        clauses, params = [], []
+        clauses: list[str] = []
+        params: list[Any] = []
         if device is not None:
             clauses.append("device = ?")
             params.append(device)
@@ -119,7 +120,8 @@ class StoreQueries(StoreBase):
 
     def incidents(self, *, since: float | None = None, device: str | None = None) -> list[Incident]:
         """Recorded incidents, oldest first; with ``device``, those naming it."""
-        clauses, params = [], []
+        clauses: list[str] = []
+        params: list[Any] = []
         if since is not None:
             clauses.append("i.time >= ?")
             params.append(since)
@@ -200,7 +202,7 @@ class StoreQueries(StoreBase):
         if not names:
             return []
         rows = self._rows(
-            f"SELECT case_id, CAST(started_at / ? AS INTEGER) AS b, COUNT(DISTINCT device) FROM results "
+            "SELECT case_id, CAST(started_at / ? AS INTEGER) AS b, COUNT(DISTINCT device) FROM results "
             "INDEXED BY results_cases WHERE case_id IN (SELECT value FROM json_each(?)) AND started_at >= ? "
             "GROUP BY case_id, b",
             (bucket_s, json.dumps(names), since),

@@ -135,7 +135,7 @@ def device_rates(
     _check_confidence(confidence)
     if not by_family:
         tallies = store.tallies(since=since, devices=devices, by="device")
-        return {t.device: DeviceRates(device=t.device, overall=r)  # type: ignore[misc]
+        return {str(t.device): DeviceRates(device=str(t.device), overall=r)
                 for t, r in zip(tallies, _from_tallies(tallies, confidence))}
     tallies = store.tallies(since=since, devices=devices, by="device_family")
     if not tallies:

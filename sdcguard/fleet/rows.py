@@ -22,8 +22,10 @@ execution (first attempt) in the window. ``healthy``: everything else (including
 def device_status(state: str | None, failed_in_window: bool) -> DeviceStatus:
     """The one definition of a device's status, from its quarantine state (None: no row) and whether it failed
     at least one execution in the window."""
-    if state == "quarantined" or state == "probation":
-        return state
+    if state == "quarantined":
+        return "quarantined"
+    if state == "probation":
+        return "probation"
     return "suspect" if failed_in_window else "healthy"
 
 

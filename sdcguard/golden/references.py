@@ -59,7 +59,9 @@ def write_references(suite: Suite, directory: Path, *, cores: Sequence[int]) -> 
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(suite.directory / rel, target)
     saved = os.sched_getaffinity(0)
-    tries = list(dict.fromkeys(cores))[:_ATTEMPTS] or [None]
+    tries: list[int | None] = list[int | None](dict.fromkeys(cores))[:_ATTEMPTS]
+    if not tries:
+        tries = [None]  # no core to pin to: wherever this process runs
     notes: list[str] = []
     index: dict[str, list[str]] = {}
     try:
