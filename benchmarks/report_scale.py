@@ -103,6 +103,8 @@ def main() -> None:
     ap.add_argument("--days", type=int, default=365)
     ap.add_argument("--merge-days", type=int, default=30)
     ap.add_argument("--keep-days", type=int, default=30, help="prune horizon (sdcguard prune --before Nd)")
+    ap.add_argument("--then-keep", type=int, nargs="*", default=[],
+                    help="then prune the same store to these shorter horizons (days) and measure again")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--dir", type=Path, default=None, help="keep the stores here (default: a temporary directory)")
     args = ap.parse_args()
@@ -148,15 +150,24 @@ def main() -> None:
         store.vacuum()
     year = time.perf_counter() - t0
     now = start + args.days * DAY
-    size = fleet_db.stat().st_size
     print(f"\n2. carried on to {args.days} days of {args.devices:,} devices ({scans:,} scans in all; days "
           f"{args.merge_days}..{args.days - 1} recorded into the fleet store in {year:.0f} s, of which prune "
           f"--before {args.keep_days}d every day {t_prune:.0f} s), then vacuumed:")
+    _measure(fleet_db, now, args.keep_days)
+    for keep in args.then_keep:
+        with Store.open(fleet_db) as store:
+            store.prune(before=now - keep * DAY)
+            store.vacuum()
+        print(f"\n3. the same store pruned further, to {keep} days of rows:")
+        _measure(fleet_db, now, keep)
+
+
+def _measure(fleet_db: Path, now: float, keep: int) -> None:
+    size = fleet_db.stat().st_size
     with Store.open(fleet_db, create=False) as store:
         rows, t_count, c_count = _timed(lambda: store.row_count("results"))
-        rollups = store.row_count("rollups")
-        print(f"store: {size / 1e6:.0f} MB; {rows:,} result rows (the last {args.keep_days} days), "
-              f"{store.row_count('scans'):,} scans, {rollups:,} daily roll-up rows; load average "
+        print(f"store: {size / 1e6:.0f} MB; {rows:,} result rows (the last {keep} days), "
+              f"{store.row_count('scans'):,} scans, {store.row_count('rollups'):,} daily roll-up rows; load average "
               f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         print(f"{'':48}{'wall':>9}{'CPU':>9}")
         _row("SELECT COUNT(*) FROM results", t_count, c_count)
