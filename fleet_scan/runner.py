@@ -146,10 +146,29 @@ def reference_cores(targets: Sequence[ScanTarget]) -> list[int]:
     return [c for c in allowed if c not in tested] + [c for c in allowed if c in tested]
 
 
+_REFERENCES_PREFIX = "sdcguard-references-"
+
+
 def _references_dir() -> str:
+    """A private directory for this scan's references (in memory, /dev/shm, where there is one), named after
+    this process. Directories a killed scanner left behind (SIGKILL runs no cleanup) are removed here first."""
     shm = Path("/dev/shm")
-    return tempfile.mkdtemp(prefix="sdcguard-references-", dir=str(shm) if shm.is_dir() and os.access(shm, os.W_OK)
-                            else None)
+    parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    for old in parent.glob(f"{_REFERENCES_PREFIX}*"):
+        pid = old.name[len(_REFERENCES_PREFIX):].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{_REFERENCES_PREFIX}{os.getpid()}-", dir=str(parent))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's scanner
+    return True
 
 
 def run_scan(

@@ -188,6 +188,7 @@ def test_sigkill_at_any_moment_leaves_the_store_consistent(tmp_path: Path) -> No
     start(1).wait()
     whole = time.monotonic() - t0
     _check_consistent(db)
+    killed = set()
     for i in range(20):
         proc = start(i)
         time.sleep(rng.uniform(0.05, whole))
@@ -196,6 +197,7 @@ def test_sigkill_at_any_moment_leaves_the_store_consistent(tmp_path: Path) -> No
         except ProcessLookupError:
             pass
         proc.wait()
+        killed.add(proc.pid)
         _check_consistent(db)
     # a scan killed mid-way stays `running` until the device's next scan (or the policy) marks it interrupted
     statuses = {s for (s,) in store_rows(db, "SELECT status FROM scans")}
@@ -205,6 +207,10 @@ def test_sigkill_at_any_moment_leaves_the_store_consistent(tmp_path: Path) -> No
     assert final.returncode in (0, 1), final.stderr
     _check_consistent(db)
     assert store_rows(db, "SELECT COUNT(*) FROM scans WHERE status = 'running'") == [(0,)]
+    # and the references a killed scanner left in /dev/shm are gone (kept only by scanners still running)
+    for left in Path("/dev/shm" if Path("/dev/shm").is_dir() else "/tmp").glob("sdcguard-references-*"):
+        pid = int(left.name.split("-")[2])
+        assert pid not in killed, f"{left} of killed scanner {pid} was not removed"
 
 
 def test_sigterm_records_what_was_done_as_interrupted(tmp_path: Path) -> None:
