@@ -113,6 +113,7 @@ class PeerRound:
         if len(bad) > _MAX_SETTLED:
             result.unresolved.append(f"{len(bad)} of {W} micro-batches computed differently on their replays at "
                                      "once (one faulty device spoils at most two)")
+            result.ops = self._diagnose(st)
             return result
         settled = []
         for p, r in bad:
@@ -126,6 +127,16 @@ class PeerRound:
             settled.append((self.comm.members[p], j))
         result.incidents = self.attr.replay_incidents(step, settled)
         return result
+
+    def _diagnose(self, st: _Sampled) -> set[str]:
+        """The aten ops of one rerun of each rank's own micro-batch (one extra replay, once per run: the guard then
+        turns replay off), to name the order-dependent or random ones."""
+        if not self.record_ops:
+            return set()
+        recorder = OpRecorder()
+        with recorder:
+            self.replay_fn(st.capture, True)
+        return {op for ops in self.comm.gather_objects(sorted(recorder.seen)) for op in ops}
 
     def _settle(self, st: _Sampled, p: int, r: int) -> tuple[Judgement, set[str]]:
         W, me, g = self.comm.size, self.comm.index, self.comm.members

@@ -44,21 +44,6 @@ def training_step_loss(module: Any, batch: Any) -> torch.Tensor:
     return _loss_of(module.training_step(data, idx))
 
 
-def _through_forward(module: Any, fn: Any) -> Any:
-    """``fn()`` called as ``module``'s forward, so the module's forward hooks run (FSDP2 gathers its root's
-    parameters there), as Lightning's own forward redirection does for ``training_step``."""
-    had = "forward" in vars(module)
-    saved = module.forward
-    module.forward = lambda *a, **k: fn()
-    try:
-        return module()
-    finally:
-        if had:
-            module.forward = saved
-        else:
-            del module.forward
-
-
 @contextlib.contextmanager
 def _logging_silenced(module: Any) -> Iterator[None]:
     module.log = module.log_dict = lambda *a, **k: None
@@ -84,7 +69,7 @@ class SDCGuardCallback(Callback):
     def _replay_loss(self, module: Any, batch: Any) -> torch.Tensor:
         data, idx = batch
         with _logging_silenced(self._module):
-            return _loss_of(_through_forward(module, lambda: self._original(data, idx)))
+            return _loss_of(self._original(data, idx))
 
     def _training_step(self, batch: Any, batch_idx: int, *args: Any, **kwargs: Any) -> Any:
         guard = self.guard
