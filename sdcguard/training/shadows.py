@@ -1,11 +1,12 @@
 """Dedicated shadow ranks: hot spares that replay sampled micro-batches while the workers go on.
 
 On a sampled step one worker (samples rotate over the workers and the shadows) sends a shadow its micro-batch,
-random states and digest, then its parameters straight from the live tensors (no staging copy; the sends complete
-before the step returns, so the optimizer never changes a tensor in flight). The shadow receives the parameters
-into its own module, replays, and sends a small verdict back; the workers pick it up at the first step after it
-arrived (the per-step all-gather carries an "arrived" value, so nobody waits) and wait only when the shadow falls
-more than :data:`MAX_PENDING` samples behind.
+random states and digest, then its parameters from a staging copy (one buffer per parameter, on the communication
+device, allocated once and reused: the optimizer may change the live tensors while the sends are in flight, and a
+busy shadow must never hold a worker up). The shadow receives the parameters into its own module, replays, and
+sends a small verdict back; the workers pick it up at the first step after it arrived (the per-step all-gather
+carries an "arrived" value, so nobody waits) and wait only when the shadow falls more than :data:`MAX_PENDING`
+samples behind, or when the staging copy is still being sent as the next sample comes.
 
 A shadow holds one copy of the parameters: its module's. When its replay disagrees with the worker's original it
 keeps that sample (capture, digest, parameter values) until the workers fetch it to settle the disagreement: every
@@ -187,6 +188,9 @@ class DedicatedRound:
         self.replay_fn = replay_fn
         self.attr = attributor
         self._pending: collections.deque[_Pending] = collections.deque()
+        self._staging: list[torch.Tensor] = []
+        self._in_flight: tuple[list[Any], Any] = ([], None)
+        """The previous sample's sends (to wait on) and the buffers they read (kept alive until then)."""
 
     def owner(self, sample: int) -> int:
         """Data-parallel index of the worker whose micro-batch the sample checks."""
@@ -204,13 +208,19 @@ class DedicatedRound:
             assert observed is not None
             original = observed.record.digest()
             msg = ShadowSample(sample=sample, step=step, capture=observed.capture, original=original)
+            for work in self._in_flight[0]:  # the staging copy is free once the previous sample's sends are done
+                work.wait()
+            device = comm_device(None)
+            if not self._staging:
+                self._staging = [torch.empty_like(p, device=device) for p in self.params]
+            with torch.no_grad():
+                for buf, p in zip(self._staging, self.params):
+                    buf.copy_(p)
             handles = send_object(msg, pending.shadow)
-            works = handles[0] + send_tensors([p.detach() for p in self.params], pending.shadow)
-            pending.verdict = torch.zeros(VERDICT_LEN, dtype=torch.int64, device=comm_device(None))
+            self._in_flight = (handles[0] + send_tensors(self._staging, pending.shadow), handles)
+            pending.verdict = torch.zeros(VERDICT_LEN, dtype=torch.int64, device=device)
             pending.verdict_work = dist.irecv(pending.verdict, src=pending.shadow)
             pending.original = original
-            for work in works:  # the parameters are on their way before the optimizer may change them
-                work.wait()
         self._pending.append(pending)
         return result
 
@@ -269,6 +279,8 @@ class DedicatedRound:
         result = RoundResult()
         while self._pending:
             self._merge(result, self.collect())
+        for work in self._in_flight[0]:
+            work.wait()
         for s in self.shadows:
             send_stop(s)
         return result
