@@ -63,7 +63,9 @@ out=$(cd "$out" && pwd)
 log="$out/gpu_check.log"
 
 run_all() {
-    local site rc name limit left start=$SECONDS
+    local rc name limit left start=$SECONDS
+    site=""
+    trap '[[ -n $site ]] && rm -rf "$site"' EXIT  # run_all is a subshell (a pipeline): this is its own exit
     if ! "$PY" -c 'import sqlite_utils' 2>/dev/null && compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
         site=$(mktemp -d /tmp/gpu_check_site.XXXXXX)
         echo "installing $(ls "$ROOT"/.whl/*.whl | wc -l) carried wheel(s) from .whl/ into $site"

@@ -153,7 +153,7 @@ FAMILY_SAMPLE = ("gemm.fp32.int.cublas", "gemm.bf16.perm.mma", "alu.u32.chain", 
 
 
 @pytest.mark.slow
-def test_golden_suite_measures_every_family_on_the_host_build(fake_cupy: Any) -> None:
+def test_golden_suite_measures_every_family_on_the_host_build(fake_cupy: Any, tmp_path: Path) -> None:
     from gpu_check.golden_suite import measure_gpu, table_lines
 
     rep = SectionReport("golden-suite", stream=open(os.devnull, "w"))
@@ -166,6 +166,14 @@ def test_golden_suite_measures_every_family_on_the_host_build(fake_cupy: Any) ->
     assert info["memory"]["suite_gbps"] > 0 and info["alu"]["gelem_s"] > 0
     assert [line.split()[0] for line in table_lines(info)] == [
         "family", "gemm.fp32", "gemm.bf16", "memory", "alu", "ieee", "shared"]
+    # benchmarks/suite_gpu.py prints the same table from a recorded run
+    from gpu_check.results import Outcome, begin, record
+
+    begin(tmp_path, {})
+    record(tmp_path, Outcome(section="golden-suite", status="PASS", reason="", measurements={"gpus": {"cuda:0": info}}))
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite_gpu.py"), "--from",
+                           str(tmp_path / "results.json")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "6 cases, all passed" in done.stdout and "gemm.bf16" in done.stdout, done.stderr
 
 
 @pytest.mark.slow
@@ -182,6 +190,16 @@ def test_golden_suite_names_a_failing_case(fake_cupy: Any, monkeypatch: pytest.M
     measure_gpu(fake_cupy, 0, rep, runs=1, repeats=1, peak_n=64, case_ids=("alu.u32.chain", "ieee.fp32.div"))
     (bad,) = rep.failed
     assert bad.name == "cuda:0 alu.u32.chain" and "element 17" in bad.detail and "at sm:" in bad.detail
+
+
+@pytest.mark.slow
+def test_golden_suite_past_its_deadline_says_how_far_it_got(fake_cupy: Any) -> None:
+    from gpu_check.golden_suite import measure_gpu
+
+    rep = SectionReport("golden-suite", stream=open(os.devnull, "w"))
+    info = measure_gpu(fake_cupy, 0, rep, runs=1, repeats=1, peak_n=64, case_ids=("alu.u32.chain",), deadline=0.0)
+    (bad,) = rep.failed
+    assert "0 of 1 ran" in bad.detail and info["cases"] == {}
 
 
 @pytest.mark.slow

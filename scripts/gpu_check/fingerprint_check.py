@@ -136,9 +136,11 @@ def _cupy_of(view: Any) -> Any | None:
         return None
 
 
-def check_sweep(rep: SectionReport, device: Any, cases: list[SweepCase], *, with_cupy: bool) -> dict[str, Any]:
+def check_sweep(rep: SectionReport, device: Any, cases: list[SweepCase], *, with_cupy: bool,
+                deadline: float | None = None) -> dict[str, Any]:
     """Compare every path on ``device`` with the CPU reference; one check per path, naming the first few cases
-    that differ or raise (an error in one case does not hide the others)."""
+    that differ or raise (an error in one case does not hide the others). Past ``deadline`` (``time.monotonic()``)
+    no new case starts, and a failed check says how many ran."""
     from sdcguard import fingerprint, fingerprint_many
 
     misses: dict[str, list[str]] = {"fused": [], "torch-ops": [], "cupy": [], "many": []}
@@ -152,7 +154,11 @@ def check_sweep(rep: SectionReport, device: Any, cases: list[SweepCase], *, with
         except Exception as e:
             misses[path].append(f"{name} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
 
+    ran = 0
     for c in cases:
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        ran += 1
         want = reference(c.view(c.base))
         dev = c.view(c.base.to(device))
         views.append(dev)
@@ -165,6 +171,9 @@ def check_sweep(rep: SectionReport, device: Any, cases: list[SweepCase], *, with
             if arr is not None:
                 cupy_ran += 1
                 attempt("cupy", c.name, lambda: fingerprint(arr), want)
+    if ran < len(cases):
+        rep.check("every sweep case ran within the section's limit", False, f"{ran} of {len(cases)} ran")
+        cases = cases[:ran]
     try:
         batched = fingerprint_many(views)
         misses["many"] = [c.name for c, v, r in zip(cases, batched, refs) if v != r]
@@ -251,7 +260,9 @@ def run(ctx: Context, rep: SectionReport) -> str:
     rep.check("torch sees CUDA", torch.cuda.is_available(), f"torch {torch.__version__} (CUDA {torch.version.cuda})")
     device = torch.device("cuda", ctx.device)
     torch.cuda.set_device(device)
-    rep.measure("sweep", check_sweep(rep, device, cases, with_cupy=True))
+    # the bandwidth and the flips need a few seconds after the sweep
+    deadline = time.monotonic() + ctx.left(margin=15.0)
+    rep.measure("sweep", check_sweep(rep, device, cases, with_cupy=True, deadline=deadline))
     check_flips(rep, device)
     bw = rep.measure("bandwidth", bandwidth(device, BANDWIDTH_BYTES))
     rep.say(f"  bandwidth: copy {bw['copy_gbps']:.0f} GB/s (read+write); fingerprint fused {bw['fused_gbps']:.0f} "

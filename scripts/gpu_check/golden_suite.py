@@ -122,9 +122,10 @@ def _memory_row(cp: Any, backend: Any, rows: list[tuple[Any, float]], repeats: i
 
 def measure_gpu(cp: Any, index: int, rep: SectionReport, *, runs: int = RUNS, repeats: int = REPEATS,
                 memory_share: float = MEMORY_SHARE, peak_n: int = PEAK_N,
-                case_ids: tuple[str, ...] | None = None) -> dict[str, Any]:
+                case_ids: tuple[str, ...] | None = None, deadline: float | None = None) -> dict[str, Any]:
     """Every case this GPU runs, ``runs`` times against its golden (one check each), then the throughput table
-    (returned, JSON-able). ``case_ids`` limits the cases (tests)."""
+    (returned, JSON-able). ``case_ids`` limits the cases (tests). Past ``deadline`` (``time.monotonic()``) no new
+    case starts, and a failed check says how many ran: the table of what did run is still returned."""
     import time
 
     from sdcguard.golden import CupyBackend
@@ -140,7 +141,11 @@ def measure_gpu(cp: Any, index: int, rep: SectionReport, *, runs: int = RUNS, re
         rep.say(f"  cuda:{index} {backend.model} {backend.arch} {backend.sm_count} SMs {backend.device}: "
                 f"{len(cases)} cases, prepared in {info['prepare_s']} s")
         timed: dict[str, list[tuple[Any, float]]] = {}
-        for case in cases:
+        for k, case in enumerate(cases):
+            if deadline is not None and time.monotonic() > deadline:
+                rep.check(f"cuda:{index} every case ran within the section's limit", False,
+                          f"{k} of {len(cases)} ran; raise the golden-suite limit in sections.py")
+                break
             results = [backend.run(case) for _ in range(runs)]
             bad = [r for r in results if not r.passed]
             t = event_time(cp, backend.device_work(case), repeats)
@@ -197,9 +202,14 @@ def run(ctx: Context, rep: SectionReport) -> str:
                     f"time them next to cupy.matmul and a device-to-device copy")
     import cupy as cp
 
+    import time
+
     gpus = {}
-    for index in range(cp.cuda.runtime.getDeviceCount()):
-        gpus[f"cuda:{index}"] = measure_gpu(cp, index, rep)
-    rep.measure("gpus", gpus)
+    count = cp.cuda.runtime.getDeviceCount()
+    for index in range(count):
+        # keep a share of what is left for the references (matmuls, copy) of the cases that ran
+        deadline = time.monotonic() + ctx.left(margin=20.0) / (count - index)
+        gpus[f"cuda:{index}"] = measure_gpu(cp, index, rep, deadline=deadline)
+        rep.measure("gpus", gpus)
     cases = sum(len(g["cases"]) for g in gpus.values())
     return f"{cases} cases x {RUNS} runs bit-exact on {len(gpus)} GPU(s); throughput in results.json"
