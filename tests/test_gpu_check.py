@@ -62,12 +62,12 @@ def test_the_dry_run_goes_through_every_section_and_prints_its_summary(tmp_path:
     for name, (st, why) in status.items():
         if name != "golden-data":
             assert st == "SKIP" and why.startswith("dry run: would "), (name, st, why)
-    assert re.search(r"^gpu_check: 1 PASS, 0 FAIL, 7 SKIP in [\d.]+ s \(dry run\)$", out, re.M)
+    assert re.search(r"^gpu_check: 1 PASS, 0 FAIL, 8 SKIP in [\d.]+ s \(dry run\)$", out, re.M)
     body = json.loads((tmp_path / "results.json").read_text())
     assert body["format"] == "sdcguard-gpu-check/1" and body["run"]["dry_run"] is True
     assert [(s["section"], s["status"]) for s in body["sections"]] == [(n, status[n][0]) for n, *_ in verdicts]
-    assert body["summary"]["PASS"] == 1 and body["summary"]["SKIP"] == 7
-    assert "gpu_check: 1 PASS, 0 FAIL, 7 SKIP" in (tmp_path / "gpu_check.log").read_text()
+    assert body["summary"]["PASS"] == 1 and body["summary"]["SKIP"] == 8
+    assert "gpu_check: 1 PASS, 0 FAIL, 8 SKIP" in (tmp_path / "gpu_check.log").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_check.log", "results.json"]
 
 
@@ -94,6 +94,19 @@ def test_sections_fit_in_eight_minutes_and_each_names_its_work() -> None:
     for s in SECTIONS:
         assert callable(s.runner())
     assert [s.name for s in select("scan, golden-data")] == ["golden-data", "scan"]
+
+
+def test_the_readme_lists_every_section_with_its_limit() -> None:
+    text = (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| `([a-z-]+)` \| (\d+) s \|", text, re.M)
+    assert rows == [(s.name, str(s.timeout_s)) for s in SECTIONS]
+
+
+def test_pytest_summary_counts() -> None:
+    from gpu_check.gpu_tests import counts
+
+    assert counts("12 passed, 1 skipped, 25 deselected in 3.20s") == {"passed": 12, "skipped": 1, "deselected": 25}
+    assert counts("1 failed, 20 passed, 2 errors in 9s") == {"failed": 1, "passed": 20, "errors": 2}
 
 
 def test_a_section_that_dies_or_outlives_its_limit_is_a_failure(tmp_path: Path) -> None:

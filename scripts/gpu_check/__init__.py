@@ -8,7 +8,7 @@ folder (``$OUT``, or ``--out``): ``results.json`` (one entry per section: status
 Modules: :mod:`.sections` (the list, order and time limits), :mod:`.results` (outcomes and the results file),
 :mod:`.context` (what a section is given: output folder, dry run, deadline, CUDA availability), one module per
 section (:mod:`.golden_data`, :mod:`.nvml_check`, :mod:`.golden_suite`, :mod:`.intrinsics`, :mod:`.fingerprint_check`,
-:mod:`.training`, :mod:`.fleet`), and :mod:`.__main__` (the command line the shell script calls).
+:mod:`.training`, :mod:`.fleet`, :mod:`.gpu_tests`), and :mod:`.__main__` (the command line the shell script calls).
 
 ``scripts/`` must be on ``sys.path`` (the shell script puts it there): the import name is ``gpu_check``.
 """
