@@ -129,6 +129,31 @@ def test_without_cuda_a_gpu_section_skips_and_says_why(tmp_path: Path) -> None:
     assert entry["status"] == "SKIP" and entry["reason"].startswith("no CUDA here (")
 
 
+def test_every_cuda_source_the_check_runs_builds_machine_code_for_an_h200() -> None:
+    """NVRTC with an sm_90 target runs ptxas too: what the driver would refuse at load time fails here."""
+    cupy = pytest.importorskip("cupy", reason="cupy is not installed")
+    from sdcguard.fingerprint import _CUDA_SOURCE
+    from sdcguard.golden.loader import kernel_source
+    from sdcguard.resources import kernels_dir
+
+    nvrtc = cupy.cuda.nvrtc
+    sources = {p.name: kernel_source(p.name) for p in sorted(kernels_dir().glob("*.cu"))}
+    sources["sdcguard/fingerprint.py"] = _CUDA_SOURCE
+    assert len(sources) == 7
+    for name, src in sources.items():
+        try:
+            prog = nvrtc.createProgram(src, name, [], [])
+        except Exception as e:  # the NVRTC library itself is missing
+            pytest.skip(f"NVRTC unavailable: {e}")
+        try:
+            nvrtc.compileProgram(prog, ["--gpu-architecture=sm_90", "-std=c++17", f"-I{kernels_dir()}"])
+            assert len(nvrtc.getCUBIN(prog)) > 1000, name
+        except nvrtc.NVRTCError as e:
+            pytest.fail(f"{name} does not build for sm_90: {e}\n{nvrtc.getProgramLog(prog)}")
+        finally:
+            nvrtc.destroyProgram(prog)
+
+
 def test_outcome_rules() -> None:
     rep = SectionReport("x", stream=open(os.devnull, "w"))
     assert rep.outcome(seconds=0, timeout_s=1).status == "FAIL"  # no check made: nothing proven
@@ -309,8 +334,9 @@ def test_scan_and_fire_drill_on_a_cpu_core(tmp_path: Path) -> None:
     from gpu_check import fleet
 
     rep = SectionReport("scan", stream=open(os.devnull, "w"))
-    scan = fleet.scan_checks(rep, "cpu:0", tmp_path / "scan.db", budget=2, timeout=120, telemetry=("time",))
-    drill = fleet.drill_checks(rep, "cpu:0", tmp_path / "drill.db", budget=3, timeout=120)
+    scan = fleet.scan_checks(rep, "cpu:0", tmp_path / "scan.db", budget=2, timeout=120, telemetry=("time",),
+                             only_idle=False)
+    drill = fleet.drill_checks(rep, "cpu:0", tmp_path / "drill.db", budget=3, timeout=120, only_idle=False)
     assert not rep.failed, rep.failed
     assert scan["executions"] > 0 and scan["report"]["status"] == "healthy"
     assert drill["device"] == scan["device"] and drill["failures"] > 0

@@ -59,18 +59,19 @@ def _json(text: str) -> Any:
 
 
 def scan_checks(rep: SectionReport, spec: str, db: Path, *, budget: float, timeout: float,
-                telemetry: tuple[str, ...]) -> dict[str, Any]:
-    """A clean scan of ``spec`` into the fresh store ``db``, then the report (checks on ``rep``)."""
+                telemetry: tuple[str, ...], only_idle: bool = True) -> dict[str, Any]:
+    """A clean scan of ``spec`` into the fresh store ``db``, then the report (checks on ``rep``). ``only_idle``
+    False passes ``--all`` (the tests' CPU core is shared with whatever else runs)."""
     rc, out, err = _sdcguard(db, "scan", "--device", spec, "--budget", f"{budget:g}", "--json",
-                             timeout=timeout)
+                             *(() if only_idle else ("--all",)), timeout=timeout)
     events = _events(out)
     done, summary = _first(events, "done"), _first(events, "summary")
     last_err = err.strip().splitlines()[-1] if err.strip() else ""
     rep.check("sdcguard scan exits 0", rc == 0, summary.get("message") or last_err or f"exit {rc}")
     rep.check("the scan completed its budget with every execution passing",
               done.get("status") == "complete" and done.get("executions", 0) > 0 and done.get("failures") == 0,
-              f"status {done.get('status')}, {done.get('executions')} executions, {done.get('failures')} failures "
-              f"in {done.get('elapsed_s')} s")
+              f"status {done.get('status')}" + (f" ({done['reason']})" if done.get("reason") else "")
+              + f", {done.get('executions')} executions, {done.get('failures')} failures in {done.get('elapsed_s')} s")
     snap = done.get("telemetry_after") or {}
     missing = [k for k in telemetry if k not in snap]
     rep.check("the scan took a telemetry snapshot", bool(snap) and not missing,
@@ -91,11 +92,12 @@ def scan_checks(rep: SectionReport, spec: str, db: Path, *, budget: float, timeo
             "telemetry_after": snap, "report": row}
 
 
-def drill_checks(rep: SectionReport, spec: str, db: Path, *, budget: float, timeout: float) -> dict[str, Any]:
+def drill_checks(rep: SectionReport, spec: str, db: Path, *, budget: float, timeout: float,
+                 only_idle: bool = True) -> dict[str, Any]:
     """A fire drill on ``spec`` into the fresh store ``db``: found, sticky, quarantined (checks on ``rep``)."""
     inject = f"{spec}:bitflip"
     rc, out, err = _sdcguard(db, "scan", "--device", spec, "--budget", f"{budget:g}", "--retests", "1",
-                             "--inject", inject, "--json", timeout=timeout)
+                             "--inject", inject, "--json", *(() if only_idle else ("--all",)), timeout=timeout)
     events = _events(out)
     done, policy = _first(events, "done"), _first(events, "policy")
     device = str(done.get("device", ""))
