@@ -2,11 +2,13 @@
 device's own reference measured in the same run.
 
 Each case runs ``RUNS`` times through :class:`~sdcguard.golden.CupyBackend` (bit-exact against its golden), then
-its device work alone (``backend.device_work``) is timed with CUDA events, fastest of ``repeats``.
+its device work alone (``backend.device_work``: no zeroing, no copy to the host) is timed with CUDA events,
+fastest of ``repeats``.
 
 - GEMM, per dtype: TFLOP/s of the suite's cases (cuBLAS with the compute type pinned, and our tensor-core kernel)
   against ``cupy.matmul`` on random data of the same shapes and compute type, and against ``cupy.matmul`` at
-  ``peak_n``^3 (the device's practical peak). bf16 has no cupy dtype: its reference is fp16; fp8 has none.
+  ``peak_n``^3 on random data (the device's practical peak). bf16 has no cupy dtype: its reference is fp16; fp8
+  has none.
 - Memory: GB/s of the marches (bytes each launch reads and writes) against a device-to-device copy (bytes read
   plus written) of a buffer of the same size, up to 1 GiB.
 - ALU, IEEE, shared memory: elements per second (no reference).
@@ -22,7 +24,8 @@ from typing import Any
 from .context import Context
 from .results import SectionReport
 
-__all__ = ["run", "measure_gpu", "event_time", "march_bytes", "RUNS", "REPEATS", "MEMORY_SHARE", "PEAK_N"]
+__all__ = ["run", "measure_gpu", "table_lines", "event_time", "march_bytes", "RUNS", "REPEATS", "MEMORY_SHARE",
+           "PEAK_N"]
 
 RUNS = 3
 """Compared runs of every case on every GPU."""
@@ -91,7 +94,7 @@ def _gemm_rows(cp: Any, rows: list[tuple[Any, float]], repeats: int, peak_n: int
                     cp.matmul(a, b)
 
             t_ref += event_time(cp, product, repeats)
-        big = cp.ones((peak_n, peak_n), dtype=dt)
+        big = rng.standard_normal((peak_n, peak_n), dtype=cp.float32).astype(dt)  # random: zeros run faster
 
         def peak() -> None:
             with pinned_compute_type(dt, ref):
