@@ -22,7 +22,7 @@ ROOT=$PWD
 # pluggy, python-dateutil, tabulate and pip, which such images carry.
 WHEELS=(sqlite-utils==4.2.1 sqlite-fts4==1.0.3 click-default-group==1.2.4)
 
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 die() { echo "gpu_check: $*" >&2; exit 2; }
 
 dry=(); out=${OUT:-$ROOT/gpu_check_out}; only=(); mode=run; files=()

@@ -88,6 +88,12 @@ def test_bad_arguments_are_one_line_and_exit_2(args: list[str], message: str) ->
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
 
 
+def test_help_is_the_script_header() -> None:
+    done = _gpu_check("--help")
+    assert done.returncode == 0 and "--dry-run" in done.stdout and "Exit status" in done.stdout
+    assert "set -uo" not in done.stdout
+
+
 def test_sections_fit_in_eight_minutes_and_each_names_its_work() -> None:
     assert TOTAL_LIMIT_S <= 480
     assert len({s.name for s in SECTIONS}) == len(SECTIONS)

@@ -142,6 +142,9 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     for s in body["sections"]:
         print("  " + verdict_line(Outcome.from_json(s)))
     print(summary_line(body, dry_run=args.dry_run))
+    skipped = [x["section"] for x in body["sections"] if x["status"] == "SKIP"]
+    if skipped and not args.dry_run:
+        print(f"note: nothing is proven for {', '.join(skipped)} (skipped: see each reason)")
     print(f"results: {args.out / 'results.json'}")
     return 1 if body.get("summary", {}).get("FAIL", 0) else 0
 
