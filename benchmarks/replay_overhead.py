@@ -1,27 +1,34 @@
-"""What the training guard costs the workers: step time without the guard, with peer replay, with a dedicated shadow.
+"""What the training guard costs the workers, side by side in one run, interleaved in rounds so machine noise hits
+every configuration alike (paired medians per round, with the interquartile range).
 
-One launch, side by side, interleaved in rounds so machine noise hits every configuration alike:
+Two jobs' worth of configurations, each on its own copy of the model, in the same processes:
+
+``compute`` (a transformer, d=256, 4 layers, 128 tokens; ~0.5 s steps here):
 
 - ``plain``: DDP forward + backward + SGD step, no guard (the baseline);
 - ``fwd+bwd``: forward and backward alone, no communication (the unit of the peer-mode goal);
-- ``checks``: ``SDCGuard(replay_every=0)``: the every-step cross-replica gradient check and the guard's own
-  all-reduce, without any replay (what peer and shadow modes share);
-- ``peer``: ``SDCGuard(replay_every=10, shadows="peer")``;
-- ``shadow``: ``SDCGuard(replay_every=10, shadows=[last rank])``, the shadow replaying while workers go on.
+- ``checks``: ``SDCGuard(replay_every=0)``: every-step cross-replica checks only;
+- ``peer``: ``SDCGuard(replay_every=10)``: a peer replays one step in ten;
+- ``hooks``: the same as ``peer``, driven the way the Lightning and Hugging Face callbacks drive it (the framework's
+  own loop calls ``begin_step``, ``before_forward``, ``observe_loss``, its backward, ``end_step``);
+- ``shadow``: ``SDCGuard(replay_every=10, shadows=[last rank])``, the shadow replaying while workers go on;
+- ``fsdp`` / ``fsdp+peer``: the same model sharded with FSDP2 (per block), without and with ``replay_every=10``.
 
-Goals (issue 4): peer mode costs at most a tenth of a forward+backward plus 1% of a step; a dedicated shadow costs
-the workers at most 2%. Run::
+``comm`` (``--comm``; a wide MLP with a small batch, whose gradient all-reduce is a large share of the step):
 
-    python benchmarks/replay_overhead.py [--workers 2] [--rounds 8] [--steps 10] [--threads 1]
+- ``plain``: DDP, whose all-reduce overlaps the backward;
+- ``checks``: the guard's every-step checks on the same DDP model (overlap kept: within noise of ``plain``);
+- ``post``: the guard's former design, kept here as a baseline: local gradients computed into fresh tensors, then
+  a bucketed all-reduce after the whole backward (the communication no longer overlaps).
 
-Besides the step times it prints the time spent inside the guard's own work on worker 0 (the every-step checks;
-the sampled-step replays, exchanges, sends and verdicts), which does not depend on comparing noisy steps.
+Besides step times it prints the time spent inside the guard's own calls on worker 0 (``end_step`` and
+``after_optimizer_step``: checks, replays, exchanges, verdicts), which does not depend on comparing noisy steps. Run::
 
-The default model (d=256, 4 layers, 128 tokens, ~0.5 s steps here) is sized so that the step is long against a
-collective's latency: on a 2-core VM running 3 processes a small gloo collective takes 1-2 ms (NCCL: tens of
-microseconds), so with the 50 ms steps of ``--d 128 --layers 2 --seq 64`` the figures mostly measure that
-latency. On a machine with fewer cores than processes the shadow competes with the workers for CPU (it runs at
-the lowest priority here); on a real cluster it has its own device.
+    python benchmarks/replay_overhead.py [--workers 2] [--rounds 8] [--steps 10] [--comm]
+
+On a machine with fewer cores than processes the shadow competes with the workers for CPU (it runs at the lowest
+priority here); on a real cluster it has its own device, and NCCL's latency is tens of microseconds where gloo's is
+1-2 ms on this VM.
 """
 
 from __future__ import annotations
@@ -32,96 +39,175 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+LABELS = {
+    "plain": "no guard (DDP)",
+    "fwd+bwd": "forward+backward only",
+    "checks": "guard, replay off",
+    "peer": "guard, peer, replay_every=10",
+    "hooks": "guard via framework hooks (adapters)",
+    "shadow": "guard, dedicated shadow",
+    "fsdp": "FSDP2, no guard",
+    "fsdp+peer": "FSDP2, guard, replay_every=10",
+    "post": "reduction after the backward (old)",
+}
 
-def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace, queue: object) -> None:
+
+def _post_backward_step(model: Any, loss_fn: Callable[..., Any], batch: Any, group: Any, size: int) -> None:
+    """The guard's former data path: local gradients into fresh tensors, then one all-reduce per 25 MB bucket."""
     import torch
     import torch.distributed as dist
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss_fn(model, batch), params)
+    bucket: list[int] = []
+    nbytes = 0
+
+    def flush() -> None:
+        if bucket:
+            flat = torch.cat([grads[i].reshape(-1) for i in bucket])
+            dist.all_reduce(flat, group=group)
+            flat.div_(size)
+            offset = 0
+            for i in bucket:
+                n = grads[i].numel()
+                params[i].grad = flat[offset:offset + n].view_as(params[i])
+                offset += n
+            bucket.clear()
+
+    for i, g in enumerate(grads):
+        if bucket and nbytes + g.numel() * g.element_size() > 25 * 1024 * 1024:
+            flush()
+            nbytes = 0
+        bucket.append(i)
+        nbytes += g.numel() * g.element_size()
+    flush()
+
+
+def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace, queue: Any) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from _tiny_transformer import TinyTransformer, lm_loss, make_batch
-    from sdcguard.guard import SDCGuard
-    from sdcguard.shadows import plan_roles
+    from sdcguard import SDCGuard, plan_roles
 
+    warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     roles = plan_roles(1)
-    size = {"d": args.d, "heads": 4, "layers": args.layers, "seq": args.seq, "p": 0.1}
+    group, workers = roles.dp_group, args.workers
 
-    def fresh() -> torch.nn.Module:
-        torch.manual_seed(0)
-        return TinyTransformer(**size)
+    if args.comm:
+        def fresh() -> nn.Module:
+            torch.manual_seed(0)
+            return nn.Sequential(*[nn.Sequential(nn.Linear(args.width, args.width), nn.GELU())
+                                   for _ in range(args.layers)])
+
+        def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+            return m(x).square().mean()
+
+        def batch_of(step: int) -> torch.Tensor:
+            return torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(step * 7 + rank))
+
+        names = ["plain", "checks", "post"]
+    else:
+        size = {"d": args.d, "heads": 4, "layers": args.layers, "seq": args.seq, "p": 0.1}
+
+        def fresh() -> nn.Module:
+            torch.manual_seed(0)
+            return TinyTransformer(**size)
+
+        loss_fn = lm_loss
+
+        def batch_of(step: int) -> Any:
+            return make_batch(step, rank, batch=args.batch, seq=args.seq)
+
+        names = ["plain", "fwd+bwd", "checks", "peer", "hooks", "shadow", "fsdp", "fsdp+peer"]
 
     # The dedicated guard is built on every rank (collective); the shadow serves until the workers close it.
     shadow_model = fresh()
-    dedicated = SDCGuard(shadow_model, lm_loss, group=roles.dp_group, replay_every=10, shadows=list(roles.shadows))
+    dedicated = SDCGuard(shadow_model if roles.role == "shadow" else DDP(shadow_model, process_group=group),
+                         loss_fn, group=group, replay_every=10, shadows=list(roles.shadows))
     if roles.role == "shadow":
         os.nice(19)  # spare cycles only: on a real cluster the shadow has a device of its own
         dedicated.serve()
         dist.destroy_process_group()
         return
 
-    group = roles.dp_group
-    plain_model, peer_model, fb_model, checks_model = fresh(), fresh(), fresh(), fresh()
-    plain = DDP(plain_model, process_group=group)
-    peer = SDCGuard(DDP(peer_model, process_group=group), lm_loss, group=group, replay_every=10)
-    checks = SDCGuard(DDP(checks_model, process_group=group), lm_loss, group=group, replay_every=0)
-    guards = {"peer": peer, "checks": checks, "shadow": dedicated}
-    # Time inside the guard's own work (wall time of these calls on this worker, summed over timed steps): the
-    # figure that does not depend on comparing two sets of noisy steps.
-    inside: dict[str, dict[str, float]] = {n: {"checks": 0.0, "sampled": 0.0} for n in guards}
+    models: dict[str, nn.Module] = {}
+    wrapped: dict[str, nn.Module] = {}
+    guards: dict[str, SDCGuard] = {"shadow": dedicated}
+    models["shadow"], wrapped["shadow"] = shadow_model, dedicated.model
+    for name in names:
+        if name == "shadow":
+            continue
+        m = fresh()
+        models[name] = m
+        if name.startswith("fsdp"):
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = init_device_mesh("cpu", (workers,))
+            for block in m.blocks:  # type: ignore[union-attr]
+                fully_shard(block, mesh=mesh)
+            fully_shard(m, mesh=mesh)
+            wrapped[name] = m
+        elif name in ("fwd+bwd", "post"):
+            wrapped[name] = m
+        else:
+            wrapped[name] = DDP(m, process_group=group)
+        every = {"checks": 0, "peer": 10, "hooks": 10, "fsdp+peer": 10}.get(name)
+        if every is not None:
+            guards[name] = SDCGuard(wrapped[name], loss_fn, group=group, replay_every=every)
+    opts = {n: torch.optim.SGD(m.parameters(), lr=1e-3) for n, m in models.items()}
+    inside = {n: 0.0 for n in guards}
     timing = [False]
-
-    def timed(name: str, guard: SDCGuard, method: str, part: str) -> None:
-        real = getattr(guard, method)
-
-        def wrapper(*a: Any, **k: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return real(*a, **k)
-            finally:
-                if timing[0]:
-                    inside[name][part] += time.perf_counter() - t0
-
-        setattr(guard, method, wrapper)
-
-    for name, guard in guards.items():
-        timed(name, guard, "_check_reduced", "checks")
-        timed(name, guard, "_sampled_round", "sampled")
-        timed(name, guard, "_collect_arrived", "sampled")
-    opts = {name: torch.optim.SGD(m.parameters(), lr=1e-3) for name, m in
-            (("plain", plain_model), ("peer", peer_model), ("shadow", shadow_model), ("checks", checks_model))}
-    batch_of = lambda step: make_batch(step, rank, batch=args.batch, seq=args.seq)  # noqa: E731
 
     def run(name: str, step: int) -> None:
         batch = batch_of(step)
-        if name == "plain":
-            lm_loss(plain, batch).backward()
-        elif name == "fwd+bwd":
-            with torch.enable_grad():
-                loss = lm_loss(fb_model, batch)
-                torch.autograd.grad(loss, list(fb_model.parameters()))
+        model, guard = wrapped[name], guards.get(name)
+        if name == "fwd+bwd":
+            torch.autograd.grad(loss_fn(model, batch), list(model.parameters()))
             return
-        else:
-            report = guards[name].step(step, batch)
+        if name == "post":
+            _post_backward_step(model, loss_fn, batch, group, workers)
+        elif guard is None:
+            loss_fn(model, batch).backward()
+        else:  # the four calls guard.step makes, so the time inside the guard's own calls can be taken apart
+            guard.begin_step(step)
+            guard.before_forward(batch)
+            loss = loss_fn(model, batch)
+            guard.observe_loss(loss)
+            loss.backward()
+            t0 = time.perf_counter()
+            report = guard.end_step()
+            if timing[0]:
+                inside[name] += time.perf_counter() - t0
             if not report.commit:
                 raise RuntimeError(f"{name}: unexpected veto at step {step}: {report.incidents}")
         opts[name].step()
         opts[name].zero_grad(set_to_none=True)
-        if name != "plain":
-            guards[name].after_optimizer_step()
+        if guard is not None:
+            t0 = time.perf_counter()
+            guard.after_optimizer_step()
+            if timing[0]:
+                inside[name] += time.perf_counter() - t0
 
-    names = ("plain", "fwd+bwd", "checks", "peer", "shadow")
-    times: dict[str, list[float]] = {n: [] for n in names}
-    step = {n: 0 for n in names}
+    order = names if "shadow" in names or args.comm else names
+    times: dict[str, list[float]] = {n: [] for n in order}
+    step = {n: 0 for n in order}
     for r in range(args.rounds + 1):  # round 0 warms up
         timing[0] = r > 0
-        for name in names:
+        for name in order:
             dist.barrier(group=group)
             t0 = time.perf_counter()
             for _ in range(args.steps):
@@ -133,8 +219,7 @@ def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace,
     dedicated.close()
     if rank == 0:
         steps = args.rounds * args.steps
-        per_step = {n: {k: v / steps for k, v in d.items()} for n, d in inside.items()}
-        queue.put((times, per_step))  # type: ignore[attr-defined]
+        queue.put((times, {n: v / steps for n, v in inside.items()}))
     dist.destroy_process_group()
 
 
@@ -144,11 +229,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=10, help="steps per configuration per round (multiple of 10)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--comm", action="store_true", help="the comm-bound configuration (a wide MLP)")
     parser.add_argument("--d", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=None, help="default: 4 (transformer), 8 (--comm)")
+    parser.add_argument("--width", type=int, default=1024, help="--comm: width of each linear layer")
     parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=None, help="default: 8 (transformer), 64 (--comm)")
     args = parser.parse_args()
+    args.layers = args.layers or (8 if args.comm else 4)
+    args.batch = args.batch or (64 if args.comm else 8)
 
     import torch.multiprocessing as mp
 
@@ -164,37 +253,38 @@ def main() -> None:
         for p in procs:
             p.join(60)
 
-    # Paired per round: each configuration against the no-guard steps of the same round (machine load drifts).
     med = {n: statistics.median(v) for n, v in times.items()}
-    base, fb = med["plain"], med["fwd+bwd"]
 
-    def ratio(name: str, ref: str = "plain") -> tuple[float, float, float]:
+    def ratio(name: str, ref: str) -> tuple[float, float, float]:
         r = sorted(a / b - 1 for a, b in zip(times[name], times[ref]))
         q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0], r[0], r[0]]
         return statistics.median(r), q[0], q[2]
 
-    print(f"workers={args.workers} + 1 shadow, model d={args.d} layers={args.layers} seq={args.seq} "
-          f"batch={args.batch}, threads/process={args.threads}, {args.rounds} rounds x {args.steps} steps")
-    print(f"{'configuration':<32}{'step (ms)':>11}{'vs plain (median of rounds, IQR)':>36}")
-    for name, label in (("plain", "no guard (DDP)"), ("fwd+bwd", "forward+backward only"),
-                        ("checks", "guard, replay off"), ("peer", "guard, peer, replay_every=10"),
-                        ("shadow", "guard, dedicated shadow")):
-        m, lo, hi = ratio(name)
-        print(f"{label:<32}{med[name] * 1e3:>11.2f}{m:>+14.1%}  [{lo:+.1%}, {hi:+.1%}]")
-    peer_goal = 0.1 * fb / base + 0.01
-    print("time inside the guard's own work on worker 0, per step, as a share of a no-guard step:")
-    for name, label in (("checks", "replay off"), ("peer", "peer"), ("shadow", "dedicated shadow")):
-        d = inside[name]
-        print(f"  {label:<18} every-step checks {d['checks'] / base:6.2%}   sampled-step work "
-              f"{d['sampled'] / base:6.2%}   (replays, exchanges, sends, verdicts; amortized)")
-    for name, goal, what in (("peer", peer_goal, "a tenth of fwd+bwd + 1%"), ("shadow", 0.02, "2%")):
-        total = ratio(name)[0]
-        replay_only = statistics.median((a - c) / b for a, b, c in zip(times[name], times["plain"], times["checks"]))
-        own = (inside[name]["checks"] + inside[name]["sampled"]) / base
-        print(f"{name}: overhead {total:+.1%} in all, {replay_only:+.1%} for replay alone (beyond the every-step "
-              f"checks), {own:.1%} inside the guard's own work; goal <= {what} = {goal:.1%}: total "
-              f"{'met' if total <= goal else 'NOT met'}, replay alone {'met' if replay_only <= goal else 'NOT met'}, "
-              f"own work {'met' if own <= goal else 'NOT met'}")
+    if args.comm:
+        print(f"comm-bound: workers={args.workers} (+1 idle shadow), {args.layers} x Linear({args.width}) "
+              f"({args.layers * args.width * args.width * 4 / 1e6:.0f} MB of fp32 gradients), batch={args.batch}, "
+              f"threads/process={args.threads}, {args.rounds} rounds x {args.steps} steps")
+    else:
+        print(f"workers={args.workers} + 1 shadow, transformer d={args.d} layers={args.layers} seq={args.seq} "
+              f"batch={args.batch}, threads/process={args.threads}, {args.rounds} rounds x {args.steps} steps")
+    print(f"{'configuration':<40}{'step (ms)':>11}{'vs its baseline (median of rounds, IQR)':>42}")
+    for name in times:
+        ref = "fsdp" if name == "fsdp+peer" else "plain"
+        m, lo, hi = ratio(name, ref)
+        vs = "" if name in ("plain", "fsdp") else f"{m:>+14.1%}  [{lo:+.1%}, {hi:+.1%}]  vs {ref}"
+        print(f"{LABELS[name]:<40}{med[name] * 1e3:>11.2f}  {vs}")
+    print("time inside the guard's own calls (end_step, after_optimizer_step) on worker 0, per step, as a share "
+          "of its baseline's step:")
+    for name, t in inside.items():
+        ref = "fsdp" if name == "fsdp+peer" else "plain"
+        print(f"  {LABELS[name]:<38} {t * 1e3:7.2f} ms  {t / med[ref]:6.2%}")
+    if not args.comm:
+        fb, base = med["fwd+bwd"], med["plain"]
+        goal = 0.1 * fb / base + 0.01
+        for name, g, what in (("peer", goal, "a tenth of fwd+bwd + 1%"), ("shadow", 0.02, "2%")):
+            total, own = ratio(name, "plain")[0], inside[name] / base
+            print(f"{name}: overhead {total:+.1%}, {own:.1%} inside the guard's own calls; goal <= {what} = {g:.1%}: "
+                  f"step time {'met' if total <= g else 'NOT met'}, own calls {'met' if own <= g else 'NOT met'}")
 
 
 if __name__ == "__main__":

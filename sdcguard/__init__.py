@@ -35,16 +35,16 @@ _LAZY: dict[str, str] = {
     "NumpyBackend": "sdcguard.golden",
     "CupyBackend": "sdcguard.golden",
     # the training guard (torch)
-    "SDCGuard": "sdcguard.guard",
-    "StepReport": "sdcguard.guard",
-    "CalibrationReport": "sdcguard.calibration",
-    "GuardConfig": "sdcguard.guard",
-    "RngHook": "sdcguard.capture",
-    "plan_roles": "sdcguard.shadows",
-    "Roles": "sdcguard.shadows",
+    "SDCGuard": "sdcguard.training.guard",
+    "StepReport": "sdcguard.training.config",
+    "CalibrationReport": "sdcguard.training.calibration",
+    "GuardConfig": "sdcguard.training.config",
+    "RngHook": "sdcguard.training.capture",
+    "plan_roles": "sdcguard.training.shadows",
+    "Roles": "sdcguard.training.shadows",
     "fingerprint": "sdcguard.fingerprint",
     "fingerprint_many": "sdcguard.fingerprint",
-    "ReplicaCheck": "sdcguard.replica",
+    "ReplicaCheck": "sdcguard.training.replica",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -18,12 +18,15 @@ from hypothesis import strategies as st
 from torch import nn
 
 from _tiny_transformer import TinyTransformer, lm_loss, make_batch
-from sdcguard.capture import RngHook, capture_rng, make_capture, map_tensors, rng_replayed
 from sdcguard.errors import BadInput, CorruptionDetected
-from sdcguard.guard import EXIT_SUSPECT_DEVICE, GuardConfig, SDCGuard
 from sdcguard.inject.faults import Fault
 from sdcguard.inject.torch_faults import OpFaultMode
-from sdcguard.replay import local_gradients, replay
+from sdcguard.training.capture import RngHook, capture_rng, make_capture, map_tensors, rng_replayed
+from sdcguard.training.config import EXIT_SUSPECT_DEVICE, GuardConfig
+from sdcguard.training.ddp import ParamTaps
+from sdcguard.training.guard import SDCGuard
+from sdcguard.training.replay import replay
+from sdcguard.training.taps import LocalRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,7 +116,11 @@ def test_capture_keeps_the_batch_structure_and_values(batch: object) -> None:
 # ---------------------------------------------------------------------------------------------- replay
 
 
-def test_replay_is_bit_identical_and_touches_nothing() -> None:
+def _taps(model: nn.Module) -> ParamTaps:
+    return ParamTaps(model, [(n, p) for n, p in model.named_parameters()])
+
+
+def test_replay_is_bit_identical_to_the_original_and_touches_nothing() -> None:
     model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 1))
     params = list(model.parameters())
     opt = torch.optim.Adam(params)
@@ -124,38 +131,44 @@ def test_replay_is_bit_identical_and_touches_nothing() -> None:
 
     loss_fn(model, x).backward()
     opt.step()  # optimizer state exists
+    taps = _taps(model)
+    cap = make_capture(step=0, rank=0, micro_batch=0, batch=x, rng=capture_rng())
+    buffers = [b.clone() for b in model.buffers()]
+    record = LocalRecord(len(params), torch.device("cpu"))
+    taps.arm(record)  # the original: the hooks see the gradients of the framework's own backward
+    loss = loss_fn(model, x)
+    record.set_loss(loss)
+    loss.backward()
+    taps.arm(None)
+    original = record.digest()
     grads_before = [p.grad.clone() for p in params]
     opt_state = {k: {n: v.clone() for n, v in s.items()} for k, s in enumerate(opt.state.values())}
-    buffers = [b.clone() for b in model.buffers()]
-
-    cap = make_capture(step=0, rank=0, micro_batch=0, batch=x, rng=capture_rng())
-    loss, grads = local_gradients(model, loss_fn, params, x)
-    from sdcguard.replay import digest
-
-    original = digest(loss, grads)
-    buffers_after_original = [b.clone() for b in model.buffers()]
-    with torch.no_grad():  # replay at the original values even though buffers moved
+    moved = [b.clone() for b in model.buffers()]
+    with torch.no_grad():  # replay from the buffers the original started from
         for b, v in zip(model.buffers(), buffers):
             b.copy_(v)
-    again = replay(model, loss_fn, params, cap, device=torch.device("cpu"), same_process=True)
-    assert again == original
-    assert all(torch.equal(p.grad, g) for p, g in zip(params, grads_before))
+    rng_before = torch.random.get_rng_state()
+    again = replay(taps, loss_fn, cap, device=torch.device("cpu"), same_process=True)
+    assert again == original and all(original.units)
+    assert torch.equal(torch.random.get_rng_state(), rng_before)  # the training stream did not move
+    assert all(torch.equal(p.grad, g) for p, g in zip(params, grads_before))  # .grad untouched
     for k, s in enumerate(opt.state.values()):
         assert all(torch.equal(v, opt_state[k][n]) for n, v in s.items())
-    assert all(torch.equal(b, v) for b, v in zip(model.buffers(), buffers))
-    assert not all(torch.equal(b, v) for b, v in zip(buffers_after_original, buffers))  # the forward moves them
+    assert all(torch.equal(b, v) for b, v in zip(model.buffers(), buffers))  # buffers put back
+    assert not all(torch.equal(b, v) for b, v in zip(moved, buffers))  # the forward does move them
 
 
 def test_replay_at_other_parameter_values_differs_and_restores_live_values() -> None:
     model = _model()
     params = list(model.parameters())
-    batch = make_batch(0, 0)
-    cap = make_capture(step=0, rank=0, micro_batch=0, batch=batch, rng=capture_rng())
+    taps = _taps(model)
+    cap = make_capture(step=0, rank=0, micro_batch=0, batch=make_batch(0, 0), rng=capture_rng())
     live = [p.detach().clone() for p in params]
-    base = replay(model, lm_loss, params, cap, device=torch.device("cpu"), same_process=True)
+    base = replay(taps, lm_loss, cap, device=torch.device("cpu"), same_process=True)
     shifted = [p.detach() + 1e-3 for p in params]
-    other = replay(model, lm_loss, params, cap, device=torch.device("cpu"), same_process=True, param_values=shifted)
-    assert other != base
+    other = replay(taps, lm_loss, cap, device=torch.device("cpu"), same_process=True, params=params,
+                   param_values=shifted)
+    assert other != base and other.first_difference(base) is not None
     assert all(torch.equal(p, v) for p, v in zip(params, live))
 
 
@@ -170,7 +183,7 @@ def test_guard_gradients_match_plain_backward_bit_for_bit() -> None:
     guard = SDCGuard(guarded, lm_loss, replay_every=1, weight_check_every=1)
     torch.manual_seed(5)
     report = guard.step(0, batch)
-    assert report.commit and report.replayed and not report.incidents
+    assert report.commit and report.replayed and not report.incidents and report.checks == ("replay",)
     for p, q in zip(ref.parameters(), guarded.parameters()):
         assert torch.equal(p.grad, q.grad)
     # the replay restored the random stream: the next draw is the one an unguarded run would make
@@ -182,18 +195,41 @@ def test_guard_gradients_match_plain_backward_bit_for_bit() -> None:
     assert torch.equal(torch.rand(()), expected_next)
 
 
-def test_gradient_accumulation_matches_an_accumulating_loop() -> None:
+@pytest.mark.parametrize("k", [3, 4])
+def test_gradient_accumulation_matches_an_accumulating_loop(k: int) -> None:
     ref, guarded = _model(), _model()
-    mbs = [make_batch(2, i) for i in range(4)]
+    mbs = [make_batch(2, i) for i in range(k)]
     torch.manual_seed(3)
     for mb in mbs:
-        (lm_loss(ref, mb) / 4).backward()
+        (lm_loss(ref, mb) / k).backward()
     guard = SDCGuard(guarded, lm_loss, replay_every=1)
     torch.manual_seed(3)
-    report = guard.step(0, micro_batches=mbs)
+    for step in range(k):  # the sample rotates over the micro-batches; every one replays bit for bit
+        report = guard.step(step, micro_batches=mbs)
+        assert report.commit and not report.incidents
+        if step == 0:
+            for p, q in zip(ref.parameters(), guarded.parameters()):
+                assert torch.equal(p.grad, q.grad)
+        guarded.zero_grad()
+
+
+def test_bf16_autocast_is_replayed_under_the_same_precision() -> None:
+    def loss_fn(m: nn.Module, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return lm_loss(m, b)
+
+    guard = SDCGuard(_model(), loss_fn, replay_every=1)
+    assert all(guard.step(s, make_batch(s, 0)).commit for s in range(2)) and not guard.incidents
+    # the guard reads the autocast state inside the forward: a caller's autocast context is replayed too
+    outer = SDCGuard(_model(), lm_loss, replay_every=1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        report = outer.step(0, make_batch(0, 0))
     assert report.commit and not report.incidents
-    for p, q in zip(ref.parameters(), guarded.parameters()):
-        assert torch.equal(p.grad, q.grad)
+    fault = OpFaultMode(Fault(pattern="bitflip", bit="exponent", timing="transient", seed=4), ops="matmul",
+                        phase="forward")
+    with fault:
+        report = guard.step(5, make_batch(5, 0))
+    assert fault.records and [i.kind for i in report.incidents] == ["replay"] and not report.commit
 
 
 @pytest.mark.parametrize("on_detect", ["skip", "record", "raise"])
@@ -230,7 +266,7 @@ def test_exit_mode_exits_86_and_writes_the_suspect_file(tmp_path: Path, monkeypa
 
 
 def test_incidents_reach_the_store_and_a_broken_store_only_warns(tmp_path: Path) -> None:
-    from sdcguard.store import Store
+    from sdcguard import Store
 
     fault = Fault(pattern="bitflip", bit="exponent", timing="transient", seed=2)
     db = tmp_path / "fleet.db"
@@ -250,8 +286,7 @@ def test_incidents_reach_the_store_and_a_broken_store_only_warns(tmp_path: Path)
     assert report.incidents and broken.incidents == list(report.incidents) and not report.commit
 
 
-def test_calibrate_names_nondeterminism_and_stops_blaming_hardware() -> None:
-    model = _model()
+def _noisy_loss() -> object:
     noise = np.random.default_rng()  # a generator the guard cannot capture: a stand-in for atomics
 
     def noisy_loss(m: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -259,20 +294,34 @@ def test_calibrate_names_nondeterminism_and_stops_blaming_hardware() -> None:
         acc = torch.zeros(3).index_add_(0, torch.tensor([0, 0]), torch.tensor([1.0, float(noise.random())]))
         return loss + 1e-3 * acc[0]
 
-    guard = SDCGuard(model, noisy_loss, replay_every=1)
+    return noisy_loss
+
+
+def test_calibrate_names_nondeterminism_and_turns_replay_off() -> None:
+    guard = SDCGuard(_model(), _noisy_loss(), replay_every=1)  # type: ignore[arg-type]
     report = guard.calibrate(make_batch(0, 0))
     assert not report.deterministic and not report.same_device
     assert any("index_add" in c for c in report.causes)
     assert any("deterministic algorithms" in c for c in report.causes)
     assert guard.nondeterministic
     step = guard.step(0, make_batch(0, 0))
-    assert [i.kind for i in step.incidents] == ["nondeterministic"]
-    assert step.incidents[0].suspect_ranks == () and step.commit
+    assert step.commit and not step.incidents and step.checks == () and not step.replayed
 
     clean = SDCGuard(_model(), lm_loss)
     ok = clean.calibrate(make_batch(0, 0))
     assert ok.deterministic and not ok.causes and not clean.nondeterministic
     assert all(p.grad is None for p in clean.params)
+
+
+def test_without_calibrate_a_nondeterministic_model_is_recognised_not_blamed() -> None:
+    guard = SDCGuard(_model(), _noisy_loss(), replay_every=1)  # type: ignore[arg-type]
+    with pytest.warns(RuntimeWarning, match="not bit-identical.*index_add"):
+        first = guard.step(0, make_batch(0, 0))
+    assert first.commit and [i.kind for i in first.incidents] == ["nondeterministic"]
+    assert first.incidents[0].suspect_ranks == () and first.incidents[0].device is None
+    later = [guard.step(s, make_batch(s, 0)) for s in range(1, 4)]
+    assert all(r.commit and not r.incidents and not r.replayed for r in later)  # replay is off, training goes on
+    assert guard.state_dict()["determinism"]["state"] == "nondeterministic"
 
 
 def test_state_dict_round_trip() -> None:
@@ -284,8 +333,16 @@ def test_state_dict_round_trip() -> None:
     fresh.load_state_dict(state)
     assert fresh.state_dict() == {**state, "incidents": 0}
     assert state["samples"] == 3 and state["steps"] == 5 and state["last_step"] == 4
+    assert state["determinism"]["state"] == "deterministic"
     with pytest.raises(BadInput):
         fresh.load_state_dict({"version": 99})
+
+
+def test_a_loss_fn_that_returns_no_scalar_is_named() -> None:
+    guard = SDCGuard(_model(), lambda m, b: m(b["tokens"]))  # logits, not a loss
+    with pytest.raises(ValueError, match="scalar tensor"):
+        guard.step(0, make_batch(0, 0))
+    assert not guard.observing  # the step was abandoned cleanly: the next one starts
 
 
 @pytest.mark.parametrize(

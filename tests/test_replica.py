@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sdcguard.replica import _minority
+from sdcguard.training.replica import minority
 from tests._dist import run_ranks
 
 TIMEOUT = 240
@@ -42,7 +42,7 @@ def _loop(rank: int, steps: int, weight_every: int, faults: dict[str, Any]) -> A
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from sdcguard.replica import ReplicaCheck
+    from sdcguard.training.replica import ReplicaCheck
 
     ddp = DDP(_model())
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
@@ -69,7 +69,7 @@ def _loop(rank: int, steps: int, weight_every: int, faults: dict[str, Any]) -> A
             if incidents and w and w["rank"] == rank:
                 _flip_bit(params[w["param"]].data, w["index"], w["bit"])  # repair, so later steps are clean
     from sdcguard.devices import hostname
-    from sdcguard.replica import local_device_id
+    from sdcguard.training.identity import local_device_id
 
     # what this rank says about itself must be what every rank was told at construction
     assert check.devices[rank] == local_device_id() and check.hosts[rank] == hostname()
@@ -123,7 +123,7 @@ def _explicit_groups(rank: int, world_size: int) -> Any:
     import torch
     import torch.distributed as dist
 
-    from sdcguard.replica import ReplicaCheck
+    from sdcguard.training.replica import ReplicaCheck
 
     groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]  # every rank creates every group, same order
     group = groups[rank % 2]
@@ -156,7 +156,7 @@ def _sharded_skip(world_size: int) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from sdcguard.replica import ReplicaCheck
+    from sdcguard.training.replica import ReplicaCheck
 
     mesh = init_device_mesh("cpu", (world_size,))
     model = torch.nn.Linear(4, 4)
@@ -176,18 +176,18 @@ def test_sharded_parameters_are_skipped_and_said_so(mesh_job: list[Any]) -> None
 
 
 def test_majority_vote() -> None:
-    assert _minority([5, 5, 5]) == []
-    assert _minority([5, 7, 5]) == [1]
-    assert _minority([5, 7, 5, 7]) == [0, 1, 2, 3]  # no strict majority: every rank is a suspect
-    assert _minority([5, 7]) == [0, 1]  # two replicas: both suspects
-    assert _minority([1, 2, 3]) == [0, 1, 2]
+    assert minority([5, 5, 5]) == []
+    assert minority([5, 7, 5]) == [1]
+    assert minority([5, 7, 5, 7]) == [0, 1, 2, 3]  # no strict majority: every rank is a suspect
+    assert minority([5, 7]) == [0, 1]  # two replicas: both suspects
+    assert minority([1, 2, 3]) == [0, 1, 2]
 
 
 def test_cpu_device_ids_name_the_pinned_core_or_the_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
     from sdcguard.devices import cpu_id
-    from sdcguard.replica import local_device_id
+    from sdcguard.training.identity import local_device_id
 
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5, 6}, raising=False)
@@ -202,7 +202,7 @@ def _sparse_gradient(rank: int, world_size: int) -> Any:
 
     import torch
 
-    from sdcguard.replica import ReplicaCheck
+    from sdcguard.training.replica import ReplicaCheck
 
     torch.manual_seed(0)
     model = torch.nn.ModuleDict({"emb": torch.nn.Embedding(10, 3, sparse=True), "lin": torch.nn.Linear(3, 2)})

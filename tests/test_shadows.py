@@ -1,21 +1,12 @@
-"""Pairing and wire invariants of the shadow modes (pure functions: no process group needed)."""
+"""Pairing and wire invariants of the replay rounds (pure functions: no process group needed)."""
 
 from __future__ import annotations
 
-import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sdcguard.replay import Digest
-from sdcguard.shadows import (
-    Verdict,
-    digest_hash,
-    flatten_params,
-    peer_source,
-    peer_target,
-    shadow_assignment,
-    unflatten_params,
-)
+from sdcguard.training.pairing import peer_source, peer_target, shadow_assignment
+from sdcguard.training.shadows import Verdict
 
 
 @given(st.integers(2, 64), st.integers(0, 10_000))
@@ -38,27 +29,8 @@ def test_shadow_assignment_rotates_over_workers_and_shadows(workers: int, shadow
     assert seen_workers == set(range(workers)) and seen_shadows == set(range(shadows))
 
 
-@given(st.lists(st.tuples(st.integers(1, 5), st.sampled_from([torch.float32, torch.float16, torch.int64])),
-                min_size=1, max_size=8))
-def test_flatten_unflatten_round_trip(specs: list[tuple[int, torch.dtype]]) -> None:
-    params = [torch.arange(n).to(dtype).reshape(n, 1) + i for i, (n, dtype) in enumerate(specs)]
-    flats, layout = flatten_params(params)
-    assert [n for _, n in layout] == [f.numel() for f in flats]
-    back = unflatten_params(flats, params)
-    assert all(torch.equal(a, b) and a.dtype == b.dtype and a.shape == b.shape for a, b in zip(params, back))
-
-
-@given(st.integers(0, 2**40), st.integers(-1, 500), st.booleans(), st.booleans(), st.integers(0, 2**62),
-       st.integers(0, 2**40))
-def test_verdict_tensor_round_trip(sample: int, first: int, matched: bool, loss: bool, h: int, step: int) -> None:
-    v = Verdict(sample=sample, step=step, matched=matched, first_index=None if first < 0 else first,
-                loss_differs=loss, shadow_hash=h)
+@given(st.integers(0, 2**40), st.integers(-1, 500), st.booleans(), st.booleans(), st.integers(0, 2**40))
+def test_verdict_tensor_round_trip(sample: int, first: int, matched: bool, loss: bool, step: int) -> None:
+    v = Verdict(sample=sample, step=step, matched=matched, first_unit=None if first < 0 else first,
+                loss_differs=loss)
     assert Verdict.from_tensor(v.to_tensor()) == v
-
-
-@given(st.integers(0, 2**64 - 1), st.lists(st.integers(0, 2**64 - 1), max_size=5))
-def test_digest_hash_fits_the_verdict_and_ignores_per_parameter_detail(loss: int, buckets: list[int]) -> None:
-    d = Digest(loss=loss, buckets=tuple(buckets))
-    h = digest_hash(d)
-    assert 0 <= h < 2**63 and h == digest_hash(Digest(loss=loss, buckets=tuple(buckets), params=(1, 2)))
-    assert d == Digest(loss=loss, buckets=tuple(buckets), params=(3,))

@@ -1,4 +1,3 @@
-"""Framework adapters: thin layers over :class:`sdcguard.guard.SDCGuard` for Lightning and Hugging Face.
-
-Import the one you need (``sdcguard.adapters.lightning`` or ``sdcguard.adapters.hf``); each imports its framework.
+"""The documented import paths of the framework adapters: ``sdcguard.adapters.lightning`` and
+``sdcguard.adapters.hf``. They live in :mod:`sdcguard.training.adapters`; these modules re-export them.
 """

@@ -1,11 +1,14 @@
 """Capture what a replay needs: the micro-batch and every random-number state, taken just before a forward pass.
 
-A replay on another device must see exactly the inputs and random draws (dropout masks) of the original
-computation. :class:`Capture` holds the micro-batch (a tensor or any nesting of tuples, lists and dicts of
-tensors), the Python, NumPy, torch CPU and CUDA generator states, and the state of a user hook for anything else
-that draws random numbers (a tensor-parallel RNG tracker, for instance). Captures are picklable with the batch on
-the CPU, so they travel between ranks; :func:`rng_replayed` applies one for the span of a replay and then puts the
-current states back, so a replay never shifts the training run's own random stream.
+A replay on another device must see exactly the inputs, random draws (dropout masks), mixed-precision state and
+backward seed of the original computation. :class:`Capture` holds the micro-batch (a tensor or any nesting of
+tuples, lists and dicts of tensors), the Python, NumPy, torch CPU and CUDA generator states, the state of a user
+hook for anything else that draws random numbers (a tensor-parallel RNG tracker, for instance), the autocast state
+the forward ran under (:class:`AutocastState`, read inside the forward by :func:`probe_autocast`) and the *seed*:
+the gradient that flowed into the loss in the original backward (``1/k`` with ``k`` accumulated micro-batches, times
+a ``GradScaler``'s scale), observed by a hook on the loss tensor. Captures are picklable with the batch on the CPU,
+so they travel between ranks; :func:`rng_replayed` and :func:`autocast_replayed` apply one for the span of a replay
+and then put the current state back, so a replay never shifts the training run's own random stream.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ import torch
 __all__ = [
     "RngHook",
     "RngState",
+    "AutocastState",
+    "capture_autocast",
+    "autocast_replayed",
+    "probe_autocast",
     "Capture",
     "capture_rng",
     "restore_rng",
@@ -65,6 +72,62 @@ class RngState:
     """What the user's :class:`RngHook` returned, if one was given."""
 
 
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutocastState:
+    """Whether autocast was on, and its dtype, for each device type (the mixed precision a forward ran under)."""
+
+    enabled: tuple[bool, ...]
+    dtypes: tuple[str, ...]
+    """dtype names (``bfloat16``), one per entry of ``_AUTOCAST_DEVICES``."""
+
+
+def capture_autocast() -> AutocastState:
+    """The autocast state right now (call it inside the forward it describes)."""
+    enabled, dtypes = [], []
+    for dev in _AUTOCAST_DEVICES:
+        enabled.append(bool(torch.is_autocast_enabled(dev)))
+        dtypes.append(str(torch.get_autocast_dtype(dev)).removeprefix("torch."))
+    return AutocastState(enabled=tuple(enabled), dtypes=tuple(dtypes))
+
+
+@contextlib.contextmanager
+def autocast_replayed(state: AutocastState | None) -> Iterator[None]:
+    """Run the body under the captured autocast state (entering or leaving autocast as needed)."""
+    if state is None:
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        for dev, on, dtype in zip(_AUTOCAST_DEVICES, state.enabled, state.dtypes):
+            if dev == "cuda" and not torch.cuda.is_available():
+                continue
+            if on or torch.is_autocast_enabled(dev):
+                stack.enter_context(torch.autocast(dev, dtype=getattr(torch, dtype), enabled=on))
+        yield
+
+
+class probe_autocast:  # noqa: N801 - used like a function returning a handle
+    """Read the autocast state inside the next module forward that runs (a global forward pre-hook that removes
+    itself after one call): the state a framework's training step runs under, which is not visible from its
+    callbacks. ``probe.state`` is None until a forward ran."""
+
+    def __init__(self) -> None:
+        self.state: AutocastState | None = None
+        self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self._pre)
+
+    def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        if self.state is None:
+            self.state = capture_autocast()
+        self.remove()
+
+    def remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Capture:
     """One micro-batch of one rank at one step, with what it takes to recompute it bit for bit elsewhere."""
@@ -75,10 +138,12 @@ class Capture:
     micro_batch: int
     """Index of the micro-batch within the step (0 without gradient accumulation)."""
     batch: Batch
-    """The micro-batch, with every tensor on the CPU (see :meth:`to_portable`)."""
+    """The micro-batch, with every tensor on the CPU (see :func:`make_capture`)."""
     rng: RngState
-    loss_scale: float = 1.0
-    """The loss was multiplied by this before the backward pass (``1/k`` with ``k`` accumulation steps)."""
+    autocast: AutocastState | None = None
+    """The autocast state inside the original forward (None: not observed; a replay then leaves autocast alone)."""
+    seed: torch.Tensor | None = None
+    """The gradient that flowed into the loss in the original backward (a 0-d CPU tensor; None: one)."""
     on_device: tuple[bool, ...] = field(default=())
     """Per tensor leaf (in traversal order): was it on an accelerator? The replay moves those to its own device."""
 
@@ -162,7 +227,6 @@ def make_capture(
     micro_batch: int,
     batch: Batch,
     rng: RngState,
-    loss_scale: float = 1.0,
 ) -> Capture:
     """A portable capture: tensors copied to the CPU (detached), accelerator leaves remembered."""
     leaves = _leaves(batch)
@@ -175,7 +239,6 @@ def make_capture(
         micro_batch=micro_batch,
         batch=portable,
         rng=rng,
-        loss_scale=loss_scale,
         on_device=on_device,
     )
 

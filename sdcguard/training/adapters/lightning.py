@@ -1,0 +1,119 @@
+"""Lightning adapter: :class:`SDCGuardCallback` watches every optimizer step of a ``Trainer`` with the guard.
+
+The guard observes the step Lightning runs (DDP, or FSDP2 through ``ModelParallelStrategy``): its hooks fingerprint
+the local gradients of the sampled micro-batch in Lightning's own backward, and the reduced gradients just before
+the optimizer step. The callback tells the guard where the step's pieces are: it wraps the module's
+``training_step`` for the run (the micro-batch and ``batch_idx`` go in, the loss Lightning backpropagates comes out,
+so the replay reproduces the gradient that flowed into it: ``1/accumulate_grad_batches``, times a ``GradScaler``'s
+scale), ends the step in ``on_before_optimizer_step`` (gradients accumulated, unscaled, not yet clipped) and
+compares the weights after it. A vetoed step has its gradients dropped, so the optimizer step changes nothing::
+
+    guard_cb = SDCGuardCallback(replay_every=50, store="fleet.db")
+    trainer = L.Trainer(strategy="ddp", callbacks=[guard_cb])
+    guard_cb.guard.incidents   # after (or during) fit
+
+A replay calls the original ``training_step`` with ``self.log`` silenced, so replays never reach the logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # the older package name
+    from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
+
+from ..config import StepReport
+from ..guard import SDCGuard
+
+__all__ = ["SDCGuardCallback", "training_step_loss"]
+
+
+def _loss_of(out: Any) -> torch.Tensor:
+    return out["loss"] if isinstance(out, dict) else out
+
+
+def training_step_loss(module: Any, batch: Any) -> torch.Tensor:
+    """The default loss: the LightningModule's own ``training_step`` (``batch`` is ``(batch, batch_idx)``)."""
+    data, idx = batch
+    return _loss_of(module.training_step(data, idx))
+
+
+@contextlib.contextmanager
+def _logging_silenced(module: Any) -> Iterator[None]:
+    module.log = module.log_dict = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        del module.log, module.log_dict
+
+
+class SDCGuardCallback(Callback):
+    """Runs :class:`SDCGuard` on a Lightning ``Trainer`` (keyword arguments go to ``SDCGuard``)."""
+
+    def __init__(self, **guard_kwargs: Any) -> None:
+        self.guard_kwargs = guard_kwargs
+        self.guard: SDCGuard | None = None
+        self.last_report: StepReport | None = None
+        self._state: dict[str, Any] | None = None
+        self._module: Any = None
+        self._original: Any = None
+        self._trainer: Any = None
+        self._stepped = False
+
+    def _replay_loss(self, module: Any, batch: Any) -> torch.Tensor:
+        data, idx = batch
+        with _logging_silenced(self._module):
+            return _loss_of(self._original(data, idx))
+
+    def _training_step(self, batch: Any, batch_idx: int, *args: Any, **kwargs: Any) -> Any:
+        guard = self.guard
+        if guard is None or guard.replaying:
+            return self._original(batch, batch_idx, *args, **kwargs)
+        if not guard.observing:
+            guard.begin_step(self._trainer.global_step, micro_batches=self._trainer.accumulate_grad_batches)
+        guard.before_forward((batch, batch_idx))
+        out = self._original(batch, batch_idx, *args, **kwargs)
+        loss = _loss_of(out) if out is not None else None
+        if isinstance(loss, torch.Tensor):
+            guard.observe_loss(loss)
+        return out
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        # After the strategy wrapped the model (DDP) or sharded it (FSDP2): the guard watches that model.
+        if self.guard is None:
+            self.guard = SDCGuard(trainer.strategy.model, self._replay_loss, **self.guard_kwargs)
+            if self._state:
+                self.guard.load_state_dict(self._state)
+        self._trainer, self._module = trainer, pl_module
+        self._original = pl_module.training_step
+        pl_module.training_step = self._training_step
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self.guard is not None and self.guard.observing:
+            self.last_report = self.guard.end_step()  # a vetoed step's gradients are already dropped
+            self._stepped = True
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.guard is not None and self._stepped:
+            self._stepped = False
+            self.guard.after_optimizer_step()
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.guard is not None:
+            self.guard.close()
+        if self._original is not None and "training_step" in vars(pl_module):
+            del pl_module.training_step
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.guard.state_dict() if self.guard is not None else (self._state or {})
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._state = dict(state_dict) or None
+        if self.guard is not None and self._state:
+            self.guard.load_state_dict(self._state)

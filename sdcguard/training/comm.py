@@ -1,0 +1,182 @@
+"""The training side's communication, in one place: which device collectives run on, and every gather, broadcast
+and point-to-point message that the guard, its rounds, its shadows and its checks exchange.
+
+Two rules hold for everything here, because a guard must never hang a job:
+
+- a collective (``gather_*``, ``broadcast_*``, ``exchange_objects``) is issued by every member of the group, in the
+  same order, whatever that member found; its size is fixed by arguments every member knows;
+- NCCL moves CUDA tensors only and gloo moves CPU tensors, so :func:`comm_device` decides, once per group, where
+  the buffers live. Nothing else in sdcguard picks a communication device.
+
+Objects (captures, digests) travel pickled in a ``uint8`` tensor preceded by its length.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Comm", "comm_device", "send_object", "recv_object", "send_stop", "send_tensors", "recv_tensors_", "STOP"]
+
+STOP = -1
+"""Length field of the stop message that :func:`send_stop` sends and :func:`recv_object` returns as ``None``."""
+
+
+def comm_device(group: Any = None) -> torch.device:
+    """The device whose tensors ``group``'s backend moves: the current CUDA device for NCCL, else the CPU."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return torch.device("cpu")
+    backend = str(dist.get_backend(group)).lower()
+    if "nccl" in backend and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _encode(obj: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    return torch.tensor([len(data)], dtype=torch.int64, device=device), payload
+
+
+def _decode(payload: torch.Tensor) -> Any:
+    return pickle.loads(payload.cpu().numpy().tobytes())
+
+
+class Comm:
+    """The collectives of one data-parallel group, addressed by index in the group (``0 .. size-1``).
+
+    Outside ``torch.distributed`` (a single process) it is a group of one: gathers return the caller's own value.
+    """
+
+    def __init__(self, group: Any = None, members: Sequence[int] | None = None) -> None:
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.group = group
+        if not self.distributed:
+            self.members: list[int] = [0]
+            self.rank = 0
+        else:
+            self.rank = dist.get_rank()
+            self.members = list(members) if members is not None else dist.get_process_group_ranks(
+                group if group is not None else dist.group.WORLD)
+        self.size = len(self.members)
+        self.index = self.members.index(self.rank) if self.rank in self.members else -1
+        """This process's index in the group (-1 when it is not a member, e.g. a dedicated shadow)."""
+        self.device = comm_device(group) if self.distributed else torch.device("cpu")
+
+    @property
+    def alone(self) -> bool:
+        """True when there is nobody to talk to (a single process or a group of one)."""
+        return not self.distributed or self.size == 1
+
+    # ------------------------------------------------------------------------------------------- collectives
+
+    def gather_ints(self, values: torch.Tensor | Sequence[int]) -> torch.Tensor:
+        """All-gather ``k`` int64 values from every member: a host tensor of shape ``(size, k)``.
+
+        ``values`` may be a device tensor (left on its device until the collective needs it: no host sync before
+        the one at the end). Every member must pass the same ``k``.
+        """
+        local = values if isinstance(values, torch.Tensor) else torch.tensor(list(values), dtype=torch.int64)
+        local = local.reshape(-1).to(device=self.device, dtype=torch.int64)
+        if self.alone:
+            return local.reshape(1, -1).cpu()
+        out = torch.empty(self.size * local.numel(), dtype=torch.int64, device=self.device)
+        # torch 2.13 renamed all_gather_into_tensor to all_gather_single (same arguments); support both.
+        all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        all_gather(out, local, group=self.group)
+        return out.view(self.size, local.numel()).cpu()
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every member's picklable object, in group order."""
+        if self.alone:
+            return [obj]
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        """The object of member ``src`` (an index), on every member."""
+        if self.alone:
+            return obj
+        box = [obj if self.index == src else None]
+        dist.broadcast_object_list(box, src=self.members[src], group=self.group)
+        return box[0]
+
+    def broadcast_tensors_(self, tensors: Sequence[torch.Tensor], src: int) -> None:
+        """Overwrite ``tensors`` on every member with member ``src``'s (same shapes and dtypes everywhere)."""
+        if self.alone:
+            return
+        for t in tensors:
+            buf = t if t.device == self.device else t.to(self.device)
+            dist.broadcast(buf, src=self.members[src], group=self.group)
+            if buf is not t:
+                t.copy_(buf)
+
+    def exchange_objects(self, obj: Any, dst: int, src: int) -> Any:
+        """Send ``obj`` to member ``dst`` and receive one object from member ``src`` (a ring step: no deadlock)."""
+        if self.alone or (dst == src == self.index):
+            return obj
+        dst_g, src_g = self.members[dst], self.members[src]
+        size, payload = _encode(obj, self.device)
+        their_size = torch.zeros(1, dtype=torch.int64, device=self.device)
+        for w in (dist.isend(size, dst_g, group=self.group), dist.irecv(their_size, src_g, group=self.group)):
+            w.wait()
+        theirs = torch.empty(int(their_size.item()), dtype=torch.uint8, device=self.device)
+        for w in (dist.isend(payload, dst_g, group=self.group), dist.irecv(theirs, src_g, group=self.group)):
+            w.wait()
+        return _decode(theirs)
+
+
+# ---------------------------------------------------------------------------------------- point to point (world)
+
+
+def send_object(obj: Any, dst: int) -> list[Any]:
+    """Send ``obj`` to global rank ``dst`` without blocking; keep the result alive and ``wait()`` its works."""
+    device = comm_device(None)
+    size, payload = _encode(obj, device)
+    works = [dist.isend(size, dst), dist.isend(payload, dst)]
+    return [works, size, payload]
+
+
+def send_stop(dst: int) -> None:
+    """Tell global rank ``dst`` (a shadow's receive loop) that this sender is done (blocking)."""
+    dist.send(torch.tensor([STOP], dtype=torch.int64, device=comm_device(None)), dst)
+
+
+def recv_object(src: int | None) -> tuple[Any, int]:
+    """Receive one object from global rank ``src`` (any rank with ``None``): ``(object, sender)``; a stop message
+    comes back as ``(None, sender)``."""
+    device = comm_device(None)
+    size = torch.zeros(1, dtype=torch.int64, device=device)
+    sender = dist.recv(size, src=src)
+    n = int(size.item())
+    if n == STOP:
+        return None, sender
+    payload = torch.empty(n, dtype=torch.uint8, device=device)
+    dist.recv(payload, src=sender)
+    return _decode(payload), sender
+
+
+def send_tensors(tensors: Sequence[torch.Tensor], dst: int) -> list[Any]:
+    """Post non-blocking sends of ``tensors`` (as they are: no copy) to global rank ``dst``; wait the returned works
+    before the tensors change."""
+    device = comm_device(None)
+    works = []
+    for t in tensors:
+        t = t.detach()
+        works.append(dist.isend(t if t.device == device else t.to(device), dst))
+    return works
+
+
+def recv_tensors_(tensors: Sequence[torch.Tensor], src: int) -> None:
+    """Receive into ``tensors`` (in place) from global rank ``src``, in order (blocking)."""
+    device = comm_device(None)
+    for t in tensors:
+        buf = t if t.device == device else torch.empty_like(t, device=device)
+        dist.recv(buf, src=src)
+        if buf is not t:
+            t.copy_(buf)

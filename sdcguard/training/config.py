@@ -1,0 +1,68 @@
+"""The guard's settings and what one step reports: plain frozen dataclasses, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from ..errors import BadInput
+from ..records import Incident
+
+__all__ = ["GuardConfig", "StepReport", "OnDetect", "Check", "EXIT_SUSPECT_DEVICE", "EXIT_RESTART"]
+
+OnDetect = Literal["record", "skip", "raise", "exit"]
+Check = Literal["gradient_replica", "weight_replica", "replay"]
+
+EXIT_SUSPECT_DEVICE = 86
+"""Exit status of a rank whose device was named as a suspect (``on_detect="exit"``): do not restart it here."""
+EXIT_RESTART = 85
+"""Exit status of the other ranks (``on_detect="exit"``): the job should restart without the suspect node."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GuardConfig:
+    """Validated settings of a guard (``SDCGuard`` builds it from its keyword arguments)."""
+
+    replay_every: int = 50
+    """Replay one step in N (0: never)."""
+    shadows: Literal["peer"] | tuple[int, ...] = "peer"
+    """``"peer"``: data-parallel ranks replay each other; or the global ranks of dedicated shadows."""
+    weight_check_every: int = 100
+    """Compare the weights across replicas every N steps in ``after_optimizer_step`` (0: never)."""
+    store: str | None = None
+    """Path of the fleet store that incidents are recorded in (by the group's first rank)."""
+    on_detect: OnDetect = "skip"
+    """``record``: only record; ``skip``: no rank commits a corrupted step; ``raise``: raise
+    ``CorruptionDetected`` on every rank; ``exit``: every rank exits (see the exit-code contract)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.replay_every, int) or self.replay_every < 0:
+            raise BadInput(f"replay_every must be an integer >= 0, got {self.replay_every!r}")
+        if not isinstance(self.weight_check_every, int) or self.weight_check_every < 0:
+            raise BadInput(f"weight_check_every must be an integer >= 0, got {self.weight_check_every!r}")
+        if self.on_detect not in ("record", "skip", "raise", "exit"):
+            raise BadInput(f"on_detect must be record, skip, raise or exit, got {self.on_detect!r}")
+        if self.shadows != "peer":
+            if isinstance(self.shadows, str) or not all(isinstance(r, int) and r >= 0 for r in self.shadows):
+                raise BadInput(f'shadows must be "peer" or a list of ranks, got {self.shadows!r}')
+            if not self.shadows or len(set(self.shadows)) != len(self.shadows):
+                raise BadInput(f"shadows must name at least one rank, each once, got {list(self.shadows)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepReport:
+    """What one guarded step found."""
+
+    step: int
+    loss: torch.Tensor
+    """The step's loss (mean over its micro-batches), detached; NaN when the guard did not see it (adapters)."""
+    commit: bool
+    """False when the optimizer must not apply this step (identical on every rank)."""
+    incidents: tuple[Incident, ...] = ()
+    """Incidents found during this call (a dedicated shadow's verdict may name an earlier step)."""
+    replayed: bool = False
+    """Whether this step was a sampled (replayed) step."""
+    checks: tuple[Check, ...] = ()
+    """The checks that ran on this step (replay is dropped for the run once replays prove nondeterministic)."""

@@ -1,0 +1,329 @@
+"""``SDCGuard``: the training-side detector. It watches the step the framework runs and vetoes a corrupted one.
+
+Every entry point is the same four calls around the framework's own forward and backward: ``begin_step``,
+``before_forward`` (each micro-batch), ``observe_loss`` (the loss the backward starts from) and ``end_step`` (before
+the optimizer). ``guard.step`` makes them for a plain loop; the Lightning and Hugging Face callbacks make them from
+the framework's hooks. What happens on every data-parallel rank:
+
+1. The framework runs its forward and backward, its gradient reduction and its overlap (DDP, FSDP2/HSDP); the guard
+   adds hooks only (:mod:`.ddp`: a tensor hook per parameter; :mod:`.fsdp`: a custom reduce-scatter). On the sampled
+   micro-batch of a sampled step (one step in ``replay_every``) they fingerprint its local gradients on the device
+   as the framework hands them over; the micro-batch, random states, autocast state and seed are captured.
+2. ``end_step``: the gradients the optimizer is about to read are fingerprinted in place and folded into one value;
+   on a sampled step each rank replays another rank's micro-batch (:mod:`.rounds`) or sends it to a dedicated
+   shadow (:mod:`.shadows`). Everything the veto needs rides in one fixed-size all-gather.
+3. Replicas holding the same data must agree bit for bit (:mod:`.replica`); an original and its replay must agree
+   too, and a disagreement is settled by a majority of devices (:mod:`.attribution`). A setup that does not replay
+   bit for bit is recognised and never blamed on hardware (:mod:`.calibration`).
+4. The veto: with ``on_detect="skip"`` no rank commits a corrupted step, and its gradients are dropped (``.grad`` is
+   set to None, so an optimizer step changes nothing). Every rank decides alike with no collective of its own,
+   because every input of the decision came out of the gathers above. ``after_optimizer_step`` compares the weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from ..devices import hostname
+from ..errors import BadInput
+from ..fingerprint import combine_on_device
+from ..records import Incident
+from .attribution import Attributor, job_id
+from .calibration import CalibrationReport, calibrate, setup_warnings
+from .capture import Batch, Capture, RngHook, capture_rng, make_capture
+from .comm import Comm
+from .config import Check, GuardConfig, OnDetect, StepReport
+from .ddp import ParamTaps, is_ddp, unwrap, wrap_ddp
+from .fsdp import FSDPTaps, is_fsdp
+from .identity import local_device_id
+from .observe import StepObserver
+from .replay import LossFn, check_loss, replay
+from .replica import fingerprint_column, odd_ranks, replica_incidents
+from .outcomes import Outcomes
+from .response import Responder
+from .rounds import PeerRound, RoundResult
+from .shadows import DedicatedRound, ShadowServer, worker_group
+from .taps import Digest
+
+__all__ = ["SDCGuard"]
+
+
+class SDCGuard:
+    """Exact replay and cross-replica checks around each training step (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn, *, group: Any = None, replay_every: int = 50,
+                 shadows: Literal["peer"] | Sequence[int] = "peer", weight_check_every: int = 100,
+                 store: str | os.PathLike[str] | None = None, on_detect: OnDetect = "skip",
+                 rng_hook: RngHook | None = None) -> None:
+        self.config = GuardConfig(replay_every=replay_every, shadows="peer" if shadows == "peer" else tuple(shadows),
+                                  weight_check_every=weight_check_every, on_detect=on_detect,
+                                  store=None if store is None else os.fspath(store))
+        self.loss_fn = loss_fn
+        self.rng_hook = rng_hook
+        self._roles(group)
+        self.model, self.module, self.taps = self._wire(model)
+        self.params = list(self.taps.params)
+        self.device = self.params[0].device
+        world = Comm() if self.shadow_ranks else self.comm
+        everyone = world.gather_objects((local_device_id(self.device), hostname(), self._replica_key()))
+        self.identities: dict[int, tuple[str | None, str]] = {g: (e[0], e[1]) for g, e in zip(world.members, everyone)}
+        self._keys = [e[2] for g, e in zip(world.members, everyone) if g in self.members]
+        self._attr = Attributor(self.taps.unit_names, self.identities)
+        self._responder = Responder(on_detect, self.config.store, rank=self.rank, writer=self.dp_rank == 0)
+        self._outcomes = Outcomes(self._attr, self.members, self.device, speaks=self.dp_rank == 0)
+        self._determinism = self._outcomes.determinism
+        self._verification = self._outcomes.verification
+        self._observer = StepObserver(self.taps, rank=self.dp_rank, device=self.device, rng_hook=rng_hook)
+        record_ops = not self.taps.collective_replay
+        self._rounds: PeerRound | DedicatedRound = (
+            DedicatedRound(self.comm, self.shadow_ranks, self.params, self._replay, self._attr) if self.shadow_ranks
+            else PeerRound(self.comm, lambda c, same: self._replay(c, same), self._attr, record_ops=record_ops))
+        self._steps = self._samples = 0
+        self._last_step: int | None = None
+        self._sampled = self._closed = False
+        self.replaying = False
+        """True while the guard replays (a framework hook that sees a forward then is seeing the guard's own)."""
+        if self.role == "worker" and (problems := setup_warnings(self.device)):
+            warnings.warn("sdcguard: replays on CUDA will not be bit-identical, so replay checks will turn "
+                          f"themselves off: {'; '.join(problems)}", RuntimeWarning, stacklevel=2)
+
+    # ------------------------------------------------------------------------------------------------ setup
+
+    def _roles(self, group: Any) -> None:
+        self.role, self.shadow_ranks, self.comm = worker_group(self.config.shadows, group)
+        self.group = self.comm.group
+        self.rank, self.members, self.dp_size, self.dp_rank = (self.comm.rank, self.comm.members, self.comm.size,
+                                                               self.comm.index)
+
+    def _wire(self, model: nn.Module) -> tuple[nn.Module, nn.Module, ParamTaps | FSDPTaps]:
+        if is_fsdp(model):
+            if self.shadow_ranks:
+                raise BadInput("dedicated shadows replay a whole model on one device: use peer mode with FSDP2")
+            return model, model, FSDPTaps(model)
+        module = unwrap(model)
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise BadInput("the model has no parameter that requires a gradient")
+        return model, module, ParamTaps(module, named)
+
+    def _replica_key(self) -> object:
+        return self.taps.replica_key() if isinstance(self.taps, FSDPTaps) else ()
+
+    # ------------------------------------------------------------------------------------------- the step
+
+    @property
+    def observing(self) -> bool:
+        """Between ``begin_step`` and ``end_step``."""
+        return self._observer.active
+
+    def begin_step(self, step: int, *, micro_batches: int = 1) -> None:
+        """Start observing optimizer step ``step`` (``micro_batches``: how many forwards it accumulates)."""
+        if self.role != "worker":
+            raise RuntimeError("a dedicated shadow rank runs guard.serve(), not the training step")
+        if micro_batches < 1:
+            raise BadInput(f"micro_batches must be >= 1, got {micro_batches}")
+        self._sampled = (self.config.replay_every > 0 and step % self.config.replay_every == 0
+                         and self._determinism.state != "nondeterministic")
+        record = self._sampled and (not isinstance(self._rounds, DedicatedRound)
+                                    or self._rounds.owner(self._samples) == self.dp_rank)
+        self._observer.begin(step, record=record, chosen=self._samples % micro_batches)
+
+    def before_forward(self, batch: Batch) -> None:
+        """Call right before each micro-batch's forward, with that micro-batch."""
+        self._observer.before_forward(batch)
+
+    def observe_loss(self, loss: torch.Tensor) -> None:
+        """Call with the loss tensor the micro-batch's backward starts from, before the backward."""
+        self._observer.observe_loss(loss)
+
+    def end_step(self, *, loss: torch.Tensor | None = None) -> StepReport:
+        """After the backward, before the optimizer: the checks and the veto (collective over the group)."""
+        step = self._observer.step
+        if step is None:
+            raise RuntimeError("end_step() without begin_step()")
+        observed = self._observer.finish()
+        sampled, sample = self._sampled, self._samples
+        dedicated = self._rounds if isinstance(self._rounds, DedicatedRound) else None
+        earlier: list[RoundResult] = []  # a dedicated shadow's verdicts on earlier steps, reported now
+        cols: list[torch.Tensor] = [combine_on_device(fingerprint_column(self.taps.reduced(), self.device))]
+        if dedicated is not None and sampled:
+            earlier += dedicated.send(step, sample, observed)
+        cols.append(torch.tensor(dedicated.arrived() if dedicated else 0, dtype=torch.int64, device=self.device))
+        state = None
+        if sampled and isinstance(self._rounds, PeerRound):
+            assert observed is not None
+            extra, state = self._rounds.columns(sample, observed)
+            cols += [torch.tensor(v, dtype=torch.int64, device=self.device) for v in extra]
+        table = self.comm.gather_ints(torch.stack(cols)).tolist()
+        found: list[Incident] = []
+        if odd_ranks([row[0] for row in table], self._keys):
+            found += self._replica_incidents("gradient_replica", step, self.taps.reduced())
+        replicas_differ = bool(found)  # whoever is wrong, a step whose replicas differ is not sound
+        current = RoundResult()
+        if state is not None:
+            assert isinstance(self._rounds, PeerRound)
+            current = self._rounds.finish(step, state, [row[2:] for row in table])
+        if sampled:
+            self._samples += 1
+        found += self._outcomes.settled(sample, current)
+        commit = not ((replicas_differ or current.corrupt) and self.config.on_detect != "record")
+        if dedicated is not None:
+            earlier += dedicated.collect_arrived(max(row[1] for row in table))
+        for result in earlier:
+            found += self._outcomes.settled(sample, result)
+        found = [self._outcomes.rollback(i, vetoed=not commit and i.step == step) for i in found]
+        if not commit:
+            for p in self.params:
+                p.grad = None  # the optimizer skips parameters without gradients: the step changes nothing
+        self._steps += 1
+        self._last_step = step
+        self._responder.handle(found)
+        replicas = any(self._keys.count(k) > 1 for k in self._keys)
+        checks: list[Check] = (["gradient_replica"] if replicas else []) + (["replay"] if sampled else [])
+        mean = loss if loss is not None else torch.full((), float("nan"))
+        return StepReport(step=step, loss=mean, commit=commit, incidents=tuple(found), replayed=sampled,
+                          checks=tuple(checks))
+
+    def step(self, step: int, batch: Batch = None, *, micro_batches: Sequence[Batch] | None = None) -> StepReport:
+        """Forward, backward, checks and veto for one optimizer step of a plain loop.
+
+        ``batch`` is this rank's micro-batch; with gradient accumulation pass ``micro_batches=[...]`` instead (each
+        loss is divided by their number, as an accumulating loop would; DDP synchronises on the last one). On commit
+        the gradients are in ``.grad``; on a vetoed step ``.grad`` is None. ``loss_fn`` receives the model as given
+        (the guard wraps a plain module of a distributed job in DDP); replays receive the module without wrapper.
+        """
+        if (batch is None) == (micro_batches is None):
+            raise BadInput("pass exactly one of batch or micro_batches")
+        mbs = [batch] if micro_batches is None else list(micro_batches)
+        if not mbs:
+            raise BadInput("micro_batches is empty")
+        if self.role == "worker" and not self.comm.alone and not (is_ddp(self.model) or is_fsdp(self.model)):
+            self.model = wrap_ddp(self.module, self.group)  # the framework's reduction, overlapped with the backward
+        self.begin_step(step, micro_batches=len(mbs))
+        losses = []
+        try:
+            for i, mb in enumerate(mbs):
+                last = i == len(mbs) - 1
+                with self.model.no_sync() if is_ddp(self.model) and not last else contextlib.nullcontext():
+                    self.before_forward(mb)
+                    loss = check_loss(self.loss_fn(self.model, mb))
+                    self.observe_loss(loss)
+                    (loss / len(mbs) if len(mbs) > 1 else loss).backward()
+                losses.append(loss.detach())
+        except BaseException:
+            self._observer.finish()
+            raise
+        return self.end_step(loss=losses[0] if len(losses) == 1 else torch.stack(losses).mean())
+
+    def after_optimizer_step(self) -> list[Incident]:
+        """Compare the weights across replicas when the schedule says so (call it after ``optimizer.step()``)."""
+        every = self.config.weight_check_every
+        if self.role != "worker" or not every or self._last_step is None or self._last_step % every:
+            return []
+        if not any(self._keys.count(k) > 1 for k in self._keys):
+            return []
+        weights = self.taps.weights()
+        table = self.comm.gather_ints(combine_on_device(fingerprint_column(weights, self.device)).reshape(1))
+        found = []
+        if odd_ranks(table[:, 0].tolist(), self._keys):
+            found = [self._outcomes.rollback(i, vetoed=False)
+                     for i in self._replica_incidents("weight_replica", self._last_step, weights)]
+        self._verification.weights_compared(self._last_step, agreed=not found)
+        self._responder.handle(found)
+        return found
+
+    # ---------------------------------------------------------------------------------------- internals
+
+    def _replica_incidents(self, kind: str, step: int, tensors: list[torch.Tensor | None]) -> list[Incident]:
+        ids = [(g, *self.identities.get(g, (None, ""))) for g in self.members]
+        return replica_incidents(self.comm, kind, step, tensors, self._keys, self.taps.param_names, ids, job_id())
+
+    def _replay(self, cap: Capture, same_process: bool, values: Sequence[torch.Tensor] | None = None) -> Digest:
+        self.replaying = True
+        try:
+            return replay(self.taps, self.loss_fn, cap, device=self.device, rng_hook=self.rng_hook,
+                          same_process=same_process, params=self.params, param_values=values)
+        finally:
+            self.replaying = False
+
+    # ----------------------------------------------------------------------------------- other entry points
+
+    @property
+    def incidents(self) -> list[Incident]:
+        """Every incident so far (identical on every rank of the group)."""
+        return self._responder.incidents
+
+    @property
+    def last_verified_step(self) -> int | None:
+        """The last step every rank's checks vouched for: every rank's latest clean sample is at or after it, and no
+        incident since then may have reached the weights (see :mod:`.verification`). None before every rank was
+        sampled cleanly, or when replay is off."""
+        return self._verification.last_verified_step
+
+    def note_checkpoint(self, checkpoint_id: str, step: int) -> bool:
+        """Remember a checkpoint of the state after ``step`` (``sdcguard.checkpoint.save`` calls it); whether that
+        state is verified. Later incidents name the newest verified checkpoint to restart from."""
+        return self._verification.note_checkpoint(checkpoint_id, step).verified
+
+    @property
+    def nondeterministic(self) -> bool:
+        """True once replays on this setup proved not bit-identical (replay checks are then off)."""
+        return self._determinism.state == "nondeterministic"
+
+    def calibrate(self, batch: Batch) -> CalibrationReport:
+        """Replay one clean micro-batch twice on each rank and once on another: are the results bit-identical?
+
+        Touches neither ``.grad`` nor the random streams. Every worker calls it (collective). When not identical,
+        replay checks are turned off and the report names the likely causes."""
+        if self.role != "worker":
+            raise RuntimeError("calibrate() runs on the data-parallel workers")
+        cap = make_capture(step=-1, rank=self.dp_rank, micro_batch=0, batch=batch, rng=capture_rng(self.rng_hook))
+        report = calibrate(self.comm, lambda c, same: self._replay(c, same), cap, self.device,
+                           record_ops=not self.taps.collective_replay)
+        if report.deterministic:
+            self._determinism.state = "deterministic"
+        else:
+            self._determinism.declare(f"calibrate(): {report}", list(report.causes))
+        return report
+
+    def serve(self) -> int:
+        """On a dedicated shadow rank: replay the samples workers send until every worker calls ``close()``."""
+        if self.role != "shadow":
+            raise RuntimeError("guard.serve() runs on dedicated shadow ranks only")
+        return ShadowServer(self.params, self._replay, num_workers=self.dp_size).serve()
+
+    def close(self) -> list[Incident]:
+        """End of training: collect outstanding shadow verdicts, release the shadows, remove the hooks."""
+        if self._closed:
+            return []
+        self._closed = True
+        found: list[Incident] = []
+        if self.role == "worker" and isinstance(self._rounds, DedicatedRound):
+            for result in self._rounds.close():
+                found += [self._outcomes.rollback(i, vetoed=False) for i in self._outcomes.settled(self._samples, result)]
+            self._responder.handle(found)
+        self.taps.close()
+        return found
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters a resumed run needs (the sample counter drives pairings and micro-batch choice)."""
+        return {"version": 2, "steps": self._steps, "samples": self._samples, "last_step": self._last_step,
+                "determinism": self._determinism.state_dict(), "verification": self._verification.state_dict(),
+                "incidents": len(self.incidents)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("version") not in (1, 2):
+            raise BadInput(f"unknown SDCGuard state version {state.get('version')!r}")
+        self._steps, self._samples, self._last_step = int(state["steps"]), int(state["samples"]), state["last_step"]
+        if state["version"] == 1:
+            self._determinism.load_state_dict({"state": "nondeterministic" if state["nondeterministic"] else "unknown"})
+        else:
+            self._determinism.load_state_dict(state["determinism"])
+            self._verification.load_state_dict(state.get("verification", {}))

@@ -1,0 +1,31 @@
+"""Which device this rank computes on, as a fleet device id (the spelling lives in :mod:`sdcguard.devices`)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from ..devices import cpu_id, gpu_id
+
+__all__ = ["local_device_id"]
+
+
+def local_device_id(device: torch.device | None = None) -> str:
+    """Device id of the device this rank computes on.
+
+    CUDA: ``GPU-<uuid>`` from the device properties. CPU: ``cpu:<host>:<core>`` where core is the lowest core of
+    this process's affinity mask when the process is pinned to a subset of the cores; an unpinned process has no
+    core of its own, so its local rank (``LOCAL_RANK``, else the global rank, else 0) stands in for it.
+    """
+    if device is not None and device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return gpu_id(str(torch.cuda.get_device_properties(index).uuid))
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    if affinity and len(affinity) < (os.cpu_count() or len(affinity) + 1):
+        return cpu_id(min(affinity))
+    local = os.environ.get("LOCAL_RANK")
+    if local is None:
+        local = str(dist.get_rank()) if dist.is_available() and dist.is_initialized() else "0"
+    return cpu_id(int(local))

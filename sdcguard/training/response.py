@@ -1,0 +1,69 @@
+"""What the guard does with incidents: keep them, record them in the fleet store, and act on ``on_detect``.
+
+Exit-code contract (``on_detect="exit"``): every rank of the data-parallel group holds the same incidents and
+leaves at the same step, so no rank waits on a dead peer. Ranks named as suspects exit with
+:data:`~.config.EXIT_SUSPECT_DEVICE` (86): "do not restart on this node"; the others with
+:data:`~.config.EXIT_RESTART` (85): "restart me (without the suspect node)". A suspect rank also appends the
+incidents as JSON lines to ``$SDCGUARD_SUSPECT_FILE`` when that variable is set, so a node-level wrapper around
+``torchrun`` can tell "leave the job" from "rejoin".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import warnings
+from dataclasses import asdict
+
+from ..errors import CorruptionDetected
+from ..records import Incident
+from .config import EXIT_RESTART, EXIT_SUSPECT_DEVICE, OnDetect
+
+__all__ = ["Responder"]
+
+
+class Responder:
+    """Records and acts on incidents for one rank (``writer``: the one rank of the group that writes the store)."""
+
+    def __init__(self, on_detect: OnDetect, store: str | None, *, rank: int, writer: bool) -> None:
+        self.on_detect = on_detect
+        self.store = store
+        self.rank = rank
+        self.writer = writer
+        self.incidents: list[Incident] = []
+
+    def handle(self, found: list[Incident]) -> None:
+        """Keep and record ``found``; raise or exit when ``on_detect`` says so and something names a device."""
+        if not found:
+            return
+        self.incidents.extend(found)
+        self._record(found)
+        actionable = [i for i in found if i.kind != "nondeterministic"]
+        if not actionable:
+            return
+        if self.on_detect == "raise":
+            raise CorruptionDetected(f"silent data corruption: {actionable[0].detail}", tuple(actionable))
+        if self.on_detect == "exit":
+            suspect = any(self.rank in i.suspect_ranks for i in actionable)
+            if suspect and os.environ.get("SDCGUARD_SUSPECT_FILE"):
+                with contextlib.suppress(OSError):
+                    with open(os.environ["SDCGUARD_SUSPECT_FILE"], "a", encoding="utf-8") as f:
+                        for i in actionable:
+                            f.write(json.dumps(asdict(i)) + "\n")
+            print(f"sdcguard: {actionable[0].detail}", file=sys.stderr, flush=True)
+            sys.exit(EXIT_SUSPECT_DEVICE if suspect else EXIT_RESTART)
+
+    def _record(self, found: list[Incident]) -> None:
+        if self.store is None or not self.writer:
+            return
+        try:
+            from ..store import Store
+
+            with Store.open(self.store) as store:
+                for incident in found:
+                    store.record_incident(incident)
+        except Exception as e:  # never crash training over bookkeeping: the incident stays in memory
+            warnings.warn(f"sdcguard: could not record {len(found)} incident(s) in {self.store}: {e}; "
+                          "they are kept in guard.incidents", RuntimeWarning, stacklevel=4)

@@ -1,0 +1,312 @@
+"""Dedicated shadow ranks: hot spares that replay sampled micro-batches while the workers go on.
+
+On a sampled step one worker (samples rotate over the workers and the shadows) sends a shadow its micro-batch,
+random states and digest, then its parameters from a staging copy (one buffer per parameter, on the communication
+device, allocated once and reused: the optimizer may change the live tensors while the sends are in flight, and a
+busy shadow must never hold a worker up). The shadow receives the parameters into its own module, replays, and
+sends a small verdict back; the workers pick it up at the first step after it arrived (the per-step all-gather
+carries an "arrived" value, so nobody waits) and wait only when the shadow falls more than :data:`MAX_PENDING`
+samples behind, or when the staging copy is still being sent as the next sample comes.
+
+A shadow holds one copy of the parameters: its module's. When its replay disagrees with the worker's original it
+keeps that sample (capture, digest, parameter values) until the workers fetch it to settle the disagreement: every
+worker recomputes the sample at those values and a majority decides (:func:`~.attribution.judge`). A shadow's
+verdict names a step that was already applied: a shadow cannot veto.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..errors import BadInput
+from .attribution import Attributor, Opinion, judge
+from .capture import Capture
+from .comm import Comm, comm_device, recv_object, recv_tensors_, send_object, send_stop, send_tensors
+from .observe import Observed
+from .pairing import shadow_assignment
+from .rounds import RoundResult
+from .taps import Digest
+
+__all__ = ["Roles", "plan_roles", "worker_group", "ShadowSample", "Fetch", "Verdict", "ShadowServer", "DedicatedRound",
+           "MAX_PENDING", "VERDICT_LEN"]
+
+Role = Literal["worker", "shadow"]
+VERDICT_LEN = 5  # [sample, step, matched, first_unit, loss_differs]
+MAX_PENDING = 2
+"""Samples a shadow may lag behind before the workers wait for its oldest verdict."""
+
+ReplayAt = Callable[[Capture, bool, Sequence[torch.Tensor] | None], Digest]
+"""``replay(capture, same_process, parameter values or None for the live ones) -> Digest``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Roles:
+    """The roles of a job with dedicated shadows (see :func:`plan_roles`)."""
+
+    workers: tuple[int, ...]
+    """Global ranks of the data-parallel workers (``0 .. W-1``)."""
+    shadows: tuple[int, ...]
+    """Global ranks of the dedicated shadows (the last ranks)."""
+    role: Role
+    """This process's role."""
+    dp_group: Any = field(default=None, repr=False)
+    """The workers' process group (on a shadow, torch's non-member placeholder: pass it to ``SDCGuard`` all the
+    same, so that no rank builds the group a second time)."""
+
+    def __post_init__(self) -> None:
+        if not self.workers:
+            raise ValueError("a job needs at least one worker")
+        if set(self.workers) & set(self.shadows):
+            raise ValueError("a rank cannot be both a worker and a shadow")
+
+
+def plan_roles(num_shadows: int, *, world_size: int | None = None, rank: int | None = None) -> Roles:
+    """Split the world into workers (the first ranks) and ``num_shadows`` dedicated shadows (the last ranks).
+
+    Call it on every rank right after ``init_process_group``: it creates the data-parallel group collectively.
+    Pass ``roles.dp_group`` to DDP and to ``SDCGuard(group=...)``, and ``list(roles.shadows)`` as ``shadows=``.
+    """
+    world = world_size if world_size is not None else dist.get_world_size()
+    me = rank if rank is not None else dist.get_rank()
+    if not 0 <= num_shadows < world:
+        raise ValueError(f"need 0 <= num_shadows < world size ({world}), got {num_shadows}")
+    workers = tuple(range(world - num_shadows))
+    shadows = tuple(range(world - num_shadows, world))
+    group = dist.new_group(ranks=list(workers)) if dist.is_initialized() else None
+    role: Role = "shadow" if me in shadows else "worker"
+    return Roles(workers=workers, shadows=shadows, role=role, dp_group=group)
+
+
+def worker_group(shadows: Literal["peer"] | tuple[int, ...], group: Any) -> tuple[Role, tuple[int, ...], Comm]:
+    """This rank's role, the shadow ranks and the workers' :class:`Comm` for a guard built with ``shadows``.
+
+    With dedicated shadows every rank of the world (shadows too) must call it: it may create the workers' group.
+    """
+    if shadows == "peer":
+        return "worker", (), Comm(group)
+    if not (dist.is_available() and dist.is_initialized()):
+        raise BadInput("dedicated shadows need torch.distributed to be initialised")
+    world = dist.get_world_size()
+    if any(r >= world for r in shadows):
+        raise BadInput(f"shadow ranks {list(shadows)} are not all below the world size {world}")
+    workers = [r for r in range(world) if r not in shadows]
+    if not workers:
+        raise BadInput("every rank is a shadow: at least one worker is needed")
+    if group is None:  # collective over the world
+        group = dist.new_group(ranks=workers)
+    role: Role = "shadow" if dist.get_rank() in shadows else "worker"
+    if role == "worker" and dist.get_process_group_ranks(group) != workers:
+        raise BadInput("with dedicated shadows, group must hold exactly the non-shadow ranks")
+    return role, tuple(shadows), Comm(group if role == "worker" else None, members=workers)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShadowSample:
+    """What a worker sends a shadow on a sampled step (the parameters follow, one tensor each, in order)."""
+
+    sample: int
+    step: int
+    capture: Capture
+    original: Digest
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """A worker asks a shadow for a sample it kept after a disagreement."""
+
+    sample: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """A shadow's answer about one sample (an int64 tensor of :data:`VERDICT_LEN` on the wire)."""
+
+    sample: int
+    step: int
+    matched: bool
+    first_unit: int | None
+    loss_differs: bool
+
+    def to_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        first = -1 if self.first_unit is None else self.first_unit
+        return torch.tensor([self.sample, self.step, int(self.matched), first, int(self.loss_differs)],
+                            dtype=torch.int64, device=device)
+
+    @classmethod
+    def from_tensor(cls, t: torch.Tensor) -> Verdict:
+        v = [int(x) for x in t.cpu().tolist()]
+        return cls(sample=v[0], step=v[1], matched=bool(v[2]), first_unit=None if v[3] < 0 else v[3],
+                   loss_differs=bool(v[4]))
+
+
+class ShadowServer:
+    """The loop a dedicated shadow rank runs until every worker has stopped (``SDCGuard.close()``)."""
+
+    def __init__(self, params: Sequence[nn.Parameter], replay_fn: ReplayAt, *, num_workers: int) -> None:
+        self.params = list(params)
+        self.replay_fn = replay_fn
+        self.num_workers = num_workers
+        self.replays = 0
+        self._kept: dict[int, tuple[Capture, Digest, list[torch.Tensor]]] = {}
+
+    def serve(self) -> int:
+        """Serve until every worker has stopped; returns the number of samples replayed."""
+        stopped: set[int] = set()
+        while len(stopped) < self.num_workers:
+            msg, sender = recv_object(None)
+            if msg is None:
+                stopped.add(sender)
+            elif isinstance(msg, Fetch):
+                cap, digest, values = self._kept.pop(msg.sample)
+                handles = send_object((cap, digest), sender)
+                for w in handles[0] + send_tensors(values, sender):
+                    w.wait()
+            else:
+                self._replay(msg, sender)
+        return self.replays
+
+    def _replay(self, sample: ShadowSample, sender: int) -> None:
+        with torch.no_grad():
+            recv_tensors_([p.data for p in self.params], sender)
+        mine = self.replay_fn(sample.capture, False, None)
+        matched = mine == sample.original
+        if not matched:  # kept until the workers fetch it to settle the disagreement
+            self._kept[sample.sample] = (sample.capture, mine, [p.detach().clone() for p in self.params])
+        first = None if matched else sample.original.first_difference(mine)
+        loss_differs = not matched and mine.loss is not None and sample.original.loss not in (None, mine.loss)
+        verdict = Verdict(sample=sample.sample, step=sample.step, matched=matched, first_unit=first,
+                          loss_differs=loss_differs)
+        dist.send(verdict.to_tensor(comm_device(None)), sender)
+        self.replays += 1
+
+
+@dataclass
+class _Pending:
+    """A sample sent to a shadow, waiting for its verdict (every worker keeps the metadata)."""
+
+    sample: int
+    step: int
+    worker: int  # index in the data-parallel group
+    shadow: int  # global rank
+    # only on the sending worker:
+    verdict: torch.Tensor | None = None
+    verdict_work: Any = None
+    original: Digest | None = None
+
+
+class DedicatedRound:
+    """The workers' side of dedicated shadows (see the module docstring)."""
+
+    def __init__(self, comm: Comm, shadows: Sequence[int], params: Sequence[nn.Parameter], replay_fn: ReplayAt,
+                 attributor: Attributor) -> None:
+        self.comm = comm
+        self.shadows = tuple(shadows)
+        self.params = list(params)
+        self.replay_fn = replay_fn
+        self.attr = attributor
+        self._pending: collections.deque[_Pending] = collections.deque()
+        self._staging: list[torch.Tensor] = []
+        self._in_flight: tuple[list[Any], Any] = ([], None)
+        """The previous sample's sends (to wait on) and the buffers they read (kept alive until then)."""
+
+    def owner(self, sample: int) -> int:
+        """Data-parallel index of the worker whose micro-batch the sample checks."""
+        return shadow_assignment(sample, self.comm.size, len(self.shadows))[0]
+
+    def send(self, step: int, sample: int, observed: Observed | None) -> list[RoundResult]:
+        """A sampled step: the owner sends its micro-batch and parameters; every worker notes the pending sample.
+        Waits for the oldest verdicts first when the shadow fell behind (their results are returned)."""
+        results = []
+        while len(self._pending) >= MAX_PENDING:
+            results.append(self.collect())
+        w, s = shadow_assignment(sample, self.comm.size, len(self.shadows))
+        pending = _Pending(sample=sample, step=step, worker=w, shadow=self.shadows[s])
+        if self.comm.index == w:
+            assert observed is not None
+            original = observed.record.digest()
+            msg = ShadowSample(sample=sample, step=step, capture=observed.capture, original=original)
+            for work in self._in_flight[0]:  # the staging copy is free once the previous sample's sends are done
+                work.wait()
+            device = comm_device(None)
+            if not self._staging:
+                self._staging = [torch.empty_like(p, device=device) for p in self.params]
+            with torch.no_grad():
+                for buf, p in zip(self._staging, self.params):
+                    buf.copy_(p)
+            handles = send_object(msg, pending.shadow)
+            self._in_flight = (handles[0] + send_tensors(self._staging, pending.shadow), handles)
+            pending.verdict = torch.zeros(VERDICT_LEN, dtype=torch.int64, device=device)
+            pending.verdict_work = dist.irecv(pending.verdict, src=pending.shadow)
+            pending.original = original
+        self._pending.append(pending)
+        return results
+
+    def arrived(self) -> int:
+        """``1 +`` the oldest pending sample when this worker sent it and its verdict has arrived (no waiting)."""
+        if not self._pending or self._pending[0].worker != self.comm.index:
+            return 0
+        return self._pending[0].sample + 1 if self._pending[0].verdict_work.is_completed() else 0
+
+    def collect_arrived(self, arrived: int) -> list[RoundResult]:
+        """Settle the verdict announced in this step's gather (``arrived``: the gathered maximum), if it is still
+        the oldest pending one (a full queue may have collected it already)."""
+        if arrived and self._pending and self._pending[0].sample == arrived - 1:
+            return [self.collect()]
+        return []
+
+    def collect(self) -> RoundResult:
+        """Every worker: the oldest pending verdict (the sender waits for it), settled when it disagrees."""
+        if not self._pending:
+            return RoundResult()
+        pending = self._pending.popleft()
+        result = RoundResult(step=pending.step)
+        buf = torch.zeros(VERDICT_LEN, dtype=torch.int64, device=self.comm.device)
+        if self.comm.index == pending.worker:
+            pending.verdict_work.wait()
+            buf.copy_(pending.verdict)
+        self.comm.broadcast_tensors_([buf], src=pending.worker)
+        if not Verdict.from_tensor(buf).matched:
+            self._settle(pending, result)
+        if not result.unresolved and self.comm.members[pending.worker] not in result.blamed:
+            result.clean = {self.comm.members[pending.worker]}
+        return result
+
+    def _settle(self, pending: _Pending, result: RoundResult) -> None:
+        me, owner, g = self.comm.index, pending.worker, self.comm.members
+        values = [torch.empty_like(p) for p in self.params]
+        payload = None
+        if me == owner:
+            request = send_object(Fetch(pending.sample), pending.shadow)
+            for w in request[0]:
+                w.wait()
+            payload, _ = recv_object(pending.shadow)
+            recv_tensors_(values, pending.shadow)
+        cap, shadow_digest = self.comm.broadcast_object(payload, src=owner)
+        self.comm.broadcast_tensors_(values, src=owner)
+        rerun = self.replay_fn(cap, me == owner, values)
+        everyone = self.comm.gather_objects({"rerun": rerun, "original": pending.original})
+        j = judge(Opinion(g[owner], everyone[owner]["original"]), Opinion(pending.shadow, shadow_digest),
+                  [Opinion(g[q], everyone[q]["rerun"]) for q in range(self.comm.size)])
+        if j.agreed is None:
+            result.unresolved.append(f"rank {g[owner]}'s micro-batch at step {pending.step}: {j.how}")
+            return
+        result.blamed |= set(j.blamed)
+        result.incidents += self.attr.replay_incidents(pending.step, [(g[owner], j)])
+
+    def close(self) -> list[RoundResult]:
+        """End of training: collect every outstanding verdict, then release the shadows."""
+        results = []
+        while self._pending:
+            results.append(self.collect())
+        for work in self._in_flight[0]:
+            work.wait()
+        for s in self.shadows:
+            send_stop(s)
+        return results

@@ -1,0 +1,112 @@
+"""What every parallelism's hooks provide the guard: local-gradient fingerprints taken where the framework hands the
+gradients over, a replay backward that reduces and accumulates nothing, and the tensors the optimizer will read.
+
+A *unit* is the smallest piece whose local gradient is fingerprinted on its own: a parameter under DDP (or in one
+process), one FSDP module's reduce-scatter input under FSDP2/HSDP. A :class:`LocalRecord` holds one fingerprint per
+unit, on the device, written by the hooks while a recorded backward runs (no host synchronisation, no copy of any
+gradient). Units without a gradient keep the value 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from ..fingerprint import combine_on_device, fingerprints_on_device
+
+__all__ = ["LocalRecord", "Taps", "Digest"]
+
+
+@dataclass(frozen=True, eq=False)
+class Digest:
+    """Exact fingerprints of one computation of one micro-batch: its loss and its local gradients.
+
+    ``units`` has one fingerprint per unit (0: the unit got no gradient). Two digests are equal when their units
+    are, and their losses when both are known (an adapter may not see the framework's loss).
+    """
+
+    loss: int | None
+    units: tuple[int, ...]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Digest):
+            return NotImplemented
+        if self.units != other.units:
+            return False
+        return self.loss is None or other.loss is None or self.loss == other.loss
+
+    def __hash__(self) -> int:
+        return hash(self.units)
+
+    def first_difference(self, other: Digest) -> int | None:
+        """Index of the first unit whose gradient differs (None: only the loss differs, or nothing)."""
+        return next((i for i, (a, b) in enumerate(zip(self.units, other.units)) if a != b), None)
+
+
+class LocalRecord:
+    """One fingerprint per unit for one recorded backward, kept on the device until :meth:`units` is asked for."""
+
+    def __init__(self, count: int, device: torch.device) -> None:
+        self.fps = torch.zeros(count, dtype=torch.int64, device=device)
+        self.seen = [False] * count
+        """Host-side: which units got a gradient (no device read needed to know)."""
+        self.loss: torch.Tensor | None = None
+        """Fingerprint of the loss (0-d int64 on the device), when the caller saw the loss."""
+
+    def add(self, index: int, grad: torch.Tensor) -> None:
+        """Fingerprint ``grad`` into unit ``index`` on the device; a second gradient for the same unit in one recorded
+        window (a unit reached by two backward passes) is folded into the first."""
+        value = fingerprints_on_device([grad.detach()]).to(self.fps.device)
+        if self.seen[index]:
+            value = combine_on_device(torch.stack([self.fps[index], value[0]])).reshape(1)
+        self.fps[index : index + 1] = value
+        self.seen[index] = True
+
+    def set_loss(self, loss: torch.Tensor) -> None:
+        self.loss = fingerprints_on_device([loss.detach()]).to(self.fps.device)[0]
+
+    def combined(self) -> torch.Tensor:
+        """All unit fingerprints folded into one 0-d int64 (on the device)."""
+        return combine_on_device(self.fps)
+
+    def digest(self) -> Digest:
+        """The host-side digest (one host synchronisation)."""
+        units = tuple(v & 0xFFFF_FFFF_FFFF_FFFF for v in self.fps.tolist())
+        loss = None if self.loss is None else int(self.loss) & 0xFFFF_FFFF_FFFF_FFFF
+        return Digest(loss=loss, units=units)
+
+
+class Taps(Protocol):
+    """The hooks of one parallelism (``sdcguard.training.ddp.ParamTaps``, ``sdcguard.training.fsdp.FSDPTaps``)."""
+
+    unit_names: Sequence[str]
+    """Name of each unit, for incidents (a parameter name, or an FSDP module's name)."""
+    params: Sequence[nn.Parameter]
+    """The trainable parameters (this rank's part), in a fixed order."""
+    param_names: Sequence[str]
+    """Their names."""
+    collective_replay: bool
+    """True when a replay runs collectives (FSDP all-gathers): every rank must replay at the same time."""
+    replay_module: nn.Module
+    """What ``loss_fn`` receives for a replay: the module without data-parallel wrapper (DDP), or the sharded
+    module itself (FSDP)."""
+
+    def arm(self, record: LocalRecord | None) -> None:
+        """From now on, local gradients the framework hands over are fingerprinted into ``record`` (None: stop)."""
+
+    def replay_backward(self, loss: torch.Tensor, seed: torch.Tensor | None, record: LocalRecord) -> None:
+        """Backward of a replay: fingerprint its local gradients into ``record``; reduce, accumulate and keep
+        nothing (no ``.grad`` changes, no communication of gradients)."""
+
+    def reduced(self) -> list[torch.Tensor | None]:
+        """The gradients the optimizer will read (this rank's part), one per parameter."""
+
+    def weights(self) -> list[torch.Tensor]:
+        """The parameters the optimizer updates (this rank's part), in the same order."""
+
+    def close(self) -> None:
+        """Remove every hook."""
