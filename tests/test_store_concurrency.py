@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -55,11 +56,16 @@ def test_eight_writers_lose_nothing_and_never_see_locked(tmp_path: Path) -> None
         assert "locked" not in err, err
         assert p.returncode == 0 and out.strip() == "ok", err
     with Store.open(path, create=False) as store:
-        assert store.scalar("SELECT COUNT(*) FROM results") == workers * scans * per_scan
-        assert store.scalar("SELECT COUNT(*) FROM scans WHERE status = 'complete'") == workers * scans
-        assert store.scalar("SELECT COUNT(*) FROM incidents") == workers * len(range(0, scans, 5))
-        # Per scan, seq numbers are 0..n-1 without gaps or duplicates (the two batches never interleaved badly).
-        assert store.scalar(
-            "SELECT COUNT(*) FROM (SELECT scan FROM results GROUP BY scan HAVING COUNT(*) != ? OR MAX(seq) != ?)",
-            (per_scan, per_scan - 1),
-        ) == 0
+        tallies = store.tallies(by="device")
+        # every execution is counted (passing ones folded per scan and case: 40 cases, 1 in 7 failing)
+        assert [t.executions for t in tallies] == [scans * per_scan] * workers
+        assert [t.failures for t in tallies] == [scans * len(range(0, per_scan, 7))] * workers
+        assert len(store.incidents()) == workers * len(range(0, scans, 5))
+    with sqlite3.connect(path) as c:
+        assert c.execute("SELECT COUNT(*) FROM scans WHERE status = 'complete'").fetchone()[0] == workers * scans
+        # Per scan, rows are numbered 0..n-1 without gaps or duplicates (the two batches never interleaved badly),
+        # and they hold every execution of the scan.
+        assert c.execute(
+            "SELECT COUNT(*) FROM (SELECT scan FROM results GROUP BY scan HAVING SUM(executions) != ? "
+            "OR MAX(seq) != COUNT(*) - 1)", (per_scan,),
+        ).fetchone()[0] == 0
