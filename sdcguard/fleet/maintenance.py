@@ -23,6 +23,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 from .connection import StoreBase
 from .rows import MergeStats, PruneStats
@@ -57,114 +58,11 @@ class StoreMaintenance(StoreBase):
         scans_after, inc_after, hist_after, dec_after, att_after = (mark[:5] if mark else (0, 0, 0, 0, 0))
         reopened = json.loads(mark[5]) if mark else []
         horizon = self.pruned_before or float("-inf")
-        before_devices = conn.execute("SELECT COUNT(*) FROM main.devices").fetchone()[0]
-        conn.execute(
-            """INSERT INTO main.devices(id, host, kind, model, serial, pci_bus_id, idx, first_seen, last_seen)
-               SELECT id, host, kind, model, serial, pci_bus_id, idx, first_seen, last_seen FROM src.devices WHERE true
-               ON CONFLICT(id) DO UPDATE SET
-                 host = CASE WHEN excluded.last_seen > devices.last_seen THEN excluded.host ELSE devices.host END,
-                 model = COALESCE(devices.model, excluded.model), serial = COALESCE(devices.serial, excluded.serial),
-                 pci_bus_id = COALESCE(devices.pci_bus_id, excluded.pci_bus_id),
-                 idx = COALESCE(devices.idx, excluded.idx), first_seen = MIN(devices.first_seen, excluded.first_seen),
-                 last_seen = MAX(devices.last_seen, excluded.last_seen)""")
-        devices = conn.execute("SELECT COUNT(*) FROM main.devices").fetchone()[0] - before_devices
-        # The scans to take: new ones, and those still open at the last merge.
-        conn.execute("CREATE TEMP TABLE IF NOT EXISTS merge_scans(src_id INTEGER PRIMARY KEY, uuid TEXT, dst_id INTEGER)")
-        conn.execute("DELETE FROM temp.merge_scans")
-        conn.execute(
-            "INSERT INTO temp.merge_scans(src_id, uuid) SELECT id, uuid FROM src.scans "
-            "WHERE (id > ? OR id IN (SELECT value FROM json_each(?)))",
-            (scans_after, json.dumps(reopened)),
-        )
-        # Scans older than our retention horizon are in our roll-ups already, except those we still hold open
-        # (prune leaves a running scan alone): those take their final state from the input as usual.
-        old = ("src_id IN (SELECT id FROM src.scans WHERE started_at < ?) "
-               f"AND uuid NOT IN (SELECT uuid FROM main.scans WHERE status IN {_OPEN})")
-        skipped = conn.execute(f"SELECT COUNT(*) FROM temp.merge_scans WHERE {old}", (horizon,)).fetchone()[0]
-        conn.execute(f"DELETE FROM temp.merge_scans WHERE {old}", (horizon,))
-        new_scans = conn.execute(
-            "SELECT COUNT(*) FROM temp.merge_scans m WHERE NOT EXISTS (SELECT 1 FROM main.scans s WHERE s.uuid = m.uuid)"
-        ).fetchone()[0]
-        conn.execute(
-            """INSERT INTO main.scans(uuid, device, host, started_at, finished_at, budget_s, status, meta, total)
-               SELECT s.uuid, s.device, s.host, s.started_at, s.finished_at, s.budget_s, s.status, s.meta, s.total
-               FROM src.scans s JOIN temp.merge_scans m ON m.src_id = s.id WHERE true
-               ON CONFLICT(uuid) DO UPDATE SET status = excluded.status, finished_at = excluded.finished_at,
-                 total = excluded.total, meta = excluded.meta
-               WHERE scans.status IN ('running', 'interrupted') AND excluded.status NOT IN ('running', 'interrupted')""")
-        conn.execute("UPDATE temp.merge_scans SET dst_id = (SELECT id FROM main.scans s WHERE s.uuid = merge_scans.uuid)")
-        before_results = conn.execute(
-            "SELECT COUNT(*) FROM main.results WHERE scan IN (SELECT dst_id FROM temp.merge_scans)").fetchone()[0]
-        # Results by (scan, seq); the input's own rows of its scans win (a passing row's count only grows).
-        conn.execute(
-            """INSERT INTO main.results(scan, seq, device, case_id, family, seed, passed, duration_s, started_at,
-                 output_digest, mismatches, element, expected, actual, xor_mask, location, attempt, sticky, detail,
-                 executions, last_started_at)
-               SELECT m.dst_id, r.seq, r.device, r.case_id, r.family, r.seed, r.passed, r.duration_s, r.started_at,
-                 r.output_digest, r.mismatches, r.element, r.expected, r.actual, r.xor_mask, r.location, r.attempt,
-                 r.sticky, r.detail, r.executions, r.last_started_at
-               FROM temp.merge_scans m JOIN src.results r ON r.scan = m.src_id WHERE true
-               ON CONFLICT(scan, seq) DO UPDATE SET executions = excluded.executions,
-                 duration_s = excluded.duration_s, started_at = excluded.started_at,
-                 last_started_at = excluded.last_started_at, sticky = excluded.sticky, detail = excluded.detail""")
-        results = conn.execute(
-            "SELECT COUNT(*) FROM main.results WHERE scan IN (SELECT dst_id FROM temp.merge_scans)"
-        ).fetchone()[0] - before_results
-        # Scan counters follow the merged rows (first attempts, like the rates).
-        conn.execute(
-            """UPDATE main.scans SET
-                 executions = (SELECT TOTAL(r.executions) FROM main.results r WHERE r.scan = scans.id AND r.attempt = 0),
-                 failures = (SELECT COUNT(*) FROM main.results r WHERE r.scan = scans.id AND r.attempt = 0
-                             AND r.passed = 0)
-               WHERE id IN (SELECT dst_id FROM temp.merge_scans)""")
-        conn.execute(
-            """INSERT INTO main.pass_digests(case_id, digest, first_seen)
-               SELECT case_id, digest, first_seen FROM src.pass_digests WHERE true
-               ON CONFLICT(case_id, digest) DO UPDATE SET first_seen = MIN(pass_digests.first_seen, excluded.first_seen)""")
-        incidents = conn.execute(
-            """INSERT OR IGNORE INTO main.incidents(uuid, kind, step, suspect_ranks, device, devices, hosts, detail,
-                 parameter, sticky, job, time, record)
-               SELECT uuid, kind, step, suspect_ranks, device, devices, hosts, detail, parameter, sticky, job, time,
-                 record FROM src.incidents WHERE id > ?""", (inc_after,)).rowcount
-        conn.execute(
-            """INSERT OR IGNORE INTO main.incident_devices(incident, device)
-               SELECT m.id, d.device FROM src.incident_devices d JOIN src.incidents i ON i.id = d.incident
-               JOIN main.incidents m ON m.uuid = i.uuid WHERE i.id > ?""", (inc_after,))
-        history = conn.execute(
-            """INSERT OR IGNORE INTO main.quarantine_history(uuid, device, action, time, by, reason)
-               SELECT uuid, device, action, time, by, reason FROM src.quarantine_history WHERE id > ?""",
-            (hist_after,)).rowcount
-        conn.execute(
-            """INSERT OR IGNORE INTO main.policy_decisions(uuid, time, device, decision, reason)
-               SELECT uuid, time, device, decision, reason FROM src.policy_decisions WHERE id > ?""", (dec_after,))
-        conn.execute(
-            """INSERT INTO main.actions(uuid, device, action, quarantined_since, created, done, attempts)
-               SELECT uuid, device, action, quarantined_since, created, done, attempts FROM src.actions WHERE true
-               ON CONFLICT(device, action, quarantined_since) DO UPDATE SET done = MAX(actions.done, excluded.done)
-               ON CONFLICT(uuid) DO UPDATE SET done = MAX(actions.done, excluded.done)""")
-        conn.execute(
-            """INSERT OR IGNORE INTO main.action_attempts(uuid, action_id, time, argv, returncode, ok, output)
-               SELECT t.uuid, m.id, t.time, t.argv, t.returncode, t.ok, t.output
-               FROM src.action_attempts t JOIN src.actions a ON a.id = t.action_id
-               JOIN main.actions m ON m.device = a.device AND m.action = a.action
-                 AND m.quarantined_since = a.quarantined_since WHERE t.id > ?""", (att_after,))
-        conn.execute(
-            """UPDATE main.actions SET attempts = (SELECT COUNT(*) FROM main.action_attempts t
-                                                   WHERE t.action_id = actions.id)
-               WHERE id IN (SELECT m.id FROM main.actions m JOIN src.actions a ON m.device = a.device
-                            AND m.action = a.action AND m.quarantined_since = a.quarantined_since)""")
+        devices = _merge_devices(conn)
+        new_scans, results, skipped = _merge_scans(conn, scans_after, reopened, horizon)
+        incidents, history = _merge_appended(conn, inc_after, hist_after, dec_after, att_after)
         _replay_quarantine(conn, hist_after)
-        tops = [conn.execute(f"SELECT COALESCE(MAX(id), 0) FROM src.{t}").fetchone()[0]
-                for t in ("scans", *_APPEND_ONLY.values())]
-        still_open = [r[0] for r in conn.execute(f"SELECT id FROM src.scans WHERE status IN {_OPEN}")]
-        conn.execute(
-            "INSERT INTO main.merge_sources(source, path, merged_at, scans, incidents, history, decisions, attempts, "
-            "open_scans) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(source) DO UPDATE SET path = excluded.path, "
-            "merged_at = excluded.merged_at, scans = excluded.scans, incidents = excluded.incidents, "
-            "history = excluded.history, decisions = excluded.decisions, attempts = excluded.attempts, "
-            "open_scans = excluded.open_scans",
-            (source, path, time.time(), *tops, json.dumps(still_open)),
-        )
+        _remember(conn, source, path)
         return MergeStats(source=path, devices=devices, scans=new_scans, results=results, incidents=incidents,
                           quarantine_history=history, skipped_scans=skipped)
 
@@ -214,6 +112,132 @@ class StoreMaintenance(StoreBase):
     def vacuum(self) -> None:
         """Rewrite the file without its free pages (after a prune or a migration that folded many rows)."""
         self._retry(lambda: self._conn.execute("VACUUM"))
+
+
+def _merge_devices(conn: Any) -> int:
+    """Devices: the union, widest first/last seen, known facts kept; returns how many are new."""
+    before_devices = conn.execute("SELECT COUNT(*) FROM main.devices").fetchone()[0]
+    conn.execute(
+        """INSERT INTO main.devices(id, host, kind, model, serial, pci_bus_id, idx, first_seen, last_seen)
+           SELECT id, host, kind, model, serial, pci_bus_id, idx, first_seen, last_seen FROM src.devices WHERE true
+           ON CONFLICT(id) DO UPDATE SET
+             host = CASE WHEN excluded.last_seen > devices.last_seen THEN excluded.host ELSE devices.host END,
+             model = COALESCE(devices.model, excluded.model), serial = COALESCE(devices.serial, excluded.serial),
+             pci_bus_id = COALESCE(devices.pci_bus_id, excluded.pci_bus_id),
+             idx = COALESCE(devices.idx, excluded.idx), first_seen = MIN(devices.first_seen, excluded.first_seen),
+             last_seen = MAX(devices.last_seen, excluded.last_seen)""")
+    return int(conn.execute("SELECT COUNT(*) FROM main.devices").fetchone()[0]) - int(before_devices)
+
+
+def _merge_scans(conn: Any, scans_after: int, reopened: list[int], horizon: float) -> tuple[int, int, int]:
+    """New scans and those still open at the last merge, with their rows; ``(new scans, new rows, skipped)``."""
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS merge_scans(src_id INTEGER PRIMARY KEY, uuid TEXT, dst_id INTEGER)")
+    conn.execute("DELETE FROM temp.merge_scans")
+    conn.execute(
+        "INSERT INTO temp.merge_scans(src_id, uuid) SELECT id, uuid FROM src.scans "
+        "WHERE (id > ? OR id IN (SELECT value FROM json_each(?)))",
+        (scans_after, json.dumps(reopened)),
+    )
+    # Scans older than our retention horizon are in our roll-ups already, except those we still hold open
+    # (prune leaves a running scan alone): those take their final state from the input as usual.
+    old = ("src_id IN (SELECT id FROM src.scans WHERE started_at < ?) "
+           f"AND uuid NOT IN (SELECT uuid FROM main.scans WHERE status IN {_OPEN})")
+    skipped = conn.execute(f"SELECT COUNT(*) FROM temp.merge_scans WHERE {old}", (horizon,)).fetchone()[0]
+    conn.execute(f"DELETE FROM temp.merge_scans WHERE {old}", (horizon,))
+    new_scans = conn.execute(
+        "SELECT COUNT(*) FROM temp.merge_scans m WHERE NOT EXISTS (SELECT 1 FROM main.scans s WHERE s.uuid = m.uuid)"
+    ).fetchone()[0]
+    conn.execute(
+        """INSERT INTO main.scans(uuid, device, host, started_at, finished_at, budget_s, status, meta, total)
+           SELECT s.uuid, s.device, s.host, s.started_at, s.finished_at, s.budget_s, s.status, s.meta, s.total
+           FROM src.scans s JOIN temp.merge_scans m ON m.src_id = s.id WHERE true
+           ON CONFLICT(uuid) DO UPDATE SET status = excluded.status, finished_at = excluded.finished_at,
+             total = excluded.total, meta = excluded.meta
+           WHERE scans.status IN ('running', 'interrupted') AND excluded.status NOT IN ('running', 'interrupted')""")
+    conn.execute("UPDATE temp.merge_scans SET dst_id = (SELECT id FROM main.scans s WHERE s.uuid = merge_scans.uuid)")
+    before_results = conn.execute(
+        "SELECT COUNT(*) FROM main.results WHERE scan IN (SELECT dst_id FROM temp.merge_scans)").fetchone()[0]
+    # Results by (scan, seq); the input's own rows of its scans win (a passing row's count only grows).
+    conn.execute(
+        """INSERT INTO main.results(scan, seq, device, case_id, family, seed, passed, duration_s, started_at,
+             output_digest, mismatches, element, expected, actual, xor_mask, location, attempt, sticky, detail,
+             executions, last_started_at)
+           SELECT m.dst_id, r.seq, r.device, r.case_id, r.family, r.seed, r.passed, r.duration_s, r.started_at,
+             r.output_digest, r.mismatches, r.element, r.expected, r.actual, r.xor_mask, r.location, r.attempt,
+             r.sticky, r.detail, r.executions, r.last_started_at
+           FROM temp.merge_scans m JOIN src.results r ON r.scan = m.src_id WHERE true
+           ON CONFLICT(scan, seq) DO UPDATE SET executions = excluded.executions,
+             duration_s = excluded.duration_s, started_at = excluded.started_at,
+             last_started_at = excluded.last_started_at, sticky = excluded.sticky, detail = excluded.detail""")
+    results = conn.execute(
+        "SELECT COUNT(*) FROM main.results WHERE scan IN (SELECT dst_id FROM temp.merge_scans)"
+    ).fetchone()[0] - before_results
+    # Scan counters follow the merged rows (first attempts, like the rates).
+    conn.execute(
+        """UPDATE main.scans SET
+             executions = (SELECT TOTAL(r.executions) FROM main.results r WHERE r.scan = scans.id AND r.attempt = 0),
+             failures = (SELECT COUNT(*) FROM main.results r WHERE r.scan = scans.id AND r.attempt = 0
+                         AND r.passed = 0)
+           WHERE id IN (SELECT dst_id FROM temp.merge_scans)""")
+    return new_scans, results, skipped
+
+
+def _merge_appended(conn: Any, inc_after: int, hist_after: int, dec_after: int, att_after: int) -> tuple[int, int]:
+    """Pass digests, incidents, quarantine history, decisions, actions and their attempts past the watermark;
+    ``(new incidents, new history rows)``."""
+    conn.execute(
+        """INSERT INTO main.pass_digests(case_id, digest, first_seen)
+           SELECT case_id, digest, first_seen FROM src.pass_digests WHERE true
+           ON CONFLICT(case_id, digest) DO UPDATE SET first_seen = MIN(pass_digests.first_seen, excluded.first_seen)""")
+    incidents = conn.execute(
+        """INSERT OR IGNORE INTO main.incidents(uuid, kind, step, suspect_ranks, device, devices, hosts, detail,
+             parameter, sticky, job, time, record)
+           SELECT uuid, kind, step, suspect_ranks, device, devices, hosts, detail, parameter, sticky, job, time,
+             record FROM src.incidents WHERE id > ?""", (inc_after,)).rowcount
+    conn.execute(
+        """INSERT OR IGNORE INTO main.incident_devices(incident, device)
+           SELECT m.id, d.device FROM src.incident_devices d JOIN src.incidents i ON i.id = d.incident
+           JOIN main.incidents m ON m.uuid = i.uuid WHERE i.id > ?""", (inc_after,))
+    history = conn.execute(
+        """INSERT OR IGNORE INTO main.quarantine_history(uuid, device, action, time, by, reason)
+           SELECT uuid, device, action, time, by, reason FROM src.quarantine_history WHERE id > ?""",
+        (hist_after,)).rowcount
+    conn.execute(
+        """INSERT OR IGNORE INTO main.policy_decisions(uuid, time, device, decision, reason)
+           SELECT uuid, time, device, decision, reason FROM src.policy_decisions WHERE id > ?""", (dec_after,))
+    conn.execute(
+        """INSERT INTO main.actions(uuid, device, action, quarantined_since, created, done, attempts)
+           SELECT uuid, device, action, quarantined_since, created, done, attempts FROM src.actions WHERE true
+           ON CONFLICT(device, action, quarantined_since) DO UPDATE SET done = MAX(actions.done, excluded.done)
+           ON CONFLICT(uuid) DO UPDATE SET done = MAX(actions.done, excluded.done)""")
+    conn.execute(
+        """INSERT OR IGNORE INTO main.action_attempts(uuid, action_id, time, argv, returncode, ok, output)
+           SELECT t.uuid, m.id, t.time, t.argv, t.returncode, t.ok, t.output
+           FROM src.action_attempts t JOIN src.actions a ON a.id = t.action_id
+           JOIN main.actions m ON m.device = a.device AND m.action = a.action
+             AND m.quarantined_since = a.quarantined_since WHERE t.id > ?""", (att_after,))
+    conn.execute(
+        """UPDATE main.actions SET attempts = (SELECT COUNT(*) FROM main.action_attempts t
+                                               WHERE t.action_id = actions.id)
+           WHERE id IN (SELECT m.id FROM main.actions m JOIN src.actions a ON m.device = a.device
+                        AND m.action = a.action AND m.quarantined_since = a.quarantined_since)""")
+    _replay_quarantine(conn, hist_after)
+    return incidents, history
+
+
+def _remember(conn: Any, source: str, path: str) -> None:
+    """The watermark of this input: the highest row of every append-only table, and the scans still open."""
+    tops = [conn.execute(f"SELECT COALESCE(MAX(id), 0) FROM src.{t}").fetchone()[0]
+            for t in ("scans", *_APPEND_ONLY.values())]
+    still_open = [r[0] for r in conn.execute(f"SELECT id FROM src.scans WHERE status IN {_OPEN}")]
+    conn.execute(
+        "INSERT INTO main.merge_sources(source, path, merged_at, scans, incidents, history, decisions, attempts, "
+        "open_scans) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(source) DO UPDATE SET path = excluded.path, "
+        "merged_at = excluded.merged_at, scans = excluded.scans, incidents = excluded.incidents, "
+        "history = excluded.history, decisions = excluded.decisions, attempts = excluded.attempts, "
+        "open_scans = excluded.open_scans",
+        (source, path, time.time(), *tops, json.dumps(still_open)),
+    )
 
 
 def _set_meta(conn: object, key: str, value: object) -> None:
