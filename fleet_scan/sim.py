@@ -137,6 +137,11 @@ def _failure(dev: str, case: SimCase, t: float, digest: str, element: int) -> Ca
     )
 
 
+@functools.lru_cache(maxsize=1024)
+def _golden_digest(case_id: str) -> str:
+    return _digest("golden", case_id)
+
+
 @functools.lru_cache(maxsize=256)
 def _plan(cases: tuple[SimCase, ...], past: tuple[tuple[str, int], ...]) -> list[SimCase]:
     return order_cases(cases, dict(past))
@@ -177,14 +182,14 @@ def scan_sim_device(
         if n == 0:
             continue
         at = t + budget_s * i / len(plan)
-        golden = _digest("golden", case.id)  # the output the case passes with
+        golden = _golden_digest(case.id)  # the output the case passes with
         shared_p = shared[1] if shared is not None and shared[0] == case.id else 0.0
         again_p = p_fault
         if case.id == bad_case:
             k, digest = n, golden  # every device computes the right answer; the bad file says it is wrong
             again_p = 1.0
         elif shared_p:
-            k, digest = int(rng.binomial(n, min(1.0, p + shared_p))), _digest("batch", case.id)
+            k, digest = int(rng.binomial(n, min(1.0, p + shared_p))), _golden_digest(f"batch|{case.id}")
             again_p = shared_p
         else:
             k, digest = int(rng.binomial(n, p)), ""

@@ -96,6 +96,8 @@ class StoreBase:
         self.path = path
         self._known_digests: set[tuple[str, str]] = set()
         """``(case, digest)`` pairs this connection knows ``pass_digests`` holds (rows are never deleted)."""
+        self._known_devices: set[str] = set()
+        """Devices this connection knows the ``devices`` table holds (rows are never deleted)."""
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, create: bool = True, timeout_s: float = BUSY_TIMEOUT_S) -> Self:

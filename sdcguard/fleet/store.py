@@ -88,13 +88,16 @@ class Store(StoreQueries, StoreMaintenance):
         """Start one device's scan (status ``running``); returns its id for :meth:`record_results`."""
         t = time.time() if started_at is None else started_at
         with self._write() as conn:
-            _ensure_device(conn, device, host, t)
+            if device not in self._known_devices:  # known: record_results keeps its last_seen
+                _ensure_device(conn, device, host, t)
             cur = conn.execute(
                 "INSERT INTO scans(uuid, device, host, started_at, budget_s, status, meta) "
                 "VALUES (?, ?, ?, ?, ?, 'running', ?)",
                 (_uuid.uuid4().hex, device, host, t, budget_s, _jdump(meta or {})),
             )
-            return int(cur.lastrowid or 0)
+            scan_id = int(cur.lastrowid or 0)
+        self._known_devices.add(device)
+        return scan_id
 
     def record_results(
         self, scan_id: int, results: Sequence[CaseResult], *, finish: ScanStatus | None = None,
@@ -110,21 +113,23 @@ class Store(StoreQueries, StoreMaintenance):
         if finish is not None and finish not in _TERMINAL:
             raise BadInput(f"finish must be one of {sorted(_TERMINAL)}, got {finish!r}")
         with self._write() as conn:
-            row = conn.execute("SELECT device, host, status FROM scans WHERE id = ?", (scan_id,)).fetchone()
+            row = conn.execute(
+                "SELECT device, host, status, (SELECT COALESCE(MAX(seq), -1) + 1 FROM results WHERE scan = ?) "
+                "FROM scans WHERE id = ?", (scan_id, scan_id)).fetchone()
             if row is None:
                 raise StoreError(f"no scan {scan_id} in {self.path}")
-            scan_device, scan_host, status = row
+            scan_device, scan_host, status, seq = row
             if status not in ("running", "interrupted"):
                 raise StoreError(f"scan {scan_id} is already {status}; start a new scan")
-            _append(conn, scan_id, scan_device, scan_host, results, self._known_digests)
+            executions, failures = _append(conn, scan_id, seq, scan_device, scan_host, results, self._known_digests)
             seen = finished_at if finished_at is not None else max(
                 (r.last_started_at or r.started_at for r in results), default=None)
-            if finish is not None:
-                end = time.time() if finished_at is None else finished_at
-                conn.execute(
-                    "UPDATE scans SET status = ?, finished_at = ?, total = COALESCE(?, total) WHERE id = ?",
-                    (finish, end, total, scan_id),
-                )
+            end = None if finish is None else time.time() if finished_at is None else finished_at
+            conn.execute(
+                "UPDATE scans SET executions = executions + ?, failures = failures + ?, status = COALESCE(?, status), "
+                "finished_at = COALESCE(?, finished_at), total = COALESCE(?, total) WHERE id = ?",
+                (executions, failures, finish, end, total if finish is not None else None, scan_id),
+            )
             if meta:
                 conn.execute("UPDATE scans SET meta = json_patch(meta, ?) WHERE id = ?", (_jdump(dict(meta)), scan_id))
             if seen is not None:
@@ -283,14 +288,14 @@ class Store(StoreQueries, StoreMaintenance):
 
 # ---------------------------------------------------------------------- inside a transaction
 def _append(
-    conn: Any, scan_id: int, scan_device: str, scan_host: str, results: Sequence[CaseResult],
+    conn: Any, scan_id: int, seq: int, scan_device: str, scan_host: str, results: Sequence[CaseResult],
     known: set[tuple[str, str]],
-) -> None:
-    """Write a batch: passing first attempts folded into the scan's row of their case, the rest one row each."""
+) -> tuple[int, int]:
+    """Write a batch from row ``seq`` on: passing first attempts folded into the scan's row of their case, the
+    rest one row each. Returns the first-attempt executions and failures it adds."""
     if not results:
-        return
-    seq = conn.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM results WHERE scan = ?", (scan_id,)).fetchone()[0]
-    folded = {(c, f): i for c, f, i in conn.execute(
+        return 0, 0
+    folded = {} if seq == 0 else {(c, f): i for c, f, i in conn.execute(
         "SELECT case_id, family, id FROM results WHERE scan = ? AND passed = 1 AND attempt = 0", (scan_id,))}
     passes: dict[tuple[str, str], list[Any]] = {}  # (case, family) -> [row template, executions, seconds, first, last]
     rows: list[tuple[Any, ...]] = []
@@ -328,28 +333,28 @@ def _append(
         else:
             new.append(item)
     conn.executemany(_INSERT_RESULT, new)
-    conn.executemany(
-        "UPDATE results SET executions = executions + ?, duration_s = duration_s + ?, started_at = MIN(started_at, ?), "
-        "last_started_at = MAX(COALESCE(last_started_at, started_at), ?) WHERE id = ?",
-        [(n, secs, first, last, folded[key]) for key, (_, n, secs, first, last) in passes.items() if key in folded],
-    )
+    grown = [(n, secs, first, last, folded[key]) for key, (_, n, secs, first, last) in passes.items() if key in folded]
+    if grown:
+        conn.executemany(
+            "UPDATE results SET executions = executions + ?, duration_s = duration_s + ?, "
+            "started_at = MIN(started_at, ?), last_started_at = MAX(COALESCE(last_started_at, started_at), ?) "
+            "WHERE id = ?", grown,
+        )
     digests = {(case, p[0].output_digest): p[3] for (case, _), p in passes.items() if p[0].output_digest}
     new_digests = [(c, d, t) for (c, d), t in digests.items() if (c, d) not in known]
     if new_digests:
         conn.executemany("INSERT OR IGNORE INTO pass_digests(case_id, digest, first_seen) VALUES (?, ?, ?)",
                          new_digests)
         known.update((c, d) for c, d, _ in new_digests)
-    conn.execute(
-        "UPDATE scans SET executions = executions + ?, failures = failures + ? WHERE id = ?",
-        (executions, failures, scan_id),
-    )
+    return executions, failures
 
 
 def _result_row(scan_id: int, seq: int, r: CaseResult) -> tuple[Any, ...]:
     return (
         scan_id, seq, r.device, r.case, r.family, r.seed, int(r.passed), float(r.duration_s), float(r.started_at),
         r.output_digest, r.mismatches, r.element, r.expected, r.actual, r.xor_mask, r.location, r.attempt,
-        None if r.sticky is None else int(r.sticky), _jdump(r.detail), int(r.executions), r.last_started_at,
+        None if r.sticky is None else int(r.sticky), _jdump(r.detail) if r.detail else "{}", int(r.executions),
+        r.last_started_at,
     )
 
 
