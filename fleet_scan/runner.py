@@ -147,13 +147,16 @@ def reference_cores(targets: Sequence[ScanTarget]) -> list[int]:
 
 
 _REFERENCES_PREFIX = "sdcguard-references-"
+_REFERENCES_ROOM = 256 * 2**20
 
 
 def _references_dir() -> str:
-    """A private directory for this scan's references (in memory, /dev/shm, where there is one), named after
+    """A private directory for this scan's references (in memory, /dev/shm, where it has room), named after
     this process. Directories a killed scanner left behind (SIGKILL runs no cleanup) are removed here first."""
     shm = Path("/dev/shm")
-    parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    # about 70 MB of references; a container's /dev/shm is often 64 MB: the temporary directory then
+    parent = (shm if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > _REFERENCES_ROOM
+              else Path(tempfile.gettempdir()))
     for old in parent.glob(f"{_REFERENCES_PREFIX}*"):
         pid = old.name[len(_REFERENCES_PREFIX):].split("-")[0]
         if pid.isdigit() and not _alive(int(pid)):

@@ -208,7 +208,10 @@ def test_sigkill_at_any_moment_leaves_the_store_consistent(tmp_path: Path) -> No
     _check_consistent(db)
     assert store_rows(db, "SELECT COUNT(*) FROM scans WHERE status = 'running'") == [(0,)]
     # and the references a killed scanner left in /dev/shm are gone (kept only by scanners still running)
-    for left in Path("/dev/shm" if Path("/dev/shm").is_dir() else "/tmp").glob("sdcguard-references-*"):
+    import tempfile
+
+    for left in [*Path("/dev/shm").glob("sdcguard-references-*"),
+                 *Path(tempfile.gettempdir()).glob("sdcguard-references-*")]:
         pid = int(left.name.split("-")[2])
         assert pid not in killed, f"{left} of killed scanner {pid} was not removed"
 
