@@ -10,8 +10,9 @@ rows, so taking one again changes nothing: merging the same input twice counts n
 the watermark (``full=True`` ignores it). A device's quarantine state is replayed from the merged history (the
 latest change wins). Each input is merged in one transaction, read through ``ATTACH``, and never written.
 
-**Prune.** Scans that started before the horizon (a UTC midnight) are rolled into per-device, per-family, per-day
-counts (``rollups``; complete scans per device and day in ``scan_rollups``) and their rows deleted, one day per
+**Prune.** Scans that started before the horizon (a UTC midnight) are rolled into per-day, per-device, per-family
+counts (``rollups``; complete scans per day and device in ``scan_rollups``; both also summed over all days in
+``rollup_totals`` and ``scan_rollup_totals``, what an all-time report reads) and their rows deleted, one day per
 transaction, so a store killed while pruning is consistent. Every execution is counted once, in a row or in a
 roll-up; what is lost is the detail of each old failure and the time resolution below a day. A later merge
 skips input scans older than the horizon: they are already in the roll-ups.
@@ -83,26 +84,43 @@ class StoreMaintenance(StoreBase):
                     f"INSERT INTO temp.prune_scans SELECT id FROM scans WHERE started_at >= ? AND started_at < ? "
                     f"AND status NOT IN {_OPEN}", (lo, hi))
                 rollup_rows += conn.execute(
-                    f"""INSERT INTO rollups(device, family, day, executions, failures, test_s)
-                        SELECT device, family, CAST(started_at / {_DAY_S} AS INTEGER) AS d,
+                    f"""INSERT INTO rollups(day, device, family, executions, failures, test_s)
+                        SELECT CAST(started_at / {_DAY_S} AS INTEGER) AS d, device, family,
                           TOTAL((attempt = 0) * executions), TOTAL(attempt = 0 AND passed = 0), TOTAL(duration_s)
-                        FROM results WHERE scan IN (SELECT id FROM temp.prune_scans) GROUP BY device, family, d
-                        ON CONFLICT(device, family, day) DO UPDATE SET
+                        FROM results WHERE scan IN (SELECT id FROM temp.prune_scans) GROUP BY d, device, family
+                        ON CONFLICT(day, device, family) DO UPDATE SET
                           executions = executions + excluded.executions, failures = failures + excluded.failures,
                           test_s = test_s + excluded.test_s""").rowcount
                 conn.execute(
-                    f"""INSERT INTO scan_rollups(device, day, complete, last_complete)
-                        SELECT device, CAST(started_at / {_DAY_S} AS INTEGER) AS d, TOTAL(status = 'complete'),
+                    """INSERT INTO rollup_totals(device, family, executions, failures, test_s)
+                       SELECT device, family, TOTAL((attempt = 0) * executions), TOTAL(attempt = 0 AND passed = 0),
+                         TOTAL(duration_s)
+                       FROM results WHERE scan IN (SELECT id FROM temp.prune_scans) GROUP BY device, family
+                       ON CONFLICT(device, family) DO UPDATE SET
+                         executions = executions + excluded.executions, failures = failures + excluded.failures,
+                         test_s = test_s + excluded.test_s""")
+                conn.execute(
+                    f"""INSERT INTO scan_rollups(day, device, complete, last_complete)
+                        SELECT CAST(started_at / {_DAY_S} AS INTEGER) AS d, device, TOTAL(status = 'complete'),
                           MAX(CASE WHEN status = 'complete' THEN COALESCE(finished_at, started_at) END)
-                        FROM scans WHERE id IN (SELECT id FROM temp.prune_scans) GROUP BY device, d
-                        ON CONFLICT(device, day) DO UPDATE SET complete = complete + excluded.complete,
+                        FROM scans WHERE id IN (SELECT id FROM temp.prune_scans) GROUP BY d, device
+                        ON CONFLICT(day, device) DO UPDATE SET complete = complete + excluded.complete,
                           last_complete = MAX(COALESCE(last_complete, excluded.last_complete),
                                               COALESCE(excluded.last_complete, last_complete))""")
+                conn.execute(
+                    """INSERT INTO scan_rollup_totals(device, complete, last_complete)
+                       SELECT device, TOTAL(status = 'complete'),
+                         MAX(CASE WHEN status = 'complete' THEN COALESCE(finished_at, started_at) END)
+                       FROM scans WHERE id IN (SELECT id FROM temp.prune_scans) GROUP BY device
+                       ON CONFLICT(device) DO UPDATE SET complete = complete + excluded.complete,
+                         last_complete = MAX(COALESCE(last_complete, excluded.last_complete),
+                                             COALESCE(excluded.last_complete, last_complete))""")
                 results += conn.execute(
                     "DELETE FROM results WHERE scan IN (SELECT id FROM temp.prune_scans)").rowcount
                 scans += conn.execute("DELETE FROM scans WHERE id IN (SELECT id FROM temp.prune_scans)").rowcount
-                last = conn.execute("SELECT MAX(day) FROM rollups WHERE day >= ?", (day,)).fetchone()[0]
-                _set_meta(conn, "rollup_last_day", max(int(last), int(self._meta("rollup_last_day") or last)))
+                last = conn.execute("SELECT MAX(day) FROM rollups").fetchone()[0]
+                if last is not None:
+                    _set_meta(conn, "rollup_last_day", int(last))
                 _set_meta(conn, "pruned_before", max(hi, float(self._meta("pruned_before") or hi)))
         if not days:
             with self._write() as conn:

@@ -158,8 +158,8 @@ class StoreQueries(StoreBase):
             groups[tuple(r[:width])][1] += r[width]
         if self._has_rollups(since):
             day = _first_day(since)
-            window, wp = (" AND day >= ?", [day]) if day is not None else ("", [])
-            for r in self._rows(f"SELECT {keys}, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM rollups "
+            table, window, wp = ("rollup_totals", "", []) if day is None else ("rollups", " AND day >= ?", [day])
+            for r in self._rows(f"SELECT {keys}, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM {table} "
                                 f"WHERE 1{window}{scope} GROUP BY {keys}", [*wp, *sp]):
                 g = groups.setdefault(tuple(r[:width]), [0.0, 0.0, 0.0])
                 g[0] += r[width]
@@ -255,9 +255,9 @@ class StoreQueries(StoreBase):
             f"{window}{scope}", [*wp, *sp])}
         if self._has_rollups(since):
             day = _first_day(since)
-            window, wp = (" AND day >= ?", [day]) if day is not None else ("", [])
+            table, window, wp = ("rollup_totals", "", []) if day is None else ("rollups", " AND day >= ?", [day])
             found |= {r[0] for r in self._rows(
-                f"SELECT DISTINCT device FROM rollups WHERE failures > 0{window}{scope}", [*wp, *sp])}
+                f"SELECT DISTINCT device FROM {table} WHERE failures > 0{window}{scope}", [*wp, *sp])}
         return found
 
     def quarantine_states(self) -> dict[str, str]:
@@ -295,13 +295,16 @@ class StoreQueries(StoreBase):
             "GROUP BY device", dp)}
         if self._meta("rollup_last_day") is not None:
             day = _first_day(since)
-            dwin, dwp = (" AND day >= ?", [day]) if day is not None else ("", [])
-            for d, n in self._rows(
-                f"SELECT device, TOTAL(complete) FROM scan_rollups WHERE 1{dwin}{dev} GROUP BY device", [*dwp, *dp]
-            ):
+            if day is None:
+                rolled = self._rows(f"SELECT device, complete FROM scan_rollup_totals WHERE 1{dev}", dp)
+            elif self._has_rollups(since):
+                rolled = self._rows(f"SELECT device, TOTAL(complete) FROM scan_rollups WHERE day >= ?{dev} "
+                                    "GROUP BY device", [day, *dp])
+            else:
+                rolled = []
+            for d, n in rolled:
                 complete[d] = complete.get(d, 0) + int(n)
-            for d, t in self._rows(f"SELECT device, MAX(last_complete) FROM scan_rollups WHERE 1{dev} "
-                                   "GROUP BY device", dp):
+            for d, t in self._rows(f"SELECT device, last_complete FROM scan_rollup_totals WHERE 1{dev}", dp):
                 if t is not None and (d not in last or t > last[d]):
                     last[d] = t
         return {d: ScanCounts(complete.get(d, 0), last.get(d)) for d in {*complete, *last}}

@@ -197,7 +197,8 @@ CREATE INDEX results_rates ON results(device, family, started_at, duration_s, ex
 #   complete scan with missing results can be told; ``scans.executions``/``failures`` count first attempts only,
 #   like the rates.
 # - ``rollups``/``scan_rollups``: what ``sdcguard prune`` keeps of scans older than the retention horizon
-#   (per device, family and UTC day); ``meta.pruned_before`` is that horizon.
+#   (per UTC day, device and family: a window reads only its days); ``rollup_totals``/``scan_rollup_totals`` the
+#   same summed over every day (what an all-time report reads); ``meta.pruned_before`` is that horizon.
 # - ``merge_sources``: per merged input (its ``meta.store_id``), how far the last merge got.
 # - ``pass_digests``: the output digests each case passed with (one per golden file in use): a wrong output
 #   equal to one of them is a device computing what another golden file expects.
@@ -239,20 +240,33 @@ INSERT OR REPLACE INTO pass_digests(case_id, digest, first_seen)
     SELECT case_id, output_digest, MIN(started_at) FROM results
     WHERE passed = 1 AND attempt = 0 AND output_digest IS NOT NULL GROUP BY case_id, output_digest;
 CREATE TABLE IF NOT EXISTS rollups (
+    day INTEGER NOT NULL,
     device TEXT NOT NULL,
     family TEXT NOT NULL,
-    day INTEGER NOT NULL,
     executions INTEGER NOT NULL,
     failures INTEGER NOT NULL,
     test_s REAL NOT NULL,
-    PRIMARY KEY (device, family, day)
+    PRIMARY KEY (day, device, family)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS rollup_totals (
+    device TEXT NOT NULL,
+    family TEXT NOT NULL,
+    executions INTEGER NOT NULL,
+    failures INTEGER NOT NULL,
+    test_s REAL NOT NULL,
+    PRIMARY KEY (device, family)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS scan_rollups (
-    device TEXT NOT NULL,
     day INTEGER NOT NULL,
+    device TEXT NOT NULL,
     complete INTEGER NOT NULL,
     last_complete REAL,
-    PRIMARY KEY (device, day)
+    PRIMARY KEY (day, device)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS scan_rollup_totals (
+    device TEXT PRIMARY KEY,
+    complete INTEGER NOT NULL,
+    last_complete REAL
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS merge_sources (
     source TEXT PRIMARY KEY,
