@@ -267,10 +267,13 @@ class SDCGuard:
         sampled cleanly, or when replay is off."""
         return self._verification.last_verified_step
 
-    def note_checkpoint(self, checkpoint_id: str, step: int) -> bool:
-        """Remember a checkpoint of the state after ``step`` (``sdcguard.checkpoint.save`` calls it); whether that
-        state is verified. Later incidents name the newest verified checkpoint to restart from."""
-        return self._verification.note_checkpoint(checkpoint_id, step).verified
+    def record_checkpoint(self, checkpoint_id: str, step: int, digest: str = "") -> bool:
+        """Remember a checkpoint of the state after ``step`` (``sdcguard.checkpoint.save`` calls it on every rank);
+        whether that state is verified. Later incidents name the newest verified checkpoint to restart from; with a
+        fleet store, the group's first rank records it there."""
+        verified = self._verification.note_checkpoint(checkpoint_id, step).verified
+        self._responder.record_checkpoint(checkpoint_id, step, verified, digest)
+        return verified
 
     @property
     def nondeterministic(self) -> bool:
