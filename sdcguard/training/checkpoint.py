@@ -21,19 +21,16 @@ checked tensor by tensor; a shard saved under another sharding is reported as no
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 import torch.distributed as dist
 
-from ..errors import BadInput, CheckpointCorrupted, CheckpointError
-from ..fingerprint import combine, fingerprint_many
+from ..errors import BadInput, CheckpointError
+from .record import corrupted, differences, fingerprints, make_record, read_record, write_record
 
 if TYPE_CHECKING:
     from .guard import SDCGuard
@@ -42,7 +39,6 @@ __all__ = ["save", "load", "CheckpointInfo", "SIDECAR"]
 
 SIDECAR = "sdcguard.json"
 """The file, inside a DCP checkpoint, that holds the fingerprints of every saved tensor."""
-_FORMAT = "sdcguard-checkpoint/1"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,36 +58,6 @@ class CheckpointInfo:
     """False when ``only_verified=True`` kept an unverified state from being saved."""
     checked: bool = True
     """On load: every tensor was compared with its saved fingerprint."""
-
-
-def _entries(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(key, tensor) for every tensor of a nested state dict; keys like DCP's (``model.layer.weight``)."""
-    if isinstance(obj, torch.Tensor):
-        yield prefix, obj
-    elif isinstance(obj, Mapping):
-        for k, v in obj.items():
-            yield from _entries(v, f"{prefix}.{k}" if prefix else str(k))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from _entries(v, f"{prefix}.{i}" if prefix else str(i))
-    elif hasattr(obj, "state_dict") and callable(obj.state_dict):  # DCP's Stateful objects
-        yield from _entries(obj.state_dict(), prefix)
-
-
-def _local(key: str, t: torch.Tensor) -> tuple[str, torch.Tensor]:
-    """A sharded tensor's local shard, keyed by the rank's coordinates in its mesh."""
-    to_local = getattr(t, "to_local", None)
-    if not callable(to_local):
-        return key, t
-    coords = t.device_mesh.get_coordinate() or []
-    return f"{key}#{','.join(map(str, coords))}", to_local()
-
-
-def _fingerprints(state_dict: Any) -> dict[str, int]:
-    items = [_local(k, t) for k, t in _entries(state_dict)]
-    items = [(k, t) for k, t in items if t.layout == torch.strided and t.device.type != "meta"]
-    values = fingerprint_many([t.detach() for _, t in items])
-    return dict(zip([k for k, _ in items], values))
 
 
 def _distributed(kwargs: dict[str, Any]) -> bool:
@@ -135,52 +101,22 @@ def save(state_dict: dict[str, Any], *, checkpoint_id: str | os.PathLike[str], g
     if guard is not None:
         last = guard.last_verified_step
         verified = last is not None and step is not None and step <= last
-    fps = _fingerprints(state_dict)  # on each tensor's device, before DCP copies anything
+    fps = fingerprints(state_dict)  # on each tensor's device, before DCP copies anything
     if only_verified and not verified:
         return CheckpointInfo(checkpoint_id=str(path), step=step, verified=verified, digest="", tensors=len(fps),
                               saved=False)
     import torch.distributed.checkpoint as dcp
 
     dcp.save(state_dict, checkpoint_id=str(path), **kwargs)
-    everyone = _gather(fps, kwargs)
-    table: dict[str, dict[str, list[int]]] = {}
-    for rank, mine in enumerate(everyone):
-        for key, value in mine.items():
-            table.setdefault(key, {}).setdefault(f"{value:016x}", []).append(rank)
-    split = sorted(k for k, v in table.items() if len(v) > 1)
-    if split:
-        warnings.warn(f"sdcguard: the ranks held different values of {', '.join(split[:5])} when saving "
-                      f"{path}: replicas disagree (see guard.incidents)", RuntimeWarning, stacklevel=2)
-    digest = f"{combine([int(min(table[k]), 16) for k in sorted(table)]):016x}"
+    body = make_record(_gather(fps, kwargs), step=step, verified=verified)
     if _rank(kwargs) == 0:
-        body = {"format": _FORMAT, "step": step, "verified": verified, "digest": digest, "ranks": len(everyone),
-                "fingerprints": table}
-        tmp = path / f".{SIDECAR}.tmp"
-        tmp.write_text(json.dumps(body, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, path / SIDECAR)  # last and atomic: a sidecar means the checkpoint is complete
+        write_record(path / SIDECAR, body)  # last and atomic: a record means the checkpoint is complete
     if _distributed(kwargs):
         dist.barrier(group=kwargs.get("process_group"))
     if guard is not None and step is not None:
-        guard.record_checkpoint(str(path), step, digest)
-    return CheckpointInfo(checkpoint_id=str(path), step=step, verified=verified, digest=digest, tensors=len(fps))
-
-
-def _sidecar(path: Path, strict: bool) -> dict[str, Any] | None:
-    side = path / SIDECAR
-    if not side.exists():
-        what = f"{path} was written without sdcguard fingerprints (no {SIDECAR})"
-        if strict:
-            raise CheckpointError(f"{what}: refused (strict=True)")
-        warnings.warn(f"sdcguard: {what}; loading it unchecked", RuntimeWarning, stacklevel=3)
-        return None
-    try:
-        body = json.loads(side.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{side} is unreadable or truncated ({e}); the checkpoint cannot be trusted") from None
-    if not isinstance(body, dict) or body.get("format") != _FORMAT or not isinstance(body.get("fingerprints"), dict):
-        raise CheckpointError(f"{side} is not an sdcguard checkpoint record (format {body.get('format')!r})"
-                              if isinstance(body, dict) else f"{side} is not an sdcguard checkpoint record")
-    return body
+        guard.record_checkpoint(str(path), step, body["digest"])
+    return CheckpointInfo(checkpoint_id=str(path), step=step, verified=verified, digest=body["digest"],
+                          tensors=len(fps))
 
 
 def load(state_dict: dict[str, Any], *, checkpoint_id: str | os.PathLike[str], strict: bool = False,
@@ -194,7 +130,7 @@ def load(state_dict: dict[str, Any], *, checkpoint_id: str | os.PathLike[str], s
     path = _path(checkpoint_id)
     if not (path / ".metadata").exists():
         raise CheckpointError(f"no checkpoint at {path} (no DCP .metadata file)")
-    body = _sidecar(path, strict)
+    body = read_record(path / SIDECAR, str(path), strict=strict)
     import torch.distributed.checkpoint as dcp
 
     try:
@@ -209,22 +145,14 @@ def load(state_dict: dict[str, Any], *, checkpoint_id: str | os.PathLike[str], s
                               "missing") from None
     if body is None:
         return CheckpointInfo(checkpoint_id=str(path), step=None, verified=None, digest="", tensors=0, checked=False)
-    saved: dict[str, dict[str, list[int]]] = body["fingerprints"]
-    mine = _fingerprints(state_dict)
-    differing = sorted(k for k, v in mine.items() if k in saved and f"{v:016x}" not in saved[k])
-    unchecked = sorted(k for k in mine if k not in saved)
-    everyone = _gather((differing, unchecked), kwargs)
+    mine = fingerprints(state_dict)
+    everyone = _gather(differences(body, mine), kwargs)
     bad: dict[str, list[int]] = {}
     for rank, (keys, _) in enumerate(everyone):
         for k in keys:
             bad.setdefault(k, []).append(rank)
     if bad:
-        keys = sorted(bad)
-        ranks = sorted({r for rs in bad.values() for r in rs})
-        raise CheckpointCorrupted(
-            f"checkpoint {path}: {len(keys)} tensor(s) differ from what was saved: "
-            + ", ".join(f"{k} (rank {', '.join(map(str, bad[k]))})" for k in keys[:8])
-            + (" ..." if len(keys) > 8 else ""), keys=tuple(keys), ranks=tuple(ranks))
+        raise corrupted(f"checkpoint {path}", bad)
     missed = sorted({k for _, u in everyone for k in u})
     if missed:
         warnings.warn(f"sdcguard: {len(missed)} tensor(s) of {path} not checked (saved under another sharding, "
