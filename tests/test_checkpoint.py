@@ -248,3 +248,91 @@ def test_fsdp2_shards_are_checked_by_the_rank_that_reads_them(tmp_path: Path) ->
     assert all(r is not None for r in results) and len({repr(r) for r in results}) == 1  # every rank raises alike
     keys, ranks = results[0]
     assert len(keys) == 1 and keys[0].startswith("model.blocks.1.fc2.weight#") and len(ranks) == 1
+
+
+# ---------------------------------------------------------------------------------------- framework hooks
+
+
+def _flip_in_zip(file: Path) -> None:
+    """Flip one bit in the raw bytes of the first tensor storage of a torch.save (zip) file."""
+    import struct
+    import zipfile
+
+    blob = bytearray(file.read_bytes())
+    entry = next(z for z in zipfile.ZipFile(file).infolist() if "/data/" in z.filename and z.file_size > 64)
+    name_len, extra_len = struct.unpack("<HH", blob[entry.header_offset + 26:entry.header_offset + 30])
+    blob[entry.header_offset + 30 + name_len + extra_len + 17] ^= 0x10
+    file.write_bytes(bytes(blob))
+
+
+def test_lightning_checkpoints_are_recorded_and_a_rotted_file_is_refused(tmp_path: Path) -> None:
+    L = pytest.importorskip("lightning.pytorch", reason="lightning is not installed")
+    from sdcguard.adapters.lightning import SDCGuardCallback, SDCGuardCheckpointIO
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = TinyTransformer()
+
+        def training_step(self, batch: Any, idx: int) -> torch.Tensor:
+            return lm_loss(self.net, batch)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    cb = SDCGuardCallback(replay_every=2)
+    io = SDCGuardCheckpointIO(cb)
+    saver = L.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    trainer = L.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[cb, saver], plugins=[io])
+    trainer.fit(Module(), torch.utils.data.DataLoader([make_batch(s, 0) for s in range(4)], batch_size=None))
+    files = sorted(tmp_path.glob("*.ckpt"))
+    assert len(files) == 2 and all(io.record_path(f).exists() for f in files)
+    records = [json.loads(io.record_path(f).read_text()) for f in files]
+    # samples at steps 0 and 2: the states after steps 1 and 3 are not vouched for when they are saved
+    assert [(r["step"], r["verified"]) for r in records] == [(1, False), (3, False)]
+    assert cb.guard is not None
+    assert [c[:2] for c in cb.guard.state_dict()["verification"]["checkpoints"]] == [["step=2", 1], ["step=4", 3]]
+    assert io.load_checkpoint(files[1])["global_step"] == 4
+    _flip_in_zip(files[1])
+    with pytest.raises(CheckpointCorrupted) as e:
+        io.load_checkpoint(files[1])
+    assert len(e.value.keys) == 1 and e.value.keys[0].startswith("state_dict.")
+
+
+def test_hf_trainer_checkpoints_are_recorded_and_a_rotted_one_is_refused_on_resume(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    pytest.importorskip("accelerate", reason="accelerate (the Trainer needs it) is not installed")
+    from sdcguard.adapters.hf import RECORD, SDCGuardTrainerCallback
+
+    config = transformers.GPT2Config(vocab_size=61, n_positions=16, n_embd=16, n_layer=1, n_head=2,
+                                     bos_token_id=0, eos_token_id=0)
+    rows = [{"input_ids": make_batch(s, 0)["tokens"][0], "labels": make_batch(s, 0)["tokens"][0]} for s in range(16)]
+
+    def train(resume: str | None) -> SDCGuardTrainerCallback:
+        torch.manual_seed(0)
+        cb = SDCGuardTrainerCallback(replay_every=2)
+        args = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=2,
+                                              use_cpu=True, report_to=[], save_strategy="steps", save_steps=2,
+                                              logging_strategy="no", disable_tqdm=True)
+        trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=rows,
+                                       callbacks=[cb])
+        trainer.train(resume_from_checkpoint=resume)
+        return cb
+
+    cb = train(None)
+    folders = sorted(tmp_path.glob("checkpoint-*"))
+    assert [f.name for f in folders] == ["checkpoint-2", "checkpoint-4"]
+    assert all((f / RECORD).exists() for f in folders)
+    assert cb.guard is not None
+    assert [c[:2] for c in cb.guard.state_dict()["verification"]["checkpoints"]] == [
+        [str(folders[0]), 1], [str(folders[1]), 3]]
+    train(str(folders[0]))  # a clean resume passes the check
+    weights = folders[0] / "model.safetensors"
+    blob = bytearray(weights.read_bytes())
+    blob[-100] ^= 0x10  # a rotted byte in the last tensor's data
+    weights.write_bytes(bytes(blob))
+    with pytest.raises(CheckpointCorrupted) as e:
+        train(str(folders[0]))
+    assert e.value.keys and all(k in str(e.value) for k in e.value.keys)  # tied weights are named together
