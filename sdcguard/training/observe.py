@@ -76,7 +76,8 @@ class StepObserver:
             return
         self._record.set_loss(loss)
         if loss.requires_grad:
-            loss.register_hook(lambda g: self._seed.append(g.detach().to("cpu", copy=True)))
+            # kept on its device during the backward (no host sync there); moved to the host in finish()
+            loss.register_hook(lambda g: self._seed.append(g.detach().clone()))
 
     def finish(self) -> Observed | None:
         """End the step's observation; the sampled micro-batch's capture and record (None when not recorded here)."""
@@ -85,7 +86,7 @@ class StepObserver:
         if self._capture is None or self._record is None:
             return None
         autocast = self._probe.state if self._probe is not None else None
-        seed = self._seed[-1] if self._seed else None
+        seed = self._seed[-1].to("cpu") if self._seed else None
         cap = replace(self._capture, autocast=autocast, seed=seed)
         out = Observed(capture=cap, record=self._record)
         self._capture, self._record = None, None
