@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .capture import Batch, Capture, RngHook, capture_rng, make_capture, probe_autocast
+from .capture import Batch, Capture, RngHook, capture_rng, make_capture, AutocastProbe
 from .taps import LocalRecord, Taps
 
 __all__ = ["StepObserver", "Observed"]
@@ -42,7 +42,7 @@ class StepObserver:
         self._index = 0
         self._capture: Capture | None = None
         self._record: LocalRecord | None = None
-        self._probe: probe_autocast | None = None
+        self._probe: AutocastProbe | None = None
         self._seed: list[torch.Tensor] = []
         self._armed = False
 
@@ -65,7 +65,7 @@ class StepObserver:
             self._capture = make_capture(step=self.step, rank=self.rank, micro_batch=self._index, batch=batch,
                                          rng=capture_rng(self.rng_hook))
             self._record = LocalRecord(len(self.taps.unit_names), self.device)
-            self._probe = probe_autocast()
+            self._probe = AutocastProbe()
             self.taps.arm(self._record)
             self._armed = True
         self._index += 1
