@@ -26,6 +26,9 @@ class Observed:
 
     capture: Capture
     record: LocalRecord
+    valid: bool = True
+    """False when the original's local gradients were not seen on their own (none handed over for the sampled
+    micro-batch, or a micro-batch of the step accumulated without reduction): the sample cannot be judged."""
 
 
 class StepObserver:
@@ -55,12 +58,14 @@ class StepObserver:
         """Start observing step ``step``; ``record``: this rank captures micro-batch ``chosen`` of it."""
         self.step, self._record_here, self._chosen, self._index = step, record, chosen, 0
         self._capture, self._record, self._seed, self._probe = None, None, [], None
+        self._count, self._silent = self.taps.handed_over, False
 
     def before_forward(self, batch: Batch) -> None:
         """Call right before a micro-batch's forward (in order; the first one is micro-batch 0)."""
         if self.step is None:
             raise RuntimeError("before_forward() outside a step: call begin_step() first")
         self._disarm()
+        self._tally()
         if self._record_here and self._index == self._chosen:
             self._capture = make_capture(step=self.step, rank=self.rank, micro_batch=self._index, batch=batch,
                                          rng=capture_rng(self.rng_hook))
@@ -82,15 +87,22 @@ class StepObserver:
     def finish(self) -> Observed | None:
         """End the step's observation; the sampled micro-batch's capture and record (None when not recorded here)."""
         self._disarm()
+        self._tally()
         self.step = None
         if self._capture is None or self._record is None:
             return None
         autocast = self._probe.state if self._probe is not None else None
         seed = self._seed[-1].to("cpu") if self._seed else None
         cap = replace(self._capture, autocast=autocast, seed=seed)
-        out = Observed(capture=cap, record=self._record)
+        out = Observed(capture=cap, record=self._record, valid=any(self._record.seen) and not self._silent)
         self._capture, self._record = None, None
         return out
+
+    def _tally(self) -> None:
+        """After a micro-batch's backward: did it hand any local gradient over?"""
+        if self._index > 0 and self.taps.handed_over == self._count:
+            self._silent = True
+        self._count = self.taps.handed_over
 
     def _disarm(self) -> None:
         if self._armed:
