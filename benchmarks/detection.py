@@ -11,6 +11,7 @@ of detection within 1, 10, 100 and 1,000 steps at each setting is derived from t
 Run::
 
     python benchmarks/detection.py [--quick] [--reps N] [--json FILE] [--markdown FILE] [--costs FILE]
+    python benchmarks/detection.py --report FILE.json --costs COSTS.json --markdown FILE.md   # re-render only
 
 ``--costs``: the JSON written by ``benchmarks/replay_overhead.py --json`` (what the workers pay, per setting).
 The exit status is 1 when the headline (:func:`benchmarks.campaign.analysis.headline_failures`) does not hold.
@@ -211,14 +212,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every result (each fault's observations) as JSON")
     ap.add_argument("--markdown", type=Path, help="write the tables as markdown")
     ap.add_argument("--costs", type=Path, help="JSON written by benchmarks/replay_overhead.py --json")
+    ap.add_argument("--report", type=Path, help="render the tables of an earlier run's --json instead of running")
     args = ap.parse_args(argv)
     if args.reps is not None and args.reps < 1:
         ap.error("--reps must be >= 1")
     costs = json.loads(args.costs.read_text(encoding="utf-8")) if args.costs else None
     command = "python benchmarks/detection.py" + (" --quick" if args.quick else "") + (
         f" --reps {args.reps}" if args.reps is not None else "")
-    a = run(plan(quick=args.quick, reps=args.reps), costs=costs, command=command)
-    text = tables(a, header(a), costs)
+    if args.report:
+        a = json.loads(args.report.read_text(encoding="utf-8"))
+        a["costs"] = costs or a.get("costs")
+    else:
+        a = run(plan(quick=args.quick, reps=args.reps), costs=costs, command=command)
+    text = tables(a, header(a), a["costs"])
     print(text)
     if args.json:
         args.json.write_text(json.dumps(a, indent=1, default=str) + "\n", encoding="utf-8")

@@ -8,8 +8,7 @@ machine noise hits them alike:
 - ``checks``: ``SDCGuard(replay_every=0)``: the every-step cross-replica gradient check alone;
 - ``peer10`` / ``peer1``: ``SDCGuard(replay_every=10)`` and ``SDCGuard(replay_every=1, weight_check_every=1)``;
 - ``shadow1``: continuous verification: ``SDCGuard(replay_every=1, shadows=[the last rank])``; and, in a second
-  phase against its own no-guard steps, ``shadow10`` (``replay_every=10``), where the shadow keeps up: a sample's
-  cost to the workers (the send) from it, and continuous verification's cost where the shadow keeps up derived;
+  phase against its own no-guard steps, ``shadow10`` (``replay_every=10``);
 - ``megatron``: Megatron-LM's per-step checks (local loss NaN/Inf and spike, each DDP bucket's local gradient norm
   NaN/Inf and spike, through a comm hook) and its weight hash (sha1 of every parameter on the host, all-gathered),
   timed on its own and amortized over its interval;
@@ -183,7 +182,8 @@ def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace,
     r = _Rank(rank, args, roles)
     times: dict[str, list[float]] = {n: [] for n in (*NAMES, *SECOND)}
     step = dict.fromkeys((*NAMES, *SECOND), 0)
-    for names in (NAMES, SECOND):
+    first = tuple(n for n in NAMES if n in args.configs)
+    for names in (first, SECOND):
         if names is SECOND:
             r.second_phase()
         for rnd in range(args.rounds + 1):  # round 0 warms up
@@ -216,11 +216,17 @@ def _ratio(times: dict[str, list[float]], name: str, ref: str = "plain") -> tupl
 def summarise(res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     times, inside = res["times"], res["inside"]
     base = statistics.median(times["plain"])
-    own = {n: sum(inside[n].values()) / base for n in (*NAMES, *SECOND)}
-    step = {n: _ratio(times, n) for n in NAMES if n != "plain"}
+    ran = [n for n in NAMES if times[n]]
+    own = {n: sum(inside[n].values()) / base for n in (*ran, *SECOND)}
+    step = {n: _ratio(times, n) for n in ran if n != "plain"}
     step["shadow10"] = _ratio(times, "shadow10", "plain2")
-    # a dedicated shadow's sampled step costs the workers a send (when the shadow keeps up): from shadow10
-    per_sample = (own["shadow10"] - own["checks"]) * 10
+    hash_share = res["hash_s"] / base
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    out = {"config": config, "base_step_s": base, "step": step, "own": own, "hash_s": res["hash_s"],
+           "hash_share_per_check": hash_share}
+    if not {"fwd+bwd", "peer1", "peer10", "shadow1", "megatron", "same_device"} <= set(ran):
+        return out
+    out["fwd_bwd_share"] = statistics.median(times["fwd+bwd"]) / base
     # a sampled step's extra cost, linear in 1 / replay_every: from peer1 (every step sampled) and checks (none)
     replay_extra = (inside["peer1"]["end_step"] - inside["checks"]["end_step"]) / base
     weight_check = inside["peer1"]["after_optimizer_step"] / base
@@ -230,18 +236,12 @@ def summarise(res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         return {"own": own["checks"] + replay_extra / every + weight_check / 100,
                 "step": step["checks"][0] + sampled_extra / every}
 
-    hash_share = res["hash_s"] / base
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    out = {"config": config, "base_step_s": base, "fwd_bwd_share": statistics.median(times["fwd+bwd"]) / base,
-           "step": step, "own": own, "derived_50": derived(50), "derived_10": derived(10),
-           "shadow_per_sample": per_sample, "derived_shadow1": own["checks"] + per_sample,
-           "hash_s": res["hash_s"], "hash_share_per_check": hash_share}
+    out["derived_50"], out["derived_10"] = derived(50), derived(10)
     out["text"] = {
         "defaults": f"{derived(50)['step']:+.1%} step, {derived(50)['own']:.1%} own work (derived)",
         "replay10": f"{step['peer10'][0]:+.1%} step, {own['peer10']:.1%} own work",
-        "continuous": f"{own['checks'] + per_sample:.1%} own work where the shadow keeps up (derived), + 1 "
-                      f"shadow device per {args.workers} workers (measured here, the shadow sharing the workers' "
-                      f"cores: {step['shadow1'][0]:+.0%} step)",
+        "continuous": f"{step['shadow1'][0]:+.0%} step, {own['shadow1']:.0%} own work, + 1 shadow device per "
+                      f"{args.workers} workers (measured here with the shadow on the workers' cores)",
         "every_step": f"{step['peer1'][0]:+.1%} step, {own['peer1']:.1%} own work",
         "megatron": f"{step['megatron'][0]:+.1%} step, {own['megatron']:.1%} own work; hash {hash_share:.0%} of a "
                     f"step per check ({hash_share / HASH_INTERVAL:.4%} at 20,000)",
@@ -255,17 +255,16 @@ def report(s: dict[str, Any]) -> str:
     c = s["config"]
     lines = [f"workers={c['workers']} + 1 shadow, model d={c['d']} layers={c['layers']} seq={c['seq']} "
              f"batch={c['batch']}, threads/process={c['threads']}, {c['rounds']} rounds x {c['steps']} steps; "
-             f"no-guard step {s['base_step_s'] * 1e3:.1f} ms, forward+backward alone {s['fwd_bwd_share']:.1%} of it",
+             f"no-guard step {s['base_step_s'] * 1e3:.1f} ms",
              f"{'configuration':<14}{'step vs plain (median of rounds, IQR)':>40}{'own work':>12}"]
-    for n in (*NAMES[1:], "shadow10"):
-        m, lo, hi = s["step"][n]
-        lines.append(f"{n:<14}{m:>+20.1%}  [{lo:+.1%}, {hi:+.1%}]{'':>6}{s['own'][n]:>10.2%}")
+    for n, (m, lo, hi) in s["step"].items():
+        lines.append(f"{n:<14}{m:>+20.1%}  [{lo:+.1%}, {hi:+.1%}]{'':>6}{s['own'].get(n, 0.0):>10.2%}")
     for every in (50, 10):
-        d = s[f"derived_{every}"]
+        d = s.get(f"derived_{every}")
+        if d is None:
+            continue
         lines.append(f"derived replay_every={every:<3} (checks + (peer1 - checks) / {every}): step {d['step']:+.1%}, "
                      f"own work {d['own']:.2%}")
-    lines.append(f"dedicated shadow: {s['shadow_per_sample']:.2%} of a step per sample (shadow10 - checks, x10); "
-                 f"continuous (replay_every=1) where the shadow keeps up: {s['derived_shadow1']:.2%} own work")
     lines.append(f"Megatron weight hash: {s['hash_s'] * 1e3:.1f} ms per check = {s['hash_share_per_check']:.1%} of a "
                  f"step; amortized over 20,000 iterations {s['hash_share_per_check'] / HASH_INTERVAL:.5%}")
     return "\n".join(lines)
@@ -282,7 +281,10 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--json", type=Path, help="write the figures as JSON (benchmarks/detection.py --costs)")
+    parser.add_argument("--configs", default=",".join(NAMES),
+                        help="configurations of the first phase, comma-separated (plain and checks always run)")
     args = parser.parse_args()
+    args.configs = sorted({"plain", "checks", *args.configs.split(",")} & set(NAMES), key=NAMES.index)
 
     import torch.multiprocessing as mp
 
@@ -303,6 +305,7 @@ def main() -> None:
                     p.kill()
     s = summarise(res, args)
     s["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    s["raw"] = res
     print(report(s))
     if args.json:
         args.json.write_text(json.dumps(s, indent=1) + "\n", encoding="utf-8")
