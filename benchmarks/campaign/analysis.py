@@ -121,9 +121,14 @@ def headline_failures(a: dict[str, Any]) -> list[str]:
     sticky = df.get("sticky|compute", {})
     if sticky.get("faults") and (sticky["max"] is None or sticky["max"] > 50 or sticky.get("within_100", 0) < 1.0):
         bad.append(f"defaults: a sticky compute fault should be caught within 50 steps: {sticky}")
-    same = d["same_device"].get("sticky|compute", {})
-    if same.get("faults") and same.get("within_1000", 1) > 0:
-        bad.append(f"same-device replay caught a sticky compute fault: {same}")
+    for t in TIMINGS:
+        weights = df.get(f"{t}|weights in memory", {})
+        if weights.get("faults") and weights["within_100"] < 1.0:
+            bad.append(f"defaults: {t} corrupted weights not all caught within 100 steps: {weights}")
+    for key in ("sticky|compute", "sticky|after the reduction", "one-off|weights in memory"):
+        same = d["same_device"].get(key, {})
+        if same.get("faults") and same["within_1000"] > 0:
+            bad.append(f"same-device replay caught a fault it cannot see ({key}): {same}")
     meg, guard = d["megatron"]["all"], d["defaults"]["all"]
     if meg.get("within_1000", 0) >= guard.get("within_1000", 0):
         bad.append(f"Megatron-LM caught as much as sdcguard at its defaults: {meg} vs {guard}")
@@ -136,7 +141,7 @@ def headline_failures(a: dict[str, Any]) -> list[str]:
     if sh["unsampled_replay_fired"]:
         bad.append(f"a shadow's replay saw a fault on a step it did not sample: {sh}")
     gs = sh["given_sampled"]
-    if gs["faults"] and gs["sdc.replay"] != (gs["faults"], gs["faults"]):
+    if gs["faults"] and tuple(gs["sdc.replay"]) != (gs["faults"], gs["faults"]):
         bad.append(f"continuous: a sampled compute fault not detected and named by the shadow: {gs}")
     for name in ("fsdp", "lightning"):
         fw = a[name]

@@ -33,17 +33,17 @@ class Setting:
 
 SETTINGS = (
     Setting("defaults", "sdcguard, defaults (`replay_every=50`, `weight_check_every=100`)", "peer", 50, 100,
-            vetoes="yes (on a sampled or post-reduction fault)"),
+            vetoes="yes, when it sees the fault on its step"),
     Setting("replay10", "sdcguard, `replay_every=10` (`weight_check_every=100`)", "peer", 10, 100,
-            vetoes="yes (on a sampled or post-reduction fault)"),
+            vetoes="yes, when it sees the fault on its step"),
     Setting("continuous", "sdcguard, continuous: 1 dedicated shadow per 3 workers, `replay_every=1`", "shadow", 1, 100,
-            vetoes="post-reduction faults only (a shadow reports after the step)"),
+            vetoes="faults after the reduction only (a shadow reports 2 steps later)"),
     Setting("every_step", "sdcguard, `replay_every=1`, `weight_check_every=1` (peer)", "peer", 1, 1,
             vetoes="yes"),
     Setting("megatron", "Megatron-LM, every shipped check, weight hash every 20,000 iterations", "megatron",
-            hash_every=20000, vetoes="no (stops the job; NaN/Inf only: the rerun machine)"),
+            hash_every=20000, vetoes="no: NaN/Inf and a hash mismatch stop the job, spikes are logged"),
     Setting("megatron10", "Megatron-LM, every shipped check, weight hash every 10 iterations", "megatron",
-            hash_every=10, vetoes="no"),
+            hash_every=10, vetoes="no (as above)"),
     Setting("same_device", "same-device replay of every step (torchtitan-style)", "same", vetoes="no"),
 )
 
