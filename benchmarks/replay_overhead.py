@@ -1,290 +1,243 @@
-"""What each detector costs the workers: step time next to the same DDP step without any, measured in one run.
+"""What the training guard costs the workers, side by side in one run, interleaved in rounds so machine noise hits
+every configuration alike (paired medians per round, with the interquartile range).
 
-One launch (``--workers`` DDP workers + 1 dedicated shadow, gloo, CPU), configurations interleaved in rounds so
-machine noise hits them alike:
+Two jobs' worth of configurations, each on its own copy of the model, in the same processes:
 
-- ``plain``: DDP forward + backward + SGD step, nothing else (the baseline);
-- ``fwd+bwd``: forward and backward alone, no communication (the unit of a replay);
-- ``checks``: ``SDCGuard(replay_every=0)``: the every-step cross-replica gradient check alone;
-- ``peer10`` / ``peer1``: ``SDCGuard(replay_every=10)`` and ``SDCGuard(replay_every=1, weight_check_every=1)``;
-- ``shadow1``: continuous verification: ``SDCGuard(replay_every=1, shadows=[the last rank])``; and, in a second
-  phase against its own no-guard steps, ``shadow10`` (``replay_every=10``);
-- ``megatron``: Megatron-LM's per-step checks (local loss NaN/Inf and spike, each DDP bucket's local gradient norm
-  NaN/Inf and spike, through a comm hook) and its weight hash (sha1 of every parameter on the host, all-gathered),
-  timed on its own and amortized over its interval;
-- ``same_device``: the whole step run a second time on the same device and compared.
+``compute`` (a transformer, d=256, 4 layers, 128 tokens; ~0.5 s steps here):
 
-Guarded steps are driven by the guard's four public calls, so the time inside the guard's own work (``end_step``:
-checks, replays, exchanges; ``after_optimizer_step``: the weight check) is read from the outside. Sampled-step
-costs are linear in ``1 / replay_every``: the default ``replay_every=50`` is derived from ``checks`` and ``peer1``
-(the extra cost of a sampled step, over 50) and printed as such; ``peer10`` is measured and is also derived the same
-way, as a check of that derivation. Run::
+- ``plain``: DDP forward + backward + SGD step, no guard (the baseline);
+- ``fwd+bwd``: forward and backward alone, no communication (the unit of the peer-mode goal);
+- ``checks``: ``SDCGuard(replay_every=0)``: every-step cross-replica checks only;
+- ``peer``: ``SDCGuard(replay_every=10)``: a peer replays one step in ten;
+- ``hooks``: the same as ``peer``, driven the way the Lightning and Hugging Face callbacks drive it (the framework's
+  own loop calls ``begin_step``, ``before_forward``, ``observe_loss``, its backward, ``end_step``);
+- ``shadow``: ``SDCGuard(replay_every=10, shadows=[last rank])``, the shadow replaying while workers go on;
+- ``fsdp`` / ``fsdp+peer``: the same model sharded with FSDP2 (per block), without and with ``replay_every=10``.
 
-    python benchmarks/replay_overhead.py [--workers 2] [--rounds 6] [--steps 10] [--json FILE]
+``comm`` (``--comm``; a wide MLP with a small batch, whose gradient all-reduce is a large share of the step):
 
-The default model (d=256, 4 layers, 128 tokens, ~0.5 s steps here) is sized so that the step is long against a
-collective's latency (a small gloo collective takes 1-2 ms on a 2-core VM running 3 processes). On a machine with
-fewer cores than processes the shadow competes with the workers for CPU (it runs at the lowest priority here); on a
-real cluster it has its own device.
+- ``plain``: DDP, whose all-reduce overlaps the backward;
+- ``checks``: the guard's every-step checks on the same DDP model (overlap kept: within noise of ``plain``);
+- ``post``: the guard's former design, kept here as a baseline: local gradients computed into fresh tensors, then
+  a bucketed all-reduce after the whole backward (the communication no longer overlaps).
+
+Besides step times it prints the time spent inside the guard's own calls on worker 0 (``end_step`` and
+``after_optimizer_step``: checks, replays, exchanges, verdicts), which does not depend on comparing noisy steps. Run::
+
+    python benchmarks/replay_overhead.py [--workers 2] [--rounds 8] [--steps 10] [--comm]
+
+On a machine with fewer cores than processes the shadow competes with the workers for CPU (it runs at the lowest
+priority here); on a real cluster it has its own device, and NCCL's latency is tens of microseconds where gloo's is
+1-2 ms on this VM.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-NAMES = ("plain", "fwd+bwd", "checks", "peer10", "peer1", "shadow1", "megatron", "same_device")
-SECOND = ("plain2", "shadow10")
-"""A second phase (the shadow serves one guard at a time): a dedicated shadow sampling one step in ten, against
-its own no-guard steps."""
-HASH_INTERVAL = 20_000
+LABELS = {
+    "plain": "no guard (DDP)",
+    "fwd+bwd": "forward+backward only",
+    "checks": "guard, replay off",
+    "peer": "guard, peer, replay_every=10",
+    "hooks": "guard via framework hooks (adapters)",
+    "shadow": "guard, dedicated shadow",
+    "fsdp": "FSDP2, no guard",
+    "fsdp+peer": "FSDP2, guard, replay_every=10",
+    "post": "reduction after the backward (old)",
+}
 
 
-class _Rank:
-    def __init__(self, rank: int, args: argparse.Namespace, roles: Any) -> None:
-        import torch
-        from torch.nn.parallel import DistributedDataParallel as DDP
+def _post_backward_step(model: Any, loss_fn: Callable[..., Any], batch: Any, group: Any, size: int) -> None:
+    """The guard's former data path: local gradients into fresh tensors, then one all-reduce per 25 MB bucket."""
+    import torch
+    import torch.distributed as dist
 
-        from _tiny_transformer import TinyTransformer, lm_loss
-        from benchmarks.campaign.baselines import BucketTap, MegatronChecks
-        from sdcguard import SDCGuard
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss_fn(model, batch), params)
+    bucket: list[int] = []
+    nbytes = 0
 
-        self.rank, self.args, self.group, self.loss_fn = rank, args, roles.dp_group, lm_loss
-        size = {"d": args.d, "heads": 4, "layers": args.layers, "seq": args.seq, "p": 0.1}
+    def flush() -> None:
+        if bucket:
+            flat = torch.cat([grads[i].reshape(-1) for i in bucket])
+            dist.all_reduce(flat, group=group)
+            flat.div_(size)
+            offset = 0
+            for i in bucket:
+                n = grads[i].numel()
+                params[i].grad = flat[offset:offset + n].view_as(params[i])
+                offset += n
+            bucket.clear()
 
-        def fresh() -> Any:
-            torch.manual_seed(0)
-            return TinyTransformer(**size)
-
-        self.modules = {n: fresh() for n in (*NAMES, *SECOND)}
-        self.roles = roles
-        group = self.group
-        self.guards = {
-            "shadow1": SDCGuard(DDP(self.modules["shadow1"], process_group=group), lm_loss, group=group,
-                                replay_every=1, shadows=list(roles.shadows)),
-            "checks": SDCGuard(DDP(self.modules["checks"], process_group=group), lm_loss, group=group,
-                               replay_every=0),
-            "peer10": SDCGuard(DDP(self.modules["peer10"], process_group=group), lm_loss, group=group,
-                               replay_every=10),
-            "peer1": SDCGuard(DDP(self.modules["peer1"], process_group=group), lm_loss, group=group,
-                              replay_every=1, weight_check_every=1),
-        }
-        self.ddp = {n: DDP(self.modules[n], process_group=group)
-                    for n in ("plain", "plain2", "megatron", "same_device")}
-        self.taps = {n: BucketTap() for n in ("megatron", "same_device")}
-        for n, tap in self.taps.items():
-            self.ddp[n].register_comm_hook(group, tap)
-        self.megatron = MegatronChecks()
-        self.opts = {n: torch.optim.SGD(m.parameters(), lr=1e-3) for n, m in self.modules.items()}
-        self.inside = {n: {"end_step": 0.0, "after_optimizer_step": 0.0, "checks": 0.0} for n in (*NAMES, *SECOND)}
-        self.timing = False
-
-    def second_phase(self) -> None:
-        """Close the continuous shadow's guard (the shadow then serves the next one) and build the second."""
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        from sdcguard import SDCGuard
-
-        self.guards.pop("shadow1").close()
-        self.guards["shadow10"] = SDCGuard(DDP(self.modules["shadow10"], process_group=self.group), self.loss_fn,
-                                           group=self.group, replay_every=10, shadows=list(self.roles.shadows))
-
-    def _timed(self, name: str, part: str, fn: Any, *a: Any, **k: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return fn(*a, **k)
-        finally:
-            if self.timing:
-                self.inside[name][part] += time.perf_counter() - t0
-
-    def run(self, name: str, step: int) -> None:
-        import torch
-
-        from _tiny_transformer import make_batch
-        from benchmarks.campaign.baselines import bucket_norms, rerun_step
-
-        batch = make_batch(step, self.rank, batch=self.args.batch, seq=self.args.seq)
-        if name == "fwd+bwd":
-            loss = self.loss_fn(self.modules[name], batch)
-            torch.autograd.grad(loss, list(self.modules[name].parameters()))
-            return
-        if name in self.guards:
-            g = self.guards[name]
-            g.begin_step(step)
-            g.before_forward(batch)
-            loss = self.loss_fn(g.model, batch)
-            g.observe_loss(loss)
-            loss.backward()
-            report = self._timed(name, "end_step", g.end_step, loss=loss.detach())
-            if not report.commit:
-                raise RuntimeError(f"{name}: unexpected veto at step {step}: {report.incidents}")
-        else:
-            tap = self.taps.get(name)
-            rng = torch.get_rng_state()
-            if tap is not None:
-                tap.keep = True
-            loss = self.loss_fn(self.ddp[name], batch)
-            loss.backward()
-            if name == "megatron":
-                local = tap.take()
-                self._timed(name, "checks", self.megatron.check, float(loss.detach()), bucket_norms(local))
-            elif name == "same_device":
-                local = tap.take()
-                params = list(self.modules[name].parameters())
-                reduced = [p.grad.clone() for p in params]
-                self._timed(name, "checks", rerun_step, self.ddp[name], params, self.loss_fn, batch, rng, tap,
-                            loss=loss, local=local, reduced=reduced)
-        self.opts[name].step()
-        self.opts[name].zero_grad(set_to_none=True)
-        if name in self.guards:
-            self._timed(name, "after_optimizer_step", self.guards[name].after_optimizer_step)
-
-    def hash_seconds(self) -> float:
-        """One Megatron weight-hash check (sha1 of every parameter on the host, all-gathered), in seconds."""
-        import torch.distributed as dist
-
-        from benchmarks.campaign.baselines import param_hash_mismatch
-
-        dist.barrier(group=self.group)
-        t0 = time.perf_counter()
-        param_hash_mismatch(self.modules["megatron"], self.group)
-        return time.perf_counter() - t0
+    for i, g in enumerate(grads):
+        if bucket and nbytes + g.numel() * g.element_size() > 25 * 1024 * 1024:
+            flush()
+            nbytes = 0
+        bucket.append(i)
+        nbytes += g.numel() * g.element_size()
+    flush()
 
 
 def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace, queue: Any) -> None:
     import torch
     import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from _tiny_transformer import TinyTransformer, lm_loss
+    from _tiny_transformer import TinyTransformer, lm_loss, make_batch
     from sdcguard import SDCGuard, plan_roles
 
+    warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     roles = plan_roles(1)
+    group, workers = roles.dp_group, args.workers
+
+    if args.comm:
+        def fresh() -> nn.Module:
+            torch.manual_seed(0)
+            return nn.Sequential(*[nn.Sequential(nn.Linear(args.width, args.width), nn.GELU())
+                                   for _ in range(args.layers)])
+
+        def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+            return m(x).square().mean()
+
+        def batch_of(step: int) -> torch.Tensor:
+            return torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(step * 7 + rank))
+
+        names = ["plain", "checks", "post"]
+    else:
+        size = {"d": args.d, "heads": 4, "layers": args.layers, "seq": args.seq, "p": 0.1}
+
+        def fresh() -> nn.Module:
+            torch.manual_seed(0)
+            return TinyTransformer(**size)
+
+        loss_fn = lm_loss
+
+        def batch_of(step: int) -> Any:
+            return make_batch(step, rank, batch=args.batch, seq=args.seq)
+
+        names = ["plain", "fwd+bwd", "checks", "peer", "hooks", "shadow", "fsdp", "fsdp+peer"]
+
+    # The dedicated guard is built on every rank (collective); the shadow serves until the workers close it.
+    shadow_model = fresh()
+    dedicated = SDCGuard(shadow_model if roles.role == "shadow" else DDP(shadow_model, process_group=group),
+                         loss_fn, group=group, replay_every=10, shadows=list(roles.shadows))
     if roles.role == "shadow":
         os.nice(19)  # spare cycles only: on a real cluster the shadow has a device of its own
-        for every in (1, 10):  # one guard per phase, built collectively with the workers' guard
-            torch.manual_seed(0)
-            model = TinyTransformer(d=args.d, heads=4, layers=args.layers, seq=args.seq, p=0.1)
-            SDCGuard(model, lm_loss, group=roles.dp_group, replay_every=every, shadows=list(roles.shadows)).serve()
+        dedicated.serve()
         dist.destroy_process_group()
         return
-    r = _Rank(rank, args, roles)
-    times: dict[str, list[float]] = {n: [] for n in (*NAMES, *SECOND)}
-    step = dict.fromkeys((*NAMES, *SECOND), 0)
-    first = tuple(n for n in NAMES if n in args.configs)
-    for names in (first, SECOND):
-        if names is SECOND:
-            r.second_phase()
-        for rnd in range(args.rounds + 1):  # round 0 warms up
-            r.timing = rnd > 0
-            for name in names:
-                dist.barrier(group=r.group)
-                t0 = time.perf_counter()
-                for _ in range(args.steps):
-                    r.run(name, step[name])
-                    step[name] += 1
-                dist.barrier(group=r.group)
-                if rnd:
-                    times[name].append((time.perf_counter() - t0) / args.steps)
-    hashes = [r.hash_seconds() for _ in range(3)]
-    r.guards["shadow10"].close()
+
+    models: dict[str, nn.Module] = {}
+    wrapped: dict[str, nn.Module] = {}
+    guards: dict[str, SDCGuard] = {"shadow": dedicated}
+    models["shadow"], wrapped["shadow"] = shadow_model, dedicated.model
+    for name in names:
+        if name == "shadow":
+            continue
+        m = fresh()
+        models[name] = m
+        if name.startswith("fsdp"):
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = init_device_mesh("cpu", (workers,))
+            for block in m.blocks:  # type: ignore[union-attr]
+                fully_shard(block, mesh=mesh)
+            fully_shard(m, mesh=mesh)
+            wrapped[name] = m
+        elif name in ("fwd+bwd", "post"):
+            wrapped[name] = m
+        else:
+            wrapped[name] = DDP(m, process_group=group)
+        every = {"checks": 0, "peer": 10, "hooks": 10, "fsdp+peer": 10}.get(name)
+        if every is not None:
+            guards[name] = SDCGuard(wrapped[name], loss_fn, group=group, replay_every=every)
+    opts = {n: torch.optim.SGD(m.parameters(), lr=1e-3) for n, m in models.items()}
+    inside = {n: 0.0 for n in guards}
+    timing = [False]
+
+    def run(name: str, step: int) -> None:
+        batch = batch_of(step)
+        model, guard = wrapped[name], guards.get(name)
+        if name == "fwd+bwd":
+            torch.autograd.grad(loss_fn(model, batch), list(model.parameters()))
+            return
+        if name == "post":
+            _post_backward_step(model, loss_fn, batch, group, workers)
+        elif guard is None:
+            loss_fn(model, batch).backward()
+        else:  # the four calls guard.step makes, so the time inside the guard's own calls can be taken apart
+            guard.begin_step(step)
+            guard.before_forward(batch)
+            loss = loss_fn(model, batch)
+            guard.observe_loss(loss)
+            loss.backward()
+            t0 = time.perf_counter()
+            report = guard.end_step()
+            if timing[0]:
+                inside[name] += time.perf_counter() - t0
+            if not report.commit:
+                raise RuntimeError(f"{name}: unexpected veto at step {step}: {report.incidents}")
+        opts[name].step()
+        opts[name].zero_grad(set_to_none=True)
+        if guard is not None:
+            t0 = time.perf_counter()
+            guard.after_optimizer_step()
+            if timing[0]:
+                inside[name] += time.perf_counter() - t0
+
+    order = names if "shadow" in names or args.comm else names
+    times: dict[str, list[float]] = {n: [] for n in order}
+    step = {n: 0 for n in order}
+    for r in range(args.rounds + 1):  # round 0 warms up
+        timing[0] = r > 0
+        for name in order:
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                run(name, step[name])
+                step[name] += 1
+            dist.barrier(group=group)
+            if r:
+                times[name].append((time.perf_counter() - t0) / args.steps)
+    dedicated.close()
     if rank == 0:
         steps = args.rounds * args.steps
-        inside = {n: {k: v / steps for k, v in d.items()} for n, d in r.inside.items()}
-        queue.put({"times": times, "inside": inside, "hash_s": statistics.median(hashes)})
+        queue.put((times, {n: v / steps for n, v in inside.items()}))
     dist.destroy_process_group()
-
-
-def _ratio(times: dict[str, list[float]], name: str, ref: str = "plain") -> tuple[float, float, float]:
-    """Median and quartiles over rounds of (name / ref - 1), paired per round (the machine's load drifts)."""
-    r = sorted(a / b - 1 for a, b in zip(times[name], times[ref]))
-    q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0], r[0], r[0]]
-    return statistics.median(r), q[0], q[2]
-
-
-def summarise(res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    times, inside = res["times"], res["inside"]
-    base = statistics.median(times["plain"])
-    ran = [n for n in NAMES if times[n]]
-    own = {n: sum(inside[n].values()) / base for n in (*ran, *SECOND)}
-    step = {n: _ratio(times, n) for n in ran if n != "plain"}
-    step["shadow10"] = _ratio(times, "shadow10", "plain2")
-    hash_share = res["hash_s"] / base
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    out = {"config": config, "base_step_s": base, "step": step, "own": own, "hash_s": res["hash_s"],
-           "hash_share_per_check": hash_share}
-    if not {"fwd+bwd", "peer1", "peer10", "shadow1", "megatron", "same_device"} <= set(ran):
-        return out
-    out["fwd_bwd_share"] = statistics.median(times["fwd+bwd"]) / base
-    # a sampled step's extra cost, linear in 1 / replay_every: from peer1 (every step sampled) and checks (none)
-    replay_extra = (inside["peer1"]["end_step"] - inside["checks"]["end_step"]) / base
-    weight_check = inside["peer1"]["after_optimizer_step"] / base
-    sampled_extra = step["peer1"][0] - step["checks"][0]
-
-    def derived(every: int) -> dict[str, float]:
-        return {"own": own["checks"] + replay_extra / every + weight_check / 100,
-                "step": step["checks"][0] + sampled_extra / every}
-
-    out["derived_50"], out["derived_10"] = derived(50), derived(10)
-    out["text"] = {
-        "defaults": f"{derived(50)['step']:+.1%} step, {derived(50)['own']:.1%} own work (derived)",
-        "replay10": f"{step['peer10'][0]:+.1%} step, {own['peer10']:.1%} own work",
-        "continuous": f"{step['shadow1'][0]:+.0%} step, {own['shadow1']:.0%} own work, + 1 shadow device per "
-                      f"{args.workers} workers (measured here with the shadow on the workers' cores)",
-        "every_step": f"{step['peer1'][0]:+.1%} step, {own['peer1']:.1%} own work",
-        "megatron": f"{step['megatron'][0]:+.1%} step, {own['megatron']:.1%} own work; hash {hash_share:.0%} of a "
-                    f"step per check ({hash_share / HASH_INTERVAL:.4%} at 20,000)",
-        "megatron10": f"hash {hash_share:.0%} of a step per check: {hash_share / 10:.1%} at 10",
-        "same_device": f"{step['same_device'][0]:+.1%} step, {own['same_device']:.0%} own work",
-    }
-    return out
-
-
-def report(s: dict[str, Any]) -> str:
-    c = s["config"]
-    lines = [f"workers={c['workers']} + 1 shadow, model d={c['d']} layers={c['layers']} seq={c['seq']} "
-             f"batch={c['batch']}, threads/process={c['threads']}, {c['rounds']} rounds x {c['steps']} steps; "
-             f"no-guard step {s['base_step_s'] * 1e3:.1f} ms",
-             f"{'configuration':<14}{'step vs plain (median of rounds, IQR)':>40}{'own work':>12}"]
-    for n, (m, lo, hi) in s["step"].items():
-        lines.append(f"{n:<14}{m:>+20.1%}  [{lo:+.1%}, {hi:+.1%}]{'':>6}{s['own'].get(n, 0.0):>10.2%}")
-    for every in (50, 10):
-        d = s.get(f"derived_{every}")
-        if d is None:
-            continue
-        lines.append(f"derived replay_every={every:<3} (checks + (peer1 - checks) / {every}): step {d['step']:+.1%}, "
-                     f"own work {d['own']:.2%}")
-    lines.append(f"Megatron weight hash: {s['hash_s'] * 1e3:.1f} ms per check = {s['hash_share_per_check']:.1%} of a "
-                 f"step; amortized over 20,000 iterations {s['hash_share_per_check'] / HASH_INTERVAL:.5%}")
-    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=10, help="steps per configuration per round (multiple of 10)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--comm", action="store_true", help="the comm-bound configuration (a wide MLP)")
     parser.add_argument("--d", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=None, help="default: 4 (transformer), 8 (--comm)")
+    parser.add_argument("--width", type=int, default=1024, help="--comm: width of each linear layer")
     parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--json", type=Path, help="write the figures as JSON (benchmarks/detection.py --costs)")
-    parser.add_argument("--configs", default=",".join(NAMES),
-                        help="configurations of the first phase, comma-separated (plain and checks always run)")
+    parser.add_argument("--batch", type=int, default=None, help="default: 8 (transformer), 64 (--comm)")
     args = parser.parse_args()
-    args.configs = sorted({"plain", "checks", *args.configs.split(",")} & set(NAMES), key=NAMES.index)
+    args.layers = args.layers or (8 if args.comm else 4)
+    args.batch = args.batch or (64 if args.comm else 8)
 
     import torch.multiprocessing as mp
 
@@ -296,19 +249,42 @@ def main() -> None:
                  for r in range(world)]
         for p in procs:
             p.start()
-        try:
-            res = queue.get(timeout=3600)
-        finally:
-            for p in procs:
-                p.join(60)
-                if p.is_alive():
-                    p.kill()
-    s = summarise(res, args)
-    s["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    s["raw"] = res
-    print(report(s))
-    if args.json:
-        args.json.write_text(json.dumps(s, indent=1) + "\n", encoding="utf-8")
+        times, inside = queue.get(timeout=3600)
+        for p in procs:
+            p.join(60)
+
+    med = {n: statistics.median(v) for n, v in times.items()}
+
+    def ratio(name: str, ref: str) -> tuple[float, float, float]:
+        r = sorted(a / b - 1 for a, b in zip(times[name], times[ref]))
+        q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0], r[0], r[0]]
+        return statistics.median(r), q[0], q[2]
+
+    if args.comm:
+        print(f"comm-bound: workers={args.workers} (+1 idle shadow), {args.layers} x Linear({args.width}) "
+              f"({args.layers * args.width * args.width * 4 / 1e6:.0f} MB of fp32 gradients), batch={args.batch}, "
+              f"threads/process={args.threads}, {args.rounds} rounds x {args.steps} steps")
+    else:
+        print(f"workers={args.workers} + 1 shadow, transformer d={args.d} layers={args.layers} seq={args.seq} "
+              f"batch={args.batch}, threads/process={args.threads}, {args.rounds} rounds x {args.steps} steps")
+    print(f"{'configuration':<40}{'step (ms)':>11}{'vs its baseline (median of rounds, IQR)':>42}")
+    for name in times:
+        ref = "fsdp" if name == "fsdp+peer" else "plain"
+        m, lo, hi = ratio(name, ref)
+        vs = "" if name in ("plain", "fsdp") else f"{m:>+14.1%}  [{lo:+.1%}, {hi:+.1%}]  vs {ref}"
+        print(f"{LABELS[name]:<40}{med[name] * 1e3:>11.2f}  {vs}")
+    print("time inside the guard's own calls (end_step, after_optimizer_step) on worker 0, per step, as a share "
+          "of its baseline's step:")
+    for name, t in inside.items():
+        ref = "fsdp" if name == "fsdp+peer" else "plain"
+        print(f"  {LABELS[name]:<38} {t * 1e3:7.2f} ms  {t / med[ref]:6.2%}")
+    if not args.comm:
+        fb, base = med["fwd+bwd"], med["plain"]
+        goal = 0.1 * fb / base + 0.01
+        for name, g, what in (("peer", goal, "a tenth of fwd+bwd + 1%"), ("shadow", 0.02, "2%")):
+            total, own = ratio(name, "plain")[0], inside[name] / base
+            print(f"{name}: overhead {total:+.1%}, {own:.1%} inside the guard's own calls; goal <= {what} = {g:.1%}: "
+                  f"step time {'met' if total <= g else 'NOT met'}, own calls {'met' if own <= g else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def _rank(rank: int, world_size: int, cfg: dict[str, int]) -> Any:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from sdcguard.replica import ReplicaCheck
+    from sdcguard import ReplicaCheck
 
     model = _model(cfg["vocab"], cfg["d"], cfg["layers"], cfg["seq"])
     nparams = sum(p.numel() for p in model.parameters())

@@ -15,6 +15,8 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     "SdcguardError": "sdcguard.errors",
     "CorruptionDetected": "sdcguard.errors",
+    "CheckpointCorrupted": "sdcguard.errors",
+    "CheckpointError": "sdcguard.errors",
     "DeviceInfo": "sdcguard.records",
     "CaseResult": "sdcguard.records",
     "Incident": "sdcguard.records",
@@ -45,6 +47,7 @@ _LAZY: dict[str, str] = {
     "fingerprint": "sdcguard.fingerprint",
     "fingerprint_many": "sdcguard.fingerprint",
     "ReplicaCheck": "sdcguard.training.replica",
+    "CheckpointInfo": "sdcguard.training.checkpoint",
 }
 
 __all__ = ["__version__", *_LAZY]

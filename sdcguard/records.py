@@ -97,3 +97,6 @@ class Incident:
     """True when a re-run on the suspect device reproduced the wrong result."""
     job: str | None = None
     time: float = field(default_factory=time.time)
+    rollback: str | None = None
+    """Where to restart from: the id of the newest verified checkpoint older than the earliest step the fault could
+    have touched (None: no such checkpoint is known)."""

@@ -7,6 +7,7 @@ compute-type pinning, locations, re-reads) run in CI without a GPU. Only the sub
 from __future__ import annotations
 
 import sys
+import time
 import types
 from typing import Any
 
@@ -79,6 +80,34 @@ def install(monkeypatch: Any, build: HostBuild, *, sms: int = 4, arch: tuple[int
     pool = types.SimpleNamespace(free_bytes=lambda: 0, free_all_blocks=lambda: None)
     cupy.get_default_memory_pool = lambda: pool  # type: ignore[attr-defined]
     cupy.empty = lambda n, dtype: np.empty(n, dtype=dtype).view(DevArray)  # type: ignore[attr-defined]
+    # what the GPU check's timing and references use: events time the host (the "device" is this CPU)
+    class Event:
+        def __init__(self) -> None:
+            self.t = 0.0
+
+        def record(self) -> None:
+            self.t = time.perf_counter()
+
+        def synchronize(self) -> None:
+            return None
+
+    cuda.Event = Event  # type: ignore[attr-defined]
+    cuda.get_elapsed_time = lambda a, b: (b.t - a.t) * 1e3  # type: ignore[attr-defined]
+    for name in ("float16", "float32", "float64", "uint8", "uint32"):
+        setattr(cupy, name, getattr(np, name))
+
+    class Generator:
+        def __init__(self, seed: int) -> None:
+            self._rng = np.random.default_rng(seed)
+
+        def standard_normal(self, shape: tuple[int, ...], dtype: Any = np.float64) -> DevArray:
+            return _dev(self._rng.standard_normal(shape, dtype=dtype))
+
+    cupy.random = types.SimpleNamespace(default_rng=Generator)  # type: ignore[attr-defined]
+    cupy.ones = lambda shape, dtype: _dev(np.ones(shape, dtype=dtype))  # type: ignore[attr-defined]
+    cupy.zeros = lambda shape, dtype: _dev(np.zeros(shape, dtype=dtype))  # type: ignore[attr-defined]
+    cupy.empty_like = lambda a: _dev(np.empty_like(a))  # type: ignore[attr-defined]
+    cupy.copyto = lambda dst, src: np.copyto(dst, src)  # type: ignore[attr-defined]
     cupy.matmul = lambda a, b: np.matmul(np.asarray(a, dtype=np.float32) if a.dtype == np.float16 else a,  # type: ignore[attr-defined]
                                          np.asarray(b, dtype=np.float32) if b.dtype == np.float16 else b
                                          ).astype(a.dtype).view(DevArray)

@@ -11,7 +11,9 @@ cupy is imported when a backend is created, never at module import.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -28,13 +30,27 @@ from .loader import get_kernel
 from .backend import BackendBase, OutputHook
 from .suite import Suite
 
-__all__ = ["CupyBackend"]
+__all__ = ["CupyBackend", "pinned_compute_type"]
 
 _ALIGN = 256
 _SCALARS = {"i32": np.int32, "u32": np.uint32, "u64": np.uint64}
 # cuBLAS compute type per case dtype (names of cupy._core._routines_linalg constants)
 _COMPUTE = {"fp64": "COMPUTE_TYPE_FP64", "fp32": "COMPUTE_TYPE_PEDANTIC", "tf32": "COMPUTE_TYPE_TF32",
             "fp16": "COMPUTE_TYPE_FP32"}
+
+
+@contextlib.contextmanager
+def pinned_compute_type(array_dtype: Any, case_dtype: str) -> Iterator[None]:
+    """Inside the block, cuBLAS runs products of ``array_dtype`` arrays with the compute type of case dtype
+    ``case_dtype`` (``fp64 fp32 tf32 fp16``); the previous setting comes back on exit. cupy must be importable."""
+    from cupy._core import _routines_linalg as linalg
+
+    before = linalg.get_compute_type(array_dtype)
+    linalg.set_compute_type(array_dtype, getattr(linalg, _COMPUTE[case_dtype]))
+    try:
+        yield
+    finally:
+        linalg.set_compute_type(array_dtype, before)
 
 
 def _uuid_text(raw: Any) -> str:
@@ -126,6 +142,10 @@ class CupyBackend(BackendBase):
             self._inputs[case.id] = got
         return got
 
+    def plan(self, case: Case) -> Plan:
+        """The launch plan this backend runs a kernel-run case with (memory marches sized by ``memory_share``)."""
+        return self._plan(case)
+
     def _plan(self, case: Case) -> Plan:
         plan = self._plans.get(case.id)
         if plan is None:
@@ -187,6 +207,68 @@ class CupyBackend(BackendBase):
 
     # ------------------------------------------------------------------------------------------------ running
 
+    def _launches(self, case: Case) -> tuple[Plan, Any, dict[str, tuple[int, str, int]], int,
+                                             Callable[[], None]]:
+        """``(plan, raw scratch, layout, bytes to fetch, enqueue)``: ``enqueue()`` puts every launch of the case on
+        the current stream (no zeroing, no sync). Arguments are marshalled once, here."""
+        plan = self._plan(case)
+        inputs = self._device_inputs(case)
+        raw, layout, fetch = self._scratch_for(case, plan)
+        views = {name: raw[off : off + count * np.dtype(dt).itemsize].view(dt)
+                 for name, (off, dt, count) in layout.items()}
+        calls = []
+        for launch in plan.launches:
+            args = []
+            for arg in launch.args:
+                if arg[0] == "buf":
+                    buf = views[arg[1]] if arg[1] in views else inputs[arg[1]]
+                    args.append(buf[arg[2] :] if arg[2] else buf)
+                else:
+                    args.append(_SCALARS[arg[0]](arg[1]))
+            calls.append((get_kernel(plan.module, launch.kernel, self.index), launch.grid, launch.block, tuple(args)))
+
+        def enqueue() -> None:
+            for fn, grid, block, args in calls:
+                fn(grid, block, args)
+
+        return plan, raw, layout, fetch, enqueue
+
+    def device_work(self, case: Case) -> Callable[[], None]:
+        """The case's device work alone, to be timed with CUDA events: the launches of a kernel-run case (its
+        scratch is not zeroed first), or the cuBLAS product of a ``cublas`` GEMM, with no comparison and no copy
+        to the host. Buffers and kernels are set up now, before any timing."""
+        cp = self._cp
+        if case.family == "gemm" and case.params["impl"] == "cublas":
+            inputs = self._device_inputs(case)
+            a, b = inputs["a"], inputs["b"]
+
+            def product() -> None:
+                with cp.cuda.Device(self.index), pinned_compute_type(a.dtype, case.dtype):
+                    cp.matmul(a, b)
+
+            return product
+        enqueue = self._launches(case)[4]
+
+        def launches() -> None:
+            with cp.cuda.Device(self.index):
+                enqueue()
+
+        return launches
+
+    def output(self, case: Case) -> np.ndarray:
+        """Run a kernel-run case once and return its output (shape ``case.shape``) without comparing it: how the
+        per-architecture goldens of GPU-only cases are taken (:mod:`sdcguard.golden.candidates`)."""
+        if case.family == "gemm" and case.params["impl"] == "cublas":
+            raise SuiteError(f"{case.id} runs through cuBLAS: run() compares it with its golden")
+        cp = self._cp
+        with cp.cuda.Device(self.index):
+            plan, raw, layout, fetch, enqueue = self._launches(case)
+            raw.fill(0)
+            enqueue()
+            head = raw[:fetch].get()
+        off, dt, _ = layout[plan.output]
+        return head[off : off + case.nbytes].view(dt).reshape(case.shape).copy()
+
     def run(self, case: Case, *, output_hook: OutputHook | None = None) -> CaseResult:
         """Run ``case`` once on this GPU and compare its output bit for bit with the golden."""
         if not self.supports(case):
@@ -195,31 +277,21 @@ class CupyBackend(BackendBase):
             return self._run_cublas(case, output_hook)
         arch = self.arch if case.gpu_only else None
         expected = self.suite.expected(case, arch)
-        plan = self._plan(case)
-        inputs = self._device_inputs(case)
-        raw, layout, fetch = self._scratch_for(case, plan)
-        views = {name: raw[off : off + count * np.dtype(dt).itemsize].view(dt) for name, (off, dt, count) in layout.items()}
         cp = self._cp
         started = time.time()
         t0 = time.perf_counter()
         with cp.cuda.Device(self.index):
+            plan, raw, layout, fetch, enqueue = self._launches(case)
             raw.fill(0)
-            for launch in plan.launches:
-                args = []
-                for arg in launch.args:
-                    if arg[0] == "buf":
-                        buf = views[arg[1]] if arg[1] in views else inputs[arg[1]]
-                        args.append(buf[arg[2] :] if arg[2] else buf)
-                    else:
-                        args.append(_SCALARS[arg[0]](arg[1]))
-                get_kernel(plan.module, launch.kernel, self.index)(launch.grid, launch.block, tuple(args))
+            enqueue()
             head = raw[:fetch].get()  # the one host sync of this case
         duration = time.perf_counter() - t0
         host = {}
         for name, (off, dt, count) in layout.items():
             n = count if name != plan.output else case.size
             host[name] = head[off : off + n * np.dtype(dt).itemsize].view(dt)
-        out_view = views[plan.output]
+        out_off, out_dt, out_count = layout[plan.output]
+        out_view = raw[out_off : out_off + out_count * np.dtype(out_dt).itemsize].view(out_dt)
 
         def reread(element: int) -> int:
             with cp.cuda.Device(self.index):
@@ -232,22 +304,14 @@ class CupyBackend(BackendBase):
                                                          "words": plan.scratch[plan.output][1]})
 
     def _run_cublas(self, case: Case, output_hook: OutputHook | None) -> CaseResult:
-        from cupy._core import _routines_linalg as linalg
-
         cp = self._cp
         expected = self.suite.expected(case)
         inputs = self._device_inputs(case)
-        dt = inputs["a"].dtype
-        mode = getattr(linalg, _COMPUTE[case.dtype])
         started = time.time()
         t0 = time.perf_counter()
         with cp.cuda.Device(self.index):
-            before = linalg.get_compute_type(dt)
-            linalg.set_compute_type(dt, mode)
-            try:
+            with pinned_compute_type(inputs["a"].dtype, case.dtype):
                 product = cp.matmul(inputs["a"], inputs["b"])
-            finally:
-                linalg.set_compute_type(dt, before)
             # fp16 results are exact fp16 values by construction: widening to the golden's fp32 is exact
             output = product.astype(case.out_dtype, copy=False).get()  # the one host sync
         duration = time.perf_counter() - t0

@@ -18,13 +18,12 @@ from collections.abc import Sequence
 from functools import partial
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .taps import LocalRecord
 
-__all__ = ["ParamTaps", "unwrap", "wrap_ddp"]
+__all__ = ["ParamTaps", "unwrap", "wrap_ddp", "is_ddp"]
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -90,7 +89,3 @@ class ParamTaps:
 def is_ddp(model: nn.Module) -> bool:
     """Whether ``model`` is wrapped in DDP."""
     return isinstance(model, DistributedDataParallel)
-
-
-def distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()

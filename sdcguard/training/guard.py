@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ..devices import hostname
@@ -37,7 +36,7 @@ from ..errors import BadInput
 from ..fingerprint import combine_on_device
 from ..records import Incident
 from .attribution import Attributor, job_id
-from .calibration import CalibrationReport, Determinism, calibrate, likely_causes, setup_warnings
+from .calibration import CalibrationReport, calibrate, setup_warnings
 from .capture import Batch, Capture, RngHook, capture_rng, make_capture
 from .comm import Comm
 from .config import Check, GuardConfig, OnDetect, StepReport
@@ -46,10 +45,11 @@ from .fsdp import FSDPTaps, is_fsdp
 from .identity import local_device_id
 from .observe import StepObserver
 from .replay import LossFn, check_loss, replay
-from .replica import fingerprint_column, odd_ranks, vote
+from .replica import fingerprint_column, odd_ranks, replica_incidents
+from .outcomes import Outcomes
 from .response import Responder
 from .rounds import PeerRound, RoundResult
-from .shadows import DedicatedRound, ShadowServer
+from .shadows import DedicatedRound, ShadowServer, worker_group
 from .taps import Digest
 
 __all__ = ["SDCGuard"]
@@ -77,7 +77,9 @@ class SDCGuard:
         self._keys = [e[2] for g, e in zip(world.members, everyone) if g in self.members]
         self._attr = Attributor(self.taps.unit_names, self.identities)
         self._responder = Responder(on_detect, self.config.store, rank=self.rank, writer=self.dp_rank == 0)
-        self._determinism = Determinism()
+        self._outcomes = Outcomes(self._attr, self.members, self.device, speaks=self.dp_rank == 0)
+        self._determinism = self._outcomes.determinism
+        self._verification = self._outcomes.verification
         self._observer = StepObserver(self.taps, rank=self.dp_rank, device=self.device, rng_hook=rng_hook)
         record_ops = not self.taps.collective_replay
         self._rounds: PeerRound | DedicatedRound = (
@@ -95,30 +97,10 @@ class SDCGuard:
     # ------------------------------------------------------------------------------------------------ setup
 
     def _roles(self, group: Any) -> None:
-        shadows = self.config.shadows
-        distributed = dist.is_available() and dist.is_initialized()
-        self.role: Literal["worker", "shadow"] = "worker"
-        self.shadow_ranks: tuple[int, ...] = ()
-        if shadows == "peer":
-            self.comm = Comm(group)
-        elif not distributed:
-            raise BadInput("dedicated shadows need torch.distributed to be initialised")
-        else:
-            world = dist.get_world_size()
-            if any(r >= world for r in shadows):
-                raise BadInput(f"shadow ranks {list(shadows)} are not all below the world size {world}")
-            workers = [r for r in range(world) if r not in shadows]
-            if not workers:
-                raise BadInput("every rank is a shadow: at least one worker is needed")
-            if group is None:  # collective over the world: every rank (shadows too) builds the guard here
-                group = dist.new_group(ranks=workers)
-            self.shadow_ranks = tuple(shadows)
-            self.role = "shadow" if dist.get_rank() in shadows else "worker"
-            self.comm = Comm(group if self.role == "worker" else None, members=workers)
-            if self.role == "worker" and dist.get_process_group_ranks(group) != workers:
-                raise BadInput("with dedicated shadows, group must hold exactly the non-shadow ranks")
+        self.role, self.shadow_ranks, self.comm = worker_group(self.config.shadows, group)
         self.group = self.comm.group
-        self.rank, self.members, self.dp_size, self.dp_rank = self.comm.rank, self.comm.members, self.comm.size, self.comm.index
+        self.rank, self.members, self.dp_size, self.dp_rank = (self.comm.rank, self.comm.members, self.comm.size,
+                                                               self.comm.index)
 
     def _wire(self, model: nn.Module) -> tuple[nn.Module, nn.Module, ParamTaps | FSDPTaps]:
         if is_fsdp(model):
@@ -168,43 +150,43 @@ class SDCGuard:
             raise RuntimeError("end_step() without begin_step()")
         observed = self._observer.finish()
         sampled, sample = self._sampled, self._samples
-        replicas = any(self._keys.count(k) > 1 for k in self._keys)
-        checks: list[Check] = ["gradient_replica"] if replicas else []
-        found: list[Incident] = []
-        result = RoundResult()
+        dedicated = self._rounds if isinstance(self._rounds, DedicatedRound) else None
+        earlier: list[RoundResult] = []  # a dedicated shadow's verdicts on earlier steps, reported now
         cols: list[torch.Tensor] = [combine_on_device(fingerprint_column(self.taps.reduced(), self.device))]
-        arrived = 0
-        if isinstance(self._rounds, DedicatedRound):
-            if sampled:
-                result = self._rounds.send(step, sample, observed)
-            arrived = self._rounds.arrived()
-        cols.append(torch.tensor(arrived, dtype=torch.int64, device=self.device))
+        if dedicated is not None and sampled:
+            earlier += dedicated.send(step, sample, observed)
+        cols.append(torch.tensor(dedicated.arrived() if dedicated else 0, dtype=torch.int64, device=self.device))
         state = None
         if sampled and isinstance(self._rounds, PeerRound):
             assert observed is not None
             extra, state = self._rounds.columns(sample, observed)
             cols += [torch.tensor(v, dtype=torch.int64, device=self.device) for v in extra]
         table = self.comm.gather_ints(torch.stack(cols)).tolist()
+        found: list[Incident] = []
         if odd_ranks([row[0] for row in table], self._keys):
             found += self._replica_incidents("gradient_replica", step, self.taps.reduced())
-        corrupt = bool(found)  # the replicas' reduced gradients differ: whoever is wrong, the step is not sound
+        replicas_differ = bool(found)  # whoever is wrong, a step whose replicas differ is not sound
+        current = RoundResult()
         if state is not None:
             assert isinstance(self._rounds, PeerRound)
-            result = self._rounds.finish(step, state, [row[2:] for row in table])
+            current = self._rounds.finish(step, state, [row[2:] for row in table])
         if sampled:
-            checks.append("replay")
             self._samples += 1
-        found += self._settled(step, sample, result, sampled and state is not None)
-        corrupt |= result.corrupt
-        commit = not (corrupt and self.config.on_detect != "record")
-        if isinstance(self._rounds, DedicatedRound):  # an earlier step's verdict: reported now, vetoes nothing
-            found += self._settled(step, sample, self._rounds.collect_arrived(max(row[1] for row in table)), False)
+        found += self._outcomes.settled(sample, current)
+        commit = not ((replicas_differ or current.corrupt) and self.config.on_detect != "record")
+        if dedicated is not None:
+            earlier += dedicated.collect_arrived(max(row[1] for row in table))
+        for result in earlier:
+            found += self._outcomes.settled(sample, result)
+        found = [self._outcomes.rollback(i, vetoed=not commit and i.step == step) for i in found]
         if not commit:
             for p in self.params:
                 p.grad = None  # the optimizer skips parameters without gradients: the step changes nothing
         self._steps += 1
         self._last_step = step
         self._responder.handle(found)
+        replicas = any(self._keys.count(k) > 1 for k in self._keys)
+        checks: list[Check] = (["gradient_replica"] if replicas else []) + (["replay"] if sampled else [])
         mean = loss if loss is not None else torch.full((), float("nan"))
         return StepReport(step=step, loss=mean, commit=commit, incidents=tuple(found), replayed=sampled,
                           checks=tuple(checks))
@@ -251,37 +233,17 @@ class SDCGuard:
         table = self.comm.gather_ints(combine_on_device(fingerprint_column(weights, self.device)).reshape(1))
         found = []
         if odd_ranks(table[:, 0].tolist(), self._keys):
-            found = self._replica_incidents("weight_replica", self._last_step, weights)
+            found = [self._outcomes.rollback(i, vetoed=False)
+                     for i in self._replica_incidents("weight_replica", self._last_step, weights)]
+        self._verification.weights_compared(self._last_step, agreed=not found)
         self._responder.handle(found)
         return found
 
     # ---------------------------------------------------------------------------------------- internals
 
     def _replica_incidents(self, kind: str, step: int, tensors: list[torch.Tensor | None]) -> list[Incident]:
-        """Per-parameter fingerprints from every rank (only after a mismatch), voted within replica classes."""
-        rows = self.comm.gather_objects(fingerprint_column(tensors, self.device).tolist())
         ids = [(g, *self.identities.get(g, (None, ""))) for g in self.members]
-        found = vote(kind, step, rows, self._keys, self.taps.param_names, ids, job_id())
-        if not found:  # the combined values differed but no single tensor does: a tensor changed between reads
-            combined = [[hash(tuple(r))] for r in rows]
-            found = vote(kind, step, combined, self._keys, ["<the tensors, read twice>"], ids, job_id())
-        return found
-
-    def _settled(self, step: int, sample: int, result: RoundResult, sampled: bool) -> list[Incident]:
-        """Incidents of a round, or one ``nondeterministic`` incident when the round shows software at work."""
-        reason = "; ".join(result.unresolved) if result.unresolved else None
-        if reason is None and result.blamed:
-            reason = self._determinism.blamed(sample, result.blamed)
-        if reason is None:
-            if sampled and not result.incidents:
-                self._determinism.agreed()
-            return result.incidents
-        result.corrupt = False  # never vetoed for what software did
-        if not self._determinism.declare(reason, likely_causes(result.ops, self.device)):
-            return []
-        if self.dp_rank == 0:
-            self._determinism.warn()
-        return [self._attr.nondeterministic(step, reason, self._determinism.causes)]
+        return replica_incidents(self.comm, kind, step, tensors, self._keys, self.taps.param_names, ids, job_id())
 
     def _replay(self, cap: Capture, same_process: bool, values: Sequence[torch.Tensor] | None = None) -> Digest:
         self.replaying = True
@@ -297,6 +259,21 @@ class SDCGuard:
     def incidents(self) -> list[Incident]:
         """Every incident so far (identical on every rank of the group)."""
         return self._responder.incidents
+
+    @property
+    def last_verified_step(self) -> int | None:
+        """The last step every rank's checks vouched for: every rank's latest clean sample is at or after it, and no
+        incident since then may have reached the weights (see :mod:`.verification`). None before every rank was
+        sampled cleanly, or when replay is off."""
+        return self._verification.last_verified_step
+
+    def record_checkpoint(self, checkpoint_id: str, step: int, digest: str = "") -> bool:
+        """Remember a checkpoint of the state after ``step`` (``sdcguard.checkpoint.save`` calls it on every rank);
+        whether that state is verified. Later incidents name the newest verified checkpoint to restart from; with a
+        fleet store, the group's first rank records it there."""
+        verified = self._verification.note_checkpoint(checkpoint_id, step).verified
+        self._responder.record_checkpoint(checkpoint_id, step, verified, digest)
+        return verified
 
     @property
     def nondeterministic(self) -> bool:
@@ -332,7 +309,8 @@ class SDCGuard:
         self._closed = True
         found: list[Incident] = []
         if self.role == "worker" and isinstance(self._rounds, DedicatedRound):
-            found = self._settled(self._last_step or 0, self._samples, self._rounds.close(), False)
+            for result in self._rounds.close():
+                found += [self._outcomes.rollback(i, vetoed=False) for i in self._outcomes.settled(self._samples, result)]
             self._responder.handle(found)
         self.taps.close()
         return found
@@ -340,7 +318,8 @@ class SDCGuard:
     def state_dict(self) -> dict[str, Any]:
         """Counters a resumed run needs (the sample counter drives pairings and micro-batch choice)."""
         return {"version": 2, "steps": self._steps, "samples": self._samples, "last_step": self._last_step,
-                "determinism": self._determinism.state_dict(), "incidents": len(self.incidents)}
+                "determinism": self._determinism.state_dict(), "verification": self._verification.state_dict(),
+                "incidents": len(self.incidents)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("version") not in (1, 2):
@@ -350,3 +329,4 @@ class SDCGuard:
             self._determinism.load_state_dict({"state": "nondeterministic" if state["nondeterministic"] else "unknown"})
         else:
             self._determinism.load_state_dict(state["determinism"])
+            self._verification.load_state_dict(state.get("verification", {}))

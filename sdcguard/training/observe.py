@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .capture import Batch, Capture, RngHook, capture_rng, make_capture, probe_autocast
+from .capture import Batch, Capture, RngHook, capture_rng, make_capture, AutocastProbe
 from .taps import LocalRecord, Taps
 
 __all__ = ["StepObserver", "Observed"]
@@ -42,7 +42,7 @@ class StepObserver:
         self._index = 0
         self._capture: Capture | None = None
         self._record: LocalRecord | None = None
-        self._probe: probe_autocast | None = None
+        self._probe: AutocastProbe | None = None
         self._seed: list[torch.Tensor] = []
         self._armed = False
 
@@ -65,7 +65,7 @@ class StepObserver:
             self._capture = make_capture(step=self.step, rank=self.rank, micro_batch=self._index, batch=batch,
                                          rng=capture_rng(self.rng_hook))
             self._record = LocalRecord(len(self.taps.unit_names), self.device)
-            self._probe = probe_autocast()
+            self._probe = AutocastProbe()
             self.taps.arm(self._record)
             self._armed = True
         self._index += 1
@@ -76,7 +76,8 @@ class StepObserver:
             return
         self._record.set_loss(loss)
         if loss.requires_grad:
-            loss.register_hook(lambda g: self._seed.append(g.detach().to("cpu", copy=True)))
+            # kept on its device during the backward (no host sync there); moved to the host in finish()
+            loss.register_hook(lambda g: self._seed.append(g.detach().clone()))
 
     def finish(self) -> Observed | None:
         """End the step's observation; the sampled micro-batch's capture and record (None when not recorded here)."""
@@ -85,7 +86,7 @@ class StepObserver:
         if self._capture is None or self._record is None:
             return None
         autocast = self._probe.state if self._probe is not None else None
-        seed = self._seed[-1] if self._seed else None
+        seed = self._seed[-1].to("cpu") if self._seed else None
         cap = replace(self._capture, autocast=autocast, seed=seed)
         out = Observed(capture=cap, record=self._record)
         self._capture, self._record = None, None

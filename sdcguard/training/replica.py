@@ -35,7 +35,7 @@ from .comm import Comm
 from .ddp import unwrap
 from .identity import local_device_id
 
-__all__ = ["ReplicaCheck", "fingerprint_column", "odd_ranks", "minority", "vote", "local"]
+__all__ = ["ReplicaCheck", "fingerprint_column", "odd_ranks", "minority", "vote", "replica_incidents", "local"]
 
 NO_GRADIENT = 0
 """The value standing for a missing tensor (a parameter without gradient)."""
@@ -125,6 +125,20 @@ def vote(kind: str, step: int, rows: Sequence[Sequence[int]], keys: Sequence[obj
                     f"{', '.join(map(str, g))} ({settled})"),
             devices=devices, hosts=tuple(identities[r][2] for r in ranks), parameter=differing[0], job=job))
     return out
+
+
+def replica_incidents(comm: Comm, kind: str, step: int, tensors: Sequence[torch.Tensor | None],
+                      keys: Sequence[object], names: Sequence[str], identities: Sequence[tuple[int, str | None, str]],
+                      job: str | None) -> list[Incident]:
+    """After a mismatch of the combined values: every rank's per-tensor fingerprints (one collective), voted within
+    replica classes (collective over ``comm``: every rank calls it)."""
+    device = next((local(t).device for t in tensors if t is not None), torch.device("cpu"))
+    rows = comm.gather_objects(fingerprint_column(tensors, device).tolist())
+    found = vote(kind, step, rows, keys, names, identities, job)
+    if not found:  # the combined values differed but no single tensor does: a tensor changed between the reads
+        combined = [[hash(tuple(r))] for r in rows]
+        found = vote(kind, step, combined, keys, ["<the tensors, read twice>"], identities, job)
+    return found
 
 
 def _is_sharded(p: torch.Tensor) -> bool:

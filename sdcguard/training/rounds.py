@@ -55,6 +55,10 @@ class RoundResult:
     """aten ops seen while settling (to name order-dependent ones)."""
     blamed: set[int] = field(default_factory=set)
     """Global ranks named by this round."""
+    clean: set[int] = field(default_factory=set)
+    """Global ranks whose computation this round verified (their original agreed with its replay or the majority)."""
+    step: int | None = None
+    """The step those computations belong to (a dedicated shadow's verdict names an earlier one)."""
 
 
 @dataclass
@@ -107,8 +111,9 @@ class PeerRound:
         W = self.comm.size
         pairs = [(peer_source(r, st.sample, W), r) for r in range(W)]
         bad = [(p, r) for p, r in pairs if not _same(table[p][:3], table[r][3:6])]
-        result = RoundResult()
+        result = RoundResult(step=step)
         if not bad:
+            result.clean = set(self.comm.members)
             return result
         if len(bad) > _MAX_SETTLED:
             result.unresolved.append(f"{len(bad)} of {W} micro-batches computed differently on their replays at "
@@ -126,6 +131,8 @@ class PeerRound:
             result.blamed |= set(j.blamed)
             settled.append((self.comm.members[p], j))
         result.incidents = self.attr.replay_incidents(step, settled)
+        if not result.unresolved:
+            result.clean = set(self.comm.members) - result.blamed
         return result
 
     def _diagnose(self, st: _Sampled) -> set[str]:

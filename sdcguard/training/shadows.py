@@ -1,11 +1,12 @@
 """Dedicated shadow ranks: hot spares that replay sampled micro-batches while the workers go on.
 
 On a sampled step one worker (samples rotate over the workers and the shadows) sends a shadow its micro-batch,
-random states and digest, then its parameters straight from the live tensors (no staging copy; the sends complete
-before the step returns, so the optimizer never changes a tensor in flight). The shadow receives the parameters
-into its own module, replays, and sends a small verdict back; the workers pick it up at the first step after it
-arrived (the per-step all-gather carries an "arrived" value, so nobody waits) and wait only when the shadow falls
-more than :data:`MAX_PENDING` samples behind.
+random states and digest, then its parameters from a staging copy (one buffer per parameter, on the communication
+device, allocated once and reused: the optimizer may change the live tensors while the sends are in flight, and a
+busy shadow must never hold a worker up). The shadow receives the parameters into its own module, replays, and
+sends a small verdict back; the workers pick it up at the first step after it arrived (the per-step all-gather
+carries an "arrived" value, so nobody waits) and wait only when the shadow falls more than :data:`MAX_PENDING`
+samples behind, or when the staging copy is still being sent as the next sample comes.
 
 A shadow holds one copy of the parameters: its module's. When its replay disagrees with the worker's original it
 keeps that sample (capture, digest, parameter values) until the workers fetch it to settle the disagreement: every
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..errors import BadInput
 from .attribution import Attributor, Opinion, judge
 from .capture import Capture
 from .comm import Comm, comm_device, recv_object, recv_tensors_, send_object, send_stop, send_tensors
@@ -32,7 +34,7 @@ from .pairing import shadow_assignment
 from .rounds import RoundResult
 from .taps import Digest
 
-__all__ = ["Roles", "plan_roles", "ShadowSample", "Fetch", "Verdict", "ShadowServer", "DedicatedRound",
+__all__ = ["Roles", "plan_roles", "worker_group", "ShadowSample", "Fetch", "Verdict", "ShadowServer", "DedicatedRound",
            "MAX_PENDING", "VERDICT_LEN"]
 
 Role = Literal["worker", "shadow"]
@@ -80,6 +82,29 @@ def plan_roles(num_shadows: int, *, world_size: int | None = None, rank: int | N
     group = dist.new_group(ranks=list(workers)) if dist.is_initialized() else None
     role: Role = "shadow" if me in shadows else "worker"
     return Roles(workers=workers, shadows=shadows, role=role, dp_group=group)
+
+
+def worker_group(shadows: Literal["peer"] | tuple[int, ...], group: Any) -> tuple[Role, tuple[int, ...], Comm]:
+    """This rank's role, the shadow ranks and the workers' :class:`Comm` for a guard built with ``shadows``.
+
+    With dedicated shadows every rank of the world (shadows too) must call it: it may create the workers' group.
+    """
+    if shadows == "peer":
+        return "worker", (), Comm(group)
+    if not (dist.is_available() and dist.is_initialized()):
+        raise BadInput("dedicated shadows need torch.distributed to be initialised")
+    world = dist.get_world_size()
+    if any(r >= world for r in shadows):
+        raise BadInput(f"shadow ranks {list(shadows)} are not all below the world size {world}")
+    workers = [r for r in range(world) if r not in shadows]
+    if not workers:
+        raise BadInput("every rank is a shadow: at least one worker is needed")
+    if group is None:  # collective over the world
+        group = dist.new_group(ranks=workers)
+    role: Role = "shadow" if dist.get_rank() in shadows else "worker"
+    if role == "worker" and dist.get_process_group_ranks(group) != workers:
+        raise BadInput("with dedicated shadows, group must hold exactly the non-shadow ranks")
+    return role, tuple(shadows), Comm(group if role == "worker" else None, members=workers)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,32 +212,41 @@ class DedicatedRound:
         self.replay_fn = replay_fn
         self.attr = attributor
         self._pending: collections.deque[_Pending] = collections.deque()
+        self._staging: list[torch.Tensor] = []
+        self._in_flight: tuple[list[Any], Any] = ([], None)
+        """The previous sample's sends (to wait on) and the buffers they read (kept alive until then)."""
 
     def owner(self, sample: int) -> int:
         """Data-parallel index of the worker whose micro-batch the sample checks."""
         return shadow_assignment(sample, self.comm.size, len(self.shadows))[0]
 
-    def send(self, step: int, sample: int, observed: Observed | None) -> RoundResult:
+    def send(self, step: int, sample: int, observed: Observed | None) -> list[RoundResult]:
         """A sampled step: the owner sends its micro-batch and parameters; every worker notes the pending sample.
-        Waits for the oldest verdict first when the shadow fell behind."""
-        result = RoundResult()
+        Waits for the oldest verdicts first when the shadow fell behind (their results are returned)."""
+        results = []
         while len(self._pending) >= MAX_PENDING:
-            self._merge(result, self.collect())
+            results.append(self.collect())
         w, s = shadow_assignment(sample, self.comm.size, len(self.shadows))
         pending = _Pending(sample=sample, step=step, worker=w, shadow=self.shadows[s])
         if self.comm.index == w:
             assert observed is not None
             original = observed.record.digest()
             msg = ShadowSample(sample=sample, step=step, capture=observed.capture, original=original)
+            for work in self._in_flight[0]:  # the staging copy is free once the previous sample's sends are done
+                work.wait()
+            device = comm_device(None)
+            if not self._staging:
+                self._staging = [torch.empty_like(p, device=device) for p in self.params]
+            with torch.no_grad():
+                for buf, p in zip(self._staging, self.params):
+                    buf.copy_(p)
             handles = send_object(msg, pending.shadow)
-            works = handles[0] + send_tensors([p.detach() for p in self.params], pending.shadow)
-            pending.verdict = torch.zeros(VERDICT_LEN, dtype=torch.int64, device=comm_device(None))
+            self._in_flight = (handles[0] + send_tensors(self._staging, pending.shadow), handles)
+            pending.verdict = torch.zeros(VERDICT_LEN, dtype=torch.int64, device=device)
             pending.verdict_work = dist.irecv(pending.verdict, src=pending.shadow)
             pending.original = original
-            for work in works:  # the parameters are on their way before the optimizer may change them
-                work.wait()
         self._pending.append(pending)
-        return result
+        return results
 
     def arrived(self) -> int:
         """``1 +`` the oldest pending sample when this worker sent it and its verdict has arrived (no waiting)."""
@@ -220,19 +254,19 @@ class DedicatedRound:
             return 0
         return self._pending[0].sample + 1 if self._pending[0].verdict_work.is_completed() else 0
 
-    def collect_arrived(self, arrived: int) -> RoundResult:
+    def collect_arrived(self, arrived: int) -> list[RoundResult]:
         """Settle the verdict announced in this step's gather (``arrived``: the gathered maximum), if it is still
         the oldest pending one (a full queue may have collected it already)."""
         if arrived and self._pending and self._pending[0].sample == arrived - 1:
-            return self.collect()
-        return RoundResult()
+            return [self.collect()]
+        return []
 
     def collect(self) -> RoundResult:
         """Every worker: the oldest pending verdict (the sender waits for it), settled when it disagrees."""
-        result = RoundResult()
         if not self._pending:
-            return result
+            return RoundResult()
         pending = self._pending.popleft()
+        result = RoundResult(step=pending.step)
         buf = torch.zeros(VERDICT_LEN, dtype=torch.int64, device=self.comm.device)
         if self.comm.index == pending.worker:
             pending.verdict_work.wait()
@@ -240,6 +274,8 @@ class DedicatedRound:
         self.comm.broadcast_tensors_([buf], src=pending.worker)
         if not Verdict.from_tensor(buf).matched:
             self._settle(pending, result)
+        if not result.unresolved and self.comm.members[pending.worker] not in result.blamed:
+            result.clean = {self.comm.members[pending.worker]}
         return result
 
     def _settle(self, pending: _Pending, result: RoundResult) -> None:
@@ -264,18 +300,13 @@ class DedicatedRound:
         result.blamed |= set(j.blamed)
         result.incidents += self.attr.replay_incidents(pending.step, [(g[owner], j)])
 
-    def close(self) -> RoundResult:
+    def close(self) -> list[RoundResult]:
         """End of training: collect every outstanding verdict, then release the shadows."""
-        result = RoundResult()
+        results = []
         while self._pending:
-            self._merge(result, self.collect())
+            results.append(self.collect())
+        for work in self._in_flight[0]:
+            work.wait()
         for s in self.shadows:
             send_stop(s)
-        return result
-
-    @staticmethod
-    def _merge(into: RoundResult, other: RoundResult) -> None:
-        into.incidents += other.incidents
-        into.unresolved += other.unresolved
-        into.blamed |= other.blamed
-        into.ops |= other.ops
+        return results

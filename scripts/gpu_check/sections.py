@@ -1,0 +1,78 @@
+"""The sections of a GPU check, in the order they run, with their time limits (the one list of them).
+
+Each section names a function ``(ctx: Context, rep: SectionReport) -> str | None`` that records checks and
+measurements on ``rep``, raises :class:`~gpu_check.context.Skip` where its GPU step cannot run, and may return the
+sentence a PASS reports. The limits add up to 480 s, so a whole run fits in 8 minutes however each section ends;
+on one H200 a run takes about half of that (what each takes is in results.json). The cheap sections that others
+build on come first.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .context import Context
+from .results import SectionReport
+
+__all__ = ["Section", "SECTIONS", "TOTAL_LIMIT_S", "section_by_name", "select"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Section:
+    name: str
+    title: str
+    """What a PASS proves, in one line."""
+    timeout_s: int
+    """Wall-clock limit of the section's process (the shell's ``timeout``)."""
+    module: str
+    """Module (under ``gpu_check``) holding the function that does the work."""
+    function: str = "run"
+    """That function: ``function(ctx, rep) -> str | None``."""
+
+    def runner(self) -> Callable[[Context, SectionReport], str | None]:
+        module = importlib.import_module(f"gpu_check.{self.module}")
+        return getattr(module, self.function)  # type: ignore[no-any-return]
+
+
+SECTIONS: tuple[Section, ...] = (
+    Section(name="golden-data", timeout_s=15, module="golden_data",
+            title="the golden data verifies (manifest, every sha256, every reference recomputed)"),
+    Section(name="nvml", timeout_s=35, module="nvml_check",
+            title="NVML finds the GPUs, tells an idle GPU from a busy one, and reads XID/ECC/remapped-rows telemetry"),
+    Section(name="golden-suite", timeout_s=110, module="golden_suite",
+            title="every golden family passes on every GPU, with throughput next to cupy.matmul and a device copy"),
+    Section(name="intrinsics", timeout_s=25, module="intrinsics",
+            title="the intrinsics kernel is repeatable on each GPU; its output is recorded as a golden candidate"),
+    Section(name="fingerprint", timeout_s=55, module="fingerprint_check",
+            title="the CUDA fingerprint equals the CPU reference over dtypes, shapes and strides; its bandwidth"),
+    Section(name="training", timeout_s=80, module="training",
+            title="the guard on CUDA tensors, 3 ranks over gloo: calibrate, a clean run, a sticky fault named"),
+    Section(name="scan", timeout_s=65, module="fleet", function="run_scan",
+            title="sdcguard scan --device cuda:0 --budget 30 into a fresh store with telemetry, then report"),
+    Section(name="drill", timeout_s=45, module="fleet", function="run_drill",
+            title="a fire drill on cuda:0 (--inject) finds corruption and quarantines the GPU"),
+    Section(name="gpu-tests", timeout_s=50, module="gpu_tests",
+            title="the test suite's GPU tests pass (pytest -m gpu), none skipped"),
+)
+
+TOTAL_LIMIT_S = sum(s.timeout_s for s in SECTIONS)
+
+
+def section_by_name(name: str) -> Section:
+    """The section called ``name`` (``KeyError`` naming the known ones otherwise)."""
+    for s in SECTIONS:
+        if s.name == name:
+            return s
+    raise KeyError(f"no section {name!r}; sections: {', '.join(s.name for s in SECTIONS)}")
+
+
+def select(only: str | None) -> list[Section]:
+    """The sections named in a comma-separated ``only`` list, in run order (every section for None/empty)."""
+    if not only:
+        return list(SECTIONS)
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    for n in names:
+        section_by_name(n)
+    return [s for s in SECTIONS if s.name in names]
