@@ -13,7 +13,7 @@ Run::
     python benchmarks/detection.py [--quick] [--reps N] [--json FILE] [--markdown FILE] [--costs FILE]
     python benchmarks/detection.py --report FILE.json --costs COSTS.json --markdown FILE.md   # re-render only
 
-``--costs``: the JSON written by ``benchmarks/replay_overhead.py --json`` (what the workers pay, per setting).
+``--costs``: the JSON written by ``benchmarks/detector_costs.py --json`` (what the workers pay, per setting).
 The exit status is 1 when the headline (:func:`benchmarks.campaign.analysis.headline_failures`) does not hold.
 """
 
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=None, help="faults per target x bits x timing cell (default 4)")
     ap.add_argument("--json", type=Path, help="write every result (each fault's observations) as JSON")
     ap.add_argument("--markdown", type=Path, help="write the tables as markdown")
-    ap.add_argument("--costs", type=Path, help="JSON written by benchmarks/replay_overhead.py --json")
+    ap.add_argument("--costs", type=Path, help="JSON written by benchmarks/detector_costs.py --json")
     ap.add_argument("--report", type=Path, help="render the tables of an earlier run's --json instead of running")
     args = ap.parse_args(argv)
     if args.reps is not None and args.reps < 1:

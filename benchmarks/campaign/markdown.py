@@ -20,7 +20,7 @@ GROUP_ORDER = ("compute", "after the reduction", "weights in memory")
 
 def _cost(costs: dict[str, Any] | None, key: str) -> str:
     if not costs:
-        return "see `benchmarks/replay_overhead.py`"
+        return "see `benchmarks/detector_costs.py`"
     return costs.get("text", {}).get(key, "–")
 
 
