@@ -44,8 +44,8 @@ _LAZY: dict[str, str] = {
     "RngHook": "sdcguard.training.capture",
     "plan_roles": "sdcguard.training.shadows",
     "Roles": "sdcguard.training.shadows",
-    "fingerprint": "sdcguard.fingerprint",
-    "fingerprint_many": "sdcguard.fingerprint",
+    "fingerprint": "sdcguard.fingerprints",
+    "fingerprint_many": "sdcguard.fingerprints",
     "ReplicaCheck": "sdcguard.training.replica",
     "CheckpointInfo": "sdcguard.training.checkpoint",
 }

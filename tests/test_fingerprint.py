@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from sdcguard.fingerprint import CHUNK_WORDS, _torch_fingerprint_device, fingerprint, fingerprint_many
+from sdcguard.fingerprints import CHUNK_WORDS, _torch_fingerprint_device, fingerprint, fingerprint_many
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -308,7 +308,7 @@ def test_cupy_and_cuda_tensors_agree_with_the_host() -> None:
 def test_the_cuda_kernel_compiles_with_nvrtc() -> None:
     """The fused GPU kernel cannot run here, but it must compile (NVRTC needs no GPU)."""
     cupy = pytest.importorskip("cupy", reason="cupy is not installed")
-    from sdcguard.fingerprint import _CUDA_SOURCE
+    from sdcguard.fingerprints import _CUDA_SOURCE
 
     nvrtc = cupy.cuda.nvrtc  # an attribute, not an importable submodule
 
@@ -336,7 +336,7 @@ def test_parameters_and_lazy_views_fingerprint_their_values() -> None:
 @given(st.binary(min_size=0, max_size=3 * 4 * (1 << 14) + 7))
 def test_c_inner_loop_and_numpy_loops_agree(data: bytes) -> None:
     """The optional C loop (sdcguard._fpcore) and the numpy loops compute the same definition."""
-    from sdcguard import fingerprint as F
+    from sdcguard import fingerprints as F
 
     if F._fpcore is None:
         pytest.skip("sdcguard._fpcore was not built (no C compiler at install time): numpy loops only")
@@ -353,7 +353,7 @@ def test_c_inner_loop_and_numpy_loops_agree(data: bytes) -> None:
 def test_large_inputs_split_across_threads_agree_with_every_other_path() -> None:
     """Inputs beyond one 4 MiB run are cut into runs that threads share: every split, the numpy loops and the
     torch-op path give the same value, aligned or not, alone or batched with small tensors."""
-    from sdcguard import fingerprint as F
+    from sdcguard import fingerprints as F
 
     b = torch.randint(0, 256, (9 * (1 << 20) + 6,), dtype=torch.uint8)
     for x in (b, b[1:], b[3:-1]):
@@ -368,3 +368,13 @@ def test_large_inputs_split_across_threads_agree_with_every_other_path() -> None
     small = [torch.randn(n) for n in (1, 7, 100, 3000)]
     xs = [*small, b[1:], torch.randn(3, 5).t(), *small]
     assert fingerprint_many(xs) == [fingerprint(x) for x in xs]
+
+
+def test_sdcguard_fingerprint_stays_the_function_once_the_training_side_is_loaded() -> None:
+    """The public name and the module that defines it must not shadow each other (the module is
+    ``sdcguard.fingerprints``): the guard imports it, and ``sdcguard.fingerprint(x)`` must still be the function."""
+    import sdcguard
+    import sdcguard.training.guard  # noqa: F401  (imports the fingerprint engine)
+
+    x = np.arange(10, dtype=np.float32)
+    assert callable(sdcguard.fingerprint) and sdcguard.fingerprint(x) == sdcguard.fingerprint_many([x])[0]

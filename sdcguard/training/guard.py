@@ -33,7 +33,7 @@ from torch import nn
 
 from ..devices import hostname
 from ..errors import BadInput
-from ..fingerprint import combine_on_device
+from ..fingerprints import combine_on_device
 from ..records import Incident
 from .attribution import Attributor, job_id
 from .calibration import CalibrationReport, calibrate, setup_warnings

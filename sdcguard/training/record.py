@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointCorrupted, CheckpointError
-from ..fingerprint import combine, fingerprint_many
+from ..fingerprints import combine, fingerprint_many
 
 __all__ = ["fingerprints", "make_record", "write_record", "read_record", "differences", "corrupted", "FORMAT"]
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..fingerprint import combine
+from ..fingerprints import combine
 from ..records import Incident
 from .attribution import Attributor, Judgement, Opinion, judge
 from .calibration import OpRecorder

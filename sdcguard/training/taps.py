@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from ..fingerprint import combine_on_device, fingerprints_on_device
+from ..fingerprints import combine_on_device, fingerprints_on_device
 
 __all__ = ["LocalRecord", "Taps", "Digest"]
 

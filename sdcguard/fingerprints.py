@@ -91,7 +91,7 @@ _MIX_C1 = 0xBF58476D1CE4E5B9
 _MIX_C2 = 0x94D049BB133111EB
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
-    raise ImportError("sdcguard.fingerprint assumes a little-endian host")
+    raise ImportError("sdcguard.fingerprints assumes a little-endian host")
 
 
 def _mix_int(z: int) -> int:
