@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sdcguard.fingerprint import fingerprint  # noqa: E402
+from sdcguard.fingerprints import fingerprint  # noqa: E402
 
 
 def _best(fn: Callable[[], object], sync: Callable[[], None], times: list[float]) -> None:

@@ -15,6 +15,8 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     "SdcguardError": "sdcguard.errors",
     "CorruptionDetected": "sdcguard.errors",
+    "CheckpointCorrupted": "sdcguard.errors",
+    "CheckpointError": "sdcguard.errors",
     "DeviceInfo": "sdcguard.records",
     "CaseResult": "sdcguard.records",
     "Incident": "sdcguard.records",
@@ -42,9 +44,10 @@ _LAZY: dict[str, str] = {
     "RngHook": "sdcguard.training.capture",
     "plan_roles": "sdcguard.training.shadows",
     "Roles": "sdcguard.training.shadows",
-    "fingerprint": "sdcguard.fingerprint",
-    "fingerprint_many": "sdcguard.fingerprint",
+    "fingerprint": "sdcguard.fingerprints",
+    "fingerprint_many": "sdcguard.fingerprints",
     "ReplicaCheck": "sdcguard.training.replica",
+    "CheckpointInfo": "sdcguard.training.checkpoint",
 }
 
 __all__ = ["__version__", *_LAZY]

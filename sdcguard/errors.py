@@ -16,6 +16,8 @@ __all__ = [
     "SuiteError",
     "NoDevice",
     "CorruptionDetected",
+    "CheckpointError",
+    "CheckpointCorrupted",
 ]
 
 
@@ -45,6 +47,20 @@ class SuiteError(SdcguardError):
 
 class NoDevice(SdcguardError):
     """No device matched the request, or the requested device cannot run the suite."""
+
+
+class CheckpointError(SdcguardError):
+    """A checkpoint is missing, truncated, foreign, or (with ``strict=True``) written without fingerprints."""
+
+
+class CheckpointCorrupted(SdcguardError):
+    """Tensors read from a checkpoint differ from what was saved (``keys``: their state-dict keys; ``ranks``: the
+    ranks that read them)."""
+
+    def __init__(self, message: str, keys: tuple[str, ...] = (), ranks: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.keys = keys
+        self.ranks = ranks
 
 
 class CorruptionDetected(RuntimeError):

@@ -138,13 +138,13 @@ def test_without_cuda_a_gpu_section_skips_and_says_why(tmp_path: Path) -> None:
 def test_every_cuda_source_the_check_runs_builds_machine_code_for_an_h200() -> None:
     """NVRTC with an sm_90 target runs ptxas too: what the driver would refuse at load time fails here."""
     cupy = pytest.importorskip("cupy", reason="cupy is not installed")
-    from sdcguard.fingerprint import _CUDA_SOURCE
+    from sdcguard.fingerprints import _CUDA_SOURCE
     from sdcguard.golden.loader import kernel_source
     from sdcguard.resources import kernels_dir
 
     nvrtc = cupy.cuda.nvrtc
     sources = {p.name: kernel_source(p.name) for p in sorted(kernels_dir().glob("*.cu"))}
-    sources["sdcguard/fingerprint.py"] = _CUDA_SOURCE
+    sources["sdcguard/fingerprints.py"] = _CUDA_SOURCE
     assert len(sources) == 7
     for name, src in sources.items():
         try:

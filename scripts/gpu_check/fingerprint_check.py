@@ -29,7 +29,7 @@ __all__ = ["run", "SweepCase", "sweep", "reference", "check_sweep", "bandwidth",
 BANDWIDTH_BYTES = 4 << 30
 """Bytes of the tensor timed for bandwidth (several times the L2, far from launch overhead)."""
 
-_CHUNK_WORDS = 1 << 14  # sdcguard.fingerprint.CHUNK_WORDS: sizes just around a chunk are the interesting ones
+_CHUNK_WORDS = 1 << 14  # sdcguard.fingerprints.CHUNK_WORDS: sizes just around a chunk are the interesting ones
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def reference(view_cpu: Any) -> int:
     """The fingerprint of a CPU view's raw bytes in logical order (the CPU engine on a numpy byte array)."""
     import torch
 
-    from sdcguard.fingerprint import fingerprint
+    from sdcguard.fingerprints import fingerprint
 
     dense = view_cpu.resolve_conj().resolve_neg()
     # a fresh tensor, not .contiguous(): that keeps the odd stride of a size-1 dimension, which view() refuses
@@ -141,7 +141,7 @@ def check_sweep(rep: SectionReport, device: Any, cases: list[SweepCase], *, with
     """Compare every path on ``device`` with the CPU reference; one check per path, naming the first few cases
     that differ or raise (an error in one case does not hide the others). Past ``deadline`` (``time.monotonic()``)
     no new case starts, and a failed check says how many ran."""
-    from sdcguard.fingerprint import fingerprint, fingerprint_many
+    from sdcguard.fingerprints import fingerprint, fingerprint_many
 
     misses: dict[str, list[str]] = {"fused": [], "torch-ops": [], "cupy": [], "many": []}
     cupy_ran = 0
@@ -197,7 +197,7 @@ def check_flips(rep: SectionReport, device: Any) -> None:
     """A bit flipped in device memory changes every path's fingerprint."""
     import torch
 
-    from sdcguard.fingerprint import fingerprint
+    from sdcguard.fingerprints import fingerprint
 
     x = _random(torch, (4 * _CHUNK_WORDS + 7,), torch.float32, 99).to(device)
     before = fingerprint(x)
@@ -232,7 +232,7 @@ def bandwidth(device: Any, nbytes: int, *, repeats: int = 5) -> dict[str, Any]:
     """Fingerprint (fused, and torch ops) against a device-to-device copy of the same bytes."""
     import torch
 
-    from sdcguard.fingerprint import fingerprint
+    from sdcguard.fingerprints import fingerprint
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     x = torch.randint(-(2**31), 2**31 - 1, (nbytes // 4,), dtype=torch.int32, device=device)

@@ -1,5 +1,5 @@
 """``from sdcguard.adapters.hf import SDCGuardTrainerCallback`` (defined in :mod:`sdcguard.training.adapters.hf`)."""
 
-from ..training.adapters.hf import SDCGuardTrainerCallback, model_output_loss
+from ..training.adapters.hf import RECORD, SDCGuardTrainerCallback, model_output_loss
 
-__all__ = ["SDCGuardTrainerCallback", "model_output_loss"]
+__all__ = ["SDCGuardTrainerCallback", "model_output_loss", "RECORD"]

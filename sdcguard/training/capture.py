@@ -4,7 +4,7 @@ A replay on another device must see exactly the inputs, random draws (dropout ma
 backward seed of the original computation. :class:`Capture` holds the micro-batch (a tensor or any nesting of
 tuples, lists and dicts of tensors), the Python, NumPy, torch CPU and CUDA generator states, the state of a user
 hook for anything else that draws random numbers (a tensor-parallel RNG tracker, for instance), the autocast state
-the forward ran under (:class:`AutocastState`, read inside the forward by :func:`probe_autocast`) and the *seed*:
+the forward ran under (:class:`AutocastState`, read inside the forward by :class:`AutocastProbe`) and the *seed*:
 the gradient that flowed into the loss in the original backward (``1/k`` with ``k`` accumulated micro-batches, times
 a ``GradScaler``'s scale), observed by a hook on the loss tensor. Captures are picklable with the batch on the CPU,
 so they travel between ranks; :func:`rng_replayed` and :func:`autocast_replayed` apply one for the span of a replay
@@ -28,7 +28,7 @@ __all__ = [
     "AutocastState",
     "capture_autocast",
     "autocast_replayed",
-    "probe_autocast",
+    "AutocastProbe",
     "Capture",
     "capture_rng",
     "restore_rng",
@@ -108,7 +108,7 @@ def autocast_replayed(state: AutocastState | None) -> Iterator[None]:
         yield
 
 
-class probe_autocast:  # noqa: N801 - used like a function returning a handle
+class AutocastProbe:
     """Read the autocast state inside the next module forward that runs (a global forward pre-hook that removes
     itself after one call): the state a framework's training step runs under, which is not visible from its
     callbacks. ``probe.state`` is None until a forward ran."""

@@ -54,6 +54,7 @@ class ParamTaps:
         self.device = self.params[0].device
         self._record: LocalRecord | None = None
         self._replaying = False
+        self.handed_over = 0
         self._handles = [p.register_hook(partial(self._hook, i)) for i, p in enumerate(self.params)]
 
     def _hook(self, index: int, grad: torch.Tensor) -> torch.Tensor | None:
@@ -62,6 +63,7 @@ class ParamTaps:
             record.add(index, grad)
         if self._replaying:  # free the replay's gradient now: autograd keeps a zero-strided view of one element
             return torch.zeros((), dtype=grad.dtype, device=grad.device).expand_as(grad)
+        self.handed_over += 1
         return None
 
     def arm(self, record: LocalRecord | None) -> None:

@@ -103,6 +103,7 @@ class FSDPTaps:
         self._record: LocalRecord | None = None
         self._replaying = False
         self._replayed: list[int] = []
+        self.handed_over = 0
 
     # ------------------------------------------------------------------------------------------- the hook
 
@@ -112,6 +113,7 @@ class FSDPTaps:
         if record is not None:
             record.add(index, input)
         if not self._replaying:
+            self.handed_over += 1
             return _reduce_scatter(output, input, group, op, async_op)
         for j in self._replayed:  # FSDP2 assigned those units' replay shards as .grad after their reduce-scatter
             for p in self._unit_params[j]:

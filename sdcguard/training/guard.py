@@ -33,7 +33,7 @@ from torch import nn
 
 from ..devices import hostname
 from ..errors import BadInput
-from ..fingerprint import combine_on_device
+from ..fingerprints import combine_on_device
 from ..records import Incident
 from .attribution import Attributor, job_id
 from .calibration import CalibrationReport, calibrate, setup_warnings
@@ -88,6 +88,7 @@ class SDCGuard:
         self._steps = self._samples = 0
         self._last_step: int | None = None
         self._sampled = self._closed = False
+        self._warned_unjudged = False
         self.replaying = False
         """True while the guard replays (a framework hook that sees a forward then is seeing the guard's own)."""
         if self.role == "worker" and (problems := setup_warnings(self.device)):
@@ -140,7 +141,9 @@ class SDCGuard:
         self._observer.before_forward(batch)
 
     def observe_loss(self, loss: torch.Tensor) -> None:
-        """Call with the loss tensor the micro-batch's backward starts from, before the backward."""
+        """Call before the backward with the loss as ``loss_fn(model, batch)`` returns it (what a replay recomputes);
+        the backward may start from any function of it (divided for accumulation, scaled by a ``GradScaler``): the
+        gradient that flows into it is what a replay's backward starts from."""
         self._observer.observe_loss(loss)
 
     def end_step(self, *, loss: torch.Tensor | None = None) -> StepReport:
@@ -170,6 +173,8 @@ class SDCGuard:
         if state is not None:
             assert isinstance(self._rounds, PeerRound)
             current = self._rounds.finish(step, state, [row[2:] for row in table])
+            if len(current.clean | current.blamed) < self.dp_size and not current.unresolved:
+                self._warn_unjudged()
         if sampled:
             self._samples += 1
         found += self._outcomes.settled(sample, current)
@@ -241,6 +246,14 @@ class SDCGuard:
 
     # ---------------------------------------------------------------------------------------- internals
 
+    def _warn_unjudged(self) -> None:
+        if not self._warned_unjudged and self.dp_rank == 0:
+            self._warned_unjudged = True
+            warnings.warn("sdcguard: a sampled micro-batch's local gradients were not seen on their own (its "
+                          "backward reduced nothing, or the step accumulated micro-batches without reducing them: "
+                          "FSDP2 set_requires_gradient_sync(False)); such samples are not judged. Keep gradient "
+                          "sync on for accumulation to have them checked", RuntimeWarning, stacklevel=3)
+
     def _replica_incidents(self, kind: str, step: int, tensors: list[torch.Tensor | None]) -> list[Incident]:
         ids = [(g, *self.identities.get(g, (None, ""))) for g in self.members]
         return replica_incidents(self.comm, kind, step, tensors, self._keys, self.taps.param_names, ids, job_id())
@@ -267,10 +280,13 @@ class SDCGuard:
         sampled cleanly, or when replay is off."""
         return self._verification.last_verified_step
 
-    def note_checkpoint(self, checkpoint_id: str, step: int) -> bool:
-        """Remember a checkpoint of the state after ``step`` (``sdcguard.checkpoint.save`` calls it); whether that
-        state is verified. Later incidents name the newest verified checkpoint to restart from."""
-        return self._verification.note_checkpoint(checkpoint_id, step).verified
+    def record_checkpoint(self, checkpoint_id: str, step: int, digest: str = "") -> bool:
+        """Remember a checkpoint of the state after ``step`` (``sdcguard.checkpoint.save`` calls it on every rank);
+        whether that state is verified. Later incidents name the newest verified checkpoint to restart from; with a
+        fleet store, the group's first rank records it there."""
+        verified = self._verification.note_checkpoint(checkpoint_id, step).verified
+        self._responder.record_checkpoint(checkpoint_id, step, verified, digest)
+        return verified
 
     @property
     def nondeterministic(self) -> bool:

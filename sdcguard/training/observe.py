@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .capture import Batch, Capture, RngHook, capture_rng, make_capture, probe_autocast
+from .capture import Batch, Capture, RngHook, capture_rng, make_capture, AutocastProbe
 from .taps import LocalRecord, Taps
 
 __all__ = ["StepObserver", "Observed"]
@@ -26,6 +26,9 @@ class Observed:
 
     capture: Capture
     record: LocalRecord
+    valid: bool = True
+    """False when the original's local gradients were not seen on their own (none handed over for the sampled
+    micro-batch, or a micro-batch of the step accumulated without reduction): the sample cannot be judged."""
 
 
 class StepObserver:
@@ -42,7 +45,7 @@ class StepObserver:
         self._index = 0
         self._capture: Capture | None = None
         self._record: LocalRecord | None = None
-        self._probe: probe_autocast | None = None
+        self._probe: AutocastProbe | None = None
         self._seed: list[torch.Tensor] = []
         self._armed = False
 
@@ -55,17 +58,19 @@ class StepObserver:
         """Start observing step ``step``; ``record``: this rank captures micro-batch ``chosen`` of it."""
         self.step, self._record_here, self._chosen, self._index = step, record, chosen, 0
         self._capture, self._record, self._seed, self._probe = None, None, [], None
+        self._count, self._silent = self.taps.handed_over, False
 
     def before_forward(self, batch: Batch) -> None:
         """Call right before a micro-batch's forward (in order; the first one is micro-batch 0)."""
         if self.step is None:
             raise RuntimeError("before_forward() outside a step: call begin_step() first")
         self._disarm()
+        self._tally()
         if self._record_here and self._index == self._chosen:
             self._capture = make_capture(step=self.step, rank=self.rank, micro_batch=self._index, batch=batch,
                                          rng=capture_rng(self.rng_hook))
             self._record = LocalRecord(len(self.taps.unit_names), self.device)
-            self._probe = probe_autocast()
+            self._probe = AutocastProbe()
             self.taps.arm(self._record)
             self._armed = True
         self._index += 1
@@ -76,20 +81,28 @@ class StepObserver:
             return
         self._record.set_loss(loss)
         if loss.requires_grad:
-            loss.register_hook(lambda g: self._seed.append(g.detach().to("cpu", copy=True)))
+            # kept on its device during the backward (no host sync there); moved to the host in finish()
+            loss.register_hook(lambda g: self._seed.append(g.detach().clone()))
 
     def finish(self) -> Observed | None:
         """End the step's observation; the sampled micro-batch's capture and record (None when not recorded here)."""
         self._disarm()
+        self._tally()
         self.step = None
         if self._capture is None or self._record is None:
             return None
         autocast = self._probe.state if self._probe is not None else None
-        seed = self._seed[-1] if self._seed else None
+        seed = self._seed[-1].to("cpu") if self._seed else None
         cap = replace(self._capture, autocast=autocast, seed=seed)
-        out = Observed(capture=cap, record=self._record)
+        out = Observed(capture=cap, record=self._record, valid=any(self._record.seen) and not self._silent)
         self._capture, self._record = None, None
         return out
+
+    def _tally(self) -> None:
+        """After a micro-batch's backward: did it hand any local gradient over?"""
+        if self._index > 0 and self.taps.handed_over == self._count:
+            self._silent = True
+        self._count = self.taps.handed_over
 
     def _disarm(self) -> None:
         if self._armed:

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ..devices import hostname
-from ..fingerprint import fingerprints_on_device
+from ..fingerprints import fingerprints_on_device
 from ..records import Incident
 from .comm import Comm
 from .ddp import unwrap

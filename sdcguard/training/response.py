@@ -55,11 +55,25 @@ class Responder:
             print(f"sdcguard: {actionable[0].detail}", file=sys.stderr, flush=True)
             sys.exit(EXIT_SUSPECT_DEVICE if suspect else EXIT_RESTART)
 
+    def record_checkpoint(self, checkpoint_id: str, step: int, verified: bool, digest: str) -> None:
+        """Record a checkpoint in the fleet store (by the writer rank; a failure only warns)."""
+        if self.store is None or not self.writer:
+            return
+        try:
+            from .. import Store
+
+            with Store.open(self.store) as store:
+                store.record_checkpoint(checkpoint_id=checkpoint_id, step=step, verified=verified, digest=digest,
+                                        job=os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID"))
+        except Exception as e:  # never crash training over bookkeeping
+            warnings.warn(f"sdcguard: could not record checkpoint {checkpoint_id} in {self.store}: {e}",
+                          RuntimeWarning, stacklevel=4)
+
     def _record(self, found: list[Incident]) -> None:
         if self.store is None or not self.writer:
             return
         try:
-            from ..store import Store
+            from .. import Store
 
             with Store.open(self.store) as store:
                 for incident in found:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..fingerprint import combine
+from ..fingerprints import combine
 from ..records import Incident
 from .attribution import Attributor, Judgement, Opinion, judge
 from .calibration import OpRecorder
@@ -34,9 +34,9 @@ __all__ = ["PeerRound", "RoundResult", "ReplayFn", "COLUMNS"]
 ReplayFn = Callable[[Capture, bool], Digest]
 """``replay(capture, same_process) -> Digest`` on this rank."""
 
-COLUMNS = 6
-"""int64 values a rank adds to the per-step gather on a sampled step: original (units, loss, loss known) and
-replay (units, loss, loss known)."""
+COLUMNS = 7
+"""int64 values a rank adds to the per-step gather on a sampled step: original (units, loss, loss known), replay
+(units, loss, loss known), and whether the original could be observed on its own."""
 
 _MAX_SETTLED = 2
 _MASK64 = (1 << 64) - 1
@@ -103,17 +103,20 @@ class PeerRound:
             same = False
         mine = self.replay_fn(theirs, same)
         original = observed.record.digest()
-        return _cols(original) + _cols(mine), _Sampled(sample=sample, capture=cap, original=original, replay=mine)
+        cols = _cols(original) + _cols(mine) + [int(observed.valid)]
+        return cols, _Sampled(sample=sample, capture=cap, original=original, replay=mine)
 
     def finish(self, step: int, st: _Sampled, table: list[list[int]]) -> RoundResult:
         """Compare every original with its replay (``table``: this round's gathered columns, one row per rank) and
         settle the disagreements."""
         W = self.comm.size
-        pairs = [(peer_source(r, st.sample, W), r) for r in range(W)]
-        bad = [(p, r) for p, r in pairs if not _same(table[p][:3], table[r][3:6])]
+        judged = [(peer_source(r, st.sample, W), r) for r in range(W)]
+        judged = [(p, r) for p, r in judged if table[p][6]]  # an original not seen on its own cannot be judged
+        seen = {self.comm.members[p] for p, _ in judged}
+        bad = [(p, r) for p, r in judged if not _same(table[p][:3], table[r][3:6])]
         result = RoundResult(step=step)
         if not bad:
-            result.clean = set(self.comm.members)
+            result.clean = seen
             return result
         if len(bad) > _MAX_SETTLED:
             result.unresolved.append(f"{len(bad)} of {W} micro-batches computed differently on their replays at "
@@ -132,7 +135,7 @@ class PeerRound:
             settled.append((self.comm.members[p], j))
         result.incidents = self.attr.replay_incidents(step, settled)
         if not result.unresolved:
-            result.clean = set(self.comm.members) - result.blamed
+            result.clean = seen - result.blamed
         return result
 
     def _diagnose(self, st: _Sampled) -> set[str]:

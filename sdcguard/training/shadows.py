@@ -1,9 +1,9 @@
 """Dedicated shadow ranks: hot spares that replay sampled micro-batches while the workers go on.
 
 On a sampled step one worker (samples rotate over the workers and the shadows) sends a shadow its micro-batch,
-random states and digest, then its parameters from a staging copy (one buffer per parameter, on the communication
+random states and digest, then its parameters from a staging copy (one flat buffer per dtype, on the communication
 device, allocated once and reused: the optimizer may change the live tensors while the sends are in flight, and a
-busy shadow must never hold a worker up). The shadow receives the parameters into its own module, replays, and
+busy shadow must never hold a worker up; one message per dtype, not per tensor). The shadow receives the parameters into its own module, replays, and
 sends a small verdict back; the workers pick it up at the first step after it arrived (the per-step all-gather
 carries an "arrived" value, so nobody waits) and wait only when the shadow falls more than :data:`MAX_PENDING`
 samples behind, or when the staging copy is still being sent as the next sample comes.
@@ -17,6 +17,7 @@ verdict names a step that was already applied: a shadow cannot veto.
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -146,6 +147,35 @@ class Verdict:
                    loss_differs=bool(v[4]))
 
 
+def flat_buffers(params: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """One empty flat tensor per run of parameters of equal dtype (in parameter order), on ``device``: what one
+    message each carries between a worker and a shadow."""
+    flats: list[torch.Tensor] = []
+    run: list[torch.Tensor] = []
+    for p in [*params, None]:
+        if run and (p is None or p.dtype != run[0].dtype):
+            flats.append(torch.empty(sum(t.numel() for t in run), dtype=run[0].dtype, device=device))
+            run = []
+        if p is not None:
+            run.append(p)
+    return flats
+
+
+def flat_views(flats: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Views of ``flats`` shaped like ``params`` (the layout :func:`flat_buffers` made)."""
+    out: list[torch.Tensor] = []
+    it = iter(flats)
+    flat, offset = next(it, None), 0
+    for p in params:
+        if flat is None or offset == flat.numel() or flat.dtype != p.dtype:
+            flat, offset = next(it, None), 0
+        if flat is None or offset + p.numel() > flat.numel():
+            raise ValueError("parameter layout does not match the flat buffers")
+        out.append(flat[offset:offset + p.numel()].view(p.shape))
+        offset += p.numel()
+    return out
+
+
 class ShadowServer:
     """The loop a dedicated shadow rank runs until every worker has stopped (``SDCGuard.close()``)."""
 
@@ -154,6 +184,13 @@ class ShadowServer:
         self.replay_fn = replay_fn
         self.num_workers = num_workers
         self.replays = 0
+        # The module's own parameters become views into one flat buffer per dtype: the parameters a worker sends
+        # land there directly (one message per dtype) and the shadow holds one copy of them.
+        self._flats = flat_buffers(self.params, comm_device(None))
+        with torch.no_grad():
+            for p, view in zip(self.params, flat_views(self._flats, self.params)):
+                view.copy_(p)
+                p.data = view
         self._kept: dict[int, tuple[Capture, Digest, list[torch.Tensor]]] = {}
 
     def serve(self) -> int:
@@ -174,17 +211,48 @@ class ShadowServer:
 
     def _replay(self, sample: ShadowSample, sender: int) -> None:
         with torch.no_grad():
-            recv_tensors_([p.data for p in self.params], sender)
+            recv_tensors_(self._flats, sender)
         mine = self.replay_fn(sample.capture, False, None)
         matched = mine == sample.original
         if not matched:  # kept until the workers fetch it to settle the disagreement
-            self._kept[sample.sample] = (sample.capture, mine, [p.detach().clone() for p in self.params])
+            self._kept[sample.sample] = (sample.capture, mine, [f.clone() for f in self._flats])
         first = None if matched else sample.original.first_difference(mine)
         loss_differs = not matched and mine.loss is not None and sample.original.loss not in (None, mine.loss)
         verdict = Verdict(sample=sample.sample, step=sample.step, matched=matched, first_unit=first,
                           loss_differs=loss_differs)
         dist.send(verdict.to_tensor(comm_device(None)), sender)
         self.replays += 1
+
+
+class Arrival:
+    """Whether a non-blocking receive has completed, without waiting for it.
+
+    NCCL answers ``is_completed()`` (a CUDA event query). Gloo's point-to-point receive only learns it has
+    completed inside ``wait()``, so for a receive on the CPU a daemon thread waits for it and sets a flag.
+    """
+
+    def __init__(self, work: Any, device: torch.device) -> None:
+        self.work = work
+        self._event: threading.Event | None = None
+        if device.type == "cpu":
+            self._event = threading.Event()
+            threading.Thread(target=self._wait_then_set, daemon=True, name="sdcguard-verdict").start()
+
+    def _wait_then_set(self) -> None:
+        try:
+            self.work.wait()
+        finally:
+            assert self._event is not None
+            self._event.set()
+
+    def done(self) -> bool:
+        return self._event.is_set() if self._event is not None else bool(self.work.is_completed())
+
+    def wait(self) -> None:
+        if self._event is not None:
+            self._event.wait()
+        else:
+            self.work.wait()
 
 
 @dataclass
@@ -197,7 +265,7 @@ class _Pending:
     shadow: int  # global rank
     # only on the sending worker:
     verdict: torch.Tensor | None = None
-    verdict_work: Any = None
+    verdict_work: Arrival | None = None
     original: Digest | None = None
 
 
@@ -236,14 +304,14 @@ class DedicatedRound:
                 work.wait()
             device = comm_device(None)
             if not self._staging:
-                self._staging = [torch.empty_like(p, device=device) for p in self.params]
+                self._staging = flat_buffers(self.params, device)
             with torch.no_grad():
-                for buf, p in zip(self._staging, self.params):
-                    buf.copy_(p)
+                for view, p in zip(flat_views(self._staging, self.params), self.params):
+                    view.copy_(p)
             handles = send_object(msg, pending.shadow)
             self._in_flight = (handles[0] + send_tensors(self._staging, pending.shadow), handles)
             pending.verdict = torch.zeros(VERDICT_LEN, dtype=torch.int64, device=device)
-            pending.verdict_work = dist.irecv(pending.verdict, src=pending.shadow)
+            pending.verdict_work = Arrival(dist.irecv(pending.verdict, src=pending.shadow), device)
             pending.original = original
         self._pending.append(pending)
         return results
@@ -252,7 +320,7 @@ class DedicatedRound:
         """``1 +`` the oldest pending sample when this worker sent it and its verdict has arrived (no waiting)."""
         if not self._pending or self._pending[0].worker != self.comm.index:
             return 0
-        return self._pending[0].sample + 1 if self._pending[0].verdict_work.is_completed() else 0
+        return self._pending[0].sample + 1 if self._pending[0].verdict_work.done() else 0
 
     def collect_arrived(self, arrived: int) -> list[RoundResult]:
         """Settle the verdict announced in this step's gather (``arrived``: the gathered maximum), if it is still
@@ -280,16 +348,17 @@ class DedicatedRound:
 
     def _settle(self, pending: _Pending, result: RoundResult) -> None:
         me, owner, g = self.comm.index, pending.worker, self.comm.members
-        values = [torch.empty_like(p) for p in self.params]
+        flats = flat_buffers(self.params, self.comm.device)
+        values = flat_views(flats, self.params)
         payload = None
         if me == owner:
             request = send_object(Fetch(pending.sample), pending.shadow)
             for w in request[0]:
                 w.wait()
             payload, _ = recv_object(pending.shadow)
-            recv_tensors_(values, pending.shadow)
+            recv_tensors_(flats, pending.shadow)
         cap, shadow_digest = self.comm.broadcast_object(payload, src=owner)
-        self.comm.broadcast_tensors_(values, src=owner)
+        self.comm.broadcast_tensors_(flats, src=owner)
         rerun = self.replay_fn(cap, me == owner, values)
         everyone = self.comm.gather_objects({"rerun": rerun, "original": pending.original})
         j = judge(Opinion(g[owner], everyone[owner]["original"]), Opinion(pending.shadow, shadow_digest),

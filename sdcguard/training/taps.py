@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from ..fingerprint import combine_on_device, fingerprints_on_device
+from ..fingerprints import combine_on_device, fingerprints_on_device
 
 __all__ = ["LocalRecord", "Taps", "Digest"]
 
@@ -94,6 +94,10 @@ class Taps(Protocol):
     replay_module: nn.Module
     """What ``loss_fn`` receives for a replay: the module without data-parallel wrapper (DDP), or the sharded
     module itself (FSDP)."""
+    handed_over: int
+    """How many local gradients the framework has handed over so far (replays not counted): a micro-batch whose
+    backward hands none over was accumulated without reduction (FSDP2 without gradient sync), so the step's
+    local gradients are seen only as a sum, which no replay of one micro-batch reproduces."""
 
     def arm(self, record: LocalRecord | None) -> None:
         """From now on, local gradients the framework hands over are fingerprinted into ``record`` (None: stop)."""

@@ -13,12 +13,18 @@ optimizer step changes nothing::
     cb.guard.incidents
 
 The model must compute its own loss (pass ``labels``): a replay recomputes ``model(**inputs).loss``.
+
+Checkpoints: after the ``Trainer`` saves ``checkpoint-<step>``, the callback writes the fingerprint of every tensor
+of the model's state into it (``sdcguard.json``) and tells the guard (an incident names the newest verified
+checkpoint to restart from); when training resumes from such a folder, the loaded model is checked against it before
+the first step (``CheckpointCorrupted`` names the key).
 """
 
 from __future__ import annotations
 
 import inspect
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,6 +32,9 @@ from transformers import TrainerCallback
 
 from ..config import StepReport
 from ..guard import SDCGuard
+from ..record import corrupted, differences, fingerprints, make_record, read_record, write_record
+
+RECORD = "sdcguard.json"
 
 __all__ = ["SDCGuardTrainerCallback", "model_output_loss"]
 
@@ -82,6 +91,25 @@ class SDCGuardTrainerCallback(TrainerCallback):
             self._hooks = [model.register_forward_pre_hook(self._pre, with_kwargs=True),
                            model.register_forward_hook(self._post, with_kwargs=True)]
         self._micro_batches = max(1, int(args.gradient_accumulation_steps))
+        if state.global_step > 0 and model is not None:  # resuming: check what the Trainer loaded
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if folder.is_dir():
+                body = read_record(folder / RECORD, str(folder), strict=False)
+                if body is not None:
+                    differing, _ = differences(body, fingerprints(model.state_dict()))
+                    if differing:
+                        raise corrupted(f"checkpoint {folder}", {k: [0] for k in differing})
+
+    def on_save(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if self.guard is None or model is None:
+            return
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        step = state.global_step - 1
+        last = self.guard.last_verified_step
+        body = make_record([fingerprints(model.state_dict())], step=step, verified=last is not None and step <= last)
+        if state.is_world_process_zero and folder.is_dir():
+            write_record(folder / RECORD, body)
+        self.guard.record_checkpoint(str(folder), step, body["digest"])
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._step = state.global_step

@@ -13,25 +13,35 @@ compares the weights after it. A vetoed step has its gradients dropped, so the o
     guard_cb.guard.incidents   # after (or during) fit
 
 A replay calls the original ``training_step`` with ``self.log`` silenced, so replays never reach the logs.
+
+Checkpoints: :class:`SDCGuardCheckpointIO` writes Lightning's own checkpoint files with a record of every tensor's
+fingerprint beside each (``<file>.sdcguard.json``) and checks it when Lightning reads the file back
+(``CheckpointCorrupted`` names the key); ``Trainer(plugins=[SDCGuardCheckpointIO(guard_cb)], callbacks=[guard_cb])``.
+The callback tells the guard about every checkpoint (as ``step=<global_step>``, Lightning's own naming), so an
+incident names the newest verified one to restart from.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 
 try:
     from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
 except ImportError:  # the older package name
     from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
+    from pytorch_lightning.plugins.io import TorchCheckpointIO  # type: ignore[no-redef]
 
 from ..config import StepReport
 from ..guard import SDCGuard
+from ..record import corrupted, differences, fingerprints, make_record, read_record, write_record
 
-__all__ = ["SDCGuardCallback", "training_step_loss"]
+__all__ = ["SDCGuardCallback", "SDCGuardCheckpointIO", "training_step_loss"]
 
 
 def _loss_of(out: Any) -> torch.Tensor:
@@ -104,6 +114,11 @@ class SDCGuardCallback(Callback):
             self._stepped = False
             self.guard.after_optimizer_step()
 
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        # Every rank (Lightning writes the file on the first rank only): the guard remembers it alike everywhere.
+        if self.guard is not None and trainer.global_step > 0:
+            self.guard.record_checkpoint(f"step={trainer.global_step}", trainer.global_step - 1)
+
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         if self.guard is not None:
             self.guard.close()
@@ -117,3 +132,47 @@ class SDCGuardCallback(Callback):
         self._state = dict(state_dict) or None
         if self.guard is not None and self._state:
             self.guard.load_state_dict(self._state)
+
+
+class SDCGuardCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint files, with the fingerprint of every tensor recorded beside each and checked on load.
+
+    ``callback``: the run's :class:`SDCGuardCallback`, so the record says whether the guard's checks vouch for the
+    saved state. ``strict=True`` refuses a checkpoint without a record (a warning otherwise).
+    """
+
+    def __init__(self, callback: SDCGuardCallback | None = None, *, strict: bool = False) -> None:
+        super().__init__()
+        self.callback = callback
+        self.strict = strict
+
+    @staticmethod
+    def record_path(path: Any) -> Path:
+        return Path(f"{path}.sdcguard.json")
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        fps = fingerprints(checkpoint)  # before the file is written: what the trainer holds
+        super().save_checkpoint(checkpoint, path, storage_options)
+        guard = self.callback.guard if self.callback is not None else None
+        step = int(checkpoint.get("global_step", 0)) - 1
+        verified = None
+        if guard is not None:
+            last = guard.last_verified_step
+            verified = last is not None and step <= last
+        write_record(self.record_path(path), make_record([fps], step=step, verified=verified))
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        body = read_record(self.record_path(path), str(path), strict=self.strict)
+        kwargs: dict[str, Any] = {"weights_only": weights_only}
+        if map_location is not None:
+            kwargs["map_location"] = map_location
+        checkpoint = super().load_checkpoint(path, **kwargs)
+        if body is not None:
+            differing, _ = differences(body, fingerprints(checkpoint))
+            if differing:
+                raise corrupted(f"checkpoint {path}", {k: [0] for k in differing})
+        return checkpoint
+
+    def remove_checkpoint(self, path: Any) -> None:
+        super().remove_checkpoint(path)
+        self.record_path(path).unlink(missing_ok=True)

@@ -21,8 +21,9 @@ Weights: ``T_i = 2*L_i + 1 + 2**(m+3) * r_i mod 2**32`` with ``m = 14``, ``L_{2p
 ``U_i`` the same with other ``r_i``. So ``T_i`` is odd, ``v2(T_i - T_j) <= m + 1`` and
 ``v2(T_i + T_j) <= m + 2`` for ``i != j`` (``v2``: the number of trailing zero bits).
 
-What is proven (a change that leaves ``V_c`` of every chunk but one untouched, and changes that one, changes the
-fingerprint: the mixer is a bijection and only one term of the sum moves):
+What is proven, for two inputs of the same byte length (a change that leaves ``V_c`` of every chunk but one
+untouched, and changes that one, changes the fingerprint: the mixer is a bijection and only one term of the sum
+moves):
 
 * Any change confined to one aligned 32-bit word, in particular every single flipped bit: ``SA`` moves by
   ``d * T_i`` with ``0 < |d| < 2**32`` and ``T_i`` odd, never ``0 mod 2**32``.
@@ -33,9 +34,14 @@ fingerprint: the mixer is a bijection and only one term of the sum moves):
 * Two flipped bits inside one chunk: different bit positions move ``SA`` by ``2**a T_i +- 2**b T_j`` (valuation
   ``min(a, b) < 32``); the same position ``a`` moves ``SA`` (``a < 16``) or ``SB`` (``a >= 16``) by
   ``2**(a mod 16) (T_i +- T_j)``, valuation ``<= 15 + m + 2 = 31``.
-* Different byte lengths ``n`` always give different fingerprints for the same chunk sums.
 
-What is probabilistic: changes that span several chunks (whole-chunk swaps included: the chunk index enters the
+Between inputs of different lengths only this is proven: two inputs with the same number of chunks and the same
+``V_c`` in every chunk but different ``n`` differ (only ``mix(n + PHI)`` moves). In particular appending zero bytes
+that stay inside the input's last chunk always changes the fingerprint (they add nothing to any sum). Other inputs
+of different lengths are told apart with probability, not certainty: the 12 bytes of the uint32 words
+``[0x3e342598, 0x5bbc23ed, 0xeffd214c]`` and 16 zero bytes share the fingerprint ``0x83f43075bf573200``.
+
+What is probabilistic: inputs of different lengths (above), changes that span several chunks (whole-chunk swaps included: the chunk index enters the
 mixer), several words of one element (a swap of two 8-byte elements), or many words at once are missed only if
 64-bit mixed values cancel, about ``2**-64`` for unstructured changes, and only if two 32-bit sums cancel
 together for changes inside one chunk.
@@ -85,7 +91,7 @@ _MIX_C1 = 0xBF58476D1CE4E5B9
 _MIX_C2 = 0x94D049BB133111EB
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
-    raise ImportError("sdcguard.fingerprint assumes a little-endian host")
+    raise ImportError("sdcguard.fingerprints assumes a little-endian host")
 
 
 def _mix_int(z: int) -> int:
@@ -725,10 +731,11 @@ def combine(values: Sequence[int]) -> int:
     """One 64-bit value standing for a sequence of fingerprints: ``sum_i mix(v_i + (i + 1) * PHI + SALT)``
     modulo ``2**64``.
 
-    Proven: changing any single ``v_i`` changes the result (``mix`` is a bijection and only term ``i`` moves), so a
-    combination of per-tensor fingerprints inherits their single-bit-flip guarantee. Changes to several values at
-    once are missed only if the moved mixed terms cancel (about ``2**-64``). The position enters each term, so
-    swapping two unequal values is seen like any other two-value change.
+    Proven, for two sequences of the same length: changing any single ``v_i`` changes the result (``mix`` is a
+    bijection and only term ``i`` moves), so a combination of per-tensor fingerprints inherits their single-bit-flip
+    guarantee. Probabilistic: changes to several values at once are missed only if the moved mixed terms cancel
+    (about ``2**-64``); the position enters each term, so swapping two unequal values is seen like any other
+    two-value change, not with certainty; sequences of different lengths are not separated with certainty either.
     """
     acc = 0
     for i, v in enumerate(values):

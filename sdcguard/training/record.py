@@ -1,0 +1,113 @@
+"""Checkpoint records: the fingerprint of every tensor of a state, kept beside a checkpoint and checked against what
+is read back. One format for every checkpoint sdcguard verifies: DCP checkpoints (:mod:`.checkpoint`), Lightning's
+checkpoint files and Hugging Face ``Trainer`` checkpoint folders (:mod:`.adapters`).
+
+A record is JSON: ``{"format", "step", "verified", "digest", "ranks", "fingerprints": {key: {hex: [ranks]}}}``.
+Keys are the state's nested keys joined by dots (``model.layer.weight``, DCP's spelling); a sharded tensor's local
+shard adds the rank's coordinates in its device mesh (``#0,1``). Several ranks saving one key (replicas) list the
+value each saw. It is written last and atomically: a record means its checkpoint was complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointCorrupted, CheckpointError
+from ..fingerprints import combine, fingerprint_many
+
+__all__ = ["fingerprints", "make_record", "write_record", "read_record", "differences", "corrupted", "FORMAT"]
+
+FORMAT = "sdcguard-checkpoint/1"
+
+
+def _entries(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(obj, torch.Tensor):
+        yield prefix, obj
+    elif isinstance(obj, Mapping):
+        for k, v in obj.items():
+            yield from _entries(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _entries(v, f"{prefix}.{i}" if prefix else str(i))
+    elif hasattr(obj, "state_dict") and callable(obj.state_dict):  # DCP's Stateful objects
+        yield from _entries(obj.state_dict(), prefix)
+
+
+def _local(key: str, t: torch.Tensor) -> tuple[str, torch.Tensor]:
+    to_local = getattr(t, "to_local", None)
+    if not callable(to_local):
+        return key, t
+    coords = t.device_mesh.get_coordinate() or []
+    return f"{key}#{','.join(map(str, coords))}", to_local()
+
+
+def fingerprints(state: Any) -> dict[str, int]:
+    """Every tensor of a nested state (each rank's local shard), fingerprinted on its own device."""
+    items = [_local(k, t) for k, t in _entries(state)]
+    items = [(k, t) for k, t in items if t.layout == torch.strided and t.device.type != "meta"]
+    values = fingerprint_many([t.detach() for _, t in items])
+    return dict(zip([k for k, _ in items], values))
+
+
+def make_record(per_rank: Sequence[dict[str, int]], *, step: int | None, verified: bool | None) -> dict[str, Any]:
+    """The record of a checkpoint from every saving rank's fingerprints."""
+    table: dict[str, dict[str, list[int]]] = {}
+    for rank, mine in enumerate(per_rank):
+        for key, value in mine.items():
+            table.setdefault(key, {}).setdefault(f"{value:016x}", []).append(rank)
+    split = sorted(k for k, v in table.items() if len(v) > 1)
+    if split:
+        warnings.warn(f"sdcguard: the ranks held different values of {', '.join(split[:5])} when saving: replicas "
+                      "disagree (see guard.incidents)", RuntimeWarning, stacklevel=3)
+    digest = f"{combine([int(min(table[k]), 16) for k in sorted(table)]):016x}"
+    return {"format": FORMAT, "step": step, "verified": verified, "digest": digest, "ranks": len(per_rank),
+            "fingerprints": table}
+
+
+def write_record(file: Path, body: dict[str, Any]) -> None:
+    """Write a record atomically (a temporary file in the same directory, then a rename)."""
+    tmp = file.with_name(f".{file.name}.tmp")
+    tmp.write_text(json.dumps(body, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, file)
+
+
+def read_record(file: Path, what: str, *, strict: bool) -> dict[str, Any] | None:
+    """The record in ``file``; None (with a warning) when there is none, an error under ``strict`` or when it is
+    unreadable, truncated or foreign."""
+    if not file.exists():
+        message = f"{what} was written without sdcguard fingerprints (no {file.name})"
+        if strict:
+            raise CheckpointError(f"{message}: refused (strict=True)")
+        warnings.warn(f"sdcguard: {message}; loading it unchecked", RuntimeWarning, stacklevel=3)
+        return None
+    try:
+        body = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{file} is unreadable or truncated ({e}); the checkpoint cannot be trusted") from None
+    if not isinstance(body, dict) or body.get("format") != FORMAT or not isinstance(body.get("fingerprints"), dict):
+        found = body.get("format") if isinstance(body, dict) else type(body).__name__
+        raise CheckpointError(f"{file} is not an sdcguard checkpoint record (format {found!r})")
+    return body
+
+
+def differences(body: dict[str, Any], mine: dict[str, int]) -> tuple[list[str], list[str]]:
+    """(keys whose value differs from every value saved, keys the record does not hold)."""
+    saved: dict[str, dict[str, list[int]]] = body["fingerprints"]
+    differing = sorted(k for k, v in mine.items() if k in saved and f"{v:016x}" not in saved[k])
+    return differing, sorted(k for k in mine if k not in saved)
+
+
+def corrupted(what: str, bad: dict[str, list[int]]) -> CheckpointCorrupted:
+    """The error naming the keys that differ and the ranks that read them."""
+    keys = sorted(bad)
+    ranks = sorted({r for rs in bad.values() for r in rs})
+    listed = ", ".join(f"{k} (rank {', '.join(map(str, bad[k]))})" for k in keys[:8])
+    return CheckpointCorrupted(f"{what}: {len(keys)} tensor(s) differ from what was saved: {listed}"
+                               + (" ..." if len(keys) > 8 else ""), keys=tuple(keys), ranks=tuple(ranks))
