@@ -19,7 +19,9 @@ import torch
 
 from _dist import run_ranks
 from _tiny_transformer import TinyTransformer, lm_loss, make_batch
-from sdcguard import CheckpointCorrupted, CheckpointError, SDCGuard, checkpoint
+from click.testing import CliRunner
+from sdcguard import CheckpointCorrupted, CheckpointError, SDCGuard, Store, checkpoint
+from sdcguard.cli import cli
 from sdcguard.errors import BadInput
 from sdcguard.inject.faults import Fault
 from sdcguard.inject.torch_faults import OpFaultMode
@@ -166,7 +168,7 @@ def _dist_job(rank: int, world: int, kind: str, root: str) -> dict[str, Any]:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         wrapped = DDP(model)
-    guard = SDCGuard(wrapped, lm_loss, replay_every=3, on_detect="record")
+    guard = SDCGuard(wrapped, lm_loss, replay_every=3, on_detect="record", store=f"{root}/fleet.db")
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     saved: dict[int, Any] = {}
     incidents: list[Any] = []
@@ -213,6 +215,18 @@ def test_a_fault_between_samples_names_the_checkpoint_before_it(tmp_path: Path, 
         assert res["last_verified"] == 6  # nothing after the fault's earliest step is vouched for
         assert res["loaded"] == (True, 6, True)
     assert results[0]["saved"] == results[1]["saved"] == results[2]["saved"]  # one digest on every rank
+    # the fleet store holds each checkpoint once (the writer rank), and the incidents' restart point
+    with Store.open(tmp_path / "fleet.db") as store:
+        recorded = store.checkpoints()
+        stored = [i for i in store.incidents() if i.kind == "replay"]
+    assert [(c.checkpoint_id, c.step, c.verified, c.digest) for c in recorded] == [
+        (f"{tmp_path}/step{s}", s, v, d) for s, (v, d) in sorted(results[0]["saved"].items())]
+    assert stored and all(i.rollback == f"{tmp_path}/step6" for i in stored)
+    shown = CliRunner().invoke(cli, ["--db", str(tmp_path / "fleet.db"), "incidents", "--format", "json"])
+    assert shown.exit_code == 0 and {i["rollback"] for i in json.loads(shown.output)} >= {f"{tmp_path}/step6"}
+    shown = CliRunner().invoke(cli, ["--db", str(tmp_path / "fleet.db"), "checkpoints", "--format", "json"])
+    assert shown.exit_code == 0 and [c["verified"] for c in json.loads(shown.output)] == [True, False, False, True,
+                                                                                          False]
     if kind == "ddp":
         assert results[0]["local"] == results[1]["local"] == results[2]["local"]
 

@@ -35,6 +35,8 @@ def _fill(path: Path, spec: tuple[list, list, list], tag: str) -> None:
         for k, dev in enumerate(incidents):
             store.record_incident(Incident(kind="replay", step=k, suspect_ranks=(dev,), device=f"sim:{dev}",
                                            detail=tag, devices=(f"sim:{dev}",), hosts=(tag,), time=NOW - 50 + k))
+            store.record_checkpoint(checkpoint_id=f"{tag}/step{k}", step=k, verified=k % 2 == 0, job=tag,
+                                    now=NOW - 40 + k)
         for dev in quarantined:
             store.quarantine(f"sim:{dev}", reason=f"by {tag}", by=tag, now=NOW)
 
@@ -50,6 +52,7 @@ def _content(path: Path) -> dict[str, list[tuple]]:
                 "SELECT i.uuid, d.device FROM incidents i JOIN incident_devices d ON d.incident = i.id").fetchall()),
             "history": sorted(c.execute("SELECT uuid FROM quarantine_history").fetchall()),
             "quarantine": sorted(c.execute("SELECT device, state FROM quarantine").fetchall()),
+            "checkpoints": sorted(c.execute("SELECT uuid, checkpoint_id, step, verified FROM checkpoints").fetchall()),
         }
 
 

@@ -32,6 +32,7 @@ _COMMANDS: dict[str, str] = {
     "report": "sdcguard.cli.report:report",
     "quarantine": "sdcguard.cli.quarantine:quarantine",
     "incidents": "sdcguard.cli.incidents:incidents",
+    "checkpoints": "sdcguard.cli.checkpoints:checkpoints",
     "merge": "sdcguard.cli.merge:merge",
     "policy": "sdcguard.cli.policy:policy",
     "prune": "sdcguard.cli.prune:prune",

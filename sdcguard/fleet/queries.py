@@ -23,7 +23,7 @@ from typing import Any, Literal
 from ..records import CaseResult, DeviceInfo, Incident
 from .connection import StoreBase
 from .rows import (
-    CaseCoverage, Decision, DeviceStatus, FailedExecution, QuarantineEntry, ScanCounts, SeriesPoint, Tally,
+    CaseCoverage, CheckpointEntry, Decision, DeviceStatus, FailedExecution, QuarantineEntry, ScanCounts, SeriesPoint, Tally,
     device_status,
 )
 
@@ -131,6 +131,23 @@ class StoreQueries(StoreBase):
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = self._rows(f"SELECT i.record FROM incidents i {where} ORDER BY i.time, i.id", params)
         return [incident_from_json(r[0]) for r in rows]
+
+    def checkpoints(self, *, since: float | None = None, job: str | None = None) -> list[CheckpointEntry]:
+        """Recorded checkpoints, oldest first; with ``job``, that job's."""
+        clauses: list[str] = []
+        params: list[Any] = []
+        if since is not None:
+            clauses.append("time >= ?")
+            params.append(since)
+        if job is not None:
+            clauses.append("job = ?")
+            params.append(job)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        return [
+            CheckpointEntry(checkpoint_id=r["checkpoint_id"], step=int(r["step"]), verified=bool(r["verified"]),
+                            digest=r["digest"], job=r["job"], time=float(r["time"]))
+            for r in self._dicts(f"SELECT * FROM checkpoints {where} ORDER BY time, id", params)
+        ]
 
     # ------------------------------------------------------------------ rates
     def tallies(

@@ -11,7 +11,7 @@ from typing import Literal
 
 __all__ = [
     "DeviceStatus", "device_status", "Tally", "FailedExecution", "CaseCoverage", "ScanCounts", "QuarantineEntry",
-    "Decision", "PendingAction", "SeriesPoint", "MergeStats", "PruneStats",
+    "Decision", "PendingAction", "SeriesPoint", "MergeStats", "PruneStats", "CheckpointEntry",
 ]
 
 DeviceStatus = Literal["healthy", "suspect", "quarantined", "probation"]
@@ -144,3 +144,18 @@ class PruneStats:
     scans: int
     results: int
     rollup_rows: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointEntry:
+    """A checkpoint the training guard saved (``sdcguard.checkpoint.save`` with a guard, or an adapter)."""
+
+    checkpoint_id: str
+    step: int
+    """The last optimizer step the saved state includes."""
+    verified: bool
+    """Every rank's checks vouched for every step up to ``step`` when it was saved."""
+    digest: str
+    """The checkpoint's fingerprint digest (empty when the saver had none)."""
+    job: str | None
+    time: float

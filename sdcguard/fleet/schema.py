@@ -21,7 +21,7 @@ __all__ = ["SCHEMA_VERSION", "APPLICATION_ID", "SQLITE_MAGIC", "MIGRATIONS", "mi
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 APPLICATION_ID = 0x5344_4347  # "SDCG"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _V1 = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -283,8 +283,26 @@ INSERT OR IGNORE INTO meta(key, value) VALUES ('store_id', lower(hex(randomblob(
 """
 
 
+# Version 5: the checkpoints the training guard saved (``sdcguard.checkpoint.save`` with a guard, the Lightning
+# and HF adapters): id, step, whether every rank's checks vouched for the state, the fingerprint digest. Few rows
+# (one per save); merged whole by ``uuid``.
+_V5 = """
+CREATE TABLE IF NOT EXISTS checkpoints (
+    id INTEGER PRIMARY KEY,
+    uuid TEXT NOT NULL UNIQUE,
+    checkpoint_id TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    verified INTEGER NOT NULL,
+    digest TEXT NOT NULL,
+    job TEXT,
+    time REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS checkpoints_time ON checkpoints(time)
+"""
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
-    1: _script(_V1), 2: _script(_V2), 3: _script(_V3), 4: _script(_V4),
+    1: _script(_V1), 2: _script(_V2), 3: _script(_V3), 4: _script(_V4), 5: _script(_V5),
 }
 """``version -> function`` bringing a store from ``version - 1`` to ``version``; run in one transaction."""
 

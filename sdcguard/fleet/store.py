@@ -190,6 +190,20 @@ class Store(StoreQueries, StoreMaintenance):
             conn.executemany("INSERT INTO incident_devices(incident, device) VALUES (?, ?)", [(iid, d) for d in named])
             return iid
 
+    def record_checkpoint(self, *, checkpoint_id: str, step: int, verified: bool, digest: str = "",
+                          job: str | None = None, now: float | None = None) -> int:
+        """Record a checkpoint the training guard saved; returns its row id."""
+        if not checkpoint_id:
+            raise BadInput("a checkpoint needs an id")
+        with self._write() as conn:
+            cur = conn.execute(
+                "INSERT INTO checkpoints(uuid, checkpoint_id, step, verified, digest, job, time) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (_uuid.uuid4().hex, str(checkpoint_id), int(step), int(bool(verified)), digest or "", job,
+                 time.time() if now is None else now),
+            )
+            return int(cur.lastrowid or 0)
+
     # ------------------------------------------------------------------ quarantine by hand
     def quarantine(self, device: str, *, reason: str, by: str | None = None, now: float | None = None) -> None:
         """Take a device out of service (also from probation). ``BadInput`` if it already is quarantined."""
