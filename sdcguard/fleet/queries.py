@@ -41,6 +41,15 @@ def _in(devices: Iterable[str] | None, column: str = "device") -> tuple[str, lis
     return f" AND {column} IN (SELECT value FROM json_each(?))", [json.dumps(list(devices))]
 
 
+def _where(*conditions: tuple[str, Any]) -> tuple[str, list[Any]]:
+    """``WHERE`` joining the conditions whose value is not None, and their parameters: each is ``(sql, value)``,
+    the value bound to the condition's ``?`` (a condition without one is a flag, on when its value is not None)."""
+    kept = [(sql, value) for sql, value in conditions if value is not None]
+    if not kept:
+        return "", []
+    return "WHERE " + " AND ".join(sql for sql, _ in kept), [value for sql, value in kept if "?" in sql]
+
+
 def _first_day(since: float | None) -> int | None:
     """The first roll-up day that counts in a window starting at ``since``."""
     return None if since is None else math.ceil(since / DAY_S)
@@ -94,7 +103,7 @@ class StoreQueries(StoreBase):
 
     def scans(self, *, device: str | None = None) -> list[dict[str, Any]]:
         """Scan rows (newest first), optionally of one device."""
-        where, params = ("WHERE device = ?", (device,)) if device else ("", ())
+        where, params = _where(("device = ?", device or None))
         return self._dicts(f"SELECT * FROM scans {where} ORDER BY started_at DESC, id DESC", params)
 
     def results(
@@ -102,47 +111,20 @@ class StoreQueries(StoreBase):
         scan_id: int | None = None,
     ) -> list[CaseResult]:
         """Recorded rows as :class:`CaseResult` (a passing row may stand for several executions), oldest first."""
-        clauses: list[str] = []
-        params: list[Any] = []
-        if device is not None:
-            clauses.append("device = ?")
-            params.append(device)
-        if since is not None:
-            clauses.append("started_at >= ?")
-            params.append(since)
-        if failed_only:
-            clauses.append("passed = 0")
-        if scan_id is not None:
-            clauses.append("scan = ?")
-            params.append(scan_id)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        where, params = _where(("device = ?", device), ("started_at >= ?", since),
+                               ("passed = 0", True if failed_only else None), ("scan = ?", scan_id))
         return [_row_result(r) for r in self._dicts(f"SELECT * FROM results {where} ORDER BY started_at, id", params)]
 
     def incidents(self, *, since: float | None = None, device: str | None = None) -> list[Incident]:
         """Recorded incidents, oldest first; with ``device``, those naming it."""
-        clauses: list[str] = []
-        params: list[Any] = []
-        if since is not None:
-            clauses.append("i.time >= ?")
-            params.append(since)
-        if device is not None:
-            clauses.append("i.id IN (SELECT incident FROM incident_devices WHERE device = ?)")
-            params.append(device)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        where, params = _where(("i.time >= ?", since),
+                               ("i.id IN (SELECT incident FROM incident_devices WHERE device = ?)", device))
         rows = self._rows(f"SELECT i.record FROM incidents i {where} ORDER BY i.time, i.id", params)
         return [incident_from_json(r[0]) for r in rows]
 
     def checkpoints(self, *, since: float | None = None, job: str | None = None) -> list[CheckpointEntry]:
         """Recorded checkpoints, oldest first; with ``job``, that job's."""
-        clauses: list[str] = []
-        params: list[Any] = []
-        if since is not None:
-            clauses.append("time >= ?")
-            params.append(since)
-        if job is not None:
-            clauses.append("job = ?")
-            params.append(job)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        where, params = _where(("time >= ?", since), ("job = ?", job))
         return [
             CheckpointEntry(checkpoint_id=r["checkpoint_id"], step=int(r["step"]), verified=bool(r["verified"]),
                             digest=r["digest"], job=r["job"], time=float(r["time"]))
