@@ -216,7 +216,10 @@ def test_sigkill_at_any_moment_leaves_the_store_consistent(tmp_path: Path) -> No
         assert pid not in killed, f"{left} of killed scanner {pid} was not removed"
 
 
-def test_sigterm_records_what_was_done_as_interrupted(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_records_what_was_done_as_interrupted_and_exits_non_zero(
+    tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
     db = tmp_path / "fleet.db"
     core = cores()[0]
     proc = subprocess.Popen(
@@ -228,11 +231,17 @@ def test_sigterm_records_what_was_done_as_interrupted(tmp_path: Path) -> None:
     for line in proc.stdout:  # wait until the device's scan has begun, and a little more
         if '"progress"' in line:
             break
-    proc.send_signal(signal.SIGTERM)  # the scanner passes it on to its workers (as Slurm or Kubernetes would)
+    proc.send_signal(sig)  # the scanner passes it on to its workers (as Slurm, Kubernetes or a Ctrl-C would)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    # Not 0 ("all passed"): the device was not fully checked. 128 + the signal, as a shell reports it.
+    assert proc.returncode == code, err
+    assert f"stopped by {sig.name}" in err and "interrupted" in err and err.strip().count("\n") == 0, err
     ((status, executions),) = store_rows(db, "SELECT status, executions FROM scans")
     assert status == "interrupted" and executions > 0
+    summary = [json.loads(x) for x in out.splitlines() if '"summary"' in x][-1]
+    assert summary["stopped_by"] == sig.name and summary["exit_code"] == code
+    done = [json.loads(x) for x in out.splitlines() if '"done"' in x][-1]
+    assert done["reason"] == f"stopped by {sig.name}"
     _check_consistent(db)
 
 
