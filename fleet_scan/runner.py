@@ -31,6 +31,7 @@ from typing import Any
 from sdcguard.errors import GoldenDataError
 
 from .discovery import ScanTarget, select_targets
+from .drill import check_drill
 from .options import ScanOptions
 from .progress import Reporter
 
@@ -127,16 +128,22 @@ class _Worker:
         return {"event": "done", "device": self.target.device, "status": "error", "error": f"worker died: {tail}"}
 
 
-def _check_inputs(options: ScanOptions) -> Any:
+def _check_inputs(options: ScanOptions, targets: Sequence[ScanTarget]) -> Any:
+    rules = None
     if options.inject:
         from sdcguard.inject.faults import parse_inject_spec
 
-        parse_inject_spec(options.inject)  # BadInput names what is wrong before any device is touched
+        rules = parse_inject_spec(options.inject)  # BadInput names what is wrong before any device is touched
     from sdcguard.golden import load_suite
 
     suite = load_suite(Path(options.golden_dir) if options.golden_dir else None)
     if not suite.cases:
         raise GoldenDataError("the golden suite has no cases")
+    if rules is not None:
+        from sdcguard.golden.cases import CASES
+
+        # the suite's portable cases, and the GPU-only ones a GPU's backend adds
+        check_drill(rules, targets, (*suite.cases, *(c for c in CASES if c.gpu_only)))
     return suite
 
 
@@ -191,7 +198,7 @@ def run_scan(
     device faults never raise, they are in the outcome.
     """
     chosen = list(targets) if targets is not None else select_targets(specs)
-    suite = _check_inputs(options)
+    suite = _check_inputs(options, chosen)
     from sdcguard.fleet.store import Store
     from sdcguard.golden.references import write_references
 

@@ -262,6 +262,11 @@ def test_python_m_fleet_scan_is_sdcguard_scan(tmp_path: Path) -> None:
         (["--inject", "cpu:0:frobnicate"], "frobnicate"),
         (["--action", "scontrol {nodename}"], "placeholder"),
         (["--retests", "-1"], "--retests"),
+        # a fire drill that would inject nothing: refused before any scanning, not a silent "all passed"
+        (["--inject", "cpu:4095:zero"], "names no device this scan scans"),
+        (["--device", "cpu:0", "--inject", "cpu:1:zero"], "names no device this scan scans"),
+        (["--inject", "all:zero,case=nomatch*"], "matches no golden case"),
+        (["--inject", "all:zero,case=intrinsics.*"], "matches no golden case"),  # GPU-only cases, on CPU cores
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], words: str) -> None:
