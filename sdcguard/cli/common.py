@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
-import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -113,20 +112,13 @@ def parse_actions(given: Sequence[str], section: dict[str, Any]) -> list[Any]:
 
 
 def load_config(path: Path | None) -> dict[str, Any]:
-    """The TOML config (``{}`` without one); ``BadInput`` for an unreadable or malformed file."""
+    """The TOML config (``{}`` without one), every value checked (:mod:`sdcguard.cli.config`); ``BadInput``
+    names the file, the key and what is expected."""
     if path is None:
         return {}
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as e:
-        raise BadInput(f"cannot read config {path}: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise BadInput(f"config {path} is not valid TOML: {e}") from None
-    unknown = set(data) - {"scan", "policy"}
-    if unknown:
-        raise BadInput(f"config {path}: unknown section(s) {sorted(unknown)}; use [scan] and [policy]")
-    return data
+    from .config import read_config
+
+    return read_config(path)
 
 
 def load_policy(config: dict[str, Any]) -> Any:
