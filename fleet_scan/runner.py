@@ -342,14 +342,16 @@ def _conclude_finished(
         outcome.message = f"corruption found on {', '.join(bad)} ({failures} failed executions)" + (
             f"; quarantined: {', '.join(outcome.quarantined)}" if outcome.quarantined else ""
         ) + (f"; then stopped by {signal.Signals(stopped_by).name}" if stopped_by is not None else "")
-    elif not scanned and skipped:
-        # Nothing was checked: saying "all passed" (exit 0) would hide that the machine went unscanned.
+    elif not scanned and any(s.get("status") == "busy" for s in skipped):
+        # Nothing was checked because of other load: saying "all passed" (exit 0) would hide that the machine
+        # went unscanned. (Devices only locked are being scanned by another scanner right now.)
         outcome.exit_code = EXIT_CANNOT_RUN
-        why = "; ".join(f"{s['device']} {s.get('status')}: {s.get('reason') or ''}".strip() for s in skipped[:3])
-        more = f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else ""
+        busy = [s for s in skipped if s.get("status") == "busy"]
+        why = "; ".join(f"{s['device']}: {s.get('reason') or 'busy'}" for s in busy[:2])
+        more = f" (and {len(skipped) - 2} more)" if len(skipped) > 2 else ""
         outcome.message = (
-            f"no device scanned: every device asked for is busy or locked ({why}{more}); "
-            "pass --all to scan busy devices anyway"
+            f"no device scanned: every device asked for is busy with other work ({why}{more}); "
+            "nothing was checked; pass --all to scan busy devices anyway"
         )
     else:
         outcome.message = f"{len(scanned)} device(s) scanned, all passed" + (

@@ -154,6 +154,25 @@ def test_a_locked_device_is_left_alone(tmp_path: Path) -> None:
     assert store_rows(db, "SELECT COUNT(*) FROM scans") == [(0,)]
 
 
+def test_a_scan_that_found_every_device_busy_says_so_and_how_to_force_it(tmp_path: Path) -> None:
+    db, locks = tmp_path / "fleet.db", tmp_path / "locks"
+    core = cores()[0]
+    spin = subprocess.Popen(  # another job keeps the core fully busy
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"]
+    )
+    try:
+        time.sleep(0.5)
+        proc = sdcguard(db, "scan", "--json", "--budget", "1", "--device", f"cpu:{core}", "--cpu-busy-max", "20",
+                        "--lock-dir", str(locks))
+    finally:
+        spin.kill()
+        spin.wait()
+    # not exit 0 with an empty report: nothing was checked, and the line says how to scan anyway
+    assert proc.returncode == 2, proc.stderr
+    assert "no device scanned" in proc.stderr and "--all" in proc.stderr, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+
+
 def _check_consistent(db: Path) -> None:
     if not db.exists():
         return  # killed before the store was created
