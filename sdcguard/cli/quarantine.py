@@ -28,7 +28,7 @@ def list_(fmt: str) -> None:
 
     Example: sdcguard quarantine list --format json
     """
-    with open_store() as store:
+    with open_store(readonly=True) as store:
         entries = store.quarantine_list()
     if fmt == "json":
         click.echo(json.dumps(
@@ -78,7 +78,7 @@ def history(device: str | None, fmt: str) -> None:
 
     Example: sdcguard quarantine history cpu:node7:3
     """
-    with open_store() as store:
+    with open_store(readonly=True) as store:
         rows = store.quarantine_history(device_id(device) if device else None)
     if fmt == "json":
         click.echo(json.dumps([{**r, "time": iso_utc(r["time"])} for r in rows], indent=1))
@@ -100,7 +100,7 @@ def decisions(since: str, fmt: str) -> None:
     from ..durations import since_timestamp
 
     start = since_timestamp(since)
-    with open_store() as store:
+    with open_store(readonly=True) as store:
         rows = store.decisions(since=start)
     if fmt == "json":
         click.echo(json.dumps([{"time": iso_utc(r.time), "device": r.device, "decision": r.decision,

@@ -43,7 +43,7 @@ def report(
     now = time.time()
     start = since_timestamp(since, now=now)  # checked before the store is opened
     device = device_id(device) if device else None
-    with open_store() as store:
+    with open_store(readonly=True) as store:
         rows = build_report(store, since=start, device=device, confidence=confidence, families=families)
         if plot is not None:
             from ..fleet.plot import plot_rates
