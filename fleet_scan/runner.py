@@ -135,10 +135,13 @@ def _check_inputs(options: ScanOptions, targets: Sequence[ScanTarget]) -> Any:
 
         rules = parse_inject_spec(options.inject)  # BadInput names what is wrong before any device is touched
     from sdcguard.golden import load_suite
+    from sdcguard.golden.suite import check_suite_files
 
     suite = load_suite(Path(options.golden_dir) if options.golden_dir else None)
     if not suite.cases:
         raise GoldenDataError("the golden suite has no cases")
+    # what `sdcguard golden verify` checks besides each case's golden (write_references checks those)
+    check_suite_files(suite)
     if rules is not None:
         from sdcguard.golden.cases import CASES
 

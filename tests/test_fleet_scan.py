@@ -19,7 +19,7 @@ from sdcguard.cli import cli
 from sdcguard.cli.common import parse_action
 from sdcguard.devices import cpu_id, hostname
 
-from _scan import ROOT, argv_recorder, cores, env, events, report, scan, sdcguard, store_rows, tampered_golden
+from _scan import ROOT, argv_recorder, cores, env, events, report, resigned_golden, scan, sdcguard, store_rows, tampered_golden
 
 pytestmark = pytest.mark.slow
 
@@ -109,6 +109,18 @@ def test_tampered_golden_file_exits_2_and_quarantines_nobody(tmp_path: Path) -> 
 
 
 @pytest.mark.skipif(len(cores()) < 2, reason="needs two CPU cores to fail identically")
+def test_golden_rows_edited_and_re_signed_are_refused_by_scan_as_by_verify(tmp_path: Path) -> None:
+    golden = resigned_golden(tmp_path)
+    verify = sdcguard(tmp_path / "v.db", "golden", "verify", "--dir", str(golden))
+    assert verify.returncode == 2 and "stored rows of memory.u32.moving_inversions" in verify.stderr
+    db = tmp_path / "fleet.db"
+    proc = scan(db, tmp_path / "locks", "--golden-dir", str(golden))
+    assert proc.returncode == 2, proc.stderr
+    assert "stored rows of memory.u32.moving_inversions differ from the reference" in proc.stderr, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert not db.exists() or store_rows(db, "SELECT COUNT(*) FROM scans") == [(0,)]
+
+
 def test_identical_failures_on_two_devices_trip_the_breaker(tmp_path: Path) -> None:
     db = tmp_path / "fleet.db"
     template, log = argv_recorder(tmp_path)
