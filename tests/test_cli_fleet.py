@@ -222,7 +222,7 @@ def test_export_prometheus_parses(db: Path, tmp_path: Path) -> None:
     code, out, err = _run("--db", str(db), "export", "prometheus", str(prom))
     assert code == 0, err
     families = {f.name: f for f in text_string_to_metric_families(prom.read_text())}
-    assert {"sdcguard_executions", "sdcguard_failures", "sdcguard_failure_rate_upper",
+    assert {"sdcguard_executions", "sdcguard_failures", "sdcguard_failure_ratio_upper",
             "sdcguard_device_status"} <= set(families)
     ex = {s.labels["UUID"]: s for s in families["sdcguard_executions"].samples}
     assert ex["sim:1"].value == 21 and ex["sim:1"].labels["Hostname"] == "node1" and ex["sim:1"].labels["gpu"] == "1"
