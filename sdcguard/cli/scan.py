@@ -85,8 +85,9 @@ def scan(
     Each device gets its own process and lock; cases are compared bit-exactly with the golden data, failures are
     retested in a fresh process, and the policy may quarantine devices and run the actions.
 
-    Exit codes: 0 every scanned device passed; 1 corruption found; 2 could not run (bad input, no device, golden
-    data suspect, circuit breaker tripped).
+    Exit codes: 0 every scanned device passed; 1 corruption found; 2 could not run (bad input, no device, every
+    device busy, a fire drill that injects nothing, golden data suspect, circuit breaker tripped); 130 / 143
+    stopped by SIGINT / SIGTERM before it finished (what was done is recorded as interrupted).
 
     \b
     Example (cron, Slurm drain on quarantine):
