@@ -1,18 +1,32 @@
 # The README's two commands: `make run` and `make test`.
+# `make run` needs only the scanner and the report: a light virtualenv ($(RUN_VENV), no torch, no CuPy).
+# `make test` needs everything the tests exercise: the full one ($(VENV)).
 VENV ?= .venv
+RUN_VENV ?= .venv-run
 PY := $(VENV)/bin/python
+# Extra `sdcguard scan` options for `make run`, e.g. RUN_SCAN_ARGS="--budget 30 --only-idle".
+RUN_SCAN_ARGS ?= --budget 10 --all
 
-.PHONY: setup run test
+.PHONY: setup setup-run run test
 setup: $(VENV)/.sdcguard-installed
+setup-run: $(RUN_VENV)/.sdcguard-installed
 
 $(VENV)/.sdcguard-installed: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh $(VENV)
 	touch $@
 
+$(RUN_VENV)/.sdcguard-installed: pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh $(RUN_VENV) --light
+	touch $@
+
 # The main job: scan this machine's devices into ./sdcguard.db, then print the per-device report.
-# The report prints whatever the scan found; make then fails with the scan's exit code (1 corruption, 2 could not run).
-run: setup
-	$(VENV)/bin/sdcguard scan --budget 10; rc=$$?; $(VENV)/bin/sdcguard report; exit $$rc
+# `--all` scans every device even where other work keeps it busy (this is a look at one machine, not the cron
+# job, which scans idle devices only). The report prints whatever the scan found; make then fails with the
+# scan's exit code (1 corruption, 2 could not run).
+run: setup-run
+	@echo "==> sdcguard scan $(RUN_SCAN_ARGS)   (every CPU core, or every GPU, for its budget in seconds)" >&2
+	$(RUN_VENV)/bin/sdcguard scan $(RUN_SCAN_ARGS); rc=$$?; \
+	echo "==> sdcguard report" >&2; $(RUN_VENV)/bin/sdcguard report; exit $$rc
 
 test: setup
 	$(PY) -m pytest

@@ -8,7 +8,8 @@ workers (:mod:`sdcguard.golden.references`): a device never computes its own ref
 :mod:`sdcguard.fleet.policy` runs over the scanned devices: quarantine, circuit breaker, actions.
 
 Exit codes (DESIGN.md): 0 every scanned device passed; 1 corruption found; 2 could not run (bad input, no
-device, golden data or suite suspect, circuit breaker tripped).
+device, no device free to scan, golden data or suite suspect, circuit breaker tripped); 128 + N when signal N
+(SIGINT 130, SIGTERM 143) stopped the scan before it finished and found nothing.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ from typing import Any
 from sdcguard.errors import GoldenDataError
 
 from .discovery import ScanTarget, select_targets
+from .drill import check_drill
 from .options import ScanOptions
 from .progress import Reporter
 
-__all__ = ["ScanOutcome", "run_scan", "worker_env", "reference_cores"]
+__all__ = ["ScanOutcome", "run_scan", "worker_env", "reference_cores", "exit_code_for_signal"]
 
 EXIT_OK, EXIT_CORRUPTION, EXIT_CANNOT_RUN = 0, 1, 2
 _GRACE_S = 60.0
@@ -126,16 +128,25 @@ class _Worker:
         return {"event": "done", "device": self.target.device, "status": "error", "error": f"worker died: {tail}"}
 
 
-def _check_inputs(options: ScanOptions) -> Any:
+def _check_inputs(options: ScanOptions, targets: Sequence[ScanTarget]) -> Any:
+    rules = None
     if options.inject:
         from sdcguard.inject.faults import parse_inject_spec
 
-        parse_inject_spec(options.inject)  # BadInput names what is wrong before any device is touched
+        rules = parse_inject_spec(options.inject)  # BadInput names what is wrong before any device is touched
     from sdcguard.golden import load_suite
+    from sdcguard.golden.suite import check_suite_files
 
     suite = load_suite(Path(options.golden_dir) if options.golden_dir else None)
     if not suite.cases:
         raise GoldenDataError("the golden suite has no cases")
+    # what `sdcguard golden verify` checks besides each case's golden (write_references checks those)
+    check_suite_files(suite)
+    if rules is not None:
+        from sdcguard.golden.cases import CASES
+
+        # the suite's portable cases, and the GPU-only ones a GPU's backend adds
+        check_drill(rules, targets, (*suite.cases, *(c for c in CASES if c.gpu_only)))
     return suite
 
 
@@ -190,7 +201,7 @@ def run_scan(
     device faults never raise, they are in the outcome.
     """
     chosen = list(targets) if targets is not None else select_targets(specs)
-    suite = _check_inputs(options)
+    suite = _check_inputs(options, chosen)
     from sdcguard.fleet.store import Store
     from sdcguard.golden.references import write_references
 
@@ -215,10 +226,13 @@ def _scan_all(
     stop: dict[str, int | None] = {"signal": None}
 
     def _forward(signum: int, frame: Any) -> None:
-        stop["signal"] = signum
+        # The workers get the signal we got (a Ctrl-C on a terminal reaches them as SIGINT already): each finishes
+        # its case in flight and records its scan as `interrupted`, naming that signal.
+        if stop["signal"] is None:
+            stop["signal"] = signum
         for w in workers:
             if w.proc.poll() is None:
-                w.proc.send_signal(signal.SIGTERM)
+                w.proc.send_signal(signum)
 
     old = {s: signal.signal(s, _forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -233,7 +247,7 @@ def _scan_all(
         for s, h in old.items():
             signal.signal(s, h)
     summaries = [w.result() for w in workers]
-    return _conclude(options, summaries, reporter, policy, actions, policy_scope)
+    return _conclude(options, summaries, reporter, policy, actions, policy_scope, stopped_by=stop["signal"])
 
 
 def _conclude(
@@ -243,6 +257,8 @@ def _conclude(
     policy: Any,
     actions: Sequence[Any],
     policy_scope: str = "fleet",
+    *,
+    stopped_by: int | None = None,
 ) -> ScanOutcome:
     for s in summaries:
         if s.get("status") == "error" and "scan" not in s:
@@ -282,16 +298,11 @@ def _conclude(
     elif errors:
         outcome.exit_code = EXIT_CANNOT_RUN
         outcome.message = "could not run: " + "; ".join(errors)
-    elif failures:
-        outcome.exit_code = EXIT_CORRUPTION
-        bad = [s["device"] for s in summaries if s.get("failures")]
-        outcome.message = f"corruption found on {', '.join(bad)} ({failures} failed executions)" + (
-            f"; quarantined: {', '.join(outcome.quarantined)}" if outcome.quarantined else ""
-        )
+    elif failures or stopped_by is None:
+        _conclude_finished(outcome, summaries, scanned, skipped, failures, stopped_by)
     else:
-        outcome.message = f"{len(scanned)} device(s) scanned, all passed" + (
-            f"; {len(skipped)} skipped (busy or locked)" if skipped else ""
-        )
+        outcome.exit_code = exit_code_for_signal(stopped_by)
+        outcome.message = _stopped_message(stopped_by, summaries)
     reporter.event(
         {
             "event": "summary",
@@ -301,7 +312,51 @@ def _conclude(
             "skipped": [s["device"] for s in skipped],
             "quarantined": outcome.quarantined,
             "breaker_tripped": outcome.breaker_tripped,
+            "stopped_by": None if stopped_by is None else signal.Signals(stopped_by).name,
         }
     )
     return outcome
 
+
+def exit_code_for_signal(signum: int) -> int:
+    """The exit code of a scan stopped by a signal: 128 + its number (130 SIGINT, 143 SIGTERM), as a shell reports a
+    process the signal killed, so cron, systemd and Slurm see an unfinished scan, never "all passed"."""
+    return 128 + int(signum)
+
+
+def _stopped_message(signum: int, summaries: list[dict[str, Any]]) -> str:
+    name = signal.Signals(signum).name
+    recorded = [s for s in summaries if "scan" in s]
+    executions = sum(int(s.get("executions", 0)) for s in recorded)
+    return (
+        f"scan stopped by {name} before it finished: recorded as interrupted, {executions} execution(s) on "
+        f"{len(recorded)} device(s) kept in the store, no failure among them; the devices were not fully checked"
+    )
+
+
+def _conclude_finished(
+    outcome: ScanOutcome, summaries: list[dict[str, Any]], scanned: list[str], skipped: list[dict[str, Any]],
+    failures: int, stopped_by: int | None,
+) -> None:
+    """Exit code and message of a scan that found corruption, or that ran to its end."""
+    if failures:
+        outcome.exit_code = EXIT_CORRUPTION
+        bad = [s["device"] for s in summaries if s.get("failures")]
+        outcome.message = f"corruption found on {', '.join(bad)} ({failures} failed executions)" + (
+            f"; quarantined: {', '.join(outcome.quarantined)}" if outcome.quarantined else ""
+        ) + (f"; then stopped by {signal.Signals(stopped_by).name}" if stopped_by is not None else "")
+    elif not scanned and any(s.get("status") == "busy" for s in skipped):
+        # Nothing was checked because of other load: saying "all passed" (exit 0) would hide that the machine
+        # went unscanned. (Devices only locked are being scanned by another scanner right now.)
+        outcome.exit_code = EXIT_CANNOT_RUN
+        busy = [s for s in skipped if s.get("status") == "busy"]
+        why = "; ".join(f"{s['device']}: {s.get('reason') or 'busy'}" for s in busy[:2])
+        more = f" (and {len(skipped) - 2} more)" if len(skipped) > 2 else ""
+        outcome.message = (
+            f"no device scanned: every device asked for is busy with other work ({why}{more}); "
+            "nothing was checked; pass --all to scan busy devices anyway"
+        )
+    else:
+        outcome.message = f"{len(scanned)} device(s) scanned, all passed" + (
+            f"; {len(skipped)} skipped (busy or locked; --all scans busy ones anyway)" if skipped else ""
+        )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import socket
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Literal
 
 from .errors import BadInput
@@ -23,6 +24,7 @@ __all__ = [
     "parse_device_id",
     "parse_spec",
     "hostname",
+    "unknown_device",
 ]
 
 DeviceKind = Literal["gpu", "cpu", "sim"]
@@ -105,3 +107,14 @@ def parse_spec(text: str) -> DeviceSpec:
             f"bad device spec {text!r}: use cuda:N, cpu:N, a device id (GPU-<uuid>, cpu:<host>:<core>, sim:<n>) or all"
         ) from None
     return DeviceSpec(kind="id", device=t if not t.startswith("GPU-") else gpu_id(t))
+
+
+def unknown_device(device: str, known: Sequence[str], *, what: str, hint: str = "") -> BadInput:
+    """The error for a device id the store has never seen: ``what`` failed, the closest known ids (a typo is
+    the usual cause), and ``hint`` (how to proceed anyway, if there is a way)."""
+    import difflib
+
+    near = difflib.get_close_matches(device, list(known), n=3, cutoff=0.6)
+    did_you_mean = f"; did you mean {' or '.join(near)}?" if near else (
+        "; the store knows no device yet" if not known else f"; it knows {len(known)} device(s), see `sdcguard report`")
+    return BadInput(f"{what}: {device} is not a device this store has seen{did_you_mean}{hint}")

@@ -78,3 +78,28 @@ def tampered_golden(tmp: Path) -> Path:
 def store_rows(db: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     with sqlite3.connect(db) as conn:
         return conn.execute(sql, params).fetchall()
+
+
+def resigned_golden(tmp: Path, case_id: str = "memory.u32.moving_inversions") -> Path:
+    """A copy of the golden data where one stored row of ``case_id`` is changed and the manifest re-signed
+    (the file's sha256 and the manifest's own): every hash matches, only the reference arithmetic can tell."""
+    import hashlib
+
+    src = ROOT / "golden_vectors"
+    dst = tmp / "golden_vectors"
+    shutil.copytree(src, dst)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    entry = next(c for c in manifest["cases"] if c["id"] == case_id)
+    victim = dst / entry["file"]
+    data = bytearray(victim.read_bytes())
+    data[8] ^= 0x01
+    victim.write_bytes(bytes(data))
+    manifest["files"][entry["file"]] = hashlib.sha256(bytes(data)).hexdigest()
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+
+    def canonical(obj: Any) -> bytes:
+        return (json.dumps(obj, sort_keys=True, indent=1, separators=(",", ": ")) + "\n").encode()
+
+    manifest["manifest_sha256"] = hashlib.sha256(canonical(body)).hexdigest()
+    (dst / "manifest.json").write_bytes(canonical(manifest))
+    return dst

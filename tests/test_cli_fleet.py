@@ -130,7 +130,8 @@ def test_bad_store_paths_from_a_real_shell(tmp_path: Path, kind: str) -> None:
 
 def test_quarantine_add_list_release_history_round_trip(tmp_path: Path) -> None:
     db = tmp_path / "q.db"
-    assert _run("--db", str(db), "quarantine", "add", "cpu:node7:3", "--reason", "MCE in dmesg")[0] == 0
+    # a device no scan recorded (a fresh store): only with --new
+    assert _run("--db", str(db), "quarantine", "add", "cpu:node7:3", "--reason", "MCE in dmesg", "--new")[0] == 0
     code, out, _ = _run("--db", str(db), "quarantine", "list", "--format", "json")
     (row,) = json.loads(out)
     assert (row["device"], row["state"], row["reason"], row["host"]) == ("cpu:node7:3", "quarantined", "MCE in dmesg", "node7")
@@ -142,6 +143,22 @@ def test_quarantine_add_list_release_history_round_trip(tmp_path: Path) -> None:
     assert all(h["by"] and h["time"] for h in hist)
     code, out, _ = _run("--db", str(db), "quarantine", "list")
     assert code == 0 and "probation" in out
+
+
+def test_a_typo_quarantines_nothing_and_suggests_the_near_device(db: Path) -> None:
+    before = snapshot(db)
+    code, _, err = _run("--db", str(db), "quarantine", "add", "sim:33", "--reason", "typo of sim:3")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "sim:33 is not a device this store has seen" in err and "sim:3" in err and "--new" in err, err
+    assert snapshot(db) == before  # nothing created, nothing quarantined
+
+
+def test_history_of_an_unknown_device_is_exit_2(db: Path) -> None:
+    code, out, err = _run("--db", str(db), "quarantine", "history", "GPU-nonexistent")
+    assert code == 2 and out == "" and err.count("\n") == 1, (out, err)
+    assert "no quarantine history" in err and "GPU-nonexistent is not a device this store has seen" in err, err
+    code, out, _ = _run("--db", str(db), "quarantine", "history", "sim:3")  # known: its (possibly empty) table
+    assert code == 0 and "sim:3" in out
 
 
 def test_incidents_command(db: Path) -> None:
@@ -205,7 +222,7 @@ def test_export_prometheus_parses(db: Path, tmp_path: Path) -> None:
     code, out, err = _run("--db", str(db), "export", "prometheus", str(prom))
     assert code == 0, err
     families = {f.name: f for f in text_string_to_metric_families(prom.read_text())}
-    assert {"sdcguard_executions", "sdcguard_failures", "sdcguard_failure_rate_upper",
+    assert {"sdcguard_executions", "sdcguard_failures", "sdcguard_failure_ratio_upper",
             "sdcguard_device_status"} <= set(families)
     ex = {s.labels["UUID"]: s for s in families["sdcguard_executions"].samples}
     assert ex["sim:1"].value == 21 and ex["sim:1"].labels["Hostname"] == "node1" and ex["sim:1"].labels["gpu"] == "1"
@@ -239,7 +256,7 @@ def test_table_of_a_large_fleet_lists_what_needs_attention(tmp_path: Path) -> No
 def test_gpu_ids_are_accepted_in_any_case(tmp_path: Path) -> None:
     db = tmp_path / "g.db"
     upper = "GPU-3F2A1B4C-0000-1111-2222-ABCDEFABCDEF"
-    assert _run("--db", str(db), "quarantine", "add", upper, "--reason", "xid 79")[0] == 0
+    assert _run("--db", str(db), "quarantine", "add", upper, "--reason", "xid 79", "--new")[0] == 0
     (row,) = json.loads(_run("--db", str(db), "quarantine", "list", "--format", "json")[1])
     assert row["device"] == "GPU-" + upper[4:].lower()
     assert _run("--db", str(db), "quarantine", "release", row["device"].upper().replace("GPU-", "gpu-", 1), "--reason", "ok")[0] == 0

@@ -48,6 +48,30 @@ def test_any_host_name_survives_the_textfile(tmp_path_factory: pytest.TempPathFa
     assert s.labels["Hostname"] == host and s.labels["modelName"] == 'A"100\\x' and s.value == 1
 
 
+def test_every_series_carries_the_same_documented_labels(tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from sdcguard.fleet.prometheus import LABELS, METRICS
+
+    with Store.open(tmp_path / "s.db") as store:
+        store.upsert_device(DeviceInfo(id="sim:1", host="h", kind="sim", model="A100"), now=NOW)
+        scan(store, "sim:1", [result("sim:1", t=NOW - 10)])
+        scan(store, "sim:2", [result("sim:2", t=NOW - 10)])  # no model known
+        text = render_textfile(store, now=NOW)
+    families = list(text_string_to_metric_families(text))
+    names = {f.name + ("_total" if f.type == "counter" else "") for f in families}
+    assert names == set(METRICS)
+    assert "sdcguard_failure_rate" not in text  # ratios end in _ratio
+    for f in families:
+        for s in f.samples:
+            extra = {"status"} if f.name == "sdcguard_device_status" else set()
+            assert set(s.labels) == set(LABELS) | extra, (f.name, s.labels)
+    models = {s.labels["device"]: s.labels["modelName"] for f in families for s in f.samples}
+    assert models == {"sim:1": "A100", "sim:2": ""}
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert all(f"`{m}`" in readme for m in METRICS) and all(f"`{label}`" in readme for label in LABELS)
+
+
 def test_textfile_replaces_atomically(tmp_path: Path) -> None:
     with Store.open(tmp_path / "s.db") as store:
         scan(store, "sim:1", [result("sim:1", t=NOW - 10)])

@@ -19,7 +19,7 @@ from sdcguard.cli import cli
 from sdcguard.cli.common import parse_action
 from sdcguard.devices import cpu_id, hostname
 
-from _scan import ROOT, argv_recorder, cores, env, events, report, scan, sdcguard, store_rows, tampered_golden
+from _scan import ROOT, argv_recorder, cores, env, events, report, resigned_golden, scan, sdcguard, store_rows, tampered_golden
 
 pytestmark = pytest.mark.slow
 
@@ -109,6 +109,18 @@ def test_tampered_golden_file_exits_2_and_quarantines_nobody(tmp_path: Path) -> 
 
 
 @pytest.mark.skipif(len(cores()) < 2, reason="needs two CPU cores to fail identically")
+def test_golden_rows_edited_and_re_signed_are_refused_by_scan_as_by_verify(tmp_path: Path) -> None:
+    golden = resigned_golden(tmp_path)
+    verify = sdcguard(tmp_path / "v.db", "golden", "verify", "--dir", str(golden))
+    assert verify.returncode == 2 and "stored rows of memory.u32.moving_inversions" in verify.stderr
+    db = tmp_path / "fleet.db"
+    proc = scan(db, tmp_path / "locks", "--golden-dir", str(golden))
+    assert proc.returncode == 2, proc.stderr
+    assert "stored rows of memory.u32.moving_inversions differ from the reference" in proc.stderr, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert not db.exists() or store_rows(db, "SELECT COUNT(*) FROM scans") == [(0,)]
+
+
 def test_identical_failures_on_two_devices_trip_the_breaker(tmp_path: Path) -> None:
     db = tmp_path / "fleet.db"
     template, log = argv_recorder(tmp_path)
@@ -152,6 +164,25 @@ def test_a_locked_device_is_left_alone(tmp_path: Path) -> None:
     done = [e for e in events(proc) if e["event"] == "done"]
     assert done[0]["status"] == "locked" and "another scanner" in done[0]["reason"]
     assert store_rows(db, "SELECT COUNT(*) FROM scans") == [(0,)]
+
+
+def test_a_scan_that_found_every_device_busy_says_so_and_how_to_force_it(tmp_path: Path) -> None:
+    db, locks = tmp_path / "fleet.db", tmp_path / "locks"
+    core = cores()[0]
+    spin = subprocess.Popen(  # another job keeps the core fully busy
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"]
+    )
+    try:
+        time.sleep(0.5)
+        proc = sdcguard(db, "scan", "--json", "--budget", "1", "--device", f"cpu:{core}", "--cpu-busy-max", "20",
+                        "--lock-dir", str(locks))
+    finally:
+        spin.kill()
+        spin.wait()
+    # not exit 0 with an empty report: nothing was checked, and the line says how to scan anyway
+    assert proc.returncode == 2, proc.stderr
+    assert "no device scanned" in proc.stderr and "--all" in proc.stderr, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
 
 
 def _check_consistent(db: Path) -> None:
@@ -216,7 +247,10 @@ def test_sigkill_at_any_moment_leaves_the_store_consistent(tmp_path: Path) -> No
         assert pid not in killed, f"{left} of killed scanner {pid} was not removed"
 
 
-def test_sigterm_records_what_was_done_as_interrupted(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_records_what_was_done_as_interrupted_and_exits_non_zero(
+    tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
     db = tmp_path / "fleet.db"
     core = cores()[0]
     proc = subprocess.Popen(
@@ -228,11 +262,17 @@ def test_sigterm_records_what_was_done_as_interrupted(tmp_path: Path) -> None:
     for line in proc.stdout:  # wait until the device's scan has begun, and a little more
         if '"progress"' in line:
             break
-    proc.send_signal(signal.SIGTERM)  # the scanner passes it on to its workers (as Slurm or Kubernetes would)
+    proc.send_signal(sig)  # the scanner passes it on to its workers (as Slurm, Kubernetes or a Ctrl-C would)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    # Not 0 ("all passed"): the device was not fully checked. 128 + the signal, as a shell reports it.
+    assert proc.returncode == code, err
+    assert f"stopped by {sig.name}" in err and "interrupted" in err and err.strip().count("\n") == 0, err
     ((status, executions),) = store_rows(db, "SELECT status, executions FROM scans")
     assert status == "interrupted" and executions > 0
+    summary = [json.loads(x) for x in out.splitlines() if '"summary"' in x][-1]
+    assert summary["stopped_by"] == sig.name and summary["exit_code"] == code
+    done = [json.loads(x) for x in out.splitlines() if '"done"' in x][-1]
+    assert done["reason"] == f"stopped by {sig.name}"
     _check_consistent(db)
 
 
@@ -253,6 +293,11 @@ def test_python_m_fleet_scan_is_sdcguard_scan(tmp_path: Path) -> None:
         (["--inject", "cpu:0:frobnicate"], "frobnicate"),
         (["--action", "scontrol {nodename}"], "placeholder"),
         (["--retests", "-1"], "--retests"),
+        # a fire drill that would inject nothing: refused before any scanning, not a silent "all passed"
+        (["--inject", "cpu:4095:zero"], "names no device this scan scans"),
+        (["--device", "cpu:0", "--inject", "cpu:1:zero"], "names no device this scan scans"),
+        (["--inject", "all:zero,case=nomatch*"], "matches no golden case"),
+        (["--inject", "all:zero,case=intrinsics.*"], "matches no golden case"),  # GPU-only cases, on CPU cores
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], words: str) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
-import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,10 +23,13 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def open_store(create: bool = False) -> Store:
-    """Open the store named by ``--db`` / ``$SDCGUARD_DB`` (errors become one line, exit 2, via the group)."""
+def open_store(create: bool = False, *, readonly: bool = False) -> Store:
+    """Open the store named by ``--db`` / ``$SDCGUARD_DB`` (errors become one line, exit 2, via the group).
+
+    ``readonly``: the command only reads, so a store this user may not write is opened read-only; a writing
+    command on such a store is refused with one line naming it read-only."""
     state = click.get_current_context().find_root().obj
-    return Store.open(state.db, create=create)
+    return Store.open(state.db, create=create, readonly=readonly)
 
 
 def device_id(text: str) -> str:
@@ -113,20 +115,13 @@ def parse_actions(given: Sequence[str], section: dict[str, Any]) -> list[Any]:
 
 
 def load_config(path: Path | None) -> dict[str, Any]:
-    """The TOML config (``{}`` without one); ``BadInput`` for an unreadable or malformed file."""
+    """The TOML config (``{}`` without one), every value checked (:mod:`sdcguard.cli.config`); ``BadInput``
+    names the file, the key and what is expected."""
     if path is None:
         return {}
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as e:
-        raise BadInput(f"cannot read config {path}: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise BadInput(f"config {path} is not valid TOML: {e}") from None
-    unknown = set(data) - {"scan", "policy"}
-    if unknown:
-        raise BadInput(f"config {path}: unknown section(s) {sorted(unknown)}; use [scan] and [policy]")
-    return data
+    from .config import read_config
+
+    return read_config(path)
 
 
 def load_policy(config: dict[str, Any]) -> Any:

@@ -25,6 +25,6 @@ def prometheus(file: Path) -> None:
     """
     from ..fleet.prometheus import write_textfile
 
-    with open_store() as store:
+    with open_store(readonly=True) as store:
         n = write_textfile(store, file)
     click.echo(f"{file}: {n} devices")

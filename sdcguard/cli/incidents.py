@@ -23,7 +23,7 @@ def incidents(since: str, device: str | None, fmt: str) -> None:
     Example: sdcguard incidents --since 7d --format json
     """
     start = since_timestamp(since, default="all")
-    with open_store() as store:
+    with open_store(readonly=True) as store:
         found = store.incidents(since=start, device=device)
     if fmt == "json":
         click.echo(json.dumps([{**asdict(i), "time": iso_utc(i.time)} for i in found], indent=1))

@@ -6,6 +6,8 @@ import json
 
 import click
 
+from ..devices import device_kind, unknown_device
+from ..errors import BadInput
 from ..durations import iso_utc
 from .common import device_id, format_option, open_store, print_table, status_text
 
@@ -28,7 +30,7 @@ def list_(fmt: str) -> None:
 
     Example: sdcguard quarantine list --format json
     """
-    with open_store() as store:
+    with open_store(readonly=True) as store:
         entries = store.quarantine_list()
     if fmt == "json":
         click.echo(json.dumps(
@@ -45,14 +47,24 @@ def list_(fmt: str) -> None:
 @quarantine.command("add")
 @click.argument("device")
 @click.option("--reason", required=True, help="Why (kept in the history).")
-def add(device: str, reason: str) -> None:
+@click.option("--new", "new", is_flag=True,
+              help="DEVICE was never scanned here: record it and quarantine it (otherwise an unknown id is refused, "
+                   "so a typo quarantines nothing).")
+def add(device: str, reason: str, new: bool) -> None:
     """Quarantine DEVICE by hand.
 
     Example: sdcguard quarantine add cpu:node7:3 --reason "MCE errors in dmesg"
     """
     device = device_id(device)
-    with open_store(create=True) as store:
-        store.quarantine(device, reason=reason)
+    try:
+        device_kind(device)
+    except BadInput as e:
+        raise BadInput(f"cannot quarantine {device!r}: {e}") from None
+    with open_store(create=new) as store:
+        if not new and store.device(device) is None:
+            raise unknown_device(device, [d.id for d in store.devices()], what=f"cannot quarantine {device}",
+                                 hint="; pass --new to quarantine a device no scan has recorded yet")
+        store.quarantine(device, reason=reason, new=new)
     click.echo(f"{device} quarantined")
 
 
@@ -78,8 +90,11 @@ def history(device: str | None, fmt: str) -> None:
 
     Example: sdcguard quarantine history cpu:node7:3
     """
-    with open_store() as store:
-        rows = store.quarantine_history(device_id(device) if device else None)
+    with open_store(readonly=True) as store:
+        wanted = device_id(device) if device else None
+        rows = store.quarantine_history(wanted)
+        if wanted is not None and not rows and store.device(wanted) is None:
+            raise unknown_device(wanted, [d.id for d in store.devices()], what="no quarantine history")
     if fmt == "json":
         click.echo(json.dumps([{**r, "time": iso_utc(r["time"])} for r in rows], indent=1))
         return
@@ -100,7 +115,7 @@ def decisions(since: str, fmt: str) -> None:
     from ..durations import since_timestamp
 
     start = since_timestamp(since)
-    with open_store() as store:
+    with open_store(readonly=True) as store:
         rows = store.decisions(since=start)
     if fmt == "json":
         click.echo(json.dumps([{"time": iso_utc(r.time), "device": r.device, "decision": r.decision,

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from ..durations import iso_utc, since_timestamp
-from ..fleet.report import REPORT_FIELDS, build_report, report_json
+from ..fleet.report import build_report, report_csv_rows, report_json
 from .common import device_id, fmt_float, format_option, open_store, print_table, status_text
 
 __all__ = ["report"]
@@ -25,7 +25,8 @@ _TABLE_ALL_UP_TO = 50
 @format_option("table", "json", "csv")
 @click.option("--confidence", type=click.FloatRange(0.5, 0.9999), default=0.95, show_default=True,
               help="Confidence of each one-sided Clopper-Pearson bound.")
-@click.option("--families", is_flag=True, help="JSON: add each device's rates per kernel family.")
+@click.option("--families", is_flag=True,
+              help="Add each device's rates per kernel family (table: a row per family; csv: a family column).")
 @click.option("--all", "show_all", is_flag=True,
               help=f"Table: list healthy devices too (they are folded away in fleets over {_TABLE_ALL_UP_TO} devices).")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -43,7 +44,7 @@ def report(
     now = time.time()
     start = since_timestamp(since, now=now)  # checked before the store is opened
     device = device_id(device) if device else None
-    with open_store() as store:
+    with open_store(readonly=True) as store:
         rows = build_report(store, since=start, device=device, confidence=confidence, families=families)
         if plot is not None:
             from ..fleet.plot import plot_rates
@@ -52,11 +53,7 @@ def report(
     if fmt == "json":
         click.echo(report_json(rows))
     elif fmt == "csv":
-        w = csv.writer(sys.stdout, lineterminator="\n")
-        w.writerow(REPORT_FIELDS)
-        for r in rows:
-            d = r.as_dict()
-            w.writerow(["" if d[f] is None else d[f] for f in REPORT_FIELDS])
+        csv.writer(sys.stdout, lineterminator="\n").writerows(report_csv_rows(rows))
     else:
         counts = {s: sum(r.status == s for r in rows) for s in ("quarantined", "probation", "suspect", "healthy")}
         caption = (
@@ -73,10 +70,18 @@ def report(
             ["device", "host", "status", "executions", "failures", "rate", "rate_low", "rate_high", "scans",
              "last scan (UTC)"],
             [
-                [r.device, r.host, status_text(r.status), str(r.overall.executions), str(r.overall.failures),
-                 fmt_float(r.overall.rate), fmt_float(r.overall.rate_low), fmt_float(r.overall.rate_high),
-                 str(r.scans), iso_utc(r.last_scan) or "never"]
+                line
                 for r in rows
+                for line in [
+                    [r.device, r.host, status_text(r.status), str(r.overall.executions), str(r.overall.failures),
+                     fmt_float(r.overall.rate), fmt_float(r.overall.rate_low), fmt_float(r.overall.rate_high),
+                     str(r.scans), iso_utc(r.last_scan) or "never"],
+                    *(  # --families: the device's figures per kernel family, under its row
+                        [f"  {name}", "", "", str(f.executions), str(f.failures), fmt_float(f.rate),
+                         fmt_float(f.rate_low), fmt_float(f.rate_high), "", ""]
+                        for name, f in sorted((r.families or {}).items())
+                    ),
+                ]
             ],
             caption=caption,
         )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any, Self
 from ..errors import SchemaTooNew, StoreError
 from .schema import APPLICATION_ID, SCHEMA_VERSION, SQLITE_MAGIC, migrate
 
-__all__ = ["StoreBase", "check_header", "check_merge_input", "BUSY_TIMEOUT_S"]
+__all__ = ["StoreBase", "check_header", "check_merge_input", "read_only_uri", "writable_problem", "BUSY_TIMEOUT_S"]
 
 BUSY_TIMEOUT_S = 30.0
 
@@ -61,6 +62,50 @@ def _too_new(path: Path, version: int) -> str:
     )
 
 
+def writable_problem(path: Path) -> str | None:
+    """Why this process cannot write the store at ``path`` (None: it can). SQLite in WAL mode writes the file
+    and creates ``-wal`` and ``-shm`` beside it, so the directory must be writable too."""
+    parent = path.resolve().parent
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"the file is read-only for this user ({_owner(path)})"
+    if not os.access(parent, os.W_OK):
+        return f"its directory {parent} is read-only for this user ({_owner(parent)})"
+    return None
+
+
+def _owner(path: Path) -> str:
+    st = path.stat()
+    try:
+        import pwd
+
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except (KeyError, ImportError):
+        owner = str(st.st_uid)
+    return f"owner {owner}, mode {st.st_mode & 0o777:o}"
+
+
+def read_only_uri(path: Path) -> str:
+    """A SQLite URI that reads the store at ``path`` without writing anything, wherever it lies.
+
+    ``mode=ro`` reads a WAL database when SQLite can open or create its ``-shm`` file (a writable directory, or
+    one that exists). In a read-only directory without ``-shm``: when no ``-wal`` file holds writes, the database
+    file has every committed row and ``immutable=1`` reads it (no locks, no ``-shm``); when one does,
+    :class:`StoreError` says how to make it readable (``immutable`` would ignore those writes).
+    """
+    resolved = path.resolve()
+    base = "file:" + urllib.parse.quote(str(resolved))
+    shm, wal = Path(f"{resolved}-shm"), Path(f"{resolved}-wal")
+    if os.access(resolved.parent, os.W_OK) or shm.exists():
+        return base + "?mode=ro"
+    if wal.exists() and wal.stat().st_size > 0:
+        raise StoreError(
+            f"cannot read fleet store {path} in place: its directory is read-only and {wal.name} holds writes not "
+            f"yet in the store file (SQLite needs {shm.name} to read them); let its owner open it once (e.g. "
+            f"`sdcguard --db {path} report`), or copy {path.name} with {wal.name} to a writable directory"
+        )
+    return base + "?immutable=1"
+
+
 def check_merge_input(path: Path) -> None:
     """Refuse a merge input that is missing, not a store, or of another schema version, without writing to it."""
     if not path.exists():
@@ -68,7 +113,7 @@ def check_merge_input(path: Path) -> None:
     if check_header(path) <= 0:
         raise StoreError(f"merge input {path} is empty, not a fleet store")
     try:
-        conn = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)
+        conn = sqlite3.connect(read_only_uri(path), uri=True)
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             app = conn.execute("PRAGMA application_id").fetchone()[0]
@@ -98,26 +143,44 @@ class StoreBase:
         """``(case, digest)`` pairs this connection knows ``pass_digests`` holds (rows are never deleted)."""
         self._known_devices: set[str] = set()
         """Devices this connection knows the ``devices`` table holds (rows are never deleted)."""
+        self.read_only_reason: str | None = None
+        """Why this store was opened read-only (None: opened for writing)."""
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, create: bool = True, timeout_s: float = BUSY_TIMEOUT_S) -> Self:
+    def open(
+        cls, path: str | os.PathLike[str], *, create: bool = True, timeout_s: float = BUSY_TIMEOUT_S,
+        readonly: bool = False,
+    ) -> Self:
         """Open (and with ``create``, create or migrate) the store at ``path``.
 
-        Raises :class:`StoreError` (not SQLite, unreadable, missing directory, missing file without ``create``)
-        or :class:`SchemaTooNew`; in every such case the file is left untouched. An older store is migrated
-        forward in one transaction.
+        ``readonly``: the caller only reads. A store this process may write is opened as usual (an older one is
+        migrated); one it may not (a read-only file or directory) is opened read-only (:func:`read_only_uri`).
+        Without ``readonly``, a store this process may not write is refused with one line saying so.
+
+        Raises :class:`StoreError` (not SQLite, unreadable, read-only for a writer, missing directory, missing
+        file without ``create``) or :class:`SchemaTooNew`; in every such case the file is left untouched. An older
+        store is migrated forward in one transaction.
         """
         p = Path(path)
         size = check_header(p)
         if size < 0 and not create:
             raise StoreError(f"no fleet store at {p} (run `sdcguard scan` first, or pass --db / $SDCGUARD_DB)")
+        problem = writable_problem(p)
+        if problem and not readonly:
+            what = "is read-only" if size >= 0 else "cannot be created"
+            raise StoreError(f"fleet store {p} {what}: {problem}; this command writes to it (pass a writable --db)")
         try:
-            conn = sqlite3.connect(str(p), timeout=timeout_s, isolation_level=None, check_same_thread=False)
+            if problem:
+                conn = sqlite3.connect(read_only_uri(p), uri=True, timeout=timeout_s, isolation_level=None,
+                                       check_same_thread=False)
+            else:
+                conn = sqlite3.connect(str(p), timeout=timeout_s, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as e:
             raise StoreError(f"cannot open fleet store {p}: {e}") from None
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
             store = cls(conn, p, timeout_s)
+            store.read_only_reason = problem
             store._prepare(create=create)
         except BaseException:
             conn.close()
@@ -144,6 +207,13 @@ class StoreBase:
                     raise StoreError(f"{p} is an empty file, not a fleet store; pass another --db")
         except sqlite3.DatabaseError as e:
             raise StoreError(f"{p} is not an sdcguard fleet store ({e}); pass another --db") from None
+        if self.read_only_reason is not None:
+            if version < SCHEMA_VERSION:
+                raise StoreError(
+                    f"fleet store {p} has the older schema {version} and is read-only here "
+                    f"({self.read_only_reason}): let its owner open it once with this sdcguard to migrate it"
+                )
+            return  # read-only: nothing to set up, nothing to migrate
         # Only now (the file is ours, or empty) may SQLite write to it.
         self._retry(lambda: self._conn.execute("PRAGMA journal_mode = WAL").fetchone())
         self._conn.execute("PRAGMA synchronous = NORMAL")
@@ -195,9 +265,16 @@ class StoreBase:
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``); rolled back if the body raises."""
+        if self.read_only_reason is not None:
+            raise StoreError(f"fleet store {self.path} is read-only ({self.read_only_reason}): cannot write to it")
         self._retry(lambda: self._conn.execute("BEGIN IMMEDIATE"))
         try:
             yield self._conn
+        except sqlite3.OperationalError as e:
+            self._conn.execute("ROLLBACK")
+            if "readonly" in str(e):  # a read-only mount, or permissions changed since the store was opened
+                raise StoreError(f"fleet store {self.path} is read-only: {e}") from None
+            raise
         except BaseException:
             self._conn.execute("ROLLBACK")
             raise

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .connection import StoreBase
+from .connection import StoreBase, read_only_uri
 from .rows import MergeStats, PruneStats
 
 __all__ = ["StoreMaintenance"]
@@ -43,7 +43,7 @@ class StoreMaintenance(StoreBase):
     def merge_from(self, path: Path, *, full: bool = False) -> MergeStats:
         """Merge the store at ``path`` (checked by :func:`~.connection.check_merge_input`) into this one."""
         conn = self._conn
-        conn.execute("ATTACH DATABASE ? AS src", (f"file:{Path(path).resolve()}?mode=ro",))
+        conn.execute("ATTACH DATABASE ? AS src", (read_only_uri(Path(path)),))
         try:
             with self._write():
                 return self._merge_attached(str(path), full=full)

@@ -2,7 +2,9 @@
 
 Labels follow the DCGM exporter, so sdcguard series join dashboards built for it: ``gpu`` (the device's index
 on its host: NVML index, CPU core, simulated device number), ``UUID`` (the device id: ``GPU-<uuid>`` for a GPU),
-``Hostname``; plus ``device`` (the sdcguard id) and ``kind``. The file is written to a temporary file in the same
+``Hostname``, ``modelName`` (empty where the model is unknown); plus ``device`` (the sdcguard id) and ``kind``.
+Every series of every metric carries exactly these (:data:`LABELS`; ``sdcguard_device_status`` adds
+``status``), so series of one device always match on all of them. Ratios end in ``_ratio`` (Prometheus naming). The file is written to a temporary file in the same
 directory and renamed over the target (``os.replace``), so the collector never reads half a file.
 
 Counters (``*_total``) cover all time; rates and bounds too; ``sdcguard_device_status`` is 1 for the device's
@@ -20,7 +22,16 @@ from ..errors import BadInput
 from .report import DeviceReport, build_report
 from .store import DEFAULT_WINDOW_S, Store
 
-__all__ = ["render_textfile", "write_textfile"]
+__all__ = ["render_textfile", "write_textfile", "LABELS", "METRICS"]
+
+LABELS = ("gpu", "UUID", "Hostname", "modelName", "device", "kind")
+"""The labels of every series, in this order."""
+METRICS = (
+    "sdcguard_executions_total", "sdcguard_failures_total", "sdcguard_test_seconds_total", "sdcguard_failure_ratio",
+    "sdcguard_failure_ratio_lower", "sdcguard_failure_ratio_upper", "sdcguard_last_scan_timestamp_seconds",
+    "sdcguard_device_status",
+)
+"""Every metric the textfile holds."""
 
 _STATUSES = ("healthy", "suspect", "quarantined", "probation")
 
@@ -30,12 +41,8 @@ def _escape(value: str) -> str:
 
 
 def _labels(r: DeviceReport, **extra: str) -> str:
-    pairs = {
-        "gpu": "" if r.index is None else str(r.index), "UUID": r.device, "Hostname": r.host, "device": r.device,
-        "kind": r.kind, **extra,
-    }
-    if r.model:
-        pairs["modelName"] = r.model
+    values = ("" if r.index is None else str(r.index), r.device, r.host, r.model or "", r.device, r.kind)
+    pairs = {**dict(zip(LABELS, values, strict=True)), **extra}
     return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs.items()) + "}"
 
 
@@ -54,11 +61,11 @@ def render_textfile(store: Store, *, now: float | None = None, suspect_window_s:
          [(_labels(r), r.overall.failures) for r in rows]),
         ("sdcguard_test_seconds_total", "counter", "Seconds of golden-case testing on the device.",
          [(_labels(r), r.overall.test_hours * 3600.0) for r in rows]),
-        ("sdcguard_failure_rate", "gauge", "Failures per execution.",
+        ("sdcguard_failure_ratio", "gauge", "Failed executions / executions.",
          [(_labels(r), r.overall.rate) for r in rows]),
-        ("sdcguard_failure_rate_lower", "gauge", "One-sided Clopper-Pearson lower bound of the failure rate (95%).",
+        ("sdcguard_failure_ratio_lower", "gauge", "One-sided Clopper-Pearson lower bound of the failure ratio (95%).",
          [(_labels(r), r.overall.rate_low) for r in rows]),
-        ("sdcguard_failure_rate_upper", "gauge", "One-sided Clopper-Pearson upper bound of the failure rate (95%).",
+        ("sdcguard_failure_ratio_upper", "gauge", "One-sided Clopper-Pearson upper bound of the failure ratio (95%).",
          [(_labels(r), r.overall.rate_high) for r in rows]),
         ("sdcguard_last_scan_timestamp_seconds", "gauge", "Unix time the device's last complete scan finished.",
          [(_labels(r), r.last_scan) for r in rows if r.last_scan is not None]),

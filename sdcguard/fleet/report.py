@@ -24,7 +24,7 @@ from .rates import Rate, clopper_pearson, device_rates
 from .rows import DeviceStatus, ScanCounts
 from .store import Store
 
-__all__ = ["DeviceReport", "build_report", "report_json", "REPORT_FIELDS"]
+__all__ = ["DeviceReport", "build_report", "report_json", "report_csv_rows", "REPORT_FIELDS"]
 
 REPORT_FIELDS = (
     "device", "host", "kind", "model", "index", "executions", "failures", "rate", "rate_low", "rate_high",
@@ -125,3 +125,18 @@ def build_report(
 def report_json(rows: list[DeviceReport]) -> str:
     """The ``--format json`` text: a list of objects."""
     return json.dumps([r.as_dict() for r in rows])  # no indent: the C encoder, 10x faster
+
+
+def report_csv_rows(rows: list[DeviceReport]) -> list[list[Any]]:
+    """The CSV of a report, header first: :data:`REPORT_FIELDS`; a report built with ``families=True`` adds a
+    ``family`` column, ``all`` on each device's overall row, followed by one row per kernel family (the family's
+    figures, the device's other fields)."""
+    with_families = any(r.families is not None for r in rows)
+    out: list[list[Any]] = [[*REPORT_FIELDS, *(["family"] if with_families else [])]]
+    for r in rows:
+        d = r.as_dict()
+        out.append(["" if d[f] is None else d[f] for f in REPORT_FIELDS] + (["all"] if with_families else []))
+        for name, rate in sorted((r.families or {}).items()):
+            fam = {**d, **rate.as_dict()}
+            out.append(["" if fam[f] is None else fam[f] for f in REPORT_FIELDS] + [name])
+    return out

@@ -21,7 +21,7 @@ import uuid as _uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..devices import device_kind, hostname
+from ..devices import device_kind, hostname, unknown_device
 from ..errors import BadInput, StoreError
 from ..records import CaseResult, DeviceInfo, Incident, ScanStatus
 from .maintenance import StoreMaintenance
@@ -205,10 +205,20 @@ class Store(StoreQueries, StoreMaintenance):
             return int(cur.lastrowid or 0)
 
     # ------------------------------------------------------------------ quarantine by hand
-    def quarantine(self, device: str, *, reason: str, by: str | None = None, now: float | None = None) -> None:
-        """Take a device out of service (also from probation). ``BadInput`` if it already is quarantined."""
+    def quarantine(
+        self, device: str, *, reason: str, by: str | None = None, now: float | None = None, new: bool = True
+    ) -> None:
+        """Take a device out of service (also from probation). ``BadInput`` if it already is quarantined.
+
+        ``new``: a device the store has never seen may be quarantined (recorded with it); False refuses it with
+        :class:`BadInput` naming the closest known ids (a typo must not quarantine a device that does not exist).
+        """
         t = time.time() if now is None else now
         with self._write() as conn:
+            if not new and conn.execute("SELECT 1 FROM devices WHERE id = ?", (device,)).fetchone() is None:
+                known = [r[0] for r in conn.execute("SELECT id FROM devices ORDER BY id")]
+                raise unknown_device(device, known, what=f"cannot quarantine {device}",
+                                     hint="; new=True quarantines a device no scan has recorded yet")
             _quarantine(conn, device, reason=reason, by=by or default_actor(), now=t, strict=True)
 
     def release(self, device: str, *, reason: str, by: str | None = None, now: float | None = None) -> None:

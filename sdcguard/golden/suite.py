@@ -36,7 +36,7 @@ from .reference import reference_output
 
 __all__ = [
     "FULL_LIMIT", "ROW_LEN", "MANIFEST", "Suite", "load_suite", "assemble_suite", "generate", "verify",
-    "VerifyReport", "record_arch_golden",
+    "VerifyReport", "record_arch_golden", "check_suite_files", "check_case_golden",
 ]
 
 FULL_LIMIT = 64 * 1024
@@ -402,34 +402,48 @@ class VerifyReport:
 def verify(directory: Path | None = None) -> VerifyReport:
     """Re-check everything: the manifest, every file's sha256, no unlisted file, the case definitions, every
     case's inputs, and every golden output recomputed by the reference arithmetic (full files compared bit for bit,
-    large outputs through their sha256 and stored rows). Raises ``GoldenDataError`` naming the first bad file."""
+    large outputs through their sha256 and stored rows). Raises ``GoldenDataError`` naming the first bad file.
+
+    The scanner runs the same checks (:func:`check_suite_files`, and :func:`check_case_golden` on each reference
+    it builds), so golden data ``verify`` refuses is never scanned against."""
     suite = load_suite(directory)
+    listed = check_suite_files(suite)
+    for case in suite.cases:
+        if not case.gpu_only:
+            check_case_golden(suite, case, reference_output(case, suite.inputs(case)))
+    return VerifyReport(directory=suite.directory, cases=len(suite.cases) + len(suite.arch_entries), files=listed)
+
+
+def check_suite_files(suite: Suite) -> int:
+    """No file in the golden directory the manifest does not list, and every per-architecture golden matches its
+    output_sha256; returns how many files are listed. ``GoldenDataError`` names the first bad file."""
     d = suite.directory
     listed = {suite.entries[c.id]["file"] for c in suite.cases} | {MANIFEST}
     listed |= {e["file"] for e in suite.arch_entries.values()}
     for path in sorted(p for p in d.rglob("*") if p.is_file()):
         if path.relative_to(d).as_posix() not in listed:
             raise GoldenDataError(f"golden data: {path} is not listed in {MANIFEST} (stray or renamed file)")
-    for case in suite.cases:
-        if case.gpu_only:
-            continue
-        entry = suite.entries[case.id]
-        path = d / entry["file"]
-        out = reference_output(case, suite.inputs(case))
-        if sha256_bytes(out) != entry["output_sha256"]:
-            raise GoldenDataError(f"golden data: {path}: recomputed reference of {case.id} does not match output_sha256")
-        if entry["mode"] == "full":
-            stored = suite.expected(case)
-            if not np.array_equal(uint_view(stored), uint_view(out)):
-                raise GoldenDataError(f"golden data: {path}: stored output of {case.id} differs from the reference")
-        else:
-            picked = suite.stored_rows(case)
-            assert picked is not None
-            rows, data = picked
-            if not np.array_equal(uint_view(_rows_of(case, out, rows)), uint_view(data)):
-                raise GoldenDataError(f"golden data: {path}: stored rows of {case.id} differ from the reference")
     for (cid, arch), entry in suite.arch_entries.items():
         # recorded on reference GPUs: the sha256 is all there is to check (no reference arithmetic exists)
         if sha256_bytes(suite.expected(case_by_id(cid), arch)) != entry["output_sha256"]:
             raise GoldenDataError(f"golden data: {d / entry['file']} does not match its output_sha256")
-    return VerifyReport(directory=d, cases=len(suite.cases) + len(suite.arch_entries), files=len(listed))
+    return len(listed)
+
+
+def check_case_golden(suite: Suite, case: Case, reference: np.ndarray) -> None:
+    """The stored golden of a portable ``case`` against its output recomputed by the reference arithmetic: the
+    manifest's output_sha256, and the stored output (full mode) or stored rows (digest mode) bit for bit.
+    ``GoldenDataError`` names the file: a file whose manifest entry was re-signed after an edit is caught here."""
+    entry = suite.entries[case.id]
+    path = suite.directory / entry["file"]
+    if sha256_bytes(reference) != entry["output_sha256"]:
+        raise GoldenDataError(f"golden data: {path}: recomputed reference of {case.id} does not match output_sha256")
+    if entry["mode"] == "full":
+        if not np.array_equal(uint_view(suite.expected(case)), uint_view(reference)):
+            raise GoldenDataError(f"golden data: {path}: stored output of {case.id} differs from the reference")
+        return
+    picked = suite.stored_rows(case)
+    assert picked is not None
+    rows, data = picked
+    if not np.array_equal(uint_view(_rows_of(case, reference, rows)), uint_view(data)):
+        raise GoldenDataError(f"golden data: {path}: stored rows of {case.id} differ from the reference")
