@@ -56,7 +56,7 @@ def main() -> None:
     }
     times = {name: _step_time(model, x, mode, args.steps) for name, mode in rows.items()}
     base = times["no mode"]
-    print(f"| training step (4x Linear(256)+GELU, batch 64, CPU) | ratio to no mode |\n|---|---|")
+    print("| training step (4x Linear(256)+GELU, batch 64, CPU) | ratio to no mode |\n|---|---|")
     for name, t in times.items():
         print(f"| {name} | {t / base:.2f} |")
 
