@@ -48,3 +48,25 @@ def test_a_hanging_rank_is_killed_at_the_timeout() -> None:
     with pytest.raises(RankFailed, match="timeout"):
         run_ranks(_hang_on_rank_zero, 2, timeout=25)
     assert time.monotonic() - t0 < 60
+
+
+def test_a_group_that_did_not_form_is_started_once_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests import _dist
+
+    calls: list[float] = []
+    real = _dist._run_once
+    fail_next = [True]
+
+    def flaky(fn, world, args, timeout):  # type: ignore[no-untyped-def]
+        calls.append(timeout)
+        if fail_next.pop() if fail_next else False:
+            raise RankFailed(f"rank 0 failed:\n{_dist._INIT_FAILED}RuntimeError: Gloo connectFullMesh failed")
+        return real(fn, world, args, timeout)
+
+    monkeypatch.setattr(_dist, "_run_once", flaky)
+    assert run_ranks(_allreduce_rank, 2, 1, timeout=120) == [(0, 3), (1, 3)]
+    assert len(calls) == 2 and calls[1] <= 120
+    calls.clear()
+    with pytest.raises(RankFailed, match="rank one is broken"):  # a failure inside fn is not retried
+        run_ranks(_fail_on_rank_one, 2, timeout=120)
+    assert len(calls) == 1
