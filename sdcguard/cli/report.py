@@ -31,7 +31,7 @@ _TABLE_ALL_UP_TO = 50
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write a PNG of the rate over time per device (needs matplotlib: sdcguard[plot]).")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write FILE: one self-contained HTML page of the fleet (status, rates over time, hosts, "
+              help="Also write FILE: one self-contained HTML page of the whole fleet (status, rates over time, hosts, "
                    "quarantine timeline, incidents), written atomically.")
 def report(
     since: str, device: str | None, fmt: str, confidence: float, families: bool, show_all: bool, plot: Path | None,

@@ -154,7 +154,7 @@ def _sparklines(store: Store, rows: Sequence[DeviceReport], bins: Bins | None, m
                     f"{_td(_fmt(r.overall.rate), n=True)}{_td(_fmt(r.overall.rate_low), n=True)}"
                     f"{_td(_fmt(r.overall.rate_high), n=True)}<td>{spark}</td></tr>")
     more = f"; {len(bad) - len(picked):,} more in the table below" if len(bad) > len(picked) else ""
-    scale = f"10^{decades[0]} .. 10^{decades[1]}"
+    scale = f"10^{decades[0] + 1} .. 10^{decades[1]}, 0 at the bottom"
     caption = (f"Per {bins.label} bin, one log scale for all ({scale}): grey band the bounds, red dot the rate, "
                f"red tick when the device was quarantined{more}." if bins is not None else "")
     return head + _table([("device", False), ("host", False), ("status", False), ("failed / executions", True),

@@ -27,7 +27,7 @@ STATUS_COLOURS = {"healthy": "#2e7d32", "suspect": "#e08e00", "quarantined": "#c
 _MINUTE, _HOUR, _DAY = 60.0, 3600.0, 86400.0
 _WIDTHS = (_MINUTE, 5 * _MINUTE, 15 * _MINUTE, _HOUR, 3 * _HOUR, 6 * _HOUR, 12 * _HOUR, _DAY, 7 * _DAY, 28 * _DAY)
 _MAX_BINS = 120
-_FLOOR = 1e-9
+_FLOOR = 1e-12
 
 
 def esc(text: object) -> str:
@@ -94,13 +94,14 @@ def _time_label(t: float, width: float) -> str:
 
 
 def _decades(rates: Sequence[BinRate]) -> tuple[int, int]:
-    """The log10 range of a rate axis: every positive bound and rate inside, at most 1."""
+    """The log10 range of a rate axis: every positive bound and rate inside, at most 1, and one decade more at
+    the bottom: that line stands for zero (a bin without failures has a rate and lower bound of 0)."""
     values = [v for r in rates for v in (r.low, r.rate, r.high) if v > 0]
     if not values:
-        return -6, 0
-    lo = max(math.floor(math.log10(max(min(values), _FLOOR))), -9)
+        return -7, 0
+    lo = math.floor(math.log10(max(min(values), _FLOOR))) - 1
     hi = min(math.ceil(math.log10(max(values))), 0)
-    return (lo, hi) if hi > lo else (hi - 1, hi)
+    return (lo, hi) if hi > lo + 1 else (hi - 2, hi)
 
 
 class _Frame:
@@ -138,7 +139,7 @@ class _Frame:
         return out
 
 
-def rate_chart(rates: Sequence[BinRate], bins: Bins, *, label: str, width: int = 960, height: int = 240) -> str:
+def rate_chart(rates: Sequence[BinRate], bins: Bins, *, label: str, width: int = 1180, height: int = 240) -> str:
     """A failure-rate chart with axes: per bin, the band between the bounds and the observed rate (a dot, for bins
     with a failure). ``label``: the chart's accessible name."""
     f = _Frame(bins, _decades(rates), 64.0, width - 12.0, 10.0, height - 28.0)
@@ -146,9 +147,9 @@ def rate_chart(rates: Sequence[BinRate], bins: Bins, *, label: str, width: int =
              f'aria-label="{esc(label)}">']
     lo, hi = f.decades
     step = max(1, (hi - lo) // 6)
-    for d in range(lo, hi + 1, step):
+    for d in (lo, *range(lo + 1, hi + 1, step)):
         y = f.y(10.0**d)
-        text = "0" if d == lo and d <= -9 else "1" if d == 0 else f"1e{d}"
+        text = "0" if d == lo else "1" if d == 0 else f"1e{d}"
         parts.append(f'<line class="grid" x1="{f.x0}" x2="{f.x1}" y1="{y:.1f}" y2="{y:.1f}"/>'
                      f'<text class="tick" x="{f.x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{text}</text>')
     every = max(1, math.ceil(bins.count / 8))
@@ -222,7 +223,7 @@ class TimelineRow:
     segments: tuple[Segment, ...]
 
 
-def timeline(rows: Sequence[TimelineRow], bins: Bins, *, width: int = 960, row_h: int = 18) -> str:
+def timeline(rows: Sequence[TimelineRow], bins: Bins, *, width: int = 1180, row_h: int = 18) -> str:
     """The quarantine history as one line per device: quarantined and probation stretches on the time axis,
     each with its reason as a tooltip."""
     label_w, pad = 230.0, 24.0
