@@ -4,6 +4,7 @@ tests/test_report_html_browser.py loads it in Chromium)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,10 +29,9 @@ def _page(store: Store, since: float | None = NOW - 7 * DAY, **kw: object) -> st
 
 
 @pytest.fixture()
-def store(tmp_path: Path) -> Store:
-    s = Store.open(tmp_path / "fleet.db")
-    yield s  # type: ignore[misc]
-    s.close()
+def store(tmp_path: Path) -> Iterator[Store]:
+    with Store.open(tmp_path / "fleet.db") as s:
+        yield s
 
 
 def test_a_fresh_store_says_there_is_nothing_yet(store: Store) -> None:
