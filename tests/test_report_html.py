@@ -62,7 +62,11 @@ def test_the_page_shows_status_hosts_series_quarantine_incidents_and_checkpoints
 
 def test_every_string_from_the_store_is_escaped(store: Store) -> None:
     fill_store(store, hostile=HOSTILE)
+    odd = f"GPU-{HOSTILE}"  # a device id from another tool: recorded as it is, drawn everywhere a device is
+    scan(store, odd, [*clean(odd, 5, t=NOW - 600), result(odd, passed=False, t=NOW - 590)], host="lemon", t=NOW - 600)
+    store.quarantine(odd, reason="by hand", now=NOW - 300)
     page = _page(store)
+    assert page.count("GPU-&lt;script&gt;") >= 5  # sparkline row, table, timeline label and tip, history
     assert "alert('x')" not in page and "<script>alert" not in page
     assert page.count("<script>") == 1 and page.count("</script>") == 1  # ours, at the end
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;&amp;&quot;&#x27;" in page
