@@ -31,8 +31,12 @@ _TABLE_ALL_UP_TO = 50
               help=f"Table: list healthy devices too (they are folded away in fleets over {_TABLE_ALL_UP_TO} devices).")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write a PNG of the rate over time per device (needs matplotlib: sdcguard[plot]).")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write FILE: one self-contained HTML page of the whole fleet (status, rates over time, hosts, "
+                   "quarantine timeline, incidents), written atomically.")
 def report(
-    since: str, device: str | None, fmt: str, confidence: float, families: bool, show_all: bool, plot: Path | None
+    since: str, device: str | None, fmt: str, confidence: float, families: bool, show_all: bool, plot: Path | None,
+    html_file: Path | None = None,
 ) -> None:
     """Per-device SDC rates with one-sided bounds, and each device's status.
 
@@ -50,6 +54,10 @@ def report(
             from ..fleet.plot import plot_rates
 
             plot_rates(store, plot, since=start, devices=[device] if device else None, now=now)
+        if html_file is not None:
+            from ..fleet.html import write_html
+
+            write_html(store, html_file, since=start, window=since, now=now, confidence=confidence)
     if fmt == "json":
         click.echo(report_json(rows))
     elif fmt == "csv":
@@ -87,3 +95,5 @@ def report(
         )
     if plot is not None:
         click.echo(f"plot written to {plot}", err=True)
+    if html_file is not None:
+        click.echo(f"page written to {html_file}", err=True)

@@ -4,8 +4,9 @@ Labels follow the DCGM exporter, so sdcguard series join dashboards built for it
 on its host: NVML index, CPU core, simulated device number), ``UUID`` (the device id: ``GPU-<uuid>`` for a GPU),
 ``Hostname``, ``modelName`` (empty where the model is unknown); plus ``device`` (the sdcguard id) and ``kind``.
 Every series of every metric carries exactly these (:data:`LABELS`; ``sdcguard_device_status`` adds
-``status``), so series of one device always match on all of them. Ratios end in ``_ratio`` (Prometheus naming). The file is written to a temporary file in the same
-directory and renamed over the target (``os.replace``), so the collector never reads half a file.
+``status``), so series of one device always match on all of them. Ratios end in ``_ratio`` (Prometheus naming).
+The file is written to a temporary file in the same directory and renamed over the target
+(:func:`.files.write_atomic`), so the collector never reads half a file.
 
 Counters (``*_total``) cover all time; rates and bounds too; ``sdcguard_device_status`` is 1 for the device's
 current status (``suspect``: a failure in the last ``suspect_window_s``).
@@ -13,12 +14,10 @@ current status (``suspect``: a failure in the last ``suspect_window_s``).
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from pathlib import Path
 
-from ..errors import BadInput
+from .files import write_atomic
 from .report import DeviceReport, build_report
 from .store import DEFAULT_WINDOW_S, Store
 
@@ -83,26 +82,5 @@ def render_textfile(store: Store, *, now: float | None = None, suspect_window_s:
 def write_textfile(store: Store, path: Path, *, now: float | None = None) -> int:
     """Write the textfile atomically (temp file in the same directory, then rename); returns the device count."""
     text = render_textfile(store, now=now)
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise BadInput(f"cannot write {path}: directory {directory} does not exist")
-    if path.is_dir():
-        raise BadInput(f"cannot write {path}: it is a directory")
-    try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e:
-        raise BadInput(f"cannot write {path}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the collector may run as another user
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(path, text)
     return text.count("sdcguard_executions_total{")
