@@ -41,7 +41,9 @@ def _figures(store: Store, since: float | None) -> tuple:
     counts = {d: (c.complete, c.last_complete) for d, c in store.scan_counts(since=since).items()}
     report = tuple((r.device, r.overall.executions, r.overall.failures, r.overall.test_hours, r.scans, r.status,
                     r.last_scan) for r in build_report(store, since=since, families=True))
-    return tallies, counts, report, store.failing_devices(since=since)
+    series = tuple(store.rate_series(start=since or START, width_s=DAY, devices=devices)
+                   for devices in (None, ["sim:1", "sim:3"]))  # day bins: the fleet's read from rollup_days
+    return tallies, counts, report, store.failing_devices(since=since), series
 
 
 def test_prune_keeps_every_figure_over_whole_days(tmp_path: Path) -> None:
@@ -107,3 +109,18 @@ def test_a_store_killed_while_pruning_is_consistent(tmp_path: Path, cut: float) 
         assert store.tallies(by="device") == whole
         store.prune(before=START + 8 * DAY)
         assert store.tallies(by="device") == whole
+
+
+def test_a_schema_4_store_gains_the_fleet_day_roll_ups(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.db"
+    _history(path, days=12)
+    with Store.open(path) as store:
+        store.prune(before=START + 8 * DAY)
+        series = store.rate_series(start=START, width_s=DAY, devices=None)
+    with sqlite3.connect(path) as conn:  # as a version-4 sdcguard left it: roll-ups per device, none per day
+        conn.execute("DROP TABLE rollup_days")
+        conn.execute("DROP TABLE checkpoints")
+        conn.execute("PRAGMA user_version = 4")
+    with Store.open(path) as store:
+        assert store.rate_series(start=START, width_s=DAY, devices=None) == series
+        assert sum(p.executions for p in series[:8]) > 0

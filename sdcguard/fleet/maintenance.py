@@ -11,7 +11,7 @@ the watermark (``full=True`` ignores it). A device's quarantine state is replaye
 latest change wins). Each input is merged in one transaction, read through ``ATTACH``, and never written.
 
 **Prune.** Scans that started before the horizon (a UTC midnight) are rolled into per-day, per-device, per-family
-counts (``rollups``; complete scans per day and device in ``scan_rollups``; both also summed over all days in
+counts (``rollups``; the whole fleet's per day in ``rollup_days``; complete scans per day and device in ``scan_rollups``; both also summed over all days in
 ``rollup_totals`` and ``scan_rollup_totals``, what an all-time report reads) and their rows deleted, one day per
 transaction, so a store killed while pruning is consistent. Every execution is counted once, in a row or in a
 roll-up; what is lost is the detail of each old failure and the time resolution below a day. A later merge
@@ -91,6 +91,14 @@ class StoreMaintenance(StoreBase):
                         ON CONFLICT(day, device, family) DO UPDATE SET
                           executions = executions + excluded.executions, failures = failures + excluded.failures,
                           test_s = test_s + excluded.test_s""").rowcount
+                conn.execute(
+                    f"""INSERT INTO rollup_days(day, executions, failures, test_s)
+                        SELECT CAST(started_at / {_DAY_S} AS INTEGER) AS d, TOTAL((attempt = 0) * executions),
+                          TOTAL(attempt = 0 AND passed = 0), TOTAL(duration_s)
+                        FROM results WHERE scan IN (SELECT id FROM temp.prune_scans) GROUP BY d
+                        ON CONFLICT(day) DO UPDATE SET
+                          executions = executions + excluded.executions, failures = failures + excluded.failures,
+                          test_s = test_s + excluded.test_s""")
                 conn.execute(
                     """INSERT INTO rollup_totals(device, family, executions, failures, test_s)
                        SELECT device, family, TOTAL((attempt = 0) * executions), TOTAL(attempt = 0 AND passed = 0),

@@ -361,9 +361,10 @@ class StoreQueries(StoreBase):
             key = (r[0], int(r[1])) if per_device else (None, int(r[0]))
             sums[key] = [int(r[-2]), int(r[-1])]
         if self._has_rollups(start):
+            table = "rollups" if per_device else "rollup_days"  # the fleet's: one row a day
             for r in self._rows(
                 f"SELECT {keys}, TOTAL(executions), TOTAL(failures) FROM (SELECT *, CAST((day * {DAY_S} - ?) / ? "
-                f"AS INTEGER) AS b FROM rollups WHERE day >= ?{scope}) GROUP BY {keys}",
+                f"AS INTEGER) AS b FROM {table} WHERE day >= ?{scope}) GROUP BY {keys}",
                 [start, width_s, _first_day(start), *sp],
             ):
                 key = (r[0], int(r[1])) if per_device else (None, int(r[0]))

@@ -285,7 +285,8 @@ INSERT OR IGNORE INTO meta(key, value) VALUES ('store_id', lower(hex(randomblob(
 
 # Version 5: the checkpoints the training guard saved (``sdcguard.checkpoint.save`` with a guard, the Lightning
 # and HF adapters): id, step, whether every rank's checks vouched for the state, the fingerprint digest. Few rows
-# (one per save); merged whole by ``uuid``.
+# (one per save); merged whole by ``uuid``. ``rollup_days``: the roll-ups summed over the fleet per day, so a
+# fleet-wide series over a year of pruned days reads one row a day, not one per device and family.
 _V5 = """
 CREATE TABLE IF NOT EXISTS checkpoints (
     id INTEGER PRIMARY KEY,
@@ -297,7 +298,15 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     job TEXT,
     time REAL NOT NULL
 );
-CREATE INDEX IF NOT EXISTS checkpoints_time ON checkpoints(time)
+CREATE INDEX IF NOT EXISTS checkpoints_time ON checkpoints(time);
+CREATE TABLE IF NOT EXISTS rollup_days (
+    day INTEGER PRIMARY KEY,
+    executions INTEGER NOT NULL,
+    failures INTEGER NOT NULL,
+    test_s REAL NOT NULL
+);
+INSERT OR IGNORE INTO rollup_days(day, executions, failures, test_s)
+    SELECT day, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM rollups GROUP BY day
 """
 
 
