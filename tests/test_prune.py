@@ -111,16 +111,15 @@ def test_a_store_killed_while_pruning_is_consistent(tmp_path: Path, cut: float) 
         assert store.tallies(by="device") == whole
 
 
-def test_a_schema_4_store_gains_the_fleet_day_roll_ups(tmp_path: Path) -> None:
+def test_an_older_store_gains_the_fleet_day_roll_ups(tmp_path: Path) -> None:
     path = tmp_path / "fleet.db"
     _history(path, days=12)
     with Store.open(path) as store:
         store.prune(before=START + 8 * DAY)
         series = store.rate_series(start=START, width_s=DAY, devices=None)
-    with sqlite3.connect(path) as conn:  # as a version-4 sdcguard left it: roll-ups per device, none per day
+    with sqlite3.connect(path) as conn:  # as a version-5 sdcguard left it: roll-ups per device, none per day
         conn.execute("DROP TABLE rollup_days")
-        conn.execute("DROP TABLE checkpoints")
-        conn.execute("PRAGMA user_version = 4")
+        conn.execute("PRAGMA user_version = 5")
     with Store.open(path) as store:
         assert store.rate_series(start=START, width_s=DAY, devices=None) == series
         assert sum(p.executions for p in series[:8]) > 0

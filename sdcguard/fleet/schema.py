@@ -21,7 +21,7 @@ __all__ = ["SCHEMA_VERSION", "APPLICATION_ID", "SQLITE_MAGIC", "MIGRATIONS", "mi
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 APPLICATION_ID = 0x5344_4347  # "SDCG"
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _V1 = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -285,8 +285,7 @@ INSERT OR IGNORE INTO meta(key, value) VALUES ('store_id', lower(hex(randomblob(
 
 # Version 5: the checkpoints the training guard saved (``sdcguard.checkpoint.save`` with a guard, the Lightning
 # and HF adapters): id, step, whether every rank's checks vouched for the state, the fingerprint digest. Few rows
-# (one per save); merged whole by ``uuid``. ``rollup_days``: the roll-ups summed over the fleet per day, so a
-# fleet-wide series over a year of pruned days reads one row a day, not one per device and family.
+# (one per save); merged whole by ``uuid``.
 _V5 = """
 CREATE TABLE IF NOT EXISTS checkpoints (
     id INTEGER PRIMARY KEY,
@@ -298,7 +297,13 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     job TEXT,
     time REAL NOT NULL
 );
-CREATE INDEX IF NOT EXISTS checkpoints_time ON checkpoints(time);
+CREATE INDEX IF NOT EXISTS checkpoints_time ON checkpoints(time)
+"""
+
+
+# Version 6: ``rollup_days``, the roll-ups summed over the fleet per day, so a fleet-wide series over a year of
+# pruned days reads one row a day, not one per device and family.
+_V6 = """
 CREATE TABLE IF NOT EXISTS rollup_days (
     day INTEGER PRIMARY KEY,
     executions INTEGER NOT NULL,
@@ -311,7 +316,7 @@ INSERT OR IGNORE INTO rollup_days(day, executions, failures, test_s)
 
 
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
-    1: _script(_V1), 2: _script(_V2), 3: _script(_V3), 4: _script(_V4), 5: _script(_V5),
+    1: _script(_V1), 2: _script(_V2), 3: _script(_V3), 4: _script(_V4), 5: _script(_V5), 6: _script(_V6),
 }
 """``version -> function`` bringing a store from ``version - 1`` to ``version``; run in one transaction."""
 
