@@ -147,6 +147,9 @@ def main() -> None:
             w = time.perf_counter()
             store.prune(before=start + (day + 1 - args.keep_days) * DAY)
             t_prune += time.perf_counter() - w
+            if (day + 1) % 30 == 0:
+                print(f"   ... day {day + 1} of {args.days} recorded ({time.perf_counter() - t0:.0f} s)",
+                      file=sys.stderr, flush=True)
         store.vacuum()
     year = time.perf_counter() - t0
     now = start + args.days * DAY
