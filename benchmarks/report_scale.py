@@ -10,7 +10,8 @@ the real suite's 31 cases, the default 60 s budget, one device in 1,000 defectiv
 2. the fleet store carried on to ``--days`` days (365): each further day's scans recorded into it, and every day
    ``prune`` rolls scans older than ``--keep-days`` (30, as ``deploy/`` does) into daily counts;
 3. on the result: the file's size, a bare ``SELECT COUNT(*) FROM results``, the report (in-process and as the
-   CLI, default 7-day window, 30 days, and all time) and the fleet policy's run, wall and CPU time side by side.
+   CLI, default 7-day window, 30 days, and all time), the HTML page (7 days and all time) and the fleet
+   policy's run, wall and CPU time side by side.
 
 Goal: the CLI report under 2 s. A full year takes about an hour on a 2-core machine: ``--days``, ``--devices``
 choose what fits, and the output says exactly what was measured.
@@ -40,6 +41,7 @@ import numpy as np  # noqa: E402
 
 from fleet_scan.sim import DEFAULT_CASES, SimFleet, scan_sim_device  # noqa: E402
 from sdcguard.devices import sim_id  # noqa: E402
+from sdcguard.fleet.html import build_html  # noqa: E402
 from sdcguard.fleet.merge import merge_stores  # noqa: E402
 from sdcguard.fleet.policy import QuarantinePolicy, apply_policy  # noqa: E402
 from sdcguard.fleet.report import build_report, report_json  # noqa: E402
@@ -178,6 +180,9 @@ def _measure(fleet_db: Path, now: float, keep: int) -> None:
                              ("report in-process, all time", None)):
             _, w, c = _timed(lambda: report_json(build_report(store, since=since)))
             _row(label, w, c, t_count)
+        for label, since in (("7d", now - 7 * DAY), ("all", None)):
+            page, w, c = _timed(lambda: build_html(store, since=since, window=label, now=now))
+            _row(f"report --html in-process, {label} ({len(page.encode()) / 1e3:.0f} kB)", w, c, t_count)
     # the policy as the merge job runs it: the whole fleet, fleet scope
     with Store.open(fleet_db) as store:
         out, t_pol, c_pol = _timed(lambda: apply_policy(store, QuarantinePolicy(), now=now))
