@@ -1,7 +1,6 @@
-"""Where the training guard finds the fleet store: ``from sdcguard.store import Store``.
-
-The store lives in :mod:`sdcguard.fleet.store`; this module only keeps the training side's import path working
-until it imports ``sdcguard.fleet.store`` (or ``sdcguard.Store``) itself.
+"""The import path the store had before the fleet side moved into :mod:`sdcguard.fleet`: ``from sdcguard.store
+import Store`` keeps working for code written against it. New code imports ``sdcguard.Store`` or
+:mod:`sdcguard.fleet.store`.
 """
 
 from __future__ import annotations
