@@ -18,6 +18,7 @@ choose what fits, and the output says exactly what was measured.
 
     python benchmarks/report_scale.py --devices 10000 --days 365
     python benchmarks/report_scale.py --devices 1000 --days 60 --merge-days 7      # a minute or two
+    python benchmarks/report_scale.py --dir /dev/shm/year; python benchmarks/report_scale.py --measure /dev/shm/year/fleet.db
 """
 
 from __future__ import annotations
@@ -109,7 +110,13 @@ def main() -> None:
                     help="then prune the same store to these shorter horizons (days) and measure again")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--dir", type=Path, default=None, help="keep the stores here (default: a temporary directory)")
+    ap.add_argument("--measure", type=Path, default=None, metavar="DB",
+                    help="only measure (step 3) a fleet store an earlier run kept with --dir, on the same day")
     args = ap.parse_args()
+    if args.measure is not None:
+        print(f"3. {args.measure}, recorded by an earlier run that ended today:")
+        _measure(args.measure, (time.time() // DAY) * DAY, args.keep_days)
+        return
     if args.days < args.merge_days:
         raise SystemExit("--days must be at least --merge-days")
     tmp = tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)

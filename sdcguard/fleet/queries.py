@@ -289,9 +289,13 @@ class StoreQueries(StoreBase):
         window, wp = (" AND started_at >= ?", [since]) if since is not None else ("", [])
         complete: dict[str, int] = {d: int(n) for d, n in self._rows(
             f"SELECT device, COUNT(*) FROM scans WHERE status = 'complete'{window}{dev} GROUP BY device", [*wp, *dp])}
+        # One index probe per device (scans_device): a device's scans never overlap (the scanner locks it), so
+        # its latest complete scan is the one started last.
+        one, op = (" AND d.id = ?", [device]) if device is not None else ("", [])
         last: dict[str, float] = {d: t for d, t in self._rows(
-            f"SELECT device, MAX(COALESCE(finished_at, started_at)) FROM scans WHERE status = 'complete'{dev} "
-            "GROUP BY device", dp)}
+            "SELECT d.id, (SELECT COALESCE(s.finished_at, s.started_at) FROM scans s WHERE s.device = d.id AND "
+            "s.status = 'complete' ORDER BY s.started_at DESC, s.id DESC LIMIT 1) AS t FROM devices d "
+            f"WHERE 1{one}", op) if t is not None}
         if self._meta("rollup_last_day") is not None:
             day = _first_day(since)
             if day is None:
