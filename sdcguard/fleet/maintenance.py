@@ -11,8 +11,9 @@ the watermark (``full=True`` ignores it). A device's quarantine state is replaye
 latest change wins). Each input is merged in one transaction, read through ``ATTACH``, and never written.
 
 **Prune.** Scans that started before the horizon (a UTC midnight) are rolled into per-day, per-device, per-family
-counts (``rollups``; the whole fleet's per day in ``rollup_days``; complete scans per day and device in ``scan_rollups``; both also summed over all days in
-``rollup_totals`` and ``scan_rollup_totals``, what an all-time report reads) and their rows deleted, one day per
+counts (``rollups``; the whole fleet's per day in ``rollup_days``; complete scans per day and device in
+``scan_rollups``; both also summed over all days in ``rollup_totals`` and ``scan_rollup_totals``, what an all-time
+report reads) and their rows deleted, one day per
 transaction, so a store killed while pruning is consistent. Every execution is counted once, in a row or in a
 roll-up; what is lost is the detail of each old failure and the time resolution below a day. A later merge
 skips input scans older than the horizon: they are already in the roll-ups.
