@@ -75,7 +75,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["fingerprint", "fingerprint_many", "fingerprints_on_device", "combine", "combine_on_device", "CHUNK_WORDS"]
+__all__ = ["fingerprint", "fingerprint_many", "fingerprints_on_device", "combine", "combine_on_device", "signed64",
+           "CHUNK_WORDS"]
 
 _M = 14
 CHUNK_WORDS = 1 << _M
@@ -104,7 +105,8 @@ def _mix_int(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def _signed64(v: int) -> int:
+def signed64(v: int) -> int:
+    """``v`` modulo 2**64 as a signed 64-bit integer (how a fingerprint travels in an int64 tensor)."""
     v &= _MASK64
     return v - (1 << 64) if v >= 1 << 63 else v
 
@@ -472,9 +474,9 @@ def _torch_weights(device: Any) -> tuple[Any, Any]:
 def _torch_mix(z: Any) -> Any:
     """splitmix64 finalizer on an int64 tensor: logical shifts emulated with masks (torch's >> is arithmetic)."""
     z = z ^ ((z >> 30) & ((1 << 34) - 1))
-    z = z * _signed64(_MIX_C1)
+    z = z * signed64(_MIX_C1)
     z = z ^ ((z >> 27) & ((1 << 37) - 1))
-    z = z * _signed64(_MIX_C2)
+    z = z * signed64(_MIX_C2)
     return z ^ ((z >> 31) & ((1 << 33) - 1))
 
 
@@ -521,14 +523,14 @@ def _torch_fingerprint_device(x: Any, *, torch_ops: bool = False) -> Any:
     _check_torch(x)
     nbytes = x.numel() * x.element_size()
     if x.device.type == "cpu" and not torch_ops:
-        return torch.tensor(_signed64(_cpu_fingerprints([x])[0]), dtype=torch.int64)
+        return torch.tensor(signed64(_cpu_fingerprints([x])[0]), dtype=torch.int64)
     v = _torch_cuda_chunk_sums(x) if x.device.type == "cuda" and not torch_ops else None
     if v is None:
         v = _torch_ops_chunk_sums(x)
     c = torch.arange(v.numel(), dtype=torch.int64, device=x.device)
-    k = _torch_mix(v + c * _signed64(_PHI) + _signed64(_SEED))
+    k = _torch_mix(v + c * signed64(_PHI) + signed64(_SEED))
     acc = k.sum()
-    return _torch_mix(acc + _signed64(_mix_int(nbytes + _PHI)))
+    return _torch_mix(acc + signed64(_mix_int(nbytes + _PHI)))
 
 
 def _check_torch(x: Any) -> None:
@@ -553,7 +555,7 @@ def fingerprints_on_device(xs: Sequence[Any]) -> Any:
     for x in xs:
         _check_torch(x)
     if all(x.device.type == "cpu" for x in xs):  # one batched call of the CPU engine for all of them
-        return torch.tensor([_signed64(v) for v in _cpu_fingerprints(xs)], dtype=torch.int64)
+        return torch.tensor([signed64(v) for v in _cpu_fingerprints(xs)], dtype=torch.int64)
     return torch.stack([_torch_fingerprint_device(x).to(xs[0].device) for x in xs])
 
 
@@ -749,7 +751,7 @@ def combine_on_device(values: Any) -> Any:
     import torch
 
     i = torch.arange(1, values.numel() + 1, dtype=torch.int64, device=values.device)
-    terms = _torch_mix(values.reshape(-1) + i * _signed64(_PHI) + _signed64(_COMBINE_SALT))
+    terms = _torch_mix(values.reshape(-1) + i * signed64(_PHI) + signed64(_COMBINE_SALT))
     return terms.sum()
 
 

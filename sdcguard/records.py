@@ -84,7 +84,9 @@ class Incident:
     """A corrupted training step found by the guard."""
 
     kind: str
-    """Which check fired: ``replay``, ``gradient_replica``, ``weight_replica``, ``nondeterministic``."""
+    """Which check fired: ``replay`` (a device named by the rule of evidence), ``calibration`` (the same, found by
+    ``guard.calibrate``), ``unresolved`` (two or more devices disagree and nothing decides: all are suspects),
+    ``gradient_replica``, ``weight_replica``, ``nondeterministic`` (the setup, never a device)."""
     step: int
     suspect_ranks: tuple[int, ...]
     device: str | None
@@ -100,7 +102,10 @@ class Incident:
     sticky: bool | None = None
     """True when a re-run on the suspect device reproduced the wrong result."""
     job: str | None = None
+    """The training job's id: the launcher's (torchelastic, Slurm) or one the guard made for the job."""
     time: float = field(default_factory=time.time)
     rollback: str | None = None
     """Where to restart from: the id of the newest verified checkpoint older than the earliest step the fault could
     have touched (None: no such checkpoint is known)."""
+    job_size: int | None = None
+    """How many devices the job's guard watched (the training breaker weighs the devices a job named against it)."""

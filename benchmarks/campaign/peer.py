@@ -8,8 +8,9 @@ says what each check sees) and ``episodes`` (the validation settings, ``on_detec
 1. **clean**: fault-free steps; whatever any detector raises here is a false alarm. Megatron's detectors learn
    their maxima over the first 100 (``warmup``) of them.
 2. **trials**: one fault per trial, on a step ``s`` and its follow-up ``s + 1`` (the fault gone: what its damage
-   left behind). Before each trial the weights, the guard's state (``guard.load_state_dict``: an independent job)
-   and the detectors' state are restored. Each trial's step is driven by the guard's four public calls; the clean
+   left behind). Before each trial the weights and Megatron's detectors' state are restored; the guard's state is
+   not (one long run per job, as a real job meets faults on different devices one after another, with
+   ``escalate="off"`` so that a sticky verdict does not end the run). Each trial's step is driven by the guard's four public calls; the clean
    reference of the same step (same batch, weights and random state) says whether the fault changed the result.
    The world is the one *without* a veto: the step's own (possibly corrupted) update is applied whatever the guard
    decided (``report.commit`` is kept, so the veto is measured too), since that is what a detector that does not
@@ -87,7 +88,9 @@ class _Rank:
         self.ddp = DDP(self.model)
         self.tap = BucketTap()
         self.ddp.register_comm_hook(None, self.tap)
-        self.guard = SDCGuard(self.ddp, lm_loss, replay_every=1, weight_check_every=1, on_detect="skip")
+        # one long run: no state restored between trials, so escalation (a sticky verdict) must let it go on
+        self.guard = SDCGuard(self.ddp, lm_loss, replay_every=1, weight_check_every=1, on_detect="skip",
+                              escalate="off")
         st = plan.settings
         self.episode_guard = SDCGuard(self.ddp, lm_loss, replay_every=st.replay_every,
                                       weight_check_every=st.weight_check_every, on_detect="record")
@@ -193,7 +196,6 @@ def _clean(r: _Rank, steps: int) -> dict[str, Any]:
 def _trial(r: _Rank, i: int, trial: Trial, step: int, calls: Any, snap: list[torch.Tensor],
            states: tuple[Any, Any]) -> dict[str, Any]:
     r.restore(snap)
-    r.guard.load_state_dict(states[0])  # an independent job: blame of earlier trials is forgotten
     r.megatron.load_state_dict(states[1])
     inj = Injector(trial, r.rank, calls, rate=r.plan.rate)
     torch.manual_seed(20_000 + 7 * i + r.rank)
@@ -211,7 +213,6 @@ def _trial(r: _Rank, i: int, trial: Trial, step: int, calls: Any, snap: list[tor
 def _episode(r: _Rank, e: Episode, calls: Any, snap: list[torch.Tensor], states: tuple[Any, Any]) -> dict[str, Any]:
     st = r.plan.settings
     r.restore(snap)
-    r.episode_guard.load_state_dict(states[0])
     r.megatron.load_state_dict(states[1])
     inj = Injector(e.trial, r.rank, calls, rate=r.plan.rate)
     onset = e.start + e.phase

@@ -18,9 +18,12 @@ of any outputs by more than ``breaker_share`` (and at least ``breaker_min_device
 case in one bucket blame the suite or the software too (a driver update breaking a kernel). Failures blamed on
 the suite are never evidence against a device, also after the breaker's window.
 
-**The training breaker** judges training incidents: incidents of one job naming ``incident_breaker_devices`` or
-more distinct devices in the window point at software nondeterminism (a faulty device is one device); that job's
-incidents then quarantine nobody.
+**The training breaker** judges training incidents, one job at a time (incidents without a job id are each their
+own job: nothing is pooled across jobs). Software that slipped past the guard's rule of evidence leaves a pattern:
+many devices of the job, each named once and none reproducing its fault. When those are at least
+``incident_breaker_devices`` devices and at least ``incident_breaker_share`` of the job's size, that job's incidents
+quarantine nobody. Faulty hardware is a few devices, or a device named again, or one that reproduced its fault
+(sticky): a job of thousands may hold several.
 """
 
 from __future__ import annotations
@@ -138,26 +141,36 @@ class TrainingVerdict:
     """device -> attributed incidents naming it, from jobs whose breaker did not trip."""
 
 
-def _job(incident: Incident) -> str:
-    return incident.job if incident.job is not None else "(no job id)"
-
-
 def judge_training(incidents: Sequence[Incident], policy: QuarantinePolicy) -> TrainingVerdict:
     """Trip the training breaker per job, and count the attributed incidents of the other jobs per device."""
     verdict = TrainingVerdict()
-    named: dict[str, set[str]] = defaultdict(set)
-    for i in incidents:
-        named[_job(i)].update(d for d in (i.device, *i.devices) if d)
+    jobs: dict[str, list[Incident]] = defaultdict(list)
+    for n, i in enumerate(incidents):
+        jobs[i.job if i.job is not None else f"(no job id, incident {n})"].append(i)
     days = policy.window_s / 86400
-    for job, devices in sorted(named.items()):
-        if len(devices) >= policy.incident_breaker_devices:
+    for job, found in sorted(jobs.items()):
+        named: dict[str, int] = defaultdict(int)
+        sticky: set[str] = set()
+        for i in found:
+            for dev in {x for x in (i.device, *i.devices) if x}:
+                named[dev] += 1
+                if i.sticky:
+                    sticky.add(dev)
+        once = sorted(dev for dev, k in named.items() if k == 1 and dev not in sticky)
+        size = max((i.job_size for i in found if i.job_size), default=None)
+        if len(once) >= policy.incident_breaker_devices and (
+                size is None or len(once) >= policy.incident_breaker_share * size):
+            of = f" of its {size}" if size else ""
             verdict.tripped_jobs[job] = (
-                f"training circuit breaker: incidents of job {job} named {len(devices)} distinct devices in the last "
-                f"{days:g} days ({', '.join(sorted(devices)[:5])}{', ...' if len(devices) > 5 else ''}): software "
-                "nondeterminism is suspect, not the hardware; nobody quarantined on this job's training incidents"
-            )
-    for i in incidents:
-        if attributed(i) and _job(i) not in verdict.tripped_jobs:
-            assert i.device is not None
-            verdict.counts[i.device] = verdict.counts.get(i.device, 0) + 1
+                f"training circuit breaker: incidents of job {job} named {len(once)}{of} devices in the last {days:g} "
+                f"days, each once and none reproducing its fault ({', '.join(once[:5])}"
+                f"{', ...' if len(once) > 5 else ''}): software nondeterminism is suspect, not the hardware; nobody "
+                "quarantined on this job's training incidents")
+    for job, found in jobs.items():
+        if job in verdict.tripped_jobs:
+            continue
+        for i in found:
+            if attributed(i):
+                assert i.device is not None
+                verdict.counts[i.device] = verdict.counts.get(i.device, 0) + 1
     return verdict

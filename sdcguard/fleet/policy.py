@@ -63,9 +63,12 @@ class QuarantinePolicy:
     incident_threshold: int = 2
     """Quarantine a device named alone by at least this many training incidents in the window (0: off)."""
     incident_breaker_devices: int = 3
-    """Training breaker: one job's incidents naming this many distinct devices in the window point at software
-    nondeterminism, and none of that job's incidents count. A faulty device is one device; in a job of
-    thousands of devices, where several faulty ones may train together, raise it."""
+    """Training breaker: one job's incidents naming at least this many distinct devices, each once and none of
+    them sticky, ..."""
+    incident_breaker_share: float = 0.25
+    """... and at least this share of the devices the job's guard watched (``Incident.job_size``; unknown for
+    incidents of older versions, which then need the count alone) leave the pattern software leaves, not faulty
+    hardware: none of that job's incidents count. Three faulty devices in a job of 10,000 do not trip it."""
     breaker_window_s: float = 86400.0
     """Window of the circuit breaker (1 day), and the time bucket of its share rule."""
     breaker_same_digest_devices: int = 2
@@ -86,8 +89,8 @@ class QuarantinePolicy:
             raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
         if not 0 <= self.rate_threshold < 1:
             raise ValueError(f"rate_threshold must be in [0, 1), got {self.rate_threshold}")
-        if not 0 < self.breaker_share <= 1:
-            raise ValueError(f"breaker_share must be in (0, 1], got {self.breaker_share}")
+        if not 0 < self.breaker_share <= 1 or not 0 < self.incident_breaker_share <= 1:
+            raise ValueError("breaker_share and incident_breaker_share must be in (0, 1]")
         if self.breaker_same_digest_devices < 2:
             raise ValueError("breaker_same_digest_devices must be >= 2")
         if self.incident_breaker_devices < 2:

@@ -1,30 +1,33 @@
 """Is this setup bit-reproducible? Exact replay blames hardware for any difference, so it is only sound where healthy
 devices reproduce each other bit for bit.
 
-The guard finds out by itself (:class:`Determinism`): the first sampled round whose replays all agree makes the run
-``deterministic``; a disagreement that no majority settles (no two computations agree), or blame that moves from
-device to device, makes it ``nondeterministic``. Then the guard says so once, loudly, with the likely causes
-(:func:`likely_causes`), names no device, vetoes nothing for it, and turns replay off for the run while the
-cross-replica checks (exact after the all-reduce whatever the kernels do) stay on.
+The evidence for software nondeterminism is a device disagreeing with *itself* (the same micro-batch, weights and
+device, another result), seen on two or more devices in one settlement (:mod:`.attribution`). When the guard sees
+it (:class:`Determinism`), it says so once, loudly, with the likely causes (:func:`likely_causes`), names no device,
+vetoes nothing for it, and turns replay off for the run while the cross-replica checks (exact after the all-reduce
+whatever the kernels do) stay on. Nothing else turns replay off: not a device named as faulty, not two faulty
+devices, not a disagreement nobody can settle.
 
-:func:`calibrate` is the explicit preflight (``guard.calibrate(batch)``): each rank reruns one clean micro-batch
-twice on its own device and once another rank's, and reports whether all agree, with the causes when not.
+:func:`calibrate` is the explicit preflight (``guard.calibrate(batch)``): every rank computes the same clean
+micro-batch twice on its own device, and the same rule reads the result: which devices reproduced themselves, which
+disagree with the majority (hardware), and whether software is to blame (only on self-inconsistency).
 """
 
 from __future__ import annotations
 
-import collections
+import contextlib
 import os
 import warnings
 from dataclasses import dataclass
+from collections.abc import Hashable, Mapping
 from typing import Any, Literal
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .attribution import Judgement, settle
 from .capture import Capture
 from .comm import Comm
-from .pairing import peer_source, peer_target
 from .taps import Digest
 
 __all__ = ["CalibrationReport", "Determinism", "OpRecorder", "calibrate", "likely_causes", "setup_warnings"]
@@ -51,21 +54,35 @@ class CalibrationReport:
     """Result of ``guard.calibrate``: are replays bit-identical on this setup?"""
 
     deterministic: bool
+    """No software nondeterminism was seen (a faulty device does not make the setup nondeterministic)."""
     same_device: bool
     """A rerun on each rank's own device reproduced its result bit for bit (on every rank)."""
     cross_rank: bool
-    """Another rank's replay reproduced each rank's result bit for bit."""
+    """Every rank computed the same result."""
     causes: tuple[str, ...] = ()
     """Likely reasons when not deterministic."""
     ranks_differing: tuple[int, ...] = ()
-    """Global ranks whose result was not reproduced."""
+    """Global ranks whose results disagree with the majority (hardware), every rank of a disagreement nobody can
+    settle (unresolved), or the ranks that did not reproduce themselves (software). Never a rank whose results
+    agreed with the majority."""
+    inconsistent: tuple[int, ...] = ()
+    """Global ranks that did not reproduce their own result."""
+    verdict: Literal["deterministic", "hardware", "unresolved", "software"] = "deterministic"
+    """``deterministic``: every computation agreed; ``hardware``: a majority of self-consistent devices names the
+    odd one(s) (the setup itself is deterministic); ``unresolved``: devices disagree and nothing decides;
+    ``software``: two or more devices disagreed with themselves."""
+    how: str = ""
+    """How the verdict was reached."""
 
     def __str__(self) -> str:
-        if self.deterministic:
+        if self.verdict == "deterministic":
             return "replays are bit-identical on each rank and across ranks"
-        where = "across ranks" if self.same_device else "on the same device"
-        causes = "; ".join(self.causes) or "unknown"
-        return f"replays are NOT bit-identical ({where}); likely causes: {causes}"
+        if self.verdict == "software":
+            return (f"replays are NOT bit-identical on the same device (ranks {list(self.ranks_differing)}); "
+                    f"likely causes: {'; '.join(self.causes) or 'unknown'}")
+        if self.verdict == "hardware":
+            return f"the setup replays bit for bit, but ranks {list(self.ranks_differing)} computed wrong results ({self.how})"
+        return f"ranks {list(self.ranks_differing)} disagree and nothing decides between them ({self.how})"
 
 
 class OpRecorder(TorchDispatchMode):
@@ -123,30 +140,17 @@ State = Literal["unknown", "deterministic", "nondeterministic"]
 class Determinism:
     """What the guard has learnt about this setup (see the module docstring)."""
 
-    def __init__(self, window: int = 20) -> None:
+    def __init__(self) -> None:
         self.state: State = "unknown"
+        """``deterministic`` once a sampled round's replays all agreed (or calibration said so);
+        ``nondeterministic`` once devices were seen disagreeing with themselves."""
         self.causes: tuple[str, ...] = ()
         self.reason: str | None = None
-        self.window = window
-        """Samples over which blame naming two different devices is taken for software, not hardware."""
-        self._blamed: collections.deque[tuple[int, frozenset[int]]] = collections.deque()
 
     def agreed(self) -> None:
         """A sampled round whose replays all agreed."""
         if self.state == "unknown":
             self.state = "deterministic"
-
-    def blamed(self, sample: int, ranks: set[int]) -> str | None:
-        """A round named ``ranks``; the reason to suspect software when blame moves between devices."""
-        while self._blamed and self._blamed[0][0] <= sample - self.window:
-            self._blamed.popleft()
-        self._blamed.append((sample, frozenset(ranks)))
-        named = set().union(*(r for _, r in self._blamed))
-        if len(named) < 2:
-            return None
-        return (f"replay mismatches named {len(named)} different devices (ranks "
-                f"{', '.join(map(str, sorted(named)))}) within {self.window} samples: faulty hardware is one device, "
-                "this moves from device to device")
 
     def declare(self, reason: str, causes: list[str]) -> bool:
         """Mark the setup nondeterministic; True the first time (the caller says so, once)."""
@@ -167,34 +171,27 @@ class Determinism:
         self.state = state.get("state", "unknown")
         self.causes = tuple(state.get("causes", ()))
         self.reason = state.get("reason")
-        self._blamed.clear()
 
 
-def calibrate(comm: Comm, replay_fn: Any, cap: Capture, device: torch.device, *, record_ops: bool) -> CalibrationReport:
-    """Replay one clean micro-batch twice on each rank and once on a peer (collective over ``comm``)."""
+def calibrate(comm: Comm, replay_fn: Any, cap: Capture, device: torch.device, *, record_ops: bool,
+              setups: Mapping[int, Hashable] | None = None) -> tuple[CalibrationReport, Judgement | None]:
+    """Every rank computes the group's first rank's micro-batch twice (collective over ``comm``); the report, and
+    the judgement when the computations disagree (None when all agree)."""
+    cap = comm.broadcast_object(cap if comm.index == 0 else None, src=0)
     recorder = OpRecorder() if record_ops else None
-    if recorder is not None:
-        with recorder:
-            first: Digest = replay_fn(cap, True)
+    with recorder if recorder is not None else contextlib.nullcontext():
+        first: Digest = replay_fn(cap, comm.index == 0)
+    again: Digest = replay_fn(cap, comm.index == 0)
+    gathered = comm.gather_objects((first, again, sorted(recorder.seen) if recorder else []))
+    computations = {g: [e[0], e[1]] for g, e in zip(comm.members, gathered)}
+    if all(d == first for e in gathered for d in e[:2]):
+        return CalibrationReport(deterministic=True, same_device=True, cross_rank=True, verdict="deterministic"), None
+    j = settle(computations, setups)
+    if j.verdict == "software":
+        differing, causes = j.inconsistent, likely_causes({op for e in gathered for op in e[2]}, device)
     else:
-        first = replay_fn(cap, True)
-    again: Digest = replay_fn(cap, True)
-    W, me, members = comm.size, comm.index, comm.members
-    if W > 1:
-        theirs = comm.exchange_objects(cap, dst=peer_target(me, 0, W), src=peer_source(me, 0, W))
-        cross_mine: Digest = replay_fn(theirs, False)
-    else:
-        cross_mine = first
-    gathered = comm.gather_objects((first, cross_mine, first == again, sorted(recorder.seen) if recorder else []))
-    same_device = all(g[2] for g in gathered)
-    differing = [members[r] for r in range(W) if not gathered[r][2]]
-    cross = True
-    for r in range(W):
-        p = peer_source(r, 0, W) if W > 1 else r
-        if gathered[r][1] != gathered[p][0]:
-            cross = False
-            differing.append(members[p])
-    deterministic = same_device and cross
-    causes = [] if deterministic else likely_causes({op for g in gathered for op in g[3]}, device)
-    return CalibrationReport(deterministic=deterministic, same_device=same_device, cross_rank=cross,
-                             causes=tuple(causes), ranks_differing=tuple(sorted(set(differing))))
+        differing, causes = (tuple(sorted(j.blamed)) if j.verdict == "hardware" else j.suspects), []
+    report = CalibrationReport(deterministic=j.verdict != "software", same_device=not j.inconsistent,
+                               cross_rank=False, causes=tuple(causes), ranks_differing=differing,
+                               inconsistent=j.inconsistent, verdict=j.verdict, how=j.how)
+    return report, j

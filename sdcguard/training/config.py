@@ -10,9 +10,10 @@ import torch
 from ..errors import BadInput
 from ..records import Incident
 
-__all__ = ["GuardConfig", "StepReport", "OnDetect", "Check", "EXIT_SUSPECT_DEVICE", "EXIT_RESTART"]
+__all__ = ["GuardConfig", "StepReport", "OnDetect", "Escalate", "Check", "EXIT_SUSPECT_DEVICE", "EXIT_RESTART"]
 
 OnDetect = Literal["record", "skip", "raise", "exit"]
+Escalate = Literal["raise", "exit", "off"]
 Check = Literal["gradient_replica", "weight_replica", "replay"]
 
 EXIT_SUSPECT_DEVICE = 86
@@ -36,7 +37,14 @@ class GuardConfig:
     on_detect: OnDetect = "skip"
     """``record``: only record; ``skip``: no rank commits a corrupted step; ``raise``: raise
     ``CorruptionDetected`` on every rank; ``exit``: every rank exits (see the exit-code contract)."""
-
+    escalate: Escalate = "raise"
+    """What a verdict that vetoing alone cannot contain does under ``on_detect="skip"``: a device named *sticky*
+    (it corrupts every step, and only sampled steps are vetoed), or an unresolved verdict that repeats. ``raise``
+    (the default): every rank raises ``CorruptionDetected`` at the same step, so the job stops with a traceback
+    any launcher reports, and a script that wants to checkpoint or exit by the exit-code contract can catch it;
+    ``exit``: every rank exits by the exit-code contract (86 on the suspect's rank, 85 elsewhere) for a wrapper that
+    restarts without the suspect node; ``off``: keep vetoing sampled steps and go on (fault-injection campaigns).
+    ``raise`` and ``exit`` under ``on_detect`` already act on every incident; ``record`` never acts."""
     def __post_init__(self) -> None:
         if not isinstance(self.replay_every, int) or self.replay_every < 0:
             raise BadInput(f"replay_every must be an integer >= 0, got {self.replay_every!r}")
@@ -44,6 +52,8 @@ class GuardConfig:
             raise BadInput(f"weight_check_every must be an integer >= 0, got {self.weight_check_every!r}")
         if self.on_detect not in ("record", "skip", "raise", "exit"):
             raise BadInput(f"on_detect must be record, skip, raise or exit, got {self.on_detect!r}")
+        if self.escalate not in ("raise", "exit", "off"):
+            raise BadInput(f"escalate must be raise, exit or off, got {self.escalate!r}")
         if self.shadows != "peer":
             if isinstance(self.shadows, str) or not all(isinstance(r, int) and r >= 0 for r in self.shadows):
                 raise BadInput(f'shadows must be "peer" or a list of ranks, got {self.shadows!r}')

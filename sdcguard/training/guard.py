@@ -35,20 +35,21 @@ from ..devices import hostname
 from ..errors import BadInput
 from ..fingerprints import combine_on_device
 from ..records import Incident
-from .attribution import Attributor, job_id
+from .attribution import Attributor, launcher_job_id, new_job_id
 from .calibration import CalibrationReport, calibrate, setup_warnings
 from .capture import Batch, Capture, RngHook, capture_rng, make_capture
 from .comm import Comm
-from .config import Check, GuardConfig, OnDetect, StepReport
+from .config import Check, Escalate, GuardConfig, OnDetect, StepReport
 from .ddp import ParamTaps, is_ddp, unwrap, wrap_ddp
 from .fsdp import FSDPTaps, is_fsdp
-from .identity import local_device_id
+from .identity import local_device_id, setup_key
 from .observe import StepObserver
 from .replay import LossFn, check_loss, replay
 from .replica import fingerprint_column, odd_ranks, replica_incidents
 from .outcomes import Outcomes
 from .response import Responder
-from .rounds import PeerRound, RoundResult
+from .peer import PeerRound
+from .rounds import Round
 from .shadows import DedicatedRound, ShadowServer, worker_group
 from .taps import Digest
 
@@ -61,9 +62,9 @@ class SDCGuard:
     def __init__(self, model: nn.Module, loss_fn: LossFn, *, group: Any = None, replay_every: int = 50,
                  shadows: Literal["peer"] | Sequence[int] = "peer", weight_check_every: int = 100,
                  store: str | os.PathLike[str] | None = None, on_detect: OnDetect = "skip",
-                 rng_hook: RngHook | None = None) -> None:
+                 escalate: Escalate = "raise", rng_hook: RngHook | None = None) -> None:
         self.config = GuardConfig(replay_every=replay_every, shadows="peer" if shadows == "peer" else tuple(shadows),
-                                  weight_check_every=weight_check_every, on_detect=on_detect,
+                                  weight_check_every=weight_check_every, on_detect=on_detect, escalate=escalate,
                                   store=None if store is None else os.fspath(store))
         self.loss_fn = loss_fn
         self.rng_hook = rng_hook
@@ -72,19 +73,26 @@ class SDCGuard:
         self.params = list(self.taps.params)
         self.device = self.params[0].device
         world = Comm() if self.shadow_ranks else self.comm
-        everyone = world.gather_objects((local_device_id(self.device), hostname(), self._replica_key()))
+        everyone = world.gather_objects((local_device_id(self.device), hostname(), self._replica_key(),
+                                         setup_key(self.device), launcher_job_id() or new_job_id()))
         self.identities: dict[int, tuple[str | None, str]] = {g: (e[0], e[1]) for g, e in zip(world.members, everyone)}
         self._keys = [e[2] for g, e in zip(world.members, everyone) if g in self.members]
-        self._attr = Attributor(self.taps.unit_names, self.identities)
-        self._responder = Responder(on_detect, self.config.store, rank=self.rank, writer=self.dp_rank == 0)
+        self.setups: dict[int, tuple[str, ...]] = {g: e[3] for g, e in zip(world.members, everyone)}
+        """Global rank -> what its device runs (:func:`~.identity.setup_key`)."""
+        self.job = str(everyone[0][4])
+        """This job's id: the launcher's when it gave a real one, else one the first rank made (shared by all)."""
+        self._attr = Attributor(self.taps.unit_names, self.identities, job=self.job, job_size=len(world.members))
+        self._responder = Responder(on_detect, self.config.store, rank=self.rank, writer=self.dp_rank == 0,
+                                    escalate=escalate, job=self.job)
         self._outcomes = Outcomes(self._attr, self.members, self.device, speaks=self.dp_rank == 0)
         self._determinism = self._outcomes.determinism
         self._verification = self._outcomes.verification
         self._observer = StepObserver(self.taps, rank=self.dp_rank, device=self.device, rng_hook=rng_hook)
-        record_ops = not self.taps.collective_replay
-        self._rounds: PeerRound | DedicatedRound = (
+        self._round: Round = (
             DedicatedRound(self.comm, self.shadow_ranks, self.params, self._replay, self._attr) if self.shadow_ranks
-            else PeerRound(self.comm, lambda c, same: self._replay(c, same), self._attr, record_ops=record_ops))
+            else PeerRound(self.comm, lambda c, same: self._replay(c, same), self._attr,
+                           record_ops=not self.taps.collective_replay, collective=self.taps.collective_replay,
+                           setups=self.setups))
         self._steps = self._samples = 0
         self._last_step: int | None = None
         self._sampled = self._closed = False
@@ -94,6 +102,12 @@ class SDCGuard:
         if self.role == "worker" and (problems := setup_warnings(self.device)):
             warnings.warn("sdcguard: replays on CUDA will not be bit-identical, so replay checks will turn "
                           f"themselves off: {'; '.join(problems)}", RuntimeWarning, stacklevel=2)
+        if self.role == "worker" and self.dp_rank == 0 and len(set(self.setups.values())) > 1:
+            kinds = sorted({", ".join(v) for v in self.setups.values()})
+            warnings.warn("sdcguard: the devices of this job run different setups (" + " | ".join(kinds) + "); "
+                          "replays between devices of different setups may differ without any fault, and such a "
+                          "disagreement is reported as the setup's, never blamed on a device", RuntimeWarning,
+                          stacklevel=2)
 
     # ------------------------------------------------------------------------------------------------ setup
 
@@ -132,8 +146,7 @@ class SDCGuard:
             raise BadInput(f"micro_batches must be >= 1, got {micro_batches}")
         self._sampled = (self.config.replay_every > 0 and step % self.config.replay_every == 0
                          and self._determinism.state != "nondeterministic")
-        record = self._sampled and (not isinstance(self._rounds, DedicatedRound)
-                                    or self._rounds.owner(self._samples) == self.dp_rank)
+        record = self._sampled and self._round.records(self._samples)
         self._observer.begin(step, record=record, chosen=self._samples % micro_batches)
 
     def before_forward(self, batch: Batch) -> None:
@@ -153,43 +166,31 @@ class SDCGuard:
             raise RuntimeError("end_step() without begin_step()")
         observed = self._observer.finish()
         sampled, sample = self._sampled, self._samples
-        dedicated = self._rounds if isinstance(self._rounds, DedicatedRound) else None
-        earlier: list[RoundResult] = []  # a dedicated shadow's verdicts on earlier steps, reported now
-        cols: list[torch.Tensor] = [combine_on_device(fingerprint_column(self.taps.reduced(), self.device))]
-        if dedicated is not None and sampled:
-            earlier += dedicated.send(step, sample, observed)
-        cols.append(torch.tensor(dedicated.arrived() if dedicated else 0, dtype=torch.int64, device=self.device))
-        state = None
-        if sampled and isinstance(self._rounds, PeerRound):
-            assert observed is not None
-            extra, state = self._rounds.columns(sample, observed)
-            cols += [torch.tensor(v, dtype=torch.int64, device=self.device) for v in extra]
-        table = self.comm.gather_ints(torch.stack(cols)).tolist()
+        reduced = self.taps.reduced()
+        own = combine_on_device(fingerprint_column(reduced, self.device)).reshape(1)  # on the device, no sync
+        extra = torch.tensor(self._round.columns(step, sample, sampled, observed), dtype=torch.int64,
+                             device=self.device)
+        table = self.comm.gather_ints(torch.cat([own, extra])).tolist()
         found: list[Incident] = []
         if odd_ranks([row[0] for row in table], self._keys):
-            found += self._replica_incidents("gradient_replica", step, self.taps.reduced())
+            found += self._replica_incidents("gradient_replica", step, reduced)
         replicas_differ = bool(found)  # whoever is wrong, a step whose replicas differ is not sound
-        current = RoundResult()
-        if state is not None:
-            assert isinstance(self._rounds, PeerRound)
-            current = self._rounds.finish(step, state, [row[2:] for row in table])
-            if len(current.clean | current.blamed) < self.dp_size and not current.unresolved:
-                self._warn_unjudged()
+        results = self._round.finish(step, sample, sampled, [row[1:] for row in table])
         if sampled:
             self._samples += 1
-        found += self._outcomes.settled(sample, current)
-        commit = not ((replicas_differ or current.corrupt) and self.config.on_detect != "record")
-        if dedicated is not None:
-            earlier += dedicated.collect_arrived(max(row[1] for row in table))
-        for result in earlier:
-            found += self._outcomes.settled(sample, result)
+        if any(r.unjudged for r in results):
+            self._warn_unjudged()
+        for result in results:
+            found += self._outcomes.settled(result)
+        corrupt = any(r.corrupt and r.vetoable and r.step == step for r in results)
+        commit = not ((replicas_differ or corrupt) and self.config.on_detect != "record")
         found = [self._outcomes.rollback(i, vetoed=not commit and i.step == step) for i in found]
         if not commit:
             for p in self.params:
                 p.grad = None  # the optimizer skips parameters without gradients: the step changes nothing
         self._steps += 1
         self._last_step = step
-        self._responder.handle(found)
+        self._responder.handle(found, escalate=self._outcomes.escalating(found))
         replicas = any(self._keys.count(k) > 1 for k in self._keys)
         checks: list[Check] = (["gradient_replica"] if replicas else []) + (["replay"] if sampled else [])
         mean = loss if loss is not None else torch.full((), float("nan"))
@@ -256,7 +257,7 @@ class SDCGuard:
 
     def _replica_incidents(self, kind: str, step: int, tensors: list[torch.Tensor | None]) -> list[Incident]:
         ids = [(g, *self.identities.get(g, (None, ""))) for g in self.members]
-        return replica_incidents(self.comm, kind, step, tensors, self._keys, self.taps.param_names, ids, job_id())
+        return replica_incidents(self.comm, kind, step, tensors, self._keys, self.taps.param_names, ids, self.job)
 
     def _replay(self, cap: Capture, same_process: bool, values: Sequence[torch.Tensor] | None = None) -> Digest:
         self.replaying = True
@@ -294,19 +295,28 @@ class SDCGuard:
         return self._determinism.state == "nondeterministic"
 
     def calibrate(self, batch: Batch) -> CalibrationReport:
-        """Replay one clean micro-batch twice on each rank and once on another: are the results bit-identical?
+        """Compute one clean micro-batch (the first rank's ``batch``) twice on every rank: does the setup replay bit
+        for bit, and does every device agree?
 
-        Touches neither ``.grad`` nor the random streams. Every worker calls it (collective). When not identical,
-        replay checks are turned off and the report names the likely causes."""
+        Touches neither ``.grad`` nor the random streams. Every worker calls it (collective). Software is blamed
+        only when two or more devices disagree with themselves: replay checks then turn off and the report names the
+        likely causes. A device that disagrees with the majority is named in an incident (kind ``calibration``) and
+        handled like any other; a disagreement nobody can settle is ``unresolved``."""
         if self.role != "worker":
             raise RuntimeError("calibrate() runs on the data-parallel workers")
         cap = make_capture(step=-1, rank=self.dp_rank, micro_batch=0, batch=batch, rng=capture_rng(self.rng_hook))
-        report = calibrate(self.comm, lambda c, same: self._replay(c, same), cap, self.device,
-                           record_ops=not self.taps.collective_replay)
-        if report.deterministic:
+        report, j = calibrate(self.comm, lambda c, same: self._replay(c, same), cap, self.device,
+                              record_ops=not self.taps.collective_replay, setups=self.setups)
+        found: list[Incident] = []
+        if report.verdict == "deterministic":
             self._determinism.state = "deterministic"
-        else:
+        elif report.verdict == "software":
             self._determinism.declare(f"calibrate(): {report}", list(report.causes))
+        elif j is not None and report.verdict == "hardware":
+            found += self._attr.replay_incidents(-1, [(self.members[0], j)], kind="calibration")
+        elif j is not None:
+            found.append(self._attr.unresolved(-1, self.members[0], j, alone=len(j.suspects) >= self.dp_size))
+        self._responder.handle(found, escalate=self._outcomes.escalating(found))
         return report
 
     def serve(self) -> int:
@@ -321,10 +331,10 @@ class SDCGuard:
             return []
         self._closed = True
         found: list[Incident] = []
-        if self.role == "worker" and isinstance(self._rounds, DedicatedRound):
-            for result in self._rounds.close():
-                found += [self._outcomes.rollback(i, vetoed=False) for i in self._outcomes.settled(self._samples, result)]
-            self._responder.handle(found)
+        if self.role == "worker":
+            for result in self._round.close():
+                found += [self._outcomes.rollback(i, vetoed=False) for i in self._outcomes.settled(result)]
+            self._responder.handle(found, escalate=self._outcomes.escalating(found))
         self.taps.close()
         return found
 

@@ -1,4 +1,6 @@
-"""Which device this rank computes on, as a fleet device id (the spelling lives in :mod:`sdcguard.devices`)."""
+"""Which device this rank computes on, as a fleet device id (the spelling lives in :mod:`sdcguard.devices`), and what
+it runs: the setup that decides which kernels compute a result (devices of different setups may compute the same
+micro-batch differently without any fault)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import torch.distributed as dist
 
 from ..devices import cpu_id, gpu_id
 
-__all__ = ["local_device_id"]
+__all__ = ["local_device_id", "setup_key"]
 
 
 def local_device_id(device: torch.device | None = None) -> str:
@@ -29,3 +31,15 @@ def local_device_id(device: torch.device | None = None) -> str:
     if local is None:
         local = str(dist.get_rank()) if dist.is_available() and dist.is_initialized() else "0"
     return cpu_id(int(local))
+
+
+def setup_key(device: torch.device | None = None) -> tuple[str, ...]:
+    """What decides the kernels this rank runs: torch's version, the device model with its compute capability, CUDA
+    and cuDNN versions on a GPU, the CPU's vector instruction set on a CPU (torch picks kernels by it)."""
+    if device is not None and device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        return (torch.__version__, props.name, f"sm_{props.major}{props.minor}", str(torch.version.cuda),
+                str(cudnn))
+    return (torch.__version__, "cpu", torch.backends.cpu.get_cpu_capability())

@@ -1,5 +1,9 @@
 """What the guard concludes from a round of checks: the incidents to report, what they say about determinism, which
-steps the checks vouch for, and where to roll back to after a fault.
+steps the checks vouch for, which verdicts escalate, and where to roll back to after a fault.
+
+Escalation: a device named *sticky* corrupts every step it computes, but only sampled steps are vetoed, so a sticky
+verdict escalates at once; so does an unresolved verdict that repeats (a second one naming a device an earlier one
+named). The guard then raises or exits on every rank alike (``GuardConfig.escalate``).
 
 Pure bookkeeping on values every rank holds alike (they came out of the gathers), so every rank concludes alike.
 """
@@ -20,7 +24,7 @@ __all__ = ["Outcomes"]
 
 
 class Outcomes:
-    """Determinism, verification and roll-back bookkeeping of one guard (see the module docstring)."""
+    """Determinism, verification, escalation and roll-back bookkeeping of one guard (see the module docstring)."""
 
     def __init__(self, attributor: Attributor, members: list[int], device: torch.device, *, speaks: bool) -> None:
         self.attr = attributor
@@ -29,30 +33,41 @@ class Outcomes:
         self.device = device
         self.speaks = speaks
         """Whether this rank says it aloud (the warning), once per group."""
+        self._unresolved: set[int] = set()
+        """Ranks an unresolved verdict named so far (a repeat escalates)."""
 
-    def settled(self, sample: int, result: RoundResult) -> list[Incident]:
+    def settled(self, result: RoundResult) -> list[Incident]:
         """A round's incidents, or one ``nondeterministic`` incident when it shows software at work (never vetoed
         for: ``result.corrupt`` is cleared); the ranks it verified are noted."""
-        reason = "; ".join(result.unresolved) if result.unresolved else None
-        if reason is None and result.blamed:
-            reason = self.determinism.blamed(sample, result.blamed)
-        if reason is None:
+        if not result.software:
             if result.step is not None:
                 self.verification.sampled(result.step, result.clean)
-                if not result.incidents:
+                if not result.incidents and not result.unjudged:
                     self.determinism.agreed()
             return result.incidents
         result.corrupt = False
+        reason = "; ".join(result.software)
         if not self.determinism.declare(reason, likely_causes(result.ops, self.device)):
             return []
         if self.speaks:
             self.determinism.warn()
         return [self.attr.nondeterministic(result.step or 0, reason, self.determinism.causes)]
 
+    def escalating(self, found: list[Incident]) -> list[Incident]:
+        """The incidents among ``found`` that escalate: a device named sticky, or an unresolved verdict naming a
+        rank an earlier unresolved verdict named (the first one is remembered here)."""
+        out = [i for i in found if i.kind in ("replay", "calibration") and i.sticky]
+        for i in found:
+            if i.kind == "unresolved":
+                if self._unresolved & set(i.suspect_ranks):
+                    out.append(i)
+                self._unresolved |= set(i.suspect_ranks)
+        return out
+
     def rollback(self, incident: Incident, *, vetoed: bool) -> Incident:
         """Taint the steps the fault could have touched and name the checkpoint to restart from."""
         v = self.verification
-        if incident.kind == "replay":  # the rank may have been faulty since its last clean sample
+        if incident.kind in ("replay", "unresolved"):  # the rank may have been faulty since its last clean sample
             earliest = min(v.earliest_touched(r, incident.step) for r in incident.suspect_ranks)
         elif incident.kind == "weight_replica":
             earliest = 0 if v.weights_clean is None else v.weights_clean + 1

@@ -19,7 +19,7 @@ from dataclasses import asdict
 
 from ..errors import CorruptionDetected
 from ..records import Incident
-from .config import EXIT_RESTART, EXIT_SUSPECT_DEVICE, OnDetect
+from .config import EXIT_RESTART, EXIT_SUSPECT_DEVICE, Escalate, OnDetect
 
 __all__ = ["Responder"]
 
@@ -27,15 +27,19 @@ __all__ = ["Responder"]
 class Responder:
     """Records and acts on incidents for one rank (``writer``: the one rank of the group that writes the store)."""
 
-    def __init__(self, on_detect: OnDetect, store: str | None, *, rank: int, writer: bool) -> None:
+    def __init__(self, on_detect: OnDetect, store: str | None, *, rank: int, writer: bool,
+                 escalate: Escalate = "raise", job: str | None = None) -> None:
         self.on_detect = on_detect
         self.store = store
         self.rank = rank
         self.writer = writer
+        self.escalate = escalate
+        self.job = job
         self.incidents: list[Incident] = []
 
-    def handle(self, found: list[Incident]) -> None:
-        """Keep and record ``found``; raise or exit when ``on_detect`` says so and something names a device."""
+    def handle(self, found: list[Incident], *, escalate: list[Incident] | None = None) -> None:
+        """Keep and record ``found``; raise or exit when ``on_detect`` says so and something names a device, or
+        when ``escalate`` (a sticky or repeated unresolved verdict among ``found``) escalates under ``skip``."""
         if not found:
             return
         self.incidents.extend(found)
@@ -43,9 +47,12 @@ class Responder:
         actionable = [i for i in found if i.kind != "nondeterministic"]
         if not actionable:
             return
-        if self.on_detect == "raise":
+        action = self.on_detect
+        if action == "skip" and escalate and self.escalate != "off":
+            action, actionable = self.escalate, escalate
+        if action == "raise":
             raise CorruptionDetected(f"silent data corruption: {actionable[0].detail}", tuple(actionable))
-        if self.on_detect == "exit":
+        if action == "exit":
             suspect = any(self.rank in i.suspect_ranks for i in actionable)
             if suspect and os.environ.get("SDCGUARD_SUSPECT_FILE"):
                 with contextlib.suppress(OSError):
@@ -64,7 +71,7 @@ class Responder:
 
             with Store.open(self.store) as store:
                 store.record_checkpoint(checkpoint_id=checkpoint_id, step=step, verified=verified, digest=digest,
-                                        job=os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID"))
+                                        job=self.job)
         except Exception as e:  # never crash training over bookkeeping
             warnings.warn(f"sdcguard: could not record checkpoint {checkpoint_id} in {self.store}: {e}",
                           RuntimeWarning, stacklevel=4)

@@ -32,7 +32,7 @@ from .capture import Capture
 from .comm import Comm, comm_device, recv_object, recv_tensors_, send_object, send_stop, send_tensors
 from .observe import Observed
 from .pairing import shadow_assignment
-from .rounds import RoundResult
+from .rounds import RoundResult, conclude
 from .taps import Digest
 
 __all__ = ["Roles", "plan_roles", "worker_group", "ShadowSample", "Fetch", "Verdict", "ShadowServer", "DedicatedRound",
@@ -283,10 +283,27 @@ class DedicatedRound:
         self._staging: list[torch.Tensor] = []
         self._in_flight: tuple[list[Any], Any] = ([], None)
         """The previous sample's sends (to wait on) and the buffers they read (kept alive until then)."""
+        self._ready: list[RoundResult] = []
+        """Verdicts collected while sending (the shadow fell behind), reported at this step's finish."""
 
     def owner(self, sample: int) -> int:
         """Data-parallel index of the worker whose micro-batch the sample checks."""
         return shadow_assignment(sample, self.comm.size, len(self.shadows))[0]
+
+    # ------------------------------------------------------------------------------------- the Round protocol
+
+    def records(self, sample: int) -> bool:
+        return self.owner(sample) == self.comm.index
+
+    def columns(self, step: int, sample: int, sampled: bool, observed: Observed | None) -> list[int]:
+        """On a sampled step the owner sends its sample to a shadow; every step, whether a verdict arrived."""
+        if sampled:
+            self._ready += self.send(step, sample, observed)
+        return [self.arrived()]
+
+    def finish(self, step: int, sample: int, sampled: bool, table: Sequence[Sequence[int]]) -> list[RoundResult]:
+        ready, self._ready = self._ready, []
+        return ready + self.collect_arrived(max(row[0] for row in table))
 
     def send(self, step: int, sample: int, observed: Observed | None) -> list[RoundResult]:
         """A sampled step: the owner sends its micro-batch and parameters; every worker notes the pending sample.
@@ -334,7 +351,7 @@ class DedicatedRound:
         if not self._pending:
             return RoundResult()
         pending = self._pending.popleft()
-        result = RoundResult(step=pending.step)
+        result = RoundResult(step=pending.step, vetoable=False)
         buf = torch.zeros(VERDICT_LEN, dtype=torch.int64, device=self.comm.device)
         if self.comm.index == pending.worker:
             pending.verdict_work.wait()
@@ -342,11 +359,16 @@ class DedicatedRound:
         self.comm.broadcast_tensors_([buf], src=pending.worker)
         if not Verdict.from_tensor(buf).matched:
             self._settle(pending, result)
-        if not result.unresolved and self.comm.members[pending.worker] not in result.blamed:
-            result.clean = {self.comm.members[pending.worker]}
+        owner = self.comm.members[pending.worker]
+        if not result.software and owner not in result.blamed | result.suspects:
+            result.clean = {owner}
         return result
 
     def _settle(self, pending: _Pending, result: RoundResult) -> None:
+        """Every worker recomputes the sample twice at the values the shadow replayed it at (twice: whether each
+        device reproduces itself is the evidence that tells software from hardware), then the rule decides; the
+        owner's original, computed steps ago, is judged against the verdict but is no evidence of how the owner
+        computes now."""
         me, owner, g = self.comm.index, pending.worker, self.comm.members
         flats = flat_buffers(self.params, self.comm.device)
         values = flat_views(flats, self.params)
@@ -359,15 +381,13 @@ class DedicatedRound:
             recv_tensors_(flats, pending.shadow)
         cap, shadow_digest = self.comm.broadcast_object(payload, src=owner)
         self.comm.broadcast_tensors_(flats, src=owner)
-        rerun = self.replay_fn(cap, me == owner, values)
-        everyone = self.comm.gather_objects({"rerun": rerun, "original": pending.original})
-        j = judge(Opinion(g[owner], everyone[owner]["original"]), Opinion(pending.shadow, shadow_digest),
-                  [Opinion(g[q], everyone[q]["rerun"]) for q in range(self.comm.size)])
-        if j.agreed is None:
-            result.unresolved.append(f"rank {g[owner]}'s micro-batch at step {pending.step}: {j.how}")
-            return
-        result.blamed |= set(j.blamed)
-        result.incidents += self.attr.replay_incidents(pending.step, [(g[owner], j)])
+        reruns = [self.replay_fn(cap, me == owner, values) for _ in range(2)]
+        everyone = self.comm.gather_objects({"reruns": reruns, "original": pending.original})
+        others = [Opinion(pending.shadow, shadow_digest)] + [
+            Opinion(g[q], d) for q in range(self.comm.size) for d in everyone[q]["reruns"]]
+        j = judge(Opinion(g[owner], everyone[owner]["original"]), others, contemporary=False)
+        conclude(pending.step, [(g[owner], j)], self.attr, devices=self.comm.size + 1, shared_cause_at=3,
+                 result=result)
 
     def close(self) -> list[RoundResult]:
         """End of training: collect every outstanding verdict, then release the shadows."""
