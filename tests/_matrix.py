@@ -151,3 +151,22 @@ def escalation(rank: int, world: int, escalate: str, steps: int) -> dict[str, An
     except SystemExit as e:
         return {"exit": e.code, "at": step}
     return {"raised": None}
+
+
+def fsdp_sync_kept(rank: int, world: int) -> list[bool]:
+    """A sampled step of an FSDP2 loop whose user turned gradient sync off (accumulating) after the step: the
+    replay turns it on for itself and puts the user's setting back."""
+    from torch.distributed.fsdp import FSDPModule
+
+    model, inner, _ = _model("fsdp", True, world, None)
+    guard = SDCGuard(model, lm_loss, replay_every=1)
+    batch = make_batch(0, rank, seq=SEQ)
+    guard.begin_step(0)
+    guard.before_forward(batch)
+    loss = lm_loss(model, batch)
+    guard.observe_loss(loss)
+    loss.backward()
+    model.set_requires_gradient_sync(False)  # the user's choice for the next micro-batches
+    guard.end_step()
+    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    return [bool(g.reduce_grads) for m in modules for g in m._get_fsdp_state()._fsdp_param_groups]

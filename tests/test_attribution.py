@@ -287,7 +287,7 @@ def test_the_training_breaker_never_pools_jobs_and_weighs_devices_against_the_jo
     big = [_named("big", f"GPU-{i}", 10_000) for i in range(3)]
     v = judge_training(big, policy)
     assert not v.tripped_jobs and all(v.counts[f"GPU-{i}"] == 1 for i in range(3))
-    # three of a four-device job, each named once: the pattern software leaves
+    # three of a four-device job, none reproducing its fault: the pattern software leaves
     small = [_named("small", f"GPU-{i}", 4) for i in range(3)]
     assert "small" in judge_training(small, policy).tripped_jobs
     # ... unless the devices reproduced their faults (sticky): hardware evidence

@@ -131,3 +131,11 @@ def test_escalate_exit_leaves_by_the_exit_code_contract() -> None:
 
     results = run_ranks(escalation, 3, "exit", 60, timeout=180)
     assert [r["exit"] for r in results] == [85, 86, 85] and all(r["at"] == 50 for r in results)
+
+
+@pytest.mark.timeout(120)
+def test_an_fsdp2_replay_puts_the_users_gradient_sync_setting_back() -> None:
+    from _matrix import fsdp_sync_kept
+
+    for settings in run_ranks(fsdp_sync_kept, 2, timeout=100):
+        assert settings and not any(settings)  # still off, as the user left it

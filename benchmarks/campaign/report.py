@@ -51,15 +51,20 @@ SETTINGS = (
 # ---------------------------------------------------------------------------------------------- judging
 
 
-def _fired(kinds: Iterable[tuple[str, list[int]]], kind: str) -> tuple[bool, list[int]]:
-    suspects = sorted({s for k, sus in kinds if k == kind for s in sus})
-    return any(k == kind for k, _ in kinds), suspects
+REPLAY_KINDS = ("replay", "unresolved")
+"""Incidents of the replay check: a device named, or a disagreement nobody could settle (every device a suspect)."""
+
+
+def _fired(kinds: Iterable[tuple[str, list[int]]], kind: str | tuple[str, ...]) -> tuple[bool, list[int]]:
+    wanted = (kind,) if isinstance(kind, str) else kind
+    suspects = sorted({s for k, sus in kinds if k in wanted for s in sus})
+    return any(k in wanted for k, _ in kinds), suspects
 
 
 def _view(per_rank: list[dict[str, Any]], which: str) -> dict[str, tuple[bool, list[int]]]:
     """Every check's (fired, suspects) on one step, from all ranks' observations of it."""
     sdc = per_rank[0][which]["sdcguard"]  # identical on every rank
-    out = {f"sdc.{k}": _fired(sdc, n) for k, n in (("every", "gradient_replica"), ("replay", "replay"),
+    out = {f"sdc.{k}": _fired(sdc, n) for k, n in (("every", "gradient_replica"), ("replay", REPLAY_KINDS),
                                                     ("weights", "weight_replica"))}
     meg = [r for r, res in enumerate(per_rank) if res[which]["megatron"]]
     out["meg.step"] = (bool(meg), meg)
@@ -89,19 +94,20 @@ def judge_shadow(trials: Sequence[Any], results: list[dict[str, Any]]) -> list[d
         w0 = workers[0]["trials"][i]
         s = w0["step"]
 
-        def seen(kind: str, step: int) -> tuple[bool, list[int], int | None]:
-            found = [(sus, at) for k, stp, sus, at in w0["incidents"] if k == kind and stp == step]
+        def seen(kind: str | tuple[str, ...], step: int) -> tuple[bool, list[int], int | None]:
+            wanted = (kind,) if isinstance(kind, str) else kind
+            found = [(sus, at) for k, stp, sus, at in w0["incidents"] if k in wanted and stp == step]
             sus = sorted({x for f, _ in found for x in f})
             return bool(found), sus, (min(at for _, at in found) - step) if found else None
 
-        rep = seen("replay", s)
+        rep = seen(REPLAY_KINDS, s)
         judged.append({**asdict(st.trial), "sampled": st.sampled, "step": s,
                        "effective": any(w["trials"][i]["effective"] for w in workers),
                        "changed": workers[st.trial.rank]["trials"][i]["changed"], "delay": rep[2],
                        "hit": {"sdc.every": seen("gradient_replica", s)[:2], "sdc.replay": rep[:2],
                                "sdc.weights": seen("weight_replica", s)[:2]},
                        "state": {"sdc.every": seen("gradient_replica", s + 1)[:2],
-                                 "sdc.replay": seen("replay", s + SHADOW_WORKERS)[:2],
+                                 "sdc.replay": seen(REPLAY_KINDS, s + SHADOW_WORKERS)[:2],
                                  "sdc.weights": seen("weight_replica", s + 1)[:2]}})
     return judged
 

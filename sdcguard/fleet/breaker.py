@@ -20,10 +20,10 @@ the suite are never evidence against a device, also after the breaker's window.
 
 **The training breaker** judges training incidents, one job at a time (incidents without a job id are each their
 own job: nothing is pooled across jobs). Software that slipped past the guard's rule of evidence leaves a pattern:
-many devices of the job, each named once and none reproducing its fault. When those are at least
-``incident_breaker_devices`` devices and at least ``incident_breaker_share`` of the job's size, that job's incidents
-quarantine nobody. Faulty hardware is a few devices, or a device named again, or one that reproduced its fault
-(sticky): a job of thousands may hold several.
+many devices of the job named, none reproducing its fault. When those are at least ``incident_breaker_devices``
+devices and at least ``incident_breaker_share`` of the job's size, that job's transient incidents quarantine
+nobody. Faulty hardware is a few devices of a job, or one that reproduced its fault (sticky, which always counts):
+a job of thousands may hold several.
 """
 
 from __future__ import annotations
@@ -149,28 +149,20 @@ def judge_training(incidents: Sequence[Incident], policy: QuarantinePolicy) -> T
         jobs[i.job if i.job is not None else f"(no job id, incident {n})"].append(i)
     days = policy.window_s / 86400
     for job, found in sorted(jobs.items()):
-        named: dict[str, int] = defaultdict(int)
-        sticky: set[str] = set()
-        for i in found:
-            for dev in {x for x in (i.device, *i.devices) if x}:
-                named[dev] += 1
-                if i.sticky:
-                    sticky.add(dev)
-        once = sorted(dev for dev, k in named.items() if k == 1 and dev not in sticky)
+        scattered = sorted({x for i in found if not i.sticky for x in (i.device, *i.devices) if x}
+                           - {x for i in found if i.sticky for x in (i.device, *i.devices) if x})
         size = max((i.job_size for i in found if i.job_size), default=None)
-        if len(once) >= policy.incident_breaker_devices and (
-                size is None or len(once) >= policy.incident_breaker_share * size):
+        if len(scattered) >= policy.incident_breaker_devices and (
+                size is None or len(scattered) >= policy.incident_breaker_share * size):
             of = f" of its {size}" if size else ""
             verdict.tripped_jobs[job] = (
-                f"training circuit breaker: incidents of job {job} named {len(once)}{of} devices in the last {days:g} "
-                f"days, each once and none reproducing its fault ({', '.join(once[:5])}"
-                f"{', ...' if len(once) > 5 else ''}): software nondeterminism is suspect, not the hardware; nobody "
-                "quarantined on this job's training incidents")
+                f"training circuit breaker: incidents of job {job} named {len(scattered)}{of} distinct devices in the "
+                f"last {days:g} days, none reproducing its fault ({', '.join(scattered[:5])}"
+                f"{', ...' if len(scattered) > 5 else ''}): software nondeterminism is suspect, not the hardware; "
+                "nobody quarantined on this job's transient incidents")
     for job, found in jobs.items():
-        if job in verdict.tripped_jobs:
-            continue
-        for i in found:
-            if attributed(i):
+        for i in found:  # a tripped job's sticky incidents still count: a device reproduced its fault
+            if attributed(i) and (job not in verdict.tripped_jobs or i.sticky):
                 assert i.device is not None
                 verdict.counts[i.device] = verdict.counts.get(i.device, 0) + 1
     return verdict

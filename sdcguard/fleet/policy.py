@@ -63,12 +63,12 @@ class QuarantinePolicy:
     incident_threshold: int = 2
     """Quarantine a device named alone by at least this many training incidents in the window (0: off)."""
     incident_breaker_devices: int = 3
-    """Training breaker: one job's incidents naming at least this many distinct devices, each once and none of
-    them sticky, ..."""
+    """Training breaker: one job's incidents naming at least this many distinct devices, none of them sticky, ..."""
     incident_breaker_share: float = 0.25
     """... and at least this share of the devices the job's guard watched (``Incident.job_size``; unknown for
     incidents of older versions, which then need the count alone) leave the pattern software leaves, not faulty
-    hardware: none of that job's incidents count. Three faulty devices in a job of 10,000 do not trip it."""
+    hardware: none of that job's transient incidents count. Three faulty devices in a job of 10,000 do not trip
+    it."""
     breaker_window_s: float = 86400.0
     """Window of the circuit breaker (1 day), and the time bucket of its share rule."""
     breaker_same_digest_devices: int = 2

@@ -273,8 +273,17 @@ class StoreQueries(StoreBase):
         states = self.quarantine_states()
         if failing is None:
             failing = self.failing_devices(since=suspect_since, devices=devices)
+        named = self.incident_suspects(since=suspect_since)
         ids = list(devices) if devices is not None else [r[0] for r in self._rows("SELECT id FROM devices")]
-        return {d: device_status(states.get(d), d in failing) for d in ids}
+        return {d: device_status(states.get(d), d in failing or d in named) for d in ids}
+
+    def incident_suspects(self, *, since: float | None) -> set[str]:
+        """Devices a training incident named as a suspect since ``since`` (alone, or among the suspects of an
+        unresolved one); ``nondeterministic`` incidents name nobody."""
+        where, params = ("AND i.time >= ?", [since]) if since is not None else ("", [])
+        return {r[0] for r in self._rows(
+            "SELECT DISTINCT d.device FROM incident_devices d JOIN incidents i ON i.id = d.incident "
+            f"WHERE i.kind != 'nondeterministic' {where}", params)}
 
     def quarantine_status(self, device: str, *, window_s: float = 7 * DAY_S, now: float | None = None) -> DeviceStatus:
         """One device's status (see :func:`sdcguard.fleet.rows.device_status`); suspect over ``window_s``."""

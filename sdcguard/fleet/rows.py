@@ -16,12 +16,13 @@ __all__ = [
 
 DeviceStatus = Literal["healthy", "suspect", "quarantined", "probation"]
 """``quarantined``/``probation``: the quarantine table says so. ``suspect``: neither, but at least one failed
-execution (first attempt) in the window. ``healthy``: everything else (including never scanned)."""
+execution (first attempt) in the window, or named by a training incident in the window (alone, or as one of the
+suspects of an unresolved one). ``healthy``: everything else (including never scanned)."""
 
 
 def device_status(state: str | None, failed_in_window: bool) -> DeviceStatus:
     """The one definition of a device's status, from its quarantine state (None: no row) and whether it failed
-    at least one execution in the window."""
+    at least one execution, or was named by a training incident, in the window."""
     if state == "quarantined":
         return "quarantined"
     if state == "probation":

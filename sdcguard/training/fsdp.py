@@ -59,6 +59,27 @@ def _reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: Any, op: A
     return dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
 
 
+_SyncSetting = list[tuple[bool, bool]]
+
+
+def _sync_setting(module: nn.Module) -> _SyncSetting | None:
+    """The module's gradient-sync setting (``reduce_grads``, ``all_reduce_grads`` of each of its parameter groups):
+    FSDP2 offers a setter (``set_requires_gradient_sync``) but no getter, so this reads torch's state, and gives None
+    where a torch version keeps it elsewhere."""
+    try:
+        groups = module._get_fsdp_state()._fsdp_param_groups  # type: ignore[operator]
+        return [(bool(g.reduce_grads), bool(g.all_reduce_grads)) for g in groups]
+    except (AttributeError, TypeError):
+        return None
+
+
+def _restore_sync(module: nn.Module, setting: _SyncSetting | None) -> None:
+    if setting is None:  # unknown: leave sync on, the setting FSDP2 starts with
+        return
+    for g, (reduce, all_reduce) in zip(module._get_fsdp_state()._fsdp_param_groups, setting):  # type: ignore[operator]
+        g.reduce_grads, g.all_reduce_grads = reduce, all_reduce
+
+
 class _TapReduceScatter:
     """FSDP2's reduce-scatter communication interface (``allocate`` and a call) for one unit."""
 
@@ -129,6 +150,7 @@ class FSDPTaps:
         saved = [p.grad for p in self.params]
         for p in self.params:
             p.grad = None
+        sync = [_sync_setting(m) for m in self._modules]
         for m in self._modules:  # a replay must reach the reduce-scatter (accumulation may have turned it off)
             m.set_requires_gradient_sync(True, recurse=False)  # type: ignore[operator]
         self._record, self._replaying, self._replayed = record, True, []
@@ -138,6 +160,8 @@ class FSDPTaps:
             self._record, self._replaying, self._replayed = None, False, []
             for p, g in zip(self.params, saved):
                 p.grad = g
+            for m, setting in zip(self._modules, sync):  # the user's own setting, as it was
+                _restore_sync(m, setting)
 
     # --------------------------------------------------------------------------------------- the checks
 
