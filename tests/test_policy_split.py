@@ -191,3 +191,13 @@ def test_the_policy_command_says_what_it_decided_in_its_exit_code(tmp_path: Path
             scan(s, d, [result(d, passed=False, sticky=True, case="x.y", digest="e" * 64, t=now - 30)], t=now - 30)
     run = CliRunner().invoke(cli, ["--db", str(db), "policy"])
     assert run.exit_code == 2 and "circuit breaker" in run.stdout
+
+
+def test_an_unresolved_incident_shows_every_suspect_as_suspect_and_quarantines_nobody(store: Store) -> None:
+    """Two devices disagree and nothing decides: neither is counted alone, both show as suspects in the report."""
+    store.record_incident(_incident((0, 1), step=3, kind="unresolved"))
+    store.record_incident(_incident((2,), step=4, kind="nondeterministic"))
+    statuses = store.statuses(suspect_since=NOW - 86400)
+    assert statuses["sim:0"] == statuses["sim:1"] == "suspect"
+    assert statuses.get("sim:2", "healthy") == "healthy"
+    assert apply_policy(store, now=NOW).quarantined == []

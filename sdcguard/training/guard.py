@@ -342,7 +342,7 @@ class SDCGuard:
         """Counters a resumed run needs (the sample counter drives pairings and micro-batch choice)."""
         return {"version": 2, "steps": self._steps, "samples": self._samples, "last_step": self._last_step,
                 "determinism": self._determinism.state_dict(), "verification": self._verification.state_dict(),
-                "incidents": len(self.incidents)}
+                "unresolved": sorted(self._outcomes.unresolved), "incidents": len(self.incidents)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("version") not in (1, 2):
@@ -353,3 +353,4 @@ class SDCGuard:
         else:
             self._determinism.load_state_dict(state["determinism"])
             self._verification.load_state_dict(state.get("verification", {}))
+            self._outcomes.unresolved = {int(r) for r in state.get("unresolved", ())}

@@ -33,8 +33,8 @@ class Outcomes:
         self.device = device
         self.speaks = speaks
         """Whether this rank says it aloud (the warning), once per group."""
-        self._unresolved: set[int] = set()
-        """Ranks an unresolved verdict named so far (a repeat escalates)."""
+        self.unresolved: set[int] = set()
+        """Ranks an unresolved verdict named so far (a repeat escalates; kept in the guard's ``state_dict``)."""
 
     def settled(self, result: RoundResult) -> list[Incident]:
         """A round's incidents, or one ``nondeterministic`` incident when it shows software at work (never vetoed
@@ -59,9 +59,9 @@ class Outcomes:
         out = [i for i in found if i.kind in ("replay", "calibration") and i.sticky]
         for i in found:
             if i.kind == "unresolved":
-                if self._unresolved & set(i.suspect_ranks):
+                if self.unresolved & set(i.suspect_ranks):
                     out.append(i)
-                self._unresolved |= set(i.suspect_ranks)
+                self.unresolved |= set(i.suspect_ranks)
         return out
 
     def rollback(self, incident: Incident, *, vetoed: bool) -> Incident:
