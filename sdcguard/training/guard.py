@@ -10,11 +10,13 @@ the framework's hooks. What happens on every data-parallel rank:
    micro-batch of a sampled step (one step in ``replay_every``) they fingerprint its local gradients on the device
    as the framework hands them over; the micro-batch, random states, autocast state and seed are captured.
 2. ``end_step``: the gradients the optimizer is about to read are fingerprinted in place and folded into one value;
-   on a sampled step each rank replays another rank's micro-batch (:mod:`.rounds`) or sends it to a dedicated
-   shadow (:mod:`.shadows`). Everything the veto needs rides in one fixed-size all-gather.
+   on a sampled step the :class:`~.rounds.Round` runs: each rank replays another rank's micro-batch (:mod:`.peer`)
+   or sends it to a dedicated shadow (:mod:`.shadows`). Everything the veto needs rides in one all-gather.
 3. Replicas holding the same data must agree bit for bit (:mod:`.replica`); an original and its replay must agree
-   too, and a disagreement is settled by a majority of devices (:mod:`.attribution`). A setup that does not replay
-   bit for bit is recognised and never blamed on hardware (:mod:`.calibration`).
+   too, and a disagreement is settled by the rule of evidence (:mod:`.attribution`): a device that others
+   contradict while it reproduces itself is hardware, devices that do not reproduce themselves are software
+   (:mod:`.calibration`), and evidence that cannot pick the device is unresolved, vetoed all the same. A sticky
+   verdict escalates (:mod:`.outcomes`).
 4. The veto: with ``on_detect="skip"`` no rank commits a corrupted step, and its gradients are dropped (``.grad`` is
    set to None, so an optimizer step changes nothing). Every rank decides alike with no collective of its own,
    because every input of the decision came out of the gathers above. ``after_optimizer_step`` compares the weights.
