@@ -52,7 +52,8 @@ from .outcomes import Outcomes
 from .response import Responder
 from .peer import PeerRound
 from .rounds import Round
-from .shadows import DedicatedRound, ShadowServer, worker_group
+from .roles import worker_group
+from .shadows import DedicatedRound, ShadowServer
 from .taps import Digest
 
 __all__ = ["SDCGuard"]
