@@ -4,7 +4,8 @@
 On a sampled step one worker (samples rotate over the workers and the shadows) sends a shadow its micro-batch,
 random states and digest, then its parameters from a staging copy (one flat buffer per dtype, on the communication
 device, allocated once and reused: the optimizer may change the live tensors while the sends are in flight, and a
-busy shadow must never hold a worker up; one message per dtype, not per tensor). The shadow receives the parameters into its own module, replays, and
+busy shadow must never hold a worker up; one message per dtype, not per tensor). The shadow receives the
+parameters into its own module, replays, and
 sends a small verdict back; the workers pick it up at the first step after it arrived (the per-step all-gather
 carries an "arrived" value, so nobody waits) and wait only when the shadow falls more than :data:`MAX_PENDING`
 samples behind, or when the staging copy is still being sent as the next sample comes.
