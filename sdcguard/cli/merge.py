@@ -20,6 +20,7 @@ def merge(out: Path, inputs: tuple[Path, ...], full: bool) -> None:
     """Merge per-node stores IN.db... into OUT.db (created if missing).
 
     Each input brings only what is new since its last merge into OUT.db; merging an input twice adds nothing.
+    An input that went backwards (its newest scans pruned, restored from a backup) is noticed and read in full.
     Inputs are only read.
 
     Example: sdcguard merge fleet.db /shared/sdcguard/nodes/*.db
@@ -29,4 +30,7 @@ def merge(out: Path, inputs: tuple[Path, ...], full: bool) -> None:
             f"{s.source}: +{s.devices} devices, +{s.scans} scans, +{s.results} results, +{s.incidents} incidents, "
             f"+{s.quarantine_history} quarantine changes"
             + (f" ({s.skipped_scans} scans older than the retention horizon skipped)" if s.skipped_scans else "")
+            + (f"; it went backwards since the last merge (the row at the watermark of {', '.join(s.rewound)} is "
+               "gone or another: its newest rows pruned, or restored from an older backup), so those were read "
+               "in full" if s.rewound else "")
         )

@@ -28,14 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from .connection import StoreBase, read_only_uri
+from .schema import COUNTED_SCAN
 from .rows import MergeStats, PruneStats
 
 __all__ = ["StoreMaintenance"]
 
 _DAY_S = 86400.0
 _OPEN = "('running', 'interrupted')"
-_APPEND_ONLY = {"incidents": "incidents", "history": "quarantine_history", "decisions": "policy_decisions",
-                "attempts": "action_attempts"}
+_WATERMARKED = ("scans", "incidents", "quarantine_history", "policy_decisions", "action_attempts")
+"""The input tables a merge takes past a watermark (row id), in the column order of ``merge_sources``."""
+_REOPEN_S = _DAY_S
+"""An input's ``interrupted`` scan is read again by merges for this long after it was marked: a scanner the
+policy's sweep took for dead may still finish it. Older ones are final (and ``prune`` rolls them up)."""
 
 
 class StoreMaintenance(StoreBase):
@@ -55,26 +59,28 @@ class StoreMaintenance(StoreBase):
         conn = self._conn
         source = conn.execute("SELECT value FROM src.meta WHERE key = 'store_id'").fetchone()[0]
         mark = None if full else conn.execute(
-            "SELECT scans, incidents, history, decisions, attempts, open_scans FROM main.merge_sources "
+            "SELECT scans, incidents, history, decisions, attempts, open_scans, marks FROM main.merge_sources "
             "WHERE source = ?", (source,)).fetchone()
-        scans_after, inc_after, hist_after, dec_after, att_after = (mark[:5] if mark else (0, 0, 0, 0, 0))
+        after = dict(zip(_WATERMARKED, mark[:5] if mark else (0,) * len(_WATERMARKED)))
+        rewound = _check_marks(conn, after, json.loads(mark[6]) if mark else {})
         reopened = json.loads(mark[5]) if mark else []
         horizon = self.pruned_before or float("-inf")
         devices = _merge_devices(conn)
-        new_scans, results, skipped = _merge_scans(conn, scans_after, reopened, horizon)
-        incidents, history = _merge_appended(conn, inc_after, hist_after, dec_after, att_after)
-        _replay_quarantine(conn, hist_after)
+        new_scans, results, skipped = _merge_scans(conn, after["scans"], reopened, horizon)
+        incidents, history = _merge_appended(conn, after["incidents"], after["quarantine_history"],
+                                             after["policy_decisions"], after["action_attempts"])
         _remember(conn, source, path)
         return MergeStats(source=path, devices=devices, scans=new_scans, results=results, incidents=incidents,
-                          quarantine_history=history, skipped_scans=skipped)
+                          quarantine_history=history, skipped_scans=skipped, rewound=tuple(rewound))
 
     def prune(self, *, before: float) -> PruneStats:
         """Roll every finished scan that started before ``before`` (rounded down to a UTC midnight) into the
-        daily roll-ups and delete its rows; returns what was done. Scans still ``running`` are left alone."""
+        daily roll-ups and delete its rows; returns what was done. Scans still ``running`` are left alone;
+        ``interrupted`` ones are final by then and go like the others (their executions count, as everywhere)."""
         horizon = math.floor(before / _DAY_S) * _DAY_S
         days = [int(r[0]) for r in self._rows(
             f"SELECT DISTINCT CAST(started_at / {_DAY_S} AS INTEGER) FROM scans WHERE started_at < ? "
-            f"AND status NOT IN {_OPEN} ORDER BY 1", (horizon,))]
+            "AND status != 'running' ORDER BY 1", (horizon,))]
         scans = results = rollup_rows = 0
         for day in days:
             lo, hi = day * _DAY_S, min((day + 1) * _DAY_S, horizon)
@@ -82,8 +88,8 @@ class StoreMaintenance(StoreBase):
                 conn.execute("CREATE TEMP TABLE IF NOT EXISTS prune_scans(id INTEGER PRIMARY KEY)")
                 conn.execute("DELETE FROM temp.prune_scans")
                 conn.execute(
-                    f"INSERT INTO temp.prune_scans SELECT id FROM scans WHERE started_at >= ? AND started_at < ? "
-                    f"AND status NOT IN {_OPEN}", (lo, hi))
+                    "INSERT INTO temp.prune_scans SELECT id FROM scans WHERE started_at >= ? AND started_at < ? "
+                    "AND status != 'running'", (lo, hi))
                 rollup_rows += conn.execute(
                     f"""INSERT INTO rollups(day, device, family, executions, failures, test_s)
                         SELECT CAST(started_at / {_DAY_S} AS INTEGER) AS d, device, family,
@@ -110,16 +116,16 @@ class StoreMaintenance(StoreBase):
                          test_s = test_s + excluded.test_s""")
                 conn.execute(
                     f"""INSERT INTO scan_rollups(day, device, complete, last_complete)
-                        SELECT CAST(started_at / {_DAY_S} AS INTEGER) AS d, device, TOTAL(status = 'complete'),
-                          MAX(CASE WHEN status = 'complete' THEN COALESCE(finished_at, started_at) END)
+                        SELECT CAST(started_at / {_DAY_S} AS INTEGER) AS d, device, TOTAL({COUNTED_SCAN}),
+                          MAX(CASE WHEN {COUNTED_SCAN} THEN COALESCE(finished_at, started_at) END)
                         FROM scans WHERE id IN (SELECT id FROM temp.prune_scans) GROUP BY d, device
                         ON CONFLICT(day, device) DO UPDATE SET complete = complete + excluded.complete,
                           last_complete = MAX(COALESCE(last_complete, excluded.last_complete),
                                               COALESCE(excluded.last_complete, last_complete))""")
                 conn.execute(
-                    """INSERT INTO scan_rollup_totals(device, complete, last_complete)
-                       SELECT device, TOTAL(status = 'complete'),
-                         MAX(CASE WHEN status = 'complete' THEN COALESCE(finished_at, started_at) END)
+                    f"""INSERT INTO scan_rollup_totals(device, complete, last_complete)
+                       SELECT device, TOTAL({COUNTED_SCAN}),
+                         MAX(CASE WHEN {COUNTED_SCAN} THEN COALESCE(finished_at, started_at) END)
                        FROM scans WHERE id IN (SELECT id FROM temp.prune_scans) GROUP BY device
                        ON CONFLICT(device) DO UPDATE SET complete = complete + excluded.complete,
                          last_complete = MAX(COALESCE(last_complete, excluded.last_complete),
@@ -255,18 +261,41 @@ def _merge_appended(conn: Any, inc_after: int, hist_after: int, dec_after: int, 
     return incidents, history
 
 
+def _check_marks(conn: Any, after: dict[str, int], remembered: dict[str, str]) -> list[str]:
+    """Reset (to 0: read in full) every watermark whose row in the input is gone or is another row than the one
+    remembered; returns those tables. A watermark without a remembered uuid (from before schema 7) is not trusted
+    either."""
+    rewound = []
+    for table, top in after.items():
+        if not top:
+            continue
+        row = conn.execute(f"SELECT uuid FROM src.{table} WHERE id = ?", (top,)).fetchone()
+        if row is None or row[0] != remembered.get(table):
+            rewound.append(table)
+            after[table] = 0
+    return rewound
+
+
 def _remember(conn: Any, source: str, path: str) -> None:
-    """The watermark of this input: the highest row of every append-only table, and the scans still open."""
-    tops = [conn.execute(f"SELECT COALESCE(MAX(id), 0) FROM src.{t}").fetchone()[0]
-            for t in ("scans", *_APPEND_ONLY.values())]
-    still_open = [r[0] for r in conn.execute(f"SELECT id FROM src.scans WHERE status IN {_OPEN}")]
+    """The watermark of this input: the highest row of every append-only table and its uuid, and the scans still
+    open (running, or interrupted lately)."""
+    tops: list[int] = []
+    marks: dict[str, str] = {}
+    for table in _WATERMARKED:
+        row = conn.execute(f"SELECT id, uuid FROM src.{table} ORDER BY id DESC LIMIT 1").fetchone()
+        tops.append(0 if row is None else int(row[0]))
+        if row is not None:
+            marks[table] = row[1]
+    still_open = [r[0] for r in conn.execute(
+        "SELECT id FROM src.scans WHERE status = 'running' OR (status = 'interrupted' AND "
+        "COALESCE(finished_at, started_at) >= ?)", (time.time() - _REOPEN_S,))]
     conn.execute(
         "INSERT INTO main.merge_sources(source, path, merged_at, scans, incidents, history, decisions, attempts, "
-        "open_scans) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(source) DO UPDATE SET path = excluded.path, "
-        "merged_at = excluded.merged_at, scans = excluded.scans, incidents = excluded.incidents, "
-        "history = excluded.history, decisions = excluded.decisions, attempts = excluded.attempts, "
-        "open_scans = excluded.open_scans",
-        (source, path, time.time(), *tops, json.dumps(still_open)),
+        "open_scans, marks) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(source) DO UPDATE SET "
+        "path = excluded.path, merged_at = excluded.merged_at, scans = excluded.scans, "
+        "incidents = excluded.incidents, history = excluded.history, decisions = excluded.decisions, "
+        "attempts = excluded.attempts, open_scans = excluded.open_scans, marks = excluded.marks",
+        (source, path, time.time(), *tops, json.dumps(still_open), json.dumps(marks, sort_keys=True)),
     )
 
 

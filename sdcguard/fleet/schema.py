@@ -17,11 +17,17 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
-__all__ = ["SCHEMA_VERSION", "APPLICATION_ID", "SQLITE_MAGIC", "MIGRATIONS", "migrate"]
+__all__ = ["SCHEMA_VERSION", "APPLICATION_ID", "SQLITE_MAGIC", "MIGRATIONS", "migrate", "COUNTED_SCAN", "MIN_EXECUTIONS"]
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 APPLICATION_ID = 0x5344_4347  # "SDCG"
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
+
+MIN_EXECUTIONS = 1
+"""The least work a scan must do to count: first-attempt executions of golden cases it recorded."""
+COUNTED_SCAN = f"status = 'complete' AND executions >= {MIN_EXECUTIONS}"
+"""A scan that counts as a complete scan (scan counts, ``last_scan``, the clean scans that end a probation): it ran
+to its end *and* tested something. A scan that ran nothing (a budget shorter than any case) tested nothing."""
 
 _V1 = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -315,8 +321,22 @@ INSERT OR IGNORE INTO rollup_days(day, executions, failures, test_s)
 """
 
 
+# Version 7: merge watermarks that notice an input going backwards. ``scans.id`` is an INTEGER PRIMARY KEY
+# without AUTOINCREMENT, so SQLite reuses ids once a node's newest scans are pruned, and a node store restored
+# from an older backup reuses them too: "take every row past id N" then silently skips the new rows. Each
+# watermark now remembers the uuid of the row at its id (``marks``: table -> uuid); a merge that finds another row
+# there, or none, reads that table of the input in full (natural keys keep it from counting anything twice). A
+# watermark from before this version has no uuid: the first merge after the upgrade reads each input in full
+# once, which also recovers scans an earlier merge skipped.
+def _v7(conn: sqlite3.Connection) -> None:
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(merge_sources)")}
+    if "marks" not in columns:  # (a store stamped back to an older version by hand still has it)
+        conn.execute("ALTER TABLE merge_sources ADD COLUMN marks TEXT NOT NULL DEFAULT '{}'")
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     1: _script(_V1), 2: _script(_V2), 3: _script(_V3), 4: _script(_V4), 5: _script(_V5), 6: _script(_V6),
+    7: _v7,
 }
 """``version -> function`` bringing a store from ``version - 1`` to ``version``; run in one transaction."""
 
