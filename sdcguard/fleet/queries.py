@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from ..records import CaseResult, DeviceInfo, Incident
 from .connection import StoreBase
+from .schema import COUNTED_SCAN
 from .rows import (
     CaseCoverage, CheckpointEntry, Decision, DeviceStatus, FailedExecution, QuarantineEntry, ScanCounts, SeriesPoint, Tally,
     device_status,
@@ -234,12 +235,13 @@ class StoreQueries(StoreBase):
         return out
 
     def clean_scans_since(self, since: Mapping[str, float]) -> dict[str, int]:
-        """For each device, its complete scans without a failure that started at or after its own time."""
+        """For each device, its complete scans without a failure that started at or after its own time (a scan
+        that executed nothing is not one: :data:`~.schema.COUNTED_SCAN`)."""
         if not since:
             return {}
         rows = self._rows(
             "SELECT s.device, COUNT(*) FROM scans s JOIN json_each(?) j ON j.key = s.device "
-            "WHERE s.started_at >= j.value AND s.status = 'complete' AND s.failures = 0 GROUP BY s.device",
+            f"WHERE s.started_at >= j.value AND {COUNTED_SCAN} AND s.failures = 0 GROUP BY s.device",
             (json.dumps(dict(since)),),
         )
         return {d: int(n) for d, n in rows}
@@ -284,17 +286,18 @@ class StoreQueries(StoreBase):
         return self.statuses(suspect_since=t - window_s, devices=[device])[device]
 
     def scan_counts(self, *, since: float | None, device: str | None = None) -> dict[str, ScanCounts]:
-        """Per device: complete scans started in the window, and the end of its latest complete scan ever."""
+        """Per device: complete scans started in the window, and the end of its latest complete scan ever (a scan
+        counts when :data:`~.schema.COUNTED_SCAN`)."""
         dev, dp = (" AND device = ?", [device]) if device is not None else ("", [])
         window, wp = (" AND started_at >= ?", [since]) if since is not None else ("", [])
         complete: dict[str, int] = {d: int(n) for d, n in self._rows(
-            f"SELECT device, COUNT(*) FROM scans WHERE status = 'complete'{window}{dev} GROUP BY device", [*wp, *dp])}
+            f"SELECT device, COUNT(*) FROM scans WHERE {COUNTED_SCAN}{window}{dev} GROUP BY device", [*wp, *dp])}
         # One index probe per device (scans_device): a device's scans never overlap (the scanner locks it), so
         # its latest complete scan is the one started last.
         one, op = (" AND d.id = ?", [device]) if device is not None else ("", [])
         last: dict[str, float] = {d: t for d, t in self._rows(
             "SELECT d.id, (SELECT COALESCE(s.finished_at, s.started_at) FROM scans s WHERE s.device = d.id AND "
-            "s.status = 'complete' ORDER BY s.started_at DESC, s.id DESC LIMIT 1) AS t FROM devices d "
+            f"{COUNTED_SCAN} ORDER BY s.started_at DESC, s.id DESC LIMIT 1) AS t FROM devices d "
             f"WHERE 1{one}", op) if t is not None}
         if self._meta("rollup_last_day") is not None:
             day = _first_day(since)
