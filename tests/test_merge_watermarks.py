@@ -20,7 +20,7 @@ from sdcguard.cli import cli
 from sdcguard.fleet.merge import merge_stores
 from sdcguard.fleet.store import Store
 from sdcguard.records import Incident
-from tests._fleet import NOW, result
+from tests._fleet import NOW, assert_tallies_match_rows, result
 
 DAY = 86400.0
 
@@ -219,6 +219,9 @@ def test_the_fleet_holds_every_count_the_nodes_recorded(tmp_path_factory: pytest
         assert len(s.incidents()) == len(seen_incidents)
     with closing(sqlite3.connect(fleet)) as c:
         assert {r[0] for r in c.execute("SELECT uuid FROM incidents")} == seen_incidents
+    for path in [fleet, *paths]:
+        if path.exists():
+            assert_tallies_match_rows(path)  # the per-day tallies follow through restores and re-reads
 
 
 # --- training incidents: node-local stores and per-job spools, collected by the merge ----------------------------

@@ -31,7 +31,7 @@ from .connection import StoreBase, read_only_uri
 from .schema import COUNTED_SCAN
 from .rows import MergeStats, PruneStats
 
-__all__ = ["StoreMaintenance"]
+__all__ = ["StoreMaintenance", "DayTallies", "day_of"]
 
 _DAY_S = 86400.0
 _OPEN = "('running', 'interrupted')"
@@ -40,6 +40,48 @@ _WATERMARKED = ("scans", "incidents", "quarantine_history", "policy_decisions", 
 _REOPEN_S = _DAY_S
 """An input's ``interrupted`` scan is read again by merges for this long after it was marked: a scanner the
 policy's sweep took for dead may still finish it. Older ones are final (and ``prune`` rolls them up)."""
+
+
+_ADD_TALLIES = (
+    "INSERT INTO main.day_tallies(device, family, day, executions, failures, test_s) {select} "
+    "ON CONFLICT(device, family, day) DO UPDATE SET executions = executions + excluded.executions, "
+    "failures = failures + excluded.failures, test_s = test_s + excluded.test_s"
+)
+"""Adds to ``day_tallies`` what ``{select}`` yields (VALUES or a SELECT of device, family, day and the three counts)."""
+
+
+def day_of(t: float) -> int:
+    """The UTC day (days since the epoch) of a Unix time, as the SQL ``CAST(t / 86400.0 AS INTEGER)`` computes it."""
+    return int(t / _DAY_S)
+
+
+class DayTallies:
+    """Changes to ``day_tallies`` collected in Python (one scan's batch), written in one ``executemany``."""
+
+    def __init__(self) -> None:
+        self._delta: dict[tuple[str, str, int], list[float]] = {}
+
+    def add(self, device: str, family: str, started_at: float, executions: int, failures: int, seconds: float) -> None:
+        d = self._delta.setdefault((device, family, day_of(started_at)), [0, 0, 0.0])
+        d[0] += executions
+        d[1] += failures
+        d[2] += seconds
+
+    def write(self, conn: Any) -> None:
+        if self._delta:
+            conn.executemany(_ADD_TALLIES.format(select="VALUES (?, ?, ?, ?, ?, ?)"),
+                             [(*key, int(n), int(k), s) for key, (n, k, s) in self._delta.items()])
+            self._delta.clear()
+
+
+def _tally_rows(conn: Any, scans: str, sign: int) -> None:
+    """Add (``sign`` 1) or take away (-1) the tallies of every row of the main store's scans ``scans`` (a subquery
+    of scan ids), in one pass over those rows."""
+    conn.execute(_ADD_TALLIES.format(select=(
+        f"SELECT r.device, r.family, CAST(r.started_at / {_DAY_S} AS INTEGER) AS d, "
+        f"{sign} * TOTAL((r.attempt = 0) * r.executions), {sign} * TOTAL(r.attempt = 0 AND r.passed = 0), "
+        f"{sign} * TOTAL(r.duration_s) FROM main.results r WHERE r.scan IN ({scans}) GROUP BY r.device, r.family, d "
+        "HAVING true")))
 
 
 class StoreMaintenance(StoreBase):
@@ -85,54 +127,8 @@ class StoreMaintenance(StoreBase):
         for day in days:
             lo, hi = day * _DAY_S, min((day + 1) * _DAY_S, horizon)
             with self._write() as conn:
-                conn.execute("CREATE TEMP TABLE IF NOT EXISTS prune_scans(id INTEGER PRIMARY KEY)")
-                conn.execute("DELETE FROM temp.prune_scans")
-                conn.execute(
-                    "INSERT INTO temp.prune_scans SELECT id FROM scans WHERE started_at >= ? AND started_at < ? "
-                    "AND status != 'running'", (lo, hi))
-                rollup_rows += conn.execute(
-                    f"""INSERT INTO rollups(day, device, family, executions, failures, test_s)
-                        SELECT CAST(started_at / {_DAY_S} AS INTEGER) AS d, device, family,
-                          TOTAL((attempt = 0) * executions), TOTAL(attempt = 0 AND passed = 0), TOTAL(duration_s)
-                        FROM results WHERE scan IN (SELECT id FROM temp.prune_scans) GROUP BY d, device, family
-                        ON CONFLICT(day, device, family) DO UPDATE SET
-                          executions = executions + excluded.executions, failures = failures + excluded.failures,
-                          test_s = test_s + excluded.test_s""").rowcount
-                conn.execute(
-                    f"""INSERT INTO rollup_days(day, executions, failures, test_s)
-                        SELECT CAST(started_at / {_DAY_S} AS INTEGER) AS d, TOTAL((attempt = 0) * executions),
-                          TOTAL(attempt = 0 AND passed = 0), TOTAL(duration_s)
-                        FROM results WHERE scan IN (SELECT id FROM temp.prune_scans) GROUP BY d
-                        ON CONFLICT(day) DO UPDATE SET
-                          executions = executions + excluded.executions, failures = failures + excluded.failures,
-                          test_s = test_s + excluded.test_s""")
-                conn.execute(
-                    """INSERT INTO rollup_totals(device, family, executions, failures, test_s)
-                       SELECT device, family, TOTAL((attempt = 0) * executions), TOTAL(attempt = 0 AND passed = 0),
-                         TOTAL(duration_s)
-                       FROM results WHERE scan IN (SELECT id FROM temp.prune_scans) GROUP BY device, family
-                       ON CONFLICT(device, family) DO UPDATE SET
-                         executions = executions + excluded.executions, failures = failures + excluded.failures,
-                         test_s = test_s + excluded.test_s""")
-                conn.execute(
-                    f"""INSERT INTO scan_rollups(day, device, complete, last_complete)
-                        SELECT CAST(started_at / {_DAY_S} AS INTEGER) AS d, device, TOTAL({COUNTED_SCAN}),
-                          MAX(CASE WHEN {COUNTED_SCAN} THEN COALESCE(finished_at, started_at) END)
-                        FROM scans WHERE id IN (SELECT id FROM temp.prune_scans) GROUP BY d, device
-                        ON CONFLICT(day, device) DO UPDATE SET complete = complete + excluded.complete,
-                          last_complete = MAX(COALESCE(last_complete, excluded.last_complete),
-                                              COALESCE(excluded.last_complete, last_complete))""")
-                conn.execute(
-                    f"""INSERT INTO scan_rollup_totals(device, complete, last_complete)
-                       SELECT device, TOTAL({COUNTED_SCAN}),
-                         MAX(CASE WHEN {COUNTED_SCAN} THEN COALESCE(finished_at, started_at) END)
-                       FROM scans WHERE id IN (SELECT id FROM temp.prune_scans) GROUP BY device
-                       ON CONFLICT(device) DO UPDATE SET complete = complete + excluded.complete,
-                         last_complete = MAX(COALESCE(last_complete, excluded.last_complete),
-                                             COALESCE(excluded.last_complete, last_complete))""")
-                results += conn.execute(
-                    "DELETE FROM results WHERE scan IN (SELECT id FROM temp.prune_scans)").rowcount
-                scans += conn.execute("DELETE FROM scans WHERE id IN (SELECT id FROM temp.prune_scans)").rowcount
+                s, r, n = _prune_day(conn, lo, hi)
+                scans, results, rollup_rows = scans + s, results + r, rollup_rows + n
                 last = conn.execute("SELECT MAX(day) FROM rollups").fetchone()[0]
                 if last is not None:
                     _set_meta(conn, "rollup_last_day", int(last))
@@ -145,6 +141,68 @@ class StoreMaintenance(StoreBase):
     def vacuum(self) -> None:
         """Rewrite the file without its free pages (after a prune or a migration that folded many rows)."""
         self._retry(lambda: self._conn.execute("VACUUM"))
+
+
+def _prune_day(conn: Any, lo: float, hi: float) -> tuple[int, int, int]:
+    """Roll the finished scans that started in ``[lo, hi)`` into the roll-ups and delete them, inside the caller's
+    transaction; ``(scans, rows, roll-up rows written)``.
+
+    One pass over the scans' rows (``prune_agg``: per day, device and family); everything else derives from it:
+    the per-device roll-ups and their all-time totals, the day tallies (less what is deleted; a day left without
+    rows loses its tallies outright, so no rounding residue of the testing seconds stays behind), and the fleet's
+    day rows (``rollup_days``), summed from the per-device roll-ups of the days touched."""
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS prune_scans(id INTEGER PRIMARY KEY)")
+    conn.execute("DELETE FROM temp.prune_scans")
+    conn.execute("INSERT INTO temp.prune_scans SELECT id FROM scans WHERE started_at >= ? AND started_at < ? "
+                 "AND status != 'running'", (lo, hi))
+    conn.execute("DROP TABLE IF EXISTS temp.prune_agg")
+    conn.execute(
+        f"""CREATE TEMP TABLE prune_agg AS SELECT CAST(started_at / {_DAY_S} AS INTEGER) AS day, device, family,
+              TOTAL((attempt = 0) * executions) AS executions, TOTAL(attempt = 0 AND passed = 0) AS failures,
+              TOTAL(duration_s) AS test_s
+            FROM results WHERE scan IN (SELECT id FROM temp.prune_scans) GROUP BY day, device, family""")
+    rollup_rows = conn.execute(
+        """INSERT INTO rollups(day, device, family, executions, failures, test_s)
+           SELECT day, device, family, executions, failures, test_s FROM temp.prune_agg WHERE true
+           ON CONFLICT(day, device, family) DO UPDATE SET executions = executions + excluded.executions,
+             failures = failures + excluded.failures, test_s = test_s + excluded.test_s""").rowcount
+    conn.execute(
+        """INSERT INTO rollup_totals(device, family, executions, failures, test_s)
+           SELECT device, family, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM temp.prune_agg
+           GROUP BY device, family
+           ON CONFLICT(device, family) DO UPDATE SET executions = executions + excluded.executions,
+             failures = failures + excluded.failures, test_s = test_s + excluded.test_s""")
+    conn.execute(
+        """INSERT OR REPLACE INTO rollup_days(day, executions, failures, test_s)
+           SELECT day, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM rollups
+           WHERE day IN (SELECT DISTINCT day FROM temp.prune_agg) GROUP BY day""")
+    conn.execute(_ADD_TALLIES.format(select=(
+        "SELECT device, family, day, -executions, -failures, -test_s FROM temp.prune_agg WHERE true")))
+    conn.execute(
+        f"""INSERT INTO scan_rollups(day, device, complete, last_complete)
+            SELECT CAST(started_at / {_DAY_S} AS INTEGER) AS d, device, TOTAL({COUNTED_SCAN}),
+              MAX(CASE WHEN {COUNTED_SCAN} THEN COALESCE(finished_at, started_at) END)
+            FROM scans WHERE id IN (SELECT id FROM temp.prune_scans) GROUP BY d, device
+            ON CONFLICT(day, device) DO UPDATE SET complete = complete + excluded.complete,
+              last_complete = MAX(COALESCE(last_complete, excluded.last_complete),
+                                  COALESCE(excluded.last_complete, last_complete))""")
+    conn.execute(
+        f"""INSERT INTO scan_rollup_totals(device, complete, last_complete)
+           SELECT device, TOTAL({COUNTED_SCAN}),
+             MAX(CASE WHEN {COUNTED_SCAN} THEN COALESCE(finished_at, started_at) END)
+           FROM scans WHERE id IN (SELECT id FROM temp.prune_scans) GROUP BY device
+           ON CONFLICT(device) DO UPDATE SET complete = complete + excluded.complete,
+             last_complete = MAX(COALESCE(last_complete, excluded.last_complete),
+                                 COALESCE(excluded.last_complete, last_complete))""")
+    results = conn.execute("DELETE FROM results WHERE scan IN (SELECT id FROM temp.prune_scans)").rowcount
+    scans = conn.execute("DELETE FROM scans WHERE id IN (SELECT id FROM temp.prune_scans)").rowcount
+    conn.execute("""DELETE FROM day_tallies WHERE executions = 0 AND failures = 0 AND abs(test_s) < 1e-6
+                    AND (device, family, day) IN (SELECT device, family, day FROM temp.prune_agg)""")
+    for (day,) in conn.execute("SELECT DISTINCT day FROM temp.prune_agg").fetchall():
+        if conn.execute("SELECT 1 FROM results INDEXED BY results_time WHERE started_at >= ? AND started_at < ? "
+                        "LIMIT 1", (day * _DAY_S, (day + 1) * _DAY_S)).fetchone() is None:
+            conn.execute("DELETE FROM day_tallies WHERE day = ?", (day,))
+    return scans, results, rollup_rows
 
 
 def _merge_devices(conn: Any) -> int:
@@ -190,6 +248,8 @@ def _merge_scans(conn: Any, scans_after: int, reopened: list[int], horizon: floa
     conn.execute("UPDATE temp.merge_scans SET dst_id = (SELECT id FROM main.scans s WHERE s.uuid = merge_scans.uuid)")
     before_results = conn.execute(
         "SELECT COUNT(*) FROM main.results WHERE scan IN (SELECT dst_id FROM temp.merge_scans)").fetchone()[0]
+    # The day tallies follow the rows: minus those this merge replaces, plus what it writes.
+    _tally_rows(conn, "SELECT dst_id FROM temp.merge_scans", -1)
     # Results by (scan, seq); the input's own rows of its scans win (a passing row's count only grows).
     conn.execute(
         """INSERT INTO main.results(scan, seq, device, case_id, family, seed, passed, duration_s, started_at,
@@ -202,6 +262,7 @@ def _merge_scans(conn: Any, scans_after: int, reopened: list[int], horizon: floa
            ON CONFLICT(scan, seq) DO UPDATE SET executions = excluded.executions,
              duration_s = excluded.duration_s, started_at = excluded.started_at,
              last_started_at = excluded.last_started_at, sticky = excluded.sticky, detail = excluded.detail""")
+    _tally_rows(conn, "SELECT dst_id FROM temp.merge_scans", 1)
     results = conn.execute(
         "SELECT COUNT(*) FROM main.results WHERE scan IN (SELECT dst_id FROM temp.merge_scans)"
     ).fetchone()[0] - before_results

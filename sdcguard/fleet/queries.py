@@ -9,8 +9,11 @@ Windows: a row counts when it started at or after ``since`` (a passing row: its 
 than the retention horizon (``sdcguard prune``) live as per-day roll-ups; a rolled-up day counts when it starts
 at or after ``since``, so beyond the horizon a window's start is resolved to the UTC day.
 
-The big aggregation reads one covering index (``results_rates``); failures and retests are rare and come from
-partial indexes, so no per-row expression is evaluated over millions of rows.
+Counts over whole UTC days come from tallies, never from rows: ``day_tallies`` for the days still held as rows
+(kept exact as rows are written, merged and pruned: :mod:`.maintenance`), the roll-ups for pruned days. Rows
+are read only for the partial first day of a window, over the time-led covering index ``results_time``;
+failures and retests are rare and come from partial indexes, so no per-row expression is evaluated over
+millions of rows.
 """
 
 from __future__ import annotations
@@ -142,13 +145,47 @@ class StoreQueries(StoreBase):
         keys = {"device": "device", "device_family": "device, family", "family": "family"}[by]
         width = keys.count(",") + 1
         scope, sp = _in(devices)
-        window, wp = (" AND started_at >= ?", [since]) if since is not None else ("", [])
-        where, params = f"WHERE 1{window}{scope}", [*wp, *sp]
-        # The big scan: rows and seconds over the covering index. A retest is always one execution (only
-        # passing first attempts are folded together), so first-attempt executions = TOTAL(executions) - retests.
         groups: dict[tuple[Any, ...], list[float]] = {}
-        for r in self._rows(f"SELECT {keys}, TOTAL(executions), TOTAL(duration_s) FROM results {where} "
-                            f"GROUP BY {keys}", params):
+
+        def add(rows: list[tuple[Any, ...]]) -> None:
+            for r in rows:
+                g = groups.setdefault(tuple(r[:width]), [0.0, 0.0, 0.0])
+                g[0] += r[width]
+                g[1] += r[width + 1]
+                g[2] += r[width + 2]
+
+        # Whole days from the day tallies (the rows held) and the roll-ups (the days pruned); rows only for the
+        # partial first day of the window, from its start to the next UTC midnight.
+        day = _first_day(since)
+        window, wp = ("", []) if day is None else (" AND day >= ?", [day])
+        add(self._rows(f"SELECT {keys}, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM day_tallies "
+                       f"WHERE 1{window}{scope} GROUP BY {keys}", [*wp, *sp]))
+        if since is not None and day is not None and day * DAY_S > since:
+            add(self._partial_day(keys, since, day * DAY_S, scope, sp))
+        if self._has_rollups(since):
+            table, window, wp = ("rollup_totals", "", []) if day is None else ("rollups", " AND day >= ?", [day])
+            add(self._rows(f"SELECT {keys}, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM {table} "
+                           f"WHERE 1{window}{scope} GROUP BY {keys}", [*wp, *sp]))
+        out = []
+        for key in sorted(groups):
+            n, k, s = groups[key]
+            if n == 0 and k == 0 and abs(s) < 1e-6:
+                continue  # what a day tally keeps of rows that moved or went: nothing
+            device = key[0] if by != "family" else None
+            family = key[-1] if by != "device" else None
+            out.append(Tally(device, family, int(n), int(k), s))
+        return out
+
+    def _partial_day(self, keys: str, lo: float, hi: float, scope: str, sp: list[Any]) -> list[tuple[Any, ...]]:
+        """``(keys..., executions, failures, seconds)`` of the rows that started in ``[lo, hi)``, over the
+        time-led covering index; failures and retests are rare and come from their partial indexes. A retest is
+        always one execution (only passing first attempts are folded together), so first-attempt executions =
+        TOTAL(executions) - retests."""
+        width = keys.count(",") + 1
+        where, params = f"WHERE started_at >= ? AND started_at < ?{scope}", [lo, hi, *sp]
+        groups: dict[tuple[Any, ...], list[float]] = {}
+        for r in self._rows(f"SELECT {keys}, TOTAL(executions), TOTAL(duration_s) FROM results "
+                            f"INDEXED BY results_time {where} GROUP BY {keys}", params):
             groups[tuple(r[:width])] = [r[width], 0.0, r[width + 1]]
         for r in self._rows(f"SELECT {keys}, COUNT(*) FROM results INDEXED BY results_retests {where} "
                             f"AND attempt > 0 GROUP BY {keys}", params):
@@ -156,22 +193,7 @@ class StoreQueries(StoreBase):
         for r in self._rows(f"SELECT {keys}, COUNT(*) FROM results INDEXED BY results_failures {where} "
                             f"AND passed = 0 AND attempt = 0 GROUP BY {keys}", params):
             groups[tuple(r[:width])][1] += r[width]
-        if self._has_rollups(since):
-            day = _first_day(since)
-            table, window, wp = ("rollup_totals", "", []) if day is None else ("rollups", " AND day >= ?", [day])
-            for r in self._rows(f"SELECT {keys}, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM {table} "
-                                f"WHERE 1{window}{scope} GROUP BY {keys}", [*wp, *sp]):
-                g = groups.setdefault(tuple(r[:width]), [0.0, 0.0, 0.0])
-                g[0] += r[width]
-                g[1] += r[width + 1]
-                g[2] += r[width + 2]
-        out = []
-        for key in sorted(groups):
-            n, k, s = groups[key]
-            device = key[0] if by != "family" else None
-            family = key[-1] if by != "device" else None
-            out.append(Tally(device, family, int(n), int(k), s))
-        return out
+        return [(*key, n, k, secs) for key, (n, k, secs) in groups.items()]
 
     def _has_rollups(self, since: float | None) -> bool:
         last = self._meta("rollup_last_day")
