@@ -264,3 +264,23 @@ def test_incidents_of_several_jobs_on_several_nodes_reach_the_fleet_once(tmp_pat
         checkpoints = [(c.job, c.step) for c in s.checkpoints()]
     assert len(got) == len(expected) and set(got) == expected  # none lost, none twice
     assert len(checkpoints) == len(expected) and set(checkpoints) == expected
+
+
+def test_merge_takes_directories_of_node_stores_and_job_spools(tmp_path: Path) -> None:
+    """`sdcguard merge fleet.db nodes/ jobs/`: every *.db in each directory; an empty directory is no error (an
+    unmatched shell glob would be a missing input)."""
+    (tmp_path / "nodes").mkdir()
+    (tmp_path / "jobs").mkdir()
+    fleet = tmp_path / "fleet.db"
+    out = CliRunner().invoke(cli, ["merge", str(fleet), str(tmp_path / "nodes"), str(tmp_path / "jobs")])
+    assert out.exit_code == 0 and "nothing to merge" in out.output, out.output
+    _scan(tmp_path / "nodes" / "n1.db", "sim:1", 3, NOW - DAY)
+    _job(tmp_path / "jobs" / "4242.db", "4242", "n1", 2, NOW - 100)
+    _job(tmp_path / "jobs" / "4243.db", "4243", "n2", 1, NOW - 50)
+    for _ in range(2):
+        out = CliRunner().invoke(cli, ["merge", str(fleet), str(tmp_path / "nodes"), str(tmp_path / "jobs")])
+        assert out.exit_code == 0, out.output
+    assert out.output.count("+0 incidents") == 3
+    with Store.open(fleet, create=False) as s:
+        assert sorted((i.job, i.step) for i in s.incidents()) == [("4242", 0), ("4242", 1), ("4243", 0)]
+    assert _executions(fleet) == {"sim:1": 3}
