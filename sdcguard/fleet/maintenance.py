@@ -1,22 +1,32 @@
-"""Merging another store into this one (incrementally), and pruning old scans into daily roll-ups.
+"""Merging another store into this one (incrementally), pruning old scans into daily roll-ups, and the day
+tallies that both keep exact.
 
 **Merge.** Every row that can be merged has a natural key: a scan its ``uuid``, a result ``(scan uuid, seq)``, an
 incident, a quarantine change, a policy decision and an action attempt their ``uuid``, an action
 ``(device, action, quarantined_since)``. A merge takes only what is new in an input since its last merge: the
-output remembers, per input (its ``meta.store_id``), the highest row id it took of every append-only table and
-the scans that were still open (``running``/``interrupted``); those open scans are taken again, since their rows
-still change (a passing row's count grows as the scan goes on). The input is the authority for its own scans'
-rows, so taking one again changes nothing: merging the same input twice counts nothing twice, with or without
-the watermark (``full=True`` ignores it). A device's quarantine state is replayed from the merged history (the
-latest change wins). Each input is merged in one transaction, read through ``ATTACH``, and never written.
+output remembers, per input (its ``meta.store_id``), the highest row id it took of every append-only table *and
+that row's uuid* (``merge_sources.marks``), and the scans that were still open (``running``, or ``interrupted``
+lately: a scanner taken for dead may still finish one); those open scans are taken again, since their rows
+still change (a passing row's count grows as the scan goes on). Row ids are SQLite rowids, reused once an input's
+newest rows are pruned or the input is restored from an older backup: a watermark whose row is gone or is
+another is reset to 0, that table read in full, and the merge says so (``MergeStats.rewound``). The input is the
+authority for its own scans' rows, so taking one again changes nothing: merging the same input twice counts
+nothing twice, with or without the watermark (``full=True`` ignores it). A device's quarantine state is
+replayed from the merged history (the latest change wins). Each input is merged in one transaction, read
+through ``ATTACH``, and never written.
 
-**Prune.** Scans that started before the horizon (a UTC midnight) are rolled into per-day, per-device, per-family
-counts (``rollups``; the whole fleet's per day in ``rollup_days``; complete scans per day and device in
-``scan_rollups``; both also summed over all days in ``rollup_totals`` and ``scan_rollup_totals``, what an all-time
-report reads) and their rows deleted, one day per
-transaction, so a store killed while pruning is consistent. Every execution is counted once, in a row or in a
-roll-up; what is lost is the detail of each old failure and the time resolution below a day. A later merge
-skips input scans older than the horizon: they are already in the roll-ups.
+**Prune.** Finished scans (``interrupted`` ones too; only ``running`` ones stay) that started before the horizon
+(a UTC midnight) are rolled into per-day, per-device, per-family counts (``rollups``; the whole fleet's per day
+in ``rollup_days``, summed from those; complete scans per day and device in ``scan_rollups``; both also summed
+over all days in ``rollup_totals`` and ``scan_rollup_totals``, what an all-time report reads) and their rows
+deleted, one day per transaction and one pass over the day's rows, so a store killed while pruning is
+consistent. Every execution is counted once, in a row or in a roll-up; what is lost is the detail of each old
+failure and the time resolution below a day. A later merge skips input scans older than the horizon: they are
+already in the roll-ups.
+
+**Day tallies.** ``day_tallies`` equals, at every commit, what the rows of ``results`` add up to per UTC day (of a
+row's start), device and family: :class:`DayTallies` for a scan's batch (the store's write path), minus and plus
+one pass over the rows a merge replaces and writes, minus what a prune deletes.
 """
 
 from __future__ import annotations
