@@ -13,8 +13,8 @@ the real suite's 31 cases, the default 60 s budget, one device in 1,000 defectiv
    CLI, default 7-day window, 30 days, and all time), the HTML page (7 days and all time) and the fleet
    policy's run, wall and CPU time side by side.
 
-Goal: the CLI report over 7 and 30 days under 2 s, in each of three runs. A full year takes about an hour on a 2-core machine: ``--days``, ``--devices``
-choose what fits, and the output says exactly what was measured.
+Goal: the CLI report over 7 and 30 days under 2 s, in each of three runs. A full year takes about an hour on a
+2-core machine: ``--days``, ``--devices`` choose what fits, and the output says exactly what was measured.
 
     python benchmarks/report_scale.py --devices 10000 --days 365
     python benchmarks/report_scale.py --devices 1000 --days 60 --merge-days 7      # a minute or two

@@ -133,8 +133,8 @@ def test_interrupted_scans_are_pruned_and_rolled_up_like_complete_ones(tmp_path:
         for day, status in enumerate(("interrupted", "complete", "interrupted")):
             t = START + day * DAY
             sid = store.begin_scan(device="sim:1", host="node", budget_s=60.0, started_at=t)
-            store.record_results(sid, [result("sim:1", t=t + i) for i in range(4)], finish=status,  # type: ignore[arg-type]
-                                 finished_at=t + 60)
+            rows = [result("sim:1", t=t + i) for i in range(4)]
+            store.record_results(sid, rows, finish=status, finished_at=t + 60)  # type: ignore[arg-type]
         sid = store.begin_scan(device="sim:1", host="node", budget_s=60.0, started_at=START + DAY + 5)
         store.record_results(sid, [result("sim:1", t=START + DAY + 6)])  # still running: left alone
         whole = store.tallies(by="device")

@@ -17,7 +17,9 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
-__all__ = ["SCHEMA_VERSION", "APPLICATION_ID", "SQLITE_MAGIC", "MIGRATIONS", "migrate", "COUNTED_SCAN", "MIN_EXECUTIONS"]
+__all__ = [
+    "SCHEMA_VERSION", "APPLICATION_ID", "SQLITE_MAGIC", "MIGRATIONS", "migrate", "COUNTED_SCAN", "MIN_EXECUTIONS",
+]
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 APPLICATION_ID = 0x5344_4347  # "SDCG"
