@@ -343,7 +343,9 @@ def _v7(conn: sqlite3.Connection) -> None:
 # (:meth:`Store.record_results`), a merge (minus the rows it replaces, plus the rows it writes), a prune (minus the
 # rows it deletes). Its key leads with the device, so a GROUP BY device reads it in order whatever the window.
 # ``results_time`` (led by ``started_at``) replaces ``results_rates``: the rows a query still reads are a time
-# range (the partial first day of a window, a plot's bins), never a device's whole history.
+# range (the partial first day of a window, a plot's bins), never a device's whole history. ``scans_device``
+# gains ``executions``: a scan counts only when it executed something (``COUNTED_SCAN``), and the report's scan
+# counts stay index-only.
 _V8 = """
 CREATE TABLE IF NOT EXISTS day_tallies (
     device TEXT NOT NULL,
@@ -359,7 +361,9 @@ INSERT INTO day_tallies(device, family, day, executions, failures, test_s)
     SELECT device, family, CAST(started_at / 86400.0 AS INTEGER) AS d, TOTAL((attempt = 0) * executions),
       TOTAL(attempt = 0 AND passed = 0), TOTAL(duration_s) FROM results GROUP BY device, family, d;
 DROP INDEX IF EXISTS results_rates;
-CREATE INDEX IF NOT EXISTS results_time ON results(started_at, device, family, executions, duration_s)
+CREATE INDEX IF NOT EXISTS results_time ON results(started_at, device, family, executions, duration_s);
+DROP INDEX IF EXISTS scans_device;
+CREATE INDEX scans_device ON scans(device, status, started_at, executions)
 """
 
 
