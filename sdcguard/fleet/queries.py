@@ -313,12 +313,16 @@ class StoreQueries(StoreBase):
         dev, dp = (" AND device = ?", [device]) if device is not None else ("", [])
         window, wp = (" AND started_at >= ?", [since]) if since is not None else ("", [])
         complete: dict[str, int] = {d: int(n) for d, n in self._rows(
-            f"SELECT device, COUNT(*) FROM scans WHERE {COUNTED_SCAN}{window}{dev} GROUP BY device", [*wp, *dp])}
-        # One index probe per device (scans_device): a device's scans never overlap (the scanner locks it), so
-        # its latest complete scan is the one started last.
+            f"SELECT device, COUNT(*) FROM scans INDEXED BY scans_device WHERE {COUNTED_SCAN}{window}{dev} "
+            "GROUP BY device", [*wp, *dp])}
+        # One index probe per device (scans_device, named: with executions in the condition the planner would
+        # otherwise pick scans_status and read every complete scan per device): a device's scans never overlap
+        # (the scanner locks it), so its latest complete scan is the one started last. The counts read the same
+        # index whole, in device order, without the table.
         one, op = (" AND d.id = ?", [device]) if device is not None else ("", [])
         last: dict[str, float] = {d: t for d, t in self._rows(
-            "SELECT d.id, (SELECT COALESCE(s.finished_at, s.started_at) FROM scans s WHERE s.device = d.id AND "
+            "SELECT d.id, (SELECT COALESCE(s.finished_at, s.started_at) FROM scans s INDEXED BY scans_device "
+            "WHERE s.device = d.id AND "
             f"{COUNTED_SCAN} ORDER BY s.started_at DESC, s.id DESC LIMIT 1) AS t FROM devices d "
             f"WHERE 1{one}", op) if t is not None}
         if self._meta("rollup_last_day") is not None:
