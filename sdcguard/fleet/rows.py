@@ -134,6 +134,9 @@ class MergeStats:
     quarantine_history: int
     skipped_scans: int = 0
     """Scans older than the output's retention horizon: already rolled up there, not merged again."""
+    rewound: tuple[str, ...] = ()
+    """Tables of the input that went backwards since the last merge (the row at the watermark is gone or is
+    another: its newest rows pruned, or the store restored from an older backup), so they were read in full."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,7 +24,7 @@ from typing import Any
 from ..devices import device_kind, hostname, unknown_device
 from ..errors import BadInput, StoreError
 from ..records import CaseResult, DeviceInfo, Incident, ScanStatus
-from .maintenance import StoreMaintenance
+from .maintenance import DayTallies, StoreMaintenance, day_of
 from .queries import DAY_S, StoreQueries
 from .rows import Decision, PendingAction, QuarantineEntry
 
@@ -319,8 +319,9 @@ def _append(
     rest one row each. Returns the first-attempt executions and failures it adds."""
     if not results:
         return 0, 0
-    folded = {} if seq == 0 else {(c, f): i for c, f, i in conn.execute(
-        "SELECT case_id, family, id FROM results WHERE scan = ? AND passed = 1 AND attempt = 0", (scan_id,))}
+    folded = {} if seq == 0 else {(c, f): (i, t, n, secs) for c, f, i, t, n, secs in conn.execute(
+        "SELECT case_id, family, id, started_at, executions, duration_s FROM results WHERE scan = ? AND passed = 1 "
+        "AND attempt = 0", (scan_id,))}
     passes: dict[tuple[str, str], list[Any]] = {}  # (case, family) -> [row template, executions, seconds, first, last]
     rows: list[tuple[Any, ...]] = []
     executions = failures = 0
@@ -357,7 +358,23 @@ def _append(
         else:
             new.append(item)
     conn.executemany(_INSERT_RESULT, new)
-    grown = [(n, secs, first, last, folded[key]) for key, (_, n, secs, first, last) in passes.items() if key in folded]
+    tallies = DayTallies()
+    for row in new:
+        attempt, n = row[16], row[19]
+        tallies.add(row[2], row[4], row[8], n if attempt == 0 else 0, int(attempt == 0 and not row[6]), row[7])
+    grown = []
+    for key, (r, n, secs, first, last) in passes.items():
+        if key not in folded:
+            continue
+        row_id, was_start, was_n, was_secs = folded[key]
+        grown.append((n, secs, first, last, row_id))
+        # the row's day is that of its first execution: it moves only if this batch started before the row did
+        if day_of(first) >= day_of(was_start):
+            tallies.add(r.device, r.family, was_start, n, 0, secs)
+        else:
+            tallies.add(r.device, r.family, was_start, -was_n, 0, -was_secs)
+            tallies.add(r.device, r.family, first, was_n + n, 0, was_secs + secs)
+    tallies.write(conn)
     if grown:
         conn.executemany(
             "UPDATE results SET executions = executions + ?, duration_s = duration_s + ?, "
