@@ -27,6 +27,7 @@ from _dist import run_ranks
 from _tiny_transformer import TinyTransformer, lm_loss, make_batch
 from sdcguard import SDCGuard, Store, checkpoint
 from sdcguard.errors import BadInput
+from sdcguard.training.scrub import scrub_one
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -98,6 +99,7 @@ def test_an_async_save_round_trips_and_is_verified_when_settled(tmp_path: Path) 
     assert info is not None and info.saved and info.error is None and info.step == 2 and info.verified
     record = json.loads((tmp_path / "s2" / checkpoint.SIDECAR).read_text())
     assert record["verified"] is True and record["digest"] == info.digest
+    assert scrub_one(tmp_path / "s2").status == "clean"  # the rewritten record still checks itself and the index
     assert [c[:3] for c in guard.state_dict()["verification"]["checkpoints"]] == [[str(tmp_path / "s2"), 2, True]]
     with Store.open(tmp_path / "fleet.db") as store:
         assert [(c.checkpoint_id, c.step, c.verified, c.status) for c in store.checkpoints()] == [

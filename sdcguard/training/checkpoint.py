@@ -40,7 +40,7 @@ from .record import corrupted, differences, file_fingerprint, fingerprints, make
 if TYPE_CHECKING:
     from .guard import SDCGuard
 
-__all__ = ["save", "load", "CheckpointInfo", "SIDECAR"]
+__all__ = ["save", "load", "CheckpointInfo", "SIDECAR", "store_candidates"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,7 +178,8 @@ def _load_one(state_dict: dict[str, Any], path: Path, *, strict: bool, **kwargs:
                           digest=str(body.get("digest", "")), tensors=len(mine), checked=not missed)
 
 
-def _store_candidates(store: str | os.PathLike[str], root: Path) -> list[Candidate]:
+def store_candidates(store: str | os.PathLike[str], root: Path) -> list[Candidate]:
+    """The checkpoints the fleet store recorded as verified and saved, at or under ``root``, newest step first."""
     from ..fleet.store import Store
 
     with Store.open(Path(store), readonly=True) as db:
@@ -193,7 +194,7 @@ def _store_candidates(store: str | os.PathLike[str], root: Path) -> list[Candida
 def _load_fallback(state_dict: dict[str, Any], path: Path, *, strict: bool, store: str | os.PathLike[str] | None,
                    **kwargs: Any) -> CheckpointInfo:
     if store is not None:
-        found = _store_candidates(store, path)
+        found = store_candidates(store, path)
     else:
         if not path.is_dir():
             raise CheckpointError(f"no checkpoint or directory of checkpoints at {path}")
