@@ -1,10 +1,14 @@
 """Scrubbing checkpoints at rest: re-read every tensor of a verified DCP checkpoint and compare it with the
 fingerprint recorded when it was saved, without loading it into a model.
 
-A checkpoint is read the way it lies on disk: data file by data file, each item in file order (sequential reads),
-one item in memory at a time (bounded by the largest tensor saved, twice: its bytes and the decoded tensor), and
-each data file's pages are dropped from the page cache once it is read (``posix_fadvise(DONTNEED)``: a scrub of
-terabytes does not push a node's working set out). The verdict of one checkpoint:
+A checkpoint is read the way it lies on disk: data file by data file, each item in file order (sequential reads,
+by a reader thread into three reused buffers, so the disk reads ahead while a tensor is fingerprinted; memory:
+three times the largest tensor saved). Each tensor is fingerprinted where it lies in the buffer (:mod:`.torchzip`;
+``torch.load`` only for layouts that reader does not handle). Each data file's clean pages are dropped from the
+page cache before it is read and after (``posix_fadvise(DONTNEED)``): the bytes checked come from the storage,
+not from a copy in memory that would hide rot on the disk, and a scrub of terabytes leaves a node's page cache
+alone. (``O_DIRECT`` was tried: one synchronous request at a time, it read at a third of ``cat``'s rate.) The
+verdict of one checkpoint:
 
 - ``clean``: every saved tensor matched a recorded fingerprint of its key (a sharded key: one of its shards');
 - ``corrupt``: a tensor differs (its key is named), or a data file is shorter than DCP's index says, or DCP's
@@ -18,7 +22,10 @@ Non-tensor items (DCP's pickled bytes, e.g. learning rates) have no fingerprint 
 from __future__ import annotations
 
 import io
+import mmap
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -29,8 +36,12 @@ from ..errors import CheckpointError
 from ..fingerprints import fingerprint_many
 from .layout import METADATA, SIDECAR, candidates, is_checkpoint, metadata_damage
 from .record import read_record
+from .torchzip import view_tensor
 
 __all__ = ["ScrubResult", "scrub", "scrub_one", "latest_good", "expand"]
+
+_BUFFERS = 3
+"""Buffers the reader fills ahead of the fingerprinting (each the size of the largest tensor)."""
 
 Progress = Callable[[int], None]
 """Called with the number of bytes just read."""
@@ -106,50 +117,129 @@ def scrub_one(path: str | os.PathLike[str], *, progress: Progress | None = None)
     return _read_items(path, metadata, storage, allowed, progress, verdict)
 
 
+@dataclass(frozen=True)
+class _Item:
+    """One stored tensor as the reader thread hands it over (``data``: a view of a pooled buffer)."""
+
+    fqn: str
+    file: str
+    data: memoryview | None
+    buffer: mmap.mmap | None
+    error: str | None = None
+    """``truncated`` (the file ends before the item does) or why the file could not be read."""
+
+
+def _read_at(fd: int, buf: mmap.mmap, offset: int, length: int) -> memoryview:
+    """Read ``length`` bytes at ``offset`` into ``buf``; a view of what was read (shorter at the end of the file)."""
+    view = memoryview(buf)[:length]
+    got = 0
+    while got < length:
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if not n:
+            break
+        got += n
+    return view[:got]
+
+
+def _reader(path: Path, plan: list[tuple[str, list[Any]]], pool: queue.Queue[mmap.mmap],
+            ready: queue.Queue[_Item | None], stop: threading.Event) -> None:
+    """Reads every item in file order into pooled buffers (the disk works while the caller fingerprints)."""
+    try:
+        for name, items in plan:
+            try:
+                fd = os.open(path / name, os.O_RDONLY)
+            except OSError as e:
+                ready.put(_Item("", name, None, None, f"{path / name} cannot be read ({e.strerror or e})"))
+                return
+            try:
+                # Drop the file's clean cached pages first: the bytes checked come from the storage, not from a
+                # copy in memory that would hide rot on the disk. Dropped again after: the scrub leaves the cache.
+                _advise(fd, "POSIX_FADV_DONTNEED")
+                _advise(fd, "POSIX_FADV_SEQUENTIAL")
+                for index, info in items:
+                    buf = pool.get()
+                    if stop.is_set():
+                        return
+                    try:
+                        data = _read_at(fd, buf, info.offset, info.length)
+                    except OSError as e:
+                        ready.put(_Item(index.fqn, name, None, buf, f"{path / name} cannot be read "
+                                                                   f"({e.strerror or e})"))
+                        return
+                    ready.put(_Item(index.fqn, name, data, buf, None if len(data) == info.length else "truncated"))
+                _advise(fd, "POSIX_FADV_DONTNEED")
+            finally:
+                os.close(fd)
+    except Exception as e:  # never a silent "clean": a reader that failed makes the checkpoint unreadable
+        ready.put(_Item("", "", None, None, f"reading {path} failed ({type(e).__name__}: {e})"))
+    finally:
+        ready.put(None)
+
+
+def _advise(fd: int, what: str) -> None:
+    advice = getattr(os, what, None)
+    if advice is not None and hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(fd, 0, 0, advice)
+        except OSError:
+            pass  # advice only
+
+
 def _read_items(path: Path, metadata: Any, storage: dict[Any, Any], allowed: dict[str, set[str]],
                 progress: Progress | None, verdict: Callable[..., ScrubResult]) -> ScrubResult:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     tensors = {k for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
     per_file: dict[str, list[tuple[Any, Any]]] = {}
-    for index, info in storage.items():
-        if index.fqn in tensors:
-            per_file.setdefault(info.relative_path, []).append((index, info))
-    bad: list[str] = []
     notes: list[str] = []
+    for index, info in storage.items():
+        if index.fqn not in tensors:
+            continue
+        if info.transform_descriptors:
+            notes.append(f"{index.fqn}: stored with transforms, not checked")
+            continue
+        per_file.setdefault(info.relative_path, []).append((index, info))
+    plan = [(name, sorted(per_file[name], key=lambda ii: ii[1].offset)) for name in sorted(per_file)]
+    largest = max((info.length for _, items in plan for _, info in items), default=0)
+    pool: queue.Queue[mmap.mmap] = queue.Queue()
+    for _ in range(_BUFFERS):  # reused: memory is a few times the largest tensor, whatever the checkpoint's size
+        pool.put(mmap.mmap(-1, max(largest, 1)))
+    ready: queue.Queue[_Item | None] = queue.Queue()
+    stop = threading.Event()
+    thread = threading.Thread(target=_reader, args=(path, plan, pool, ready, stop), name="sdcguard-scrub-reader",
+                              daemon=True)
+    thread.start()
+    bad: list[str] = []
     checked = nbytes = 0
-    for name in sorted(per_file):
-        items = sorted(per_file[name], key=lambda ii: ii[1].offset)
-        try:
-            fd = os.open(path / name, os.O_RDONLY)
-        except OSError as e:
-            return verdict("unreadable", f"{path / name} cannot be read ({e.strerror or e})", tensors=checked,
-                           nbytes=nbytes)
-        with os.fdopen(fd, "rb", buffering=0) as f:
-            _advise(fd, "POSIX_FADV_SEQUENTIAL")
-            for index, info in items:
-                if info.transform_descriptors:
-                    notes.append(f"{index.fqn}: stored with transforms, not checked")
-                    continue
-                f.seek(info.offset)
-                try:
-                    data = f.read(info.length)
-                except OSError as e:
-                    return verdict("unreadable", f"{path / name} cannot be read ({e.strerror or e})",
-                                   tensors=checked, nbytes=nbytes)
-                nbytes += len(data)
-                if progress is not None:
-                    progress(len(data))
-                if len(data) < info.length:
-                    bad.append(index.fqn)
-                    notes.append(f"{name} is truncated ({index.fqn} ends past its end)")
-                    break
-                problem = _check(data, index.fqn, allowed)
+    unreadable: str | None = None
+    try:
+        while (item := ready.get()) is not None:
+            if item.data is None:
+                unreadable = item.error
+                break
+            nbytes += len(item.data)
+            if progress is not None:
+                progress(len(item.data))
+            if item.error == "truncated":
+                bad.append(item.fqn)
+                notes.append(f"{item.file} is truncated ({item.fqn} ends past its end)")
+            else:
+                problem = _check(item.data, item.fqn, allowed)
                 checked += 1
                 if problem is not None:
-                    bad.append(index.fqn)
+                    bad.append(item.fqn)
                     notes.append(problem)
-            _advise(fd, "POSIX_FADV_DONTNEED")
+            item.data.release()
+            assert item.buffer is not None
+            pool.put(item.buffer)
+    finally:
+        stop.set()
+        pool.put(mmap.mmap(-1, 1))  # wake the reader if it waits for a buffer
+        thread.join()
+        while not pool.empty():
+            pool.get().close()
+    if unreadable is not None:
+        return verdict("unreadable", unreadable, tensors=checked, nbytes=nbytes)
     missing = sorted(set(allowed) - {i.fqn for i in storage})
     if missing:
         bad += missing
@@ -161,28 +251,22 @@ def _read_items(path: Path, metadata: Any, storage: dict[Any, Any], allowed: dic
     return verdict("clean", "; ".join(notes[:3]), (), checked, nbytes)
 
 
-def _check(data: bytes, fqn: str, allowed: dict[str, set[str]]) -> str | None:
+def _check(data: memoryview, fqn: str, allowed: dict[str, set[str]]) -> str | None:
     """Why the stored bytes of one item do not match (None: they do, or nothing was recorded for its key)."""
     import torch
 
-    try:
-        tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as e:
-        return f"{fqn}: its stored bytes cannot be decoded ({type(e).__name__})"
+    tensor = view_tensor(data)
+    if tensor is None:  # a layout the in-place reader does not handle: torch.load copies it out
+        try:
+            tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as e:
+            return f"{fqn}: its stored bytes cannot be decoded ({type(e).__name__})"
     values = allowed.get(fqn)
     if values is None:
         return None
     found = f"{fingerprint_many([tensor])[0]:016x}"
+    del tensor  # the view must not outlive the buffer's turn
     return None if found in values else f"{fqn}: fingerprint {found} is not the one recorded"
-
-
-def _advise(fd: int, what: str) -> None:
-    advice = getattr(os, what, None)
-    if advice is not None and hasattr(os, "posix_fadvise"):
-        try:
-            os.posix_fadvise(fd, 0, 0, advice)
-        except OSError:
-            pass  # advice only
 
 
 def latest_good(root: str | os.PathLike[str], *, store: str | os.PathLike[str] | None = None,
