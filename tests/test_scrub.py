@@ -195,3 +195,38 @@ def test_fallback_loads_the_newest_checkpoint_that_is_verified_and_still_verifie
     found, tried = latest_good(root)
     assert found is None and [Path(t.checkpoint_id).name for t in tried] == ["step2", "step1", "step0"]
     assert [r.status for r in scrub([root])] == ["corrupt", "corrupt", "corrupt", "clean"]
+
+
+def test_odd_layouts_scrub_clean_and_a_flip_in_one_is_found(tmp_path: Path) -> None:
+    """Tensors whose stored bytes are not in logical order (transposed, channels-last), float8, bf16, 0-d and empty
+    ones take the slow path or the streamed one, and each is checked."""
+    torch.manual_seed(0)
+    state = {"t": torch.randn(64, 96).t().contiguous().t(), "cl": torch.randn(2, 3, 4, 5).to(
+        memory_format=torch.channels_last), "f8": torch.randn(64).to(torch.float8_e4m3fn), "bf": torch.randn(33).bfloat16(),
+        "zero_d": torch.tensor(2.5), "empty": torch.empty(0), "big": torch.randn(3_000_000)}
+    assert not state["t"].is_contiguous()
+    checkpoint.save(state, checkpoint_id=tmp_path / "c")
+    result = scrub_one(tmp_path / "c")
+    assert result.status == "clean" and result.tensors >= 6, result
+    for key in ("t", "cl", "f8", "big"):
+        copy = tmp_path / f"rot-{key}"
+        shutil.copytree(tmp_path / "c", copy)
+        flip_byte_of(copy, key, at=11)
+        result = scrub_one(copy)
+        assert result.status == "corrupt" and result.bad == (key,), result
+
+
+@settings(max_examples=60)
+@given(data=st.binary(max_size=300_000), cuts=st.lists(st.integers(0, 300_000), max_size=6))
+def test_a_streamed_fingerprint_equals_the_fingerprint_of_the_whole(data: bytes, cuts: list[int]) -> None:
+    import numpy as np
+
+    from sdcguard.fingerprints import StreamingFingerprint, fingerprint
+
+    stream = StreamingFingerprint()
+    previous = 0
+    for cut in sorted(c for c in cuts if c <= len(data)) + [len(data)]:
+        stream.update(data[previous:cut])
+        previous = cut
+    assert stream.nbytes == len(data)
+    assert stream.value == fingerprint(np.frombuffer(data, dtype=np.uint8))
