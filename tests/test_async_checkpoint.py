@@ -247,3 +247,45 @@ def test_ranks_agree_on_async_saves_without_touching_the_training_group(tmp_path
     if ok3:
         fresh = TinyTransformer(d=8, heads=2, seq=4, layers=1)
         assert checkpoint.load({"model": fresh.state_dict()}, checkpoint_id=tmp_path / "step3").verified
+
+
+# ---------------------------------------------------------------------------------------------- Lightning
+
+
+def test_lightning_model_parallel_checkpoints_are_saved_asynchronously_and_verified(tmp_path: Path) -> None:
+    L = pytest.importorskip("lightning.pytorch", reason="lightning is not installed")
+    from sdcguard.adapters.lightning import SDCGuardCallback, SDCGuardModelParallelStrategy
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = TinyTransformer()
+
+        def configure_model(self) -> None:
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(self.net, mesh=self.device_mesh["data_parallel"])
+
+        def training_step(self, batch: Any, idx: int) -> torch.Tensor:
+            return lm_loss(self.net, batch)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    cb = SDCGuardCallback(replay_every=1)
+    strategy = SDCGuardModelParallelStrategy(cb)
+    saver = L.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    trainer = L.Trainer(max_steps=4, accelerator="cpu", devices=1, strategy=strategy, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[cb, saver])
+    trainer.fit(Module(), torch.utils.data.DataLoader([make_batch(s, 0) for s in range(4)], batch_size=None))
+    folders = sorted(tmp_path.glob("*.ckpt"))
+    assert [f.name for f in folders] == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt"]
+    assert cb.guard is not None
+    # One process under FSDP2 reduces nothing, so no sample is judged and nothing is verified: the saves say so.
+    vouched = cb.guard.last_verified_step is not None
+    assert [(Path(i.checkpoint_id).name, i.step, i.saved, i.verified) for i in strategy.checkpointer.settled] == [
+        ("epoch=0-step=2.ckpt", 1, True, vouched), ("epoch=0-step=4.ckpt", 3, True, vouched)]
+    assert all(scrub_one(f).status == "clean" and (f / "meta.pt").exists() for f in folders)
+    assert [c[:3] for c in cb.guard.state_dict()["verification"]["checkpoints"]] == [
+        [str(folders[0]), 1, vouched], [str(folders[1]), 3, vouched]]

@@ -218,6 +218,8 @@ class AsyncCheckpointer:
         if guard is not None and step is None:
             step = guard.state_dict()["last_step"]
         background, _ = self._own_groups()
+        if overwrite and self._rank() == 0:  # the old record must not vouch for the new files while they land
+            (path / SIDECAR).unlink(missing_ok=True)
         job = _Job(path=str(path), step=step, expected=fingerprints(state_dict), guarded=guard is not None)  # on the device, before staging
         stager = self._checked_stager(background)
         stager.job = job
