@@ -148,8 +148,8 @@ def test_the_cli_exit_codes_name_the_tensor_and_record_verdicts(saved: tuple[Pat
 
     with Store.open(db) as store:
         rows = [(Path(s.checkpoint_id).name, s.status, s.bad) for s in store.scrubs()]
-    assert rows == [("a", "clean", ()), ("b", "clean", ()), ("a", "clean", ()), ("b", "corrupt", ("model.head.weight",)),
-                    ("a", "clean", ()), ("gone", "unreadable", ())]
+    assert rows == [("a", "clean", ()), ("b", "clean", ()), ("a", "clean", ()),
+                    ("b", "corrupt", ("model.head.weight",)), ("a", "clean", ()), ("gone", "unreadable", ())]
     none = CliRunner().invoke(cli, ["scrub"])
     assert none.exit_code == 2
 
@@ -201,9 +201,10 @@ def test_odd_layouts_scrub_clean_and_a_flip_in_one_is_found(tmp_path: Path) -> N
     """Tensors whose stored bytes are not in logical order (transposed, channels-last), float8, bf16, 0-d and empty
     ones take the slow path or the streamed one, and each is checked."""
     torch.manual_seed(0)
-    state = {"t": torch.randn(64, 96).t().contiguous().t(), "cl": torch.randn(2, 3, 4, 5).to(
-        memory_format=torch.channels_last), "f8": torch.randn(64).to(torch.float8_e4m3fn), "bf": torch.randn(33).bfloat16(),
-        "zero_d": torch.tensor(2.5), "empty": torch.empty(0), "big": torch.randn(3_000_000)}
+    state = {"t": torch.randn(64, 96).t().contiguous().t(),
+             "cl": torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+             "f8": torch.randn(64).to(torch.float8_e4m3fn), "bf": torch.randn(33).bfloat16(),
+             "zero_d": torch.tensor(2.5), "empty": torch.empty(0), "big": torch.randn(3_000_000)}
     assert not state["t"].is_contiguous()
     checkpoint.save(state, checkpoint_id=tmp_path / "c")
     result = scrub_one(tmp_path / "c")

@@ -23,7 +23,8 @@ from typing import Any, Literal
 from ..records import CaseResult, DeviceInfo, Incident
 from .connection import StoreBase
 from .rows import (
-    CaseCoverage, CheckpointEntry, Decision, ScrubEntry, DeviceStatus, FailedExecution, QuarantineEntry, ScanCounts, SeriesPoint, Tally,
+    CaseCoverage, CheckpointEntry, Decision, DeviceStatus, FailedExecution, QuarantineEntry, ScanCounts, ScrubEntry,
+    SeriesPoint, Tally,
     device_status,
 )
 

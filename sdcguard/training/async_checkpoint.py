@@ -220,7 +220,8 @@ class AsyncCheckpointer:
         background, _ = self._own_groups()
         if overwrite and self._rank() == 0:  # the old record must not vouch for the new files while they land
             (path / SIDECAR).unlink(missing_ok=True)
-        job = _Job(path=str(path), step=step, expected=fingerprints(state_dict), guarded=guard is not None)  # on the device, before staging
+        expected = fingerprints(state_dict)  # on each tensor's device, before anything is staged
+        job = _Job(path=str(path), step=step, expected=expected, guarded=guard is not None)
         stager = self._checked_stager(background)
         stager.job = job
         kind = AsyncCheckpointerType.PROCESS if self.writer == "process" else AsyncCheckpointerType.THREAD
