@@ -289,3 +289,26 @@ def test_lightning_model_parallel_checkpoints_are_saved_asynchronously_and_verif
     assert all(scrub_one(f).status == "clean" and (f / "meta.pt").exists() for f in folders)
     assert [c[:3] for c in cb.guard.state_dict()["verification"]["checkpoints"]] == [
         [str(folders[0]), 1, vouched], [str(folders[1]), 3, vouched]]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_process_writer_saves_through_dcps_checkpoint_process(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """DCP's checkpoint process needs an initialized group and a non-daemonic parent (the gloo harness's ranks are
+    daemonic), so this runs one rank in the test process itself."""
+    import torch.distributed as dist
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # DCP's daemon reaches the coordinator there
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model, opt, guard = _setup(tmp_path)
+        _train(model, guard, opt, range(2))
+        saver = checkpoint.AsyncCheckpointer(writer="process")
+        saver.save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=tmp_path / "p",
+                   guard=guard)
+        info = saver.close()
+        assert info is not None and info.saved and info.verified, info
+        assert scrub_one(tmp_path / "p").status == "clean"
+    finally:
+        dist.destroy_process_group()

@@ -18,7 +18,7 @@ checkpoint process), and its coordinator writes ``sdcguard.json`` right after DC
 Nothing in the background touches the training group: DCP's asynchronous save needs a group with a CPU backend
 and issues collectives from its thread, so the checkpointer makes gloo groups of its own over the same ranks
 (once, on the training thread, with ``use_local_synchronization``), and both DCP's collectives and the exchange
-of fingerprints run there. The training group may be NCCL alone; a torch without gloo is refused
+of fingerprints run there (one group per thread that uses it). The training group may be NCCL alone; a torch without gloo is refused
 (:class:`~sdcguard.errors.BadInput`). Ranks agree without a collective of the training thread: the outcome is
 known alike on every rank once DCP's write finished (DCP's coordinator reports any rank's failure to all), and the
 settling happens at the same point of the program on every rank: the next ``save``, ``wait()`` or ``poll()``.
@@ -161,7 +161,7 @@ class AsyncCheckpointer:
         self._given_stager = stager
         self._cache = cache_staging
         self._stager: _CheckedStager | None = None
-        self._groups: tuple[Any, Any] | None = None
+        self._groups: tuple[Any, Any, Any] | None = None
         self._inflight: _InFlight | None = None
         self._lock = threading.Lock()
         self.settled: list[CheckpointInfo] = []
@@ -172,18 +172,21 @@ class AsyncCheckpointer:
     def _distributed(self) -> bool:
         return dist.is_available() and dist.is_initialized()
 
-    def _own_groups(self) -> tuple[Any, Any]:
-        """(background group, settling group): gloo groups of their own over the saving ranks."""
+    def _own_groups(self) -> tuple[Any, Any, Any]:
+        """(DCP's group, the staged-copy check's group, the settling group): gloo groups of their own over the
+        saving ranks, one per thread that issues collectives on it (two threads on one group could interleave
+        their collectives differently on different ranks: DCP's checkpoint process is set up on the training
+        thread while the check runs)."""
         if self._groups is None:
             if not self._distributed():
-                self._groups = (None, None)
+                self._groups = (None, None, None)
             else:
                 if not dist.is_gloo_available():
                     raise BadInput("async_save needs a CPU backend (gloo) for DCP's background save and this torch "
                                    "has none: initialize with a gloo-capable build, e.g. backend 'cpu:gloo,cuda:nccl'")
                 ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
-                self._groups = (dist.new_group(ranks, backend="gloo", use_local_synchronization=True),
-                                dist.new_group(ranks, backend="gloo", use_local_synchronization=True))
+                self._groups = tuple(dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
+                                     for _ in range(3))
         return self._groups
 
     def _checked_stager(self, group: Any) -> _CheckedStager:
@@ -217,12 +220,12 @@ class AsyncCheckpointer:
             raise BadInput(f"{path} already holds a checkpoint; pass overwrite=True to replace it")
         if guard is not None and step is None:
             step = guard.state_dict()["last_step"]
-        background, _ = self._own_groups()
+        background, check, _ = self._own_groups()
         if overwrite and self._rank() == 0:  # the old record must not vouch for the new files while they land
             (path / SIDECAR).unlink(missing_ok=True)
         expected = fingerprints(state_dict)  # on each tensor's device, before anything is staged
         job = _Job(path=str(path), step=step, expected=expected, guarded=guard is not None)
-        stager = self._checked_stager(background)
+        stager = self._checked_stager(check)
         stager.job = job
         kind = AsyncCheckpointerType.PROCESS if self.writer == "process" else AsyncCheckpointerType.THREAD
         response = dcp.async_save(state_dict, storage_writer=_RecordingWriter(str(path), job), planner=planner,
@@ -250,7 +253,7 @@ class AsyncCheckpointer:
         """Settle the save in flight if every rank's write has finished (collective on the checkpointer's own
         group: every saving rank calls it at the same point, e.g. after each optimizer step); None otherwise."""
         current = self._inflight
-        _, settling = self._own_groups()
+        _, _, settling = self._own_groups()
         done = current is not None and current.upload.done()
         if settling is not None:
             flag = torch.tensor([1 if done else 0], dtype=torch.int32)
@@ -302,7 +305,7 @@ class AsyncCheckpointer:
         return info
 
     def _rank(self) -> int:
-        background, _ = self._groups or (None, None)
+        background = self._groups[0] if self._groups is not None else None
         return dist.get_rank(background) if background is not None else 0
 
     @staticmethod
