@@ -8,6 +8,7 @@ defined on the training side; this module is their documented import path.
 from .training.async_checkpoint import AsyncCheckpointer, async_poll, async_save, async_wait
 from .training.checkpoint import CheckpointInfo, load, save
 from .training.layout import SIDECAR
+from .training.scrub import ScrubResult, latest_good, scrub, scrub_one
 
 __all__ = ["save", "load", "async_save", "async_wait", "async_poll", "AsyncCheckpointer", "CheckpointInfo",
-           "SIDECAR"]
+           "scrub", "scrub_one", "latest_good", "ScrubResult", "SIDECAR"]
