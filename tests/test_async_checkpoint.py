@@ -21,11 +21,13 @@ from typing import Any
 
 import pytest
 import torch
+from click.testing import CliRunner
 from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 
 from _dist import run_ranks
 from _tiny_transformer import TinyTransformer, lm_loss, make_batch
 from sdcguard import SDCGuard, Store, checkpoint
+from sdcguard.cli import cli
 from sdcguard.errors import BadInput
 from sdcguard.training.scrub import scrub_one
 
@@ -178,6 +180,8 @@ def test_a_background_write_that_fails_is_reported_and_never_verified(tmp_path: 
     with Store.open(tmp_path / "fleet.db") as store:
         [row] = store.checkpoints()
     assert (row.checkpoint_id, row.status, row.verified) == (str(target), "failed", False) and row.detail
+    shown = CliRunner().invoke(cli, ["--db", str(tmp_path / "fleet.db"), "checkpoints"])
+    assert shown.exit_code == 0 and "failed:" in shown.output
     # the next save is not blocked by the failure
     saver.save({"model": model.state_dict()}, checkpoint_id=tmp_path / "next", guard=guard)
     ok = saver.close()

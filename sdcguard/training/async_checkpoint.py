@@ -17,11 +17,12 @@ checkpoint process), and its coordinator writes ``sdcguard.json`` right after DC
 
 Nothing in the background touches the training group: DCP's asynchronous save needs a group with a CPU backend
 and issues collectives from its thread, so the checkpointer makes gloo groups of its own over the same ranks
-(once, on the training thread, with ``use_local_synchronization``), and both DCP's collectives and the exchange
-of fingerprints run there (one group per thread that uses it). The training group may be NCCL alone; a torch without gloo is refused
-(:class:`~sdcguard.errors.BadInput`). Ranks agree without a collective of the training thread: the outcome is
-known alike on every rank once DCP's write finished (DCP's coordinator reports any rank's failure to all), and the
-settling happens at the same point of the program on every rank: the next ``save``, ``wait()`` or ``poll()``.
+(once, on the training thread, with ``use_local_synchronization``; one group per thread that uses it), and both
+DCP's collectives and the exchange of fingerprints run there. The training group may be NCCL alone; a torch
+without gloo is refused (:class:`~sdcguard.errors.BadInput`). Ranks agree without a collective of the training
+thread: the outcome is known alike on every rank once DCP's write finished (DCP's coordinator reports any rank's
+failure to all), and the settling happens at the same point of the program on every rank: the next ``save``,
+``wait()``, or ``poll()`` (a small all-reduce on a group of its own).
 
 Settling: the checkpoint is *verified* only when every rank's write finished and ``guard.last_verified_step``
 covers its step at that moment; then the guard remembers it (a later incident may name it as the place to roll
@@ -33,7 +34,6 @@ verified and never named as a rollback.
 from __future__ import annotations
 
 import os
-import threading
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -96,9 +96,10 @@ class _CheckedStager(AsyncStager):
 
     _synchronize_after_execute = False
 
-    def __init__(self, inner: AsyncStager, group: Any) -> None:
+    def __init__(self, inner: AsyncStager, group: Any, *, owned: bool) -> None:
         self.inner = inner
         self.group = group
+        self.owned = owned
         self.job: _Job | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sdcguard-staged-check")
 
@@ -130,7 +131,8 @@ class _CheckedStager(AsyncStager):
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-        self.inner.close()
+        if self.owned:  # a caller's stager stays the caller's to close (DCP's convention)
+            self.inner.close()
 
 
 @dataclass
@@ -163,7 +165,6 @@ class AsyncCheckpointer:
         self._stager: _CheckedStager | None = None
         self._groups: tuple[Any, Any, Any] | None = None
         self._inflight: _InFlight | None = None
-        self._lock = threading.Lock()
         self.settled: list[CheckpointInfo] = []
         """Every settled save, oldest first (identical on every rank)."""
 
@@ -196,7 +197,7 @@ class AsyncCheckpointer:
             inner = self._given_stager or DefaultStager(StagingOptions(
                 use_pinned_memory=torch.cuda.is_available(), use_shared_memory=self.writer == "process",
                 use_async_staging=False, use_non_blocking_copy=False))
-            self._stager = _CheckedStager(inner, group)
+            self._stager = _CheckedStager(inner, group, owned=self._given_stager is None)
         return self._stager
 
     # ------------------------------------------------------------------------------------------ saving
@@ -243,8 +244,7 @@ class AsyncCheckpointer:
 
     def wait(self) -> CheckpointInfo | None:
         """Wait for the save in flight (if any) and settle it: the same on every rank (no collective)."""
-        with self._lock:
-            current, self._inflight = self._inflight, None
+        current, self._inflight = self._inflight, None
         if current is None:
             return None
         return self._settle(current)
