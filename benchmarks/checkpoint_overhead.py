@@ -81,7 +81,8 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"state dict: {args.layers} x Linear({args.width}) + AdamW state = {nbytes / 1e6:.0f} MB, one process, "
-          f"{args.repeats} interleaved repeats, files under {args.dir or tempfile.gettempdir()}")
+          f"{args.repeats} interleaved repeats, files under {args.dir or tempfile.gettempdir()}, "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (1 min) at the end")
     for op in ("save", "load"):
         base, ours = med[f"dcp {op}"], med[f"sdcguard {op}"]
         ratios = sorted(b / a - 1 for a, b in zip(times[f"dcp {op}"], times[f"sdcguard {op}"]))
