@@ -10,6 +10,7 @@ from a directory or from the fleet store's record.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -50,9 +51,14 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int
     root = tmp_path_factory.mktemp("saved")
     model, opt, guard = _trained()
     checkpoint.save(_state(model, opt), checkpoint_id=root / "c", guard=guard)
-    from sdcguard.training.record import _entries  # noqa: PLC2701 (the test enumerates what the record holds)
+    from torch.distributed.checkpoint import FileSystemReader
 
-    sizes = {k: t.numel() * t.element_size() for k, t in _entries(_state(model, opt)) if t.numel()}
+    from sdcguard.training.record import fingerprints
+
+    meta = FileSystemReader(str(root / "c")).read_metadata().state_dict_metadata
+    sizes = {k: math.prod(meta[k].size) * torch.empty((), dtype=meta[k].properties.dtype).element_size()
+             for k in fingerprints(_state(model, opt))}
+    sizes = {k: n for k, n in sizes.items() if n}
     return root / "c", sizes
 
 
