@@ -199,9 +199,10 @@ def test_the_module_level_async_save(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------- distributed
 
 
-def _dist_job(rank: int, world: int, root: str, fail_rank: int | None) -> dict[str, Any]:
+def _dist_job(rank: int, world: int, root: str, fail: str | None) -> dict[str, Any]:
     """DDP on 3 ranks, sampled every step; async saves at steps 1 and 3, settled by poll() after each step. With
-    ``fail_rank``, that rank's data file of the step-3 checkpoint lands on a full device."""
+    ``fail="write"``, rank 1's data file of the step-3 checkpoint lands on a full device; with ``fail="stage"``,
+    rank 1's host copy of it is damaged."""
     warnings.filterwarnings("ignore")
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -210,6 +211,7 @@ def _dist_job(rank: int, world: int, root: str, fail_rank: int | None) -> dict[s
     guard = SDCGuard(DDP(model), lm_loss, replay_every=1, store=f"{root}/fleet.db")
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     saver = checkpoint.AsyncCheckpointer()
+    damaged = checkpoint.AsyncCheckpointer(stager=DamagingStager("model.blocks.0.fc1.weight"))
     polled: list[int] = []
     for step in range(6):
         report = guard.step(step, make_batch(step, rank, seq=4))
@@ -219,29 +221,37 @@ def _dist_job(rank: int, world: int, root: str, fail_rank: int | None) -> dict[s
         guard.after_optimizer_step()
         if step in (1, 3):
             path = Path(root) / f"step{step}"
-            if step == 3 and rank == fail_rank:
+            if step == 3 and rank == 1 and fail == "write":
                 path.mkdir(parents=True, exist_ok=True)
                 (path / f"__{rank}_0.distcp").symlink_to("/dev/full")
+            if step == 3 and fail == "stage":  # every rank switches (a collective); only rank 1's copy is damaged
+                saver.close()
+                saver = damaged if rank == 1 else checkpoint.AsyncCheckpointer()
             saver.save({"model": model.state_dict()}, checkpoint_id=path, guard=guard)
         info = saver.poll()  # settles once every rank's write finished, the same step on every rank
         if info is not None:
             polled.append(step)
     saver.close()
-    return {"settled": [(i.step, i.verified, i.saved) for i in saver.settled], "polled": polled,
+    return {"settled": [(i.step, i.verified, i.saved) for i in saver.settled],
+            "errors": [i.error for i in saver.settled if i.error], "polled": polled,
             "notes": [c[:3] for c in guard.state_dict()["verification"]["checkpoints"]]}
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("fail_rank", [None, 1])
-def test_ranks_agree_on_async_saves_without_touching_the_training_group(tmp_path: Path,
-                                                                          fail_rank: int | None) -> None:
+@pytest.mark.parametrize("fail", [None, "write", "stage"])
+def test_ranks_agree_on_async_saves_without_touching_the_training_group(tmp_path: Path, fail: str | None) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        results = run_ranks(_dist_job, 3, str(tmp_path), fail_rank, timeout=220)
+        results = run_ranks(_dist_job, 3, str(tmp_path), fail, timeout=220)
+    ok3 = fail is None
+    if fail == "stage":  # the step-1 save settled on the first checkpointer, the step-3 one on the second
+        for r in results:
+            assert r["settled"] == [(3, False, False)] and "fc1.weight (rank 1)" in r["errors"][0]
+            r["settled"] = [(1, True, True), *r["settled"]]
+            r["errors"] = []
     assert results[0] == results[1] == results[2]  # every rank settled the same saves the same way
-    ok3 = fail_rank is None
     assert results[0]["settled"] == [(1, True, True), (3, ok3, ok3)]
     assert results[0]["notes"] == [[f"{tmp_path}/step1", 1, True]] + ([[f"{tmp_path}/step3", 3, True]] if ok3 else [])
     with Store.open(tmp_path / "fleet.db") as store:
