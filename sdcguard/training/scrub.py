@@ -1,13 +1,15 @@
 """Scrubbing checkpoints at rest: re-read every tensor of a verified DCP checkpoint and compare it with the
 fingerprint recorded when it was saved, without loading it into a model.
 
-A checkpoint is read the way it lies on disk: data file by data file, each item in file order (sequential reads,
-by a reader thread, in pieces of 4 MiB into a ring of four reused buffers, so the disk reads ahead while the
-caller fingerprints). A tensor whose raw bytes are its bytes in order (the usual case: :func:`.torchzip.head`
-says) is fingerprinted piece by piece as it streams past (:class:`~sdcguard.fingerprints.StreamingFingerprint`):
-memory stays at the ring's 16 MiB whatever the checkpoint. Other layouts (a transposed or channels-last tensor,
-float8) are collected whole and decoded (memory: that item); so is any item whose streamed fingerprint differs,
-read a second time: a verdict of corruption always comes from the full decoding. Each data file's clean pages
+A checkpoint is read the way it lies on disk: data file by data file, each item in file order, in pieces of 4 MiB
+into one reused buffer (sequential reads; the kernel's readahead keeps the disk busy while a piece is
+fingerprinted, and the piece is fingerprinted while it is still in the CPU's cache: a reader thread filling a ring
+of buffers ahead was slower on a loaded machine). A tensor whose raw bytes are its bytes in order (the usual case:
+:func:`.torchzip.head` says) is fingerprinted piece by piece as it streams past
+(:class:`~sdcguard.fingerprints.StreamingFingerprint`): memory stays at 4 MiB whatever the checkpoint. Other
+layouts (a transposed or channels-last tensor, float8) are collected whole and decoded (memory: that item); so is
+any item whose streamed fingerprint differs, read a second time: a verdict of corruption always comes from the
+full decoding. Each data file's clean pages
 are dropped from the page cache before it is read and after (``posix_fadvise(DONTNEED)``): the bytes checked come
 from the storage, not from a copy in memory that would hide rot on the disk, and a scrub of terabytes leaves a
 node's page cache alone. The verdict of one checkpoint:
@@ -26,8 +28,6 @@ from __future__ import annotations
 import io
 import mmap
 import os
-import queue
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -43,9 +43,7 @@ from .torchzip import Head, head, view_tensor
 __all__ = ["ScrubResult", "scrub", "scrub_one", "latest_good", "expand"]
 
 _PIECE = 4 << 20
-"""Bytes of an item handed from the reader thread to the fingerprinting at a time."""
-_RING = 4
-"""Pieces in flight: the reader reads ahead by up to this many while the caller fingerprints."""
+"""Bytes of an item read and fingerprinted at a time (the one buffer a scrub holds)."""
 
 _READ = 1 << 20
 """Bytes per read call: small enough that the kernel's readahead keeps the disk busy during a piece."""
@@ -124,20 +122,6 @@ def scrub_one(path: str | os.PathLike[str], *, progress: Progress | None = None)
     return _read_items(path, metadata, storage, allowed, progress, verdict)
 
 
-@dataclass(frozen=True)
-class _Piece:
-    """A piece of one stored item as the reader thread hands it over (``data``: a view of a pooled buffer)."""
-
-    item: int
-    at: int
-    """Where the piece starts in its item."""
-    data: memoryview | None
-    buffer: mmap.mmap | None
-    last: bool
-    error: str | None = None
-    """``truncated`` (the file ends before the item does) or why the file could not be read."""
-
-
 def _read_at(fd: int, buf: mmap.mmap, offset: int, length: int) -> memoryview:
     """Read ``length`` bytes at ``offset`` into ``buf``; a view of what was read (shorter at the end of the file)."""
     view = memoryview(buf)[:length]
@@ -148,50 +132,6 @@ def _read_at(fd: int, buf: mmap.mmap, offset: int, length: int) -> memoryview:
             break
         got += n
     return view[:got]
-
-
-def _reader(path: Path, plan: list[tuple[str, list[tuple[int, Any]]]], pool: queue.Queue[mmap.mmap],
-            ready: queue.Queue[_Piece | None], stop: threading.Event) -> None:
-    """Reads every item in file order, in pieces, into pooled buffers (the disk works while the caller
-    fingerprints)."""
-    try:
-        for name, items in plan:
-            try:
-                fd = os.open(path / name, os.O_RDONLY)
-            except OSError as e:
-                ready.put(_Piece(-1, 0, None, None, True, f"{path / name} cannot be read ({e.strerror or e})"))
-                return
-            try:
-                # Drop the file's clean cached pages first: the bytes checked come from the storage, not from a
-                # copy in memory that would hide rot on the disk. Dropped again after: the scrub leaves the cache.
-                _advise(fd, "POSIX_FADV_DONTNEED")
-                _advise(fd, "POSIX_FADV_SEQUENTIAL")
-                for k, info in items:
-                    at = 0
-                    while True:
-                        buf = pool.get()
-                        if stop.is_set():
-                            return
-                        want = min(_PIECE, info.length - at)
-                        try:
-                            data = _read_at(fd, buf, info.offset + at, want)
-                        except OSError as e:
-                            ready.put(_Piece(k, at, None, buf, True, f"{path / name} cannot be read "
-                                                                     f"({e.strerror or e})"))
-                            return
-                        short = len(data) < want
-                        last = short or at + want >= info.length
-                        ready.put(_Piece(k, at, data, buf, last, "truncated" if short else None))
-                        if last:
-                            break
-                        at += want
-                _advise(fd, "POSIX_FADV_DONTNEED")
-            finally:
-                os.close(fd)
-    except Exception as e:  # never a silent "clean": a reader that failed makes the checkpoint unreadable
-        ready.put(_Piece(-1, 0, None, None, True, f"reading {path} failed ({type(e).__name__}: {e})"))
-    finally:
-        ready.put(None)
 
 
 def _advise(fd: int, what: str) -> None:
@@ -250,7 +190,7 @@ def _read_items(path: Path, metadata: Any, storage: dict[Any, Any], allowed: dic
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     tensors = {k for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
-    per_file: dict[str, list[tuple[Any, Any]]] = {}
+    per_file: dict[str, list[Any]] = {}
     notes: list[str] = []
     for index, info in storage.items():
         if index.fqn not in tensors:
@@ -259,57 +199,55 @@ def _read_items(path: Path, metadata: Any, storage: dict[Any, Any], allowed: dic
             notes.append(f"{index.fqn}: stored with transforms, not checked")
             continue
         per_file.setdefault(info.relative_path, []).append((index, info))
-    checks: list[_ItemCheck] = []
-    plan: list[tuple[str, list[tuple[int, Any]]]] = []
-    for name in sorted(per_file):
-        items = []
-        for index, info in sorted(per_file[name], key=lambda ii: ii[1].offset):
-            items.append((len(checks), info))
-            checks.append(_ItemCheck(index.fqn, name, info.offset, info.length))
-        plan.append((name, items))
-    pool: queue.Queue[mmap.mmap] = queue.Queue()
-    for _ in range(_RING):  # reused pieces: the memory a scrub needs does not grow with the checkpoint
-        pool.put(mmap.mmap(-1, _PIECE))
-    ready: queue.Queue[_Piece | None] = queue.Queue()
-    stop = threading.Event()
-    thread = threading.Thread(target=_reader, args=(path, plan, pool, ready, stop), name="sdcguard-scrub-reader",
-                              daemon=True)
-    thread.start()
     bad: list[str] = []
     checked = nbytes = 0
-    unreadable: str | None = None
+    piece = mmap.mmap(-1, _PIECE)  # the one buffer: the memory a scrub needs does not grow with the checkpoint
     try:
-        while (piece := ready.get()) is not None:
-            if piece.data is None:
-                unreadable = piece.error
-                break
-            item = checks[piece.item]
-            nbytes += len(piece.data)
-            if progress is not None:
-                progress(len(piece.data))
-            if piece.error == "truncated":
-                bad.append(item.fqn)
-                notes.append(f"{item.file} is truncated ({item.fqn} ends past its end)")
-            else:
-                item.feed(piece.at, piece.data)
-            piece.data.release()
-            assert piece.buffer is not None
-            pool.put(piece.buffer)
-            if piece.last and piece.error is None:
-                problem = item.problem(path, allowed)
-                checks[piece.item] = _ItemCheck(item.fqn, item.file, 0, 0)  # free what it collected
-                checked += 1
-                if problem is not None:
-                    bad.append(item.fqn)
-                    notes.append(problem)
+        for name in sorted(per_file):
+            try:
+                fd = os.open(path / name, os.O_RDONLY)
+            except OSError as e:
+                return verdict("unreadable", f"{path / name} cannot be read ({e.strerror or e})", tensors=checked,
+                               nbytes=nbytes)
+            try:
+                # Drop the file's clean cached pages first: the bytes checked come from the storage, not from a
+                # copy in memory that would hide rot on the disk. Dropped again after: the scrub leaves the cache.
+                _advise(fd, "POSIX_FADV_DONTNEED")
+                _advise(fd, "POSIX_FADV_SEQUENTIAL")
+                for index, info in sorted(per_file[name], key=lambda ii: ii[1].offset):
+                    item = _ItemCheck(index.fqn, name, info.offset, info.length)
+                    at = 0
+                    while at < info.length:
+                        want = min(_PIECE, info.length - at)
+                        try:
+                            data = _read_at(fd, piece, info.offset + at, want)
+                        except OSError as e:
+                            return verdict("unreadable", f"{path / name} cannot be read ({e.strerror or e})",
+                                           tensors=checked, nbytes=nbytes)
+                        nbytes += len(data)
+                        if progress is not None:
+                            progress(len(data))
+                        if len(data) < want:
+                            bad.append(item.fqn)
+                            notes.append(f"{name} is truncated ({item.fqn} ends past its end)")
+                            data.release()
+                            break
+                        item.feed(at, data)  # while the bytes are still in the CPU's cache
+                        data.release()
+                        at += want
+                    else:
+                        checked += 1
+                        problem = item.problem(path, allowed)
+                        if problem is not None:
+                            bad.append(item.fqn)
+                            notes.append(problem)
+                        continue
+                    break  # a truncated file: nothing after this item is there
+                _advise(fd, "POSIX_FADV_DONTNEED")
+            finally:
+                os.close(fd)
     finally:
-        stop.set()
-        pool.put(mmap.mmap(-1, 1))  # wake the reader if it waits for a buffer
-        thread.join()
-        while not pool.empty():
-            pool.get().close()
-    if unreadable is not None:
-        return verdict("unreadable", unreadable, tensors=checked, nbytes=nbytes)
+        piece.close()
     missing = sorted(set(allowed) - {i.fqn for i in storage})
     if missing:
         bad += missing
