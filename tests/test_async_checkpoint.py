@@ -180,6 +180,7 @@ def test_a_background_write_that_fails_is_reported_and_never_verified(tmp_path: 
     with Store.open(tmp_path / "fleet.db") as store:
         [row] = store.checkpoints()
     assert (row.checkpoint_id, row.status, row.verified) == (str(target), "failed", False) and row.detail
+    assert row.job == guard.job  # listed with the job's other checkpoints (sdcguard checkpoints --job)
     shown = CliRunner().invoke(cli, ["--db", str(tmp_path / "fleet.db"), "checkpoints"])
     assert shown.exit_code == 0 and "failed:" in shown.output
     # the next save is not blocked by the failure

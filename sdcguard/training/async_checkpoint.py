@@ -287,14 +287,16 @@ class AsyncCheckpointer:
             warnings.warn(f"sdcguard: the asynchronous save of {job.path} failed ({error}); it is not verified",
                           RuntimeWarning, stacklevel=3)
             if current.store is not None and writer_rank:
-                self._record_failure(current.store, job, error)
+                self._store_write(current.store, job, self._job_id(guard), status="failed", verified=False,
+                                  digest="", detail=error)
         else:
             body = make_record(job.everyone, step=job.step, verified=None)
             verified: bool | None = None
             if guard is not None and job.step is not None:
                 verified = guard.record_checkpoint(job.path, job.step, body["digest"])  # also the store's record
             elif current.store is not None and writer_rank and job.step is not None:
-                self._record(current.store, job, body["digest"])
+                self._store_write(current.store, job, self._job_id(None), status="saved", verified=False,
+                                  digest=body["digest"], detail="")
             if writer_rank and verified:
                 body["verified"] = True
                 body["metadata"] = file_fingerprint(Path(job.path) / METADATA)
@@ -309,22 +311,19 @@ class AsyncCheckpointer:
         return dist.get_rank(background) if background is not None else 0
 
     @staticmethod
-    def _job_id() -> str | None:
+    def _job_id(guard: SDCGuard | None) -> str | None:
+        """The job's id as the guard records it (its rows and this one then list together), else the launcher's."""
+        if guard is not None:
+            return guard.job
         return os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID")
 
-    def _record(self, store: str, job: _Job, digest: str) -> None:
-        self._store_write(store, job, status="saved", verified=False, digest=digest, detail="")
-
-    def _record_failure(self, store: str, job: _Job, error: str) -> None:
-        self._store_write(store, job, status="failed", verified=False, digest="", detail=error)
-
-    def _store_write(self, store: str, job: _Job, **row: Any) -> None:
+    def _store_write(self, store: str, job: _Job, job_id: str | None, **row: Any) -> None:
         try:
             from ..fleet.store import Store
 
             with Store.open(Path(store)) as db:
                 db.record_checkpoint(checkpoint_id=job.path, step=job.step if job.step is not None else -1,
-                                     job=self._job_id(), **row)
+                                     job=job_id, **row)
         except Exception as e:  # never crash training over bookkeeping
             warnings.warn(f"sdcguard: could not record checkpoint {job.path} in {store}: {e}", RuntimeWarning,
                           stacklevel=4)
