@@ -326,8 +326,15 @@ def _merge_appended(conn: Any, inc_after: int, hist_after: int, dec_after: int, 
            WHERE id IN (SELECT m.id FROM main.actions m JOIN src.actions a ON m.device = a.device
                         AND m.action = a.action AND m.quarantined_since = a.quarantined_since)""")
     conn.execute(
-        """INSERT OR IGNORE INTO main.checkpoints(uuid, checkpoint_id, step, verified, digest, job, time)
-           SELECT uuid, checkpoint_id, step, verified, digest, job, time FROM src.checkpoints WHERE true""")
+        """INSERT OR IGNORE INTO main.checkpoints(uuid, checkpoint_id, step, verified, digest, job, time, status,
+                                                  detail)
+           SELECT uuid, checkpoint_id, step, verified, digest, job, time, status, detail FROM src.checkpoints
+           WHERE true""")
+    conn.execute(
+        """INSERT OR IGNORE INTO main.checkpoint_scrubs(uuid, checkpoint_id, status, tensors, bytes, bad, detail,
+                                                        host, time)
+           SELECT uuid, checkpoint_id, status, tensors, bytes, bad, detail, host, time FROM src.checkpoint_scrubs
+           WHERE true""")
     _replay_quarantine(conn, hist_after)
     return incidents, history
 

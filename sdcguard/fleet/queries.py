@@ -27,7 +27,8 @@ from ..records import CaseResult, DeviceInfo, Incident
 from .connection import StoreBase
 from .schema import COUNTED_SCAN
 from .rows import (
-    CaseCoverage, CheckpointEntry, Decision, DeviceStatus, FailedExecution, QuarantineEntry, ScanCounts, SeriesPoint, Tally,
+    CaseCoverage, CheckpointEntry, Decision, DeviceStatus, FailedExecution, QuarantineEntry, ScanCounts, ScrubEntry,
+    SeriesPoint, Tally,
     device_status,
 )
 
@@ -131,8 +132,19 @@ class StoreQueries(StoreBase):
         where, params = _where(("time >= ?", since), ("job = ?", job))
         return [
             CheckpointEntry(checkpoint_id=r["checkpoint_id"], step=int(r["step"]), verified=bool(r["verified"]),
-                            digest=r["digest"], job=r["job"], time=float(r["time"]))
+                            digest=r["digest"], job=r["job"], time=float(r["time"]), status=r["status"],
+                            detail=r["detail"])
             for r in self._dicts(f"SELECT * FROM checkpoints {where} ORDER BY time, id", params)
+        ]
+
+    def scrubs(self, *, since: float | None = None, checkpoint_id: str | None = None) -> list[ScrubEntry]:
+        """Checkpoints re-read at rest (``sdcguard scrub``), oldest first; with ``checkpoint_id``, that one's."""
+        where, params = _where(("time >= ?", since), ("checkpoint_id = ?", checkpoint_id))
+        return [
+            ScrubEntry(checkpoint_id=r["checkpoint_id"], status=r["status"], tensors=int(r["tensors"]),
+                       bytes=int(r["bytes"]), bad=tuple(json.loads(r["bad"])), detail=r["detail"], host=r["host"],
+                       time=float(r["time"]))
+            for r in self._dicts(f"SELECT * FROM checkpoint_scrubs {where} ORDER BY time, id", params)
         ]
 
     # ------------------------------------------------------------------ rates

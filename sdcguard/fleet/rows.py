@@ -12,6 +12,7 @@ from typing import Literal
 __all__ = [
     "DeviceStatus", "device_status", "Tally", "FailedExecution", "CaseCoverage", "ScanCounts", "QuarantineEntry",
     "Decision", "PendingAction", "SeriesPoint", "MergeStats", "PruneStats", "CheckpointEntry",
+    "ScrubEntry", "CheckpointStatus", "ScrubStatus",
 ]
 
 DeviceStatus = Literal["healthy", "suspect", "quarantined", "probation"]
@@ -162,4 +163,28 @@ class CheckpointEntry:
     digest: str
     """The checkpoint's fingerprint digest (empty when the saver had none)."""
     job: str | None
+    time: float
+    status: CheckpointStatus = "saved"
+    """``failed``: an asynchronous save whose background write failed (never verified, never a rollback target)."""
+    detail: str = ""
+    """Why it failed."""
+
+
+CheckpointStatus = Literal["saved", "failed"]
+ScrubStatus = Literal["clean", "corrupt", "unreadable"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScrubEntry:
+    """One checkpoint re-read at rest by ``sdcguard scrub``."""
+
+    checkpoint_id: str
+    status: ScrubStatus
+    """``clean``: every tensor matched its fingerprint; ``corrupt``: a tensor, DCP's index or the record differs
+    (``bad`` names them); ``unreadable``: it could not be checked (missing, no record, an I/O error)."""
+    tensors: int
+    bytes: int
+    bad: tuple[str, ...]
+    detail: str
+    host: str
     time: float

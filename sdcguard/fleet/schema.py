@@ -23,7 +23,7 @@ __all__ = [
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 APPLICATION_ID = 0x5344_4347  # "SDCG"
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 MIN_EXECUTIONS = 1
 """The least work a scan must do to count: first-attempt executions of golden cases it recorded."""
@@ -367,9 +367,31 @@ CREATE INDEX scans_device ON scans(device, status, started_at, executions)
 """
 
 
+# Version 9: a checkpoint's ``status`` (``saved``, or ``failed``: an asynchronous save whose background write failed,
+# never a place to roll back to) with its ``detail``; ``checkpoint_scrubs``, one row per checkpoint re-read at rest
+# by ``sdcguard scrub`` (clean, corrupt with the tensors named, or unreadable). Merged whole by ``uuid``.
+_V9 = """
+ALTER TABLE checkpoints ADD COLUMN status TEXT NOT NULL DEFAULT 'saved' CHECK (status IN ('saved','failed'));
+ALTER TABLE checkpoints ADD COLUMN detail TEXT NOT NULL DEFAULT '';
+CREATE TABLE IF NOT EXISTS checkpoint_scrubs (
+    id INTEGER PRIMARY KEY,
+    uuid TEXT NOT NULL UNIQUE,
+    checkpoint_id TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('clean','corrupt','unreadable')),
+    tensors INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    bad TEXT NOT NULL DEFAULT '[]',
+    detail TEXT NOT NULL DEFAULT '',
+    host TEXT NOT NULL,
+    time REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS checkpoint_scrubs_checkpoint ON checkpoint_scrubs(checkpoint_id, time)
+"""
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     1: _script(_V1), 2: _script(_V2), 3: _script(_V3), 4: _script(_V4), 5: _script(_V5), 6: _script(_V6),
-    7: _v7, 8: _script(_V8),
+    7: _v7, 8: _script(_V8), 9: _script(_V9),
 }
 """``version -> function`` bringing a store from ``version - 1`` to ``version``; run in one transaction."""
 

@@ -191,16 +191,34 @@ class Store(StoreQueries, StoreMaintenance):
             return iid
 
     def record_checkpoint(self, *, checkpoint_id: str, step: int, verified: bool, digest: str = "",
-                          job: str | None = None, now: float | None = None) -> int:
-        """Record a checkpoint the training guard saved; returns its row id."""
+                          job: str | None = None, now: float | None = None, status: str = "saved",
+                          detail: str = "") -> int:
+        """Record a checkpoint the training guard saved (``status="failed"``: its write failed, with ``detail``;
+        never verified); returns its row id."""
         if not checkpoint_id:
             raise BadInput("a checkpoint needs an id")
+        if status not in ("saved", "failed"):
+            raise BadInput(f"checkpoint status must be 'saved' or 'failed', not {status!r}")
         with self._write() as conn:
             cur = conn.execute(
-                "INSERT INTO checkpoints(uuid, checkpoint_id, step, verified, digest, job, time) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (_uuid.uuid4().hex, str(checkpoint_id), int(step), int(bool(verified)), digest or "", job,
-                 time.time() if now is None else now),
+                "INSERT INTO checkpoints(uuid, checkpoint_id, step, verified, digest, job, time, status, detail) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (_uuid.uuid4().hex, str(checkpoint_id), int(step), int(bool(verified) and status == "saved"),
+                 digest or "", job, time.time() if now is None else now, status, detail),
+            )
+            return int(cur.lastrowid or 0)
+
+    def record_scrub(self, *, checkpoint_id: str, status: str, tensors: int, bytes: int,
+                     bad: Sequence[str] = (), detail: str = "", now: float | None = None) -> int:
+        """Record one checkpoint re-read at rest (``sdcguard scrub``); returns its row id."""
+        if status not in ("clean", "corrupt", "unreadable"):
+            raise BadInput(f"scrub status must be clean, corrupt or unreadable, not {status!r}")
+        with self._write() as conn:
+            cur = conn.execute(
+                "INSERT INTO checkpoint_scrubs(uuid, checkpoint_id, status, tensors, bytes, bad, detail, host, time) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (_uuid.uuid4().hex, str(checkpoint_id), status, int(tensors), int(bytes), json.dumps(list(bad)),
+                 detail, hostname(), time.time() if now is None else now),
             )
             return int(cur.lastrowid or 0)
 
