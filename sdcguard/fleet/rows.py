@@ -12,6 +12,7 @@ from typing import Literal
 __all__ = [
     "DeviceStatus", "device_status", "Tally", "FailedExecution", "CaseCoverage", "ScanCounts", "QuarantineEntry",
     "Decision", "PendingAction", "SeriesPoint", "MergeStats", "PruneStats", "CheckpointEntry",
+    "CaseTiming",
 ]
 
 DeviceStatus = Literal["healthy", "suspect", "quarantined", "probation"]
@@ -160,3 +161,17 @@ class CheckpointEntry:
     """The checkpoint's fingerprint digest (empty when the saver had none)."""
     job: str | None
     time: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CaseTiming:
+    """The passing first executions of one case in one scan of one device, and the device time they took (what
+    :mod:`sdcguard.fleet.slow` compares across devices of one model)."""
+
+    device: str
+    case: str
+    family: str
+    scan: int
+    executions: int
+    seconds: float
+    """Summed device time of those executions (thread CPU time on a core, kernel time on a GPU)."""
