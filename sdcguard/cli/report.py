@@ -13,6 +13,16 @@ from ..durations import iso_utc, since_timestamp
 from ..fleet.report import build_report, report_csv_rows, report_json
 from .common import device_id, fmt_float, format_option, open_store, print_table, status_text
 
+
+def _slow_text(row: dict[str, object]) -> str:
+    """The table's ``slow`` cell: ``2.01x SLOW (pair, medium)`` for a slow device, its slowdown otherwise."""
+    x = row.get("slowdown")
+    figure = "" if not isinstance(x, float) else f"{x:.2f}x"
+    if not row.get("slow"):
+        return figure
+    how = ", ".join(str(v) for v in (row.get("slow_basis"), row.get("slow_confidence")) if v)
+    return f"{figure} SLOW ({how})".strip()
+
 __all__ = ["report"]
 
 _TABLE_ALL_UP_TO = 50
@@ -41,7 +51,8 @@ def report(
     """Per-device SDC rates with one-sided bounds, and each device's status.
 
     Status: quarantined, probation (released, watched until clean scans), suspect (a failed execution in the
-    window, not quarantined), healthy.
+    window, not quarantined), healthy. Beside it, slow: the device's time for the same golden cases against its
+    peers of the same model (thread CPU time on a core), flagged when clearly over the policy's slow threshold.
 
     Example: sdcguard report --since 7d --format json --families
     """
@@ -75,17 +86,19 @@ def report(
             caption += f"; {counts['healthy']} healthy devices not listed (--all lists them)"
         print_table(
             "sdcguard report",
-            ["device", "host", "status", "executions", "failures", "rate", "rate_low", "rate_high", "scans",
+            ["device", "host", "status", "slow", "executions", "failures", "rate", "rate_low", "rate_high", "scans",
              "last scan (UTC)"],
             [
                 line
                 for r in rows
                 for line in [
-                    [r.device, r.host, status_text(r.status), str(r.overall.executions), str(r.overall.failures),
+                    [r.device, r.host, status_text(r.status), _slow_text(r.as_dict()), str(r.overall.executions),
+                     str(r.overall.failures),
                      fmt_float(r.overall.rate), fmt_float(r.overall.rate_low), fmt_float(r.overall.rate_high),
                      str(r.scans), iso_utc(r.last_scan) or "never"],
                     *(  # --families: the device's figures per kernel family, under its row
-                        [f"  {name}", "", "", str(f.executions), str(f.failures), fmt_float(f.rate),
+                        [f"  {name}", "", "", _slow_text(r.as_dict()["families"][name]), str(f.executions),
+                         str(f.failures), fmt_float(f.rate),
                          fmt_float(f.rate_low), fmt_float(f.rate_high), "", ""]
                         for name, f in sorted((r.families or {}).items())
                     ),

@@ -119,7 +119,8 @@ def build_report(
         failing = None
     statuses = store.statuses(suspect_since=suspect_since if suspect_since is not None else since,
                               devices=[d.id for d in devices], failing=failing)
-    slowness = fleet_slowness(store, since=since, settings=slow, devices=[d.id for d in devices])
+    slowness = fleet_slowness(store, since=suspect_since if suspect_since is not None else since, settings=slow,
+                              devices=[d.id for d in devices])
     lo0, hi0 = clopper_pearson(0, 0, confidence)
     empty = Rate(executions=0, failures=0, rate=0.0, rate_low=lo0, rate_high=hi0, test_hours=0.0)
     none = ScanCounts(0, None)

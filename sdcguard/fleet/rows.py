@@ -96,7 +96,8 @@ class Decision:
 
     device: str | None
     decision: str
-    """``quarantine``, ``breaker``, ``training_breaker``, ``probation_passed``, ``action_failed``, ``action_ok``."""
+    """``quarantine``, ``breaker``, ``training_breaker``, ``probation_passed``, ``action_failed``, ``action_ok``,
+    ``slow`` (a device slower than its peers: a finding, not a quarantine)."""
     reason: str
     time: float | None = None
     """When it was recorded (filled in by :meth:`Store.decisions`)."""
