@@ -207,8 +207,8 @@ def _slow_rule(rule: str, device_text: str, kvs: list[str], bad: Any) -> InjectR
     if not 1.0 < factor <= 100.0 or math.isnan(factor):
         raise bad(f"factor must be in (1, 100], got {values.get('factor')}")
     # The fault never fires (rate 0): a slow device computes right answers.
-    return InjectRule(device=device, fault=Fault(pattern="zero", timing="intermittent", rate=0.0), cases=values.get("case"),
-                      text=rule, slowdown=factor)
+    return InjectRule(device=device, fault=Fault(pattern="zero", timing="intermittent", rate=0.0),
+                      cases=values.get("case"), text=rule, slowdown=factor)
 
 
 def _is_spec(text: str) -> bool:
