@@ -24,7 +24,7 @@ def _job(rank: int, world: int, steps: int, slowed: int | None, factor: float, s
     cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cores[rank % len(cores)]})  # one rank per core
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(128, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 8))
+    model = nn.Sequential(nn.Linear(256, 768), nn.Tanh(), nn.Linear(768, 768), nn.Tanh(), nn.Linear(768, 8))
     ddp = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
 
@@ -36,8 +36,9 @@ def _job(rank: int, world: int, steps: int, slowed: int | None, factor: float, s
     named_at: int | None = None
     commits = 0
     for step in range(steps):
-        batch = (torch.randn(32, 128, generator=g), torch.randint(0, 8, (32,), generator=g))
-        with SlowOpsMode(factor) if rank == slowed else contextlib.nullcontext():
+        batch = (torch.randn(64, 256, generator=g), torch.randint(0, 8, (64,), generator=g))
+        # every rank of a drill runs under the mode (its Python dispatch costs alike); the slowed one burns more
+        with SlowOpsMode(factor if rank == slowed else 1.0) if slowed is not None else contextlib.nullcontext():
             report = guard.step(step, batch)
         commits += report.commit
         if report.commit:

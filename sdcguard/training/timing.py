@@ -15,9 +15,11 @@ The comparison (:func:`pair_slowdowns`): on a sampled step rank ``d`` computed i
 and replayed its source's; its target replayed ``d``'s. ``d``'s micro-batch on ``d`` against the same micro-batch
 on the target, and the source's micro-batch on ``d`` against it on the source: in the product of the two ratios the
 micro-batches' sizes and the original-versus-replay overhead cancel, and what is left is ``d``'s speed against its
-neighbours (``sqrt(a_d^2 / (a_target * a_source))``). A rank whose median slowdown over the last ``window`` samples
-(at least ``min_samples``) exceeds ``1 + threshold`` is named once in an incident of kind ``slow`` (named again only
-after it recovered). Every rank holds the same gathered figures and decides alike. A ``slow`` incident never vetoes,
+neighbours (``sqrt(a_d^2 / (a_target * a_source))``). One sample is noisy on a loaded machine (a few milliseconds
+of work between other processes' time slices: +-25% here), so a rank is named when the distribution-free lower
+confidence bound of its median slowdown over the last ``window`` samples (at least ``min_samples``; the same sign-test
+bound as the fleet's, :func:`sdcguard.fleet.slow.median_lower_bound`) exceeds ``1 + threshold``: with 9 samples at
+90%, seven of them above it. It is named once in an incident of kind ``slow`` (again only after it recovered). Every rank holds the same gathered figures and decides alike. A ``slow`` incident never vetoes,
 never raises or exits, and never counts toward quarantine or the training breaker (:data:`~sdcguard.records.
 PASSIVE_KINDS`).
 """
@@ -35,6 +37,7 @@ from typing import Any
 
 import torch
 
+from ..fleet.slow import median_lower_bound
 from ..records import SLOW_KIND, Incident
 from .pairing import peer_source, peer_target
 
@@ -50,15 +53,20 @@ class SlowWatch:
     """When a rank is named slow (``SDCGuard(slow=...)``; ``None`` turns timing off)."""
 
     threshold: float = 0.2
-    """Named when its median slowdown exceeds ``1 + threshold`` (20% slower than its neighbours)."""
-    window: int = 5
+    """Named when the lower bound of its median slowdown exceeds ``1 + threshold`` (20% slower than its
+    neighbours)."""
+    confidence: float = 0.9
+    """Confidence of that lower bound."""
+    window: int = 9
     """Samples remembered per rank."""
-    min_samples: int = 3
+    min_samples: int = 5
     """Samples in the window before any verdict (a sampled step is one in ``replay_every``)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.threshold < 10:
             raise ValueError(f"slow threshold must be in (0, 10), got {self.threshold}")
+        if not 0.5 <= self.confidence < 1:
+            raise ValueError(f"slow confidence must be in [0.5, 1), got {self.confidence}")
         if not 1 <= self.min_samples <= self.window:
             raise ValueError(f"need 1 <= min_samples <= window, got {self.min_samples}, {self.window}")
 
@@ -218,20 +226,21 @@ class SlowJudge:
             h.append(x)
             if len(h) < self.watch.min_samples:
                 continue
-            m = median(h)
-            if m > 1 + self.watch.threshold and g not in self.named:
+            low = median_lower_bound([math.log(v) for v in h], self.watch.confidence)
+            if low is not None and low > math.log1p(self.watch.threshold) and g not in self.named:
                 self.named.add(g)
-                found.append(self._incident(step, g, m))
-            elif m <= 1 + self.watch.threshold / 2:
+                found.append(self._incident(step, g, median(h), math.exp(low)))
+            elif median(h) <= 1 + self.watch.threshold / 2:
                 self.named.discard(g)  # recovered: a later slowdown is named again
         return found
 
-    def _incident(self, step: int, g: int, m: float) -> Incident:
+    def _incident(self, step: int, g: int, m: float, low: float) -> Incident:
         device, host = self.identities.get(g, (None, ""))
         compute, guard, wait = self.last_phases.get(g, (0, 0, 0))
         seen = ", ".join(f"{x:.2f}x" for x in self.history[g])
         detail = (f"rank {g}{f' ({device})' if device else ''} is slow: it took {m:.2f}x the time of the devices that "
-                  f"computed the same micro-batches (median of its last {len(self.history[g])} samples: {seen}); "
+                  f"computed the same micro-batches (median of its last {len(self.history[g])} samples: {seen}; "
+                  f"lower {self.watch.confidence:.0%} bound {low:.2f}x); "
                   f"its last step: forward+backward {compute / 1e3:.1f} ms, the guard's own work {guard / 1e3:.1f} ms, "
                   f"waiting in the guard's gather {wait / 1e3:.1f} ms. Not corruption: the step was not vetoed")
         return Incident(kind=SLOW_KIND, step=step, suspect_ranks=(g,), device=device,
