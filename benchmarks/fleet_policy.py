@@ -105,6 +105,7 @@ def _slow_summary(run: SimRun) -> dict[str, Any]:
         "slow_missed": [f"{slow[d]:.2f}" for d in sorted(slow, key=slow.__getitem__) if d not in run.slow_on],
         "slow_days": sorted(run.slow_on[d] + 1 for d in slow if d in run.slow_on),
         "healthy_flagged_slow": sum(d in run.slow_on for d in healthy),
+        "healthy_not_slow": len(healthy),
         "healthy_flagged_speeds": [f"{float(run.speeds[int(d[4:])]):.2f}" for d in healthy if d in run.slow_on][:10],
         "slow_quarantined": sum(d in quarantined for d in slow),
     }
@@ -198,7 +199,7 @@ def _print(args: argparse.Namespace, out: list[dict[str, Any]], wall: float) -> 
         for r in slow:
             print(f"| {r['policy']} | {_pct(r['slow_within_7_days'], r['slow'])} | {_pct(r['slow_found'], r['slow'])} "
                   f"| {sorted(set(r['slow_days']))} | {', '.join(r['slow_missed']) or 'none'} | "
-                  f"{_pct(r['healthy_flagged_slow'], r['healthy'])} | {r['slow_quarantined']} |")
+                  f"{_pct(r['healthy_flagged_slow'], r['healthy_not_slow'])} | {r['slow_quarantined']} |")
         print()
     for r in out:
         print(f"{r['scenario']}/{r['policy']}: missed defective p = {', '.join(r['missed']) or 'none'}; "
