@@ -23,13 +23,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(db: Path, budget: float, *extra: str) -> dict[str, dict[str, object]]:
+def _run(db: Path, budget: float, *extra: str) -> tuple[dict[str, dict[str, object]], str]:
+    """The report's rows after one scan, and what the scan said when it did not exit 0."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     base = [sys.executable, "-m", "sdcguard", "--db", str(db)]
-    subprocess.run([*base, "scan", "--all", "--json", "--budget", str(budget), "--lock-dir",
-                    str(db.parent / "locks"), *extra], check=False, capture_output=True, text=True, env=env)
+    scan = subprocess.run([*base, "scan", "--all", "--json", "--budget", str(budget), "--lock-dir",
+                           str(db.parent / "locks"), *extra], check=False, capture_output=True, text=True, env=env)
     out = subprocess.run([*base, "report", "--format", "json"], check=True, capture_output=True, text=True, env=env)
-    return {r["device"]: r for r in json.loads(out.stdout)}
+    why = "" if scan.returncode == 0 else f"  [scan exit {scan.returncode}: {scan.stderr.strip()[-200:]}]"
+    return {r["device"]: r for r in json.loads(out.stdout)}, why
 
 
 def main() -> None:
@@ -46,12 +48,12 @@ def main() -> None:
         runs = [("clean", ())] * args.repeats + [("drill", ("--inject", f"cpu:{slowed}:slow,factor={args.factor}"))
                                                   ] * args.drills
         for n, (kind, extra) in enumerate(runs):
-            rows = _run(Path(tmp) / f"{n}.db", args.budget, *extra)
+            rows, why = _run(Path(tmp) / f"{n}.db", args.budget, *extra)
             flagged = sorted(d for d, r in rows.items() if r["slow"])
             load = os.getloadavg()[0]
             figures = ", ".join(f"{d} {r['slowdown']}x (low {r['slowdown_low']}){' SLOW' if r['slow'] else ''}"
                                 for d, r in sorted(rows.items()))
-            print(f"{kind} {n:2d}  load {load:5.2f}  {figures}", flush=True)
+            print(f"{kind} {n:2d}  load {load:5.2f}  {figures}{why}", flush=True)
             if kind == "clean":
                 false_flags += bool(flagged)
             else:
