@@ -20,6 +20,9 @@ the framework's hooks. What happens on every data-parallel rank:
 4. The veto: with ``on_detect="skip"`` no rank commits a corrupted step, and its gradients are dropped (``.grad`` is
    set to None, so an optimizer step changes nothing). Every rank decides alike with no collective of its own,
    because every input of the decision came out of the gathers above. ``after_optimizer_step`` compares the weights.
+5. Slowness (:mod:`.timing`): each rank's phase times ride the next step's gather; a rank consistently slower than
+   the devices that computed the same micro-batches is named in a ``slow`` incident, after the veto and never
+   deciding it.
 """
 
 from __future__ import annotations
@@ -291,12 +294,9 @@ class SDCGuard:
     def _replay(self, cap: Capture, same_process: bool, values: Sequence[torch.Tensor] | None = None) -> Digest:
         self.replaying = True
         try:
-            if self._clock is not None:
-                with self._clock.replay():
-                    return replay(self.taps, self.loss_fn, cap, device=self.device, rng_hook=self.rng_hook,
-                                  same_process=same_process, params=self.params, param_values=values)
-            return replay(self.taps, self.loss_fn, cap, device=self.device, rng_hook=self.rng_hook,
-                          same_process=same_process, params=self.params, param_values=values)
+            with self._clock.replay() if self._clock is not None else contextlib.nullcontext():
+                return replay(self.taps, self.loss_fn, cap, device=self.device, rng_hook=self.rng_hook,
+                              same_process=same_process, params=self.params, param_values=values)
         finally:
             self.replaying = False
 

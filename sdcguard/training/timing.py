@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from statistics import median
@@ -256,10 +256,3 @@ class SlowJudge:
                 self.history[int(g)].extend(float(x) for x in xs)
         self.named = {int(g) for g in state.get("named", ())}
 
-
-def timed(clock: PhaseClock | None, fn: Callable[[], Any]) -> Any:
-    """``fn()`` inside ``clock.replay()`` (or bare without a clock)."""
-    if clock is None:
-        return fn()
-    with clock.replay():
-        return fn()
