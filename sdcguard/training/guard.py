@@ -59,7 +59,7 @@ from .roles import worker_group
 from .shadows import DedicatedRound, ShadowServer
 from .taps import Digest
 from .timing import COLUMNS as TIMING_COLUMNS
-from .timing import PhaseClock, SlowJudge, SlowWatch
+from .timing import PhaseClock, RankSlowness, SlowJudge, SlowWatch
 
 __all__ = ["SDCGuard"]
 
@@ -306,6 +306,13 @@ class SDCGuard:
     def incidents(self) -> list[Incident]:
         """Every incident so far (identical on every rank of the group)."""
         return self._responder.incidents
+
+    @property
+    def slowness(self) -> dict[int, RankSlowness]:
+        """Each rank's recent slowdowns against the devices that computed the same micro-batches, and their bound
+        (global rank -> :class:`~.timing.RankSlowness`; empty when not timed: ``slow=None``, dedicated shadows, one
+        rank). Identical on every rank."""
+        return self._slow.ranks() if self._slow is not None else {}
 
     @property
     def last_verified_step(self) -> int | None:

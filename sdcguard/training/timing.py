@@ -41,7 +41,7 @@ from ..fleet.slow import median_lower_bound
 from ..records import SLOW_KIND, Incident
 from .pairing import peer_source, peer_target
 
-__all__ = ["SlowWatch", "PhaseClock", "SlowJudge", "pair_slowdowns", "COLUMNS"]
+__all__ = ["SlowWatch", "RankSlowness", "PhaseClock", "SlowJudge", "pair_slowdowns", "COLUMNS"]
 
 COLUMNS = 6
 """int64 columns every rank adds to every step's gather: the sample the figures belong to (-1: none), original and
@@ -52,9 +52,10 @@ replay microseconds of that sample, and compute, guard and wait microseconds of 
 class SlowWatch:
     """When a rank is named slow (``SDCGuard(slow=...)``; ``None`` turns timing off)."""
 
-    threshold: float = 0.2
-    """Named when the lower bound of its median slowdown exceeds ``1 + threshold`` (20% slower than its
-    neighbours)."""
+    threshold: float = 0.25
+    """Named when the lower bound of its median slowdown exceeds ``1 + threshold`` (25% slower than its
+    neighbours: two cores of one loaded host differ by up to 13% for the same work, and at 20% a clean 200-step
+    run named a rank once in three; ``benchmarks/slow_training.py``)."""
     confidence: float = 0.9
     """Confidence of that lower bound."""
     window: int = 9
@@ -69,6 +70,20 @@ class SlowWatch:
             raise ValueError(f"slow confidence must be in [0.5, 1), got {self.confidence}")
         if not 1 <= self.min_samples <= self.window:
             raise ValueError(f"need 1 <= min_samples <= window, got {self.min_samples}, {self.window}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankSlowness:
+    """What the guard knows about one rank's speed (``guard.slowness``)."""
+
+    rank: int
+    samples: tuple[float, ...]
+    """Its recent slowdowns, oldest first (1.0: as fast as the devices that computed the same micro-batches)."""
+    lower_bound: float | None
+    """The current lower confidence bound of their median (None: too few samples)."""
+    peak_lower_bound: float | None
+    """The highest that bound has been in this run: how close a clean rank came to being named."""
+    named: bool
 
 
 class _Span:
@@ -205,6 +220,7 @@ class SlowJudge:
         self.job_size = job_size
         self.history: dict[int, deque[float]] = {g: deque(maxlen=watch.window) for g in self.members}
         self.named: set[int] = set()
+        self.peak: dict[int, float] = {}
         self.last_phases: dict[int, tuple[int, int, int]] = {}
         """Global rank -> (compute, guard, wait) microseconds of the latest step seen."""
 
@@ -227,12 +243,24 @@ class SlowJudge:
             if len(h) < self.watch.min_samples:
                 continue
             low = median_lower_bound([math.log(v) for v in h], self.watch.confidence)
+            if low is not None:
+                self.peak[g] = max(self.peak.get(g, 0.0), math.exp(low))
             if low is not None and low > math.log1p(self.watch.threshold) and g not in self.named:
                 self.named.add(g)
                 found.append(self._incident(step, g, median(h), math.exp(low)))
             elif median(h) <= 1 + self.watch.threshold / 2:
                 self.named.discard(g)  # recovered: a later slowdown is named again
         return found
+
+    def ranks(self) -> dict[int, RankSlowness]:
+        """Every rank's figures (global rank -> :class:`RankSlowness`)."""
+        out = {}
+        for g, h in self.history.items():
+            low = median_lower_bound([math.log(v) for v in h], self.watch.confidence) \
+                if len(h) >= self.watch.min_samples else None
+            out[g] = RankSlowness(rank=g, samples=tuple(h), lower_bound=None if low is None else math.exp(low),
+                                  peak_lower_bound=self.peak.get(g), named=g in self.named)
+        return out
 
     def _incident(self, step: int, g: int, m: float, low: float) -> Incident:
         device, host = self.identities.get(g, (None, ""))
