@@ -16,12 +16,12 @@ and replayed its source's; its target replayed ``d``'s. ``d``'s micro-batch on `
 on the target, and the source's micro-batch on ``d`` against it on the source: in the product of the two ratios the
 micro-batches' sizes and the original-versus-replay overhead cancel, and what is left is ``d``'s speed against its
 neighbours (``sqrt(a_d^2 / (a_target * a_source))``). One sample is noisy on a loaded machine (a few milliseconds
-of work between other processes' time slices: +-25% here), so a rank is named when the distribution-free lower
+of work between other processes' time slices), so a rank is named when the distribution-free lower
 confidence bound of its median slowdown over the last ``window`` samples (at least ``min_samples``; the same sign-test
 bound as the fleet's, :func:`sdcguard.fleet.slow.median_lower_bound`) exceeds ``1 + threshold``: with 9 samples at
-90%, seven of them above it. It is named once in an incident of kind ``slow`` (again only after it recovered). Every rank holds the same gathered figures and decides alike. A ``slow`` incident never vetoes,
-never raises or exits, and never counts toward quarantine or the training breaker (:data:`~sdcguard.records.
-PASSIVE_KINDS`).
+90%, seven of them above it. It is named once in an incident of kind ``slow`` (again only after it recovered).
+Every rank holds the same gathered figures and decides alike. A ``slow`` incident never vetoes, never raises or
+exits, and never counts toward quarantine or the training breaker (:data:`sdcguard.records.PASSIVE_KINDS`).
 """
 
 from __future__ import annotations
@@ -54,8 +54,7 @@ class SlowWatch:
 
     threshold: float = 0.25
     """Named when the lower bound of its median slowdown exceeds ``1 + threshold`` (25% slower than its
-    neighbours: two cores of one loaded host differ by up to 13% for the same work, and at 20% a clean 200-step
-    run named a rank once in three; ``benchmarks/slow_training.py``)."""
+    neighbours; the README says why not 20%: ``benchmarks/slow_training.py``)."""
     confidence: float = 0.9
     """Confidence of that lower bound."""
     window: int = 9
