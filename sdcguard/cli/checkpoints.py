@@ -15,7 +15,8 @@ __all__ = ["checkpoints"]
 
 @click.command("checkpoints")
 @click.option("--since", default="all", show_default=True, help="Window: a duration (12h, 7d, 2w) or 'all'.")
-@click.option("--job", default=None, help="Only this job's checkpoints (TORCHELASTIC_RUN_ID or SLURM_JOB_ID).")
+@click.option("--job", default=None,
+              help="Only this job's checkpoints (its id as the guard recorded it: the launcher's, or one it made).")
 @format_option("table", "json")
 def checkpoints(since: str, job: str | None, fmt: str) -> None:
     """Checkpoints saved with the training guard: id, step, verified or not, digest, job.

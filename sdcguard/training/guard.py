@@ -38,7 +38,6 @@ from torch import nn
 
 from ..devices import hostname
 from ..errors import BadInput
-from ..fingerprints import combine_on_device
 from ..records import Incident
 from .attribution import Attributor, launcher_job_id, new_job_id
 from .calibration import CalibrationReport, calibrate, setup_warnings
@@ -50,7 +49,7 @@ from .fsdp import FSDPTaps, is_fsdp
 from .identity import local_device_id, setup_key
 from .observe import StepObserver
 from .replay import LossFn, check_loss, replay
-from .replica import fingerprint_column, odd_ranks, replica_incidents
+from .replica import ReplicaPhases
 from .outcomes import Outcomes
 from .response import Responder
 from .peer import PeerRound
@@ -91,6 +90,8 @@ class SDCGuard:
         self.job = str(everyone[0][4])
         """This job's id: the launcher's when it gave a real one, else one the first rank made (shared by all)."""
         self._attr = Attributor(self.taps.unit_names, self.identities, job=self.job, job_size=len(world.members))
+        self._replica = ReplicaPhases(self.comm, self._keys, self.taps.param_names,
+                                      [(g, *self.identities.get(g, (None, ""))) for g in self.members], self.job)
         self._responder = Responder(on_detect, self.config.store, rank=self.rank, writer=self.dp_rank == 0,
                                     escalate=escalate, job=self.job)
         self._outcomes = Outcomes(self._attr, self.members, self.device, speaks=self.dp_rank == 0)
@@ -185,7 +186,7 @@ class SDCGuard:
         if self._clock is not None:
             self._clock.end_compute(sample if sampled else None)
         reduced = self.taps.reduced()
-        own = combine_on_device(fingerprint_column(reduced, self.device)).reshape(1)  # on the device, no sync
+        own = self._replica.column(reduced, self.device)  # on the device, no sync
         extra = torch.tensor(self._round.columns(step, sample, sampled, observed), dtype=torch.int64,
                              device=self.device)
         timing = self._timing_columns()
@@ -193,9 +194,7 @@ class SDCGuard:
             table = self.comm.gather_ints(torch.cat([own, extra, timing])).tolist()
         if self._clock is not None:  # the timing columns are the last ones
             timing_rows, table = [row[-TIMING_COLUMNS:] for row in table], [row[:-TIMING_COLUMNS] for row in table]
-        found: list[Incident] = []
-        if odd_ranks([row[0] for row in table], self._keys):
-            found += self._replica_incidents("gradient_replica", step, reduced)
+        found = self._replica.incidents("gradient_replica", step, reduced, [row[0] for row in table])
         replicas_differ = bool(found)  # whoever is wrong, a step whose replicas differ is not sound
         results = self._round.finish(step, sample, sampled, [row[1:] for row in table])
         if sampled:
@@ -217,8 +216,7 @@ class SDCGuard:
         if self._clock is not None:
             self._clock.end_step()
         self._responder.handle(found, escalate=self._outcomes.escalating(found))
-        replicas = any(self._keys.count(k) > 1 for k in self._keys)
-        checks: list[Check] = (["gradient_replica"] if replicas else []) + (["replay"] if sampled else [])
+        checks: list[Check] = (["gradient_replica"] if self._replica.active else []) + (["replay"] if sampled else [])
         mean = loss if loss is not None else torch.full((), float("nan"))
         return StepReport(step=step, loss=mean, commit=commit, incidents=tuple(found), replayed=sampled,
                           checks=tuple(checks))
@@ -259,14 +257,12 @@ class SDCGuard:
         every = self.config.weight_check_every
         if self.role != "worker" or not every or self._last_step is None or self._last_step % every:
             return []
-        if not any(self._keys.count(k) > 1 for k in self._keys):
+        if not self._replica.active:
             return []
         weights = self.taps.weights()
-        table = self.comm.gather_ints(combine_on_device(fingerprint_column(weights, self.device)).reshape(1))
-        found = []
-        if odd_ranks(table[:, 0].tolist(), self._keys):
-            found = [self._outcomes.rollback(i, vetoed=False)
-                     for i in self._replica_incidents("weight_replica", self._last_step, weights)]
+        gathered = self.comm.gather_ints(self._replica.column(weights, self.device))[:, 0].tolist()
+        found = [self._outcomes.rollback(i, vetoed=False)
+                 for i in self._replica.incidents("weight_replica", self._last_step, weights, gathered)]
         self._verification.weights_compared(self._last_step, agreed=not found)
         self._responder.handle(found)
         return found
@@ -280,10 +276,6 @@ class SDCGuard:
                           "backward reduced nothing, or the step accumulated micro-batches without reducing them: "
                           "FSDP2 set_requires_gradient_sync(False)); such samples are not judged. Keep gradient "
                           "sync on for accumulation to have them checked", RuntimeWarning, stacklevel=3)
-
-    def _replica_incidents(self, kind: str, step: int, tensors: list[torch.Tensor | None]) -> list[Incident]:
-        ids = [(g, *self.identities.get(g, (None, ""))) for g in self.members]
-        return replica_incidents(self.comm, kind, step, tensors, self._keys, self.taps.param_names, ids, self.job)
 
     def _timing_columns(self) -> torch.Tensor:
         if self._clock is None:
