@@ -180,14 +180,16 @@ class StoreQueries(StoreBase):
         day = _first_day(since)
         return day is None or int(last) >= day
 
-    def case_timings(self, *, since: float | None, devices: Sequence[str] | None = None) -> list[CaseTiming]:
-        """Passing first executions per device, scan and case since ``since``, with their summed device time
-        (the slowness statistic's input, :mod:`sdcguard.fleet.slow`). Roll-ups keep no case: pruned days are not
-        in it."""
+    def case_timings(self, *, since: float | None, devices: Sequence[str] | None = None,
+                     by_scan: bool = False) -> list[CaseTiming]:
+        """Passing first executions per device and case (and scan, with ``by_scan``; else ``scan`` is 0) since
+        ``since``, with their summed device time (the slowness statistic's input, :mod:`sdcguard.fleet.slow`).
+        Roll-ups keep no case: pruned days are not in it."""
         scope, sp = _in(devices)
         window, wp = (" AND started_at >= ?", [since]) if since is not None else ("", [])
-        rows = self._rows("SELECT device, scan, case_id, family, TOTAL(executions), TOTAL(duration_s) FROM results "
-                          f"WHERE passed = 1 AND attempt = 0{window}{scope} GROUP BY device, scan, case_id",
+        scan, group = ("scan", "device, scan, case_id") if by_scan else ("0", "device, case_id")
+        rows = self._rows(f"SELECT device, {scan}, case_id, MIN(family), TOTAL(executions), TOTAL(duration_s) "
+                          f"FROM results WHERE passed = 1 AND attempt = 0{window}{scope} GROUP BY {group}",
                           [*wp, *sp])
         return [CaseTiming(device=d, scan=int(s), case=c, family=f, executions=int(n), seconds=float(t))
                 for d, s, c, f, n, t in rows]

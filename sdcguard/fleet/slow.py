@@ -32,7 +32,7 @@ same factor changes nothing (property-tested), and a device whose every case is 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median
@@ -259,9 +259,17 @@ def fleet_slowness(store: Store, *, since: float | None, settings: SlowSettings 
                    devices: Sequence[str] | None = None) -> dict[str, Slowness]:
     """Every device's verdict from the store: the golden cases' times since ``since`` (:func:`judge_slow`, the whole
     fleet as peers), and training jobs' ``slow`` incidents (a device named by one is slow, basis ``training``)."""
+    s = settings or SlowSettings()
     known = store.devices()
     groups = {d.id: peer_group(d.kind, d.model, d.host) for d in known}
-    verdicts = judge_slow(store.case_timings(since=since), groups, settings)
+    # Per-scan rows only where a device's own history can matter (a group too small for a spread); everyone else
+    # is judged on one row per device and case, so a large fleet's report reads a few rows per device.
+    sizes = Counter(groups.values())
+    small = sorted(d for d, g in groups.items() if sizes[g] <= s.min_peers)
+    timings = [t for t in store.case_timings(since=since) if sizes[groups.get(t.device, t.device)] > s.min_peers]
+    if small:
+        timings += store.case_timings(since=since, devices=small, by_scan=True)
+    verdicts = judge_slow(timings, groups, s)
     for i in store.incidents(since=since):
         if i.kind != SLOW_KIND or i.device is None:
             continue
