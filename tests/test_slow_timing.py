@@ -88,3 +88,15 @@ def test_bad_watch_settings_are_refused() -> None:
     for bad in ({"threshold": 0}, {"window": 3, "min_samples": 5}, {"confidence": 1.0}):
         with pytest.raises(ValueError):
             SlowWatch(**bad)  # type: ignore[arg-type]
+
+
+def test_a_resumed_judge_keeps_its_samples_and_whom_it_named() -> None:
+    ids = {0: ("cpu:h:0", "h"), 1: ("cpu:h:1", "h")}
+    judge = SlowJudge(SlowWatch(), [0, 1], ids, job="j", job_size=2)
+    for sample in range(8):
+        o, r = _figures([1.0, 2.0], [1.0, 1.0], 1.0, sample)
+        judge.observe(sample, [[sample, o[0], r[0], 1, 1, 1], [sample, o[1], r[1], 1, 1, 1]])
+    again = SlowJudge(SlowWatch(), [0, 1], ids, job="j", job_size=2)
+    again.load_state_dict(judge.state_dict())
+    assert again.named == {1} and again.ranks()[1].samples == judge.ranks()[1].samples
+    assert again.ranks()[1].lower_bound == pytest.approx(2.0)
