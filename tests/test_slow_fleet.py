@@ -230,3 +230,19 @@ def test_a_bad_slow_drill_is_one_line_exit_2(tmp_path: Path, spec: str, words: s
 def test_scan_help_documents_the_slow_drill() -> None:
     out = CliRunner().invoke(cli, ["scan", "--help"]).output
     assert "slow" in out and "factor=F" in out and "cpu:1:slow,factor=2" in out
+
+
+def test_the_report_flags_at_the_config_files_slow_threshold(tmp_path: Path) -> None:
+    import time
+
+    db = tmp_path / "f.db"
+    with Store.open(db) as store:
+        _fill(store, {"cpu:vm:0": 1.0, "cpu:vm:1": 2.0}, t=time.time() - 600)
+    config = tmp_path / "sdcguard.toml"
+    config.write_text("[policy]\nslow_threshold = 1.5\n")
+    j = json.loads(CliRunner().invoke(cli, ["--db", str(db), "report", "--format", "json", "--config",
+                                            str(config)]).output)
+    assert not any(x["slow"] for x in j) and {round(x["slowdown"], 2) for x in j} == {0.5, 2.0}
+    config.write_text("[policy]\nslow_threshold = -1\n")
+    r = CliRunner().invoke(cli, ["--db", str(db), "report", "--config", str(config)])
+    assert r.exit_code == 2 and "slow_threshold" in r.output and len(r.output.strip().splitlines()) == 1

@@ -11,7 +11,9 @@ import click
 
 from ..durations import iso_utc, since_timestamp
 from ..fleet.report import build_report, report_csv_rows, report_json
-from .common import device_id, fmt_float, format_option, open_store, print_table, status_text
+from .common import (
+    config_option, device_id, fmt_float, format_option, load_config, load_policy, open_store, print_table, status_text,
+)
 
 
 def _slow_text(row: dict[str, object]) -> str:
@@ -44,9 +46,10 @@ _TABLE_ALL_UP_TO = 50
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write FILE: one self-contained HTML page of the whole fleet (status, rates over time, hosts, "
                    "quarantine timeline, incidents), written atomically.")
+@config_option
 def report(
     since: str, device: str | None, fmt: str, confidence: float, families: bool, show_all: bool, plot: Path | None,
-    html_file: Path | None = None,
+    html_file: Path | None = None, config_path: Path | None = None,
 ) -> None:
     """Per-device SDC rates with one-sided bounds, and each device's status.
 
@@ -59,8 +62,12 @@ def report(
     now = time.time()
     start = since_timestamp(since, now=now)  # checked before the store is opened
     device = device_id(device) if device else None
+    from ..fleet.slow import SlowSettings
+
+    policy = load_policy(load_config(config_path))  # the [policy] slow_threshold, as the policy flags them
+    slow = SlowSettings(threshold=policy.slow_threshold, confidence=policy.confidence)
     with open_store(readonly=True) as store:
-        rows = build_report(store, since=start, device=device, confidence=confidence, families=families)
+        rows = build_report(store, since=start, device=device, confidence=confidence, families=families, slow=slow)
         if plot is not None:
             from ..fleet.plot import plot_rates
 
@@ -68,7 +75,7 @@ def report(
         if html_file is not None:
             from ..fleet.html import write_html
 
-            write_html(store, html_file, since=start, window=since, now=now, confidence=confidence)
+            write_html(store, html_file, since=start, window=since, now=now, confidence=confidence, slow=slow)
     if fmt == "json":
         click.echo(report_json(rows))
     elif fmt == "csv":

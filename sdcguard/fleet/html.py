@@ -30,6 +30,7 @@ from .html_assets import PAGE_CSS, SORT_JS
 from .rates import clopper_pearson, clopper_pearson_arrays
 from .report import DeviceReport, build_report
 from .rows import CheckpointEntry, SeriesPoint
+from .slow import SlowSettings
 from .store import Store
 from .svg import (
     BinRate, Bins, Segment, TimelineRow, bin_rates, choose_bins, esc, rate_chart, shared_decades, sparkline, status_bar,
@@ -338,11 +339,11 @@ def _page_bins(store: Store, since: float | None, now: float, history: Sequence[
 
 
 def build_html(store: Store, *, since: float | None, window: str, now: float | None = None,
-               confidence: float = 0.95, limits: HtmlLimits = HtmlLimits()) -> str:
+               confidence: float = 0.95, limits: HtmlLimits = HtmlLimits(), slow: SlowSettings | None = None) -> str:
     """The whole page as one string. ``since``: start of the window (None: all time); ``window``: how the
     operator wrote it (``7d``, ``all``), for the heading."""
     t = time.time() if now is None else now
-    rows = build_report(store, since=since, confidence=confidence)
+    rows = build_report(store, since=since, confidence=confidence, slow=slow)
     history = store.quarantine_history()
     incidents = store.incidents(since=since)
     bins = _page_bins(store, since, t, history, incidents)
@@ -377,12 +378,12 @@ def build_html(store: Store, *, since: float | None, window: str, now: float | N
 
 
 def write_html(store: Store, path: Path, *, since: float | None, window: str, now: float | None = None,
-               confidence: float = 0.95, limits: HtmlLimits = HtmlLimits()) -> int:
+               confidence: float = 0.95, limits: HtmlLimits = HtmlLimits(), slow: SlowSettings | None = None) -> int:
     """Build the page and write it to ``path`` atomically (temporary file in the same directory, then a rename);
     returns its size in bytes. ``BadInput`` for a path that cannot be written, checked before the page is built."""
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         raise BadInput(f"cannot write {path}: directory {directory} does not exist")
-    page = build_html(store, since=since, window=window, now=now, confidence=confidence, limits=limits)
+    page = build_html(store, since=since, window=window, now=now, confidence=confidence, limits=limits, slow=slow)
     write_atomic(path, page)
     return len(page.encode("utf-8"))
