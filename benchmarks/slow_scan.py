@@ -52,6 +52,8 @@ def main() -> None:
             flagged = sorted(d for d, r in rows.items() if r["slow"])
             load = os.getloadavg()[0]
             figures = ", ".join(f"{d} {r['slowdown']}x (low {r['slowdown_low']}){' SLOW' if r['slow'] else ''}"
+                                + ("" if r["slowdown"] is not None else
+                                   f" [{r['slow_basis']}, {r['executions']} executions, {r['scans']} scans]")
                                 for d, r in sorted(rows.items()))
             print(f"{kind} {n:2d}  load {load:5.2f}  {figures}{why}", flush=True)
             if kind == "clean":
