@@ -8,6 +8,9 @@ complete scans in the window, the last complete scan, and the status:
 - ``suspect``: neither of those, but at least one failed execution in the window;
 - ``healthy``: everything else, including a device with no execution in the window.
 
+Beside the status, ``slow``: whether the device takes clearly longer than its peers of the same model for the same
+golden cases (:mod:`.slow`); a slow device computes right answers and can be healthy.
+
 Every figure comes from the store's named queries (a few ``GROUP BY`` each); no Python loop walks result rows.
 """
 
