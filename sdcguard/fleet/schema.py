@@ -370,9 +370,7 @@ CREATE INDEX scans_device ON scans(device, status, started_at, executions)
 # Version 9: a checkpoint's ``status`` (``saved``, or ``failed``: an asynchronous save whose background write failed,
 # never a place to roll back to) with its ``detail``; ``checkpoint_scrubs``, one row per checkpoint re-read at rest
 # by ``sdcguard scrub`` (clean, corrupt with the tensors named, or unreadable). Merged whole by ``uuid``.
-_V9 = """
-ALTER TABLE checkpoints ADD COLUMN status TEXT NOT NULL DEFAULT 'saved' CHECK (status IN ('saved','failed'));
-ALTER TABLE checkpoints ADD COLUMN detail TEXT NOT NULL DEFAULT '';
+_V9_TABLES = """
 CREATE TABLE IF NOT EXISTS checkpoint_scrubs (
     id INTEGER PRIMARY KEY,
     uuid TEXT NOT NULL UNIQUE,
@@ -389,9 +387,19 @@ CREATE INDEX IF NOT EXISTS checkpoint_scrubs_checkpoint ON checkpoint_scrubs(che
 """
 
 
+def _v9(conn: sqlite3.Connection) -> None:
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(checkpoints)")}
+    if "status" not in columns:  # (a store stamped back to an older version by hand still has them)
+        conn.execute("ALTER TABLE checkpoints ADD COLUMN status TEXT NOT NULL DEFAULT 'saved' "
+                     "CHECK (status IN ('saved','failed'))")
+    if "detail" not in columns:
+        conn.execute("ALTER TABLE checkpoints ADD COLUMN detail TEXT NOT NULL DEFAULT ''")
+    _script(_V9_TABLES)(conn)
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     1: _script(_V1), 2: _script(_V2), 3: _script(_V3), 4: _script(_V4), 5: _script(_V5), 6: _script(_V6),
-    7: _v7, 8: _script(_V8), 9: _script(_V9),
+    7: _v7, 8: _script(_V8), 9: _v9,
 }
 """``version -> function`` bringing a store from ``version - 1`` to ``version``; run in one transaction."""
 
