@@ -48,6 +48,8 @@ _LAZY: dict[str, str] = {
     "fingerprint_many": "sdcguard.fingerprints",
     "ReplicaCheck": "sdcguard.training.replica",
     "CheckpointInfo": "sdcguard.training.checkpoint",
+    "SlowWatch": "sdcguard.training.timing",
+    "SlowSettings": "sdcguard.fleet.slow",
 }
 
 __all__ = ["__version__", *_LAZY]

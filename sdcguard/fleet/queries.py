@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from ..records import CaseResult, DeviceInfo, Incident
 from .connection import StoreBase
+from .rows import CaseTiming
 from .schema import COUNTED_SCAN
 from .rows import (
     CaseCoverage, CheckpointEntry, Decision, DeviceStatus, FailedExecution, QuarantineEntry, ScanCounts, ScrubEntry,
@@ -214,6 +215,20 @@ class StoreQueries(StoreBase):
         day = _first_day(since)
         return day is None or int(last) >= day
 
+    def case_timings(self, *, since: float | None, devices: Sequence[str] | None = None,
+                     by_scan: bool = False) -> list[CaseTiming]:
+        """Passing first executions per device and case (and scan, with ``by_scan``; else ``scan`` is 0) since
+        ``since``, with their summed device time (the slowness statistic's input, :mod:`sdcguard.fleet.slow`).
+        Roll-ups keep no case: pruned days are not in it."""
+        scope, sp = _in(devices)
+        window, wp = (" AND started_at >= ?", [since]) if since is not None else ("", [])
+        scan, group = ("scan", "device, scan, case_id") if by_scan else ("0", "device, case_id")
+        rows = self._rows(f"SELECT device, {scan}, case_id, MIN(family), TOTAL(executions), TOTAL(duration_s) "
+                          f"FROM results WHERE passed = 1 AND attempt = 0{window}{scope} GROUP BY {group}",
+                          [*wp, *sp])
+        return [CaseTiming(device=d, scan=int(s), case=c, family=f, executions=int(n), seconds=float(t))
+                for d, s, c, f, n, t in rows]
+
     # ------------------------------------------------------------------ what the policy weighs
     def failed_executions(self, *, since: float, devices: Sequence[str] | None = None) -> list[FailedExecution]:
         """Failed first attempts since ``since`` (failures are rare: a partial index holds them)."""
@@ -319,7 +334,7 @@ class StoreQueries(StoreBase):
         where, params = ("AND i.time >= ?", [since]) if since is not None else ("", [])
         return {r[0] for r in self._rows(
             "SELECT DISTINCT d.device FROM incident_devices d JOIN incidents i ON i.id = d.incident "
-            f"WHERE i.kind != 'nondeterministic' {where}", params)}
+            f"WHERE i.kind NOT IN ('nondeterministic', 'slow') {where}", params)}
 
     def quarantine_status(self, device: str, *, window_s: float = 7 * DAY_S, now: float | None = None) -> DeviceStatus:
         """One device's status (see :func:`sdcguard.fleet.rows.device_status`); suspect over ``window_s``."""

@@ -12,7 +12,7 @@ from typing import Literal
 __all__ = [
     "DeviceStatus", "device_status", "Tally", "FailedExecution", "CaseCoverage", "ScanCounts", "QuarantineEntry",
     "Decision", "PendingAction", "SeriesPoint", "MergeStats", "PruneStats", "CheckpointEntry",
-    "ScrubEntry", "CheckpointStatus", "ScrubStatus",
+    "ScrubEntry", "CheckpointStatus", "ScrubStatus", "CaseTiming",
 ]
 
 DeviceStatus = Literal["healthy", "suspect", "quarantined", "probation"]
@@ -96,7 +96,8 @@ class Decision:
 
     device: str | None
     decision: str
-    """``quarantine``, ``breaker``, ``training_breaker``, ``probation_passed``, ``action_failed``, ``action_ok``."""
+    """``quarantine``, ``breaker``, ``training_breaker``, ``probation_passed``, ``action_failed``, ``action_ok``,
+    ``slow`` (a device slower than its peers: a finding, not a quarantine)."""
     reason: str
     time: float | None = None
     """When it was recorded (filled in by :meth:`Store.decisions`)."""
@@ -188,3 +189,17 @@ class ScrubEntry:
     detail: str
     host: str
     time: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CaseTiming:
+    """The passing first executions of one case in one scan of one device, and the device time they took (what
+    :mod:`sdcguard.fleet.slow` compares across devices of one model)."""
+
+    device: str
+    case: str
+    family: str
+    scan: int
+    executions: int
+    seconds: float
+    """Summed device time of those executions (thread CPU time on a core, kernel time on a GPU)."""

@@ -20,6 +20,9 @@ the framework's hooks. What happens on every data-parallel rank:
 4. The veto: with ``on_detect="skip"`` no rank commits a corrupted step, and its gradients are dropped (``.grad`` is
    set to None, so an optimizer step changes nothing). Every rank decides alike with no collective of its own,
    because every input of the decision came out of the gathers above. ``after_optimizer_step`` compares the weights.
+5. Slowness (:mod:`.timing`): each rank's phase times ride the next step's gather; a rank consistently slower than
+   the devices that computed the same micro-batches is named in a ``slow`` incident, after the veto and never
+   deciding it.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ from .rounds import Round
 from .roles import worker_group
 from .shadows import DedicatedRound, ShadowServer
 from .taps import Digest
+from .timing import COLUMNS as TIMING_COLUMNS
+from .timing import PhaseClock, RankSlowness, SlowJudge, SlowWatch
 
 __all__ = ["SDCGuard"]
 
@@ -64,7 +69,8 @@ class SDCGuard:
     def __init__(self, model: nn.Module, loss_fn: LossFn, *, group: Any = None, replay_every: int = 50,
                  shadows: Literal["peer"] | Sequence[int] = "peer", weight_check_every: int = 100,
                  store: str | os.PathLike[str] | None = None, on_detect: OnDetect = "skip",
-                 escalate: Escalate = "raise", rng_hook: RngHook | None = None) -> None:
+                 escalate: Escalate = "raise", rng_hook: RngHook | None = None,
+                 slow: SlowWatch | None = SlowWatch()) -> None:
         self.config = GuardConfig(replay_every=replay_every, shadows="peer" if shadows == "peer" else tuple(shadows),
                                   weight_check_every=weight_check_every, on_detect=on_detect, escalate=escalate,
                                   store=None if store is None else os.fspath(store))
@@ -97,6 +103,11 @@ class SDCGuard:
             else PeerRound(self.comm, lambda c, same: self._replay(c, same), self._attr,
                            record_ops=not self.taps.collective_replay, collective=self.taps.collective_replay,
                            setups=self.setups))
+        timed = slow is not None and not self.shadow_ranks and self.role == "worker" and self.dp_size > 1
+        self._clock = PhaseClock(self.device) if timed else None
+        """Step phase times (:mod:`.timing`); None: not timed (off, dedicated shadows, or a single rank)."""
+        self._slow = SlowJudge(slow, self.members, self.identities, job=self.job, job_size=len(world.members)) \
+            if timed and slow is not None else None
         self._steps = self._samples = 0
         self._last_step: int | None = None
         self._sampled = self._closed = False
@@ -152,6 +163,8 @@ class SDCGuard:
                          and self._determinism.state != "nondeterministic")
         record = self._sampled and self._round.records(self._samples)
         self._observer.begin(step, record=record, chosen=self._samples % micro_batches)
+        if self._clock is not None:
+            self._clock.begin_step()
 
     def before_forward(self, batch: Batch) -> None:
         """Call right before each micro-batch's forward, with that micro-batch."""
@@ -170,11 +183,17 @@ class SDCGuard:
             raise RuntimeError("end_step() without begin_step()")
         observed = self._observer.finish()
         sampled, sample = self._sampled, self._samples
+        if self._clock is not None:
+            self._clock.end_compute(sample if sampled else None)
         reduced = self.taps.reduced()
         own = self._replica.column(reduced, self.device)  # on the device, no sync
         extra = torch.tensor(self._round.columns(step, sample, sampled, observed), dtype=torch.int64,
                              device=self.device)
-        table = self.comm.gather_ints(torch.cat([own, extra])).tolist()
+        timing = self._timing_columns()
+        with self._clock.waiting() if self._clock is not None else contextlib.nullcontext():
+            table = self.comm.gather_ints(torch.cat([own, extra, timing])).tolist()
+        if self._clock is not None:  # the timing columns are the last ones
+            timing_rows, table = [row[-TIMING_COLUMNS:] for row in table], [row[:-TIMING_COLUMNS] for row in table]
         found = self._replica.incidents("gradient_replica", step, reduced, [row[0] for row in table])
         replicas_differ = bool(found)  # whoever is wrong, a step whose replicas differ is not sound
         results = self._round.finish(step, sample, sampled, [row[1:] for row in table])
@@ -187,11 +206,15 @@ class SDCGuard:
         corrupt = any(r.corrupt and r.vetoable and r.step == step for r in results)
         commit = not ((replicas_differ or corrupt) and self.config.on_detect != "record")
         found = [self._outcomes.rollback(i, vetoed=not commit and i.step == step) for i in found]
+        if self._slow is not None:  # after the veto: slowness never decides a commit
+            found += self._slow.observe(step, timing_rows)
         if not commit:
             for p in self.params:
                 p.grad = None  # the optimizer skips parameters without gradients: the step changes nothing
         self._steps += 1
         self._last_step = step
+        if self._clock is not None:
+            self._clock.end_step()
         self._responder.handle(found, escalate=self._outcomes.escalating(found))
         checks: list[Check] = (["gradient_replica"] if self._replica.active else []) + (["replay"] if sampled else [])
         mean = loss if loss is not None else torch.full((), float("nan"))
@@ -254,11 +277,18 @@ class SDCGuard:
                           "FSDP2 set_requires_gradient_sync(False)); such samples are not judged. Keep gradient "
                           "sync on for accumulation to have them checked", RuntimeWarning, stacklevel=3)
 
+    def _timing_columns(self) -> torch.Tensor:
+        if self._clock is None:
+            return torch.zeros(0, dtype=torch.int64, device=self.device)
+        self._clock.settle()
+        return torch.tensor(self._clock.columns(), dtype=torch.int64, device=self.device)
+
     def _replay(self, cap: Capture, same_process: bool, values: Sequence[torch.Tensor] | None = None) -> Digest:
         self.replaying = True
         try:
-            return replay(self.taps, self.loss_fn, cap, device=self.device, rng_hook=self.rng_hook,
-                          same_process=same_process, params=self.params, param_values=values)
+            with self._clock.replay() if self._clock is not None else contextlib.nullcontext():
+                return replay(self.taps, self.loss_fn, cap, device=self.device, rng_hook=self.rng_hook,
+                              same_process=same_process, params=self.params, param_values=values)
         finally:
             self.replaying = False
 
@@ -268,6 +298,13 @@ class SDCGuard:
     def incidents(self) -> list[Incident]:
         """Every incident so far (identical on every rank of the group)."""
         return self._responder.incidents
+
+    @property
+    def slowness(self) -> dict[int, RankSlowness]:
+        """Each rank's recent slowdowns against the devices that computed the same micro-batches, and their bound
+        (global rank -> :class:`~.timing.RankSlowness`; empty when not timed: ``slow=None``, dedicated shadows, one
+        rank). Identical on every rank."""
+        return self._slow.ranks() if self._slow is not None else {}
 
     @property
     def last_verified_step(self) -> int | None:
@@ -336,6 +373,7 @@ class SDCGuard:
     def state_dict(self) -> dict[str, Any]:
         """Counters a resumed run needs (the sample counter drives pairings and micro-batch choice)."""
         return {"version": 2, "steps": self._steps, "samples": self._samples, "last_step": self._last_step,
+                "slow": self._slow.state_dict() if self._slow is not None else {},
                 "determinism": self._determinism.state_dict(), "verification": self._verification.state_dict(),
                 "unresolved": sorted(self._outcomes.unresolved), "incidents": len(self.incidents)}
 
@@ -349,3 +387,5 @@ class SDCGuard:
             self._determinism.load_state_dict(state["determinism"])
             self._verification.load_state_dict(state.get("verification", {}))
             self._outcomes.unresolved = {int(r) for r in state.get("unresolved", ())}
+            if self._slow is not None:
+                self._slow.load_state_dict(state.get("slow", {}))
