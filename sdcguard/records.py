@@ -86,7 +86,8 @@ class Incident:
     kind: str
     """Which check fired: ``replay`` (a device named by the rule of evidence), ``calibration`` (the same, found by
     ``guard.calibrate``), ``unresolved`` (two or more devices disagree and nothing decides: all are suspects),
-    ``gradient_replica``, ``weight_replica``, ``nondeterministic`` (the setup, never a device)."""
+    ``gradient_replica``, ``weight_replica``, ``checksum`` (a matmul's result failed its checksum on the suspect's own
+    device: local, no vote), ``nondeterministic`` (the setup, never a device)."""
     step: int
     suspect_ranks: tuple[int, ...]
     device: str | None
