@@ -45,6 +45,7 @@ more work.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -64,13 +65,18 @@ class Precision:
     """Unit roundoffs of one matmul as the backend computes it (see the module docstring)."""
 
     u_in: float
-    """Operand rounding before the products (TF32: 2**-10, bf16 internal precision: 2**-8; else 0)."""
+    """Operand rounding before the products (TF32: 2**-10, bf16 internal precision: 2**-7, truncation allowed
+    for; else 0)."""
     u_acc: float
     """Accumulation unit (fp32: 2**-24; the operands' own unit with reduced-precision reductions)."""
     u_out: float
     """Rounding of the result to the output dtype (0 when the output is the accumulation dtype)."""
     u_ref: float
     """Operand rounding of the check's own fp32 matmuls (the same setting as ``u_in`` of an fp32 matmul)."""
+    tiny_out: float = 0.0
+    """Smallest normal number of the output dtype (each output rounding may flush up to it)."""
+    tiny_in: float = 0.0
+    """Smallest normal number of the operands (a flushed operand loses up to it times the other)."""
 
 
 def _fp32_internal() -> float:
@@ -87,21 +93,25 @@ def precision_for(dtype: torch.dtype, device: torch.device) -> Precision | None:
     if dtype not in _UNITS:
         return None
     ref = _fp32_internal()
+    tiny = torch.finfo(dtype).tiny
     if dtype in (torch.float32, torch.float64):
-        return Precision(u_in=ref if dtype == torch.float32 else 0.0, u_acc=_UNITS[dtype], u_out=0.0, u_ref=ref)
+        return Precision(u_in=ref if dtype == torch.float32 else 0.0, u_acc=_UNITS[dtype], u_out=0.0, u_ref=ref,
+                         tiny_out=tiny, tiny_in=tiny)
     reduced = device.type == "cuda" and (
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction if dtype == torch.bfloat16
         else torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction)
     return Precision(u_in=0.0, u_acc=_UNITS[dtype] if reduced else _UNITS[torch.float32], u_out=_UNITS[dtype],
-                     u_ref=ref)
+                     u_ref=ref, tiny_out=tiny, tiny_in=tiny)
 
 
 def _gamma(n: int, u: float) -> float:
     return math.inf if n * u >= 0.5 else n * u / (1.0 - n * u)
 
 
+@functools.lru_cache(maxsize=4096)
 def _coefficients(p: Precision, b: int, k: int, w: torch.dtype) -> tuple[float, float]:
-    """``(beta, 1 / lower factor of the computed Mag)`` of the theorem; ``beta`` is inf when the bound is vacuous."""
+    """``(beta * slack / lower factor of the computed Mag, eta)`` of the theorem, for ``b`` rows per checksum and
+    ``k`` terms per entry; ``beta`` is inf when the bound is vacuous."""
     uw = _UNITS[w]
     th_in, theta = 2 * p.u_in + p.u_in ** 2, 2 * p.u_ref + p.u_ref ** 2
     g_acc, gb, gk = _gamma(k, p.u_acc), _gamma(b + 1, uw), _gamma(k + 1, uw)
@@ -110,7 +120,8 @@ def _coefficients(p: Precision, b: int, k: int, w: torch.dtype) -> tuple[float, 
     lower = (1 - gb) * (1 - gk) * (1 - theta)
     if not math.isfinite(beta) or alpha >= 1 or lower <= 0:
         return math.inf, math.inf
-    return beta, 1.0 / lower
+    eta = torch.finfo(w).tiny * (2 * b * k + 4 * k + 4 * b) + 2 * b * p.tiny_out
+    return beta / lower * _SLACK, eta * _SLACK
 
 
 def _block_sums(x: torch.Tensor, rows: int, w: torch.dtype, *, absolute: bool = False) -> torch.Tensor:
@@ -143,26 +154,27 @@ def check_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, bias: tor
     w = torch.float64 if c.dtype == torch.float64 else torch.float32
     k = a.shape[-1] + (1 if bias is not None else 0)
     rows = max(1, min(rows, c.shape[-2]))
-    beta, inflate = _coefficients(precision, rows, k + 1, w)
-    if not math.isfinite(beta):
+    coef, eta = _coefficients(precision, rows, k + 1, w)
+    if not math.isfinite(coef):
         return torch.zeros((), dtype=torch.int64, device=c.device)
     bw = b.to(w)
     babs = bw.abs()
-    s = _block_sums(c, rows, w)
-    r = torch.matmul(_block_sums(a, rows, w), bw)
     va = _block_sums(a, rows, w, absolute=True)
+    r = torch.matmul(_block_sums(a, rows, w), bw)
     mag = torch.matmul(va, babs)
     if bias is not None:
-        bsum, babs_sum = _bias_terms(bias, c.shape, rows, w)
-        r = r + bsum
-        mag = mag + babs_sum
-    mag = mag * inflate
-    tiny_w, tiny_out = torch.finfo(w).tiny, torch.finfo(c.dtype).tiny
-    eta = tiny_w * (2 * rows * k + 4 * k + 4 * rows) + 2 * rows * tiny_out
-    # inputs flushed to zero: tiny_in |other operand| per product
-    tiny_in = torch.finfo(a.dtype).tiny
-    eta_in = tiny_in * (rows * babs.sum(dim=-2, keepdim=True) + va.sum(dim=-1, keepdim=True))
-    bound = (mag * beta + eta_in + eta) * _SLACK
-    judged = torch.isfinite(mag) & (mag < 0.25 * torch.finfo(c.dtype).max)
-    failed = judged & ~((s - r).abs() <= bound)
-    return failed.sum()
+        full = bias.expand(c.shape)
+        r += _block_sums(full, rows, w)
+        mag += _block_sums(full, rows, w, absolute=True)
+    diff = _block_sums(c, rows, w).sub_(r).abs_()
+    # a column whose magnitudes are not finite (a NaN or Inf operand), or could overflow the output, is not judged
+    judged = mag < 0.25 * torch.finfo(c.dtype).max
+    # inputs flushed to zero lose at most tiny_in |other operand| per product (_flushed), outputs tiny_out (eta)
+    bound = mag.mul_(coef).add_(_flushed(babs, va, rows, precision.tiny_in)).add_(eta)
+    return (judged & ~(diff <= bound)).sum()
+
+
+def _flushed(babs: torch.Tensor, va: torch.Tensor, rows: int, tiny_in: float) -> torch.Tensor:
+    """``tiny_in (rows sum_l |B_lj| + sum_l Va_gl)``: what operands flushed to zero (DAZ) can lose per block column
+    (times the slack)."""
+    return (babs.sum(dim=-2, keepdim=True) * rows + va.sum(dim=-1, keepdim=True)).mul_(tiny_in * _SLACK)

@@ -11,7 +11,9 @@ returned untouched, so the training step computes exactly what it computes witho
 At ``end_step`` one host read collects the step's counts. A matmul that failed is recomputed on the same device
 from the same operands and checked again: failing again means *sticky*, passing means *transient* (the first result
 or the first check was wrong: either way that device computed something wrong once). An operand changed in place
-since (its version moved) cannot be recomputed: the verdict then says so (``sticky`` None). The rank that computed
+since (its version moved) or freed (FSDP2 frees an unsharded weight when it reshards) cannot be recomputed: the
+verdict then says so (``sticky`` None; the step is still vetoed). On the CPU the count is read at once and a failed
+matmul recomputed on the spot, while its operands live. The rank that computed
 is the suspect; nothing is voted on.
 
 Not seen: fused kernels that do a matmul inside another op (scaled-dot-product attention's flash/efficient kernels,
@@ -87,6 +89,7 @@ class ChecksumMode(TorchDispatchMode):
         self.run = self.checked = 0
         self.calls: list[MatmulCall] = []
         self._counts: list[torch.Tensor] = []
+        self._failures: list[ChecksumFailure] = []
         self._params = {id(p) for p in module.parameters()}
         self._shapes = {tuple(p.shape) for p in module.parameters()}
         self._storages: set[int] = set()
@@ -128,7 +131,7 @@ class ChecksumMode(TorchDispatchMode):
         if self.active:  # a step that never ended (an exception in the framework's loop): forget it
             self.end()
         self.run = self.checked = 0
-        self.calls, self._counts, self._names = [], [], []
+        self.calls, self._counts, self._names, self._failures = [], [], [], []
         self._storages = set()
         for p in self._module.parameters():
             try:
@@ -152,8 +155,8 @@ class ChecksumMode(TorchDispatchMode):
                                "active at end_step; the checksum mode cannot be removed under it")
         self.__exit__(None, None, None)
         counts = torch.stack(self._counts).tolist() if self._counts else []
-        failures = [self._recheck(call, int(n)) for call, n in zip(self.calls, counts) if n]
-        self.calls, self._counts = [], []
+        failures = self._failures + [self._recheck(call, int(n)) for call, n in zip(self.calls, counts) if n]
+        self.calls, self._counts, self._failures = [], [], []
         return failures
 
     def close(self) -> None:
@@ -183,17 +186,25 @@ class ChecksumMode(TorchDispatchMode):
         if p is None or a.dtype != out.dtype or b.dtype != out.dtype:
             return
         with _disable_current_modes():  # the check's own ops are no computation of the model's: no mode sees them
-            self._counts.append(check_matmul(a, b, out, bias=bias, precision=p, rows=self.rows))
+            count = check_matmul(a, b, out, bias=bias, precision=p, rows=self.rows)
         phase, where = self._phase(a, b, out)
         tensors = tuple(t for t in args if isinstance(t, torch.Tensor))
-        self.calls.append(MatmulCall(op=f"aten.{name}", where=where, phase=phase, func=func, args=tuple(args),
-                                     versions=tuple(t._version for t in tensors)))
+        call = MatmulCall(op=f"aten.{name}", where=where, phase=phase, func=func, args=tuple(args),
+                          versions=tuple(t._version for t in tensors))
         self.checked += 1
+        if out.device.type == "cpu":  # reading the count costs no sync here: recompute now, while operands live
+            if n := int(count):
+                self._failures.append(self._recheck(call, n))
+            return
+        self._counts.append(count)  # a device: read once at end_step, so the checks never stall the stream
+        self.calls.append(call)
 
     def _recheck(self, call: MatmulCall, blocks: int) -> ChecksumFailure:
         tensors = tuple(t for t in call.args if isinstance(t, torch.Tensor))
         sticky: bool | None = None
-        if tuple(t._version for t in tensors) == call.versions:
+        # an operand changed in place since, or freed (FSDP2 frees an unsharded weight's storage when it reshards)
+        alive = all(t.untyped_storage().nbytes() > 0 or t.numel() == 0 for t in tensors)
+        if alive and tuple(t._version for t in tensors) == call.versions:
             name = call.op.removeprefix("aten.")
             a, b, bias = _operands(name, call.args, {}) or (None, None, None)
             out = call.func(*call.args)
