@@ -13,8 +13,7 @@ from the same operands and checked again: failing again means *sticky*, passing 
 or the first check was wrong: either way that device computed something wrong once). An operand changed in place
 since (its version moved) or freed (FSDP2 frees an unsharded weight when it reshards) cannot be recomputed: the
 verdict then says so (``sticky`` None; the step is still vetoed). On the CPU the count is read at once and a failed
-matmul recomputed on the spot, while its operands live. The rank that computed
-is the suspect; nothing is voted on.
+matmul recomputed on the spot, while its operands live. The rank that computed is the suspect; nothing is voted on.
 
 Not seen: fused kernels that do a matmul inside another op (scaled-dot-product attention's flash/efficient kernels,
 counted as run but not checked) and compiled regions (``torch.compile``'s generated code calls its kernels without
