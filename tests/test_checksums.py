@@ -86,6 +86,14 @@ def test_a_sticky_matmul_fault_escalates_and_names_the_device() -> None:
     assert inc.kind == "checksum" and inc.sticky is True and inc.device and inc.hosts
 
 
+@pytest.mark.parametrize("bad", [{"checksum_every": -1}, {"checksum_rows": 0}, {"checksum_every": 1.5}])
+def test_bad_checksum_settings_are_refused(bad: dict[str, Any]) -> None:
+    from sdcguard.errors import BadInput
+
+    with pytest.raises(BadInput, match=next(iter(bad))):
+        SDCGuard(_model(), lm_loss, **bad)
+
+
 def test_unchecked_steps_run_without_the_mode() -> None:
     guard = SDCGuard(_model(), lm_loss, replay_every=0, checksum_every=3)
     checked = [bool(guard.step(s, make_batch(s, 0)).matmuls_checked) for s in range(6)]
@@ -233,7 +241,7 @@ def _dist_job(rank: int, world: int, kind: str) -> list[tuple[bool, list[tuple[s
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+@pytest.mark.parametrize("kind", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
 def test_a_faulty_rank_is_named_alone_and_every_rank_vetoes(kind: str) -> None:
     results = run_ranks(_dist_job, 2, kind, timeout=200)
     assert results[0] == results[1]

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from sdcguard.training.config import DEFAULT_CHECKSUM_EVERY
+
 from .faults import BIT_CLASSES, GROUPS, TARGET_LABELS, TARGETS, TIMINGS, Trial
 from .schedule import Component, curves, quantile_steps, within
 
@@ -34,8 +36,9 @@ class Setting:
 
 
 SETTINGS = (
-    Setting("defaults", "sdcguard, defaults (`replay_every=50`, `weight_check_every=100`, `checksum_every=4`)",
-            "peer", 50, 100, vetoes="yes, when it sees the fault on its step", checksum_every=4),
+    Setting("defaults", "sdcguard, defaults (`replay_every=50`, `weight_check_every=100`, "
+            f"`checksum_every={DEFAULT_CHECKSUM_EVERY}`)", "peer", 50, 100,
+            vetoes="yes, when it sees the fault on its step", checksum_every=DEFAULT_CHECKSUM_EVERY),
     Setting("replay_only", "sdcguard, replay alone at the defaults (`replay_every=50`, `checksum_every=0`)", "peer",
             50, 100, vetoes="yes, when it sees the fault on its step"),
     Setting("checksum1", "sdcguard, `checksum_every=1` (`replay_every=50`, `weight_check_every=100`)", "peer", 50,

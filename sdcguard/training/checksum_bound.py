@@ -165,7 +165,7 @@ def check_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, bias: tor
         full = bias.expand(c.shape)
         r += _block_sums(full, rows, w)
         mag += _block_sums(full, rows, w, absolute=True)
-    diff = _block_sums(c, rows, w).sub_(r).abs_()
+    diff = (_block_sums(c, rows, w) - r).abs()
     # a column whose magnitudes are not finite (a NaN or Inf operand), or could overflow the output, is not judged
     judged = mag < 0.25 * torch.finfo(c.dtype).max
     # inputs flushed to zero lose at most tiny_in |other operand| per product (_flushed), outputs tiny_out (eta)

@@ -18,6 +18,10 @@ the framework's hooks. What happens on every data-parallel rank:
 4. The veto: with ``on_detect="skip"`` no rank commits a corrupted step, and its gradients are dropped (``.grad`` is
    set to None, so an optimizer step changes nothing). Every rank decides alike with no collective of its own,
    because every input of the decision came out of the gathers above. ``after_optimizer_step`` compares the weights.
+
+On one step in ``checksum_every`` every matmul of the forward and backward is also checked against its checksum as
+it runs (:mod:`.checksums`); a failure is this rank's own, recomputed on its device before it is reported, and its
+count rides in the same all-gather (:mod:`.checksum_round`).
 """
 
 from __future__ import annotations
