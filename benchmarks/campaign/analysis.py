@@ -10,6 +10,9 @@ from .faults import BIT_CLASSES, GROUPS, OP_TARGETS, TARGETS, TIMINGS
 from .report import (SETTINGS, Curves, Setting, derive, frameworks, judge_peer, judge_shadow, later_rates,
                      measured_episodes, per_step, validation)
 
+ALL = 1.0 - 1e-9
+"""A derived share that is 1 up to the rounding of the derivation (each check of a setting adds a few roundings)."""
+
 PER_STEP_CHECKS = ("sdc.replay", "sdc.checksum", "sdc.every", "sdc.weights", "meg.step", "meg.hash", "same.step")
 
 
@@ -109,14 +112,14 @@ def headline_failures(a: dict[str, Any]) -> list[str]:
     bad = []
     d = a["derived"]
     ev = d["every_step"]
-    if ev["all"].get("within_1", 0) < 1.0 or ev["all"].get("attributed", 0) < 1.0:
+    if ev["all"].get("within_1", 0) < ALL or ev["all"].get("attributed", 0) < ALL:
         bad.append(f"replay_every=1: not every effective fault detected and named at its step: {ev['all']}")
     if a["vetoed"] != a["effective"] - sum(1 for j in a["peer_trials"] if j["effective"] and j["target"] == "weights"):
         bad.append(f"the guard did not veto every effective fault's step ({a['vetoed']} of {a['effective']})")
     df = d["defaults"]
     for t in TIMINGS:
         post = df.get(f"{t}|after the reduction", {})
-        if post.get("faults") and (post["within_1"] < 1.0 or post["attributed"] < 1.0):
+        if post.get("faults") and (post["within_1"] < ALL or post["attributed"] < ALL):
             bad.append(f"defaults: {t} faults after the reduction not all caught and named at their step: {post}")
     comp = d["replay_only"].get("one-off|compute", {})
     if comp.get("faults") and abs(comp["within_1"] - 1 / 50) > 1e-9:
@@ -166,7 +169,7 @@ def _checksum_failures(a: dict[str, Any]) -> list[str]:
     bad = []
     ps = a["per_step"]
     one_off = ps.get("one-off|matmul", {})
-    if one_off.get("faults"):
+    if one_off.get("faults", 0) >= 10:  # a share of fewer faults says little (the quick campaign has a handful)
         share = one_off["sdc.checksum"][0] / one_off["faults"]
         every = next(s.checksum_every for s in SETTINGS if s.key == "defaults")
         at_default = share / every  # the derivation of the tables, on the measured share
