@@ -99,7 +99,8 @@ class Incident:
     hosts: tuple[str, ...] = ()
     """Hostnames of every suspect rank, in the order of ``suspect_ranks``."""
     parameter: str | None = None
-    """First differing parameter (or bucket) name."""
+    """First differing parameter (or bucket) name; for a ``checksum`` incident the layer (forward) or autograd node
+    (backward) of the failed matmul, with its op and pass, e.g. ``blocks.0.fc1 [aten.addmm, forward]``."""
     sticky: bool | None = None
     """True when a re-run on the suspect device reproduced the wrong result."""
     job: str | None = None
