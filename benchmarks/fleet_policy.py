@@ -13,6 +13,11 @@ Scenarios:
   its right answer, which the bad file calls wrong, and reproduces it on retest), rolled back the next day.
 - ``shared``: the same fleet plus a batch of ``--shared-devices`` devices sharing one defect: one case, the same
   wrong output on each of them (a quarter of the batch's hosts hold two of it).
+- ``slow``: the clean fleet plus ``--slow-devices`` devices slower than their peers (log-uniform between
+  ``--slow-low`` and ``--slow-high`` times the nominal time), every device's own lasting speed spread by
+  ``--device-spread`` and each scan's time per case by ``--time-noise`` (lognormal sigmas): how many slow devices
+  the fleet policy's slow rule finds within 7 days, and how many healthy ones it wrongly flags over ``--days``.
+  It runs alone: ``--scenarios slow`` (with ``--devices 2000`` a few minutes).
 
 Printed per policy: share of defective devices quarantined, of those with p >= 1e-3 quarantined within 7 days,
 median days to quarantine, healthy devices wrongly quarantined, what the circuit breaker did, and the batch.
@@ -87,6 +92,25 @@ def _summary(run: SimRun, bad_day: int | None) -> dict[str, Any]:
     }
 
 
+def _slow_summary(run: SimRun) -> dict[str, Any]:
+    """The slow rule's figures: slow devices found (within 7 days, and the factors of those missed), healthy devices
+    flagged (every device that is neither slow nor defective nor of the batch)."""
+    slow = {run.ids[n]: float(run.speeds[n]) for n in run.slow}
+    quarantined = set(run.quarantined_on)
+    healthy = [d for n, d in enumerate(run.ids) if n not in run.slow and run.p[n] == 0 and n not in run.batch]
+    return {
+        "slow": len(slow),
+        "slow_found": sum(d in run.slow_on for d in slow),
+        "slow_within_7_days": sum(d in run.slow_on and run.slow_on[d] + 1 <= 7 for d in slow),
+        "slow_missed": [f"{slow[d]:.2f}" for d in sorted(slow, key=slow.__getitem__) if d not in run.slow_on],
+        "slow_days": sorted(run.slow_on[d] + 1 for d in slow if d in run.slow_on),
+        "healthy_flagged_slow": sum(d in run.slow_on for d in healthy),
+        "healthy_not_slow": len(healthy),
+        "healthy_flagged_speeds": [f"{float(run.speeds[int(d[4:])]):.2f}" for d in healthy if d in run.slow_on][:10],
+        "slow_quarantined": sum(d in quarantined for d in slow),
+    }
+
+
 def _run(args: tuple[str, str, dict[str, Any], dict[str, Any]]) -> dict[str, Any]:
     scenario, name, overrides, opts = args
     fleet = SimFleet(
@@ -94,10 +118,13 @@ def _run(args: tuple[str, str, dict[str, Any], dict[str, Any]]) -> dict[str, Any
         defective_share=opts["defective_share"], seed=opts["seed"], transient_rate=opts["transient_rate"],
         p_low=opts["p_low"], p_high=opts["p_high"],
         shared_defect_devices=opts["shared_devices"] if scenario == "shared" else 0, shared_defect_p=opts["shared_p"],
+        **({"slow_devices": opts["slow_devices"], "slow_low": opts["slow_low"], "slow_high": opts["slow_high"],
+            "device_spread": opts["device_spread"], "time_noise": opts["time_noise"]} if scenario == "slow" else {}),
     )
     policy = QuarantinePolicy(**overrides)
     bad_day = opts["bad_day"]
-    days = {"clean": opts["days"], "bad": min(opts["days"], bad_day + 3), "shared": opts["shared_days"]}[scenario]
+    days = {"clean": opts["days"], "bad": min(opts["days"], bad_day + 3), "shared": opts["shared_days"],
+            "slow": opts["days"]}[scenario]
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=opts["tmp"]) as tmp:
         run = SimRun(Path(tmp), fleet, policy, budget_s=opts["budget"])
@@ -107,8 +134,8 @@ def _run(args: tuple[str, str, dict[str, Any], dict[str, Any]]) -> dict[str, Any
         with Store.open(run.fleet_store, create=False) as store:
             rows, scans = store.row_count("results"), store.row_count("scans")
         out = {"scenario": scenario, "policy": name, "overrides": overrides, "devices": fleet.devices,
-               **_summary(run, bad_day if scenario == "bad" else None), "result_rows": rows, "scans": scans,
-               "fleet_store_mb": run.fleet_store.stat().st_size / 1e6}
+               **_summary(run, bad_day if scenario == "bad" else None), **_slow_summary(run),
+               "result_rows": rows, "scans": scans, "fleet_store_mb": run.fleet_store.stat().st_size / 1e6}
     out["seconds"] = time.perf_counter() - t0
     return out
 
@@ -161,6 +188,19 @@ def _print(args: argparse.Namespace, out: list[dict[str, Any]], wall: float) -> 
             print(f"| {r['policy']} | {_pct(r['batch_quarantined'], r['batch'])} | {r['batch_days']} | "
                   f"{r['breaker_days'] or 'none'} | {_pct(r['healthy_quarantined'], r['healthy'])} |")
         print()
+    slow = [r for r in out if r["scenario"] == "slow"]
+    if slow:
+        print(f"Slow devices: {args.slow_devices} of {args.devices} slower than their peers (log-uniform "
+              f"{args.slow_low:g}..{args.slow_high:g}x), every device's lasting speed spread {args.device_spread:g} "
+              f"and each scan's time per case {args.time_noise:g} (lognormal sigmas), {args.days} days:\n")
+        print("| policy | slow found within 7 days | slow found | days found | slowdowns missed | healthy wrongly "
+              f"flagged ({args.days} days) | slow quarantined |")
+        print("|---|---|---|---|---|---|---|")
+        for r in slow:
+            print(f"| {r['policy']} | {_pct(r['slow_within_7_days'], r['slow'])} | {_pct(r['slow_found'], r['slow'])} "
+                  f"| {sorted(set(r['slow_days']))} | {', '.join(r['slow_missed']) or 'none'} | "
+                  f"{_pct(r['healthy_flagged_slow'], r['healthy_not_slow'])} | {r['slow_quarantined']} |")
+        print()
     for r in out:
         print(f"{r['scenario']}/{r['policy']}: missed defective p = {', '.join(r['missed']) or 'none'}; "
               f"{r['result_rows']:,} result rows for {r['scans']:,} scans ({r['fleet_store_mb']:.0f} MB fleet store), "
@@ -176,7 +216,7 @@ def main() -> None:
     ap.add_argument("--p-low", type=float, default=1e-5, help="lowest failure probability of a defective device")
     ap.add_argument("--p-high", type=float, default=1e-1, help="highest failure probability of a defective device")
     ap.add_argument("--policies", default=None, help="comma-separated subset of the policies to run")
-    ap.add_argument("--scenarios", default="clean,bad,shared", help="any of clean, bad, shared")
+    ap.add_argument("--scenarios", default="clean,bad,shared", help="any of clean, bad, shared, slow")
     ap.add_argument("--days", type=int, default=30)
     ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S)
     ap.add_argument("--bad-day", type=int, default=10)
@@ -186,6 +226,13 @@ def main() -> None:
     ap.add_argument("--shared-p", type=float, default=0.05,
                     help="probability that the shared defect corrupts one execution of its case")
     ap.add_argument("--shared-days", type=int, default=7)
+    ap.add_argument("--slow-devices", type=int, default=20, help="slow scenario: devices slower than their peers")
+    ap.add_argument("--slow-low", type=float, default=1.25, help="slow scenario: the least slowdown")
+    ap.add_argument("--slow-high", type=float, default=3.0, help="slow scenario: the largest slowdown")
+    ap.add_argument("--device-spread", type=float, default=0.03,
+                    help="slow scenario: lognormal sigma of every device's own lasting speed")
+    ap.add_argument("--time-noise", type=float, default=0.05,
+                    help="slow scenario: lognormal sigma of each scan's measured time per case")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:JSON",
@@ -203,8 +250,11 @@ def main() -> None:
     opts = {"devices": args.devices, "defective_share": args.defective_share, "seed": args.seed, "days": args.days,
             "budget": args.budget, "transient_rate": args.transient_rate, "tmp": tmp, "bad_day": args.bad_day,
             "p_low": args.p_low, "p_high": args.p_high, "bad_devices": args.bad_devices or args.devices,
-            "shared_devices": args.shared_devices, "shared_p": args.shared_p, "shared_days": args.shared_days}
-    jobs = [(s, name, o, opts) for s in ("clean", "bad", "shared") if s in scenarios for name, o in policies.items()]
+            "shared_devices": args.shared_devices, "shared_p": args.shared_p, "shared_days": args.shared_days,
+            "slow_devices": args.slow_devices, "slow_low": args.slow_low, "slow_high": args.slow_high,
+            "device_spread": args.device_spread, "time_noise": args.time_noise}
+    order = ["clean", "bad", "shared", "slow"]
+    jobs = [(s, name, o, opts) for s in order if s in scenarios for name, o in policies.items()]
     t0 = time.perf_counter()
     out = []
     with multiprocessing.get_context("fork").Pool(args.workers) as pool:
@@ -213,7 +263,7 @@ def main() -> None:
             print(json.dumps({k: v for k, v in r.items() if k != "overrides"}), flush=True)
             if args.json:
                 args.json.write_text(json.dumps(out, indent=2))
-    out.sort(key=lambda r: (["clean", "bad", "shared"].index(r["scenario"]), list(policies).index(r["policy"])))
+    out.sort(key=lambda r: (order.index(r["scenario"]), list(policies).index(r["policy"])))
     _print(args, out, time.perf_counter() - t0)
 
 

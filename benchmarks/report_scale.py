@@ -6,15 +6,15 @@ the real suite's 31 cases, the default 60 s budget, one device in 1,000 defectiv
 
 1. ``--merge-days`` days (30) of scans into one node store per host of 8 devices (1,250 stores for 10,000
    devices), then the time to merge them all into an empty fleet store, next to a ``SELECT COUNT(*)`` of the
-   merged results;
+   merged results; then one more day scanned on every node and the merge job's daily incremental merge;
 2. the fleet store carried on to ``--days`` days (365): each further day's scans recorded into it, and every day
    ``prune`` rolls scans older than ``--keep-days`` (30, as ``deploy/`` does) into daily counts;
 3. on the result: the file's size, a bare ``SELECT COUNT(*) FROM results``, the report (in-process and as the
    CLI, default 7-day window, 30 days, and all time), the HTML page (7 days and all time) and the fleet
    policy's run, wall and CPU time side by side.
 
-Goal: the CLI report under 2 s. A full year takes about an hour on a 2-core machine: ``--days``, ``--devices``
-choose what fits, and the output says exactly what was measured.
+Goal: the CLI report over 7 and 30 days under 2 s, in each of three runs. A full year takes about an hour on a
+2-core machine: ``--days``, ``--devices`` choose what fits, and the output says exactly what was measured.
 
     python benchmarks/report_scale.py --devices 10000 --days 365
     python benchmarks/report_scale.py --devices 1000 --days 60 --merge-days 7      # a minute or two
@@ -50,6 +50,8 @@ from sdcguard.fleet.store import Store  # noqa: E402
 from sdcguard.records import DeviceInfo  # noqa: E402
 
 DAY = 86400.0
+_RUNS = 3
+"""CLI runs per window: the goal holds in every one, not on average."""
 
 
 def _scan_day(store: Store, fleet: SimFleet, p: np.ndarray, members: list[int], t_day: float,
@@ -62,17 +64,17 @@ def _scan_day(store: Store, fleet: SimFleet, p: np.ndarray, members: list[int], 
     return len(members)
 
 
-def _node_stores(job: tuple[Path, SimFleet, list[str], float, int]) -> int:
-    """Build the node stores of some hosts: ``days`` days each from ``start``."""
-    directory, fleet, hosts, start, days = job
+def _node_stores(job: tuple[Path, SimFleet, list[str], float, int, int]) -> int:
+    """Build (or carry on) the node stores of some hosts: days ``first``..``first + days - 1`` from ``start``."""
+    directory, fleet, hosts, start, first, days = job
     p = fleet.failure_probabilities()
     scans = 0
     for host in hosts:
         members = [n for n in range(fleet.devices) if fleet.host(n) == host]
-        rng = np.random.default_rng([fleet.seed, int(host[7:])])
+        rng = np.random.default_rng([fleet.seed, int(host[7:]), first])
         with Store.open(directory / f"{host}.db") as store:
             store.upsert_devices([DeviceInfo(id=sim_id(n), host=host, kind="sim") for n in members], now=start)
-            for day in range(days):
+            for day in range(first, first + days):
                 scans += _scan_day(store, fleet, p, members, start + day * DAY, rng)
     return scans
 
@@ -112,10 +114,14 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="keep the stores here (default: a temporary directory)")
     ap.add_argument("--measure", type=Path, default=None, metavar="DB",
                     help="only measure (step 3) a fleet store an earlier run kept with --dir, on the same day")
+    ap.add_argument("--cli-only", action="store_true", help="with --measure: only the CLI report's runs")
     args = ap.parse_args()
     if args.measure is not None:
         print(f"3. {args.measure}, recorded by an earlier run that ended today:")
-        _measure(args.measure, (time.time() // DAY) * DAY, args.keep_days)
+        if args.cli_only:
+            _measure_cli(args.measure)
+        else:
+            _measure(args.measure, (time.time() // DAY) * DAY, args.keep_days)
         return
     if args.days < args.merge_days:
         raise SystemExit("--days must be at least --merge-days")
@@ -128,7 +134,7 @@ def main() -> None:
     hosts = sorted({fleet.host(n) for n in range(fleet.devices)})
     start = (time.time() // DAY - args.days) * DAY  # the simulated year ends today, so the CLI's windows hold it
     t0 = time.perf_counter()
-    chunks = [(nodes_dir, fleet, hosts[i :: args.workers], start, args.merge_days) for i in range(args.workers)]
+    chunks = [(nodes_dir, fleet, hosts[i :: args.workers], start, 0, args.merge_days) for i in range(args.workers)]
     with multiprocessing.get_context("fork").Pool(args.workers) as pool:
         scans = sum(pool.map(_node_stores, chunks))
     build_nodes = time.perf_counter() - t0
@@ -145,13 +151,20 @@ def main() -> None:
          t_count0)
     _, t_again, c_again = _timed(lambda: merge_stores(fleet_db, node_paths))
     _row("  the same merge again (nothing new)", t_again, c_again, t_count0)
+    # The merge job's daily run: every node scanned one more day, then one incremental merge of every node store.
+    chunks = [(nodes_dir, fleet, hosts[i :: args.workers], start, args.merge_days, 1) for i in range(args.workers)]
+    with multiprocessing.get_context("fork").Pool(args.workers) as pool:
+        scans += sum(pool.map(_node_stores, chunks))
+    day_stats, t_day, c_day = _timed(lambda: merge_stores(fleet_db, node_paths))
+    _row(f"  a day's incremental merge of {len(node_paths):,} stores ({sum(s.results for s in day_stats):,} rows)",
+         t_day, c_day, t_count0)
 
     p = fleet.failure_probabilities()
     rng = np.random.default_rng([fleet.seed, 99])
     t0 = time.perf_counter()
     t_prune = 0.0
     with Store.open(fleet_db) as store:
-        for day in range(args.merge_days, args.days):
+        for day in range(args.merge_days + 1, args.days):
             scans += _scan_day(store, fleet, p, list(range(fleet.devices)), start + day * DAY, rng)
             w = time.perf_counter()
             store.prune(before=start + (day + 1 - args.keep_days) * DAY)
@@ -163,7 +176,7 @@ def main() -> None:
     year = time.perf_counter() - t0
     now = start + args.days * DAY
     print(f"\n2. carried on to {args.days} days of {args.devices:,} devices ({scans:,} scans in all; days "
-          f"{args.merge_days}..{args.days - 1} recorded into the fleet store in {year:.0f} s, of which prune "
+          f"{args.merge_days + 1}..{args.days - 1} recorded into the fleet store in {year:.0f} s, of which prune "
           f"--before {args.keep_days}d every day {t_prune:.0f} s), then vacuumed:")
     _measure(fleet_db, now, args.keep_days)
     for keep in args.then_keep:
@@ -194,15 +207,26 @@ def _measure(fleet_db: Path, now: float, keep: int) -> None:
     with Store.open(fleet_db) as store:
         out, t_pol, c_pol = _timed(lambda: apply_policy(store, QuarantinePolicy(), now=now))
     _row(f"fleet policy ({len(out.quarantined)} quarantined)", t_pol, c_pol, t_count)
-    for label, extra in (("sdcguard report --format json (CLI, 7 days)", []),
-                         ("  ... --since 30d", ["--since", "30d"]), ("  ... --since all", ["--since", "all"]),
+    for label, extra in (("  ... --since all", ["--since", "all"]),
                          ("  ... --since all --families", ["--since", "all", "--families"])):
         wall, cpu, _ = _child(["-m", "sdcguard", "--db", str(fleet_db), "report", "--format", "json", *extra])
         _row(label, wall, cpu, t_count)
     wall, cpu, _ = _child(["-c", "import sdcguard.cli.report, sdcguard.fleet.report"])
     _row("  of which interpreter + imports", wall, cpu)
-    cli, _, _ = _child(["-m", "sdcguard", "--db", str(fleet_db), "report", "--format", "json"])
-    print(f"goal: CLI report (7 days) < 2 s -> {'met' if cli < 2.0 else 'NOT met'} ({cli:.2f} s in a second run)")
+    _measure_cli(fleet_db)
+
+
+def _measure_cli(fleet_db: Path) -> None:
+    """The CLI report over 7 and 30 days, :data:`_RUNS` runs each, and whether every run met the goal."""
+    worst = 0.0
+    for label, extra in (("7 days", []), ("30 days", ["--since", "30d"])):
+        runs = [_child(["-m", "sdcguard", "--db", str(fleet_db), "report", "--format", "json", *extra])
+                for _ in range(_RUNS)]
+        worst = max(worst, *(w for w, _, _ in runs))
+        print(f"sdcguard report --format json (CLI, {label}), {_RUNS} runs: "
+              + ", ".join(f"{w:.2f} s ({c:.2f} s CPU)" for w, c, _ in runs))
+    print(f"goal: CLI report over 7 and 30 days < 2 s in every run -> {'met' if worst < 2.0 else 'NOT met'} "
+          f"(slowest {worst:.2f} s; load average {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":

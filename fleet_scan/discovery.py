@@ -17,7 +17,7 @@ from sdcguard.devices import cpu_id, gpu_id, hostname, parse_device_id, parse_sp
 from sdcguard.errors import NoDevice
 from sdcguard.records import DeviceInfo
 
-__all__ = ["ScanTarget", "discover_gpus", "discover_cpus", "select_targets", "nvml"]
+__all__ = ["ScanTarget", "discover_gpus", "discover_cpus", "select_targets", "nvml", "open_nvml"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,17 +50,23 @@ class ScanTarget:
         return cls(info=DeviceInfo(**data["info"]), index=int(data["index"]), driver=data.get("driver"))
 
 
-def nvml() -> Any | None:
-    """The initialised ``pynvml`` module, or None where NVML (the package, the library or a driver) is missing."""
+def open_nvml() -> tuple[Any | None, str | None]:
+    """``(the initialised pynvml module, None)``, or ``(None, why not)`` where NVML (the package, the library or
+    a driver) cannot be opened: the idle check needs the reason, discovery only whether."""
     try:
         import pynvml
-    except ImportError:
-        return None
+    except ImportError as e:
+        return None, f"the NVML Python package is not installed ({e})"
     try:
         pynvml.nvmlInit()
-    except Exception:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...: no usable GPU here
-        return None
-    return pynvml
+    except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, NoPermission, ...
+        return None, f"NVML cannot be opened: {e or type(e).__name__}"
+    return pynvml, None
+
+
+def nvml() -> Any | None:
+    """The initialised ``pynvml`` module, or None where NVML (the package, the library or a driver) is missing."""
+    return open_nvml()[0]
 
 
 def _text(value: Any) -> str:

@@ -29,6 +29,8 @@ def check_drill(rules: Sequence[Any], targets: Sequence[ScanTarget], cases: Sequ
         named = [t for t in targets
                  if rule.matches(t.device, cuda_index=t.index if t.kind == "gpu" else None)]
         label = rule.text or "--inject"
+        if getattr(rule, "slowdown", 1.0) > 1.0 and any(t.kind != "cpu" for t in named):
+            raise BadInput(f"fire drill {label!r}: the slow drill burns cycles on CPU cores only; name cpu:N devices")
         if not named:
             scanned = ", ".join(t.device for t in targets[:4]) + (" ..." if len(targets) > 4 else "")
             raise BadInput(

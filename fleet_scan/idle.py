@@ -5,6 +5,15 @@ a short window (default 1 s, sampled every 100 ms). A CPU core is idle when the 
 processes kept it busy, read from ``/proc/stat`` over the window, stayed under a threshold (default 50%): the
 scanner's own CPU time is subtracted, so a scan re-checking between cases does not see itself as a job.
 
+The checks fail safe: a device is idle only when it was *measured* idle. NVML that cannot be opened, a handle it
+will not give, a process list or a utilization sample that raises, ``/proc/stat`` that cannot be read or does
+not list the core: the device is busy, the error in the reason (and in :attr:`IdleMonitor.error`, which the
+scan's ``--json`` summary carries as ``idle_error``). A golden GEMM on a GPU in the middle of a training job
+costs the job time and makes the results noise; a missed scan costs one scan. The one exception is a measurement
+the device does not support at all (NVML's NOT_SUPPORTED: utilization of a MIG instance, graphics processes of
+a compute-only board): the other signal decides, and a GPU where neither the compute processes nor the
+utilization can be measured is busy. ``--all`` (``only_idle=False``) scans without asking.
+
 :class:`IdleMonitor` answers "did a job appear since the last check?" between cases, cheaply (no extra window:
 it compares with the previous reading). :class:`DeviceLock` is an ``flock`` on one file per device in a lock
 directory, so two scanners (cron overlapping itself, two CronJobs) never share a device; the kernel drops the lock
@@ -21,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .discovery import ScanTarget, nvml
+from .discovery import ScanTarget, open_nvml
 
 __all__ = [
     "IdleMonitor",
@@ -130,8 +139,19 @@ def _own_cpu_ticks() -> int:
     return round((t.user + t.system + t.children_user + t.children_system) * os.sysconf("SC_CLK_TCK"))
 
 
+class _Unmeasurable(Exception):
+    """An idle check could not measure what it needs: the device counts as busy."""
+
+
+def _not_supported(nvml: Any, error: BaseException) -> bool:
+    """NVML's NOT_SUPPORTED (the board cannot measure this at all), as opposed to an error of the call."""
+    code = getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", 3)
+    return (getattr(error, "value", None) == code or type(error).__name__ == "NVMLError_NotSupported"
+            or str(error).strip().lower() == "not supported")
+
+
 class IdleMonitor:
-    """Idle checks for one device: ``wait_idle()`` before a scan, ``job_appeared()`` between cases."""
+    """Idle checks for one device: ``busy_reason()`` before a scan, ``job_appeared()`` between cases."""
 
     def __init__(
         self,
@@ -145,53 +165,79 @@ class IdleMonitor:
         self.window_s = window_s
         self.gpu_util_max = gpu_util_max
         self.cpu_busy_max = cpu_busy_max
-        self._nvml: Any = nvml() if target.kind == "gpu" else None
+        self.error: str | None = None
+        """The measurement error that made the device busy at the last check (None: it was measured)."""
+        self._nvml: Any = None
         self._handle: Any = None
-        if self._nvml is not None:
-            self._handle = self._nvml.nvmlDeviceGetHandleByIndex(target.index)
+        self._open_error: str | None = None
+        if target.kind == "gpu":
+            self._nvml, self._open_error = open_nvml()
+            if self._nvml is not None:
+                try:
+                    self._handle = self._nvml.nvmlDeviceGetHandleByIndex(target.index)
+                except Exception as e:
+                    self._open_error = f"nvmlDeviceGetHandleByIndex({target.index}) failed: {e or type(e).__name__}"
         self._last_cpu: tuple[int, int, int] | None = None  # busy, total, own ticks at the last check
 
     # --- GPU -------------------------------------------------------------------------------------------------
-    def _gpu_processes(self) -> list[int]:
+    def _gpu_processes(self) -> tuple[list[int], bool]:
+        """Other processes on the GPU, and whether its compute processes could be listed at all."""
+        if self._open_error is not None:
+            raise _Unmeasurable(self._open_error)
         n, h = self._nvml, self._handle
         pids: list[int] = []
+        listed = False
         for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
             try:
                 pids += [p.pid for p in getattr(n, fn)(h)]
-            except Exception:
-                pass
+            except Exception as e:
+                if _not_supported(n, e):
+                    continue  # the other signals decide
+                raise _Unmeasurable(f"{fn} failed: {e or type(e).__name__}") from None
+            listed = listed or fn == "nvmlDeviceGetComputeRunningProcesses"
         # The scanner itself (and its retest children) show up once CuPy made a context: not a job.
         ours = {os.getpid(), os.getppid()}
-        return [p for p in pids if p not in ours]
+        return [p for p in pids if p not in ours], listed
 
-    def _gpu_busy_now(self) -> str | None:
-        pids = self._gpu_processes()
+    def _gpu_busy_now(self) -> tuple[str | None, bool]:
+        pids, listed = self._gpu_processes()
         if pids:
-            return f"compute process(es) {', '.join(map(str, pids[:5]))} on the GPU"
-        return None
+            return f"compute process(es) {', '.join(map(str, pids[:5]))} on the GPU", listed
+        return None, listed
 
     def _gpu_busy_window(self) -> str | None:
-        reason = self._gpu_busy_now()
+        reason, listed = self._gpu_busy_now()
         if reason:
             return reason
         n, h = self._nvml, self._handle
         deadline = time.monotonic() + self.window_s
-        peak = 0.0
+        peak: float | None = 0.0
         while True:
             try:
-                peak = max(peak, float(n.nvmlDeviceGetUtilizationRates(h).gpu))
-            except Exception:
+                peak = max(peak or 0.0, float(n.nvmlDeviceGetUtilizationRates(h).gpu))
+            except Exception as e:
+                if not _not_supported(n, e):
+                    raise _Unmeasurable(f"nvmlDeviceGetUtilizationRates failed: {e or type(e).__name__}") from None
+                peak = None  # a MIG instance has no utilization of its own: the process list decides
                 break
             if time.monotonic() >= deadline:
                 break
             time.sleep(min(0.1, self.window_s))
-        if peak > self.gpu_util_max:
+        if peak is None and not listed:
+            raise _Unmeasurable("NVML supports neither listing the GPU's compute processes nor its utilization")
+        if peak is not None and peak > self.gpu_util_max:
             return f"GPU utilization {peak:.0f}% > {self.gpu_util_max:.0f}% over {self.window_s:g} s"
         return None
 
     # --- CPU -------------------------------------------------------------------------------------------------
     def _cpu_reading(self) -> tuple[int, int, int]:
-        busy, total = read_cpu_times().get(self.target.index, (0, 0))
+        try:
+            times = read_cpu_times()
+        except (OSError, ValueError, IndexError) as e:
+            raise _Unmeasurable(f"cannot read /proc/stat: {e}") from None
+        if self.target.index not in times:
+            raise _Unmeasurable(f"core {self.target.index} is not listed in /proc/stat (offline?)")
+        busy, total = times[self.target.index]
         return busy, total, _own_cpu_ticks()
 
     def _cpu_busy_since(self, before: tuple[int, int, int], after: tuple[int, int, int]) -> float:
@@ -199,40 +245,55 @@ class IdleMonitor:
         total = after[1] - before[1]
         own = after[2] - before[2]
         if total <= 0:
-            return 0.0
+            raise _Unmeasurable(f"core {self.target.index} counted no time in /proc/stat over the window (offline?)")
         # Our own ticks may have landed on another core (only the scanning thread is pinned): clamp at zero.
         return max(0.0, busy - own) / total * 100.0
 
+    def _cpu_busy_window(self) -> str | None:
+        before = self._cpu_reading()
+        time.sleep(self.window_s)
+        after = self._cpu_reading()
+        self._last_cpu = after
+        share = self._cpu_busy_since(before, after)
+        if share > self.cpu_busy_max:
+            return f"core {self.target.index} {share:.0f}% busy with other processes over {self.window_s:g} s"
+        return None
+
+    def _cpu_job_appeared(self) -> str | None:
+        now = self._cpu_reading()
+        before, self._last_cpu = self._last_cpu, now
+        if before is None or now[1] - before[1] < 50:
+            # too short an interval for a meaningful share (ticks are 10 ms): keep accumulating
+            self._last_cpu = before if before is not None else now
+            return None
+        share = self._cpu_busy_since(before, now)
+        if share > self.cpu_busy_max:
+            return f"core {self.target.index} {share:.0f}% busy with other processes"
+        return None
+
+    def _checked(self, check: Any) -> str | None:
+        """Run one check; a measurement that failed makes the device busy, its error kept in :attr:`error`."""
+        self.error = None
+        try:
+            return check()  # type: ignore[no-any-return]
+        except _Unmeasurable as e:
+            self.error = str(e)
+            return f"cannot tell whether {self.target.device} is idle, so it counts as busy: {e}"
+
     # --- public ----------------------------------------------------------------------------------------------
     def busy_reason(self) -> str | None:
-        """Why the device is not idle now (measured over the window), or None when it is idle."""
+        """Why the device is not idle now (measured over the window), or None when it was measured idle."""
         if self.target.kind == "gpu":
-            if self._nvml is None:
-                return None  # no NVML: nothing to ask; the lock still keeps scanners apart
-            return self._gpu_busy_window()
+            return self._checked(self._gpu_busy_window)
         if self.target.kind == "cpu":
-            before = self._cpu_reading()
-            time.sleep(self.window_s)
-            after = self._cpu_reading()
-            self._last_cpu = after
-            share = self._cpu_busy_since(before, after)
-            if share > self.cpu_busy_max:
-                return f"core {self.target.index} {share:.0f}% busy with other processes over {self.window_s:g} s"
-            return None
+            return self._checked(self._cpu_busy_window)
         return None
 
     def job_appeared(self) -> str | None:
-        """Between cases: a job appeared since the previous check? (cheap; the reason, or None)."""
+        """Between cases: a job appeared since the previous check? (cheap; the reason, or None). A check that
+        cannot measure any more stops the scan too."""
         if self.target.kind == "gpu":
-            return self._gpu_busy_now() if self._nvml is not None else None
+            return self._checked(lambda: self._gpu_busy_now()[0])
         if self.target.kind == "cpu":
-            now = self._cpu_reading()
-            before, self._last_cpu = self._last_cpu, now
-            if before is None or now[1] - before[1] < 50:
-                # too short an interval for a meaningful share (ticks are 10 ms): keep accumulating
-                self._last_cpu = before if before is not None else now
-                return None
-            share = self._cpu_busy_since(before, now)
-            if share > self.cpu_busy_max:
-                return f"core {self.target.index} {share:.0f}% busy with other processes"
+            return self._checked(self._cpu_job_appeared)
         return None

@@ -8,7 +8,8 @@ workers (:mod:`sdcguard.golden.references`): a device never computes its own ref
 :mod:`sdcguard.fleet.policy` runs over the scanned devices: quarantine, circuit breaker, actions.
 
 Exit codes (DESIGN.md): 0 every scanned device passed; 1 corruption found; 2 could not run (bad input, no
-device, no device free to scan, golden data or suite suspect, circuit breaker tripped); 128 + N when signal N
+device, no device free to scan, a device scanned that executed nothing, golden data or suite suspect, circuit
+breaker tripped); 128 + N when signal N
 (SIGINT 130, SIGTERM 143) stopped the scan before it finished and found nothing.
 """
 
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from sdcguard.errors import GoldenDataError
+from sdcguard.fleet.schema import MIN_EXECUTIONS
 
 from .discovery import ScanTarget, select_targets
 from .drill import check_drill
@@ -345,6 +347,19 @@ def _conclude_finished(
         outcome.message = f"corruption found on {', '.join(bad)} ({failures} failed executions)" + (
             f"; quarantined: {', '.join(outcome.quarantined)}" if outcome.quarantined else ""
         ) + (f"; then stopped by {signal.Signals(stopped_by).name}" if stopped_by is not None else "")
+    elif empty := [s for s in summaries if "scan" in s and not s.get("executions")]:
+        # A scan that executed no golden case tested nothing: "all passed" would be a lie, and the store never
+        # counts it as a complete scan (sdcguard.fleet.schema.COUNTED_SCAN), so it ends no probation either.
+        outcome.exit_code = EXIT_CANNOT_RUN
+        why = "; ".join(f"{s['device']}: 0 executions ({s.get('status')}"
+                        + (f", {s['reason']}" if s.get("reason") else "")
+                        + (f", budget {s['budget_s']:g} s" if s.get("budget_s") is not None else "") + ")"
+                        for s in empty[:2])
+        more = f" (and {len(empty) - 2} more)" if len(empty) > 2 else ""
+        outcome.message = (
+            f"nothing was tested on {len(empty)} of {len(scanned)} scanned device(s) ({why}{more}): a scan counts "
+            f"only when it ran at least {MIN_EXECUTIONS} golden case; raise --budget (the default is 60 s)"
+        )
     elif not scanned and any(s.get("status") == "busy" for s in skipped):
         # Nothing was checked because of other load: saying "all passed" (exit 0) would hide that the machine
         # went unscanned. (Devices only locked are being scanned by another scanner right now.)

@@ -72,6 +72,15 @@ class SimFleet:
     """Probability that the batch's defect corrupts one execution of its case."""
     devices_per_host: int = 8
     seed: int = 0
+    slow_devices: int = 0
+    """Devices slower than their peers (throttled: right answers, slowly), drawn from the healthy ones."""
+    slow_low: float = 1.2
+    slow_high: float = 3.0
+    """Their slowdowns, log-uniform over [slow_low, slow_high]."""
+    device_spread: float = 0.0
+    """Lognormal sigma of every device's own lasting speed (silicon and cooling differ a little)."""
+    time_noise: float = 0.0
+    """Lognormal sigma of each (scan, case)'s measured time around the device's speed."""
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -94,6 +103,16 @@ class SimFleet:
         p[bad] = np.exp(rng.uniform(math.log(self.p_low), math.log(self.p_high), size=n_bad))
         p[self.shared_batch()] = 0.0  # the batch's defect is its own
         return p
+
+    def speeds(self) -> tuple[np.ndarray, set[int]]:
+        """Per-device time factor (1: nominal: its lasting spread, times its slowdown for a slow device) and the slow
+        devices. Drawn from a stream of its own, so a fleet's failures do not depend on these settings."""
+        rng = np.random.default_rng([self.seed, 3])
+        speed = np.exp(rng.normal(0.0, self.device_spread, size=self.devices))
+        candidates = np.setdiff1d(np.flatnonzero(self.failure_probabilities() == 0), self.shared_batch())
+        slow = rng.choice(candidates, size=self.slow_devices, replace=False)
+        speed[slow] *= np.exp(rng.uniform(math.log(self.slow_low), math.log(self.slow_high), size=self.slow_devices))
+        return speed, {int(n) for n in slow}
 
     def shared_batch(self) -> list[int]:
         """The devices of the batch, from the fleet's last hosts: a quarter of the batch's hosts hold two of it
@@ -123,6 +142,8 @@ class SimDay:
     reasons: list[str] = field(default_factory=list)
     failures: int = 0
     executions: int = 0
+    slow: list[str] = field(default_factory=list)
+    """Devices the fleet policy found newly slow that day."""
 
 
 def _digest(*parts: object) -> str:
@@ -162,11 +183,14 @@ def scan_sim_device(
     rng: np.random.Generator,
     bad_case: str | None = None,
     shared: tuple[str, float] | None = None,
+    speed: float = 1.0,
+    noise: np.ndarray | None = None,
 ) -> tuple[int, int, set[str]]:
     """One day's scan of one simulated device through the store; (executions, failures, failing families).
 
     ``bad_case``: the bad golden file's case. ``shared``: ``(case, p)`` of a defect this device shares with its
-    batch (the same wrong output on each of them).
+    batch (the same wrong output on each of them). ``speed`` scales the device time recorded per execution, and
+    ``noise`` (one factor per case of the plan) each case's; the count of executions stays the nominal one.
     """
     plan = _plan(tuple(cases), tuple(sorted(past_failures.items())))
     # As the real budget loop: cycles of the plan while the next case fits (the final flush reserve kept free).
@@ -197,7 +221,8 @@ def scan_sim_device(
         if n - k:
             results.append(
                 CaseResult(device=dev, case=case.id, family=case.family, seed=case.seed, passed=True,
-                           duration_s=(n - k) * case.seconds, started_at=at, executions=n - k,
+                           duration_s=(n - k) * case.seconds * speed * (1.0 if noise is None else float(noise[i])),
+                           started_at=at, executions=n - k,
                            last_started_at=at + (n - 1) * case.seconds, output_digest=golden)
             )
         if not k:
@@ -256,6 +281,10 @@ class SimRun:
         self.batch = set(fleet.shared_batch())
         self.shared_case = self.cases[len(self.cases) // 3].id
         self.rng = np.random.default_rng([fleet.seed, 2])
+        self.speeds, self.slow = fleet.speeds()
+        self.time_rng = np.random.default_rng([fleet.seed, 4])
+        self.slow_on: dict[str, int] = {}
+        """Device -> the first day the fleet policy found it slow."""
         self.ids = [sim_id(n) for n in range(fleet.devices)]
         self.hosts: dict[str, list[int]] = {}
         for n in range(fleet.devices):
@@ -296,6 +325,9 @@ class SimRun:
                         t=t_day + 60.0 * (n % 60), cases=self.cases, past_failures=self.past.get(dev, {}),
                         budget_s=self.budget_s, retests=self.retests, rng=self.rng, bad_case=bad_case,
                         shared=(self.shared_case, self.fleet.shared_defect_p) if n in self.batch else None,
+                        speed=float(self.speeds[n]),
+                        noise=np.exp(self.time_rng.normal(0.0, self.fleet.time_noise, size=len(self.cases)))
+                        if self.fleet.time_noise else None,
                     )
                     scanned.append(dev)
                     today.executions += ex
@@ -310,6 +342,9 @@ class SimRun:
             outcome = apply_policy(fleet, self.policy, now=t_day + 7200.0, scope="fleet")
         today.quarantined = sorted({*today.by_node, *outcome.quarantined})
         today.breaker_tripped = outcome.breaker_tripped
+        today.slow = list(outcome.slow)
+        for dev in outcome.slow:
+            self.slow_on.setdefault(dev, day)
         today.reasons = [r for r in outcome.reasons if "breaker" in r][:3]
         for dev in today.quarantined:
             self.quarantined_on.setdefault(dev, day)
@@ -327,4 +362,6 @@ class SimRun:
         other.quarantined_on = dict(self.quarantined_on)
         other.past = copy.deepcopy(self.past)
         other.log = list(self.log)
+        other.time_rng = copy.deepcopy(self.time_rng)
+        other.slow_on = dict(self.slow_on)
         return other

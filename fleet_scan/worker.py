@@ -198,7 +198,8 @@ def scan_device(
         if options.only_idle:
             reason = monitor.busy_reason()
             if reason:
-                summary.update(status="busy", reason=reason)
+                # idle_error: the measurement that failed, when the device is busy because it could not be measured
+                summary.update(status="busy", reason=reason, idle_error=monitor.error)
                 emit(summary)
                 return summary
         return _scan_locked(target, options, emit, monitor, summary, references)
@@ -361,6 +362,7 @@ def _scan_locked(
         elapsed_s=round(budget.elapsed(), 3),
         budget_s=options.budget_s,
         reason=reason,
+        idle_error=monitor.error,
         error=error,
         telemetry_after=telemetry_after,
     )

@@ -42,12 +42,14 @@ _LAZY: dict[str, str] = {
     "CalibrationReport": "sdcguard.training.calibration",
     "GuardConfig": "sdcguard.training.config",
     "RngHook": "sdcguard.training.capture",
-    "plan_roles": "sdcguard.training.shadows",
-    "Roles": "sdcguard.training.shadows",
+    "plan_roles": "sdcguard.training.roles",
+    "Roles": "sdcguard.training.roles",
     "fingerprint": "sdcguard.fingerprints",
     "fingerprint_many": "sdcguard.fingerprints",
     "ReplicaCheck": "sdcguard.training.replica",
     "CheckpointInfo": "sdcguard.training.checkpoint",
+    "SlowWatch": "sdcguard.training.timing",
+    "SlowSettings": "sdcguard.fleet.slow",
 }
 
 __all__ = ["__version__", *_LAZY]

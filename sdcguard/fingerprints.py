@@ -76,7 +76,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["fingerprint", "fingerprint_many", "fingerprints_on_device", "combine", "combine_on_device", "signed64",
-           "CHUNK_WORDS"]
+           "CHUNK_WORDS", "StreamingFingerprint"]
 
 _M = 14
 CHUNK_WORDS = 1 << _M
@@ -724,6 +724,66 @@ def fingerprint_many(xs: Sequence[Any]) -> list[int]:
             for (i, _), v in zip(items, values):
                 results[i] = int(v)
     return [int(r) for r in results]  # type: ignore[arg-type]
+
+
+class StreamingFingerprint:
+    """The fingerprint of bytes that arrive in pieces (a file read in order), on the CPU engine: ``update`` with
+    each piece (any sizes), then ``value``; equal to :func:`fingerprint` of the pieces joined. Whole chunks are
+    summed where the piece lies; only a chunk split between two pieces is copied (at most one chunk)."""
+
+    _CHUNK_BYTES = 4 * CHUNK_WORDS
+
+    def __init__(self) -> None:
+        self._acc = 0
+        self._n = 0
+        self._carry = np.zeros(self._CHUNK_BYTES, dtype=np.uint8)
+        self._held = 0
+
+    def update(self, data: Any) -> None:
+        """Fold in the next piece (a bytes-like object)."""
+        piece = np.frombuffer(data, dtype=np.uint8)
+        if not piece.size:
+            return
+        start = 0
+        if self._held:  # complete the chunk the previous piece left open
+            take = min(self._CHUNK_BYTES - self._held, piece.size)
+            self._carry[self._held:self._held + take] = piece[:take]
+            self._held += take
+            start = take
+            if self._held < self._CHUNK_BYTES:
+                return
+            self._fold(self._carry, self._CHUNK_BYTES)
+            self._held = 0
+        whole = (piece.size - start) // self._CHUNK_BYTES * self._CHUNK_BYTES
+        if whole:
+            self._fold(piece[start:start + whole], whole)
+        rest = piece.size - start - whole
+        if rest:
+            self._carry[:rest] = piece[start + whole:]
+            self._held = rest
+
+    def _fold(self, words: Any, nbytes: int) -> None:
+        address = words.__array_interface__["data"][0]
+        runs: list[int] = []
+        for s in range(0, nbytes, _RUN_BYTES):
+            runs += (address + s, min(_RUN_BYTES, nbytes - s), (self._n + s) // self._CHUNK_BYTES)
+        self._acc += sum(_cpu_partials(runs))
+        self._n += nbytes
+
+    @property
+    def value(self) -> int:
+        """The fingerprint of every byte so far (the bytes folded in stay as they are: more may follow)."""
+        acc, n = self._acc, self._n
+        if self._held:
+            address = self._carry.__array_interface__["data"][0]
+            acc += _cpu_partials([address, self._held, n // self._CHUNK_BYTES])[0]
+            n += self._held
+        return _mix_int(acc + _mix_int(n + _PHI)) & _MASK64
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes folded in so far."""
+        return self._n + self._held
 
 
 _COMBINE_SALT = 0x2545_F491_4F6C_DD1D

@@ -8,11 +8,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["DeviceInfo", "CaseResult", "Incident", "ScanStatus"]
+__all__ = ["DeviceInfo", "CaseResult", "Incident", "ScanStatus", "SLOW_KIND", "PASSIVE_KINDS"]
 
 ScanStatus = Literal["running", "complete", "preempted", "interrupted", "error"]
 """``running`` until the scanner finishes it; a scan left ``running`` by a killed process is never counted as
 complete. ``preempted``: a job appeared on the device; ``error``: the suite could not run (never a device fault)."""
+
+
+SLOW_KIND = "slow"
+"""The kind of a training incident naming a rank that computes the same work consistently slower than its peer."""
+PASSIVE_KINDS = frozenset({"nondeterministic", SLOW_KIND})
+"""Incident kinds that never accuse a device of corruption: never a veto, an escalation, a raise or an exit, never
+evidence for quarantine or the training breaker, never ``suspect`` in the report."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,7 +94,8 @@ class Incident:
     """Which check fired: ``replay`` (a device named by the rule of evidence), ``calibration`` (the same, found by
     ``guard.calibrate``), ``unresolved`` (two or more devices disagree and nothing decides: all are suspects),
     ``gradient_replica``, ``weight_replica``, ``checksum`` (a matmul's result failed its checksum on the suspect's own
-    device: local, no vote), ``nondeterministic`` (the setup, never a device)."""
+    device: local, no vote), ``nondeterministic`` (the setup, never a device), ``slow`` (a rank consistently slower
+    on the same work: never corruption, see :data:`PASSIVE_KINDS`)."""
     step: int
     suspect_ranks: tuple[int, ...]
     device: str | None

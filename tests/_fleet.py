@@ -43,3 +43,32 @@ def clean(device: str, n: int, *, t: float = NOW - 3600, family: str = "gemm") -
 def snapshot(path: Path) -> tuple[bytes, int]:
     """Bytes and mtime of a file, to prove a command left it untouched."""
     return path.read_bytes(), os.stat(path).st_mtime_ns
+
+
+def tallies_from_rows(path: Path) -> dict[tuple[str, str, int], tuple[int, int, float]]:
+    """``day_tallies`` as the rows of ``results`` add them up (what the store must keep it equal to)."""
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(path)) as c:
+        rows = c.execute(
+            "SELECT device, family, CAST(started_at / 86400.0 AS INTEGER) AS d, TOTAL((attempt = 0) * executions), "
+            "TOTAL(attempt = 0 AND passed = 0), TOTAL(duration_s) FROM results GROUP BY device, family, d").fetchall()
+    return {(d, f, day): (int(n), int(k), s) for d, f, day, n, k, s in rows}
+
+
+def stored_tallies(path: Path) -> dict[tuple[str, str, int], tuple[int, int, float]]:
+    """``day_tallies`` as stored, without the empty entries a moved or deleted row may leave."""
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(path)) as c:
+        rows = c.execute("SELECT device, family, day, executions, failures, test_s FROM day_tallies").fetchall()
+    return {(d, f, day): (n, k, s) for d, f, day, n, k, s in rows if (n, k) != (0, 0) or abs(s) >= 1e-6}
+
+
+def assert_tallies_match_rows(path: Path) -> None:
+    want, got = tallies_from_rows(path), stored_tallies(path)
+    assert got.keys() == want.keys()
+    for key, (n, k, s) in want.items():
+        assert got[key][:2] == (n, k) and abs(got[key][2] - s) <= 1e-9 * max(1.0, abs(s)), (key, got[key], want[key])

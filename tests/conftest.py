@@ -36,3 +36,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason=f"gpu test: {reason}")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left_behind() -> object:
+    """A test that leaves torch.distributed's default group initialised (Lightning's strategies do) would change
+    what the next test in this process sees: close it after each test. Never imports torch itself."""
+    yield
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -155,7 +155,8 @@ def test_software_never_names_a_device_and_a_fault_is_never_software(case: tuple
     comps, faulty, noise = case
     j = settle(comps)
     if j.verdict == "hardware":
-        assert j.agreed is not None and set(j.blamed) <= {r for r, cs in comps.items() if any(c != j.agreed for c in cs)}
+        wrong = {r for r, cs in comps.items() if any(c != j.agreed for c in cs)}
+        assert j.agreed is not None and set(j.blamed) <= wrong
         if not noise and len(faulty) <= 1:
             assert j.agreed == GOOD and set(j.blamed) <= faulty
     if noise:
@@ -188,7 +189,8 @@ def test_one_faulty_device_among_three_or_more_is_always_named_alone(world: int,
 
 
 @given(st.integers(4, 12), st.data())
-def test_two_faulty_devices_at_once_are_both_named_when_the_others_are_a_majority(world: int, data: st.DataObject) -> None:
+def test_two_faulty_devices_at_once_are_both_named_when_the_others_are_a_majority(world: int,
+                                                                                data: st.DataObject) -> None:
     a, b = data.draw(st.lists(st.integers(0, world - 1), min_size=2, max_size=2, unique=True))
     comps = {r: [d(100 + r) if r in (a, b) else GOOD] * (2 if r < 2 else 1) for r in range(world)}
     j = settle(comps)
@@ -265,7 +267,8 @@ def test_likely_causes_name_order_dependent_ops_and_uncaptured_generators() -> N
     ({"TORCHELASTIC_RUN_ID": "abc-123"}, "abc-123"),
     ({}, None),
 ])
-def test_torchruns_placeholder_is_not_a_job_id(monkeypatch: pytest.MonkeyPatch, env: dict, expected: str | None) -> None:
+def test_torchruns_placeholder_is_not_a_job_id(monkeypatch: pytest.MonkeyPatch, env: dict,
+                                               expected: str | None) -> None:
     for k in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():

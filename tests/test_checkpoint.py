@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from _checkpoints import flip_byte_of as _flip_byte_of
 from _dist import run_ranks
 from _tiny_transformer import TinyTransformer, lm_loss, make_batch
 from click.testing import CliRunner
@@ -27,27 +28,6 @@ from sdcguard.inject.faults import Fault
 from sdcguard.inject.torch_faults import OpFaultMode
 
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-
-
-def _flip_byte_of(path: Path, key: str, at: int = 7) -> None:
-    """Flip one bit in the stored data of ``key``'s first chunk (found through DCP's own metadata and the zip record
-    ``torch.save`` wrote for it): a rotted byte on disk."""
-    import io
-    import struct
-    import zipfile
-
-    from torch.distributed.checkpoint import FileSystemReader
-
-    md = FileSystemReader(str(path)).read_metadata()
-    info = next(v for k, v in sorted(md.storage_data.items(), key=lambda kv: str(kv[0].offset)) if k.fqn == key)
-    blob = bytearray((path / info.relative_path).read_bytes())
-    record = zipfile.ZipFile(io.BytesIO(bytes(blob[info.offset:info.offset + info.length])))
-    entry = next(z for z in record.infolist() if z.filename.endswith("/data/0"))
-    name_len, extra_len = struct.unpack("<HH", blob[info.offset + entry.header_offset + 26:
-                                                    info.offset + entry.header_offset + 30])
-    start = info.offset + entry.header_offset + 30 + name_len + extra_len  # the tensor's raw bytes
-    blob[start + min(at, entry.file_size - 1)] ^= 0x10
-    (path / info.relative_path).write_bytes(bytes(blob))
 
 
 def _trained(steps: int = 3) -> tuple[TinyTransformer, torch.optim.Optimizer, SDCGuard]:

@@ -136,3 +136,102 @@ def test_a_busy_gpu_without_processes_is_busy_by_utilization(monkeypatch: pytest
     gpu = discover_gpus()[0]
     reason = IdleMonitor(gpu, window_s=0.05, gpu_util_max=5).busy_reason()
     assert reason is not None and "87%" in reason
+
+
+# --- fail safe: a device is idle only when it was measured idle ---------------------------------------------------
+_IDLE_CALLS = ["nvmlInit", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetComputeRunningProcesses",
+               "nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetUtilizationRates"]
+
+
+def _raising(message: str) -> Any:
+    def call(*args: Any) -> Any:
+        raise NVMLError(message)
+
+    return call
+
+
+@pytest.mark.parametrize("call", _IDLE_CALLS)
+def test_each_nvml_call_that_raises_makes_the_gpu_busy_with_the_error(monkeypatch: pytest.MonkeyPatch,
+                                                                       call: str) -> None:
+    _install(monkeypatch, _fake_nvml())
+    gpu = discover_gpus()[0]
+    setattr(__import__("sys").modules["pynvml"], call, _raising("Insufficient Permissions"))
+    monitor = IdleMonitor(gpu, window_s=0.05)
+    reason = monitor.busy_reason()
+    assert reason is not None and "busy" in reason and "Insufficient Permissions" in reason
+    assert monitor.error is not None and "Insufficient Permissions" in monitor.error
+
+
+@pytest.mark.parametrize("call", ["nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"])
+def test_a_process_list_that_fails_between_cases_stops_the_scan(monkeypatch: pytest.MonkeyPatch, call: str) -> None:
+    _install(monkeypatch, _fake_nvml())
+    monitor = IdleMonitor(discover_gpus()[0], window_s=0.05)
+    assert monitor.busy_reason() is None
+    setattr(__import__("sys").modules["pynvml"], call, _raising("Unknown Error"))
+    reason = monitor.job_appeared()
+    assert reason is not None and "Unknown Error" in reason
+
+
+def test_a_gpu_without_nvml_is_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    _install(monkeypatch, _fake_nvml())
+    gpu = discover_gpus()[0]
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # `import pynvml` raises ImportError
+    reason = IdleMonitor(gpu, window_s=0.05).busy_reason()
+    assert reason is not None and "not installed" in reason
+
+
+def test_utilization_not_supported_falls_back_to_the_process_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    procs: dict[int, list[int]] = {0: []}
+    fake = _fake_nvml(processes=procs)
+    fake.nvmlDeviceGetUtilizationRates = _raising("Not Supported")  # a MIG instance
+    _install(monkeypatch, fake)
+    gpu = discover_gpus()[0]
+    assert IdleMonitor(gpu, window_s=0.05).busy_reason() is None  # not busy for ever
+    procs[0].append(4242)
+    reason = IdleMonitor(gpu, window_s=0.05).busy_reason()
+    assert reason is not None and "4242" in reason
+
+
+def test_a_gpu_where_nothing_can_be_measured_is_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _fake_nvml()
+    fake.nvmlDeviceGetUtilizationRates = _raising("Not Supported")
+    fake.nvmlDeviceGetComputeRunningProcesses = _raising("Not Supported")
+    _install(monkeypatch, fake)
+    reason = IdleMonitor(discover_gpus()[0], window_s=0.05).busy_reason()
+    assert reason is not None and "neither" in reason
+
+
+def test_a_gpu_that_cannot_be_measured_is_skipped_with_the_error_in_the_summary(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from fleet_scan.options import ScanOptions
+    from fleet_scan.worker import scan_device
+
+    fake = _fake_nvml()
+    fake.nvmlDeviceGetComputeRunningProcesses = _raising("Driver/library version mismatch")
+    _install(monkeypatch, fake)
+    gpu = discover_gpus()[0]
+    options = ScanOptions(db=str(tmp_path / "s.db"), budget_s=1.0, lock_dir=str(tmp_path / "locks"),
+                          idle_window_s=0.05)
+    events: list[dict[str, Any]] = []
+    summary = scan_device(gpu, options, events.append)
+    assert summary["status"] == "busy" and "version mismatch" in summary["idle_error"]
+    assert "version mismatch" in summary["reason"] and events[-1] == summary
+    assert not (tmp_path / "s.db").exists()  # nothing ran, nothing was recorded
+
+
+def test_a_core_that_cannot_be_measured_is_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleet_scan import idle
+
+    core = discovery.discover_cpus()[0]
+
+    def unreadable(stat_text: str | None = None) -> dict[int, tuple[int, int]]:
+        raise PermissionError("permission denied: /proc/stat")
+
+    monkeypatch.setattr(idle, "read_cpu_times", unreadable)
+    monitor = IdleMonitor(core, window_s=0.01)
+    reason = monitor.busy_reason()
+    assert reason is not None and "/proc/stat" in reason and monitor.error is not None
+    monkeypatch.setattr(idle, "read_cpu_times", lambda stat_text=None: {})  # the core is not listed
+    reason = IdleMonitor(core, window_s=0.01).busy_reason()
+    assert reason is not None and "not listed" in reason

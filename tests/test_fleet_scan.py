@@ -185,6 +185,20 @@ def test_a_scan_that_found_every_device_busy_says_so_and_how_to_force_it(tmp_pat
     assert proc.stderr.strip().count("\n") == 0, proc.stderr
 
 
+def test_a_scan_that_executed_nothing_is_not_a_pass(tmp_path: Path) -> None:
+    """`--budget 0.001` runs no case: exit 2 "nothing was tested", never "all passed", and the scan it recorded
+    is no complete scan in the report (scans 0, no last_scan)."""
+    db = tmp_path / "fleet.db"
+    proc = scan(db, tmp_path / "locks", "--device", f"cpu:{cores()[0]}", budget=0.001)
+    assert proc.returncode == 2, proc.stderr
+    assert "nothing was tested" in proc.stderr and "--budget" in proc.stderr and "passed" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+    (summary,) = [e for e in events(proc) if e["event"] == "summary"]
+    assert summary["exit_code"] == 2
+    (row,) = report(db).values()
+    assert row["executions"] == 0 and row["scans"] == 0 and row["last_scan"] is None
+
+
 def _check_consistent(db: Path) -> None:
     if not db.exists():
         return  # killed before the store was created

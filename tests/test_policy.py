@@ -130,6 +130,24 @@ def test_probation_ends_after_clean_scans_and_a_failure_requarantines(store: Sto
     assert [h["action"] for h in store.quarantine_history("sim:1")] == ["quarantine", "release", "probation_passed"]
 
 
+def test_a_scan_that_executed_nothing_never_counts_toward_probation(store: Store) -> None:
+    """A complete scan of zero executions tested nothing: not a clean scan, not a scan in the report, no
+    last_scan."""
+    scan(store, "sim:1", clean("sim:1", 10), t=NOW - 10_000)
+    store.quarantine("sim:1", reason="bad", now=NOW - 9000)
+    store.release("sim:1", reason="fixed", now=NOW - 8000)
+    for i in range(5):
+        scan(store, "sim:1", [], t=NOW - 7000 + i * 100)  # complete, 0 executions
+    policy = QuarantinePolicy(probation_clean_scans=3)
+    assert apply_policy(store, policy, now=NOW).released == []
+    assert store.quarantine_status("sim:1") == "probation"
+    counts = store.scan_counts(since=NOW - 8000)["sim:1"]
+    assert counts.complete == 0 and counts.last_complete == NOW - 10_000 + 60
+    for i in range(3):
+        scan(store, "sim:1", clean("sim:1", 1, t=NOW - 5000 + i * 100), t=NOW - 5000 + i * 100)
+    assert apply_policy(store, policy, now=NOW).released == ["sim:1"]
+
+
 def test_devices_scope_limits_quarantine(store: Store) -> None:
     for d in ("sim:1", "sim:2"):
         scan(store, d, [result(d, passed=False, sticky=True, t=NOW - 5)])

@@ -154,7 +154,7 @@ def test_deploy_runs_each_rule_where_its_data_is() -> None:
     scan_job, merge_job = k8s.split("name: sdcguard-merge")
     assert re.search(r"scan .*--policy-scope node", scan_job.replace("\n", " "))
     merge_cmd = " ".join(merge_job.split())
-    assert re.search(r"sdcguard merge /stores/fleet.db /stores/nodes/\*\.db", merge_cmd)
+    assert re.search(r"sdcguard merge /stores/fleet.db /stores/nodes /stores/jobs", merge_cmd)  # + job spools
     assert re.search(r"sdcguard --db /stores/fleet.db policy .*--action kubernetes-taint", merge_cmd)
     order = [merge_cmd.index(x) for x in ("sdcguard merge ", "fleet.db policy ", "fleet.db prune ", "export prometheus")]
     assert order == sorted(order)

@@ -123,3 +123,23 @@ def test_an_older_store_gains_the_fleet_day_roll_ups(tmp_path: Path) -> None:
     with Store.open(path) as store:
         assert store.rate_series(start=START, width_s=DAY, devices=None) == series
         assert sum(p.executions for p in series[:8]) > 0
+
+
+def test_interrupted_scans_are_pruned_and_rolled_up_like_complete_ones(tmp_path: Path) -> None:
+    """A scan a killed scanner left behind (marked interrupted) is final: prune rolls its executions up and
+    deletes its rows, and a merge does not read it again for ever."""
+    path = tmp_path / "node.db"
+    with Store.open(path) as store:
+        for day, status in enumerate(("interrupted", "complete", "interrupted")):
+            t = START + day * DAY
+            sid = store.begin_scan(device="sim:1", host="node", budget_s=60.0, started_at=t)
+            rows = [result("sim:1", t=t + i) for i in range(4)]
+            store.record_results(sid, rows, finish=status, finished_at=t + 60)  # type: ignore[arg-type]
+        sid = store.begin_scan(device="sim:1", host="node", budget_s=60.0, started_at=START + DAY + 5)
+        store.record_results(sid, [result("sim:1", t=START + DAY + 6)])  # still running: left alone
+        whole = store.tallies(by="device")
+        stats = store.prune(before=START + 10 * DAY)
+        assert stats.scans == 3 and stats.results == 3
+        assert [s["status"] for s in store.scans()] == ["running"]
+        assert store.tallies(by="device") == whole == [whole[0]] and whole[0].executions == 13
+        assert store.scan_counts(since=None)["sim:1"].complete == 1  # interrupted never counts as complete

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sdcguard.training.pairing import peer_source, peer_target, shadow_assignment
-from sdcguard.training.shadows import Verdict
+from sdcguard.training.wire import Verdict
 
 
 @given(st.integers(2, 64), st.integers(0, 10_000))

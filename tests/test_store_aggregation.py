@@ -183,7 +183,8 @@ def test_a_schema_3_store_migrates_with_every_number_unchanged(
         for (device,), (n, k, secs) in _reference(runs, None, "device").items():
             assert (report[device].overall.executions, report[device].overall.failures) == (n, k)
             assert report[device].overall.test_hours == secs / 3600.0
-            assert report[device].status == ("suspect" if k else "healthy")
+            # a training incident naming the device makes it a suspect too (the store's one incident names sim:1)
+            assert report[device].status == ("suspect" if k or device == "sim:1" else "healthy")
             assert report[device].scans == len({e.scan for e in runs if e.device == device})
         for scan in store.scans():
             mine = [e for e in runs if e.scan + 1 == scan["id"]]

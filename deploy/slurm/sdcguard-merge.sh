@@ -3,7 +3,8 @@
 #
 #   17 5 * * *  /opt/sdcguard/deploy/slurm/sdcguard-merge.sh >> /shared/sdcguard/logs/merge.log 2>&1
 #
-# 1. merge every node's store into the fleet store (each brings only what is new since its last merge);
+# 1. merge every node's store and every training job's spool (the guard's store=/shared/sdcguard/jobs/JOB.db)
+#    into the fleet store (each brings only what is new since its last merge; a directory is every *.db in it);
 # 2. apply the fleet's rules (failure rate, circuit breakers across hosts, training incidents, probation) and
 #    drain the nodes of the devices they quarantine;
 # 3. roll scans older than 30 days into daily counts, so the store stays the size of its window;
@@ -12,7 +13,11 @@
 set -u
 SDC=/opt/sdcguard/.venv/bin/sdcguard
 FLEET=/shared/sdcguard/fleet.db
-"$SDC" merge "$FLEET" /shared/sdcguard/nodes/*.db || exit
+mkdir -p /shared/sdcguard/jobs
+"$SDC" merge "$FLEET" /shared/sdcguard/nodes /shared/sdcguard/jobs || exit
+# A spool untouched for a week was just merged whole: its incidents live in the fleet store now. (A job that
+# records again later recreates its spool: a new store id, merged whole.)
+find /shared/sdcguard/jobs -name '*.db' -mtime +7 -delete
 "$SDC" --db "$FLEET" policy --config /etc/sdcguard/sdcguard.toml --action slurm-drain
 rc=$?
 "$SDC" --db "$FLEET" prune --before 30d || exit

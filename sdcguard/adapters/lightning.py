@@ -1,5 +1,7 @@
 """``from sdcguard.adapters.lightning import SDCGuardCallback`` (defined in :mod:`sdcguard.training.adapters.lightning`)."""
 
-from ..training.adapters.lightning import SDCGuardCallback, SDCGuardCheckpointIO, training_step_loss
+from ..training.adapters.lightning import (
+    SDCGuardCallback, SDCGuardCheckpointIO, SDCGuardModelParallelStrategy, training_step_loss,
+)
 
-__all__ = ["SDCGuardCallback", "SDCGuardCheckpointIO", "training_step_loss"]
+__all__ = ["SDCGuardCallback", "SDCGuardCheckpointIO", "SDCGuardModelParallelStrategy", "training_step_loss"]

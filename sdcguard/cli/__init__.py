@@ -33,6 +33,7 @@ _COMMANDS: dict[str, str] = {
     "quarantine": "sdcguard.cli.quarantine:quarantine",
     "incidents": "sdcguard.cli.incidents:incidents",
     "checkpoints": "sdcguard.cli.checkpoints:checkpoints",
+    "scrub": "sdcguard.cli.scrub:scrub",
     "merge": "sdcguard.cli.merge:merge",
     "policy": "sdcguard.cli.policy:policy",
     "prune": "sdcguard.cli.prune:prune",

@@ -15,13 +15,15 @@ __all__ = ["checkpoints"]
 
 @click.command("checkpoints")
 @click.option("--since", default="all", show_default=True, help="Window: a duration (12h, 7d, 2w) or 'all'.")
-@click.option("--job", default=None, help="Only this job's checkpoints (TORCHELASTIC_RUN_ID or SLURM_JOB_ID).")
+@click.option("--job", default=None,
+              help="Only this job's checkpoints (its id as the guard recorded it: the launcher's, or one it made).")
 @format_option("table", "json")
 def checkpoints(since: str, job: str | None, fmt: str) -> None:
-    """Checkpoints saved with the training guard: id, step, verified or not, digest, job.
+    """Checkpoints saved with the training guard: id, step, verified or not (or failed), digest, job.
 
     A verified checkpoint holds a state every rank's checks vouched for; an incident's ``rollback`` names the
-    newest one older than the earliest step the fault could have touched.
+    newest one older than the earliest step the fault could have touched. ``failed``: an asynchronous save whose
+    background write failed (never verified). ``sdcguard scrub`` re-reads checkpoints at rest.
 
     Example: sdcguard checkpoints --job 4242 --format json
     """
@@ -33,7 +35,8 @@ def checkpoints(since: str, job: str | None, fmt: str) -> None:
         return
     print_table(
         "checkpoints", ["time (UTC)", "checkpoint", "step", "verified", "digest", "job"],
-        [[iso_utc(c.time) or "", c.checkpoint_id, str(c.step), "yes" if c.verified else "no", c.digest[:16] or "-",
+        [[iso_utc(c.time) or "", c.checkpoint_id, str(c.step),
+          f"failed: {c.detail}" if c.status == "failed" else "yes" if c.verified else "no", c.digest[:16] or "-",
           c.job or "-"] for c in found],
         caption=None if found else "no checkpoint recorded",
     )

@@ -11,7 +11,19 @@ import click
 
 from ..durations import iso_utc, since_timestamp
 from ..fleet.report import build_report, report_csv_rows, report_json
-from .common import device_id, fmt_float, format_option, open_store, print_table, status_text
+from .common import (
+    config_option, device_id, fmt_float, format_option, load_config, load_policy, open_store, print_table, status_text,
+)
+
+
+def _slow_text(row: dict[str, object]) -> str:
+    """The table's ``slow`` cell: ``2.01x SLOW (pair, medium)`` for a slow device, its slowdown otherwise."""
+    x = row.get("slowdown")
+    figure = "" if not isinstance(x, float) else f"{x:.2f}x"
+    if not row.get("slow"):
+        return figure
+    how = ", ".join(str(v) for v in (row.get("slow_basis"), row.get("slow_confidence")) if v)
+    return f"{figure} SLOW ({how})".strip()
 
 __all__ = ["report"]
 
@@ -34,22 +46,28 @@ _TABLE_ALL_UP_TO = 50
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write FILE: one self-contained HTML page of the whole fleet (status, rates over time, hosts, "
                    "quarantine timeline, incidents), written atomically.")
+@config_option
 def report(
     since: str, device: str | None, fmt: str, confidence: float, families: bool, show_all: bool, plot: Path | None,
-    html_file: Path | None = None,
+    html_file: Path | None = None, config_path: Path | None = None,
 ) -> None:
     """Per-device SDC rates with one-sided bounds, and each device's status.
 
     Status: quarantined, probation (released, watched until clean scans), suspect (a failed execution in the
-    window, not quarantined), healthy.
+    window, not quarantined), healthy. Beside it, slow: the device's time for the same golden cases against its
+    peers of the same model (thread CPU time on a core), flagged when clearly over the policy's slow threshold.
 
     Example: sdcguard report --since 7d --format json --families
     """
     now = time.time()
     start = since_timestamp(since, now=now)  # checked before the store is opened
     device = device_id(device) if device else None
+    from ..fleet.slow import SlowSettings
+
+    policy = load_policy(load_config(config_path))  # the [policy] slow_threshold, as the policy flags them
+    slow = SlowSettings(threshold=policy.slow_threshold, confidence=policy.confidence)
     with open_store(readonly=True) as store:
-        rows = build_report(store, since=start, device=device, confidence=confidence, families=families)
+        rows = build_report(store, since=start, device=device, confidence=confidence, families=families, slow=slow)
         if plot is not None:
             from ..fleet.plot import plot_rates
 
@@ -57,7 +75,7 @@ def report(
         if html_file is not None:
             from ..fleet.html import write_html
 
-            write_html(store, html_file, since=start, window=since, now=now, confidence=confidence)
+            write_html(store, html_file, since=start, window=since, now=now, confidence=confidence, slow=slow)
     if fmt == "json":
         click.echo(report_json(rows))
     elif fmt == "csv":
@@ -75,17 +93,19 @@ def report(
             caption += f"; {counts['healthy']} healthy devices not listed (--all lists them)"
         print_table(
             "sdcguard report",
-            ["device", "host", "status", "executions", "failures", "rate", "rate_low", "rate_high", "scans",
+            ["device", "host", "status", "slow", "executions", "failures", "rate", "rate_low", "rate_high", "scans",
              "last scan (UTC)"],
             [
                 line
                 for r in rows
                 for line in [
-                    [r.device, r.host, status_text(r.status), str(r.overall.executions), str(r.overall.failures),
+                    [r.device, r.host, status_text(r.status), _slow_text(r.as_dict()), str(r.overall.executions),
+                     str(r.overall.failures),
                      fmt_float(r.overall.rate), fmt_float(r.overall.rate_low), fmt_float(r.overall.rate_high),
                      str(r.scans), iso_utc(r.last_scan) or "never"],
                     *(  # --families: the device's figures per kernel family, under its row
-                        [f"  {name}", "", "", str(f.executions), str(f.failures), fmt_float(f.rate),
+                        [f"  {name}", "", "", _slow_text(r.as_dict()["families"][name]), str(f.executions),
+                         str(f.failures), fmt_float(f.rate),
                          fmt_float(f.rate_low), fmt_float(f.rate_high), "", ""]
                         for name, f in sorted((r.families or {}).items())
                     ),

@@ -86,7 +86,8 @@ def scan(
     retested in a fresh process, and the policy may quarantine devices and run the actions.
 
     Exit codes: 0 every scanned device passed; 1 corruption found; 2 could not run (bad input, no device, every
-    device busy, a fire drill that injects nothing, golden data suspect, circuit breaker tripped); 130 / 143
+    device busy, a device that executed no golden case in its budget, a fire drill that injects nothing, golden
+    data suspect, circuit breaker tripped); 130 / 143
     stopped by SIGINT / SIGTERM before it finished (what was done is recorded as interrupted).
 
     \b

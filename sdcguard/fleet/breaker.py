@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..records import Incident
+from ..records import PASSIVE_KINDS, SLOW_KIND, Incident
 from .rows import FailedExecution
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def attributed(incident: Incident) -> bool:
     and is not a ``nondeterministic`` replay (which never blames hardware)."""
     return (incident.device is not None and len(incident.suspect_ranks) == 1
             and len({d for d in incident.devices if d} - {incident.device}) == 0
-            and incident.kind != "nondeterministic")
+            and incident.kind not in PASSIVE_KINDS)
 
 
 @dataclass
@@ -146,6 +146,8 @@ def judge_training(incidents: Sequence[Incident], policy: QuarantinePolicy) -> T
     verdict = TrainingVerdict()
     jobs: dict[str, list[Incident]] = defaultdict(list)
     for n, i in enumerate(incidents):
+        if i.kind == SLOW_KIND:  # a slow rank is not evidence of corruption
+            continue
         jobs[i.job if i.job is not None else f"(no job id, incident {n})"].append(i)
     days = policy.window_s / 86400
     for job, found in sorted(jobs.items()):

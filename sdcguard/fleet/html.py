@@ -30,6 +30,7 @@ from .html_assets import PAGE_CSS, SORT_JS
 from .rates import clopper_pearson, clopper_pearson_arrays
 from .report import DeviceReport, build_report
 from .rows import CheckpointEntry, SeriesPoint
+from .slow import SlowSettings
 from .store import Store
 from .svg import (
     BinRate, Bins, Segment, TimelineRow, bin_rates, choose_bins, esc, rate_chart, shared_decades, sparkline, status_bar,
@@ -93,6 +94,17 @@ def _table(columns: Sequence[tuple[str, bool | str]], rows: Iterable[str], *, so
 def _status(status: str) -> str:
     return f'<td class="st {esc(status)}" data-v="{_STATUSES.index(status) if status in _STATUSES else 9}">' \
            f"{esc(status)}</td>"
+
+
+def _slow(r: DeviceReport) -> str:
+    """The device table's ``slow`` cell: its slowdown against its peers, highlighted when it is slow."""
+    s = r.slowness
+    if s is None or (s.slowdown is None and not s.slow):
+        return '<td class="n" data-v="-1">-</td>'
+    text = "slow" if s.slowdown is None else f"{s.slowdown:.2f}x"
+    title = esc(f"{s.reason} (basis {s.basis}, confidence {s.confidence})")
+    cls = "n slow" if s.slow else "n"
+    return f'<td class="{cls}" data-v="{s.slowdown or 0}" title="{title}">{esc(text)}{" slow" if s.slow else ""}</td>'
 
 
 def _time(t: float | None) -> str:
@@ -171,32 +183,34 @@ def _hosts(rows: Sequence[DeviceReport], confidence: float, limit: int) -> str:
     for host, devs in by_host.items():
         counts = {s: sum(d.status == s for d in devs) for s in _STATUSES}
         bad = len(devs) - counts["healthy"]
-        if bad:
+        slow = sum(bool(d.slowness and d.slowness.slow) for d in devs)
+        if bad or slow:
             n = sum(d.overall.executions for d in devs)
             k = sum(d.overall.failures for d in devs)
-            stats.append((host, devs, counts, bad, n, k))
+            stats.append((host, devs, counts, bad, n, k, slow))
     if not stats:
         return head + f'<p class="note">Every device of the {len(by_host):,} hosts is healthy.</p>'
-    stats.sort(key=lambda s: (-s[2]["quarantined"], -s[3], -s[5], s[0]))
+    stats.sort(key=lambda s: (-s[2]["quarantined"], -s[3], -s[5], -s[6], s[0]))
     widest = max(len(devs) for devs in by_host.values())
     body = []
-    for host, devs, counts, bad, n, k in stats[:limit]:
+    for host, devs, counts, bad, n, k, slow in stats[:limit]:
         lemon = bad >= 2
         lo, hi = clopper_pearson(k, n, confidence)
         badge = '<span class="badge">lemon?</span>' if lemon else ""
         body.append(
             f'<tr{" class=lemon" if lemon else ""}><td>{esc(host)}{badge}</td>{_td(len(devs), n=True)}'
             f"{_td(counts['quarantined'], n=True)}{_td(counts['probation'], n=True)}{_td(counts['suspect'], n=True)}"
+            f"{_td(slow, n=True, cls='slow' if slow else '')}"
             f"{_td(f'{k:,}', n=True, v=k)}{_td(f'{n:,}', n=True, v=n)}{_td(_fmt(k / n if n else None), n=True, v=k / n if n else -1)}"
             f"{_td(_fmt(lo), n=True)}{_td(_fmt(hi), n=True)}<td>{status_bar(counts, scale=widest)}</td></tr>"
         )
     left = len(stats) - min(len(stats), limit)
-    caption = (f"{len(stats):,} of {len(by_host):,} hosts have a device that is not healthy, ranked by quarantined "
-               "devices, then devices not healthy, then failures"
+    caption = (f"{len(stats):,} of {len(by_host):,} hosts have a device that is not healthy or slow, ranked by "
+               "quarantined devices, then devices not healthy, then failures, then slow devices"
                + (f" ({left:,} more not shown)" if left else "")
                + ". Two or more bad devices on one host point at the host (board, power, cooling), not the devices.")
     return head + _table([("host", False), ("devices", True), ("quarantined", True), ("probation", True),
-                          ("suspect", True), ("failures", True), ("executions", True), ("rate", True),
+                          ("suspect", True), ("slow", True), ("failures", True), ("executions", True), ("rate", True),
                           ("rate_low", True), ("rate_high", True), ("devices by status", False)],
                          body, sortable=True, caption=caption)
 
@@ -208,7 +222,8 @@ def _device_table(rows: Sequence[DeviceReport], limit: int) -> str:
         f"{_td(f'{r.overall.executions:,}', n=True, v=r.overall.executions)}"
         f"{_td(f'{r.overall.failures:,}', n=True, v=r.overall.failures)}"
         f"{_td(_fmt(r.overall.rate), n=True, v=r.overall.rate)}{_td(_fmt(r.overall.rate_low), n=True, v=r.overall.rate_low)}"
-        f"{_td(_fmt(r.overall.rate_high), n=True, v=r.overall.rate_high)}{_status(r.status)}{_td(r.scans, n=True)}"
+        f"{_td(_fmt(r.overall.rate_high), n=True, v=r.overall.rate_high)}{_status(r.status)}{_slow(r)}"
+        f"{_td(r.scans, n=True)}"
         f"{_time(r.last_scan)}</tr>"
         for r in shown
     ]
@@ -219,7 +234,7 @@ def _device_table(rows: Sequence[DeviceReport], limit: int) -> str:
     return "<h2>Devices</h2>" + _table(
         [("device", False), ("host", False), ("kind", False), ("model", False), ("executions", True),
          ("failures", True), ("rate", True), ("rate_low", True), ("rate_high", True), ("status", False),
-         ("scans", True), ("last scan (UTC)", "time")],
+         ("slow", True), ("scans", True), ("last scan (UTC)", "time")],
         body, sortable=True, caption=caption, scroll=True)
 
 
@@ -324,11 +339,11 @@ def _page_bins(store: Store, since: float | None, now: float, history: Sequence[
 
 
 def build_html(store: Store, *, since: float | None, window: str, now: float | None = None,
-               confidence: float = 0.95, limits: HtmlLimits = HtmlLimits()) -> str:
+               confidence: float = 0.95, limits: HtmlLimits = HtmlLimits(), slow: SlowSettings | None = None) -> str:
     """The whole page as one string. ``since``: start of the window (None: all time); ``window``: how the
     operator wrote it (``7d``, ``all``), for the heading."""
     t = time.time() if now is None else now
-    rows = build_report(store, since=since, confidence=confidence)
+    rows = build_report(store, since=since, confidence=confidence, slow=slow)
     history = store.quarantine_history()
     incidents = store.incidents(since=since)
     bins = _page_bins(store, since, t, history, incidents)
@@ -363,12 +378,12 @@ def build_html(store: Store, *, since: float | None, window: str, now: float | N
 
 
 def write_html(store: Store, path: Path, *, since: float | None, window: str, now: float | None = None,
-               confidence: float = 0.95, limits: HtmlLimits = HtmlLimits()) -> int:
+               confidence: float = 0.95, limits: HtmlLimits = HtmlLimits(), slow: SlowSettings | None = None) -> int:
     """Build the page and write it to ``path`` atomically (temporary file in the same directory, then a rename);
     returns its size in bytes. ``BadInput`` for a path that cannot be written, checked before the page is built."""
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         raise BadInput(f"cannot write {path}: directory {directory} does not exist")
-    page = build_html(store, since=since, window=window, now=now, confidence=confidence, limits=limits)
+    page = build_html(store, since=since, window=window, now=now, confidence=confidence, limits=limits, slow=slow)
     write_atomic(path, page)
     return len(page.encode("utf-8"))

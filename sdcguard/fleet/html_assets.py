@@ -35,6 +35,7 @@ table.sortable thead th[aria-sort="descending"]::after {{ content: " \\2193"; co
 .st {{ font-weight: 600; }}
 .st.healthy {{ color: var(--healthy); }} .st.suspect {{ color: var(--suspect); }}
 .st.quarantined {{ color: var(--quarantined); }} .st.probation {{ color: var(--probation); }}
+td.slow {{ background: #fde9c8; color: #8a4b00; font-weight: 600; }}
 tr.lemon td {{ background: #fdecea; }}
 .badge {{ display: inline-block; padding: 0 6px; border-radius: 8px; background: var(--quarantined); color: #fff;
   font-size: 11px; margin-left: 4px; }}

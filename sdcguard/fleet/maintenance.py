@@ -1,22 +1,32 @@
-"""Merging another store into this one (incrementally), and pruning old scans into daily roll-ups.
+"""Merging another store into this one (incrementally), pruning old scans into daily roll-ups, and the day
+tallies that both keep exact.
 
 **Merge.** Every row that can be merged has a natural key: a scan its ``uuid``, a result ``(scan uuid, seq)``, an
 incident, a quarantine change, a policy decision and an action attempt their ``uuid``, an action
 ``(device, action, quarantined_since)``. A merge takes only what is new in an input since its last merge: the
-output remembers, per input (its ``meta.store_id``), the highest row id it took of every append-only table and
-the scans that were still open (``running``/``interrupted``); those open scans are taken again, since their rows
-still change (a passing row's count grows as the scan goes on). The input is the authority for its own scans'
-rows, so taking one again changes nothing: merging the same input twice counts nothing twice, with or without
-the watermark (``full=True`` ignores it). A device's quarantine state is replayed from the merged history (the
-latest change wins). Each input is merged in one transaction, read through ``ATTACH``, and never written.
+output remembers, per input (its ``meta.store_id``), the highest row id it took of every append-only table *and
+that row's uuid* (``merge_sources.marks``), and the scans that were still open (``running``, or ``interrupted``
+lately: a scanner taken for dead may still finish one); those open scans are taken again, since their rows
+still change (a passing row's count grows as the scan goes on). Row ids are SQLite rowids, reused once an input's
+newest rows are pruned or the input is restored from an older backup: a watermark whose row is gone or is
+another is reset to 0, that table read in full, and the merge says so (``MergeStats.rewound``). The input is the
+authority for its own scans' rows, so taking one again changes nothing: merging the same input twice counts
+nothing twice, with or without the watermark (``full=True`` ignores it). A device's quarantine state is
+replayed from the merged history (the latest change wins). Each input is merged in one transaction, read
+through ``ATTACH``, and never written.
 
-**Prune.** Scans that started before the horizon (a UTC midnight) are rolled into per-day, per-device, per-family
-counts (``rollups``; the whole fleet's per day in ``rollup_days``; complete scans per day and device in
-``scan_rollups``; both also summed over all days in ``rollup_totals`` and ``scan_rollup_totals``, what an all-time
-report reads) and their rows deleted, one day per
-transaction, so a store killed while pruning is consistent. Every execution is counted once, in a row or in a
-roll-up; what is lost is the detail of each old failure and the time resolution below a day. A later merge
-skips input scans older than the horizon: they are already in the roll-ups.
+**Prune.** Finished scans (``interrupted`` ones too; only ``running`` ones stay) that started before the horizon
+(a UTC midnight) are rolled into per-day, per-device, per-family counts (``rollups``; the whole fleet's per day
+in ``rollup_days``, summed from those; complete scans per day and device in ``scan_rollups``; both also summed
+over all days in ``rollup_totals`` and ``scan_rollup_totals``, what an all-time report reads) and their rows
+deleted, one day per transaction and one pass over the day's rows, so a store killed while pruning is
+consistent. Every execution is counted once, in a row or in a roll-up; what is lost is the detail of each old
+failure and the time resolution below a day. A later merge skips input scans older than the horizon: they are
+already in the roll-ups.
+
+**Day tallies.** ``day_tallies`` equals, at every commit, what the rows of ``results`` add up to per UTC day (of a
+row's start), device and family: :class:`DayTallies` for a scan's batch (the store's write path), minus and plus
+one pass over the rows a merge replaces and writes, minus what a prune deletes.
 """
 
 from __future__ import annotations
@@ -28,14 +38,60 @@ from pathlib import Path
 from typing import Any
 
 from .connection import StoreBase, read_only_uri
+from .schema import COUNTED_SCAN
 from .rows import MergeStats, PruneStats
 
-__all__ = ["StoreMaintenance"]
+__all__ = ["StoreMaintenance", "DayTallies", "day_of"]
 
 _DAY_S = 86400.0
 _OPEN = "('running', 'interrupted')"
-_APPEND_ONLY = {"incidents": "incidents", "history": "quarantine_history", "decisions": "policy_decisions",
-                "attempts": "action_attempts"}
+_WATERMARKED = ("scans", "incidents", "quarantine_history", "policy_decisions", "action_attempts")
+"""The input tables a merge takes past a watermark (row id), in the column order of ``merge_sources``."""
+_REOPEN_S = _DAY_S
+"""An input's ``interrupted`` scan is read again by merges for this long after it was marked: a scanner the
+policy's sweep took for dead may still finish it. Older ones are final (and ``prune`` rolls them up)."""
+
+
+_ADD_TALLIES = (
+    "INSERT INTO main.day_tallies(device, family, day, executions, failures, test_s) {select} "
+    "ON CONFLICT(device, family, day) DO UPDATE SET executions = executions + excluded.executions, "
+    "failures = failures + excluded.failures, test_s = test_s + excluded.test_s"
+)
+"""Adds to ``day_tallies`` what ``{select}`` yields (VALUES or a SELECT of device, family, day and the three counts)."""
+
+
+def day_of(t: float) -> int:
+    """The UTC day (days since the epoch) of a Unix time, as the SQL ``CAST(t / 86400.0 AS INTEGER)`` computes it."""
+    return int(t / _DAY_S)
+
+
+class DayTallies:
+    """Changes to ``day_tallies`` collected in Python (one scan's batch), written in one ``executemany``."""
+
+    def __init__(self) -> None:
+        self._delta: dict[tuple[str, str, int], list[float]] = {}
+
+    def add(self, device: str, family: str, started_at: float, executions: int, failures: int, seconds: float) -> None:
+        d = self._delta.setdefault((device, family, day_of(started_at)), [0, 0, 0.0])
+        d[0] += executions
+        d[1] += failures
+        d[2] += seconds
+
+    def write(self, conn: Any) -> None:
+        if self._delta:
+            conn.executemany(_ADD_TALLIES.format(select="VALUES (?, ?, ?, ?, ?, ?)"),
+                             [(*key, int(n), int(k), s) for key, (n, k, s) in self._delta.items()])
+            self._delta.clear()
+
+
+def _tally_rows(conn: Any, scans: str, sign: int) -> None:
+    """Add (``sign`` 1) or take away (-1) the tallies of every row of the main store's scans ``scans`` (a subquery
+    of scan ids), in one pass over those rows."""
+    conn.execute(_ADD_TALLIES.format(select=(
+        f"SELECT r.device, r.family, CAST(r.started_at / {_DAY_S} AS INTEGER) AS d, "
+        f"{sign} * TOTAL((r.attempt = 0) * r.executions), {sign} * TOTAL(r.attempt = 0 AND r.passed = 0), "
+        f"{sign} * TOTAL(r.duration_s) FROM main.results r WHERE r.scan IN ({scans}) GROUP BY r.device, r.family, d "
+        "HAVING true")))
 
 
 class StoreMaintenance(StoreBase):
@@ -55,78 +111,34 @@ class StoreMaintenance(StoreBase):
         conn = self._conn
         source = conn.execute("SELECT value FROM src.meta WHERE key = 'store_id'").fetchone()[0]
         mark = None if full else conn.execute(
-            "SELECT scans, incidents, history, decisions, attempts, open_scans FROM main.merge_sources "
+            "SELECT scans, incidents, history, decisions, attempts, open_scans, marks FROM main.merge_sources "
             "WHERE source = ?", (source,)).fetchone()
-        scans_after, inc_after, hist_after, dec_after, att_after = (mark[:5] if mark else (0, 0, 0, 0, 0))
+        after = dict(zip(_WATERMARKED, mark[:5] if mark else (0,) * len(_WATERMARKED)))
+        rewound = _check_marks(conn, after, json.loads(mark[6]) if mark else {})
         reopened = json.loads(mark[5]) if mark else []
         horizon = self.pruned_before or float("-inf")
         devices = _merge_devices(conn)
-        new_scans, results, skipped = _merge_scans(conn, scans_after, reopened, horizon)
-        incidents, history = _merge_appended(conn, inc_after, hist_after, dec_after, att_after)
-        _replay_quarantine(conn, hist_after)
+        new_scans, results, skipped = _merge_scans(conn, after["scans"], reopened, horizon)
+        incidents, history = _merge_appended(conn, after["incidents"], after["quarantine_history"],
+                                             after["policy_decisions"], after["action_attempts"])
         _remember(conn, source, path)
         return MergeStats(source=path, devices=devices, scans=new_scans, results=results, incidents=incidents,
-                          quarantine_history=history, skipped_scans=skipped)
+                          quarantine_history=history, skipped_scans=skipped, rewound=tuple(rewound))
 
     def prune(self, *, before: float) -> PruneStats:
         """Roll every finished scan that started before ``before`` (rounded down to a UTC midnight) into the
-        daily roll-ups and delete its rows; returns what was done. Scans still ``running`` are left alone."""
+        daily roll-ups and delete its rows; returns what was done. Scans still ``running`` are left alone;
+        ``interrupted`` ones are final by then and go like the others (their executions count, as everywhere)."""
         horizon = math.floor(before / _DAY_S) * _DAY_S
         days = [int(r[0]) for r in self._rows(
             f"SELECT DISTINCT CAST(started_at / {_DAY_S} AS INTEGER) FROM scans WHERE started_at < ? "
-            f"AND status NOT IN {_OPEN} ORDER BY 1", (horizon,))]
+            "AND status != 'running' ORDER BY 1", (horizon,))]
         scans = results = rollup_rows = 0
         for day in days:
             lo, hi = day * _DAY_S, min((day + 1) * _DAY_S, horizon)
             with self._write() as conn:
-                conn.execute("CREATE TEMP TABLE IF NOT EXISTS prune_scans(id INTEGER PRIMARY KEY)")
-                conn.execute("DELETE FROM temp.prune_scans")
-                conn.execute(
-                    f"INSERT INTO temp.prune_scans SELECT id FROM scans WHERE started_at >= ? AND started_at < ? "
-                    f"AND status NOT IN {_OPEN}", (lo, hi))
-                rollup_rows += conn.execute(
-                    f"""INSERT INTO rollups(day, device, family, executions, failures, test_s)
-                        SELECT CAST(started_at / {_DAY_S} AS INTEGER) AS d, device, family,
-                          TOTAL((attempt = 0) * executions), TOTAL(attempt = 0 AND passed = 0), TOTAL(duration_s)
-                        FROM results WHERE scan IN (SELECT id FROM temp.prune_scans) GROUP BY d, device, family
-                        ON CONFLICT(day, device, family) DO UPDATE SET
-                          executions = executions + excluded.executions, failures = failures + excluded.failures,
-                          test_s = test_s + excluded.test_s""").rowcount
-                conn.execute(
-                    f"""INSERT INTO rollup_days(day, executions, failures, test_s)
-                        SELECT CAST(started_at / {_DAY_S} AS INTEGER) AS d, TOTAL((attempt = 0) * executions),
-                          TOTAL(attempt = 0 AND passed = 0), TOTAL(duration_s)
-                        FROM results WHERE scan IN (SELECT id FROM temp.prune_scans) GROUP BY d
-                        ON CONFLICT(day) DO UPDATE SET
-                          executions = executions + excluded.executions, failures = failures + excluded.failures,
-                          test_s = test_s + excluded.test_s""")
-                conn.execute(
-                    """INSERT INTO rollup_totals(device, family, executions, failures, test_s)
-                       SELECT device, family, TOTAL((attempt = 0) * executions), TOTAL(attempt = 0 AND passed = 0),
-                         TOTAL(duration_s)
-                       FROM results WHERE scan IN (SELECT id FROM temp.prune_scans) GROUP BY device, family
-                       ON CONFLICT(device, family) DO UPDATE SET
-                         executions = executions + excluded.executions, failures = failures + excluded.failures,
-                         test_s = test_s + excluded.test_s""")
-                conn.execute(
-                    f"""INSERT INTO scan_rollups(day, device, complete, last_complete)
-                        SELECT CAST(started_at / {_DAY_S} AS INTEGER) AS d, device, TOTAL(status = 'complete'),
-                          MAX(CASE WHEN status = 'complete' THEN COALESCE(finished_at, started_at) END)
-                        FROM scans WHERE id IN (SELECT id FROM temp.prune_scans) GROUP BY d, device
-                        ON CONFLICT(day, device) DO UPDATE SET complete = complete + excluded.complete,
-                          last_complete = MAX(COALESCE(last_complete, excluded.last_complete),
-                                              COALESCE(excluded.last_complete, last_complete))""")
-                conn.execute(
-                    """INSERT INTO scan_rollup_totals(device, complete, last_complete)
-                       SELECT device, TOTAL(status = 'complete'),
-                         MAX(CASE WHEN status = 'complete' THEN COALESCE(finished_at, started_at) END)
-                       FROM scans WHERE id IN (SELECT id FROM temp.prune_scans) GROUP BY device
-                       ON CONFLICT(device) DO UPDATE SET complete = complete + excluded.complete,
-                         last_complete = MAX(COALESCE(last_complete, excluded.last_complete),
-                                             COALESCE(excluded.last_complete, last_complete))""")
-                results += conn.execute(
-                    "DELETE FROM results WHERE scan IN (SELECT id FROM temp.prune_scans)").rowcount
-                scans += conn.execute("DELETE FROM scans WHERE id IN (SELECT id FROM temp.prune_scans)").rowcount
+                s, r, n = _prune_day(conn, lo, hi)
+                scans, results, rollup_rows = scans + s, results + r, rollup_rows + n
                 last = conn.execute("SELECT MAX(day) FROM rollups").fetchone()[0]
                 if last is not None:
                     _set_meta(conn, "rollup_last_day", int(last))
@@ -139,6 +151,68 @@ class StoreMaintenance(StoreBase):
     def vacuum(self) -> None:
         """Rewrite the file without its free pages (after a prune or a migration that folded many rows)."""
         self._retry(lambda: self._conn.execute("VACUUM"))
+
+
+def _prune_day(conn: Any, lo: float, hi: float) -> tuple[int, int, int]:
+    """Roll the finished scans that started in ``[lo, hi)`` into the roll-ups and delete them, inside the caller's
+    transaction; ``(scans, rows, roll-up rows written)``.
+
+    One pass over the scans' rows (``prune_agg``: per day, device and family); everything else derives from it:
+    the per-device roll-ups and their all-time totals, the day tallies (less what is deleted; a day left without
+    rows loses its tallies outright, so no rounding residue of the testing seconds stays behind), and the fleet's
+    day rows (``rollup_days``), summed from the per-device roll-ups of the days touched."""
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS prune_scans(id INTEGER PRIMARY KEY)")
+    conn.execute("DELETE FROM temp.prune_scans")
+    conn.execute("INSERT INTO temp.prune_scans SELECT id FROM scans WHERE started_at >= ? AND started_at < ? "
+                 "AND status != 'running'", (lo, hi))
+    conn.execute("DROP TABLE IF EXISTS temp.prune_agg")
+    conn.execute(
+        f"""CREATE TEMP TABLE prune_agg AS SELECT CAST(started_at / {_DAY_S} AS INTEGER) AS day, device, family,
+              TOTAL((attempt = 0) * executions) AS executions, TOTAL(attempt = 0 AND passed = 0) AS failures,
+              TOTAL(duration_s) AS test_s
+            FROM results WHERE scan IN (SELECT id FROM temp.prune_scans) GROUP BY day, device, family""")
+    rollup_rows = conn.execute(
+        """INSERT INTO rollups(day, device, family, executions, failures, test_s)
+           SELECT day, device, family, executions, failures, test_s FROM temp.prune_agg WHERE true
+           ON CONFLICT(day, device, family) DO UPDATE SET executions = executions + excluded.executions,
+             failures = failures + excluded.failures, test_s = test_s + excluded.test_s""").rowcount
+    conn.execute(
+        """INSERT INTO rollup_totals(device, family, executions, failures, test_s)
+           SELECT device, family, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM temp.prune_agg
+           GROUP BY device, family
+           ON CONFLICT(device, family) DO UPDATE SET executions = executions + excluded.executions,
+             failures = failures + excluded.failures, test_s = test_s + excluded.test_s""")
+    conn.execute(
+        """INSERT OR REPLACE INTO rollup_days(day, executions, failures, test_s)
+           SELECT day, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM rollups
+           WHERE day IN (SELECT DISTINCT day FROM temp.prune_agg) GROUP BY day""")
+    conn.execute(_ADD_TALLIES.format(select=(
+        "SELECT device, family, day, -executions, -failures, -test_s FROM temp.prune_agg WHERE true")))
+    conn.execute(
+        f"""INSERT INTO scan_rollups(day, device, complete, last_complete)
+            SELECT CAST(started_at / {_DAY_S} AS INTEGER) AS d, device, TOTAL({COUNTED_SCAN}),
+              MAX(CASE WHEN {COUNTED_SCAN} THEN COALESCE(finished_at, started_at) END)
+            FROM scans WHERE id IN (SELECT id FROM temp.prune_scans) GROUP BY d, device
+            ON CONFLICT(day, device) DO UPDATE SET complete = complete + excluded.complete,
+              last_complete = MAX(COALESCE(last_complete, excluded.last_complete),
+                                  COALESCE(excluded.last_complete, last_complete))""")
+    conn.execute(
+        f"""INSERT INTO scan_rollup_totals(device, complete, last_complete)
+           SELECT device, TOTAL({COUNTED_SCAN}),
+             MAX(CASE WHEN {COUNTED_SCAN} THEN COALESCE(finished_at, started_at) END)
+           FROM scans WHERE id IN (SELECT id FROM temp.prune_scans) GROUP BY device
+           ON CONFLICT(device) DO UPDATE SET complete = complete + excluded.complete,
+             last_complete = MAX(COALESCE(last_complete, excluded.last_complete),
+                                 COALESCE(excluded.last_complete, last_complete))""")
+    results = conn.execute("DELETE FROM results WHERE scan IN (SELECT id FROM temp.prune_scans)").rowcount
+    scans = conn.execute("DELETE FROM scans WHERE id IN (SELECT id FROM temp.prune_scans)").rowcount
+    conn.execute("""DELETE FROM day_tallies WHERE executions = 0 AND failures = 0 AND abs(test_s) < 1e-6
+                    AND (device, family, day) IN (SELECT device, family, day FROM temp.prune_agg)""")
+    for (day,) in conn.execute("SELECT DISTINCT day FROM temp.prune_agg").fetchall():
+        if conn.execute("SELECT 1 FROM results INDEXED BY results_time WHERE started_at >= ? AND started_at < ? "
+                        "LIMIT 1", (day * _DAY_S, (day + 1) * _DAY_S)).fetchone() is None:
+            conn.execute("DELETE FROM day_tallies WHERE day = ?", (day,))
+    return scans, results, rollup_rows
 
 
 def _merge_devices(conn: Any) -> int:
@@ -184,6 +258,8 @@ def _merge_scans(conn: Any, scans_after: int, reopened: list[int], horizon: floa
     conn.execute("UPDATE temp.merge_scans SET dst_id = (SELECT id FROM main.scans s WHERE s.uuid = merge_scans.uuid)")
     before_results = conn.execute(
         "SELECT COUNT(*) FROM main.results WHERE scan IN (SELECT dst_id FROM temp.merge_scans)").fetchone()[0]
+    # The day tallies follow the rows: minus those this merge replaces, plus what it writes.
+    _tally_rows(conn, "SELECT dst_id FROM temp.merge_scans", -1)
     # Results by (scan, seq); the input's own rows of its scans win (a passing row's count only grows).
     conn.execute(
         """INSERT INTO main.results(scan, seq, device, case_id, family, seed, passed, duration_s, started_at,
@@ -196,6 +272,7 @@ def _merge_scans(conn: Any, scans_after: int, reopened: list[int], horizon: floa
            ON CONFLICT(scan, seq) DO UPDATE SET executions = excluded.executions,
              duration_s = excluded.duration_s, started_at = excluded.started_at,
              last_started_at = excluded.last_started_at, sticky = excluded.sticky, detail = excluded.detail""")
+    _tally_rows(conn, "SELECT dst_id FROM temp.merge_scans", 1)
     results = conn.execute(
         "SELECT COUNT(*) FROM main.results WHERE scan IN (SELECT dst_id FROM temp.merge_scans)"
     ).fetchone()[0] - before_results
@@ -249,24 +326,54 @@ def _merge_appended(conn: Any, inc_after: int, hist_after: int, dec_after: int, 
            WHERE id IN (SELECT m.id FROM main.actions m JOIN src.actions a ON m.device = a.device
                         AND m.action = a.action AND m.quarantined_since = a.quarantined_since)""")
     conn.execute(
-        """INSERT OR IGNORE INTO main.checkpoints(uuid, checkpoint_id, step, verified, digest, job, time)
-           SELECT uuid, checkpoint_id, step, verified, digest, job, time FROM src.checkpoints WHERE true""")
+        """INSERT OR IGNORE INTO main.checkpoints(uuid, checkpoint_id, step, verified, digest, job, time, status,
+                                                  detail)
+           SELECT uuid, checkpoint_id, step, verified, digest, job, time, status, detail FROM src.checkpoints
+           WHERE true""")
+    conn.execute(
+        """INSERT OR IGNORE INTO main.checkpoint_scrubs(uuid, checkpoint_id, status, tensors, bytes, bad, detail,
+                                                        host, time)
+           SELECT uuid, checkpoint_id, status, tensors, bytes, bad, detail, host, time FROM src.checkpoint_scrubs
+           WHERE true""")
     _replay_quarantine(conn, hist_after)
     return incidents, history
 
 
+def _check_marks(conn: Any, after: dict[str, int], remembered: dict[str, str]) -> list[str]:
+    """Reset (to 0: read in full) every watermark whose row in the input is gone or is another row than the one
+    remembered; returns those tables. A watermark without a remembered uuid (from before schema 7) is not trusted
+    either."""
+    rewound = []
+    for table, top in after.items():
+        if not top:
+            continue
+        row = conn.execute(f"SELECT uuid FROM src.{table} WHERE id = ?", (top,)).fetchone()
+        if row is None or row[0] != remembered.get(table):
+            rewound.append(table)
+            after[table] = 0
+    return rewound
+
+
 def _remember(conn: Any, source: str, path: str) -> None:
-    """The watermark of this input: the highest row of every append-only table, and the scans still open."""
-    tops = [conn.execute(f"SELECT COALESCE(MAX(id), 0) FROM src.{t}").fetchone()[0]
-            for t in ("scans", *_APPEND_ONLY.values())]
-    still_open = [r[0] for r in conn.execute(f"SELECT id FROM src.scans WHERE status IN {_OPEN}")]
+    """The watermark of this input: the highest row of every append-only table and its uuid, and the scans still
+    open (running, or interrupted lately)."""
+    tops: list[int] = []
+    marks: dict[str, str] = {}
+    for table in _WATERMARKED:
+        row = conn.execute(f"SELECT id, uuid FROM src.{table} ORDER BY id DESC LIMIT 1").fetchone()
+        tops.append(0 if row is None else int(row[0]))
+        if row is not None:
+            marks[table] = row[1]
+    still_open = [r[0] for r in conn.execute(
+        "SELECT id FROM src.scans WHERE status = 'running' OR (status = 'interrupted' AND "
+        "COALESCE(finished_at, started_at) >= ?)", (time.time() - _REOPEN_S,))]
     conn.execute(
         "INSERT INTO main.merge_sources(source, path, merged_at, scans, incidents, history, decisions, attempts, "
-        "open_scans) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(source) DO UPDATE SET path = excluded.path, "
-        "merged_at = excluded.merged_at, scans = excluded.scans, incidents = excluded.incidents, "
-        "history = excluded.history, decisions = excluded.decisions, attempts = excluded.attempts, "
-        "open_scans = excluded.open_scans",
-        (source, path, time.time(), *tops, json.dumps(still_open)),
+        "open_scans, marks) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(source) DO UPDATE SET "
+        "path = excluded.path, merged_at = excluded.merged_at, scans = excluded.scans, "
+        "incidents = excluded.incidents, history = excluded.history, decisions = excluded.decisions, "
+        "attempts = excluded.attempts, open_scans = excluded.open_scans, marks = excluded.marks",
+        (source, path, time.time(), *tops, json.dumps(still_open), json.dumps(marks, sort_keys=True)),
     )
 
 

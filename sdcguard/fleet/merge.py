@@ -3,6 +3,9 @@
 Each input is checked (read-only) first: missing, not a store, or of another schema version is refused before
 anything is written. Then each is merged in its own transaction by :meth:`sdcguard.fleet.store.Store.merge_from`,
 which takes only what is new in it since its last merge (see :mod:`sdcguard.fleet.maintenance`).
+
+An input may be a directory: every ``*.db`` file in it is an input (the scanner's node stores, the training
+jobs' spools), so a directory that holds none yet is no error, where an unmatched shell glob would be.
 """
 
 from __future__ import annotations
@@ -15,7 +18,15 @@ from .connection import check_merge_input
 from .rows import MergeStats
 from .store import Store
 
-__all__ = ["MergeStats", "merge_stores", "check_merge_input"]
+__all__ = ["MergeStats", "merge_stores", "check_merge_input", "expand_inputs"]
+
+
+def expand_inputs(inputs: Sequence[Path]) -> list[Path]:
+    """The merge inputs: each file as given, each directory as the ``*.db`` files in it (sorted)."""
+    out: list[Path] = []
+    for p in map(Path, inputs):
+        out.extend(sorted(q for q in p.glob("*.db") if q.is_file()) if p.is_dir() else [p])
+    return out
 
 
 def merge_stores(out: Path, inputs: Sequence[Path], *, full: bool = False) -> list[MergeStats]:
@@ -26,6 +37,7 @@ def merge_stores(out: Path, inputs: Sequence[Path], *, full: bool = False) -> li
     """
     if not inputs:
         raise BadInput("merge needs at least one input store")
+    inputs = expand_inputs(inputs)
     out_resolved = Path(out).resolve()
     for p in inputs:
         if Path(p).resolve() == out_resolved:

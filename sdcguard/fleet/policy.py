@@ -38,6 +38,7 @@ from .actions import ActionTemplate, run_action
 from .breaker import SuiteVerdict, judge_suite, judge_training
 from .rates import clopper_pearson_arrays
 from .rows import Decision, FailedExecution
+from .slow import SlowSettings, fleet_slowness
 from .store import DEFAULT_WINDOW_S, Store
 
 __all__ = ["QuarantinePolicy", "PolicyOutcome", "Decision", "PolicyScope", "apply_policy"]
@@ -81,6 +82,13 @@ class QuarantinePolicy:
     """Complete scans without a failure that end a probation after a manual release."""
     reap_grace_s: float = 600.0
     """A ``running`` scan older than its budget plus this is marked ``interrupted``."""
+    slow_threshold: float = 0.2
+    """A device is slow when the lower confidence bound (at ``confidence``) of its time for the golden cases over
+    its peers' median time exceeds ``1 + slow_threshold`` (:mod:`.slow`); a training job's ``slow`` incident says
+    the same. Recorded as a decision ``slow``, shown beside the status; never evidence of corruption."""
+    slow_drain: bool = False
+    """Also quarantine a slow device (the actions drain it). Off: a slow device computes right answers; the
+    report, the HTML page and Prometheus show it, and the decision is recorded."""
 
     def __post_init__(self) -> None:
         if self.window_s <= 0 or self.breaker_window_s <= 0:
@@ -95,6 +103,8 @@ class QuarantinePolicy:
             raise ValueError("breaker_same_digest_devices must be >= 2")
         if self.incident_breaker_devices < 2:
             raise ValueError("incident_breaker_devices must be >= 2")
+        if not 0 < self.slow_threshold < 10:
+            raise ValueError(f"slow_threshold must be in (0, 10), got {self.slow_threshold}")
         if self.incident_threshold < 0 or self.probation_clean_scans < 0 or self.breaker_min_devices < 1:
             raise ValueError("incident_threshold, probation_clean_scans must be >= 0, breaker_min_devices >= 1")
 
@@ -121,6 +131,8 @@ class PolicyOutcome:
     """``(device, action name)`` that failed in this run (retried next run)."""
     reaped: int = 0
     """Stale ``running`` scans marked ``interrupted``."""
+    slow: list[str] = field(default_factory=list)
+    """Devices found newly slow by this run (a ``slow`` decision each)."""
 
 
 def _node_candidates(store: Store, policy: QuarantinePolicy, t: float, devices: Sequence[str] | None) -> dict[str, str]:
@@ -219,6 +231,9 @@ def apply_policy(
         elif d.decision == "probation_passed":
             assert d.device is not None
             out.released.append(d.device)
+        elif d.decision == "slow":
+            assert d.device is not None
+            out.slow.append(d.device)
     if actions:
         _run_actions(store, actions, out, t)
     return out
@@ -240,10 +255,11 @@ def _fleet_rules(
     out.breaker_tripped = bool(verdict.trips)
     out.training_breaker_jobs = sorted(training.tripped_jobs)
     found: dict[str, str] = {}
+    slow = _slow_rule(store, policy, t, devices, notes)
     if not verdict.trips:
         states = store.quarantine_states()
-        found = {d: why for d, why in _fleet_candidates(store, policy, t, devices, evidence, verdict,
-                                                        training.counts).items()
+        found = {d: why for d, why in {**slow, **_fleet_candidates(store, policy, t, devices, evidence, verdict,
+                                                                   training.counts)}.items()
                  if states.get(d) != "quarantined"}
     # Probation: any evidence failure since the release brings the device back into quarantine.
     probation = {e.device: e.since for e in store.quarantine_list() if e.state == "probation"
@@ -258,6 +274,26 @@ def _fleet_rules(
         for dev, n in sorted(clean.items()) if n >= policy.probation_clean_scans and dev not in found
     }
     return found, passed
+
+
+def _slow_rule(store: Store, policy: QuarantinePolicy, t: float, devices: Sequence[str] | None,
+               notes: list[Decision]) -> dict[str, str]:
+    """Note a ``slow`` decision for each device newly slow in the window (not already noted in it); with
+    ``slow_drain``, the devices to quarantine for it."""
+    since = t - policy.window_s
+    verdicts = fleet_slowness(store, since=since, devices=devices,
+                              settings=SlowSettings(threshold=policy.slow_threshold, confidence=policy.confidence))
+    noted = {d.device for d in store.decisions(since=since) if d.decision == "slow"}
+    drain: dict[str, str] = {}
+    for device, v in sorted(verdicts.items()):
+        if not v.slow:
+            continue
+        why = f"slow ({v.basis}, {v.confidence} confidence): {v.reason}"
+        if device not in noted:
+            notes.append(Decision(device=device, decision="slow", reason=why))
+        if policy.slow_drain:
+            drain[device] = why + "; slow_drain is on"
+    return drain
 
 
 def _run_actions(store: Store, actions: Sequence[ActionTemplate], out: PolicyOutcome, t: float) -> None:

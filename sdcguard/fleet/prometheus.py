@@ -28,7 +28,7 @@ LABELS = ("gpu", "UUID", "Hostname", "modelName", "device", "kind")
 METRICS = (
     "sdcguard_executions_total", "sdcguard_failures_total", "sdcguard_test_seconds_total", "sdcguard_failure_ratio",
     "sdcguard_failure_ratio_lower", "sdcguard_failure_ratio_upper", "sdcguard_last_scan_timestamp_seconds",
-    "sdcguard_device_status",
+    "sdcguard_device_status", "sdcguard_device_slow", "sdcguard_slowdown_ratio",
 )
 """Every metric the textfile holds."""
 
@@ -70,6 +70,11 @@ def render_textfile(store: Store, *, now: float | None = None, suspect_window_s:
          [(_labels(r), r.last_scan) for r in rows if r.last_scan is not None]),
         ("sdcguard_device_status", "gauge", "1 for the device's current status (healthy, suspect, quarantined, probation).",
          [(_labels(r, status=s), int(r.status == s)) for r in rows for s in _STATUSES]),
+        ("sdcguard_device_slow", "gauge", "1 when the device is slower than its peers on the same golden cases "
+         "(beside its status: a slow device can be healthy).",
+         [(_labels(r), int(bool(r.slowness and r.slowness.slow))) for r in rows]),
+        ("sdcguard_slowdown_ratio", "gauge", "The device's time for the golden cases / its peers' median time.",
+         [(_labels(r), r.slowness.slowdown) for r in rows if r.slowness and r.slowness.slowdown is not None]),
     ]
     lines = []
     for name, kind, help_text, samples in metrics:

@@ -9,8 +9,11 @@ Windows: a row counts when it started at or after ``since`` (a passing row: its 
 than the retention horizon (``sdcguard prune``) live as per-day roll-ups; a rolled-up day counts when it starts
 at or after ``since``, so beyond the horizon a window's start is resolved to the UTC day.
 
-The big aggregation reads one covering index (``results_rates``); failures and retests are rare and come from
-partial indexes, so no per-row expression is evaluated over millions of rows.
+Counts over whole UTC days come from tallies, never from rows: ``day_tallies`` for the days still held as rows
+(kept exact as rows are written, merged and pruned: :mod:`.maintenance`), the roll-ups for pruned days. Rows
+are read only for the partial first day of a window, over the time-led covering index ``results_time``;
+failures and retests are rare and come from partial indexes, so no per-row expression is evaluated over
+millions of rows.
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ from typing import Any, Literal
 
 from ..records import CaseResult, DeviceInfo, Incident
 from .connection import StoreBase
+from .rows import CaseTiming
+from .schema import COUNTED_SCAN
 from .rows import (
-    CaseCoverage, CheckpointEntry, Decision, DeviceStatus, FailedExecution, QuarantineEntry, ScanCounts, SeriesPoint, Tally,
+    CaseCoverage, CheckpointEntry, Decision, DeviceStatus, FailedExecution, QuarantineEntry, ScanCounts, ScrubEntry,
+    SeriesPoint, Tally,
     device_status,
 )
 
@@ -127,8 +133,19 @@ class StoreQueries(StoreBase):
         where, params = _where(("time >= ?", since), ("job = ?", job))
         return [
             CheckpointEntry(checkpoint_id=r["checkpoint_id"], step=int(r["step"]), verified=bool(r["verified"]),
-                            digest=r["digest"], job=r["job"], time=float(r["time"]))
+                            digest=r["digest"], job=r["job"], time=float(r["time"]), status=r["status"],
+                            detail=r["detail"])
             for r in self._dicts(f"SELECT * FROM checkpoints {where} ORDER BY time, id", params)
+        ]
+
+    def scrubs(self, *, since: float | None = None, checkpoint_id: str | None = None) -> list[ScrubEntry]:
+        """Checkpoints re-read at rest (``sdcguard scrub``), oldest first; with ``checkpoint_id``, that one's."""
+        where, params = _where(("time >= ?", since), ("checkpoint_id = ?", checkpoint_id))
+        return [
+            ScrubEntry(checkpoint_id=r["checkpoint_id"], status=r["status"], tensors=int(r["tensors"]),
+                       bytes=int(r["bytes"]), bad=tuple(json.loads(r["bad"])), detail=r["detail"], host=r["host"],
+                       time=float(r["time"]))
+            for r in self._dicts(f"SELECT * FROM checkpoint_scrubs {where} ORDER BY time, id", params)
         ]
 
     # ------------------------------------------------------------------ rates
@@ -141,13 +158,47 @@ class StoreQueries(StoreBase):
         keys = {"device": "device", "device_family": "device, family", "family": "family"}[by]
         width = keys.count(",") + 1
         scope, sp = _in(devices)
-        window, wp = (" AND started_at >= ?", [since]) if since is not None else ("", [])
-        where, params = f"WHERE 1{window}{scope}", [*wp, *sp]
-        # The big scan: rows and seconds over the covering index. A retest is always one execution (only
-        # passing first attempts are folded together), so first-attempt executions = TOTAL(executions) - retests.
         groups: dict[tuple[Any, ...], list[float]] = {}
-        for r in self._rows(f"SELECT {keys}, TOTAL(executions), TOTAL(duration_s) FROM results {where} "
-                            f"GROUP BY {keys}", params):
+
+        def add(rows: list[tuple[Any, ...]]) -> None:
+            for r in rows:
+                g = groups.setdefault(tuple(r[:width]), [0.0, 0.0, 0.0])
+                g[0] += r[width]
+                g[1] += r[width + 1]
+                g[2] += r[width + 2]
+
+        # Whole days from the day tallies (the rows held) and the roll-ups (the days pruned); rows only for the
+        # partial first day of the window, from its start to the next UTC midnight.
+        day = _first_day(since)
+        window, wp = ("", []) if day is None else (" AND day >= ?", [day])
+        add(self._rows(f"SELECT {keys}, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM day_tallies "
+                       f"WHERE 1{window}{scope} GROUP BY {keys}", [*wp, *sp]))
+        if since is not None and day is not None and day * DAY_S > since:
+            add(self._partial_day(keys, since, day * DAY_S, scope, sp))
+        if self._has_rollups(since):
+            table, window, wp = ("rollup_totals", "", []) if day is None else ("rollups", " AND day >= ?", [day])
+            add(self._rows(f"SELECT {keys}, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM {table} "
+                           f"WHERE 1{window}{scope} GROUP BY {keys}", [*wp, *sp]))
+        out = []
+        for key in sorted(groups):
+            n, k, s = groups[key]
+            if n == 0 and k == 0 and abs(s) < 1e-6:
+                continue  # what a day tally keeps of rows that moved or went: nothing
+            device = key[0] if by != "family" else None
+            family = key[-1] if by != "device" else None
+            out.append(Tally(device, family, int(n), int(k), s))
+        return out
+
+    def _partial_day(self, keys: str, lo: float, hi: float, scope: str, sp: list[Any]) -> list[tuple[Any, ...]]:
+        """``(keys..., executions, failures, seconds)`` of the rows that started in ``[lo, hi)``, over the
+        time-led covering index; failures and retests are rare and come from their partial indexes. A retest is
+        always one execution (only passing first attempts are folded together), so first-attempt executions =
+        TOTAL(executions) - retests."""
+        width = keys.count(",") + 1
+        where, params = f"WHERE started_at >= ? AND started_at < ?{scope}", [lo, hi, *sp]
+        groups: dict[tuple[Any, ...], list[float]] = {}
+        for r in self._rows(f"SELECT {keys}, TOTAL(executions), TOTAL(duration_s) FROM results "
+                            f"INDEXED BY results_time {where} GROUP BY {keys}", params):
             groups[tuple(r[:width])] = [r[width], 0.0, r[width + 1]]
         for r in self._rows(f"SELECT {keys}, COUNT(*) FROM results INDEXED BY results_retests {where} "
                             f"AND attempt > 0 GROUP BY {keys}", params):
@@ -155,22 +206,7 @@ class StoreQueries(StoreBase):
         for r in self._rows(f"SELECT {keys}, COUNT(*) FROM results INDEXED BY results_failures {where} "
                             f"AND passed = 0 AND attempt = 0 GROUP BY {keys}", params):
             groups[tuple(r[:width])][1] += r[width]
-        if self._has_rollups(since):
-            day = _first_day(since)
-            table, window, wp = ("rollup_totals", "", []) if day is None else ("rollups", " AND day >= ?", [day])
-            for r in self._rows(f"SELECT {keys}, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM {table} "
-                                f"WHERE 1{window}{scope} GROUP BY {keys}", [*wp, *sp]):
-                g = groups.setdefault(tuple(r[:width]), [0.0, 0.0, 0.0])
-                g[0] += r[width]
-                g[1] += r[width + 1]
-                g[2] += r[width + 2]
-        out = []
-        for key in sorted(groups):
-            n, k, s = groups[key]
-            device = key[0] if by != "family" else None
-            family = key[-1] if by != "device" else None
-            out.append(Tally(device, family, int(n), int(k), s))
-        return out
+        return [(*key, n, k, secs) for key, (n, k, secs) in groups.items()]
 
     def _has_rollups(self, since: float | None) -> bool:
         last = self._meta("rollup_last_day")
@@ -178,6 +214,20 @@ class StoreQueries(StoreBase):
             return False
         day = _first_day(since)
         return day is None or int(last) >= day
+
+    def case_timings(self, *, since: float | None, devices: Sequence[str] | None = None,
+                     by_scan: bool = False) -> list[CaseTiming]:
+        """Passing first executions per device and case (and scan, with ``by_scan``; else ``scan`` is 0) since
+        ``since``, with their summed device time (the slowness statistic's input, :mod:`sdcguard.fleet.slow`).
+        Roll-ups keep no case: pruned days are not in it."""
+        scope, sp = _in(devices)
+        window, wp = (" AND started_at >= ?", [since]) if since is not None else ("", [])
+        scan, group = ("scan", "device, scan, case_id") if by_scan else ("0", "device, case_id")
+        rows = self._rows(f"SELECT device, {scan}, case_id, MIN(family), TOTAL(executions), TOTAL(duration_s) "
+                          f"FROM results WHERE passed = 1 AND attempt = 0{window}{scope} GROUP BY {group}",
+                          [*wp, *sp])
+        return [CaseTiming(device=d, scan=int(s), case=c, family=f, executions=int(n), seconds=float(t))
+                for d, s, c, f, n, t in rows]
 
     # ------------------------------------------------------------------ what the policy weighs
     def failed_executions(self, *, since: float, devices: Sequence[str] | None = None) -> list[FailedExecution]:
@@ -234,12 +284,13 @@ class StoreQueries(StoreBase):
         return out
 
     def clean_scans_since(self, since: Mapping[str, float]) -> dict[str, int]:
-        """For each device, its complete scans without a failure that started at or after its own time."""
+        """For each device, its complete scans without a failure that started at or after its own time (a scan
+        that executed nothing is not one: :data:`~.schema.COUNTED_SCAN`)."""
         if not since:
             return {}
         rows = self._rows(
             "SELECT s.device, COUNT(*) FROM scans s JOIN json_each(?) j ON j.key = s.device "
-            "WHERE s.started_at >= j.value AND s.status = 'complete' AND s.failures = 0 GROUP BY s.device",
+            f"WHERE s.started_at >= j.value AND {COUNTED_SCAN} AND s.failures = 0 GROUP BY s.device",
             (json.dumps(dict(since)),),
         )
         return {d: int(n) for d, n in rows}
@@ -283,7 +334,7 @@ class StoreQueries(StoreBase):
         where, params = ("AND i.time >= ?", [since]) if since is not None else ("", [])
         return {r[0] for r in self._rows(
             "SELECT DISTINCT d.device FROM incident_devices d JOIN incidents i ON i.id = d.incident "
-            f"WHERE i.kind != 'nondeterministic' {where}", params)}
+            f"WHERE i.kind NOT IN ('nondeterministic', 'slow') {where}", params)}
 
     def quarantine_status(self, device: str, *, window_s: float = 7 * DAY_S, now: float | None = None) -> DeviceStatus:
         """One device's status (see :func:`sdcguard.fleet.rows.device_status`); suspect over ``window_s``."""
@@ -293,17 +344,22 @@ class StoreQueries(StoreBase):
         return self.statuses(suspect_since=t - window_s, devices=[device])[device]
 
     def scan_counts(self, *, since: float | None, device: str | None = None) -> dict[str, ScanCounts]:
-        """Per device: complete scans started in the window, and the end of its latest complete scan ever."""
+        """Per device: complete scans started in the window, and the end of its latest complete scan ever (a scan
+        counts when :data:`~.schema.COUNTED_SCAN`)."""
         dev, dp = (" AND device = ?", [device]) if device is not None else ("", [])
         window, wp = (" AND started_at >= ?", [since]) if since is not None else ("", [])
         complete: dict[str, int] = {d: int(n) for d, n in self._rows(
-            f"SELECT device, COUNT(*) FROM scans WHERE status = 'complete'{window}{dev} GROUP BY device", [*wp, *dp])}
-        # One index probe per device (scans_device): a device's scans never overlap (the scanner locks it), so
-        # its latest complete scan is the one started last.
+            f"SELECT device, COUNT(*) FROM scans INDEXED BY scans_device WHERE {COUNTED_SCAN}{window}{dev} "
+            "GROUP BY device", [*wp, *dp])}
+        # One index probe per device (scans_device, named: with executions in the condition the planner would
+        # otherwise pick scans_status and read every complete scan per device): a device's scans never overlap
+        # (the scanner locks it), so its latest complete scan is the one started last. The counts read the same
+        # index whole, in device order, without the table.
         one, op = (" AND d.id = ?", [device]) if device is not None else ("", [])
         last: dict[str, float] = {d: t for d, t in self._rows(
-            "SELECT d.id, (SELECT COALESCE(s.finished_at, s.started_at) FROM scans s WHERE s.device = d.id AND "
-            "s.status = 'complete' ORDER BY s.started_at DESC, s.id DESC LIMIT 1) AS t FROM devices d "
+            "SELECT d.id, (SELECT COALESCE(s.finished_at, s.started_at) FROM scans s INDEXED BY scans_device "
+            "WHERE s.device = d.id AND "
+            f"{COUNTED_SCAN} ORDER BY s.started_at DESC, s.id DESC LIMIT 1) AS t FROM devices d "
             f"WHERE 1{one}", op) if t is not None}
         if self._meta("rollup_last_day") is not None:
             day = _first_day(since)

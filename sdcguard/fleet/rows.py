@@ -12,6 +12,7 @@ from typing import Literal
 __all__ = [
     "DeviceStatus", "device_status", "Tally", "FailedExecution", "CaseCoverage", "ScanCounts", "QuarantineEntry",
     "Decision", "PendingAction", "SeriesPoint", "MergeStats", "PruneStats", "CheckpointEntry",
+    "ScrubEntry", "CheckpointStatus", "ScrubStatus", "CaseTiming",
 ]
 
 DeviceStatus = Literal["healthy", "suspect", "quarantined", "probation"]
@@ -95,7 +96,8 @@ class Decision:
 
     device: str | None
     decision: str
-    """``quarantine``, ``breaker``, ``training_breaker``, ``probation_passed``, ``action_failed``, ``action_ok``."""
+    """``quarantine``, ``breaker``, ``training_breaker``, ``probation_passed``, ``action_failed``, ``action_ok``,
+    ``slow`` (a device slower than its peers: a finding, not a quarantine)."""
     reason: str
     time: float | None = None
     """When it was recorded (filled in by :meth:`Store.decisions`)."""
@@ -134,6 +136,9 @@ class MergeStats:
     quarantine_history: int
     skipped_scans: int = 0
     """Scans older than the output's retention horizon: already rolled up there, not merged again."""
+    rewound: tuple[str, ...] = ()
+    """Tables of the input that went backwards since the last merge (the row at the watermark is gone or is
+    another: its newest rows pruned, or the store restored from an older backup), so they were read in full."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,3 +165,41 @@ class CheckpointEntry:
     """The checkpoint's fingerprint digest (empty when the saver had none)."""
     job: str | None
     time: float
+    status: CheckpointStatus = "saved"
+    """``failed``: an asynchronous save whose background write failed (never verified, never a rollback target)."""
+    detail: str = ""
+    """Why it failed."""
+
+
+CheckpointStatus = Literal["saved", "failed"]
+ScrubStatus = Literal["clean", "corrupt", "unreadable"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScrubEntry:
+    """One checkpoint re-read at rest by ``sdcguard scrub``."""
+
+    checkpoint_id: str
+    status: ScrubStatus
+    """``clean``: every tensor matched its fingerprint; ``corrupt``: a tensor, DCP's index or the record differs
+    (``bad`` names them); ``unreadable``: it could not be checked (missing, no record, an I/O error)."""
+    tensors: int
+    bytes: int
+    bad: tuple[str, ...]
+    detail: str
+    host: str
+    time: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CaseTiming:
+    """The passing first executions of one case in one scan of one device, and the device time they took (what
+    :mod:`sdcguard.fleet.slow` compares across devices of one model)."""
+
+    device: str
+    case: str
+    family: str
+    scan: int
+    executions: int
+    seconds: float
+    """Summed device time of those executions (thread CPU time on a core, kernel time on a GPU)."""

@@ -17,11 +17,19 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
-__all__ = ["SCHEMA_VERSION", "APPLICATION_ID", "SQLITE_MAGIC", "MIGRATIONS", "migrate"]
+__all__ = [
+    "SCHEMA_VERSION", "APPLICATION_ID", "SQLITE_MAGIC", "MIGRATIONS", "migrate", "COUNTED_SCAN", "MIN_EXECUTIONS",
+]
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 APPLICATION_ID = 0x5344_4347  # "SDCG"
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 9
+
+MIN_EXECUTIONS = 1
+"""The least work a scan must do to count: first-attempt executions of golden cases it recorded."""
+COUNTED_SCAN = f"status = 'complete' AND executions >= {MIN_EXECUTIONS}"
+"""A scan that counts as a complete scan (scan counts, ``last_scan``, the clean scans that end a probation): it ran
+to its end *and* tested something. A scan that ran nothing (a budget shorter than any case) tested nothing."""
 
 _V1 = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -315,8 +323,83 @@ INSERT OR IGNORE INTO rollup_days(day, executions, failures, test_s)
 """
 
 
+# Version 7: merge watermarks that notice an input going backwards. ``scans.id`` is an INTEGER PRIMARY KEY
+# without AUTOINCREMENT, so SQLite reuses ids once a node's newest scans are pruned, and a node store restored
+# from an older backup reuses them too: "take every row past id N" then silently skips the new rows. Each
+# watermark now remembers the uuid of the row at its id (``marks``: table -> uuid); a merge that finds another row
+# there, or none, reads that table of the input in full (natural keys keep it from counting anything twice). A
+# watermark from before this version has no uuid: the first merge after the upgrade reads each input in full
+# once, which also recovers scans an earlier merge skipped.
+def _v7(conn: sqlite3.Connection) -> None:
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(merge_sources)")}
+    if "marks" not in columns:  # (a store stamped back to an older version by hand still has it)
+        conn.execute("ALTER TABLE merge_sources ADD COLUMN marks TEXT NOT NULL DEFAULT '{}'")
+
+
+# Version 8: per-day tallies of the rows still held, so a report over a window reads whole days from tallies and
+# only the partial first day from rows. ``day_tallies`` holds, per UTC day (of a row's ``started_at``), device and
+# family, exactly what the rows of ``results`` add up to (first-attempt executions, their failures, testing
+# seconds with retests), kept in the same transaction as every write of rows: a batch of a scan
+# (:meth:`Store.record_results`), a merge (minus the rows it replaces, plus the rows it writes), a prune (minus the
+# rows it deletes). Its key leads with the device, so a GROUP BY device reads it in order whatever the window.
+# ``results_time`` (led by ``started_at``) replaces ``results_rates``: the rows a query still reads are a time
+# range (the partial first day of a window, a plot's bins), never a device's whole history. ``scans_device``
+# gains ``executions``: a scan counts only when it executed something (``COUNTED_SCAN``), and the report's scan
+# counts stay index-only.
+_V8 = """
+CREATE TABLE IF NOT EXISTS day_tallies (
+    device TEXT NOT NULL,
+    family TEXT NOT NULL,
+    day INTEGER NOT NULL,
+    executions INTEGER NOT NULL,
+    failures INTEGER NOT NULL,
+    test_s REAL NOT NULL,
+    PRIMARY KEY (device, family, day)
+) WITHOUT ROWID;
+DELETE FROM day_tallies;
+INSERT INTO day_tallies(device, family, day, executions, failures, test_s)
+    SELECT device, family, CAST(started_at / 86400.0 AS INTEGER) AS d, TOTAL((attempt = 0) * executions),
+      TOTAL(attempt = 0 AND passed = 0), TOTAL(duration_s) FROM results GROUP BY device, family, d;
+DROP INDEX IF EXISTS results_rates;
+CREATE INDEX IF NOT EXISTS results_time ON results(started_at, device, family, executions, duration_s);
+DROP INDEX IF EXISTS scans_device;
+CREATE INDEX scans_device ON scans(device, status, started_at, executions)
+"""
+
+
+# Version 9: a checkpoint's ``status`` (``saved``, or ``failed``: an asynchronous save whose background write failed,
+# never a place to roll back to) with its ``detail``; ``checkpoint_scrubs``, one row per checkpoint re-read at rest
+# by ``sdcguard scrub`` (clean, corrupt with the tensors named, or unreadable). Merged whole by ``uuid``.
+_V9_TABLES = """
+CREATE TABLE IF NOT EXISTS checkpoint_scrubs (
+    id INTEGER PRIMARY KEY,
+    uuid TEXT NOT NULL UNIQUE,
+    checkpoint_id TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('clean','corrupt','unreadable')),
+    tensors INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    bad TEXT NOT NULL DEFAULT '[]',
+    detail TEXT NOT NULL DEFAULT '',
+    host TEXT NOT NULL,
+    time REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS checkpoint_scrubs_checkpoint ON checkpoint_scrubs(checkpoint_id, time)
+"""
+
+
+def _v9(conn: sqlite3.Connection) -> None:
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(checkpoints)")}
+    if "status" not in columns:  # (a store stamped back to an older version by hand still has them)
+        conn.execute("ALTER TABLE checkpoints ADD COLUMN status TEXT NOT NULL DEFAULT 'saved' "
+                     "CHECK (status IN ('saved','failed'))")
+    if "detail" not in columns:
+        conn.execute("ALTER TABLE checkpoints ADD COLUMN detail TEXT NOT NULL DEFAULT ''")
+    _script(_V9_TABLES)(conn)
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     1: _script(_V1), 2: _script(_V2), 3: _script(_V3), 4: _script(_V4), 5: _script(_V5), 6: _script(_V6),
+    7: _v7, 8: _script(_V8), 9: _v9,
 }
 """``version -> function`` bringing a store from ``version - 1`` to ``version``; run in one transaction."""
 

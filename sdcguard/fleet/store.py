@@ -24,7 +24,7 @@ from typing import Any
 from ..devices import device_kind, hostname, unknown_device
 from ..errors import BadInput, StoreError
 from ..records import CaseResult, DeviceInfo, Incident, ScanStatus
-from .maintenance import StoreMaintenance
+from .maintenance import DayTallies, StoreMaintenance, day_of
 from .queries import DAY_S, StoreQueries
 from .rows import Decision, PendingAction, QuarantineEntry
 
@@ -191,16 +191,34 @@ class Store(StoreQueries, StoreMaintenance):
             return iid
 
     def record_checkpoint(self, *, checkpoint_id: str, step: int, verified: bool, digest: str = "",
-                          job: str | None = None, now: float | None = None) -> int:
-        """Record a checkpoint the training guard saved; returns its row id."""
+                          job: str | None = None, now: float | None = None, status: str = "saved",
+                          detail: str = "") -> int:
+        """Record a checkpoint the training guard saved (``status="failed"``: its write failed, with ``detail``;
+        never verified); returns its row id."""
         if not checkpoint_id:
             raise BadInput("a checkpoint needs an id")
+        if status not in ("saved", "failed"):
+            raise BadInput(f"checkpoint status must be 'saved' or 'failed', not {status!r}")
         with self._write() as conn:
             cur = conn.execute(
-                "INSERT INTO checkpoints(uuid, checkpoint_id, step, verified, digest, job, time) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (_uuid.uuid4().hex, str(checkpoint_id), int(step), int(bool(verified)), digest or "", job,
-                 time.time() if now is None else now),
+                "INSERT INTO checkpoints(uuid, checkpoint_id, step, verified, digest, job, time, status, detail) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (_uuid.uuid4().hex, str(checkpoint_id), int(step), int(bool(verified) and status == "saved"),
+                 digest or "", job, time.time() if now is None else now, status, detail),
+            )
+            return int(cur.lastrowid or 0)
+
+    def record_scrub(self, *, checkpoint_id: str, status: str, tensors: int, bytes: int,
+                     bad: Sequence[str] = (), detail: str = "", now: float | None = None) -> int:
+        """Record one checkpoint re-read at rest (``sdcguard scrub``); returns its row id."""
+        if status not in ("clean", "corrupt", "unreadable"):
+            raise BadInput(f"scrub status must be clean, corrupt or unreadable, not {status!r}")
+        with self._write() as conn:
+            cur = conn.execute(
+                "INSERT INTO checkpoint_scrubs(uuid, checkpoint_id, status, tensors, bytes, bad, detail, host, time) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (_uuid.uuid4().hex, str(checkpoint_id), status, int(tensors), int(bytes), json.dumps(list(bad)),
+                 detail, hostname(), time.time() if now is None else now),
             )
             return int(cur.lastrowid or 0)
 
@@ -319,8 +337,9 @@ def _append(
     rest one row each. Returns the first-attempt executions and failures it adds."""
     if not results:
         return 0, 0
-    folded = {} if seq == 0 else {(c, f): i for c, f, i in conn.execute(
-        "SELECT case_id, family, id FROM results WHERE scan = ? AND passed = 1 AND attempt = 0", (scan_id,))}
+    folded = {} if seq == 0 else {(c, f): (i, t, n, secs) for c, f, i, t, n, secs in conn.execute(
+        "SELECT case_id, family, id, started_at, executions, duration_s FROM results WHERE scan = ? AND passed = 1 "
+        "AND attempt = 0", (scan_id,))}
     passes: dict[tuple[str, str], list[Any]] = {}  # (case, family) -> [row template, executions, seconds, first, last]
     rows: list[tuple[Any, ...]] = []
     executions = failures = 0
@@ -357,7 +376,23 @@ def _append(
         else:
             new.append(item)
     conn.executemany(_INSERT_RESULT, new)
-    grown = [(n, secs, first, last, folded[key]) for key, (_, n, secs, first, last) in passes.items() if key in folded]
+    tallies = DayTallies()
+    for row in new:
+        attempt, n = row[16], row[19]
+        tallies.add(row[2], row[4], row[8], n if attempt == 0 else 0, int(attempt == 0 and not row[6]), row[7])
+    grown = []
+    for key, (r, n, secs, first, last) in passes.items():
+        if key not in folded:
+            continue
+        row_id, was_start, was_n, was_secs = folded[key]
+        grown.append((n, secs, first, last, row_id))
+        # the row's day is that of its first execution: it moves only if this batch started before the row did
+        if day_of(first) >= day_of(was_start):
+            tallies.add(r.device, r.family, was_start, n, 0, secs)
+        else:
+            tallies.add(r.device, r.family, was_start, -was_n, 0, -was_secs)
+            tallies.add(r.device, r.family, first, was_n + n, 0, was_secs + secs)
+    tallies.write(conn)
     if grown:
         conn.executemany(
             "UPDATE results SET executions = executions + ?, duration_s = duration_s + ?, "

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..devices import cpu_id
 from ..errors import NoDevice, SuiteError
+from ..inject.slow import slow_down, slow_factor
 from ..records import CaseResult
 from .bits import failure_digest, hex_bits
 from .cases import Case
@@ -72,6 +73,8 @@ class NumpyBackend(BackendBase):
         self.location = f"core:{core}"
         self._suite = suite
         self._scratch: dict[str, dict[str, Any]] = {}
+        self._spare: dict[str, dict[str, Any]] = {}
+        """Scratch of the slow drill's repeated work (never the buffers a failure is read back from)."""
         self._saved_affinity = current
         blas = _openblas_threads()
         self._saved_blas_threads = blas[0]() if blas else None
@@ -88,6 +91,7 @@ class NumpyBackend(BackendBase):
         if blas and self._saved_blas_threads is not None:
             blas[1](self._saved_blas_threads)
         self._scratch.clear()
+        self._spare.clear()
 
     def _pin(self) -> None:
         try:
@@ -123,14 +127,20 @@ class NumpyBackend(BackendBase):
         scratch = self._scratch.setdefault(case.id, {})
         self._pin()
         started = time.time()
-        t0 = time.perf_counter()
+        # The thread's CPU time, not wall time: what the core did, so a loaded host's preemption is not slowness
+        # (sdcguard.fleet.slow compares these times across cores of one model).
+        t0 = time.thread_time()
         output, march = RUNNERS[case.family](case, inputs, scratch)
         if output_hook is not None:
             output = output_hook(case.id, output)
             if not isinstance(output, np.ndarray):
                 raise SuiteError(f"output hook returned {type(output).__name__} for {case.id}, not an ndarray")
         mismatch = compare_bits(expected, output)
-        duration = time.perf_counter() - t0
+        duration = time.thread_time() - t0
+        if (factor := slow_factor(output_hook, case.id)) > 1.0:  # the slow drill: cycles burnt on this core
+            spare = self._spare.setdefault(case.id, {})
+            slow_down(lambda: RUNNERS[case.family](case, inputs, spare), started=t0, factor=factor)
+            duration = time.thread_time() - t0
         if mismatch is None and march is None:
             return CaseResult(device=self.device, case=case.id, family=case.family, seed=case.seed, passed=True,
                               duration_s=duration, started_at=started, location=self.location,

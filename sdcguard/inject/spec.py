@@ -32,6 +32,8 @@ store, quarantine policy) can be proven end to end.
   DEVICE   cpu:N | cuda:N | a device id (GPU-<uuid>, cpu:<host>:<core>, sim:<n>) | all
   PATTERN  mix (default: 51% zeroed, 48% flipped bits, 1% NaN/Inf) | bitflip | multibit
            | zero | stuck0 | stuck1 | nan | inf
+           | slow (right answers, slowly: each case burns cycles on the device until it has taken
+             factor times its own time; CPU cores; takes factor=F and case=GLOB only)
 \b
   KEY=VALUE
     rate=P        probability that one execution's output is corrupted (default 1)
@@ -47,14 +49,18 @@ store, quarantine policy) can be proven end to end.
     range=LO..HI  only values v with LO <= v < HI are corrupted
     case=GLOB     only golden cases whose id matches, e.g. case=gemm*
     seed=N        seed (default 0); with the device id it fixes every choice
+    factor=F      slow only: how many times as long each case takes (> 1, default 2)
 \b
   Examples
     cpu:1:bitflip,rate=1.0,bit=low_mantissa
     cuda:0:zero,rate=0.01
     all:mix,timing=transient
+    cpu:1:slow,factor=2
 """
 
-_KEYS = ("rate", "timing", "bit", "bits", "elements", "period", "control", "tile", "range", "case", "seed")
+_KEYS = ("rate", "timing", "bit", "bits", "elements", "period", "control", "tile", "range", "case", "seed", "factor")
+_SLOW = "slow"
+"""The pattern of the slow-device drill (:mod:`.slow`): no corruption, only time."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +75,8 @@ class InjectRule:
     """Glob over case ids (None: every case)."""
     text: str = field(default="", compare=False)
     """The rule as written."""
+    slowdown: float = 1.0
+    """A ``slow`` rule: each matching case takes this many times as long (its ``fault`` never fires)."""
 
     def matches(self, device_id: str, *, cuda_index: int | None = None) -> bool:
         """Does this rule name ``device_id``? ``cuda_index`` is its CUDA ordinal (needed for ``cuda:N``)."""
@@ -114,6 +122,8 @@ def _parse_rule(rule: str) -> InjectRule:
         tail.insert(0, comps.pop())
     kvs = tail + kvs
     pattern = "mix"
+    if comps and comps[-1].strip().lower() == _SLOW:
+        return _slow_rule(rule, ":".join(comps[:-1]).strip(), kvs, bad)
     if comps and comps[-1].strip().lower() in PATTERNS:
         pattern = comps.pop().strip().lower()
     device_text = ":".join(comps).strip()
@@ -134,8 +144,9 @@ def _parse_rule(rule: str) -> InjectRule:
             if key in PATTERNS:
                 raise bad(f"pattern {key!r} must follow the device (DEVICE:{key}), not a comma")
             raise bad(f"expected KEY=VALUE, got {kv.strip()!r}")
-        if key not in _KEYS:
-            raise bad(f"unknown key {key!r}: use one of {', '.join(_KEYS)}")
+        if key not in _KEYS or key == "factor":
+            raise bad(f"unknown key {key!r}: use one of {', '.join(k for k in _KEYS if k != 'factor')}"
+                      + (" (factor= goes with the slow pattern)" if key == "factor" else ""))
         if key in values:
             raise bad(f"{key} given twice")
         if not value:
@@ -175,6 +186,29 @@ def _parse_rule(rule: str) -> InjectRule:
     except BadInput as e:
         raise bad(str(e)) from None
     return InjectRule(device=device, fault=fault, cases=values.get("case"), text=rule)
+
+
+def _slow_rule(rule: str, device_text: str, kvs: list[str], bad: Any) -> InjectRule:
+    """A ``DEVICE:slow[,factor=F][,case=GLOB]`` rule."""
+    try:
+        device = parse_spec(device_text)
+    except BadInput as e:
+        raise bad(str(e)) from None
+    values: dict[str, str] = {}
+    for kv in kvs:
+        key, eq, value = (x.strip() for x in kv.partition("="))
+        if key.lower() not in ("factor", "case") or not eq or not value:
+            raise bad(f"the slow pattern takes factor=F and case=GLOB only, got {kv.strip()!r}")
+        values[key.lower()] = value
+    try:
+        factor = float(values.get("factor", "2"))
+    except ValueError:
+        raise bad(f"factor must be a number, got {values['factor']!r}") from None
+    if not 1.0 < factor <= 100.0 or math.isnan(factor):
+        raise bad(f"factor must be in (1, 100], got {values.get('factor')}")
+    # The fault never fires (rate 0): a slow device computes right answers.
+    return InjectRule(device=device, fault=Fault(pattern="zero", timing="intermittent", rate=0.0),
+                      cases=values.get("case"), text=rule, slowdown=factor)
 
 
 def _is_spec(text: str) -> bool:
@@ -226,12 +260,20 @@ class InjectionHook:
     def __repr__(self) -> str:
         return f"InjectionHook({self.device!r}, {[r.text for r in self.rules]})"
 
+    def slowdown(self, case_id: str) -> float:
+        """How many times as long ``case_id`` takes on this device (the ``slow`` rules matching it; 1.0: none)."""
+        factor = 1.0
+        for rule in self.rules:
+            if rule.slowdown > 1.0 and rule.matches_case(case_id):
+                factor *= rule.slowdown
+        return factor
+
     def __call__(self, case_id: str, output: np.ndarray) -> np.ndarray:
         self.executions += 1
         out = np.asarray(output)
         hit = False
         for rule, model in zip(self.rules, self._models, strict=True):
-            if not rule.matches_case(case_id):
+            if rule.slowdown > 1.0 or not rule.matches_case(case_id):
                 continue
             corrupted, records = model.corrupt_array(out, dtype=_format_name(out))
             if records:

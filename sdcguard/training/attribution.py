@@ -14,8 +14,9 @@ Each device's computations are its *opinions*; a device that computed twice eith
 2. **Hardware** when a value is *agreed*: computed by at least two devices and by a strict majority of the devices
    (one vote per device, for each value it computed); or, failing that, when exactly one device is
    self-inconsistent and every other device computed the same value, at least one of them twice (a device that
-   reproduces itself is deterministic; the one that did not had a fault). Every device that computed anything else is at fault: *sticky*
-   when it computed at least twice and every computation was wrong (it reproduces its fault), *transient* when not.
+   reproduces itself is deterministic; the one that did not had a fault). Every device that computed anything
+   else is at fault: *sticky* when it computed at least twice and every computation was wrong (it reproduces its
+   fault), *transient* when not.
    The step is corrupt when the owner's original differs from the agreed value.
 3. **Unresolved** otherwise (two self-consistent devices disagree and nothing decides between them, or a tie):
    every device of the disagreement is a suspect, the step is treated as corrupt, and nothing is said about

@@ -81,7 +81,8 @@ class CalibrationReport:
             return (f"replays are NOT bit-identical on the same device (ranks {list(self.ranks_differing)}); "
                     f"likely causes: {'; '.join(self.causes) or 'unknown'}")
         if self.verdict == "hardware":
-            return f"the setup replays bit for bit, but ranks {list(self.ranks_differing)} computed wrong results ({self.how})"
+            return (f"the setup replays bit for bit, but ranks {list(self.ranks_differing)} computed wrong results "
+                    f"({self.how})")
         return f"ranks {list(self.ranks_differing)} disagree and nothing decides between them ({self.how})"
 
 

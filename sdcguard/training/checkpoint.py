@@ -17,6 +17,10 @@ later incident names the newest verified one to restart from) and, when the guar
 
 Shards are matched by key and by the rank's coordinates in the device mesh, so a load with the same sharding is
 checked tensor by tensor; a shard saved under another sharding is reported as not checked (a warning).
+
+``load(..., fallback=True)`` loads the newest checkpoint that is verified and still verifies: from a directory of
+checkpoints, or the siblings of the one named, or (``store=``) the checkpoints the fleet store recorded as verified.
+The asynchronous save is :mod:`.async_checkpoint`; re-reading checkpoints at rest is :mod:`.scrub`.
 """
 
 from __future__ import annotations
@@ -29,16 +33,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from ..errors import BadInput, CheckpointError
-from .record import corrupted, differences, fingerprints, make_record, read_record, write_record
+from ..errors import BadInput, CheckpointCorrupted, CheckpointError
+from .layout import METADATA, SIDECAR, Candidate, candidates, describe_failure, is_checkpoint, metadata_damage
+from .record import corrupted, differences, file_fingerprint, fingerprints, make_record, read_record, write_record
 
 if TYPE_CHECKING:
     from .guard import SDCGuard
 
-__all__ = ["save", "load", "CheckpointInfo", "SIDECAR"]
-
-SIDECAR = "sdcguard.json"
-"""The file, inside a DCP checkpoint, that holds the fingerprints of every saved tensor."""
+__all__ = ["save", "load", "CheckpointInfo", "SIDECAR", "store_candidates"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +60,10 @@ class CheckpointInfo:
     """False when ``only_verified=True`` kept an unverified state from being saved."""
     checked: bool = True
     """On load: every tensor was compared with its saved fingerprint."""
+    error: str | None = None
+    """Why the checkpoint was not written (an asynchronous save whose background write failed); None otherwise."""
+    skipped: tuple[str, ...] = ()
+    """On ``load(..., fallback=True)``: the newer checkpoints passed over, each with why."""
 
 
 def _distributed(kwargs: dict[str, Any]) -> bool:
@@ -110,6 +116,7 @@ def save(state_dict: dict[str, Any], *, checkpoint_id: str | os.PathLike[str], g
     dcp.save(state_dict, checkpoint_id=str(path), **kwargs)
     body = make_record(_gather(fps, kwargs), step=step, verified=verified)
     if _rank(kwargs) == 0:
+        body["metadata"] = file_fingerprint(path / METADATA)
         write_record(path / SIDECAR, body)  # last and atomic: a record means the checkpoint is complete
     if _distributed(kwargs):
         dist.barrier(group=kwargs.get("process_group"))
@@ -120,29 +127,39 @@ def save(state_dict: dict[str, Any], *, checkpoint_id: str | os.PathLike[str], g
 
 
 def load(state_dict: dict[str, Any], *, checkpoint_id: str | os.PathLike[str], strict: bool = False,
-         **kwargs: Any) -> CheckpointInfo:
+         fallback: bool = False, store: str | os.PathLike[str] | None = None, **kwargs: Any) -> CheckpointInfo:
     """Load ``state_dict`` in place with DCP, then check every tensor against its saved fingerprint (collective).
 
-    Raises :class:`~sdcguard.errors.CheckpointCorrupted` on every rank when a tensor differs (its values are then
-    what was read: load another checkpoint), :class:`~sdcguard.errors.CheckpointError` for a missing, truncated or
-    foreign checkpoint, or one without fingerprints under ``strict=True`` (a warning otherwise).
+    Raises :class:`~sdcguard.errors.CheckpointCorrupted` on every rank when a tensor (or DCP's index file) differs
+    from what was saved (its values are then what was read: load another checkpoint),
+    :class:`~sdcguard.errors.CheckpointError` for a missing, truncated or foreign checkpoint, or one without
+    fingerprints under ``strict=True`` (a warning otherwise).
+
+    ``fallback=True``: ``checkpoint_id`` names a directory of checkpoints, or one checkpoint (then its siblings are
+    candidates too); the newest whose record says *verified* and which loads without a difference is loaded, and
+    ``skipped`` says why each newer one was passed over (also a warning). ``store``: the candidates are the
+    checkpoints the fleet store recorded as verified (after a merge: on any node) at or under ``checkpoint_id``.
+    Raises ``CheckpointError`` when none is left. Every rank must see the same files (shared storage).
     """
-    path = _path(checkpoint_id)
-    if not (path / ".metadata").exists():
+    if fallback or store is not None:
+        return _load_fallback(state_dict, Path(_path(checkpoint_id)), strict=strict, store=store, **kwargs)
+    return _load_one(state_dict, _path(checkpoint_id), strict=strict, **kwargs)
+
+
+def _load_one(state_dict: dict[str, Any], path: Path, *, strict: bool, **kwargs: Any) -> CheckpointInfo:
+    if not is_checkpoint(path):
         raise CheckpointError(f"no checkpoint at {path} (no DCP .metadata file)")
     body = read_record(path / SIDECAR, str(path), strict=strict)
+    damage = metadata_damage(path, body) if body is not None else None
+    if damage:
+        raise CheckpointCorrupted(f"checkpoint {path}: {damage}")
     import torch.distributed.checkpoint as dcp
 
     try:
         dcp.load(state_dict, checkpoint_id=str(path), **kwargs)
     except (Exception, dcp.CheckpointException) as e:  # a truncated or foreign file (DCP's is a BaseException)
-        failures = getattr(e, "failures", None) or {}
-        inner = next(iter(failures.values()), e)
-        cause = inner[0] if isinstance(inner, tuple) and inner else inner  # DCP keeps (exception, traceback)
-        what = f"{type(cause).__name__}: {str(cause).strip().splitlines()[0][:200]}" if str(cause).strip() else type(
-            cause).__name__
-        raise CheckpointError(f"{path} could not be read ({what}): a data file is truncated, foreign or "
-                              "missing") from None
+        raise CheckpointError(f"{path} could not be read ({describe_failure(e)}): a data file is truncated, "
+                              "foreign or missing") from None
     if body is None:
         return CheckpointInfo(checkpoint_id=str(path), step=None, verified=None, digest="", tensors=0, checked=False)
     mine = fingerprints(state_dict)
@@ -159,3 +176,53 @@ def load(state_dict: dict[str, Any], *, checkpoint_id: str | os.PathLike[str], s
                       f"or not saved): {', '.join(missed[:5])}", RuntimeWarning, stacklevel=2)
     return CheckpointInfo(checkpoint_id=str(path), step=body.get("step"), verified=body.get("verified"),
                           digest=str(body.get("digest", "")), tensors=len(mine), checked=not missed)
+
+
+def store_candidates(store: str | os.PathLike[str], root: Path) -> list[Candidate]:
+    """The checkpoints the fleet store recorded as verified and saved, at or under ``root``, newest step first."""
+    from ..fleet.store import Store
+
+    with Store.open(Path(store), readonly=True) as db:
+        rows = [c for c in db.checkpoints() if c.verified and c.status == "saved"]
+    inside = [c for c in rows if Path(c.checkpoint_id) == root or root in Path(c.checkpoint_id).parents]
+    newest = sorted(inside, key=lambda c: (c.step, c.time), reverse=True)
+    seen: set[str] = set()
+    return [Candidate(path=Path(c.checkpoint_id), step=c.step, verified=True) for c in newest
+            if not (c.checkpoint_id in seen or seen.add(c.checkpoint_id))]
+
+
+def _load_fallback(state_dict: dict[str, Any], path: Path, *, strict: bool, store: str | os.PathLike[str] | None,
+                   **kwargs: Any) -> CheckpointInfo:
+    if store is not None:
+        found = store_candidates(store, path)
+    else:
+        if not path.is_dir():
+            raise CheckpointError(f"no checkpoint or directory of checkpoints at {path}")
+        named = is_checkpoint(path)
+        found = candidates(path.parent if named else path)
+        if named:  # the one named first, then its siblings that are not newer
+            first = next(c for c in found if c.path == path)
+            found = [first] + [c for c in found if c.path != path and (first.step is None or c.step is None or
+                                                                       c.step <= first.step)]
+    skipped: list[str] = []
+    for c in found:
+        if c.problem:
+            skipped.append(f"{c.path}: {c.problem}")
+            continue
+        if c.verified is not True:
+            skipped.append(f"{c.path}: not verified (step {c.step})")
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a partial check is reported through `checked`
+                info = _load_one(state_dict, c.path, strict=True, **kwargs)
+        except (CheckpointCorrupted, CheckpointError) as e:
+            skipped.append(f"{c.path}: {e}")
+            continue
+        if skipped:
+            warnings.warn(f"sdcguard: loaded {c.path}, passing over {len(skipped)} newer checkpoint(s): "
+                          + "; ".join(skipped[:4]), RuntimeWarning, stacklevel=3)
+        return CheckpointInfo(**{**info.__dict__, "skipped": tuple(skipped)})
+    where = f"the fleet store {store}" if store is not None else str(path)
+    raise CheckpointError(f"no verified checkpoint that still verifies in {where}"
+                          + (f" ({'; '.join(skipped[:4])})" if skipped else " (none found)"))

@@ -10,14 +10,19 @@ the framework's hooks. What happens on every data-parallel rank:
    micro-batch of a sampled step (one step in ``replay_every``) they fingerprint its local gradients on the device
    as the framework hands them over; the micro-batch, random states, autocast state and seed are captured.
 2. ``end_step``: the gradients the optimizer is about to read are fingerprinted in place and folded into one value;
-   on a sampled step each rank replays another rank's micro-batch (:mod:`.rounds`) or sends it to a dedicated
-   shadow (:mod:`.shadows`). Everything the veto needs rides in one fixed-size all-gather.
+   on a sampled step the :class:`~.rounds.Round` runs: each rank replays another rank's micro-batch (:mod:`.peer`)
+   or sends it to a dedicated shadow (:mod:`.shadows`). Everything the veto needs rides in one all-gather.
 3. Replicas holding the same data must agree bit for bit (:mod:`.replica`); an original and its replay must agree
-   too, and a disagreement is settled by a majority of devices (:mod:`.attribution`). A setup that does not replay
-   bit for bit is recognised and never blamed on hardware (:mod:`.calibration`).
+   too, and a disagreement is settled by the rule of evidence (:mod:`.attribution`): a device that others
+   contradict while it reproduces itself is hardware, devices that do not reproduce themselves are software
+   (:mod:`.calibration`), and evidence that cannot pick the device is unresolved, vetoed all the same. A sticky
+   verdict escalates (:mod:`.outcomes`).
 4. The veto: with ``on_detect="skip"`` no rank commits a corrupted step, and its gradients are dropped (``.grad`` is
    set to None, so an optimizer step changes nothing). Every rank decides alike with no collective of its own,
    because every input of the decision came out of the gathers above. ``after_optimizer_step`` compares the weights.
+5. Slowness (:mod:`.timing`): each rank's phase times ride the next step's gather; a rank consistently slower than
+   the devices that computed the same micro-batches is named in a ``slow`` incident, after the veto and never
+   deciding it.
 
 On one step in ``checksum_every`` every matmul of the forward and backward is also checked against its checksum as
 it runs (:mod:`.checksums`); a failure is this rank's own, recomputed on its device before it is reported, and its
@@ -37,7 +42,6 @@ from torch import nn
 
 from ..devices import hostname
 from ..errors import BadInput
-from ..fingerprints import combine_on_device
 from ..records import Incident
 from .attribution import Attributor, launcher_job_id, new_job_id
 from .calibration import CalibrationReport, calibrate, setup_warnings
@@ -52,13 +56,16 @@ from .fsdp import FSDPTaps, is_fsdp
 from .identity import local_device_id, setup_key
 from .observe import StepObserver
 from .replay import LossFn, check_loss, replay
-from .replica import fingerprint_column, odd_ranks, replica_incidents
+from .replica import ReplicaPhases
 from .outcomes import Outcomes
 from .response import Responder
 from .peer import PeerRound
 from .rounds import Round
-from .shadows import DedicatedRound, ShadowServer, worker_group
+from .roles import worker_group
+from .shadows import DedicatedRound, ShadowServer
 from .taps import Digest
+from .timing import COLUMNS as TIMING_COLUMNS
+from .timing import PhaseClock, RankSlowness, SlowJudge, SlowWatch
 
 __all__ = ["SDCGuard"]
 
@@ -70,7 +77,8 @@ class SDCGuard:
                  shadows: Literal["peer"] | Sequence[int] = "peer", weight_check_every: int = 100,
                  store: str | os.PathLike[str] | None = None, on_detect: OnDetect = "skip",
                  escalate: Escalate = "raise", rng_hook: RngHook | None = None,
-                 checksum_every: int = DEFAULT_CHECKSUM_EVERY, checksum_rows: int = DEFAULT_ROWS) -> None:
+                 slow: SlowWatch | None = SlowWatch(), checksum_every: int = DEFAULT_CHECKSUM_EVERY,
+                 checksum_rows: int = DEFAULT_ROWS) -> None:
         self.config = GuardConfig(replay_every=replay_every, shadows="peer" if shadows == "peer" else tuple(shadows),
                                   weight_check_every=weight_check_every, on_detect=on_detect, escalate=escalate,
                                   store=None if store is None else os.fspath(store), checksum_every=checksum_every,
@@ -91,6 +99,8 @@ class SDCGuard:
         self.job = str(everyone[0][4])
         """This job's id: the launcher's when it gave a real one, else one the first rank made (shared by all)."""
         self._attr = Attributor(self.taps.unit_names, self.identities, job=self.job, job_size=len(world.members))
+        self._replica = ReplicaPhases(self.comm, self._keys, self.taps.param_names,
+                                      [(g, *self.identities.get(g, (None, ""))) for g in self.members], self.job)
         self._responder = Responder(on_detect, self.config.store, rank=self.rank, writer=self.dp_rank == 0,
                                     escalate=escalate, job=self.job)
         self._outcomes = Outcomes(self._attr, self.members, self.device, speaks=self.dp_rank == 0)
@@ -102,6 +112,11 @@ class SDCGuard:
             else PeerRound(self.comm, lambda c, same: self._replay(c, same), self._attr,
                            record_ops=not self.taps.collective_replay, collective=self.taps.collective_replay,
                            setups=self.setups))
+        timed = slow is not None and not self.shadow_ranks and self.role == "worker" and self.dp_size > 1
+        self._clock = PhaseClock(self.device) if timed else None
+        """Step phase times (:mod:`.timing`); None: not timed (off, dedicated shadows, or a single rank)."""
+        self._slow = SlowJudge(slow, self.members, self.identities, job=self.job, job_size=len(world.members)) \
+            if timed and slow is not None else None
         self._checksums = ChecksumMode(self.module, rows=checksum_rows)
         """Checksum checks of the matmuls on one step in ``checksum_every`` (:mod:`.checksums`)."""
         self._steps = self._samples = 0
@@ -159,6 +174,8 @@ class SDCGuard:
                          and self._determinism.state != "nondeterministic")
         record = self._sampled and self._round.records(self._samples)
         self._observer.begin(step, record=record, chosen=self._samples % micro_batches)
+        if self._clock is not None:
+            self._clock.begin_step()
         if self.config.checksum_every and step % self.config.checksum_every == 0:
             self._checksums.begin()
 
@@ -181,16 +198,20 @@ class SDCGuard:
         checked = self._checksums.active
         failures = self._checksums.end()  # recomputes a failed matmul on this device before anyone is blamed
         sampled, sample = self._sampled, self._samples
+        if self._clock is not None:
+            self._clock.end_compute(sample if sampled else None)
         reduced = self.taps.reduced()
-        own = combine_on_device(fingerprint_column(reduced, self.device)).reshape(1)  # on the device, no sync
+        own = self._replica.column(reduced, self.device)  # on the device, no sync
         extra = torch.tensor(self._round.columns(step, sample, sampled, observed) + checksum_columns(failures),
                              dtype=torch.int64, device=self.device)
-        table = self.comm.gather_ints(torch.cat([own, extra])).tolist()
-        sums = [row[len(row) - CHECKSUM_WIDTH:] for row in table]
+        timing = self._timing_columns()
+        with self._clock.waiting() if self._clock is not None else contextlib.nullcontext():
+            table = self.comm.gather_ints(torch.cat([own, extra, timing])).tolist()
+        if self._clock is not None:  # the timing columns are the last ones
+            timing_rows, table = [row[-TIMING_COLUMNS:] for row in table], [row[:-TIMING_COLUMNS] for row in table]
+        sums = [row[len(row) - CHECKSUM_WIDTH:] for row in table]  # then the checksums' columns
         table = [row[:len(row) - CHECKSUM_WIDTH] for row in table]
-        found: list[Incident] = []
-        if odd_ranks([row[0] for row in table], self._keys):
-            found += self._replica_incidents("gradient_replica", step, reduced)
+        found = self._replica.incidents("gradient_replica", step, reduced, [row[0] for row in table])
         replicas_differ = bool(found)  # whoever is wrong, a step whose replicas differ is not sound
         found += checksum_incidents(self.comm, self._attr, step, sums, failures)
         results = self._round.finish(step, sample, sampled, [row[1:] for row in table])
@@ -203,14 +224,17 @@ class SDCGuard:
         corrupt = any(r.corrupt and r.vetoable and r.step == step for r in results) or any(row[0] for row in sums)
         commit = not ((replicas_differ or corrupt) and self.config.on_detect != "record")
         found = [self._outcomes.rollback(i, vetoed=not commit and i.step == step) for i in found]
+        if self._slow is not None:  # after the veto: slowness never decides a commit
+            found += self._slow.observe(step, timing_rows)
         if not commit:
             for p in self.params:
                 p.grad = None  # the optimizer skips parameters without gradients: the step changes nothing
         self._steps += 1
         self._last_step = step
+        if self._clock is not None:
+            self._clock.end_step()
         self._responder.handle(found, escalate=self._outcomes.escalating(found))
-        replicas = any(self._keys.count(k) > 1 for k in self._keys)
-        checks: list[Check] = ((["gradient_replica"] if replicas else []) + (["replay"] if sampled else [])
+        checks: list[Check] = ((["gradient_replica"] if self._replica.active else []) + (["replay"] if sampled else [])
                                + (["checksum"] if checked else []))
         mean = loss if loss is not None else torch.full((), float("nan"))
         return StepReport(step=step, loss=mean, commit=commit, incidents=tuple(found), replayed=sampled,
@@ -255,14 +279,12 @@ class SDCGuard:
         every = self.config.weight_check_every
         if self.role != "worker" or not every or self._last_step is None or self._last_step % every:
             return []
-        if not any(self._keys.count(k) > 1 for k in self._keys):
+        if not self._replica.active:
             return []
         weights = self.taps.weights()
-        table = self.comm.gather_ints(combine_on_device(fingerprint_column(weights, self.device)).reshape(1))
-        found = []
-        if odd_ranks(table[:, 0].tolist(), self._keys):
-            found = [self._outcomes.rollback(i, vetoed=False)
-                     for i in self._replica_incidents("weight_replica", self._last_step, weights)]
+        gathered = self.comm.gather_ints(self._replica.column(weights, self.device))[:, 0].tolist()
+        found = [self._outcomes.rollback(i, vetoed=False)
+                 for i in self._replica.incidents("weight_replica", self._last_step, weights, gathered)]
         self._verification.weights_compared(self._last_step, agreed=not found)
         self._responder.handle(found)
         return found
@@ -277,15 +299,18 @@ class SDCGuard:
                           "FSDP2 set_requires_gradient_sync(False)); such samples are not judged. Keep gradient "
                           "sync on for accumulation to have them checked", RuntimeWarning, stacklevel=3)
 
-    def _replica_incidents(self, kind: str, step: int, tensors: list[torch.Tensor | None]) -> list[Incident]:
-        ids = [(g, *self.identities.get(g, (None, ""))) for g in self.members]
-        return replica_incidents(self.comm, kind, step, tensors, self._keys, self.taps.param_names, ids, self.job)
+    def _timing_columns(self) -> torch.Tensor:
+        if self._clock is None:
+            return torch.zeros(0, dtype=torch.int64, device=self.device)
+        self._clock.settle()
+        return torch.tensor(self._clock.columns(), dtype=torch.int64, device=self.device)
 
     def _replay(self, cap: Capture, same_process: bool, values: Sequence[torch.Tensor] | None = None) -> Digest:
         self.replaying = True
         try:
-            return replay(self.taps, self.loss_fn, cap, device=self.device, rng_hook=self.rng_hook,
-                          same_process=same_process, params=self.params, param_values=values)
+            with self._clock.replay() if self._clock is not None else contextlib.nullcontext():
+                return replay(self.taps, self.loss_fn, cap, device=self.device, rng_hook=self.rng_hook,
+                              same_process=same_process, params=self.params, param_values=values)
         finally:
             self.replaying = False
 
@@ -295,6 +320,13 @@ class SDCGuard:
     def incidents(self) -> list[Incident]:
         """Every incident so far (identical on every rank of the group)."""
         return self._responder.incidents
+
+    @property
+    def slowness(self) -> dict[int, RankSlowness]:
+        """Each rank's recent slowdowns against the devices that computed the same micro-batches, and their bound
+        (global rank -> :class:`~.timing.RankSlowness`; empty when not timed: ``slow=None``, dedicated shadows, one
+        rank). Identical on every rank."""
+        return self._slow.ranks() if self._slow is not None else {}
 
     @property
     def last_verified_step(self) -> int | None:
@@ -365,6 +397,7 @@ class SDCGuard:
     def state_dict(self) -> dict[str, Any]:
         """Counters a resumed run needs (the sample counter drives pairings and micro-batch choice)."""
         return {"version": 2, "steps": self._steps, "samples": self._samples, "last_step": self._last_step,
+                "slow": self._slow.state_dict() if self._slow is not None else {},
                 "determinism": self._determinism.state_dict(), "verification": self._verification.state_dict(),
                 "unresolved": sorted(self._outcomes.unresolved), "incidents": len(self.incidents)}
 
@@ -378,3 +411,5 @@ class SDCGuard:
             self._determinism.load_state_dict(state["determinism"])
             self._verification.load_state_dict(state.get("verification", {}))
             self._outcomes.unresolved = {int(r) for r in state.get("unresolved", ())}
+            if self._slow is not None:
+                self._slow.load_state_dict(state.get("slow", {}))

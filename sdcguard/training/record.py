@@ -2,7 +2,10 @@
 is read back. One format for every checkpoint sdcguard verifies: DCP checkpoints (:mod:`.checkpoint`), Lightning's
 checkpoint files and Hugging Face ``Trainer`` checkpoint folders (:mod:`.adapters`).
 
-A record is JSON: ``{"format", "step", "verified", "digest", "ranks", "fingerprints": {key: {hex: [ranks]}}}``.
+A record is JSON: ``{"format", "step", "verified", "digest", "ranks", "fingerprints": {key: {hex: [ranks]}}}``,
+and, since records got them, ``"metadata"`` (the fingerprint of DCP's ``.metadata`` file, so a damaged index is
+found as such) and ``"check"`` (the fingerprint of the record's own canonical JSON without it, so a damaged record
+is never mistaken for a damaged tensor). Older records without them are read as before.
 Keys are the state's nested keys joined by dots (``model.layer.weight``, DCP's spelling); a sharded tensor's local
 shard adds the rank's coordinates in its device mesh (``#0,1``). Several ranks saving one key (replicas) list the
 value each saw. It is written last and atomically: a record means its checkpoint was complete.
@@ -22,7 +25,8 @@ import torch
 from ..errors import CheckpointCorrupted, CheckpointError
 from ..fingerprints import combine, fingerprint_many
 
-__all__ = ["fingerprints", "make_record", "write_record", "read_record", "differences", "corrupted", "FORMAT"]
+__all__ = ["fingerprints", "make_record", "write_record", "read_record", "differences", "corrupted", "FORMAT",
+           "file_fingerprint", "bytes_fingerprint"]
 
 FORMAT = "sdcguard-checkpoint/1"
 
@@ -71,8 +75,25 @@ def make_record(per_rank: Sequence[dict[str, int]], *, step: int | None, verifie
             "fingerprints": table}
 
 
+def bytes_fingerprint(data: bytes) -> str:
+    """The fingerprint of some bytes (16 hex digits)."""
+    import numpy as np
+
+    return f"{fingerprint_many([np.frombuffer(data, dtype=np.uint8)])[0]:016x}"
+
+
+def file_fingerprint(file: Path) -> str:
+    """The fingerprint of a (small) file's bytes (16 hex digits)."""
+    return bytes_fingerprint(file.read_bytes())
+
+
+def _self_check(body: dict[str, Any]) -> str:
+    return bytes_fingerprint(json.dumps({k: v for k, v in body.items() if k != "check"}, sort_keys=True).encode())
+
+
 def write_record(file: Path, body: dict[str, Any]) -> None:
-    """Write a record atomically (a temporary file in the same directory, then a rename)."""
+    """Write a record atomically (a temporary file in the same directory, then a rename), with its self-check."""
+    body = {**body, "check": _self_check(body)}
     tmp = file.with_name(f".{file.name}.tmp")
     tmp.write_text(json.dumps(body, sort_keys=True), encoding="utf-8")
     os.replace(tmp, file)
@@ -94,6 +115,9 @@ def read_record(file: Path, what: str, *, strict: bool) -> dict[str, Any] | None
     if not isinstance(body, dict) or body.get("format") != FORMAT or not isinstance(body.get("fingerprints"), dict):
         found = body.get("format") if isinstance(body, dict) else type(body).__name__
         raise CheckpointError(f"{file} is not an sdcguard checkpoint record (format {found!r})")
+    if "check" in body and body["check"] != _self_check(body):
+        raise CheckpointError(f"{file} is damaged: the fingerprint record differs from its own check; the checkpoint "
+                              "cannot be trusted")
     return body
 
 

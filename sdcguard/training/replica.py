@@ -29,13 +29,14 @@ import torch
 import torch.distributed as dist
 
 from ..devices import hostname
-from ..fingerprints import fingerprints_on_device
+from ..fingerprints import combine_on_device, fingerprints_on_device
 from ..records import Incident
 from .comm import Comm
 from .ddp import unwrap
 from .identity import local_device_id
 
-__all__ = ["ReplicaCheck", "fingerprint_column", "odd_ranks", "minority", "vote", "replica_incidents", "local"]
+__all__ = ["ReplicaCheck", "ReplicaPhases", "fingerprint_column", "odd_ranks", "minority", "vote", "replica_incidents",
+           "local"]
 
 NO_GRADIENT = 0
 """The value standing for a missing tensor (a parameter without gradient)."""
@@ -139,6 +140,37 @@ def replica_incidents(comm: Comm, kind: str, step: int, tensors: Sequence[torch.
         combined = [[hash(tuple(r))] for r in rows]
         found = vote(kind, step, combined, keys, ["<the tensors, read twice>"], identities, job)
     return found
+
+
+class ReplicaPhases:
+    """The guard's cross-replica check, in its two phases: :meth:`column` (every step: one combined fingerprint that
+    rides in the gather the guard issues anyway) and :meth:`incidents` (only when the gathered values differ within
+    a replica class: one more gather of every tensor's fingerprint, and the vote). Every rank calls both alike."""
+
+    def __init__(self, comm: Comm, keys: Sequence[object], names: Sequence[str],
+                 identities: Sequence[tuple[int, str | None, str]], job: str | None) -> None:
+        self.comm = comm
+        self.keys = list(keys)
+        self.names = list(names)
+        self.identities = list(identities)
+        self.job = job
+
+    @property
+    def active(self) -> bool:
+        """Whether any two ranks hold the same data (plain FSDP shards every tensor once: nothing to compare)."""
+        return any(self.keys.count(k) > 1 for k in self.keys)
+
+    def column(self, tensors: Sequence[torch.Tensor | None], device: torch.device) -> torch.Tensor:
+        """Phase 1: this rank's combined fingerprint of ``tensors``, shape ``(1,)`` int64 on ``device``, no sync."""
+        return combine_on_device(fingerprint_column(tensors, device)).reshape(1)
+
+    def incidents(self, kind: str, step: int, tensors: Sequence[torch.Tensor | None],
+                  gathered: Sequence[int]) -> list[Incident]:
+        """Phase 2, from every rank's phase-1 value (``gathered``, group order): nothing when the replicas agree,
+        else the per-tensor vote (collective, entered by every rank alike since all hold the same values)."""
+        if not odd_ranks(list(gathered), self.keys):
+            return []
+        return replica_incidents(self.comm, kind, step, tensors, self.keys, self.names, self.identities, self.job)
 
 
 def _is_sharded(p: torch.Tensor) -> bool:

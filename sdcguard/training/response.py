@@ -18,7 +18,7 @@ import warnings
 from dataclasses import asdict
 
 from ..errors import CorruptionDetected
-from ..records import Incident
+from ..records import PASSIVE_KINDS, Incident
 from .config import EXIT_RESTART, EXIT_SUSPECT_DEVICE, Escalate, OnDetect
 
 __all__ = ["Responder"]
@@ -44,7 +44,7 @@ class Responder:
             return
         self.incidents.extend(found)
         self._record(found)
-        actionable = [i for i in found if i.kind != "nondeterministic"]
+        actionable = [i for i in found if i.kind not in PASSIVE_KINDS]  # never raise or exit for these
         if not actionable:
             return
         action = self.on_detect

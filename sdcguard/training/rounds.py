@@ -88,7 +88,8 @@ def conclude(step: int, settled: Sequence[tuple[int, Judgement]], attr: Attribut
     if len(one_offs) >= shared_cause_at:
         hardware = [(o, j) for o, j in hardware if (o, j) not in one_offs]
         owners = tuple(sorted(o for o, _ in one_offs))
-        j = Judgement(verdict="unresolved", suspects=owners, original_corrupt=True, first_unit=one_offs[0][1].first_unit,
+        j = Judgement(verdict="unresolved", suspects=owners, original_corrupt=True,
+                      first_unit=one_offs[0][1].first_unit,
                       how=f"the originals of {len(owners)} ranks ({', '.join(map(str, owners))}) were each wrong once "
                           "and right on a rerun: a cause they share (a collective), not one device")
         unresolved.append((owners[0], j))

@@ -1,9 +1,11 @@
-"""Dedicated shadow ranks: hot spares that replay sampled micro-batches while the workers go on.
+"""Dedicated shadow ranks: hot spares that replay sampled micro-batches while the workers go on (the roles are
+:mod:`.roles`, what travels between them :mod:`.wire`).
 
 On a sampled step one worker (samples rotate over the workers and the shadows) sends a shadow its micro-batch,
 random states and digest, then its parameters from a staging copy (one flat buffer per dtype, on the communication
 device, allocated once and reused: the optimizer may change the live tensors while the sends are in flight, and a
-busy shadow must never hold a worker up; one message per dtype, not per tensor). The shadow receives the parameters into its own module, replays, and
+busy shadow must never hold a worker up; one message per dtype, not per tensor). The shadow receives the
+parameters into its own module, replays, and
 sends a small verdict back; the workers pick it up at the first step after it arrived (the per-step all-gather
 carries an "arrived" value, so nobody waits) and wait only when the shadow falls more than :data:`MAX_PENDING`
 samples behind, or when the staging copy is still being sent as the next sample comes.
@@ -19,14 +21,13 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import BadInput
 from .attribution import Attributor, Opinion, judge
 from .capture import Capture
 from .comm import Comm, comm_device, recv_object, recv_tensors_, send_object, send_stop, send_tensors
@@ -34,146 +35,15 @@ from .observe import Observed
 from .pairing import shadow_assignment
 from .rounds import RoundResult, conclude
 from .taps import Digest
+from .wire import VERDICT_LEN, Fetch, ShadowSample, Verdict, flat_buffers, flat_views
 
-__all__ = ["Roles", "plan_roles", "worker_group", "ShadowSample", "Fetch", "Verdict", "ShadowServer", "DedicatedRound",
-           "MAX_PENDING", "VERDICT_LEN"]
+__all__ = ["ShadowServer", "DedicatedRound", "MAX_PENDING"]
 
-Role = Literal["worker", "shadow"]
-VERDICT_LEN = 5  # [sample, step, matched, first_unit, loss_differs]
 MAX_PENDING = 2
 """Samples a shadow may lag behind before the workers wait for its oldest verdict."""
 
 ReplayAt = Callable[[Capture, bool, Sequence[torch.Tensor] | None], Digest]
 """``replay(capture, same_process, parameter values or None for the live ones) -> Digest``."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Roles:
-    """The roles of a job with dedicated shadows (see :func:`plan_roles`)."""
-
-    workers: tuple[int, ...]
-    """Global ranks of the data-parallel workers (``0 .. W-1``)."""
-    shadows: tuple[int, ...]
-    """Global ranks of the dedicated shadows (the last ranks)."""
-    role: Role
-    """This process's role."""
-    dp_group: Any = field(default=None, repr=False)
-    """The workers' process group (on a shadow, torch's non-member placeholder: pass it to ``SDCGuard`` all the
-    same, so that no rank builds the group a second time)."""
-
-    def __post_init__(self) -> None:
-        if not self.workers:
-            raise ValueError("a job needs at least one worker")
-        if set(self.workers) & set(self.shadows):
-            raise ValueError("a rank cannot be both a worker and a shadow")
-
-
-def plan_roles(num_shadows: int, *, world_size: int | None = None, rank: int | None = None) -> Roles:
-    """Split the world into workers (the first ranks) and ``num_shadows`` dedicated shadows (the last ranks).
-
-    Call it on every rank right after ``init_process_group``: it creates the data-parallel group collectively.
-    Pass ``roles.dp_group`` to DDP and to ``SDCGuard(group=...)``, and ``list(roles.shadows)`` as ``shadows=``.
-    """
-    world = world_size if world_size is not None else dist.get_world_size()
-    me = rank if rank is not None else dist.get_rank()
-    if not 0 <= num_shadows < world:
-        raise ValueError(f"need 0 <= num_shadows < world size ({world}), got {num_shadows}")
-    workers = tuple(range(world - num_shadows))
-    shadows = tuple(range(world - num_shadows, world))
-    group = dist.new_group(ranks=list(workers)) if dist.is_initialized() else None
-    role: Role = "shadow" if me in shadows else "worker"
-    return Roles(workers=workers, shadows=shadows, role=role, dp_group=group)
-
-
-def worker_group(shadows: Literal["peer"] | tuple[int, ...], group: Any) -> tuple[Role, tuple[int, ...], Comm]:
-    """This rank's role, the shadow ranks and the workers' :class:`Comm` for a guard built with ``shadows``.
-
-    With dedicated shadows every rank of the world (shadows too) must call it: it may create the workers' group.
-    """
-    if shadows == "peer":
-        return "worker", (), Comm(group)
-    if not (dist.is_available() and dist.is_initialized()):
-        raise BadInput("dedicated shadows need torch.distributed to be initialised")
-    world = dist.get_world_size()
-    if any(r >= world for r in shadows):
-        raise BadInput(f"shadow ranks {list(shadows)} are not all below the world size {world}")
-    workers = [r for r in range(world) if r not in shadows]
-    if not workers:
-        raise BadInput("every rank is a shadow: at least one worker is needed")
-    if group is None:  # collective over the world
-        group = dist.new_group(ranks=workers)
-    role: Role = "shadow" if dist.get_rank() in shadows else "worker"
-    if role == "worker" and dist.get_process_group_ranks(group) != workers:
-        raise BadInput("with dedicated shadows, group must hold exactly the non-shadow ranks")
-    return role, tuple(shadows), Comm(group if role == "worker" else None, members=workers)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ShadowSample:
-    """What a worker sends a shadow on a sampled step (the parameters follow, one tensor each, in order)."""
-
-    sample: int
-    step: int
-    capture: Capture
-    original: Digest
-
-
-@dataclass(frozen=True)
-class Fetch:
-    """A worker asks a shadow for a sample it kept after a disagreement."""
-
-    sample: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class Verdict:
-    """A shadow's answer about one sample (an int64 tensor of :data:`VERDICT_LEN` on the wire)."""
-
-    sample: int
-    step: int
-    matched: bool
-    first_unit: int | None
-    loss_differs: bool
-
-    def to_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
-        first = -1 if self.first_unit is None else self.first_unit
-        return torch.tensor([self.sample, self.step, int(self.matched), first, int(self.loss_differs)],
-                            dtype=torch.int64, device=device)
-
-    @classmethod
-    def from_tensor(cls, t: torch.Tensor) -> Verdict:
-        v = [int(x) for x in t.cpu().tolist()]
-        return cls(sample=v[0], step=v[1], matched=bool(v[2]), first_unit=None if v[3] < 0 else v[3],
-                   loss_differs=bool(v[4]))
-
-
-def flat_buffers(params: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """One empty flat tensor per run of parameters of equal dtype (in parameter order), on ``device``: what one
-    message each carries between a worker and a shadow."""
-    flats: list[torch.Tensor] = []
-    run: list[torch.Tensor] = []
-    for p in [*params, None]:
-        if run and (p is None or p.dtype != run[0].dtype):
-            flats.append(torch.empty(sum(t.numel() for t in run), dtype=run[0].dtype, device=device))
-            run = []
-        if p is not None:
-            run.append(p)
-    return flats
-
-
-def flat_views(flats: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Views of ``flats`` shaped like ``params`` (the layout :func:`flat_buffers` made)."""
-    out: list[torch.Tensor] = []
-    it = iter(flats)
-    flat, offset = next(it, None), 0
-    for p in params:
-        if flat is None or offset == flat.numel() or flat.dtype != p.dtype:
-            flat, offset = next(it, None), 0
-        if flat is None or offset + p.numel() > flat.numel():
-            raise ValueError("parameter layout does not match the flat buffers")
-        out.append(flat[offset:offset + p.numel()].view(p.shape))
-        offset += p.numel()
-    return out
 
 
 class ShadowServer:

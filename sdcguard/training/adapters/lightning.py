@@ -19,6 +19,15 @@ fingerprint beside each (``<file>.sdcguard.json``) and checks it when Lightning 
 (``CheckpointCorrupted`` names the key); ``Trainer(plugins=[SDCGuardCheckpointIO(guard_cb)], callbacks=[guard_cb])``.
 The callback tells the guard about every checkpoint (as ``step=<global_step>``, Lightning's own naming), so an
 incident names the newest verified one to restart from.
+
+Lightning's ``ModelParallelStrategy`` (FSDP2, tensor parallel) saves its distributed checkpoints through DCP inside
+the strategy, not through a ``CheckpointIO``: :class:`SDCGuardModelParallelStrategy` is that strategy with those
+saves made asynchronous and verified (:class:`~sdcguard.training.async_checkpoint.AsyncCheckpointer`: the loop
+waits for the copy to host memory only; the record lands in the checkpoint directory; the checkpoint is named to
+the guard by its path once every rank's write finished)::
+
+    guard_cb = SDCGuardCallback(replay_every=50)
+    L.Trainer(strategy=SDCGuardModelParallelStrategy(guard_cb), callbacks=[guard_cb, ModelCheckpoint(...)])
 """
 
 from __future__ import annotations
@@ -33,15 +42,21 @@ import torch
 try:
     from lightning.pytorch.callbacks import Callback
     from lightning.pytorch.plugins.io import TorchCheckpointIO
+    from lightning.pytorch.strategies import ModelParallelStrategy
 except ImportError:  # the older package name
     from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
     from pytorch_lightning.plugins.io import TorchCheckpointIO  # type: ignore[no-redef]
+    from pytorch_lightning.strategies import ModelParallelStrategy  # type: ignore[no-redef]
 
+from ..async_checkpoint import AsyncCheckpointer, Writer
 from ..config import StepReport
 from ..guard import SDCGuard
 from ..record import corrupted, differences, fingerprints, make_record, read_record, write_record
 
-__all__ = ["SDCGuardCallback", "SDCGuardCheckpointIO", "training_step_loss"]
+__all__ = ["SDCGuardCallback", "SDCGuardCheckpointIO", "SDCGuardModelParallelStrategy", "training_step_loss"]
+
+_LIGHTNING_META = "meta.pt"
+"""The file Lightning writes beside DCP's in a distributed checkpoint (the trainer's state but the tensors)."""
 
 
 def _loss_of(out: Any) -> torch.Tensor:
@@ -116,6 +131,9 @@ class SDCGuardCallback(Callback):
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         # Every rank (Lightning writes the file on the first rank only): the guard remembers it alike everywhere.
+        # An asynchronous save names itself to the guard once it is written (SDCGuardModelParallelStrategy).
+        if isinstance(trainer.strategy, SDCGuardModelParallelStrategy):
+            return
         if self.guard is not None and trainer.global_step > 0:
             self.guard.record_checkpoint(f"step={trainer.global_step}", trainer.global_step - 1)
 
@@ -176,3 +194,43 @@ class SDCGuardCheckpointIO(TorchCheckpointIO):
     def remove_checkpoint(self, path: Any) -> None:
         super().remove_checkpoint(path)
         self.record_path(path).unlink(missing_ok=True)
+
+
+class SDCGuardModelParallelStrategy(ModelParallelStrategy):
+    """Lightning's ``ModelParallelStrategy`` whose distributed checkpoints are asynchronous verified saves.
+
+    ``callback``: the run's :class:`SDCGuardCallback` (its guard decides whether a checkpoint is verified);
+    ``writer``: ``"thread"`` or ``"process"`` (DCP's checkpoint process). Other keyword arguments go to
+    ``ModelParallelStrategy``. A save settles at the next one, before Lightning removes a checkpoint, and at the end
+    of fitting; ``checkpointer.settled`` lists the outcomes.
+    """
+
+    def __init__(self, callback: SDCGuardCallback | None = None, *, writer: Writer = "thread",
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.callback = callback
+        self.checkpointer = AsyncCheckpointer(writer=writer)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        if not self._save_distributed_checkpoint or storage_options is not None:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        path = Path(self.broadcast(filepath))
+        if path.is_file():
+            path.unlink()
+        path.mkdir(parents=True, exist_ok=True)
+        state = {"state_dict": checkpoint.pop("state_dict")}
+        state.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
+        guard = self.callback.guard if self.callback is not None else None
+        step = int(checkpoint.get("global_step", 0)) - 1
+        self.checkpointer.save(state, checkpoint_id=path, guard=guard, step=step if step >= 0 else None,
+                               overwrite=True)
+        if self.global_rank == 0:
+            torch.save(checkpoint, path / _LIGHTNING_META)
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        self.checkpointer.wait()  # never delete a checkpoint under a write in flight
+        super().remove_checkpoint(filepath)
+
+    def teardown(self) -> None:
+        self.checkpointer.close()
+        super().teardown()
