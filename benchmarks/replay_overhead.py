@@ -12,7 +12,12 @@ Two jobs' worth of configurations, each on its own copy of the model, in the sam
 - ``hooks``: the same as ``peer``, driven the way the Lightning and Hugging Face callbacks drive it (the framework's
   own loop calls ``begin_step``, ``before_forward``, ``observe_loss``, its backward, ``end_step``);
 - ``shadow``: ``SDCGuard(replay_every=10, shadows=[last rank])``, the shadow replaying while workers go on;
-- ``fsdp`` / ``fsdp+peer``: the same model sharded with FSDP2 (per block), without and with ``replay_every=10``.
+- ``fsdp`` / ``fsdp+peer``: the same model sharded with FSDP2 (per block), without and with ``replay_every=10``;
+- ``sum1`` / ``sum3``: ``SDCGuard(replay_every=0, checksum_every=1 | 3)``: the matmul checksum checks on every step
+  (the cost of a checked step) and at the default (one step in 3), against ``checks`` (the same guard without them);
+- ``defaults``: ``SDCGuard()`` at its defaults (``replay_every=50``, ``checksum_every=4``).
+
+Every other guard configuration runs with ``checksum_every=0``, so each check's cost stands apart.
 
 ``comm`` (``--comm``; a wide MLP with a small batch, whose gradient all-reduce is a large share of the step):
 
@@ -24,7 +29,7 @@ Two jobs' worth of configurations, each on its own copy of the model, in the sam
 Besides step times it prints the time spent inside the guard's own calls on worker 0 (``end_step`` and
 ``after_optimizer_step``: checks, replays, exchanges, verdicts), which does not depend on comparing noisy steps. Run::
 
-    python benchmarks/replay_overhead.py [--workers 2] [--rounds 8] [--steps 10] [--comm]
+    python benchmarks/replay_overhead.py [--workers 2] [--rounds 8] [--steps 10] [--comm] [--only NAME ...]
 
 On a machine with fewer cores than processes the shadow competes with the workers for CPU (it runs at the lowest
 priority here); on a real cluster it has its own device, and NCCL's latency is tens of microseconds where gloo's is
@@ -57,6 +62,9 @@ LABELS = {
     "fsdp": "FSDP2, no guard",
     "fsdp+peer": "FSDP2, guard, replay_every=10",
     "post": "reduction after the backward (old)",
+    "sum1": "guard, checksums every step",
+    "sum3": "guard, checksum_every=3 (default)",
+    "defaults": "guard, defaults (replay 50, checksum 3)",
 }
 
 
@@ -131,12 +139,15 @@ def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace,
         def batch_of(step: int) -> Any:
             return make_batch(step, rank, batch=args.batch, seq=args.seq)
 
-        names = ["plain", "fwd+bwd", "checks", "peer", "hooks", "shadow", "fsdp", "fsdp+peer"]
+        names = ["plain", "fwd+bwd", "checks", "peer", "hooks", "shadow", "fsdp", "fsdp+peer", "sum1", "sum3",
+                 "defaults"]
+    if args.only:
+        names = [n for n in names if n in {"plain", "checks", *args.only}]
 
     # The dedicated guard is built on every rank (collective); the shadow serves until the workers close it.
     shadow_model = fresh()
     dedicated = SDCGuard(shadow_model if roles.role == "shadow" else DDP(shadow_model, process_group=group),
-                         loss_fn, group=group, replay_every=10, shadows=list(roles.shadows))
+                         loss_fn, group=group, replay_every=10, shadows=list(roles.shadows), checksum_every=0)
     if roles.role == "shadow":
         os.nice(19)  # spare cycles only: on a real cluster the shadow has a device of its own
         dedicated.serve()
@@ -165,9 +176,12 @@ def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace,
             wrapped[name] = m
         else:
             wrapped[name] = DDP(m, process_group=group)
-        every = {"checks": 0, "peer": 10, "hooks": 10, "fsdp+peer": 10}.get(name)
+        every = {"checks": 0, "peer": 10, "hooks": 10, "fsdp+peer": 10, "sum1": 0, "sum3": 0}.get(name)
         if every is not None:
-            guards[name] = SDCGuard(wrapped[name], loss_fn, group=group, replay_every=every)
+            sums = {"sum1": 1, "sum3": 3}.get(name, 0)
+            guards[name] = SDCGuard(wrapped[name], loss_fn, group=group, replay_every=every, checksum_every=sums)
+        elif name == "defaults":
+            guards[name] = SDCGuard(wrapped[name], loss_fn, group=group)
     opts = {n: torch.optim.SGD(m.parameters(), lr=1e-3) for n, m in models.items()}
     inside = {n: 0.0 for n in guards}
     timing = [False]
@@ -235,6 +249,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1024, help="--comm: width of each linear layer")
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=None, help="default: 8 (transformer), 64 (--comm)")
+    parser.add_argument("--only", nargs="*", default=None, help="run only these configurations (with plain, checks)")
     args = parser.parse_args()
     args.layers = args.layers or (8 if args.comm else 4)
     args.batch = args.batch or (64 if args.comm else 8)
@@ -279,9 +294,17 @@ def main() -> None:
         ref = "fsdp" if name == "fsdp+peer" else "plain"
         print(f"  {LABELS[name]:<38} {t * 1e3:7.2f} ms  {t / med[ref]:6.2%}")
     if not args.comm:
-        fb, base = med["fwd+bwd"], med["plain"]
+        fb, base = med.get("fwd+bwd", med["plain"]), med["plain"]
         goal = 0.1 * fb / base + 0.01
+        for name, ref in (("sum1", "checks"), ("sum3", "checks"), ("defaults", "plain")):
+            if name in times:
+                m, lo, hi = ratio(name, ref)
+                own = (inside[name] - inside.get(ref, 0.0)) / med["plain"]
+                print(f"{name}: {m:+.1%} [{lo:+.1%}, {hi:+.1%}] vs {ref}; inside end_step {own:+.2%} of a step"
+                      + (f"; goal <= 2% on average: {'met' if m <= 0.02 else 'NOT met'}" if name == "sum3" else ""))
         for name, g, what in (("peer", goal, "a tenth of fwd+bwd + 1%"), ("shadow", 0.02, "2%")):
+            if name not in times:
+                continue
             total, own = ratio(name, "plain")[0], inside[name] / base
             print(f"{name}: overhead {total:+.1%}, {own:.1%} inside the guard's own calls; goal <= {what} = {g:.1%}: "
                   f"step time {'met' if total <= g else 'NOT met'}, own calls {'met' if own <= g else 'NOT met'}")

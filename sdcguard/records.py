@@ -93,8 +93,9 @@ class Incident:
     kind: str
     """Which check fired: ``replay`` (a device named by the rule of evidence), ``calibration`` (the same, found by
     ``guard.calibrate``), ``unresolved`` (two or more devices disagree and nothing decides: all are suspects),
-    ``gradient_replica``, ``weight_replica``, ``nondeterministic`` (the setup, never a device), ``slow`` (a rank
-    consistently slower on the same work: never corruption, see :data:`PASSIVE_KINDS`)."""
+    ``gradient_replica``, ``weight_replica``, ``checksum`` (a matmul's result failed its checksum on the suspect's own
+    device: local, no vote), ``nondeterministic`` (the setup, never a device), ``slow`` (a rank consistently slower
+    on the same work: never corruption, see :data:`PASSIVE_KINDS`)."""
     step: int
     suspect_ranks: tuple[int, ...]
     device: str | None
@@ -106,7 +107,8 @@ class Incident:
     hosts: tuple[str, ...] = ()
     """Hostnames of every suspect rank, in the order of ``suspect_ranks``."""
     parameter: str | None = None
-    """First differing parameter (or bucket) name."""
+    """First differing parameter (or bucket) name; for a ``checksum`` incident the layer (forward) or autograd node
+    (backward) of the failed matmul, with its op and pass, e.g. ``blocks.0.fc1 [aten.addmm, forward]``."""
     sticky: bool | None = None
     """True when a re-run on the suspect device reproduced the wrong result."""
     job: str | None = None

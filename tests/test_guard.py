@@ -183,7 +183,7 @@ def test_guard_gradients_match_plain_backward_bit_for_bit() -> None:
     guard = SDCGuard(guarded, lm_loss, replay_every=1, weight_check_every=1)
     torch.manual_seed(5)
     report = guard.step(0, batch)
-    assert report.commit and report.replayed and not report.incidents and report.checks == ("replay",)
+    assert report.commit and report.replayed and not report.incidents and report.checks == ("replay", "checksum")
     for p, q in zip(ref.parameters(), guarded.parameters()):
         assert torch.equal(p.grad, q.grad)
     # the replay restored the random stream: the next draw is the one an unguarded run would make
@@ -256,7 +256,7 @@ def test_a_flipped_bit_is_caught_by_a_same_device_replay(on_detect: str) -> None
 def test_exit_mode_exits_86_and_writes_the_suspect_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     marker = tmp_path / "suspect.jsonl"
     monkeypatch.setenv("SDCGUARD_SUSPECT_FILE", str(marker))
-    guard = SDCGuard(_model(), lm_loss, replay_every=1, on_detect="exit")
+    guard = SDCGuard(_model(), lm_loss, replay_every=1, on_detect="exit", checksum_every=0)  # replay's incident
     fault = Fault(pattern="bitflip", bit="sign", timing="transient")
     with OpFaultMode(fault, ops="matmul", phase="forward"), pytest.raises(SystemExit) as e:
         guard.step(3, make_batch(3, 0))
@@ -305,7 +305,7 @@ def test_calibrate_names_nondeterminism_and_turns_replay_off() -> None:
     assert any("deterministic algorithms" in c for c in report.causes)
     assert guard.nondeterministic
     step = guard.step(0, make_batch(0, 0))
-    assert step.commit and not step.incidents and step.checks == () and not step.replayed
+    assert step.commit and not step.incidents and step.checks == ("checksum",) and not step.replayed
 
     clean = SDCGuard(_model(), lm_loss)
     ok = clean.calibrate(make_batch(0, 0))

@@ -97,7 +97,8 @@ def fsdp_main(rank: int, world: int, plan: FrameworkPlan) -> dict[str, Any]:
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    guard = SDCGuard(model, lm_loss, replay_every=1, weight_check_every=1, escalate="off")  # one long run
+    guard = SDCGuard(model, lm_loss, replay_every=1, weight_check_every=1, escalate="off",
+                     checksum_every=0)  # one long run; replay measured alone here
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     shards = [p.to_local().detach().clone() for p in model.parameters()]
     out: list[dict[str, Any]] = []
@@ -164,7 +165,8 @@ def lightning_main(rank: int, world: int, plan: FrameworkPlan) -> dict[str, Any]
     twin = copy.deepcopy(module.net)
     snapshot = [p.detach().clone() for p in module.net.parameters()]
     calls = count_op_calls(twin, lm_loss, make_batch(0, rank, batch=BATCH, seq=MODEL["seq"]))
-    cb = SDCGuardCallback(replay_every=1, weight_check_every=1, escalate="off")  # one long run
+    cb = SDCGuardCallback(replay_every=1, weight_check_every=1, escalate="off",
+                          checksum_every=0)  # one long run; replay measured alone here
     probe = _LightningProbe(cb, plan, rank, calls, twin, snapshot, L.Callback)
     steps = plan.clean_steps + len(plan.trials)
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=world, strategy=DDPStrategy(), logger=False,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .faults import TARGET_LABELS, TARGETS, TIMINGS
+from .faults import BIT_CLASSES, TARGET_LABELS, TARGETS, TIMINGS
 from .report import SETTINGS, WITHIN, pct, steps_text
 
 CHECK_LABELS = {
     "sdc.replay": "sdcguard replay (sampled step)",
+    "sdc.checksum": "sdcguard matmul checksums (checked step)",
     "sdc.every": "sdcguard gradient check (every step)",
     "sdc.weights": "sdcguard weight check",
     "meg.step": "Megatron loss/grad checks",
@@ -108,6 +109,17 @@ def measured_step(a: dict[str, Any]) -> list[str]:
     return L
 
 
+def matmul_bits(a: dict[str, Any]) -> list[str]:
+    """Matmul faults (forward and backward, every timing) by bit class: the checksums beside replay."""
+    checks = ("sdc.checksum", "sdc.replay")
+    L = ["| bit class | faults | " + " | ".join(CHECK_LABELS[c] for c in checks) + " |", "|---|---:|---|---|"]
+    for bits in BIT_CLASSES:
+        s = a["per_step"].get(f"bits|matmul|{bits}")
+        if s and s["faults"]:
+            L.append(f"| {bits} | {s['faults']} | " + " | ".join(_pair(s, c) for c in checks) + " |")
+    return L
+
+
 def validation(a: dict[str, Any]) -> list[str]:
     v = a["validation"]
     cps = v["checkpoints"]
@@ -149,6 +161,9 @@ def tables(a: dict[str, Any], header: str, costs: dict[str, Any] | None) -> str:
     L += ["", "### Measured on the faulty step: what each check sees", "",
           "Each cell: detected / named exactly the faulty rank, on the faulty step itself (every check ran on it).",
           ""] + measured_step(a)
+    L += ["", "### Matmul faults by bit class: checksums and replay on the faulty step", "",
+          "Each cell: detected / named exactly the faulty rank, on the faulty step (both checks ran on it); fp32.",
+          ""] + matmul_bits(a)
     L += ["", "### The derivation against measured episodes", "",
           f"{a['validation']['episodes']} faults at a random phase of real schedules "
           f"(`replay_every={a['settings']['replay_every']}`, `weight_check_every="

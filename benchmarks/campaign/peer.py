@@ -90,10 +90,11 @@ class _Rank:
         self.ddp.register_comm_hook(None, self.tap)
         # one long run: no state restored between trials, so escalation (a sticky verdict) must let it go on
         self.guard = SDCGuard(self.ddp, lm_loss, replay_every=1, weight_check_every=1, on_detect="skip",
-                              escalate="off")
+                              escalate="off", checksum_every=1)
         st = plan.settings
         self.episode_guard = SDCGuard(self.ddp, lm_loss, replay_every=st.replay_every,
-                                      weight_check_every=st.weight_check_every, on_detect="record")
+                                      weight_check_every=st.weight_check_every, on_detect="record",
+                                      checksum_every=0)  # the validation episodes derive replay and the rest
         self.params = [p for p in self.model.parameters()]
         self.opt = torch.optim.SGD(self.params, lr=LR)
         self.megatron = MegatronChecks(num_samples=plan.warmup)
@@ -129,14 +130,15 @@ class _Rank:
             p.grad = None
         rng = torch.get_rng_state()
         after_bwd = (lambda: inj.after_backward(self.model, step)) if inj is not None else None
-        with inj.unit() if inj is not None else nullcontext():
+        # The one-off fault's mode sits below the guard's checksum mode (a real fault is inside the kernel); its
+        # occurrence is one call of the original forward or backward, so the guard's later replays are untouched.
+        with inj.unit() if inj is not None else nullcontext(), inj.original() if inj is not None else nullcontext():
             guard.begin_step(step)
             guard.before_forward(batch)
             self.tap.keep = True
-            with inj.original() if inj is not None else nullcontext():
-                loss = self.loss_fn(self.ddp, batch)
-                guard.observe_loss(loss)
-                loss.backward()
+            loss = self.loss_fn(self.ddp, batch)
+            guard.observe_loss(loss)
+            loss.backward()
             if after_bwd is not None:
                 after_bwd()
             local = self.tap.take()

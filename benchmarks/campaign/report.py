@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from sdcguard.training.config import DEFAULT_CHECKSUM_EVERY
+
 from .faults import BIT_CLASSES, GROUPS, TARGET_LABELS, TARGETS, TIMINGS, Trial
 from .schedule import Component, curves, quantile_steps, within
 
@@ -29,11 +31,18 @@ class Setting:
     weight_check_every: int = 0
     hash_every: int = 0
     vetoes: str = ""
+    checksum_every: int = 0
+    """Checksum checks of the matmuls on one step in N (0: off)."""
 
 
 SETTINGS = (
-    Setting("defaults", "sdcguard, defaults (`replay_every=50`, `weight_check_every=100`)", "peer", 50, 100,
-            vetoes="yes, when it sees the fault on its step"),
+    Setting("defaults", "sdcguard, defaults (`replay_every=50`, `weight_check_every=100`, "
+            f"`checksum_every={DEFAULT_CHECKSUM_EVERY}`)", "peer", 50, 100,
+            vetoes="yes, when it sees the fault on its step", checksum_every=DEFAULT_CHECKSUM_EVERY),
+    Setting("replay_only", "sdcguard, replay alone at the defaults (`replay_every=50`, `checksum_every=0`)", "peer",
+            50, 100, vetoes="yes, when it sees the fault on its step"),
+    Setting("checksum1", "sdcguard, `checksum_every=1` (`replay_every=50`, `weight_check_every=100`)", "peer", 50,
+            100, vetoes="yes, when it sees the fault on its step", checksum_every=1),
     Setting("replay10", "sdcguard, `replay_every=10` (`weight_check_every=100`)", "peer", 10, 100,
             vetoes="yes, when it sees the fault on its step"),
     Setting("continuous", "sdcguard, continuous: 1 dedicated shadow per 3 workers, `replay_every=1`", "shadow", 1, 100,
@@ -65,7 +74,7 @@ def _view(per_rank: list[dict[str, Any]], which: str) -> dict[str, tuple[bool, l
     """Every check's (fired, suspects) on one step, from all ranks' observations of it."""
     sdc = per_rank[0][which]["sdcguard"]  # identical on every rank
     out = {f"sdc.{k}": _fired(sdc, n) for k, n in (("every", "gradient_replica"), ("replay", REPLAY_KINDS),
-                                                    ("weights", "weight_replica"))}
+                                                    ("weights", "weight_replica"), ("checksum", "checksum"))}
     meg = [r for r, res in enumerate(per_rank) if res[which]["megatron"]]
     out["meg.step"] = (bool(meg), meg)
     out["meg.hash"] = (bool(per_rank[0][which]["hash"]), list(per_rank[0][which]["hash"]))
@@ -119,8 +128,9 @@ def _checks(setting: Setting) -> list[tuple[str, int, bool]]:
     """(check, period, persistent) of a setting."""
     if setting.kind in ("peer", "shadow"):
         replay = SHADOW_WORKERS if setting.kind == "shadow" else setting.replay_every
-        return [("sdc.every", 1, False), ("sdc.replay", replay, False),
-                ("sdc.weights", setting.weight_check_every, True)]
+        checks = [("sdc.every", 1, False), ("sdc.replay", replay, False),
+                  ("sdc.weights", setting.weight_check_every, True)]
+        return checks + ([("sdc.checksum", setting.checksum_every, False)] if setting.checksum_every else [])
     if setting.kind == "megatron":
         return [("meg.step", 1, False), ("meg.hash", setting.hash_every, True)]
     return [("same.step", 1, False)]

@@ -23,6 +23,10 @@ the framework's hooks. What happens on every data-parallel rank:
 5. Slowness (:mod:`.timing`): each rank's phase times ride the next step's gather; a rank consistently slower than
    the devices that computed the same micro-batches is named in a ``slow`` incident, after the veto and never
    deciding it.
+
+On one step in ``checksum_every`` every matmul of the forward and backward is also checked against its checksum as
+it runs (:mod:`.checksums`); a failure is this rank's own, recomputed on its device before it is reported, and its
+count rides in the same all-gather (:mod:`.checksum_round`).
 """
 
 from __future__ import annotations
@@ -41,9 +45,12 @@ from ..errors import BadInput
 from ..records import Incident
 from .attribution import Attributor, launcher_job_id, new_job_id
 from .calibration import CalibrationReport, calibrate, setup_warnings
+from .checksum_round import WIDTH as CHECKSUM_WIDTH, checksum_incidents, columns as checksum_columns
+from .checksums import ChecksumMode
 from .capture import Batch, Capture, RngHook, capture_rng, make_capture
 from .comm import Comm
-from .config import Check, Escalate, GuardConfig, OnDetect, StepReport
+from .checksum_bound import DEFAULT_ROWS
+from .config import DEFAULT_CHECKSUM_EVERY, Check, Escalate, GuardConfig, OnDetect, StepReport
 from .ddp import ParamTaps, is_ddp, unwrap, wrap_ddp
 from .fsdp import FSDPTaps, is_fsdp
 from .identity import local_device_id, setup_key
@@ -70,10 +77,12 @@ class SDCGuard:
                  shadows: Literal["peer"] | Sequence[int] = "peer", weight_check_every: int = 100,
                  store: str | os.PathLike[str] | None = None, on_detect: OnDetect = "skip",
                  escalate: Escalate = "raise", rng_hook: RngHook | None = None,
-                 slow: SlowWatch | None = SlowWatch()) -> None:
+                 slow: SlowWatch | None = SlowWatch(), checksum_every: int = DEFAULT_CHECKSUM_EVERY,
+                 checksum_rows: int = DEFAULT_ROWS) -> None:
         self.config = GuardConfig(replay_every=replay_every, shadows="peer" if shadows == "peer" else tuple(shadows),
                                   weight_check_every=weight_check_every, on_detect=on_detect, escalate=escalate,
-                                  store=None if store is None else os.fspath(store))
+                                  store=None if store is None else os.fspath(store), checksum_every=checksum_every,
+                                  checksum_rows=checksum_rows)
         self.loss_fn = loss_fn
         self.rng_hook = rng_hook
         self._roles(group)
@@ -108,6 +117,8 @@ class SDCGuard:
         """Step phase times (:mod:`.timing`); None: not timed (off, dedicated shadows, or a single rank)."""
         self._slow = SlowJudge(slow, self.members, self.identities, job=self.job, job_size=len(world.members)) \
             if timed and slow is not None else None
+        self._checksums = ChecksumMode(self.module, rows=checksum_rows)
+        """Checksum checks of the matmuls on one step in ``checksum_every`` (:mod:`.checksums`)."""
         self._steps = self._samples = 0
         self._last_step: int | None = None
         self._sampled = self._closed = False
@@ -165,6 +176,8 @@ class SDCGuard:
         self._observer.begin(step, record=record, chosen=self._samples % micro_batches)
         if self._clock is not None:
             self._clock.begin_step()
+        if self.config.checksum_every and step % self.config.checksum_every == 0:
+            self._checksums.begin()
 
     def before_forward(self, batch: Batch) -> None:
         """Call right before each micro-batch's forward, with that micro-batch."""
@@ -182,20 +195,25 @@ class SDCGuard:
         if step is None:
             raise RuntimeError("end_step() without begin_step()")
         observed = self._observer.finish()
+        checked = self._checksums.active
+        failures = self._checksums.end()  # recomputes a failed matmul on this device before anyone is blamed
         sampled, sample = self._sampled, self._samples
         if self._clock is not None:
             self._clock.end_compute(sample if sampled else None)
         reduced = self.taps.reduced()
         own = self._replica.column(reduced, self.device)  # on the device, no sync
-        extra = torch.tensor(self._round.columns(step, sample, sampled, observed), dtype=torch.int64,
-                             device=self.device)
+        extra = torch.tensor(self._round.columns(step, sample, sampled, observed) + checksum_columns(failures),
+                             dtype=torch.int64, device=self.device)
         timing = self._timing_columns()
         with self._clock.waiting() if self._clock is not None else contextlib.nullcontext():
             table = self.comm.gather_ints(torch.cat([own, extra, timing])).tolist()
         if self._clock is not None:  # the timing columns are the last ones
             timing_rows, table = [row[-TIMING_COLUMNS:] for row in table], [row[:-TIMING_COLUMNS] for row in table]
+        sums = [row[len(row) - CHECKSUM_WIDTH:] for row in table]  # then the checksums' columns
+        table = [row[:len(row) - CHECKSUM_WIDTH] for row in table]
         found = self._replica.incidents("gradient_replica", step, reduced, [row[0] for row in table])
         replicas_differ = bool(found)  # whoever is wrong, a step whose replicas differ is not sound
+        found += checksum_incidents(self.comm, self._attr, step, sums, failures)
         results = self._round.finish(step, sample, sampled, [row[1:] for row in table])
         if sampled:
             self._samples += 1
@@ -203,7 +221,7 @@ class SDCGuard:
             self._warn_unjudged()
         for result in results:
             found += self._outcomes.settled(result)
-        corrupt = any(r.corrupt and r.vetoable and r.step == step for r in results)
+        corrupt = any(r.corrupt and r.vetoable and r.step == step for r in results) or any(row[0] for row in sums)
         commit = not ((replicas_differ or corrupt) and self.config.on_detect != "record")
         found = [self._outcomes.rollback(i, vetoed=not commit and i.step == step) for i in found]
         if self._slow is not None:  # after the veto: slowness never decides a commit
@@ -216,10 +234,12 @@ class SDCGuard:
         if self._clock is not None:
             self._clock.end_step()
         self._responder.handle(found, escalate=self._outcomes.escalating(found))
-        checks: list[Check] = (["gradient_replica"] if self._replica.active else []) + (["replay"] if sampled else [])
+        checks: list[Check] = ((["gradient_replica"] if self._replica.active else []) + (["replay"] if sampled else [])
+                               + (["checksum"] if checked else []))
         mean = loss if loss is not None else torch.full((), float("nan"))
         return StepReport(step=step, loss=mean, commit=commit, incidents=tuple(found), replayed=sampled,
-                          checks=tuple(checks))
+                          checks=tuple(checks), matmuls_run=self._checksums.run if checked else 0,
+                          matmuls_checked=self._checksums.checked if checked else 0)
 
     def step(self, step: int, batch: Batch = None, *, micro_batches: Sequence[Batch] | None = None) -> StepReport:
         """Forward, backward, checks and veto for one optimizer step of a plain loop.
@@ -249,6 +269,8 @@ class SDCGuard:
                 losses.append(loss.detach())
         except BaseException:
             self._observer.finish()
+            if self._checksums.active:
+                self._checksums.end()
             raise
         return self.end_step(loss=losses[0] if len(losses) == 1 else torch.stack(losses).mean())
 
@@ -367,6 +389,8 @@ class SDCGuard:
             for result in self._round.close():
                 found += [self._outcomes.rollback(i, vetoed=False) for i in self._outcomes.settled(result)]
             self._responder.handle(found, escalate=self._outcomes.escalating(found))
+        if self._checksums.active:
+            self._checksums.end()
         self.taps.close()
         return found
 

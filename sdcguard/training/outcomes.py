@@ -1,8 +1,8 @@
 """What the guard concludes from a round of checks: the incidents to report, what they say about determinism, which
 steps the checks vouch for, which verdicts escalate, and where to roll back to after a fault.
 
-Escalation: a device named *sticky* corrupts every step it computes, but only sampled steps are vetoed, so a sticky
-verdict escalates at once; so does an unresolved verdict that repeats (a second one naming a device an earlier one
+Escalation: a device named *sticky* (by replay, or by a matmul checksum that failed again on its recompute) corrupts
+every step it computes, but only sampled or checked steps are vetoed, so a sticky verdict escalates at once; so does an unresolved verdict that repeats (a second one naming a device an earlier one
 named). The guard then raises or exits on every rank alike (``GuardConfig.escalate``).
 
 Pure bookkeeping on values every rank holds alike (they came out of the gathers), so every rank concludes alike.
@@ -56,7 +56,7 @@ class Outcomes:
     def escalating(self, found: list[Incident]) -> list[Incident]:
         """The incidents among ``found`` that escalate: a device named sticky, or an unresolved verdict naming a
         rank an earlier unresolved verdict named (the first one is remembered here)."""
-        out = [i for i in found if i.kind in ("replay", "calibration") and i.sticky]
+        out = [i for i in found if i.kind in ("replay", "calibration", "checksum") and i.sticky]
         for i in found:
             if i.kind == "unresolved":
                 if self.unresolved & set(i.suspect_ranks):

@@ -1,0 +1,179 @@
+"""The checksum identity of a matmul and a rigorous bound on its rounding error: does a computed product hold?
+
+For ``C = A @ B`` (``A``: m x k, ``B``: k x n; batched alike) the identity ``e_G^T (A B) = (e_G^T A) B`` holds exactly
+for the indicator ``e_G`` of every block ``G`` of ``b`` consecutive rows. :func:`check_matmul` compares the column
+sums of each row block of the computed ``C`` with the same sums computed from the operands (two small matmuls,
+``2/b`` of the matmul's work, plus one read of ``A`` and ``C``) and counts the block columns whose difference
+exceeds the bound below. It reads its inputs only; nothing it computes reaches the training step.
+
+Notation: ``u`` the unit roundoff of the precision named, ``gamma(n) = n u / (1 - n u)``, ``|X|`` elementwise,
+``M = |e_G^T A| ... `` below means ``Mag = (e_G^T |A|) |B|`` (plus ``|bias|`` terms), the sum over the block's
+entries of ``sum_l |A_il| |B_lj|``. The computation being checked is modelled by three units (:class:`Precision`):
+``u_in`` (each operand rounded before the products: TF32 or bf16 internal precision of an fp32 matmul, else 0),
+``u_acc`` (the accumulation: fp32, or the operands' own precision where reduced-precision reductions are allowed)
+and ``u_out`` (the rounding of the result to the output dtype: bf16, fp16; 0 for fp32).
+
+**Theorem.** For every computed ``C^`` that the backend produces by any order of summation of the ``k' = k (+1 with
+a bias)`` products, ``|S - R| <= beta * Mag + eta`` for every block column, where ``S`` is the computed block sum of
+``C^``, ``R`` the computed reference and ``beta = alpha + gamma_w(b)(2 + alpha) + (gamma_w(k') + theta)(1 +
+gamma_w(b))``, ``alpha = (1 + u_out)(gamma_acc(k') + th_in (1 + gamma_acc(k'))) + u_out``, ``th_in = 2 u_in +
+u_in^2``, ``theta`` the same for the check's own fp32 matmuls and ``eta`` the absolute underflow terms.
+
+*Proof.* (1) Each product ``a b`` of rounded operands is ``a b (1 + t)``, ``|t| <= th_in``; a sum of ``k'`` terms
+in any order with ``u_acc`` has error at most ``gamma_acc(k')`` times the sum of the terms' magnitudes (Higham,
+*Accuracy and Stability*, 3.1; an FMA only removes roundings); rounding to the output adds ``u_out`` of the
+result. So ``|C^_ij - (AB)_ij| <= alpha sum_l |A_il||B_lj|`` and ``|C^_ij| <= (1 + alpha) sum_l |A_il||B_lj|``.
+(2) The block sum ``S`` of ``b`` terms in the check's precision ``w`` errs by at most ``gamma_w(b) sum |C^| <=
+gamma_w(b)(1 + alpha) Mag``, and ``sum_G C^ = e_G^T A B + E`` with ``|E| <= alpha Mag``. (3) The computed ``V^ =
+e_G^T A + dV``, ``|dV| <= gamma_w(b) e_G^T|A|``, so ``|dV B| <= gamma_w(b) Mag`` and ``|V^| <= (1 + gamma_w(b))
+e_G^T|A|``; ``R = fl(V^ B)`` errs from ``V^ B`` by at most ``(gamma_w(k') + theta(1 + gamma_w(k'))) |V^||B|``.
+(4) ``e_G^T A B = (e_G^T A) B`` exactly, so the triangle inequality over (2)-(3) gives ``beta Mag``. (5) ``Mag``
+itself is computed from non-negative terms, so the computed value is at least ``(1 - gamma_w(b))(1 -
+gamma_w(k'))(1 - theta)`` times the true one: dividing by that factor bounds the true ``Mag`` from above. (6)
+Underflow adds at most the smallest normal number of each precision per rounding (flush-to-zero included) and,
+where inputs are flushed, ``tiny_in |other operand|`` per product: ``eta``. (7) Evaluating ``|S - R|`` and the bound
+takes a handful of roundings in ``w``; the factor ``1 + 2**-10`` covers them. A block column whose ``Mag`` is not
+finite or could reach the output's overflow threshold is not judged (a legitimate overflow is possible there); in
+every other column an infinite or NaN ``C^`` entry is impossible, so any NaN/Inf difference is a fault. QED.
+
+Consequences (what is caught): a changed entry ``C^_ij -> C^_ij + d`` is caught when ``|d| > 2 beta Mag`` in its
+block column, whatever its bits. Sign flips and exponent flips of entries not far below the column's typical
+magnitude, NaN and Inf always exceed it; flips of the low mantissa bits never do (they are below the rounding
+noise, and left to replay). The bound grows with ``b`` (``rows``): fewer rows per checksum catch smaller errors for
+more work.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Precision", "precision_for", "check_matmul", "DEFAULT_ROWS"]
+
+DEFAULT_ROWS = 32
+"""Rows of the result summed per checksum (``b``): the check costs ``2/b`` of the matmul's multiply-adds."""
+
+_SLACK = 1.0 + 2.0 ** -10
+_UNITS = {torch.float64: 2.0 ** -53, torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Unit roundoffs of one matmul as the backend computes it (see the module docstring)."""
+
+    u_in: float
+    """Operand rounding before the products (TF32: 2**-10, bf16 internal precision: 2**-7, truncation allowed
+    for; else 0)."""
+    u_acc: float
+    """Accumulation unit (fp32: 2**-24; the operands' own unit with reduced-precision reductions)."""
+    u_out: float
+    """Rounding of the result to the output dtype (0 when the output is the accumulation dtype)."""
+    u_ref: float
+    """Operand rounding of the check's own fp32 matmuls (the same setting as ``u_in`` of an fp32 matmul)."""
+    tiny_out: float = 0.0
+    """Smallest normal number of the output dtype (each output rounding may flush up to it)."""
+    tiny_in: float = 0.0
+    """Smallest normal number of the operands (a flushed operand loses up to it times the other)."""
+
+
+def _fp32_internal() -> float:
+    """Operand rounding of an fp32 matmul under the current setting: TF32 keeps 10 mantissa bits, and truncation
+    instead of rounding is allowed for (2**-10, not 2**-11); bf16 internal precision keeps 7."""
+    mode = torch.get_float32_matmul_precision()
+    if torch.cuda.is_available() and torch.backends.cuda.matmul.allow_tf32 and mode == "highest":
+        mode = "high"
+    return {"highest": 0.0, "high": 2.0 ** -10}.get(mode, 2.0 ** -7)
+
+
+def precision_for(dtype: torch.dtype, device: torch.device) -> Precision | None:
+    """The :class:`Precision` of a matmul of ``dtype`` operands on ``device``; None for a dtype it cannot bound."""
+    if dtype not in _UNITS:
+        return None
+    ref = _fp32_internal()
+    tiny = torch.finfo(dtype).tiny
+    if dtype in (torch.float32, torch.float64):
+        return Precision(u_in=ref if dtype == torch.float32 else 0.0, u_acc=_UNITS[dtype], u_out=0.0, u_ref=ref,
+                         tiny_out=tiny, tiny_in=tiny)
+    reduced = device.type == "cuda" and (
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction if dtype == torch.bfloat16
+        else torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction)
+    return Precision(u_in=0.0, u_acc=_UNITS[dtype] if reduced else _UNITS[torch.float32], u_out=_UNITS[dtype],
+                     u_ref=ref, tiny_out=tiny, tiny_in=tiny)
+
+
+def _gamma(n: int, u: float) -> float:
+    return math.inf if n * u >= 0.5 else n * u / (1.0 - n * u)
+
+
+@functools.lru_cache(maxsize=4096)
+def _coefficients(p: Precision, b: int, k: int, w: torch.dtype) -> tuple[float, float]:
+    """``(beta * slack / lower factor of the computed Mag, eta)`` of the theorem, for ``b`` rows per checksum and
+    ``k`` terms per entry; ``beta`` is inf when the bound is vacuous."""
+    uw = _UNITS[w]
+    th_in, theta = 2 * p.u_in + p.u_in ** 2, 2 * p.u_ref + p.u_ref ** 2
+    g_acc, gb, gk = _gamma(k, p.u_acc), _gamma(b + 1, uw), _gamma(k + 1, uw)
+    alpha = (1 + p.u_out) * (g_acc + th_in * (1 + g_acc)) + p.u_out
+    beta = alpha + gb * (2 + alpha) + (gk + theta * (1 + gk)) * (1 + gb)
+    lower = (1 - gb) * (1 - gk) * (1 - theta)
+    if not math.isfinite(beta) or alpha >= 1 or lower <= 0:
+        return math.inf, math.inf
+    eta = torch.finfo(w).tiny * (2 * b * k + 4 * k + 4 * b) + 2 * b * p.tiny_out
+    return beta / lower * _SLACK, eta * _SLACK
+
+
+def _block_sums(x: torch.Tensor, rows: int, w: torch.dtype, *, absolute: bool = False) -> torch.Tensor:
+    """Sums over blocks of ``rows`` consecutive rows of ``x`` (..., m, k) -> (..., ceil(m / rows), k), in ``w``."""
+    m = x.shape[-2]
+    full = m // rows * rows
+    parts = []
+
+    def reduce(v: torch.Tensor, dim: int, keep: bool) -> torch.Tensor:
+        # abs() then sum: linalg.vector_norm(ord=1) over a non-last dim is many times slower on the CPU
+        return (v.abs() if absolute else v).sum(dim=dim, keepdim=keep, dtype=w)
+
+    if full:
+        parts.append(reduce(x[..., :full, :].reshape(*x.shape[:-2], full // rows, rows, x.shape[-1]), -2, False))
+    if m > full:
+        parts.append(reduce(x[..., full:, :], -2, True))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+
+
+def _bias_terms(bias: torch.Tensor, shape: torch.Size, rows: int, w: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    full = bias.expand(shape)
+    return _block_sums(full, rows, w), _block_sums(full, rows, w, absolute=True)
+
+
+def check_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, bias: torch.Tensor | None = None,
+                 precision: Precision, rows: int = DEFAULT_ROWS) -> torch.Tensor:
+    """The number of block columns of ``c = [bias +] a @ b`` (2-D, or batched 3-D) whose checksum differs from the
+    operands' by more than the bound (a 0-d int64 tensor on ``c``'s device, computed without a host sync)."""
+    w = torch.float64 if c.dtype == torch.float64 else torch.float32
+    k = a.shape[-1] + (1 if bias is not None else 0)
+    rows = max(1, min(rows, c.shape[-2]))
+    coef, eta = _coefficients(precision, rows, k + 1, w)
+    if not math.isfinite(coef):
+        return torch.zeros((), dtype=torch.int64, device=c.device)
+    bw = b.to(w)
+    babs = bw.abs()
+    va = _block_sums(a, rows, w, absolute=True)
+    r = torch.matmul(_block_sums(a, rows, w), bw)
+    mag = torch.matmul(va, babs)
+    if bias is not None:
+        full = bias.expand(c.shape)
+        r += _block_sums(full, rows, w)
+        mag += _block_sums(full, rows, w, absolute=True)
+    diff = (_block_sums(c, rows, w) - r).abs()
+    # a column whose magnitudes are not finite (a NaN or Inf operand), or could overflow the output, is not judged
+    judged = mag < 0.25 * torch.finfo(c.dtype).max
+    # inputs flushed to zero lose at most tiny_in |other operand| per product (_flushed), outputs tiny_out (eta)
+    bound = mag.mul_(coef).add_(_flushed(babs, va, rows, precision.tiny_in)).add_(eta)
+    return (judged & ~(diff <= bound)).sum()
+
+
+def _flushed(babs: torch.Tensor, va: torch.Tensor, rows: int, tiny_in: float) -> torch.Tensor:
+    """``tiny_in (rows sum_l |B_lj| + sum_l Va_gl)``: what operands flushed to zero (DAZ) can lose per block column
+    (times the slack)."""
+    return (babs.sum(dim=-2, keepdim=True) * rows + va.sum(dim=-1, keepdim=True)).mul_(tiny_in * _SLACK)

@@ -1,0 +1,124 @@
+"""The checksum bound of a matmul: a clean product never exceeds it, whatever its shape, dtype or magnitude; every
+sign, exponent, NaN or Inf corruption of an fp32 result of well-scaled operands does; and the bound is tight where
+the proof says it must be (the hardest case: every output entry rounded the same way by the most it can be)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sdcguard.training.checksum_bound import Precision, check_matmul, precision_for
+
+CPU = torch.device("cpu")
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+
+
+def _operands(seed: int, m: int, k: int, n: int, dtype: torch.dtype, scale: float, kind: str, batch: int):
+    g = torch.Generator().manual_seed(seed)
+    shape_a, shape_b = ((batch, m, k), (batch, k, n)) if batch else ((m, k), (k, n))
+    if kind == "normal":
+        a, b = torch.randn(shape_a, generator=g), torch.randn(shape_b, generator=g)
+    elif kind == "positive":  # no cancellation: the rounding errors all add up
+        a, b = torch.rand(shape_a, generator=g) + 0.5, torch.rand(shape_b, generator=g) + 0.5
+    else:  # widely spread magnitudes within each operand
+        a = torch.randn(shape_a, generator=g) * torch.exp2(torch.randint(-20, 20, shape_a, generator=g).float())
+        b = torch.randn(shape_b, generator=g)
+    return (a * scale).to(dtype), b.to(dtype)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2 ** 31), m=st.integers(1, 96), k=st.integers(1, 300), n=st.integers(1, 64),
+       dtype=st.sampled_from(DTYPES), scale=st.sampled_from([1e-30, 1e-6, 1.0, 1e6, 1e30]),
+       kind=st.sampled_from(["normal", "positive", "spread"]), batch=st.sampled_from([0, 0, 3]),
+       rows=st.sampled_from([1, 7, 32, 1000]), bias=st.booleans())
+def test_a_clean_matmul_never_exceeds_the_bound(seed: int, m: int, k: int, n: int, dtype: torch.dtype, scale: float,
+                                                kind: str, batch: int, rows: int, bias: bool) -> None:
+    if dtype in (torch.float16, torch.bfloat16) and scale in (1e-30, 1e30):
+        scale = 1e-3 if scale < 1 else 1e3  # outside their range the operands are zeros or infinities
+    a, b = _operands(seed, m, k, n, dtype, scale, kind, batch)
+    p = precision_for(dtype, CPU)
+    assert p is not None
+    if bias and not batch:
+        v = torch.randn(n, generator=torch.Generator().manual_seed(seed + 1)).to(dtype) * scale
+        c = torch.addmm(v, a, b)
+        assert int(check_matmul(a, b, c, bias=v, precision=p, rows=rows)) == 0
+    else:
+        c = torch.bmm(a, b) if batch else a @ b
+        assert int(check_matmul(a, b, c, precision=p, rows=rows)) == 0
+
+
+def _flip(x: torch.Tensor, index: int, bit: int) -> torch.Tensor:
+    out = x.clone().reshape(-1)
+    word = struct.unpack("<I", struct.pack("<f", float(out[index])))[0] ^ (1 << bit)
+    out[index] = struct.unpack("<f", struct.pack("<I", word))[0]
+    return out.reshape(x.shape)
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2 ** 31), m=st.integers(1, 64), k=st.integers(1, 256), n=st.integers(1, 48),
+       bit=st.integers(23, 31), where=st.integers(0, 10 ** 6), rows=st.sampled_from([1, 32, 64]))
+def test_every_sign_and_exponent_flip_of_an_fp32_result_is_caught(seed: int, m: int, k: int, n: int, bit: int,
+                                                                  where: int, rows: int) -> None:
+    # well-scaled operands (no cancellation): every entry is near its column's magnitude, and an exponent or sign
+    # flip changes it by at least half of itself
+    a, b = _operands(seed, m, k, n, torch.float32, 1.0, "positive", 0)
+    c = a @ b
+    p = precision_for(torch.float32, CPU)
+    assert p is not None
+    bad = _flip(c, where % c.numel(), bit)
+    assert int(check_matmul(a, b, bad, precision=p, rows=rows)) == 1
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_nan_and_inf_in_a_result_of_finite_operands_are_caught(value: float) -> None:
+    a, b = torch.randn(40, 30), torch.randn(30, 20)
+    c = a @ b
+    c[17, 3] = value
+    assert int(check_matmul(a, b, c, precision=precision_for(torch.float32, CPU))) == 1  # type: ignore[arg-type]
+
+
+def test_non_finite_operands_are_not_judged() -> None:
+    a, b = torch.randn(8, 4), torch.randn(4, 5)
+    a[2, 1] = float("inf")
+    c = a @ b
+    assert int(check_matmul(a, b, c, precision=precision_for(torch.float32, CPU))) == 0  # type: ignore[arg-type]
+
+
+def test_the_hardest_case_output_rounding_all_one_way_sits_at_the_bound() -> None:
+    # every entry is 1 + 2**-8, exactly half-way between two bf16 values: it rounds (to even) down to 1, the largest
+    # error output rounding can make, on every entry, all with the same sign; the block sums add them coherently
+    m, n = 64, 16
+    a = torch.ones(m, 2, dtype=torch.bfloat16)
+    b = torch.stack([torch.ones(n), torch.full((n,), 2.0 ** -8)]).to(torch.bfloat16)
+    c = a @ b
+    assert torch.all(c == 1)  # the rounding happened as described
+    p = precision_for(torch.bfloat16, CPU)
+    assert p is not None
+    assert int(check_matmul(a, b, c, precision=p, rows=m)) == 0
+    # the output-rounding term is necessary: without it this clean product alarms on every column
+    assert int(check_matmul(a, b, c, precision=Precision(u_in=0, u_acc=p.u_acc, u_out=0, u_ref=0), rows=m)) == n
+
+
+def test_a_flip_below_the_rounding_noise_is_left_to_replay() -> None:
+    a, b = torch.randn(64, 256), torch.randn(256, 32)
+    c = a @ b
+    p = precision_for(torch.float32, CPU)
+    assert p is not None
+    assert int(check_matmul(a, b, _flip(c, 5, 0), precision=p)) == 0  # the lowest mantissa bit: under the bound
+
+
+def test_precision_follows_the_fp32_matmul_setting() -> None:
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        assert precision_for(torch.float32, CPU).u_in == 2.0 ** -10  # type: ignore[union-attr]
+        torch.set_float32_matmul_precision("medium")
+        assert precision_for(torch.float32, CPU).u_in == 2.0 ** -7  # type: ignore[union-attr]
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert precision_for(torch.float32, CPU).u_in == 0.0  # type: ignore[union-attr]
+    assert precision_for(torch.int64, CPU) is None
