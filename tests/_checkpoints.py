@@ -1,10 +1,29 @@
-"""Test helpers for checkpoints at rest: damage one stored tensor the way a rotted disk block would."""
+"""Test helpers for checkpoints: a briefly trained guarded model, and damage to one stored tensor the way a rotted
+disk block would do it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["flip_byte_of"]
+__all__ = ["flip_byte_of", "trained"]
+
+
+def trained(steps: int, store: Path | None = None) -> tuple:
+    """``(model, optimizer, guard)`` after ``steps`` guarded AdamW steps of the tiny transformer (seed 0)."""
+    import torch
+
+    from _tiny_transformer import TinyTransformer, lm_loss, make_batch
+    from sdcguard import SDCGuard
+
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    guard = SDCGuard(model, lm_loss, replay_every=1, store=store)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for s in range(steps):
+        assert guard.step(s, make_batch(s, 0)).commit
+        opt.step()
+        opt.zero_grad()
+    return model, opt, guard
 
 
 def flip_byte_of(path: Path, key: str, at: int = 7) -> None:

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from _checkpoints import flip_byte_of as _flip_byte_of
+from _checkpoints import trained
 from _dist import run_ranks
 from _tiny_transformer import TinyTransformer, lm_loss, make_batch
 from click.testing import CliRunner
@@ -31,15 +32,7 @@ warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
 
 
 def _trained(steps: int = 3) -> tuple[TinyTransformer, torch.optim.Optimizer, SDCGuard]:
-    torch.manual_seed(0)
-    model = TinyTransformer()
-    guard = SDCGuard(model, lm_loss, replay_every=1)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for s in range(steps):
-        assert guard.step(s, make_batch(s, 0)).commit
-        opt.step()
-        opt.zero_grad()
-    return model, opt, guard
+    return trained(steps)
 
 
 def test_round_trip_is_bit_identical_and_a_rotted_byte_is_named(tmp_path: Path) -> None:

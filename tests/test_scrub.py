@@ -20,8 +20,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _checkpoints import flip_byte_of
-from _tiny_transformer import TinyTransformer, lm_loss, make_batch
+from _checkpoints import flip_byte_of, trained
+from _tiny_transformer import TinyTransformer
 from sdcguard import CheckpointCorrupted, CheckpointError, SDCGuard, Store, checkpoint
 from sdcguard.cli import cli
 from sdcguard.training.scrub import latest_good, scrub, scrub_one
@@ -29,16 +29,9 @@ from sdcguard.training.scrub import latest_good, scrub, scrub_one
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
 
-def _trained(steps: int = 2, store: Path | None = None) -> tuple[TinyTransformer, torch.optim.Optimizer, SDCGuard]:
-    torch.manual_seed(0)
-    model = TinyTransformer()
-    guard = SDCGuard(model, lm_loss, replay_every=1, store=store)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for s in range(steps):
-        assert guard.step(s, make_batch(s, 0)).commit
-        opt.step()
-        opt.zero_grad()
-    return model, opt, guard
+def _trained(steps: int = 2,
+             store: Path | None = None) -> tuple[TinyTransformer, torch.optim.Optimizer, SDCGuard]:
+    return trained(steps, store)
 
 
 def _state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, object]:
