@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 import socket
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from .errors import BadInput

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from .errors import BadInput
 
@@ -36,4 +36,4 @@ def iso_utc(t: float | None) -> str | None:
     """``2026-11-30T07:52:59Z`` (None stays None)."""
     if t is None:
         return None
-    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

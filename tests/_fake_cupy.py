@@ -31,7 +31,7 @@ class _Device:
     def __init__(self, index: int) -> None:
         self.index = index
 
-    def __enter__(self) -> "_Device":
+    def __enter__(self) -> _Device:
         return self
 
     def __exit__(self, *exc: object) -> None:

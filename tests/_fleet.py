@@ -7,8 +7,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from sdcguard.records import CaseResult, DeviceInfo
 from sdcguard.fleet.store import Store
+from sdcguard.records import CaseResult, DeviceInfo
 
 NOW = 1_800_000_000.0
 """A fixed 'now' (2027-01-15) so windows are deterministic."""

@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from sdcguard.cli import cli
-from sdcguard.records import DeviceInfo, Incident
 from sdcguard.fleet.store import Store
+from sdcguard.records import DeviceInfo, Incident
 from tests._fleet import clean, result, scan, snapshot
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,12 +14,23 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from _scan import (
+    ROOT,
+    argv_recorder,
+    cores,
+    env,
+    events,
+    report,
+    resigned_golden,
+    scan,
+    sdcguard,
+    store_rows,
+    tampered_golden,
+)
 from fleet_scan.idle import DeviceLock
 from sdcguard.cli import cli
 from sdcguard.cli.common import parse_action
 from sdcguard.devices import cpu_id, hostname
-
-from _scan import ROOT, argv_recorder, cores, env, events, report, resigned_golden, scan, sdcguard, store_rows, tampered_golden
 
 pytestmark = pytest.mark.slow
 

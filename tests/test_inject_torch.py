@@ -3,7 +3,6 @@ numpy model's plan (one definition of every pattern)."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from hypothesis import given, settings

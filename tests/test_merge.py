@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from sdcguard.errors import StoreError
 from sdcguard.fleet.merge import merge_stores
-from sdcguard.records import Incident
 from sdcguard.fleet.schema import APPLICATION_ID, SCHEMA_VERSION
 from sdcguard.fleet.store import Store
+from sdcguard.records import Incident
 from tests._fleet import NOW, result
 
 # One node's history: scans of (device number, [passed...], finished?) and incidents naming device numbers.

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sdcguard.fleet.actions import ActionTemplate, run_action
 from sdcguard.errors import BadInput
+from sdcguard.fleet.actions import ActionTemplate, run_action
 from sdcguard.fleet.policy import QuarantinePolicy, apply_policy
-from sdcguard.records import Incident
 from sdcguard.fleet.store import Store
+from sdcguard.records import Incident
 from tests._fleet import NOW, clean, result, scan
 
 

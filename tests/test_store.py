@@ -10,10 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sdcguard.errors import BadInput, SchemaTooNew, StoreError
-from sdcguard.records import CaseResult, DeviceInfo, Incident
 from sdcguard.fleet.schema import SCHEMA_VERSION
 from sdcguard.fleet.store import Store
-
+from sdcguard.records import CaseResult, DeviceInfo, Incident
 from tests._fleet import NOW, result, scan, snapshot
 
 hexes = st.text("0123456789abcdef", min_size=1, max_size=16).map(lambda s: "0x" + s)

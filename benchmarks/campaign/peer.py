@@ -30,8 +30,15 @@ from typing import Any
 
 import torch
 
-from .baselines import (BucketTap, MegatronChecks, all_bits_equal, bits_equal, bucket_norms, param_hash_mismatch,
-                        rerun_step)
+from .baselines import (
+    BucketTap,
+    MegatronChecks,
+    all_bits_equal,
+    bits_equal,
+    bucket_norms,
+    param_hash_mismatch,
+    rerun_step,
+)
 from .faults import Injector, Trial, count_op_calls
 
 WORLD = 3

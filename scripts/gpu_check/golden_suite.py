@@ -203,9 +203,9 @@ def run(ctx: Context, rep: SectionReport) -> str:
               f"{len(planned)} plans, {sum(len(p.launches) for p in planned)} launches")
     ctx.require_gpu(f"run the {len(suite.cases)} golden cases {RUNS} times on every GPU against the goldens and "
                     f"time them next to cupy.matmul and a device-to-device copy")
-    import cupy as cp
-
     import time
+
+    import cupy as cp
 
     gpus = {}
     count = cp.cuda.runtime.getDeviceCount()

@@ -33,7 +33,17 @@ from .rows import CheckpointEntry, SeriesPoint
 from .slow import SlowSettings
 from .store import Store
 from .svg import (
-    BinRate, Bins, Segment, TimelineRow, bin_rates, choose_bins, esc, rate_chart, shared_decades, sparkline, status_bar,
+    BinRate,
+    Bins,
+    Segment,
+    TimelineRow,
+    bin_rates,
+    choose_bins,
+    esc,
+    rate_chart,
+    shared_decades,
+    sparkline,
+    status_bar,
     timeline,
 )
 

@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from .connection import StoreBase, read_only_uri
-from .schema import COUNTED_SCAN
 from .rows import MergeStats, PruneStats
+from .schema import COUNTED_SCAN
 
 __all__ = ["StoreMaintenance", "DayTallies", "day_of"]
 

@@ -25,13 +25,21 @@ from typing import Any, Literal
 
 from ..records import CaseResult, DeviceInfo, Incident
 from .connection import StoreBase
-from .rows import CaseTiming
-from .schema import COUNTED_SCAN
 from .rows import (
-    CaseCoverage, CheckpointEntry, Decision, DeviceStatus, FailedExecution, QuarantineEntry, ScanCounts, ScrubEntry,
-    SeriesPoint, Tally,
+    CaseCoverage,
+    CaseTiming,
+    CheckpointEntry,
+    Decision,
+    DeviceStatus,
+    FailedExecution,
+    QuarantineEntry,
+    ScanCounts,
+    ScrubEntry,
+    SeriesPoint,
+    Tally,
     device_status,
 )
+from .schema import COUNTED_SCAN
 
 __all__ = ["StoreQueries", "DAY_S"]
 

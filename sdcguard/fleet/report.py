@@ -25,7 +25,7 @@ from ..durations import iso_utc
 from ..errors import BadInput
 from .rates import Rate, clopper_pearson, device_rates
 from .rows import DeviceStatus, ScanCounts
-from .slow import SlowSettings, Slowness, fleet_slowness
+from .slow import Slowness, SlowSettings, fleet_slowness
 from .store import Store
 
 __all__ = ["DeviceReport", "build_report", "report_json", "report_csv_rows", "REPORT_FIELDS"]

@@ -7,8 +7,8 @@ scratch buffers the runner zeroes before the first launch; the scratch buffer ``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 

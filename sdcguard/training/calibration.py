@@ -18,8 +18,8 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from dataclasses import dataclass
 from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
