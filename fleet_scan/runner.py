@@ -4,8 +4,8 @@ Before any device is touched the fire-drill spec is parsed, the golden suite is 
 verified: tampered golden data stops the scan with exit 2 before anything is recorded), the store is opened
 (created if needed, so the workers never race to create it) and every case's inputs and expected output are
 built here, on a core this scan does not test when there is one, checked against the manifest and handed to the
-workers (:mod:`sdcguard.golden.references`): a device never computes its own reference. After the workers the quarantine policy of
-:mod:`sdcguard.fleet.policy` runs over the scanned devices: quarantine, circuit breaker, actions.
+workers (:mod:`sdcguard.golden.references`): a device never computes its own reference. After the workers the
+quarantine policy of :mod:`sdcguard.fleet.policy` runs over the scanned devices: quarantine, circuit breaker, actions.
 
 Exit codes (DESIGN.md): 0 every scanned device passed; 1 corruption found; 2 could not run (bad input, no
 device, no device free to scan, a device scanned that executed nothing, golden data or suite suspect, circuit

@@ -19,7 +19,8 @@ def parse_duration(text: str, *, option: str = "--since") -> float:
     m = _RE.match(text or "")
     if not m or float(m[1]) <= 0:
         raise BadInput(
-            f"{option} {text!r} is not a duration: use a positive number and a unit s, m, h, d or w (e.g. 30m, 12h, 7d, 2w)"
+            f"{option} {text!r} is not a duration: use a positive number and a unit s, m, h, d or w "
+            "(e.g. 30m, 12h, 7d, 2w)"
         )
     return float(m[1]) * _UNITS[m[2].lower()]
 

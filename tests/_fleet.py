@@ -20,7 +20,8 @@ def result(
 ) -> CaseResult:
     return CaseResult(
         device=device, case=case, family=family, seed=7, passed=passed, duration_s=duration_s, started_at=t,
-        output_digest=digest if digest is not None else (None if passed else hashlib.sha256(device.encode()).hexdigest()),
+        output_digest=(digest if digest is not None
+                       else None if passed else hashlib.sha256(device.encode()).hexdigest()),
         mismatches=0 if passed else 1, element=None if passed else 3, expected=None if passed else "0x3f800000",
         actual=None if passed else "0x3f800001", xor_mask=None if passed else "0x1", attempt=attempt, sticky=sticky,
     )

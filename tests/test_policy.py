@@ -190,7 +190,8 @@ def test_actions_get_argv_without_a_shell_and_failures_are_retried(store: Store,
     actions = [
         ActionTemplate(name="broken", argv=(str(broken), "{device}")),
         ActionTemplate(name="missing", argv=(str(tmp_path / "no-such-program"), "{host}")),
-        ActionTemplate(name="drain", argv=(str(drain), "NodeName={host}", "--dev", "{device}", "Reason={reason}; rm -rf /")),
+        ActionTemplate(name="drain",
+                       argv=(str(drain), "NodeName={host}", "--dev", "{device}", "Reason={reason}; rm -rf /")),
     ]
     out = apply_policy(store, now=NOW, actions=actions)
     assert out.quarantined == ["sim:1"]

@@ -148,7 +148,8 @@ def _v3_store(path: Path, runs: list[Execution]) -> None:
     scans = sorted({(e.scan, e.device) for e in runs})
     for s, d in scans:
         conn.execute("INSERT INTO scans(id, uuid, device, host, started_at, finished_at, budget_s, status) "
-                     "VALUES (?, ?, ?, 'h', ?, ?, 60, 'complete')", (s + 1, f"u{s}", d, T0 + 1000 * s, T0 + 1000 * s + 99))
+                     "VALUES (?, ?, ?, 'h', ?, ?, 60, 'complete')",
+                     (s + 1, f"u{s}", d, T0 + 1000 * s, T0 + 1000 * s + 99))
     for seq, e in enumerate(runs):
         r = e.result()
         conn.execute(

@@ -1,4 +1,5 @@
-"""``from sdcguard.adapters.lightning import SDCGuardCallback`` (defined in :mod:`sdcguard.training.adapters.lightning`)."""
+"""``from sdcguard.adapters.lightning import SDCGuardCallback`` (defined in
+:mod:`sdcguard.training.adapters.lightning`)."""
 
 from ..training.adapters.lightning import (
     SDCGuardCallback,

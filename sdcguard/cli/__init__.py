@@ -100,7 +100,8 @@ class _LazyGroup(click.Group):
             if os.environ.get("SDCGUARD_DEBUG"):
                 raise
             click.echo(
-                f"sdcguard: internal error: {type(e).__name__}: {_one_line(str(e))} (SDCGUARD_DEBUG=1 shows the traceback)",
+                f"sdcguard: internal error: {type(e).__name__}: {_one_line(str(e))} "
+                "(SDCGUARD_DEBUG=1 shows the traceback)",
                 err=True,
             )
             if standalone:

@@ -448,4 +448,5 @@ class StoreQueries(StoreBase):
                 s = sums.setdefault(key, [0, 0])
                 s[0] += int(r[-2])
                 s[1] += int(r[-1])
-        return [SeriesPoint(d, b, n, k) for (d, b), (n, k) in sorted(sums.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]
+        return [SeriesPoint(d, b, n, k)
+                for (d, b), (n, k) in sorted(sums.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]
