@@ -236,8 +236,13 @@ class SDCGuard:
         if self._clock is not None:
             self._clock.end_step()
         self._responder.handle(found, escalate=self._outcomes.escalating(found))
-        checks: list[Check] = ((["gradient_replica"] if self._replica.active else []) + (["replay"] if sampled else [])
-                               + (["checksum"] if checked else []))
+        checks: list[Check] = []
+        if self._replica.active:
+            checks.append("gradient_replica")
+        if sampled:
+            checks.append("replay")
+        if checked:
+            checks.append("checksum")
         mean = loss if loss is not None else torch.full((), float("nan"))
         return StepReport(step=step, loss=mean, commit=commit, incidents=tuple(found), replayed=sampled,
                           checks=tuple(checks), matmuls_run=self._checksums.run if checked else 0,
