@@ -33,7 +33,7 @@ def scan(
 ) -> int:
     store.upsert_device(DeviceInfo(id=device, host=host, kind=device.split(":")[0] if ":" in device else "gpu"), now=t)
     sid = store.begin_scan(device=device, host=host, budget_s=60.0, started_at=t)
-    store.record_results(sid, results, finish=finish, finished_at=t + 60)  # type: ignore[arg-type]
+    store.record_results(sid, results, finish=finish, finished_at=t + 60)
     return sid
 
 

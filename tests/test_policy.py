@@ -161,7 +161,7 @@ def test_policy_validates_its_settings() -> None:
     with pytest.raises(ValueError):
         QuarantinePolicy(breaker_same_digest_devices=1)
     with pytest.raises(TypeError):
-        QuarantinePolicy(0.5)  # type: ignore[misc]  # keyword-only
+        QuarantinePolicy(0.5)  # keyword-only
 
 
 # ---------------------------------------------------------------- actions

@@ -116,7 +116,7 @@ def cupy_hidden() -> Iterator[None]:
     """Inside the block ``import cupy`` fails, as on a machine without cupy: torch CUDA tensors then take the
     fingerprint's torch-op path."""
     saved = sys.modules.get("cupy")
-    sys.modules["cupy"] = None  # type: ignore[assignment]
+    sys.modules["cupy"] = None
     try:
         yield
     finally:
