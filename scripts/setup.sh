@@ -19,6 +19,13 @@ if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
 fi
 pip=("$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar on)
+# This project's distribution was named `sdcguard` before it became `sdcguard-fleet` (PyPI's `sdcguard` is another
+# project). A virtualenv made before, or one that holds PyPI's, has a distribution of that name claiming the same
+# import package: remove it, so only this checkout provides `sdcguard`.
+if "$venv/bin/python" -m pip show sdcguard >/dev/null 2>&1; then
+    step "removing the distribution named sdcguard (this project's old name, or PyPI's unrelated project)"
+    "$venv/bin/python" -m pip uninstall -y -q sdcguard
+fi
 if [ "$mode" = "--light" ]; then
     step "installing sdcguard for scan and report (numpy, scipy, click, rich; no torch, no CuPy)"
     "${pip[@]}" -e .
