@@ -23,8 +23,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sdcguard.devices import hostname
@@ -65,7 +65,7 @@ def make_backend(target: ScanTarget, suite: Any = None) -> Any:
         return NumpyBackend(target.index, suite=suite)
     if target.kind == "gpu":
         try:
-            from sdcguard.golden import CupyBackend  # type: ignore[attr-defined]
+            from sdcguard.golden import CupyBackend
         except ImportError as e:
             raise SuiteError(f"{target.device}: this sdcguard has no CUDA golden-suite backend ({e})") from None
         # The worker's environment makes the target the only visible CUDA device (CUDA_VISIBLE_DEVICES=<uuid>):

@@ -41,10 +41,10 @@ that stay inside the input's last chunk always changes the fingerprint (they add
 of different lengths are told apart with probability, not certainty: the 12 bytes of the uint32 words
 ``[0x3e342598, 0x5bbc23ed, 0xeffd214c]`` and 16 zero bytes share the fingerprint ``0x83f43075bf573200``.
 
-What is probabilistic: inputs of different lengths (above), changes that span several chunks (whole-chunk swaps included: the chunk index enters the
-mixer), several words of one element (a swap of two 8-byte elements), or many words at once are missed only if
-64-bit mixed values cancel, about ``2**-64`` for unstructured changes, and only if two 32-bit sums cancel
-together for changes inside one chunk.
+What is probabilistic: inputs of different lengths (above), changes that span several chunks (whole-chunk swaps
+included: the chunk index enters the mixer), several words of one element (a swap of two 8-byte elements), or many words
+at once are missed only if 64-bit mixed values cancel, about ``2**-64`` for unstructured changes, and only if two 32-bit
+sums cancel together for changes inside one chunk.
 
 Why two 32-bit sums and not one 64-bit sum: CPUs without AVX-512 have no vector 64-bit multiply, and 32-bit
 multiply-and-sum runs at memory speed. A single linear sum modulo ``2**32`` cannot see a swap of two words that
@@ -307,7 +307,8 @@ def _np_partial(address: int, nbytes: int, c0: int) -> int:
         return 0
     import ctypes
 
-    b = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=np.uint8)
+    # A ctypes array exports the buffer protocol; numpy's stubs accept only bytes-like types and memoryview.
+    b = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=np.uint8)  # type: ignore[call-overload]
     if nbytes % 4:  # only the last run of an input: a copy no bigger than the run, zero-padded
         words = np.zeros(-(-nbytes // 4), dtype=np.int32)
         words.view(np.uint8)[:nbytes] = b
@@ -331,7 +332,7 @@ def _cpu_partials(runs: list[int]) -> list[int]:
     The memory must stay alive during the call (the caller holds the arrays and tensors)."""
     if _fpcore is not None and _USE_C and runs:
         t, u = _weights()
-        return _fpcore.partials(array.array("Q", runs), t, u, CHUNK_WORDS)  # type: ignore[no-any-return]
+        return _fpcore.partials(array.array("Q", runs), t, u, CHUNK_WORDS)
     return [_np_partial(*runs[k : k + 3]) for k in range(0, len(runs), 3)]
 
 
@@ -688,7 +689,7 @@ def fingerprint(x: Any) -> int:
 
 def fingerprint_many(xs: Sequence[Any]) -> list[int]:
     """Fingerprints of many tensors/arrays with one host synchronisation per device (not one per tensor)."""
-    results: list[int | None] = [None] * len(xs)
+    results = [0] * len(xs)  # every index is filled below, from exactly one of cpu and pending
     cpu: list[tuple[int, Any]] = []  # numpy arrays and CPU torch tensors: one batched call of the CPU engine
     pending: dict[Any, list[tuple[int, Any]]] = {}  # GPU: fingerprints left on their device until one sync
     for i, x in enumerate(xs):
@@ -723,7 +724,7 @@ def fingerprint_many(xs: Sequence[Any]) -> list[int]:
             values = cupy.concatenate([v for _, v in items]).get().tolist()
             for (i, _), v in zip(items, values):
                 results[i] = int(v)
-    return [int(r) for r in results]  # type: ignore[arg-type]
+    return [int(r) for r in results]
 
 
 class StreamingFingerprint:

@@ -78,14 +78,14 @@ def test_nan_and_inf_in_a_result_of_finite_operands_are_caught(value: float) -> 
     a, b = torch.randn(40, 30), torch.randn(30, 20)
     c = a @ b
     c[17, 3] = value
-    assert int(check_matmul(a, b, c, precision=precision_for(torch.float32, CPU))) == 1  # type: ignore[arg-type]
+    assert int(check_matmul(a, b, c, precision=precision_for(torch.float32, CPU))) == 1
 
 
 def test_non_finite_operands_are_not_judged() -> None:
     a, b = torch.randn(8, 4), torch.randn(4, 5)
     a[2, 1] = float("inf")
     c = a @ b
-    assert int(check_matmul(a, b, c, precision=precision_for(torch.float32, CPU))) == 0  # type: ignore[arg-type]
+    assert int(check_matmul(a, b, c, precision=precision_for(torch.float32, CPU))) == 0
 
 
 def test_the_hardest_case_output_rounding_all_one_way_sits_at_the_bound() -> None:
@@ -115,12 +115,12 @@ def test_precision_follows_the_fp32_matmul_setting() -> None:
     before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("high")
-        assert precision_for(torch.float32, CPU).u_in == 2.0 ** -10  # type: ignore[union-attr]
+        assert precision_for(torch.float32, CPU).u_in == 2.0 ** -10
         torch.set_float32_matmul_precision("medium")
-        assert precision_for(torch.float32, CPU).u_in == 2.0 ** -7  # type: ignore[union-attr]
+        assert precision_for(torch.float32, CPU).u_in == 2.0 ** -7
     finally:
         torch.set_float32_matmul_precision(before)
-    assert precision_for(torch.float32, CPU).u_in == 0.0  # type: ignore[union-attr]
+    assert precision_for(torch.float32, CPU).u_in == 0.0
     assert precision_for(torch.int64, CPU) is None
 
 

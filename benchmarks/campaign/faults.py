@@ -93,7 +93,7 @@ class _CallCounter(TorchDispatchMode):
         self.families = {f: set(OP_FAMILIES[f]) for f in OP_TARGETS}
         self.n = dict.fromkeys(OP_TARGETS, 0)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
         target = out[0] if isinstance(out, (tuple, list)) else out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,11 +70,12 @@ class _LazyGroup(click.Group):
         except SdcguardError as e:
             raise _Fail(str(e)) from e
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
         # Every error is one line on stderr: no usage block, no traceback (SDCGUARD_DEBUG=1 shows them).
-        standalone = kwargs.pop("standalone_mode", True)
+        standalone = standalone_mode
         try:
-            rv = super().main(*args, standalone_mode=False, **kwargs)
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
             # Without standalone mode click *returns* the code of a command's ctx.exit(code) instead of raising:
             # pass it on, or `ctx.exit(1)` (corruption found) would end the process with 0.
             if standalone and isinstance(rv, int) and not isinstance(rv, bool) and rv:
@@ -100,7 +102,8 @@ class _LazyGroup(click.Group):
             if os.environ.get("SDCGUARD_DEBUG"):
                 raise
             click.echo(
-                f"sdcguard: internal error: {type(e).__name__}: {_one_line(str(e))} (SDCGUARD_DEBUG=1 shows the traceback)",
+                f"sdcguard: internal error: {type(e).__name__}: {_one_line(str(e))} "
+                "(SDCGUARD_DEBUG=1 shows the traceback)",
                 err=True,
             )
             if standalone:

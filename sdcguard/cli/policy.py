@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ..errors import BadInput
 from .common import actions_option, config_option, load_config, load_policy, open_store, parse_actions
+
+if TYPE_CHECKING:
+    from ..fleet.policy import PolicyScope
 
 __all__ = ["policy"]
 
@@ -20,7 +24,7 @@ __all__ = ["policy"]
               help="fleet: every rule (the merged store sees every host); node: only what one node's store can "
                    "decide alone.")
 @click.pass_context
-def policy(ctx: click.Context, config_path: Path | None, actions: Sequence[str], scope: str) -> None:
+def policy(ctx: click.Context, config_path: Path | None, actions: Sequence[str], scope: PolicyScope) -> None:
     """Apply the quarantine policy to the store and run the actions for newly quarantined devices.
 
     Run it after `sdcguard merge`, on the merged store: the rate rule, the circuit breakers across hosts and
@@ -43,7 +47,7 @@ def policy(ctx: click.Context, config_path: Path | None, actions: Sequence[str],
     rules = load_policy(config)
     templates = parse_actions(actions, dict(config.get("scan", {})))
     with open_store() as store:
-        out = apply_policy(store, rules, actions=templates, scope=scope)  # type: ignore[arg-type]
+        out = apply_policy(store, rules, actions=templates, scope=scope)
     for line in out.reasons:
         click.echo(line)
     click.echo(

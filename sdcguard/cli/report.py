@@ -12,7 +12,15 @@ import click
 from ..durations import iso_utc, since_timestamp
 from ..fleet.report import build_report, report_csv_rows, report_json
 from .common import (
-    config_option, device_id, fmt_float, format_option, load_config, load_policy, open_store, print_table, status_text,
+    config_option,
+    device_id,
+    fmt_float,
+    format_option,
+    load_config,
+    load_policy,
+    open_store,
+    print_table,
+    status_text,
 )
 
 

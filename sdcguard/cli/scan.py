@@ -10,12 +10,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..inject.spec import INJECT_SPEC_HELP
 from .common import actions_option, config_option, load_config, load_policy, parse_actions
+
+if TYPE_CHECKING:
+    from ..fleet.policy import PolicyScope
 
 __all__ = ["scan"]
 
@@ -78,7 +81,7 @@ def scan(
     idle_window: float | None,
     gpu_util_max: float | None,
     cpu_busy_max: float | None,
-    policy_scope: str | None,
+    policy_scope: PolicyScope | None,
 ) -> None:
     """Scan this machine's idle devices with the golden suite, record the results, apply the quarantine policy.
 
@@ -105,7 +108,7 @@ def scan(
     only_idle = _pick(ctx, "only_idle", only_idle, section)
     templates = parse_actions(actions, section)
     policy = load_policy(config)
-    scope = policy_scope or section.get("policy_scope", "fleet")
+    scope: PolicyScope = policy_scope or section.get("policy_scope", "fleet")  # both checked: click, load_config
     options = ScanOptions(
         db=str(db),
         budget_s=float(budget if budget is not None else section.get("budget", DEFAULT_BUDGET_S)),

@@ -25,13 +25,21 @@ from typing import Any, Literal
 
 from ..records import CaseResult, DeviceInfo, Incident
 from .connection import StoreBase
-from .rows import CaseTiming
-from .schema import COUNTED_SCAN
 from .rows import (
-    CaseCoverage, CheckpointEntry, Decision, DeviceStatus, FailedExecution, QuarantineEntry, ScanCounts, ScrubEntry,
-    SeriesPoint, Tally,
+    CaseCoverage,
+    CaseTiming,
+    CheckpointEntry,
+    Decision,
+    DeviceStatus,
+    FailedExecution,
+    QuarantineEntry,
+    ScanCounts,
+    ScrubEntry,
+    SeriesPoint,
+    Tally,
     device_status,
 )
+from .schema import COUNTED_SCAN
 
 __all__ = ["StoreQueries", "DAY_S"]
 
@@ -440,4 +448,5 @@ class StoreQueries(StoreBase):
                 s = sums.setdefault(key, [0, 0])
                 s[0] += int(r[-2])
                 s[1] += int(r[-1])
-        return [SeriesPoint(d, b, n, k) for (d, b), (n, k) in sorted(sums.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]
+        return [SeriesPoint(d, b, n, k)
+                for (d, b), (n, k) in sorted(sums.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]

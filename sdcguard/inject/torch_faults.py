@@ -192,7 +192,9 @@ def _corrupt_segments_(
         return out
 
     def eligible() -> np.ndarray:
-        lo, hi = model.fault.value_range  # type: ignore[misc]  # Fault.in_range's rule: lo <= v < hi, NaN never
+        value_range = model.fault.value_range
+        assert value_range is not None  # handed over below only with a value range
+        lo, hi = value_range  # Fault.in_range's rule: lo <= v < hi, NaN never
         parts = []
         for (_, t), off in zip(segments, offsets[:-1].tolist(), strict=True):
             v = t.detach().to(torch.float64).reshape(-1)
