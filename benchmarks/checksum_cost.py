@@ -120,7 +120,8 @@ def main() -> None:
     print(f"transformer d={args.d} layers={args.layers} seq={args.seq} batch={args.batch}, one thread, "
           f"{args.rounds} rounds; forward+backward {base * 1e3:.1f} ms CPU; matmuls per step: "
           f"{modes[rows[0]].checked} checked of {modes[rows[0]].run} run")
-    print(f"{'setting':<12}{'checked step (median, IQR)':>30}" + "".join(f"{f'every={e}':>10}" for e in (1, 2, 3, 4, 6)))
+    print(f"{'setting':<12}{'checked step (median, IQR)':>30}"
+          + "".join(f"{f'every={e}':>10}" for e in (1, 2, 3, 4, 6)))
     for r in rows:
         ratios = sorted(a / b - 1 for a, b in zip(times[f"rows={r}"], times["plain"]))
         q = statistics.quantiles(ratios, n=4)
