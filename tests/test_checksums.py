@@ -246,3 +246,25 @@ def test_a_faulty_rank_is_named_alone_and_every_rank_vetoes(kind: str) -> None:
     results = run_ranks(_dist_job, 2, kind, timeout=200)
     assert results[0] == results[1]
     assert results[0] == [(True, []), (False, [("checksum", (1,))]), (False, [("checksum", (1,))])]
+
+
+def test_bf16_autocast_names_the_backward_pass_by_the_weight_copy_not_its_shape() -> None:
+    # under autocast the backward's dX matmul reads the weight's bf16 copy, not the weight; with a batch of 8 rows
+    # and 8x8 layers every result has a weight's shape, so only following the copy tells dX from dW
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+
+    def loss_fn(m: nn.Module, b: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return m(b).float().square().mean()
+
+    guard = SDCGuard(model, loss_fn, replay_every=0, checksum_every=1)
+    passes = []
+    for occurrence in range(3):  # the backward's matmuls: the second layer's dX and dW, the first layer's dW
+        with _fault("transient", "backward", occurrence, bits="nan") as mode:
+            mode.step = occurrence
+            r = guard.step(occurrence, torch.randn(8, 8, generator=torch.Generator().manual_seed(occurrence)))
+        (inc,) = r.incidents
+        assert inc.parameter is not None
+        passes.append(inc.parameter.split(", ")[-1].rstrip("]"))
+    assert sorted(passes) == ["dW", "dW", "dX"]

@@ -92,6 +92,7 @@ class ChecksumMode(TorchDispatchMode):
         self._params = {id(p) for p in module.parameters()}
         self._shapes = {tuple(p.shape) for p in module.parameters()}
         self._storages: set[int] = set()
+        self._copies: list[torch.Tensor] = []
         self._names: list[str] = []
         self._hooks: list[Any] = []
         self._module_names = {id(m): n or type(m).__name__ for n, m in module.named_modules()}
@@ -131,7 +132,7 @@ class ChecksumMode(TorchDispatchMode):
             self.end()
         self.run = self.checked = 0
         self.calls, self._counts, self._names, self._failures = [], [], [], []
-        self._storages = set()
+        self._storages, self._copies = set(), []
         for p in self._module.parameters():
             try:
                 self._storages.add(p.untyped_storage().data_ptr())
@@ -155,7 +156,7 @@ class ChecksumMode(TorchDispatchMode):
         self.__exit__(None, None, None)
         counts = torch.stack(self._counts).tolist() if self._counts else []
         failures = self._failures + [self._recheck(call, int(n)) for call, n in zip(self.calls, counts) if n]
-        self.calls, self._counts, self._failures = [], [], []
+        self.calls, self._counts, self._failures, self._copies = [], [], [], []
         return failures
 
     def close(self) -> None:
@@ -168,13 +169,23 @@ class ChecksumMode(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = func.overloadpacket.__name__ if func.namespace == "aten" else ""
-        if name in _CHECKED:
+        if name == "_to_copy":  # autocast's copy of a weight is the weight, for naming the backward's passes
+            self._follow_copy(args, out)
+        elif name in _CHECKED:
             self.run += 1
             if func._overloadname == "default":
                 self._check(name, func, args, kwargs, out)
         elif name in _UNCHECKED and "backward" not in name:
             self.run += 1
         return out
+
+    def _follow_copy(self, args: Any, out: Any) -> None:
+        if args and isinstance(args[0], torch.Tensor) and isinstance(out, torch.Tensor) and self._is_param(args[0]):
+            try:
+                self._storages.add(out.untyped_storage().data_ptr())
+            except RuntimeError:
+                return
+            self._copies.append(out)  # held for the step, so its memory is not reused by another tensor meanwhile
 
     def _check(self, name: str, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
         ops = _operands(name, args, kwargs)
