@@ -41,7 +41,7 @@ worker's plain steps. The cost at a tool's default sampling (ours: ``checksum_ev
 ``(checked + (N - 1) x unchecked) / N`` from those medians, where ``unchecked`` is a plain step for ours and the
 peer's dispatch mode, and a ``protect()`` ed model's step outside a checked step for the peer. Run::
 
-    .venv/bin/python benchmarks/peer_checksums.py [--faults 20] [--clean 200] [--dtypes fp32,bf16] [--rounds 5]
+    .venv/bin/python benchmarks/peer_checksums.py [--faults 20] [--clean 200] [--dtypes fp32,bf16] [--rounds 6]
         [--json FILE] [--venv .venv-peer] [--no-peer]
 
 Prints a markdown table to stdout (progress to stderr); ``--json`` writes every figure and every fault's record.
@@ -799,8 +799,9 @@ def markdown(res: dict[str, Any]) -> str:
                 if cc is None:
                     row.append("not run")
                 elif key == "every_step":
-                    row.append(f"{_ratio(cc['ratio'])} of plain ({cc['ms']:.0f} vs {cc['plain_ms']:.0f} ms; "
-                               f"rounds {_ratio(cc['round_min'])}-{_ratio(cc['round_max'])})")
+                    row.append(f"{_ratio(cc['ratio'])} ({len(cc['rounds'])} paired rounds: "
+                               f"{_ratio(cc['round_min'])}-{_ratio(cc['round_max'])}; median step {cc['ms']:.0f} vs "
+                               f"{cc['plain_ms']:.0f} ms plain)")
                 else:
                     row.append(f"{_ratio(cc['default_ratio'])} ({cc['default_label']})")
             lines.append("| " + " | ".join(row + (["not run"] if peer_missing else [])) + " |")
@@ -971,14 +972,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 every = res[f"{k}_info"]["defaults"]["every" if k == "peer" else "checksum_every"]
                 for config in WORKER_CONFIGS[k]:
                     checked = _median(times[k][config])
-                    idle = _median(times[k]["peer-linear-idle"]) if config == "peer-linear" else plain
+                    idle_of = "peer-linear-idle" if config == "peer-linear" else "plain"
+                    idle = _median(times[k][idle_of])
+                    # paired: each round's checked steps against the same round's plain steps (the load on a shared
+                    # machine moves between rounds more than within one)
                     rounds = [pr[config] / pr["plain"] for pr in per_round[k]]
+                    cost_idle = _median([pr[idle_of] / pr["plain"] for pr in per_round[k]])
+                    defaults = [(pr[config] + (every - 1) * pr[idle_of]) / every / pr["plain"] for pr in per_round[k]]
                     cost[config] = {
-                        "ms": 1000 * checked, "plain_ms": 1000 * plain, "ratio": checked / plain,
+                        "ms": 1000 * checked, "plain_ms": 1000 * plain, "ratio": _median(rounds), "rounds": rounds,
                         "round_min": min(rounds), "round_max": max(rounds), "idle_ms": 1000 * idle,
-                        "default_every": every, "default_ratio": (checked + (every - 1) * idle) / every / plain,
+                        "idle_ratio": cost_idle,
+                        "default_every": every, "default_ratio": _median(defaults),
                         "default_label": f"{'checksum_every' if k == 'ours' else 'every'}={every}" + (
-                            f"; an unchecked protected step {idle / plain:.2f}x" if config == "peer-linear" else "")}
+                            f"; an unchecked protected step {cost_idle:.2f}x" if config == "peer-linear" else "")}
             d["cost"] = cost
             if "peer" in workers:
                 cc = d["census_check"]
@@ -1015,7 +1022,7 @@ def main() -> int:
     p.add_argument("--faults", type=int, default=20, help="faults per class (default 20)")
     p.add_argument("--clean", type=int, default=200, help="clean checked training steps per tool (default 200)")
     p.add_argument("--dtypes", default="fp32,bf16", help="comma list of fp32, bf16 (bf16: CPU autocast)")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (default 5)")
+    p.add_argument("--rounds", type=int, default=6, help="interleaved timing rounds (default 6)")
     p.add_argument("--round-steps", type=int, default=3, help="steps per configuration per round (default 3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write every figure and fault record here")
