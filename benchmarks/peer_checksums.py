@@ -760,7 +760,7 @@ def markdown(res: dict[str, Any]) -> str:
         lines += [title, ""]
         head = ["class", "fault"] + [LABELS[c] for c in configs] + (["peer"] if peer_missing else [])
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for cls in CLASSES:
+        for cls in CLASSES if n else ():
             row = [cls, _describe_class(cls, dtype)]
             for c in configs:
                 s = d["summary"].get(c, {}).get("classes", {}).get(cls)
@@ -779,7 +779,9 @@ def markdown(res: dict[str, Any]) -> str:
         for c in configs:
             t = d["clean"].get(c)
             row.append("not run" if t is None else
-                       f"{t['alarm_steps']} in {t['steps']} steps ({t['checked']:,} matmul checks)")
+                       f"{t['alarm_steps']} in {t['steps']} steps ({t['checked']:,} matmul checks" + (
+                           f"; largest clean z {t['max_z_seen']:.2f}, alarm at {t['alarm_line_z']:g})"
+                           if t.get("max_z_seen") else ")"))
         lines.append("| " + " | ".join(row + (["not run"] if peer_missing else [])) + " |")
         row = ["matmuls", "checked / run per step"]
         for c in configs:
@@ -805,9 +807,10 @@ def markdown(res: dict[str, Any]) -> str:
                 else:
                     row.append(f"{_ratio(cc['default_ratio'])} ({cc['default_label']})")
             lines.append("| " + " | ".join(row + (["not run"] if peer_missing else [])) + " |")
-        lines += ["", f"By site ({dtype}, all classes together, detected / injected):", ""]
         sites = sorted({s for c in configs for s in d["summary"].get(c, {}).get("sites", {})})
-        lines += ["| site | " + " | ".join(LABELS[c] for c in configs) + " |", "|" + "---|" * (len(configs) + 1)]
+        if sites:
+            lines += ["", f"By site ({dtype}, all classes together, detected / injected):", ""]
+            lines += ["| site | " + " | ".join(LABELS[c] for c in configs) + " |", "|" + "---|" * (len(configs) + 1)]
         for s in sites:
             cells = []
             for c in configs:
@@ -913,7 +916,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     d["faults"][config] = rows
                     d.setdefault("seconds", {})[f"faults {config}"] = round(time.perf_counter() - t0, 1)
             # the same faults on both sides: op, element and bits of every record
-            if "peer" in workers:
+            if "peer" in workers and args.faults:
                 mism = 0
                 ref = {(r["cls"], r["i"]): r["record"] for r in d["faults"]["ours"]}
                 keys = ("index", "op", "out", "element", "old_bits", "new_bits", "tile", "changed")
@@ -1032,11 +1035,15 @@ def main() -> int:
     p.add_argument("--ours-python", help="python of the project's virtualenv (default .venv/bin/python)")
     p.add_argument("--no-peer", action="store_true", help="ours only")
     p.add_argument("--workdir", help="where the injector module and the workers' logs go (default: a temp dir)")
+    p.add_argument("--render", metavar="JSON", help="print the table of an earlier run's --json file, and exit")
     p.add_argument("--worker", choices=("ours", "peer"), help=argparse.SUPPRESS)
     p.add_argument("--injector", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker_main(args.worker, args.injector, args.seed)
+    if args.render:
+        print(markdown(json.loads(Path(args.render).read_text())))
+        return 0
     res = run(args)
     table = markdown(res)
     if args.json:
