@@ -27,6 +27,7 @@ costs are linear in ``1 / replay_every``: the default ``replay_every=50`` is der
 way, as a check of that derivation. Run::
 
     python benchmarks/detector_costs.py [--workers 2] [--rounds 6] [--steps 10] [--json FILE]
+    python benchmarks/detector_costs.py --render FILE.json [--json FILE]   # summarise a saved run again
 
 The default model (d=256, 4 layers, 128 tokens, ~0.5 s steps here) is sized so that the step is long against a
 collective's latency (a small gloo collective takes 1-2 ms on a 2-core VM running 3 processes). On a machine with
@@ -249,28 +250,38 @@ def summarise(res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
                 "step": step["checks"][0] + sampled_extra / every}
 
     out["derived_50"], out["derived_10"] = derived(50), derived(10)
+    out["text"] = texts(out, args.workers)
+    return out
+
+
+def texts(out: dict[str, Any], workers: int) -> dict[str, str]:
+    """The cost cells of ``docs/detection.md``'s table, from the figures :func:`summarise` measured (and derives the
+    checksums' share at the default; ``--render`` re-derives them from a saved ``--json``)."""
+    step, own, d50, hash_share = out["step"], out["own"], out["derived_50"], out["hash_share_per_check"]
     every = DEFAULT_CHECKSUM_EVERY
-    sums = {"step": step["sum1"][0] - step["checks"][0], "own": own["sum1"] - own["checks"]}
+    # the checksums run inside the forward and backward, not inside end_step: their own work is their step time
+    sums = {"step": step["sum1"][0] - step["checks"][0]}
+    sums["own"] = sums["step"] + own["sum1"] - own["checks"]
     out["checksum_step"] = sums  # what one checked step adds (all its matmuls checked), over the same guard
-    defaults = {k: derived(50)[k] + sums[k] / every for k in ("step", "own")}
-    checksum1 = {k: derived(50)[k] + sums[k] for k in ("step", "own")}
+    defaults = {k: d50[k] + sums[k] / every for k in ("step", "own")}
+    checksum1 = {k: d50[k] + sums[k] for k in ("step", "own")}
     out["derived_defaults"], out["derived_checksum1"] = defaults, checksum1
-    out["text"] = {
-        "defaults": f"{defaults['step']:+.1%} step, {defaults['own']:.1%} own work (derived: replay "
-                    f"{derived(50)['step']:+.1%}, checksums {sums['step'] / every:+.1%} at `checksum_every={every}`)",
-        "replay_only": f"{derived(50)['step']:+.1%} step, {derived(50)['own']:.1%} own work (derived)",
+    return {
+        "defaults": f"{defaults['step']:+.1%} step, {defaults['own']:.1%} own work (derived: replay and checks "
+                    f"{d50['step']:+.1%} step, {d50['own']:.1%} own work; the checksums "
+                    f"{sums['step'] / every:+.1%} at `checksum_every={every}`, their step time)",
+        "replay_only": f"{d50['step']:+.1%} step, {d50['own']:.1%} own work (derived)",
         "checksum1": f"{checksum1['step']:+.1%} step, {checksum1['own']:.1%} own work (derived: a checked step "
                      f"{sums['step']:+.1%})",
         "replay10": f"{step['peer10'][0]:+.1%} step, {own['peer10']:.1%} own work",
         "continuous": f"{step['shadow1'][0]:+.0%} step, {own['shadow1']:.0%} own work, + 1 shadow device per "
-                      f"{args.workers} workers (measured here with the shadow on the workers' cores)",
+                      f"{workers} workers (measured here with the shadow on the workers' cores)",
         "every_step": f"{step['peer1'][0]:+.1%} step, {own['peer1']:.1%} own work",
         "megatron": f"{step['megatron'][0]:+.1%} step, {own['megatron']:.1%} own work; hash {hash_share:.0%} of a "
                     f"step per check ({hash_share / HASH_INTERVAL:.4%} at 20,000)",
         "megatron10": f"hash {hash_share:.0%} of a step per check: {hash_share / 10:.1%} at 10",
         "same_device": f"{step['same_device'][0]:+.1%} step, {own['same_device']:.0%} own work",
     }
-    return out
 
 
 def report(s: dict[str, Any]) -> str:
@@ -310,7 +321,17 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the figures as JSON (benchmarks/detection.py --costs)")
     parser.add_argument("--configs", default=",".join(NAMES),
                         help="configurations of the first phase, comma-separated (plain and checks always run)")
+    parser.add_argument("--render", type=Path, metavar="JSON",
+                        help="summarise an earlier run's --json again with this code (its raw times), and exit")
     args = parser.parse_args()
+    if args.render:
+        saved = json.loads(args.render.read_text(encoding="utf-8"))
+        s = summarise(saved["raw"], argparse.Namespace(**saved["config"]))
+        s["date"], s["raw"] = saved.get("date"), saved["raw"]
+        print(report(s))
+        if args.json:
+            args.json.write_text(json.dumps(s, indent=1) + "\n", encoding="utf-8")
+        return
     args.configs = sorted({"plain", "checks", *args.configs.split(",")} & set(NAMES), key=NAMES.index)
 
     import torch.multiprocessing as mp
