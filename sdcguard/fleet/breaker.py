@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..durations import DAY_S
 from ..records import PASSIVE_KINDS, SLOW_KIND, Incident
 from .rows import FailedExecution
 
@@ -149,7 +150,7 @@ def judge_training(incidents: Sequence[Incident], policy: QuarantinePolicy) -> T
         if i.kind == SLOW_KIND:  # a slow rank is not evidence of corruption
             continue
         jobs[i.job if i.job is not None else f"(no job id, incident {n})"].append(i)
-    days = policy.window_s / 86400
+    days = policy.window_s / DAY_S
     for job, found in sorted(jobs.items()):
         scattered = sorted({x for i in found if not i.sticky for x in (i.device, *i.devices) if x}
                            - {x for i in found if i.sticky for x in (i.device, *i.devices) if x})
