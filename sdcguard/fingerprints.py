@@ -76,7 +76,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["fingerprint", "fingerprint_many", "fingerprints_on_device", "combine", "combine_on_device", "signed64",
-           "CHUNK_WORDS", "StreamingFingerprint"]
+           "unsigned64", "CHUNK_WORDS", "StreamingFingerprint"]
 
 _M = 14
 CHUNK_WORDS = 1 << _M
@@ -109,6 +109,11 @@ def signed64(v: int) -> int:
     """``v`` modulo 2**64 as a signed 64-bit integer (how a fingerprint travels in an int64 tensor)."""
     v &= _MASK64
     return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def unsigned64(v: int) -> int:
+    """``v`` modulo 2**64 in ``[0, 2**64)``: a fingerprint read back from an int64 tensor (inverse of :func:`signed64`)."""
+    return v & _MASK64
 
 
 @functools.cache
@@ -716,7 +721,7 @@ def fingerprint_many(xs: Sequence[Any]) -> list[int]:
 
             values = torch.stack([v for _, v in items]).tolist()  # the one host sync for this device
             for (i, _), v in zip(items, values):
-                results[i] = v & _MASK64
+                results[i] = unsigned64(v)
         else:
             import cupy
 

@@ -24,6 +24,7 @@ import torch
 
 from ..errors import CheckpointCorrupted, CheckpointError
 from ..fingerprints import combine, fingerprint_many
+from .taps import local
 
 __all__ = ["fingerprints", "make_record", "write_record", "read_record", "differences", "corrupted", "FORMAT",
            "file_fingerprint", "bytes_fingerprint"]
@@ -45,11 +46,12 @@ def _entries(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def _local(key: str, t: torch.Tensor) -> tuple[str, torch.Tensor]:
-    to_local = getattr(t, "to_local", None)
-    if not callable(to_local):
+    """This rank's part of ``t``, keyed by the shard's coordinates in its mesh when ``t`` is sharded."""
+    shard = local(t)
+    if shard is t:
         return key, t
     coords = t.device_mesh.get_coordinate() or []
-    return f"{key}#{','.join(map(str, coords))}", to_local()
+    return f"{key}#{','.join(map(str, coords))}", shard
 
 
 def fingerprints(state: Any) -> dict[str, int]:
