@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from _dist import run_ranks
+from sdcguard.training.local_ranks import run_ranks
 from _matrix import CLEAN_TAIL, STEPS, cell, faulty_at
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]

@@ -19,7 +19,6 @@ import torch
 
 from _checkpoints import flip_byte_of as _flip_byte_of
 from _checkpoints import trained
-from _dist import run_ranks
 from _tiny_transformer import TinyTransformer, lm_loss, make_batch
 from click.testing import CliRunner
 from sdcguard import CheckpointCorrupted, CheckpointError, SDCGuard, Store, checkpoint
@@ -27,6 +26,7 @@ from sdcguard.cli import cli
 from sdcguard.errors import BadInput
 from sdcguard.inject.faults import Fault
 from sdcguard.inject.torch_faults import OpFaultMode
+from sdcguard.training.local_ranks import run_ranks
 
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
 

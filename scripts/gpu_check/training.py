@@ -23,7 +23,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from .context import Context
-from .ranks import RankFailed, run_ranks
+from sdcguard.training.local_ranks import RankFailed, run_ranks
 from .results import SectionReport
 
 __all__ = ["run", "run_job", "evaluate", "WORLD", "FAULTY_RANK", "CLEAN_STEPS", "PRECISIONS", "CUBLAS_WORKSPACE"]
