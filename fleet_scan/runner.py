@@ -29,17 +29,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sdcguard.entry import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK, exit_code_for_signal
 from sdcguard.errors import GoldenDataError
 from sdcguard.fleet.schema import MIN_EXECUTIONS
 
 from .discovery import ScanTarget, select_targets
 from .drill import check_drill
-from .options import ScanOptions
+from .options import DEFAULT_BUDGET_S, ScanOptions
 from .progress import Reporter
 
-__all__ = ["ScanOutcome", "run_scan", "worker_env", "reference_cores", "exit_code_for_signal"]
+__all__ = ["ScanOutcome", "run_scan", "worker_env", "reference_cores"]
 
-EXIT_OK, EXIT_CORRUPTION, EXIT_CANNOT_RUN = 0, 1, 2
 _GRACE_S = 60.0
 """A worker still running this long after its budget (plus its idle window) is stopped (SIGTERM, then SIGKILL)."""
 
@@ -320,12 +320,6 @@ def _conclude(
     return outcome
 
 
-def exit_code_for_signal(signum: int) -> int:
-    """The exit code of a scan stopped by a signal: 128 + its number (130 SIGINT, 143 SIGTERM), as a shell reports a
-    process the signal killed, so cron, systemd and Slurm see an unfinished scan, never "all passed"."""
-    return 128 + int(signum)
-
-
 def _stopped_message(signum: int, summaries: list[dict[str, Any]]) -> str:
     name = signal.Signals(signum).name
     recorded = [s for s in summaries if "scan" in s]
@@ -358,7 +352,8 @@ def _conclude_finished(
         more = f" (and {len(empty) - 2} more)" if len(empty) > 2 else ""
         outcome.message = (
             f"nothing was tested on {len(empty)} of {len(scanned)} scanned device(s) ({why}{more}): a scan counts "
-            f"only when it ran at least {MIN_EXECUTIONS} golden case; raise --budget (the default is 60 s)"
+            f"only when it ran at least {MIN_EXECUTIONS} golden case; raise --budget (the default is "
+            f"{DEFAULT_BUDGET_S:g} s)"
         )
     elif not scanned and any(s.get("status") == "busy" for s in skipped):
         # Nothing was checked because of other load: saying "all passed" (exit 0) would hide that the machine

@@ -177,13 +177,14 @@ def test_a_job_appearing_between_cases_is_seen() -> None:
 
 
 def test_the_example_config_loads(tmp_path: Path) -> None:
-    from sdcguard.cli.common import load_config, load_policy, parse_action
+    from fleet_scan.config import load_config, load_policy
+    from sdcguard.fleet.actions import ActionTemplate
 
     root = Path(__file__).resolve().parent.parent
     config = load_config(root / "deploy" / "sdcguard.toml")
     assert config["scan"]["budget"] == 60
     assert load_policy(config).rate_threshold == 1e-4
-    assert [parse_action(a).name for a in config["scan"]["actions"]] == ["slurm-drain"]
+    assert [ActionTemplate.from_text(a).name for a in config["scan"]["actions"]] == ["slurm-drain"]
     bad = tmp_path / "bad.toml"
     bad.write_text("[policy]\nrate_treshold = 1e-4\n")
     with pytest.raises(BadInput, match="rate_treshold"):

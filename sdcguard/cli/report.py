@@ -9,11 +9,11 @@ from pathlib import Path
 
 import click
 
+from fleet_scan.config import config_option, load_config, load_policy
+
 from ..durations import DEFAULT_WINDOW, iso_utc, since_timestamp
 from ..fleet.report import build_report, report_csv_rows, report_json
-from .common import (
-    config_option, device_id, fmt_float, format_option, load_config, load_policy, open_store, print_table, status_text,
-)
+from .common import device_id, fmt_float, format_option, open_store, print_table, status_text
 
 
 def _slow_text(row: dict[str, object]) -> str:
