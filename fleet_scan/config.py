@@ -117,7 +117,7 @@ def _check_policy(path: Path, section: dict[str, Any]) -> None:
         if kind is bool:
             ok, expected = isinstance(value, bool), "true or false"
         elif kind is int:
-            ok, expected = isinstance(value, int) and not isinstance(value, bool) and value >= -(2**63), "a whole number"
+            ok, expected = _OF_KIND[int](value) and value >= -(2**63), "a whole number"
         else:
             ok, expected = _number(value), "a number"
         if not ok:
