@@ -20,13 +20,13 @@ import numpy as np
 
 from ..devices import gpu_id
 from ..errors import NoDevice, SuiteError
+from ..kernels import get_kernel
 from ..records import CaseResult
 from .cases import Case
 from .compare import compare_bits
 from .bits import sha256_bytes
 from .kernel_run import kernel_case_result
 from .launch import Plan, plan_for
-from .loader import get_kernel
 from .backend import BackendBase, OutputHook
 from .suite import Suite
 
