@@ -41,9 +41,9 @@ that stay inside the input's last chunk always changes the fingerprint (they add
 of different lengths are told apart with probability, not certainty: the 12 bytes of the uint32 words
 ``[0x3e342598, 0x5bbc23ed, 0xeffd214c]`` and 16 zero bytes share the fingerprint ``0x83f43075bf573200``.
 
-What is probabilistic: inputs of different lengths (above), changes that span several chunks (whole-chunk swaps included: the chunk index enters the
-mixer), several words of one element (a swap of two 8-byte elements), or many words at once are missed only if
-64-bit mixed values cancel, about ``2**-64`` for unstructured changes, and only if two 32-bit sums cancel
+What is probabilistic: inputs of different lengths (above), changes that span several chunks (whole-chunk swaps
+included: the chunk index enters the mixer), several words of one element (a swap of two 8-byte elements), or many
+words at once are missed only if 64-bit mixed values cancel, about ``2**-64`` for unstructured changes, and only if two 32-bit sums cancel
 together for changes inside one chunk.
 
 Why two 32-bit sums and not one 64-bit sum: CPUs without AVX-512 have no vector 64-bit multiply, and 32-bit

@@ -115,8 +115,8 @@ def check_torch(x: Any) -> None:
 def fingerprints_on_device(xs: Sequence[Any]) -> Any:
     """Fingerprints of torch tensors as one int64 tensor on the first tensor's device (no host sync).
 
-    Used by :class:`sdcguard.replica.ReplicaCheck` to all-gather fingerprints without leaving the device. Values
-    are the uint64 fingerprints reinterpreted as int64.
+    Used by :class:`sdcguard.training.replica.ReplicaCheck` to all-gather fingerprints without leaving the device.
+    Values are the uint64 fingerprints reinterpreted as int64.
     """
     import torch
 
