@@ -43,8 +43,8 @@ of different lengths are told apart with probability, not certainty: the 12 byte
 
 What is probabilistic: inputs of different lengths (above), changes that span several chunks (whole-chunk swaps
 included: the chunk index enters the mixer), several words of one element (a swap of two 8-byte elements), or many
-words at once are missed only if 64-bit mixed values cancel, about ``2**-64`` for unstructured changes, and only if two 32-bit sums cancel
-together for changes inside one chunk.
+words at once are missed only if 64-bit mixed values cancel, about ``2**-64`` for unstructured changes, and only if
+two 32-bit sums cancel together for changes inside one chunk.
 
 Why two 32-bit sums and not one 64-bit sum: CPUs without AVX-512 have no vector 64-bit multiply, and 32-bit
 multiply-and-sum runs at memory speed. A single linear sum modulo ``2**32`` cannot see a swap of two words that
