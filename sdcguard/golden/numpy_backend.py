@@ -15,15 +15,15 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..cpu_time import slow_down
 from ..devices import cpu_id
 from ..errors import NoDevice, SuiteError
-from ..inject.slow import slow_down, slow_factor
 from ..records import CaseResult
 from .bits import failure_digest, hex_bits
 from .cases import Case
 from .compare import compare_bits
 from .cpu_kernels import RUNNERS, MarchError
-from .backend import BackendBase, OutputHook
+from .backend import BackendBase, OutputHook, slow_factor
 from .suite import Suite
 
 __all__ = ["NumpyBackend"]
