@@ -12,6 +12,7 @@ import dataclasses
 import json
 import sys
 
+from sdcguard.entry import EXIT_CANNOT_RUN
 from sdcguard.errors import SdcguardError
 
 from .discovery import ScanTarget
@@ -44,4 +45,4 @@ if __name__ == "__main__":
         main()
     except SdcguardError as e:
         print(f"retest: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_CANNOT_RUN)
