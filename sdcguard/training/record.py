@@ -1,6 +1,6 @@
 """Checkpoint records: the fingerprint of every tensor of a state, kept beside a checkpoint and checked against what
 is read back. One format for every checkpoint sdcguard verifies: DCP checkpoints (:mod:`.checkpoint`), Lightning's
-checkpoint files and Hugging Face ``Trainer`` checkpoint folders (:mod:`.adapters`).
+checkpoint files and Hugging Face ``Trainer`` checkpoint folders (:mod:`sdcguard.adapters`).
 
 A record is JSON: ``{"format", "step", "verified", "digest", "ranks", "fingerprints": {key: {hex: [ranks]}}}``,
 and, since records got them, ``"metadata"`` (the fingerprint of DCP's ``.metadata`` file, so a damaged index is
