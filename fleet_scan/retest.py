@@ -12,7 +12,7 @@ import dataclasses
 import json
 import sys
 
-from sdcguard.entry import EXIT_CANNOT_RUN
+from sdcguard.exit_codes import EXIT_CANNOT_RUN
 from sdcguard.errors import SdcguardError
 
 from .discovery import ScanTarget

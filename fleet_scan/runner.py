@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sdcguard.entry import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK, exit_code_for_signal
+from sdcguard.exit_codes import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK, exit_code_for_signal
 from sdcguard.errors import GoldenDataError
 from sdcguard.fleet.schema import MIN_EXECUTIONS
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sdcguard.devices import hostname
-from sdcguard.entry import EXIT_CANNOT_RUN
+from sdcguard.exit_codes import EXIT_CANNOT_RUN
 from sdcguard.errors import SdcguardError, SuiteError
 from sdcguard.records import CaseResult, ScanStatus
 

@@ -1,32 +1,23 @@
-"""What every command-line entry shares: the exit codes, the one-line error rule and the store's default path.
+"""What every command line shares: the one-line error rule and the store's default path.
 
 The ``sdcguard`` command (:mod:`sdcguard.cli`) and the scanner's own entry, ``python -m fleet_scan``
-(:mod:`fleet_scan.command`), both end by these rules (DESIGN.md): 0 every checked device passed, 1 corruption
-found, 2 could not run; ``128 + N`` when signal ``N`` stopped the work. Errors are one line on stderr, never a
-traceback (``SDCGUARD_DEBUG=1`` shows it).
+(:mod:`fleet_scan.command`), both end by these rules (DESIGN.md): errors are one line on stderr, never a traceback
+(``SDCGUARD_DEBUG=1`` shows it), and the exit code is one of :mod:`sdcguard.exit_codes`.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Any
 
 import click
 
 from .errors import SdcguardError
+from .exit_codes import EXIT_CANNOT_RUN, exit_code_for_signal
 
-__all__ = ["EXIT_OK", "EXIT_CORRUPTION", "EXIT_CANNOT_RUN", "exit_code_for_signal", "OneLineErrors", "DB_ENV",
-           "DEFAULT_DB", "default_db"]
-
-EXIT_OK = 0
-"""Every checked device passed."""
-EXIT_CORRUPTION = 1
-"""Corruption was found."""
-EXIT_CANNOT_RUN = 2
-"""Could not run: bad input, no device, golden data or suite suspect."""
-_EXIT_INTERRUPTED = 130
-"""Ctrl-C (SIGINT) ended the command: what a shell reports."""
+__all__ = ["OneLineErrors", "DB_ENV", "DEFAULT_DB", "default_db"]
 
 DB_ENV = "SDCGUARD_DB"
 """The environment variable naming the fleet store."""
@@ -37,12 +28,6 @@ DEFAULT_DB = "sdcguard.db"
 def default_db() -> str:
     """The fleet store without ``--db``: ``$SDCGUARD_DB`` (unless empty), else :data:`DEFAULT_DB`."""
     return os.environ.get(DB_ENV) or DEFAULT_DB
-
-
-def exit_code_for_signal(signum: int) -> int:
-    """The exit code of work stopped by a signal: 128 + its number (130 SIGINT, 143 SIGTERM), as a shell reports a
-    process the signal killed, so cron, systemd and Slurm see unfinished work, never "all passed"."""
-    return 128 + int(signum)
 
 
 def _one_line(text: str) -> str:
@@ -81,7 +66,7 @@ class OneLineErrors(click.Command):
                 sys.exit(EXIT_CANNOT_RUN)
             raise
         except (KeyboardInterrupt, BrokenPipeError):
-            sys.exit(_EXIT_INTERRUPTED)
+            sys.exit(exit_code_for_signal(signal.SIGINT))
         except Exception as e:  # a bug: still one line, the traceback on request
             if os.environ.get("SDCGUARD_DEBUG"):
                 raise

@@ -2,7 +2,7 @@
 the code (ast) or the behaviour that would change if a second copy crept back in.
 
 - the scan's settings: :class:`fleet_scan.options.ScanOptions`;
-- the exit codes: :mod:`sdcguard.entry`;
+- the exit codes: :mod:`sdcguard.exit_codes`;
 - a day and the default window (7 days): :mod:`sdcguard.durations`;
 - the e4m3 table: :mod:`sdcguard.fp8`;
 - a fingerprint's 64-bit signedness: :mod:`sdcguard.fingerprints.definition`;
@@ -95,12 +95,12 @@ def test_no_other_module_lists_the_scan_settings() -> None:
 
 
 def test_the_exit_codes_are_defined_once_and_never_written_as_numbers() -> None:
-    """``EXIT_OK``, ``EXIT_CORRUPTION`` and ``EXIT_CANNOT_RUN`` are assigned in ``sdcguard/entry.py`` only, and no
-    command ends with ``exit(1)`` or ``exit(2)`` written as a number."""
-    from sdcguard import entry
+    """``EXIT_OK``, ``EXIT_CORRUPTION`` and ``EXIT_CANNOT_RUN`` are assigned in ``sdcguard/exit_codes.py`` only,
+    and no command ends with ``exit(1)`` or ``exit(2)`` written as a number."""
+    from sdcguard import exit_codes
 
-    names = {n for n in entry.__all__ if n.startswith("EXIT_")}
-    assert {getattr(entry, n) for n in names} == {0, 1, 2}
+    names = {n for n in exit_codes.__all__ if n.startswith("EXIT_")}
+    assert {getattr(exit_codes, n) for n in names} == {0, 1, 2}
     defined, literal = set(), []
     for m in library():
         for node in ast.walk(m.tree):
@@ -111,7 +111,7 @@ def test_the_exit_codes_are_defined_once_and_never_written_as_numbers() -> None:
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "exit"
                     and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in (1, 2)):
                 literal.append(f"{m.rel}:{node.lineno}")
-    assert defined == {("sdcguard/entry.py", n) for n in names}
+    assert defined == {("sdcguard/exit_codes.py", n) for n in names}
     assert literal == []
 
 

@@ -9,7 +9,7 @@ import click
 
 from fleet_scan.config import POLICY_SCOPES, actions_option, config_option, load_config, load_policy, parse_actions
 
-from ..entry import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK
+from ..exit_codes import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK
 from .common import open_store
 
 __all__ = ["policy"]
