@@ -1,4 +1,4 @@
-# The README's two commands: `make run` and `make test`.
+# The README's two commands: `make run` and `make test`; `make lint` is the lint and type gate CI runs first.
 # `make run` needs only the scanner and the report: a light virtualenv ($(RUN_VENV), no torch, no CuPy).
 # `make test` needs everything the tests exercise: the full one ($(VENV)).
 VENV ?= .venv
@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # Extra `sdcguard scan` options for `make run`, e.g. RUN_SCAN_ARGS="--budget 30 --only-idle".
 RUN_SCAN_ARGS ?= --budget 10 --all
 
-.PHONY: setup setup-run run test
+.PHONY: setup setup-run run test lint
 setup: $(VENV)/.sdcguard-installed
 setup-run: $(RUN_VENV)/.sdcguard-installed
 
@@ -30,3 +30,9 @@ run: setup-run
 
 test: setup
 	$(PY) -m pytest
+
+# ruff over the whole tree, mypy over sdcguard/ and fleet_scan/ (settings in pyproject.toml). mypy keeps its cache in
+# .mypy_cache, so a second run rechecks only what changed.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy

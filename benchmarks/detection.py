@@ -69,7 +69,7 @@ def _peer_trials(reps: int, quick: bool) -> list[Trial]:
             bits_list = [BIT_CLASSES[(ti + mi) % len(BIT_CLASSES)]] if quick else list(BIT_CLASSES)
             n = reps * (INTERMITTENT_REPS if timing == "intermittent" and not quick else 1)
             for bits in bits_list:
-                for k in range(n):
+                for _ in range(n):
                     one_off_op = timing == "one-off" and target in OP_TARGETS
                     phase = ("forward", "backward")[seed % 2] if one_off_op else "both"
                     trials.append(Trial(target=target, bits=bits, timing=timing, rank=seed % WORLD, seed=seed,
@@ -83,7 +83,7 @@ def _episodes(per_kind: int, settings: EpisodeSettings) -> list[Episode]:
              for m in ("one-off", "sticky") if not (t == "weights" and m == "sticky")]
     period = math.lcm(settings.replay_every, settings.weight_check_every, settings.hash_every)
     out, seed = [], 5000
-    for k in range(per_kind):
+    for _ in range(per_kind):
         for target, timing in kinds:
             rnd = random.Random(seed)
             trial = Trial(target=target, bits=BIT_CLASSES[seed % len(BIT_CLASSES)], timing=timing,
@@ -135,8 +135,8 @@ def plan(*, quick: bool, reps: int | None = None) -> Plan:
 
 
 def _run_jobs(p: Plan, timeout: float) -> tuple[list[Any], list[Any], list[Any], list[Any], dict[str, float]]:
-    from sdcguard.training.local_ranks import run_ranks
     from benchmarks.campaign import frameworks, peer, shadow
+    from sdcguard.training.local_ranks import run_ranks
 
     seconds: dict[str, float] = {}
     out: dict[str, list[Any]] = {}

@@ -10,6 +10,9 @@ machine noise hits them alike:
 - ``fwd+bwd``: forward and backward alone, no communication (the unit of a replay);
 - ``checks``: ``SDCGuard(replay_every=0)``: the every-step cross-replica gradient check alone;
 - ``peer10`` / ``peer1``: ``SDCGuard(replay_every=10)`` and ``SDCGuard(replay_every=1, weight_check_every=1)``;
+- ``sum1``: ``SDCGuard(replay_every=0, checksum_every=1)``: the matmul checksum checks on every step (the cost of a
+  checked step); every other guard here runs with ``checksum_every=0``, so each check's cost stands apart, and the
+  defaults' checksum share (one checked step in ``checksum_every``) is derived from ``sum1`` and ``checks``;
 - ``shadow1``: continuous verification: ``SDCGuard(replay_every=1, shadows=[the last rank])``; and, in a second
   phase against its own no-guard steps, ``shadow10`` (``replay_every=10``);
 - ``megatron``: Megatron-LM's per-step checks (local loss NaN/Inf and spike, each DDP bucket's local gradient norm
@@ -46,7 +49,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-NAMES = ("plain", "fwd+bwd", "checks", "peer10", "peer1", "shadow1", "megatron", "same_device")
+from sdcguard.training.config import DEFAULT_CHECKSUM_EVERY  # noqa: E402
+
+NAMES = ("plain", "fwd+bwd", "checks", "peer10", "peer1", "sum1", "shadow1", "megatron", "same_device")
 SECOND = ("plain2", "shadow10")
 """A second phase (the shadow serves one guard at a time): a dedicated shadow sampling one step in ten, against
 its own no-guard steps."""
@@ -74,13 +79,15 @@ class _Rank:
         group = self.group
         self.guards = {
             "shadow1": SDCGuard(DDP(self.modules["shadow1"], process_group=group), lm_loss, group=group,
-                                replay_every=1, shadows=list(roles.shadows)),
+                                replay_every=1, shadows=list(roles.shadows), checksum_every=0),
             "checks": SDCGuard(DDP(self.modules["checks"], process_group=group), lm_loss, group=group,
-                               replay_every=0),
+                               replay_every=0, checksum_every=0),
             "peer10": SDCGuard(DDP(self.modules["peer10"], process_group=group), lm_loss, group=group,
-                               replay_every=10),
+                               replay_every=10, checksum_every=0),
             "peer1": SDCGuard(DDP(self.modules["peer1"], process_group=group), lm_loss, group=group,
-                              replay_every=1, weight_check_every=1),
+                              replay_every=1, weight_check_every=1, checksum_every=0),
+            "sum1": SDCGuard(DDP(self.modules["sum1"], process_group=group), lm_loss, group=group,
+                             replay_every=0, checksum_every=1),
         }
         self.ddp = {n: DDP(self.modules[n], process_group=group)
                     for n in ("plain", "plain2", "megatron", "same_device")}
@@ -100,7 +107,8 @@ class _Rank:
 
         self.guards.pop("shadow1").close()
         self.guards["shadow10"] = SDCGuard(DDP(self.modules["shadow10"], process_group=self.group), self.loss_fn,
-                                           group=self.group, replay_every=10, shadows=list(self.roles.shadows))
+                                           group=self.group, replay_every=10, shadows=list(self.roles.shadows),
+                                           checksum_every=0)
 
     def _timed(self, name: str, part: str, fn: Any, *a: Any, **k: Any) -> Any:
         t0 = time.perf_counter()
@@ -179,7 +187,8 @@ def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace,
         for every in (1, 10):  # one guard per phase, built collectively with the workers' guard
             torch.manual_seed(0)
             model = TinyTransformer(d=args.d, heads=4, layers=args.layers, seq=args.seq, p=0.1)
-            SDCGuard(model, lm_loss, group=roles.dp_group, replay_every=every, shadows=list(roles.shadows)).serve()
+            SDCGuard(model, lm_loss, group=roles.dp_group, replay_every=every, shadows=list(roles.shadows),
+                     checksum_every=0).serve()
         dist.destroy_process_group()
         return
     r = _Rank(rank, args, roles)
@@ -227,7 +236,7 @@ def summarise(res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     out = {"config": config, "base_step_s": base, "step": step, "own": own, "hash_s": res["hash_s"],
            "hash_share_per_check": hash_share}
-    if not {"fwd+bwd", "peer1", "peer10", "shadow1", "megatron", "same_device"} <= set(ran):
+    if not {"fwd+bwd", "peer1", "peer10", "sum1", "shadow1", "megatron", "same_device"} <= set(ran):
         return out
     out["fwd_bwd_share"] = statistics.median(times["fwd+bwd"]) / base
     # a sampled step's extra cost, linear in 1 / replay_every: from peer1 (every step sampled) and checks (none)
@@ -240,8 +249,18 @@ def summarise(res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
                 "step": step["checks"][0] + sampled_extra / every}
 
     out["derived_50"], out["derived_10"] = derived(50), derived(10)
+    every = DEFAULT_CHECKSUM_EVERY
+    sums = {"step": step["sum1"][0] - step["checks"][0], "own": own["sum1"] - own["checks"]}
+    out["checksum_step"] = sums  # what one checked step adds (all its matmuls checked), over the same guard
+    defaults = {k: derived(50)[k] + sums[k] / every for k in ("step", "own")}
+    checksum1 = {k: derived(50)[k] + sums[k] for k in ("step", "own")}
+    out["derived_defaults"], out["derived_checksum1"] = defaults, checksum1
     out["text"] = {
-        "defaults": f"{derived(50)['step']:+.1%} step, {derived(50)['own']:.1%} own work (derived)",
+        "defaults": f"{defaults['step']:+.1%} step, {defaults['own']:.1%} own work (derived: replay "
+                    f"{derived(50)['step']:+.1%}, checksums {sums['step'] / every:+.1%} at `checksum_every={every}`)",
+        "replay_only": f"{derived(50)['step']:+.1%} step, {derived(50)['own']:.1%} own work (derived)",
+        "checksum1": f"{checksum1['step']:+.1%} step, {checksum1['own']:.1%} own work (derived: a checked step "
+                     f"{sums['step']:+.1%})",
         "replay10": f"{step['peer10'][0]:+.1%} step, {own['peer10']:.1%} own work",
         "continuous": f"{step['shadow1'][0]:+.0%} step, {own['shadow1']:.0%} own work, + 1 shadow device per "
                       f"{args.workers} workers (measured here with the shadow on the workers' cores)",
@@ -268,6 +287,11 @@ def report(s: dict[str, Any]) -> str:
             continue
         lines.append(f"derived replay_every={every:<3} (checks + (peer1 - checks) / {every}): step {d['step']:+.1%}, "
                      f"own work {d['own']:.2%}")
+    for key, label in (("derived_defaults", f"defaults (replay 50 + checksum_every={DEFAULT_CHECKSUM_EVERY})"),
+                       ("derived_checksum1", "replay 50 + checksum_every=1")):
+        d = s.get(key)
+        if d is not None:
+            lines.append(f"derived {label}: step {d['step']:+.1%}, own work {d['own']:.2%}")
     lines.append(f"Megatron weight hash: {s['hash_s'] * 1e3:.1f} ms per check = {s['hash_share_per_check']:.1%} of a "
                  f"step; amortized over 20,000 iterations {s['hash_share_per_check'] / HASH_INTERVAL:.5%}")
     return "\n".join(lines)

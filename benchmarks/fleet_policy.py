@@ -82,7 +82,8 @@ def _summary(run: SimRun, bad_day: int | None) -> dict[str, Any]:
         "breaker_days": [d.day for d in log if d.breaker_tripped],
         "bad_day_quarantined": len(day[bad_day].quarantined) if bad_day in day else None,
         "bad_day_reason": (day[bad_day].reasons or [""])[0] if bad_day in day else None,
-        "day_after_quarantined": len(day[bad_day + 1].quarantined) if bad_day is not None and bad_day + 1 in day else None,
+        "day_after_quarantined": (len(day[bad_day + 1].quarantined)
+                                  if bad_day is not None and bad_day + 1 in day else None),
         "healthy_quarantined_after_bad_day": sum(
             1 for d in healthy if d in quarantined_on and bad_day is not None and quarantined_on[d] >= bad_day),
         "batch": len(batch),

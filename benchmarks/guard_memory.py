@@ -18,8 +18,9 @@ replayed micro-batch's activations plus 0.1x. Run::
     python benchmarks/guard_memory.py [--layers 6] [--width 2048] [--batch 8] [--steps 3] [--configs ...]
 
 Large blocks are allocated with ``mmap`` (``MALLOC_MMAP_THRESHOLD_=65536``) so that a freed block leaves the resident
-set at once and the peak is what was live, not what glibc kept. The default model is an MLP of 6 linear layers of 2048x2048 (25.2M parameters, 101 MB in fp32) fed a batch of 8, so
-activations are small against the parameters and the figures show what the guard itself keeps.
+set at once and the peak is what was live, not what glibc kept. The default model is an MLP of 6 linear layers of
+2048x2048 (25.2M parameters, 101 MB in fp32) fed a batch of 8, so activations are small against the parameters and the
+figures show what the guard itself keeps.
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace,
             from torch.distributed.fsdp import fully_shard
 
             mesh = init_device_mesh("cpu", (workers,))
-            for block in m.blocks:  # type: ignore[union-attr]
+            for block in m.blocks:
                 fully_shard(block, mesh=mesh)
             fully_shard(m, mesh=mesh)
             wrapped[name] = m

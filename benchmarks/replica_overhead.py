@@ -128,7 +128,8 @@ def main() -> None:
     )
     print(f"  unchecked step: mean {statistics.mean(off):.3f} s, median {statistics.median(off):.3f} s")
     print(f"  checked step  : mean {statistics.mean(on):.3f} s, median {statistics.median(on):.3f} s")
-    print(f"  overhead (median step time, checked vs unchecked): {100 * (statistics.median(on) / statistics.median(off) - 1):+.2f}%")
+    overhead = 100 * (statistics.median(on) / statistics.median(off) - 1)
+    print(f"  overhead (median step time, checked vs unchecked): {overhead:+.2f}%")
     # Paired: each checked block against the unchecked block right after it (drift in machine load cancels).
     per = args.steps_per_block
     first, second = ((1, 0) if args.unchecked_first else (0, 1))

@@ -18,7 +18,8 @@ Goal: the CLI report over 7 and 30 days under 2 s, in each of three runs. A full
 
     python benchmarks/report_scale.py --devices 10000 --days 365
     python benchmarks/report_scale.py --devices 1000 --days 60 --merge-days 7      # a minute or two
-    python benchmarks/report_scale.py --dir /dev/shm/year; python benchmarks/report_scale.py --measure /dev/shm/year/fleet.db
+    python benchmarks/report_scale.py --dir /dev/shm/year
+    python benchmarks/report_scale.py --measure /dev/shm/year/fleet.db
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Slow ranks in training: how fast a slowed rank is named, false naming in clean runs, and what timing costs.
 
-A 2-rank DDP job over gloo, one rank per core (sdcguard.training.local_ranks), an MLP (256 -> 768 -> 768 -> 8, batch 64),
-``replay_every=2``:
+A 2-rank DDP job over gloo, one rank per core (sdcguard.training.local_ranks), an MLP (256 -> 768 -> 768 -> 8,
+batch 64), ``replay_every=2``:
 
 - ``--drills`` runs of ``--steps-drill`` steps (20) where rank 1 runs under ``SlowOpsMode(--factor)`` (each op
   burns ``factor - 1`` times its own time in extra work) and rank 0 under ``SlowOpsMode(1.0)`` (the same Python

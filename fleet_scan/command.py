@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -21,6 +21,9 @@ from sdcguard.inject.spec import INJECT_SPEC_HELP
 
 from .config import POLICY_SCOPES, actions_option, config_option, load_config, load_policy, parse_actions
 from .options import DEFAULT_BUDGET_S, ScanOptions, settings
+
+if TYPE_CHECKING:
+    from sdcguard.fleet.policy import PolicyScope
 
 __all__ = ["scan", "main"]
 
@@ -86,7 +89,7 @@ def scan(
     idle_window: float | None,
     gpu_util_max: float | None,
     cpu_busy_max: float | None,
-    policy_scope: str | None,
+    policy_scope: PolicyScope | None,
 ) -> None:
     """Scan this machine's idle devices with the golden suite, record the results, apply the quarantine policy.
 
@@ -113,7 +116,7 @@ def scan(
     db = db_path if db_path is not None else root_db if root_db is not None else Path(default_db())
     templates = parse_actions(actions, section)
     policy = load_policy(config)
-    scope = policy_scope or section.get("policy_scope", "fleet")
+    scope: PolicyScope = policy_scope or section.get("policy_scope", "fleet")  # both checked: click, load_config
     options = ScanOptions.from_settings(_given(ctx), section, db=str(db), inject=";".join(inject) or None,
                                         json=json_lines)
     specs = list(devices) or list(section.get("devices", []))

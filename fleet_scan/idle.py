@@ -275,7 +275,7 @@ class IdleMonitor:
         """Run one check; a measurement that failed makes the device busy, its error kept in :attr:`error`."""
         self.error = None
         try:
-            return check()  # type: ignore[no-any-return]
+            return check()
         except _Unmeasurable as e:
             self.error = str(e)
             return f"cannot tell whether {self.target.device} is idle, so it counts as busy: {e}"

@@ -12,8 +12,8 @@ import dataclasses
 import json
 import sys
 
-from sdcguard.exit_codes import EXIT_CANNOT_RUN
 from sdcguard.errors import SdcguardError
+from sdcguard.exit_codes import EXIT_CANNOT_RUN
 
 from .discovery import ScanTarget
 from .options import ScanOptions

@@ -4,8 +4,8 @@ Before any device is touched the fire-drill spec is parsed, the golden suite is 
 verified: tampered golden data stops the scan with exit 2 before anything is recorded), the store is opened
 (created if needed, so the workers never race to create it) and every case's inputs and expected output are
 built here, on a core this scan does not test when there is one, checked against the manifest and handed to the
-workers (:mod:`sdcguard.golden.references`): a device never computes its own reference. After the workers the quarantine policy of
-:mod:`sdcguard.fleet.policy` runs over the scanned devices: quarantine, circuit breaker, actions.
+workers (:mod:`sdcguard.golden.references`): a device never computes its own reference. After the workers the
+quarantine policy of :mod:`sdcguard.fleet.policy` runs over the scanned devices: quarantine, circuit breaker, actions.
 
 Exit codes (DESIGN.md): 0 every scanned device passed; 1 corruption found; 2 could not run (bad input, no
 device, no device free to scan, a device scanned that executed nothing, golden data or suite suspect, circuit
@@ -27,10 +27,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sdcguard.exit_codes import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK, exit_code_for_signal
 from sdcguard.errors import GoldenDataError
+from sdcguard.exit_codes import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK, exit_code_for_signal
 from sdcguard.fleet.schema import MIN_EXECUTIONS
 
 from .discovery import ScanTarget, select_targets
@@ -39,6 +39,9 @@ from .options import DEFAULT_BUDGET_S, ScanOptions
 from .progress import Reporter
 from .stop import on_stop_signals
 from .summary import SKIPPED, DeviceSummary
+
+if TYPE_CHECKING:
+    from sdcguard.fleet.policy import PolicyScope
 
 __all__ = ["ScanOutcome", "run_scan", "worker_env", "reference_cores"]
 
@@ -197,7 +200,7 @@ def run_scan(
     policy: Any = None,
     actions: Sequence[Any] = (),
     targets: Sequence[ScanTarget] | None = None,
-    policy_scope: str = "fleet",
+    policy_scope: PolicyScope = "fleet",
 ) -> ScanOutcome:
     """Scan the devices named by ``specs`` (default: every GPU, else every CPU core) and apply the policy.
 
@@ -224,7 +227,7 @@ def run_scan(
 
 def _scan_all(
     options: ScanOptions, chosen: list[ScanTarget], reporter: Reporter, policy: Any, actions: Sequence[Any],
-    policy_scope: str, references: str,
+    policy_scope: PolicyScope, references: str,
 ) -> ScanOutcome:
     workers: list[_Worker] = []
     stop: dict[str, int | None] = {"signal": None}
@@ -256,7 +259,7 @@ def _conclude(
     reporter: Reporter,
     policy: Any,
     actions: Sequence[Any],
-    policy_scope: str = "fleet",
+    policy_scope: PolicyScope = "fleet",
     *,
     stopped_by: int | None = None,
 ) -> ScanOutcome:
@@ -275,7 +278,7 @@ def _conclude(
         with Store.open(options.db) as store:
             result = apply_policy(
                 store, policy if policy is not None else QuarantinePolicy(), devices=scanned, actions=actions,
-                scope=policy_scope,  # type: ignore[arg-type]
+                scope=policy_scope,
             )
         outcome.quarantined = list(result.quarantined)
         outcome.breaker_tripped = bool(result.breaker_tripped)

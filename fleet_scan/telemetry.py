@@ -121,8 +121,9 @@ class GpuTelemetry(Telemetry):
         return out
 
     def close(self) -> None:
-        if self._nvml is not None and self._events is not None:
-            _try(lambda: self._nvml.nvmlEventSetFree(self._events))
+        nvml, events = self._nvml, self._events
+        if nvml is not None and events is not None:
+            _try(lambda: nvml.nvmlEventSetFree(events))
             self._events = None
 
 

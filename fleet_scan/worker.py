@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from sdcguard.devices import hostname
-from sdcguard.exit_codes import EXIT_CANNOT_RUN
 from sdcguard.errors import SdcguardError, SuiteError
+from sdcguard.exit_codes import EXIT_CANNOT_RUN
 from sdcguard.records import CaseResult, ScanStatus
 
 from .discovery import ScanTarget
@@ -68,7 +68,7 @@ def make_backend(target: ScanTarget, suite: Any = None) -> Any:
         return NumpyBackend(target.index, suite=suite)
     if target.kind == "gpu":
         try:
-            from sdcguard.golden import CupyBackend  # type: ignore[attr-defined]
+            from sdcguard.golden import CupyBackend
         except ImportError as e:
             raise SuiteError(f"{target.device}: this sdcguard has no CUDA golden-suite backend ({e})") from None
         # The worker's environment makes the target the only visible CUDA device (CUDA_VISIBLE_DEVICES=<uuid>):

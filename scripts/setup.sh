@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create a virtualenv with sdcguard.
-#   scripts/setup.sh VENV          everything the tests need (torch, CuPy/NVRTC, plots, metrics, adapters)
+#   scripts/setup.sh VENV          everything the tests and `make lint` need (torch, CuPy/NVRTC, plots, metrics,
+#                                  adapters, ruff, mypy)
 #   scripts/setup.sh VENV --light  only what `sdcguard scan` and `sdcguard report` need (no torch): `make run`
 # Where no NVIDIA GPU is present, torch is pinned to the CPU build first, so the package's own
 # range requirement (torch>=2.3,<3) is already satisfied and pip never pulls a multi-GB CUDA build.
@@ -18,6 +19,13 @@ if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
 fi
 pip=("$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar on)
+# This project's distribution was named `sdcguard` before it became `sdcguard-fleet` (PyPI's `sdcguard` is another
+# project). A virtualenv made before, or one that holds PyPI's, has a distribution of that name claiming the same
+# import package: remove it, so only this checkout provides `sdcguard`.
+if "$venv/bin/python" -m pip show sdcguard >/dev/null 2>&1; then
+    step "removing the distribution named sdcguard (this project's old name, or PyPI's unrelated project)"
+    "$venv/bin/python" -m pip uninstall -y -q sdcguard
+fi
 if [ "$mode" = "--light" ]; then
     step "installing sdcguard for scan and report (numpy, scipy, click, rich; no torch, no CuPy)"
     "${pip[@]}" -e .
@@ -25,13 +33,13 @@ if [ "$mode" = "--light" ]; then
     exit 0
 fi
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    extras="torch,gpu,plot,metrics,test"
+    extras="torch,gpu,plot,metrics,test,lint"
 else
     # CPU-only machine: the CPU build of torch (override with SDCGUARD_TORCH_SPEC).
     step "installing the CPU build of torch (${SDCGUARD_TORCH_SPEC:-torch==2.13.0}; about 1 GB of the install)"
     "${pip[@]}" "${SDCGUARD_TORCH_SPEC:-torch==2.13.0}"
-    extras="torch,nvrtc,plot,metrics,test"
+    extras="torch,nvrtc,plot,metrics,test,lint"
 fi
-step "installing sdcguard with the extras the tests need ($extras)"
+step "installing sdcguard with the extras the tests and the lint need ($extras)"
 "${pip[@]}" -e ".[${extras}]"
 echo "sdcguard installed in $venv (extras: $extras)" >&2

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 import socket
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from .errors import BadInput
@@ -99,7 +99,7 @@ def parse_spec(text: str) -> DeviceSpec:
         return DeviceSpec(kind="all")
     m = re.match(r"^(cuda|cpu):(\d+)$", t)
     if m:
-        return DeviceSpec(kind=m[1], index=int(m[2]))  # type: ignore[arg-type]
+        return DeviceSpec(kind="cuda" if m[1] == "cuda" else "cpu", index=int(m[2]))
     try:
         parse_device_id(t)
     except BadInput:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from .errors import BadInput
 
@@ -22,7 +22,8 @@ def parse_duration(text: str, *, option: str = "--since") -> float:
     m = _RE.match(text or "")
     if not m or float(m[1]) <= 0:
         raise BadInput(
-            f"{option} {text!r} is not a duration: use a positive number and a unit s, m, h, d or w (e.g. 30m, 12h, 7d, 2w)"
+            f"{option} {text!r} is not a duration: use a positive number and a unit s, m, h, d or w "
+            "(e.g. 30m, 12h, 7d, 2w)"
         )
     return float(m[1]) * _UNITS[m[2].lower()]
 
@@ -33,7 +34,8 @@ DEFAULT_WINDOW_S = parse_duration(DEFAULT_WINDOW)
 """The same window in seconds."""
 
 
-def since_timestamp(text: str | None, *, now: float | None = None, default: str | None = DEFAULT_WINDOW) -> float | None:
+def since_timestamp(text: str | None, *, now: float | None = None,
+                    default: str | None = DEFAULT_WINDOW) -> float | None:
     """The Unix time ``text`` (a duration, or ``all``) reaches back to; None for ``all``."""
     value = default if text is None else text
     if value is None or value.strip().lower() == "all":
@@ -45,4 +47,4 @@ def iso_utc(t: float | None) -> str | None:
     """``2026-11-30T07:52:59Z`` (None stays None)."""
     if t is None:
         return None
-    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -41,10 +42,11 @@ class OneLineErrors(click.Command):
     :data:`EXIT_CANNOT_RUN`; a bug is one line naming it as an internal error; a command's own ``ctx.exit(code)``
     passes its code on."""
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        standalone = kwargs.pop("standalone_mode", True)
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        standalone = standalone_mode
         try:
-            rv = super().main(*args, standalone_mode=False, **kwargs)
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
             # Without standalone mode click *returns* the code of a command's ctx.exit(code) instead of raising:
             # pass it on, or `ctx.exit(1)` (corruption found) would end the process with 0.
             if standalone and isinstance(rv, int) and not isinstance(rv, bool) and rv:
@@ -71,7 +73,8 @@ class OneLineErrors(click.Command):
             if os.environ.get("SDCGUARD_DEBUG"):
                 raise
             click.echo(
-                f"sdcguard: internal error: {type(e).__name__}: {_one_line(str(e))} (SDCGUARD_DEBUG=1 shows the traceback)",
+                f"sdcguard: internal error: {type(e).__name__}: {_one_line(str(e))} "
+                "(SDCGUARD_DEBUG=1 shows the traceback)",
                 err=True,
             )
             if standalone:

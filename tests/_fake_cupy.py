@@ -31,7 +31,7 @@ class _Device:
     def __init__(self, index: int) -> None:
         self.index = index
 
-    def __enter__(self) -> "_Device":
+    def __enter__(self) -> _Device:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -51,9 +51,9 @@ def install(monkeypatch: Any, build: HostBuild, *, sms: int = 4, arch: tuple[int
         memGetInfo=lambda: (64 << 20, 128 << 20),
     )
     compiler = types.SimpleNamespace(CompileException=RuntimeError)
-    cuda.Device = _Device  # type: ignore[attr-defined]
-    cuda.runtime = runtime  # type: ignore[attr-defined]
-    cuda.compiler = compiler  # type: ignore[attr-defined]
+    cuda.Device = _Device
+    cuda.runtime = runtime
+    cuda.compiler = compiler
 
     class RawModule:
         def __init__(self, *, code: str, options: tuple[str, ...] = ()) -> None:
@@ -73,13 +73,13 @@ def install(monkeypatch: Any, build: HostBuild, *, sms: int = 4, arch: tuple[int
         log["gets"] += 1
         return np.array(self)
 
-    DevArray.get = get_counting  # type: ignore[method-assign]
-    cupy.cuda = cuda  # type: ignore[attr-defined]
-    cupy.RawModule = RawModule  # type: ignore[attr-defined]
-    cupy.asarray = _dev  # type: ignore[attr-defined]
+    DevArray.get = get_counting
+    cupy.cuda = cuda
+    cupy.RawModule = RawModule
+    cupy.asarray = _dev
     pool = types.SimpleNamespace(free_bytes=lambda: 0, free_all_blocks=lambda: None)
-    cupy.get_default_memory_pool = lambda: pool  # type: ignore[attr-defined]
-    cupy.empty = lambda n, dtype: np.empty(n, dtype=dtype).view(DevArray)  # type: ignore[attr-defined]
+    cupy.get_default_memory_pool = lambda: pool
+    cupy.empty = lambda n, dtype: np.empty(n, dtype=dtype).view(DevArray)
     # what the GPU check's timing and references use: events time the host (the "device" is this CPU)
     class Event:
         def __init__(self) -> None:
@@ -91,8 +91,8 @@ def install(monkeypatch: Any, build: HostBuild, *, sms: int = 4, arch: tuple[int
         def synchronize(self) -> None:
             return None
 
-    cuda.Event = Event  # type: ignore[attr-defined]
-    cuda.get_elapsed_time = lambda a, b: (b.t - a.t) * 1e3  # type: ignore[attr-defined]
+    cuda.Event = Event
+    cuda.get_elapsed_time = lambda a, b: (b.t - a.t) * 1e3
     for name in ("float16", "float32", "float64", "uint8", "uint32"):
         setattr(cupy, name, getattr(np, name))
 
@@ -103,12 +103,12 @@ def install(monkeypatch: Any, build: HostBuild, *, sms: int = 4, arch: tuple[int
         def standard_normal(self, shape: tuple[int, ...], dtype: Any = np.float64) -> DevArray:
             return _dev(self._rng.standard_normal(shape, dtype=dtype))
 
-    cupy.random = types.SimpleNamespace(default_rng=Generator)  # type: ignore[attr-defined]
-    cupy.ones = lambda shape, dtype: _dev(np.ones(shape, dtype=dtype))  # type: ignore[attr-defined]
-    cupy.zeros = lambda shape, dtype: _dev(np.zeros(shape, dtype=dtype))  # type: ignore[attr-defined]
-    cupy.empty_like = lambda a: _dev(np.empty_like(a))  # type: ignore[attr-defined]
-    cupy.copyto = lambda dst, src: np.copyto(dst, src)  # type: ignore[attr-defined]
-    cupy.matmul = lambda a, b: np.matmul(np.asarray(a, dtype=np.float32) if a.dtype == np.float16 else a,  # type: ignore[attr-defined]
+    cupy.random = types.SimpleNamespace(default_rng=Generator)
+    cupy.ones = lambda shape, dtype: _dev(np.ones(shape, dtype=dtype))
+    cupy.zeros = lambda shape, dtype: _dev(np.zeros(shape, dtype=dtype))
+    cupy.empty_like = lambda a: _dev(np.empty_like(a))
+    cupy.copyto = lambda dst, src: np.copyto(dst, src)
+    cupy.matmul = lambda a, b: np.matmul(np.asarray(a, dtype=np.float32) if a.dtype == np.float16 else a,
                                          np.asarray(b, dtype=np.float32) if b.dtype == np.float16 else b
                                          ).astype(a.dtype).view(DevArray)
 
@@ -117,15 +117,15 @@ def install(monkeypatch: Any, build: HostBuild, *, sms: int = 4, arch: tuple[int
     state: dict[Any, int] = {}
     for i, name in enumerate(["DEFAULT", "PEDANTIC", "TF32", "FP32", "FP64", "FP16", "BF16"]):
         setattr(linalg, f"COMPUTE_TYPE_{name}", i)
-    linalg.get_compute_type = lambda dt: state.get(np.dtype(dt), 0)  # type: ignore[attr-defined]
+    linalg.get_compute_type = lambda dt: state.get(np.dtype(dt), 0)
 
     def set_compute_type(dt: Any, mode: int) -> None:
         log["compute_types"].append((np.dtype(dt).name, mode))
         state[np.dtype(dt)] = mode
 
-    linalg.set_compute_type = set_compute_type  # type: ignore[attr-defined]
-    core._routines_linalg = linalg  # type: ignore[attr-defined]
-    cupy._core = core  # type: ignore[attr-defined]
+    linalg.set_compute_type = set_compute_type
+    core._routines_linalg = linalg
+    cupy._core = core
     for name, mod in (("cupy", cupy), ("cupy.cuda", cuda), ("cupy._core", core),
                       ("cupy._core._routines_linalg", linalg)):
         monkeypatch.setitem(sys.modules, name, mod)

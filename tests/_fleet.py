@@ -7,8 +7,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from sdcguard.records import CaseResult, DeviceInfo
 from sdcguard.fleet.store import Store
+from sdcguard.records import CaseResult, DeviceInfo
 
 NOW = 1_800_000_000.0
 """A fixed 'now' (2027-01-15) so windows are deterministic."""
@@ -20,7 +20,8 @@ def result(
 ) -> CaseResult:
     return CaseResult(
         device=device, case=case, family=family, seed=7, passed=passed, duration_s=duration_s, started_at=t,
-        output_digest=digest if digest is not None else (None if passed else hashlib.sha256(device.encode()).hexdigest()),
+        output_digest=(digest if digest is not None
+                       else None if passed else hashlib.sha256(device.encode()).hexdigest()),
         mismatches=0 if passed else 1, element=None if passed else 3, expected=None if passed else "0x3f800000",
         actual=None if passed else "0x3f800001", xor_mask=None if passed else "0x1", attempt=attempt, sticky=sticky,
     )
@@ -32,7 +33,7 @@ def scan(
 ) -> int:
     store.upsert_device(DeviceInfo(id=device, host=host, kind=device.split(":")[0] if ":" in device else "gpu"), now=t)
     sid = store.begin_scan(device=device, host=host, budget_s=60.0, started_at=t)
-    store.record_results(sid, results, finish=finish, finished_at=t + 60)  # type: ignore[arg-type]
+    store.record_results(sid, results, finish=finish, finished_at=t + 60)
     return sid
 
 

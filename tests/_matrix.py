@@ -135,7 +135,7 @@ def escalation(rank: int, world: int, escalate: str, steps: int) -> dict[str, An
 
     torch.manual_seed(0)
     inner = TinyTransformer(d=8, heads=2, seq=SEQ, layers=1)
-    guard = SDCGuard(DDP(inner), lm_loss, escalate=escalate)  # type: ignore[arg-type]
+    guard = SDCGuard(DDP(inner), lm_loss, escalate=escalate)
     opt = torch.optim.SGD(inner.parameters(), lr=0.05)
     fault = OpFaultMode(Fault(pattern="bitflip", bit="high_mantissa", timing="sticky", seed=5), ops="gelu",
                         phase="forward", rank=1, steps=range(2, steps))

@@ -35,7 +35,8 @@ def sdcguard(db: Path, *args: str, timeout: float = 120, module: str = "sdcguard
     )
 
 
-def scan(db: Path, lock_dir: Path, *args: str, budget: float = 1.5, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def scan(db: Path, lock_dir: Path, *args: str, budget: float = 1.5,
+         timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """A scan of this machine's CPU cores with a short budget, busy or not (tests must not depend on load)."""
     return sdcguard(db, "scan", "--all", "--json", "--budget", str(budget), "--lock-dir", str(lock_dir), *args,
                     timeout=timeout)

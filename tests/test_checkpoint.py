@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 from _checkpoints import flip_byte_of as _flip_byte_of
 from _checkpoints import trained
 from _tiny_transformer import TinyTransformer, lm_loss, make_batch
-from click.testing import CliRunner
 from sdcguard import CheckpointCorrupted, CheckpointError, SDCGuard, Store, checkpoint
 from sdcguard.cli import cli
 from sdcguard.errors import BadInput

@@ -29,9 +29,9 @@ def _model() -> TinyTransformer:
 
 
 def _fault(timing: str, phase: str, occurrence: int | None, bits: str = "exponent", rank: int | None = None) -> Any:
-    fault = (Fault(pattern="nan", timing=timing, seed=3) if bits == "nan"  # type: ignore[arg-type]
-             else Fault(pattern="bitflip", bit=bits, timing=timing, seed=3))  # type: ignore[arg-type]
-    return OpFaultMode(FaultModel(fault), ops="matmul", phase=phase, occurrence=occurrence,  # type: ignore[arg-type]
+    fault = (Fault(pattern="nan", timing=timing, seed=3) if bits == "nan"
+             else Fault(pattern="bitflip", bit=bits, timing=timing, seed=3))
+    return OpFaultMode(FaultModel(fault), ops="matmul", phase=phase, occurrence=occurrence,
                        rank=rank)
 
 

@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from sdcguard.cli import cli
-from sdcguard.records import DeviceInfo, Incident
 from sdcguard.fleet.store import Store
+from sdcguard.records import DeviceInfo, Incident
 from tests._fleet import clean, result, scan, snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,7 +134,8 @@ def test_quarantine_add_list_release_history_round_trip(tmp_path: Path) -> None:
     assert _run("--db", str(db), "quarantine", "add", "cpu:node7:3", "--reason", "MCE in dmesg", "--new")[0] == 0
     code, out, _ = _run("--db", str(db), "quarantine", "list", "--format", "json")
     (row,) = json.loads(out)
-    assert (row["device"], row["state"], row["reason"], row["host"]) == ("cpu:node7:3", "quarantined", "MCE in dmesg", "node7")
+    assert (row["device"], row["state"], row["reason"], row["host"]) == (
+        "cpu:node7:3", "quarantined", "MCE in dmesg", "node7")
     assert _run("--db", str(db), "quarantine", "release", "cpu:node7:3", "--reason", "core disabled")[0] == 0
     (row,) = json.loads(_run("--db", str(db), "quarantine", "list", "--format", "json")[1])
     assert row["state"] == "probation"
@@ -261,4 +262,5 @@ def test_gpu_ids_are_accepted_in_any_case(tmp_path: Path) -> None:
     assert _run("--db", str(db), "quarantine", "add", upper, "--reason", "xid 79", "--new")[0] == 0
     (row,) = json.loads(_run("--db", str(db), "quarantine", "list", "--format", "json")[1])
     assert row["device"] == "GPU-" + upper[4:].lower()
-    assert _run("--db", str(db), "quarantine", "release", row["device"].upper().replace("GPU-", "gpu-", 1), "--reason", "ok")[0] == 0
+    other_case = row["device"].upper().replace("GPU-", "gpu-", 1)
+    assert _run("--db", str(db), "quarantine", "release", other_case, "--reason", "ok")[0] == 0

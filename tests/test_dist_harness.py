@@ -56,7 +56,7 @@ def test_a_group_that_did_not_form_is_started_once_more(monkeypatch: pytest.Monk
     real = local_ranks.run_ranks_once
     fail_next = [True]
 
-    def flaky(fn, world, *args, timeout):  # type: ignore[no-untyped-def]
+    def flaky(fn, world, *args, timeout):
         calls.append(timeout)
         if fail_next.pop() if fail_next else False:
             raise RankFailed(f"rank 0 failed:\n{GROUP_NOT_FORMED}RuntimeError: Gloo connectFullMesh failed")

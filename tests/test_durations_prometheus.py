@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sdcguard.durations import parse_duration, since_timestamp
 from sdcguard.errors import BadInput
 from sdcguard.fleet.prometheus import render_textfile, write_textfile
-from sdcguard.records import DeviceInfo
 from sdcguard.fleet.store import Store
+from sdcguard.records import DeviceInfo
 from tests._fleet import NOW, result, scan
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -114,7 +114,8 @@ def _as_tensor(raw: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 
 @given(raw_tensors(), st.data())
-def test_any_single_flipped_bit_changes_the_fingerprint(case: tuple[np.ndarray, torch.dtype], data: st.DataObject) -> None:
+def test_any_single_flipped_bit_changes_the_fingerprint(case: tuple[np.ndarray, torch.dtype],
+                                                       data: st.DataObject) -> None:
     raw, dtype = case
     x = _as_tensor(raw, dtype)
     bit = data.draw(st.integers(0, raw.size * 8 - 1))
@@ -159,12 +160,12 @@ def test_a_copy_agrees_and_torch_equals_numpy(case: tuple[np.ndarray, torch.dtyp
     st.lists(st.integers(1, 9), min_size=1, max_size=4),
     st.data(),
 )
-def test_a_strided_view_agrees_with_its_contiguous_copy(dtype: torch.dtype, shape: list[int], data: st.DataObject) -> None:
+def test_a_strided_view_agrees_with_its_contiguous_copy(dtype: torch.dtype, shape: list[int],
+                                                        data: st.DataObject) -> None:
     seed = data.draw(st.integers(0, 2**32 - 1))
+    nbytes = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
     base = _as_tensor(
-        np.random.default_rng(seed).integers(0, 2, int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size(), dtype=np.uint8)
-        if dtype == torch.bool
-        else np.random.default_rng(seed).integers(0, 256, int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size(), dtype=np.uint8),
+        np.random.default_rng(seed).integers(0, 2 if dtype == torch.bool else 256, nbytes, dtype=np.uint8),
         dtype,
     ).reshape(shape)
     view = base
@@ -204,7 +205,8 @@ def test_flips_at_chunk_and_block_boundaries_and_whole_chunk_swaps_are_seen() ->
             y[i] ^= 1 << bit if bit < 31 else -(2**31)
             assert fingerprint(y) != f, (i, bit)
     y = x.clone()
-    y[:CHUNK_WORDS], y[CHUNK_WORDS : 2 * CHUNK_WORDS] = x[CHUNK_WORDS : 2 * CHUNK_WORDS].clone(), x[:CHUNK_WORDS].clone()
+    first, second = x[:CHUNK_WORDS].clone(), x[CHUNK_WORDS : 2 * CHUNK_WORDS].clone()
+    y[:CHUNK_WORDS], y[CHUNK_WORDS : 2 * CHUNK_WORDS] = second, first
     assert fingerprint(y) != f
     # the sign-bit swap a linear 32-bit sum cannot see: x and -x
     z = torch.ones(1000)
@@ -263,7 +265,8 @@ def test_any_two_flipped_bits_within_a_chunk_change_the_fingerprint(
 
 
 def test_fingerprint_many_equals_one_by_one() -> None:
-    xs = [torch.randn(5, 7), np.arange(9, dtype=np.int16), torch.randn(4, 4).t(), torch.zeros(0), torch.ones(3, dtype=torch.bfloat16)]
+    xs = [torch.randn(5, 7), np.arange(9, dtype=np.int16), torch.randn(4, 4).t(), torch.zeros(0),
+          torch.ones(3, dtype=torch.bfloat16)]
     assert fingerprint_many(xs) == [fingerprint(x) for x in xs]
     assert fingerprint_many([]) == []
 

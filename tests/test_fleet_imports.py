@@ -76,6 +76,7 @@ def test_no_two_fleet_modules_import_each_other_and_no_private_name_crosses() ->
                 assert a not in graph.get(b, set()), f"{a} and {b} import each other"
     for path in SIDE:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(("sdcguard", "fleet_scan"))):
+            if isinstance(node, ast.ImportFrom) and (
+                    node.level or (node.module or "").startswith(("sdcguard", "fleet_scan"))):
                 private = [a.name for a in node.names if a.name.startswith("_") and a.name != "__version__"]
                 assert not private, f"{path.relative_to(ROOT)} imports private {private} from {node.module}"

@@ -20,8 +20,8 @@ from fleet_scan.summary import DeviceSummary
 from fleet_scan.telemetry import telemetry_for
 from sdcguard.devices import cpu_id, hostname
 from sdcguard.errors import BadInput, NoDevice
-from sdcguard.records import CaseResult, DeviceInfo
 from sdcguard.fleet.store import Store
+from sdcguard.records import CaseResult, DeviceInfo
 
 _UUID = "GPU-12345678-1234-1234-1234-123456789abc"
 

@@ -14,12 +14,23 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from _scan import (
+    ROOT,
+    argv_recorder,
+    cores,
+    env,
+    events,
+    report,
+    resigned_golden,
+    scan,
+    sdcguard,
+    store_rows,
+    tampered_golden,
+)
 from fleet_scan.idle import DeviceLock
 from sdcguard.cli import cli
 from sdcguard.devices import cpu_id, hostname
 from sdcguard.fleet.actions import ActionTemplate
-
-from _scan import ROOT, argv_recorder, cores, env, events, report, resigned_golden, scan, sdcguard, store_rows, tampered_golden
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +46,8 @@ def test_scan_of_this_machine_passes_within_budget_and_report_shows_healthy(tmp_
     rows = report(db)
     for core in cores():
         row = rows[cpu_id(core)]
-        assert row["status"] == "healthy" and row["failures"] == 0 and row["executions"] == done[cpu_id(core)]["executions"]
+        assert row["status"] == "healthy" and row["failures"] == 0
+        assert row["executions"] == done[cpu_id(core)]["executions"]
     # the budget is honoured within 5% (the scan's own start-to-final-record time), and mostly used
     for started, finished, meta in store_rows(db, "SELECT started_at, finished_at, meta FROM scans"):
         assert 0.7 * budget <= finished - started <= 1.05 * budget
@@ -88,7 +100,8 @@ def test_an_intermittent_fire_drill_keeps_every_failure_and_its_rate(tmp_path: P
     ((failed_rows,),) = store_rows(db, "SELECT COUNT(*) FROM results WHERE passed = 0 AND attempt = 0")
     ((passing_rows, passing),) = store_rows(
         db, "SELECT COUNT(*), SUM(executions) FROM results WHERE passed = 1 AND attempt = 0")
-    assert failed_rows == done["failures"] > 0 and passing == done["executions"] - done["failures"], (failed_rows, passing, done)
+    assert failed_rows == done["failures"] > 0 and passing == done["executions"] - done["failures"], (
+        failed_rows, passing, done)
     assert passing_rows <= 31  # one per case
     r = sdcguard(db, "report", "--format", "json", "--confidence", "0.999")
     (row,) = json.loads(r.stdout)
@@ -347,7 +360,8 @@ def test_actions_are_argument_lists_never_a_shell() -> None:
     argv = t.render(device="cpu:h:1", host="h", reason="x; rm -rf /")
     assert argv[-1] == "Reason=sdc x; rm -rf /"
     assert ActionTemplate.from_text("slurm-drain").name == "slurm-drain"
-    assert ActionTemplate.from_text("echo {device}").name == ActionTemplate.from_text("echo {device}").name  # stable across runs
+    echo = ActionTemplate.from_text("echo {device}")
+    assert echo.name == ActionTemplate.from_text("echo {device}").name  # stable across runs
 
 
 def test_no_torch_in_the_scanner() -> None:

@@ -74,7 +74,7 @@ def test_devices_that_disagree_record_nothing(tmp_path: Path) -> None:
     (lambda b: b["candidates"][0].update(arch="hopper"), "bad architecture"),
     (lambda b: b.update(format="something/9"), "not a candidates file"),
 ])
-def test_a_damaged_candidate_file_is_one_clear_error_naming_it(  # type: ignore[no-untyped-def]
+def test_a_damaged_candidate_file_is_one_clear_error_naming_it(
         tmp_path: Path, edit, message: str) -> None:
     path = write_candidates(tmp_path / "c.json", [candidate(CASE, "sm_90", "GPU-a", _output())])
     body = json.loads(path.read_text())

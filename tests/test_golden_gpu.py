@@ -22,7 +22,7 @@ def gpu() -> Iterator[object]:
     yield CupyBackend(0)
 
 
-def test_every_case_passes_on_gpu0(gpu) -> None:  # type: ignore[no-untyped-def]
+def test_every_case_passes_on_gpu0(gpu) -> None:
     assert device_kind(gpu.device) == "gpu"
     failures = [r for r in (gpu.run(c) for c in gpu.cases()) if not r.passed]
     assert not failures, failures
@@ -30,19 +30,19 @@ def test_every_case_passes_on_gpu0(gpu) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("case_id", ["gemm.bf16.perm.mma", "alu.u32.chain", "ieee.fp64.div", "memory.u32.random",
                                      "shared.u32.reduce"])
-def test_injected_flip_names_the_sm(gpu, case_id: str) -> None:  # type: ignore[no-untyped-def]
+def test_injected_flip_names_the_sm(gpu, case_id: str) -> None:
     case = case_by_id(case_id)
     r = gpu.run(case, output_hook=bit_flip_hook(case_id, 5, 7))
     assert not r.passed and r.element == 5 and int(r.xor_mask, 16) == 1 << 7
     assert r.location.startswith("sm:") and r.location != "sm:*"
 
 
-def test_cublas_case_reports_the_element(gpu) -> None:  # type: ignore[no-untyped-def]
+def test_cublas_case_reports_the_element(gpu) -> None:
     r = gpu.run(case_by_id("gemm.fp32.int.cublas"), output_hook=bit_flip_hook("gemm.fp32.int.cublas", 300, 0))
     assert not r.passed and r.element == 300 and r.detail["row"] == 2
 
 
-def test_memory_share_marches_more_than_the_golden(gpu) -> None:  # type: ignore[no-untyped-def]
+def test_memory_share_marches_more_than_the_golden(gpu) -> None:
     from sdcguard.golden import CupyBackend
 
     big = CupyBackend(0, memory_share=0.05)

@@ -210,7 +210,7 @@ def fake_gpu(host: HostBackend, monkeypatch: pytest.MonkeyPatch) -> Iterator[tup
 
 
 @pytest.mark.slow
-def test_cupy_backend_runs_every_family_with_one_host_sync(fake_gpu) -> None:  # type: ignore[no-untyped-def]
+def test_cupy_backend_runs_every_family_with_one_host_sync(fake_gpu) -> None:
     gpu, log = fake_gpu
     assert gpu.device == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f" and gpu.arch == "sm_90"
     assert case_by_id("intrinsics.fp32.fast") not in gpu.cases()  # no golden recorded for sm_90 here
@@ -232,7 +232,7 @@ def test_cupy_backend_runs_every_family_with_one_host_sync(fake_gpu) -> None:  #
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case_id", ["alu.u32.chain", "memory.u32.random", "gemm.fp32.int.cublas"])
-def test_cupy_backend_reports_flips_with_sm_and_second_read(fake_gpu, case_id: str) -> None:  # type: ignore[no-untyped-def]
+def test_cupy_backend_reports_flips_with_sm_and_second_read(fake_gpu, case_id: str) -> None:
     gpu, _ = fake_gpu
     case = case_by_id(case_id)
     r = gpu.run(case, output_hook=bit_flip_hook(case_id, 4100, 9))

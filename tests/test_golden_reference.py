@@ -79,5 +79,5 @@ def test_e4m3_codes_round_trip() -> None:
 
 
 @given(case=st.sampled_from([c for c in PORTABLE_CASES if c.family in ("alu", "ieee", "shared", "memory")]))
-def test_inputs_are_a_pure_function_of_the_seed(case) -> None:  # type: ignore[no-untyped-def]
+def test_inputs_are_a_pure_function_of_the_seed(case) -> None:
     assert inputs_digest(make_inputs(case)) == inputs_digest(make_inputs(case))

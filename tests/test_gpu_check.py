@@ -221,7 +221,6 @@ def test_golden_suite_measures_every_family_on_the_host_build(fake_cupy: Any, tm
 @pytest.mark.slow
 def test_golden_suite_names_a_failing_case(fake_cupy: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpu_check.golden_suite import measure_gpu
-
     from sdcguard.golden import CupyBackend
     from tests._golden import bit_flip_hook
 
@@ -247,7 +246,6 @@ def test_golden_suite_past_its_deadline_says_how_far_it_got(fake_cupy: Any) -> N
 @pytest.mark.slow
 def test_intrinsics_section_writes_a_candidate_and_two_devices_promote_it(fake_cupy: Any, tmp_path: Path) -> None:
     from gpu_check import intrinsics
-
     from sdcguard.golden.candidates import read_candidates, write_candidates
     from tests._golden import copy_golden
 
@@ -268,7 +266,6 @@ def test_intrinsics_section_writes_a_candidate_and_two_devices_promote_it(fake_c
 
 def test_intrinsics_accuracy_bound_catches_a_garbled_row() -> None:
     from gpu_check.intrinsics import TOLERANCE, accuracy
-
     from sdcguard.golden import case_by_id
     from sdcguard.golden.inputs import make_inputs
 

@@ -235,7 +235,7 @@ def test_bf16_autocast_is_replayed_under_the_same_precision() -> None:
 @pytest.mark.parametrize("on_detect", ["skip", "record", "raise"])
 def test_a_flipped_bit_is_caught_by_a_same_device_replay(on_detect: str) -> None:
     model = _model()
-    guard = SDCGuard(model, lm_loss, replay_every=1, on_detect=on_detect)  # type: ignore[arg-type]
+    guard = SDCGuard(model, lm_loss, replay_every=1, on_detect=on_detect)
     fault = OpFaultMode(Fault(pattern="bitflip", bit="high_mantissa", timing="transient", seed=1), ops="gelu",
                         phase="forward")
     with fault:
@@ -298,7 +298,7 @@ def _noisy_loss() -> object:
 
 
 def test_calibrate_names_nondeterminism_and_turns_replay_off() -> None:
-    guard = SDCGuard(_model(), _noisy_loss(), replay_every=1)  # type: ignore[arg-type]
+    guard = SDCGuard(_model(), _noisy_loss(), replay_every=1)
     report = guard.calibrate(make_batch(0, 0))
     assert not report.deterministic and not report.same_device
     assert any("index_add" in c for c in report.causes)
@@ -314,7 +314,7 @@ def test_calibrate_names_nondeterminism_and_turns_replay_off() -> None:
 
 
 def test_without_calibrate_a_nondeterministic_model_is_recognised_not_blamed() -> None:
-    guard = SDCGuard(_model(), _noisy_loss(), replay_every=1)  # type: ignore[arg-type]
+    guard = SDCGuard(_model(), _noisy_loss(), replay_every=1)
     with pytest.warns(RuntimeWarning, match="not bit-identical.*index_add"):
         first = guard.step(0, make_batch(0, 0))
     assert first.commit and [i.kind for i in first.incidents] == ["nondeterministic"]
@@ -358,7 +358,7 @@ def test_a_loss_fn_that_returns_no_scalar_is_named() -> None:
 )
 def test_bad_settings_are_rejected_with_a_clear_error(kwargs: dict[str, object]) -> None:
     with pytest.raises(BadInput):
-        GuardConfig(**kwargs)  # type: ignore[arg-type]
+        GuardConfig(**kwargs)
 
 
 def test_step_argument_errors() -> None:

@@ -3,7 +3,6 @@ numpy model's plan (one definition of every pattern)."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -178,7 +177,7 @@ def test_op_mode_rejects_bad_arguments():
     with pytest.raises(BadInput, match="unknown op"):
         OpFaultMode(Fault(), ops="matmull")
     with pytest.raises(BadInput, match="phase"):
-        OpFaultMode(Fault(), phase="sideways")  # type: ignore[arg-type]
+        OpFaultMode(Fault(), phase="sideways")
     assert "mm" in OpFaultMode(Fault(), ops=["aten.mm", "gelu"]).ops
 
 

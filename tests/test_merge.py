@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from sdcguard.errors import StoreError
 from sdcguard.fleet.merge import merge_stores
-from sdcguard.records import Incident
 from sdcguard.fleet.schema import APPLICATION_ID, SCHEMA_VERSION
 from sdcguard.fleet.store import Store
+from sdcguard.records import Incident
 from tests._fleet import NOW, result
 
 # One node's history: scans of (device number, [passed...], finished?) and incidents naming device numbers.
@@ -116,7 +116,8 @@ def test_a_version_1_store_migrates_forward_keeping_its_rows(tmp_path: Path) -> 
     MIGRATIONS[1](conn)
     conn.execute("PRAGMA user_version = 1")
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-    conn.execute("INSERT INTO scans(uuid, device, host, started_at, status) VALUES ('u1', 'sim:1', 'h', 1.0, 'complete')")
+    conn.execute("INSERT INTO scans(uuid, device, host, started_at, status) "
+                 "VALUES ('u1', 'sim:1', 'h', 1.0, 'complete')")
     conn.execute("INSERT INTO results(scan, seq, device, case_id, family, seed, passed, duration_s, started_at) "
                  "VALUES (1, 0, 'sim:1', 'alu.a', 'alu', 1, 0, 0.1, 2.0)")
     conn.execute("COMMIT")

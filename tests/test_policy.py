@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sdcguard.fleet.actions import ActionTemplate, run_action
 from sdcguard.errors import BadInput
+from sdcguard.fleet.actions import ActionTemplate, run_action
 from sdcguard.fleet.policy import QuarantinePolicy, apply_policy
-from sdcguard.records import Incident
 from sdcguard.fleet.store import Store
+from sdcguard.records import Incident
 from tests._fleet import NOW, clean, result, scan
 
 
@@ -161,7 +161,7 @@ def test_policy_validates_its_settings() -> None:
     with pytest.raises(ValueError):
         QuarantinePolicy(breaker_same_digest_devices=1)
     with pytest.raises(TypeError):
-        QuarantinePolicy(0.5)  # type: ignore[misc]  # keyword-only
+        QuarantinePolicy(0.5)  # keyword-only
 
 
 # ---------------------------------------------------------------- actions
@@ -190,7 +190,8 @@ def test_actions_get_argv_without_a_shell_and_failures_are_retried(store: Store,
     actions = [
         ActionTemplate(name="broken", argv=(str(broken), "{device}")),
         ActionTemplate(name="missing", argv=(str(tmp_path / "no-such-program"), "{host}")),
-        ActionTemplate(name="drain", argv=(str(drain), "NodeName={host}", "--dev", "{device}", "Reason={reason}; rm -rf /")),
+        ActionTemplate(name="drain",
+                       argv=(str(drain), "NodeName={host}", "--dev", "{device}", "Reason={reason}; rm -rf /")),
     ]
     out = apply_policy(store, now=NOW, actions=actions)
     assert out.quarantined == ["sim:1"]

@@ -156,7 +156,8 @@ def test_deploy_runs_each_rule_where_its_data_is() -> None:
     merge_cmd = " ".join(merge_job.split())
     assert re.search(r"sdcguard merge /stores/fleet.db /stores/nodes /stores/jobs", merge_cmd)  # + job spools
     assert re.search(r"sdcguard --db /stores/fleet.db policy .*--action kubernetes-taint", merge_cmd)
-    order = [merge_cmd.index(x) for x in ("sdcguard merge ", "fleet.db policy ", "fleet.db prune ", "export prometheus")]
+    steps = ("sdcguard merge ", "fleet.db policy ", "fleet.db prune ", "export prometheus")
+    order = [merge_cmd.index(x) for x in steps]
     assert order == sorted(order)
     slurm = (ROOT / "deploy" / "slurm" / "sdcguard-scan.sbatch").read_text()
     assert "--policy-scope node" in slurm and "policy" in (ROOT / "deploy" / "slurm" / "sdcguard-merge.sh").read_text()

@@ -32,7 +32,7 @@ def _history(path: Path, days: int = 40, seed: int = 1) -> None:
                     rows.append(result(dev, passed=False, t=t + 30, sticky=False))
                     rows.append(result(dev, passed=True, attempt=1, t=t + 31))
                 status = "complete" if rng.random() < 0.9 else "preempted"
-                store.record_results(sid, rows, finish=status, finished_at=t + 60)  # type: ignore[arg-type]
+                store.record_results(sid, rows, finish=status, finished_at=t + 60)
         store.begin_scan(device="sim:1", host="node", budget_s=60.0, started_at=START + 2 * DAY)  # left running
 
 
@@ -134,7 +134,7 @@ def test_interrupted_scans_are_pruned_and_rolled_up_like_complete_ones(tmp_path:
             t = START + day * DAY
             sid = store.begin_scan(device="sim:1", host="node", budget_s=60.0, started_at=t)
             rows = [result("sim:1", t=t + i) for i in range(4)]
-            store.record_results(sid, rows, finish=status, finished_at=t + 60)  # type: ignore[arg-type]
+            store.record_results(sid, rows, finish=status, finished_at=t + 60)
         sid = store.begin_scan(device="sim:1", host="node", budget_s=60.0, started_at=START + DAY + 5)
         store.record_results(sid, [result("sim:1", t=START + DAY + 6)])  # still running: left alone
         whole = store.tallies(by="device")

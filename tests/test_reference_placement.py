@@ -15,8 +15,7 @@ import pytest
 from fleet_scan.discovery import discover_cpus
 from fleet_scan.options import ScanOptions
 from sdcguard.errors import GoldenDataError
-from sdcguard.golden import NumpyBackend, load_suite
-from sdcguard.golden import cpu_kernels, references
+from sdcguard.golden import NumpyBackend, cpu_kernels, load_suite, references
 from sdcguard.golden.references import load_references, write_references
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ DAY = 86400.0
 
 
 def _page(store: Store, since: float | None = NOW - 7 * DAY, **kw: object) -> str:
-    return build_html(store, since=since, window="7d" if since is not None else "all", now=NOW, **kw)  # type: ignore[arg-type]
+    return build_html(store, since=since, window="7d" if since is not None else "all", now=NOW, **kw)
 
 
 @pytest.fixture()

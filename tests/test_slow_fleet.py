@@ -24,7 +24,6 @@ from sdcguard.fleet.rows import CaseTiming
 from sdcguard.fleet.slow import SlowSettings, fleet_slowness, judge_slow, median_lower_bound
 from sdcguard.fleet.store import Store
 from sdcguard.records import CaseResult, DeviceInfo, Incident
-
 from tests._fleet import NOW
 
 CASES = [(f"c{i}", ("gemm", "alu", "ieee")[i % 3], 0.001 * (1 + i)) for i in range(12)]

@@ -71,7 +71,7 @@ def _slow() -> Incident:
 @pytest.mark.parametrize("on_detect", ["record", "skip", "raise", "exit"])
 @pytest.mark.parametrize("escalate", ["raise", "exit", "off"])
 def test_a_slow_incident_never_raises_or_exits(on_detect: str, escalate: str) -> None:
-    r = Responder(on_detect, None, rank=1, writer=True, escalate=escalate, job="j")  # type: ignore[arg-type]
+    r = Responder(on_detect, None, rank=1, writer=True, escalate=escalate, job="j")
     r.handle([_slow()], escalate=[_slow()])
     assert [i.kind for i in r.incidents] == ["slow"]
 
@@ -87,7 +87,7 @@ def test_a_slow_incident_is_never_evidence_of_corruption() -> None:
 def test_bad_watch_settings_are_refused() -> None:
     for bad in ({"threshold": 0}, {"window": 3, "min_samples": 5}, {"confidence": 1.0}):
         with pytest.raises(ValueError):
-            SlowWatch(**bad)  # type: ignore[arg-type]
+            SlowWatch(**bad)
 
 
 def test_a_resumed_judge_keeps_its_samples_and_whom_it_named() -> None:

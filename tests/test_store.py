@@ -10,10 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sdcguard.errors import BadInput, SchemaTooNew, StoreError
-from sdcguard.records import CaseResult, DeviceInfo, Incident
 from sdcguard.fleet.schema import SCHEMA_VERSION
 from sdcguard.fleet.store import Store
-
+from sdcguard.records import CaseResult, DeviceInfo, Incident
 from tests._fleet import NOW, result, scan, snapshot
 
 hexes = st.text("0123456789abcdef", min_size=1, max_size=16).map(lambda s: "0x" + s)
@@ -119,7 +118,7 @@ def test_a_failed_write_leaves_nothing(tmp_path: Path) -> None:
         sid = store.begin_scan(device="sim:1", host="h", budget_s=10)
         bad = result("sim:1", passed=False)
         object.__setattr__(bad, "seed", object())  # not storable: the batch must fail as a whole
-        with pytest.raises(Exception):
+        with pytest.raises(sqlite3.Error):
             store.record_results(sid, [result("sim:1"), bad], finish="complete")
         assert store.results() == []
         assert store.scans()[0]["status"] == "running"

@@ -103,7 +103,7 @@ def test_folded_rows_give_the_per_execution_rates_bounds_and_test_hours(
     with Store.open(path, create=False) as store:
         for by in ("device", "device_family", "family"):
             got = {tuple(x for x in (t.device, t.family) if x is not None): (t.executions, t.failures, t.test_s)
-                   for t in store.tallies(since=since, by=by)}  # type: ignore[arg-type]
+                   for t in store.tallies(since=since, by=by)}
             assert got == _reference(runs, since, by)
         rates = device_rates(store, since=since, confidence=0.9)
         for (device,), (n, k, secs) in _reference(runs, since, "device").items():
@@ -148,7 +148,8 @@ def _v3_store(path: Path, runs: list[Execution]) -> None:
     scans = sorted({(e.scan, e.device) for e in runs})
     for s, d in scans:
         conn.execute("INSERT INTO scans(id, uuid, device, host, started_at, finished_at, budget_s, status) "
-                     "VALUES (?, ?, ?, 'h', ?, ?, 60, 'complete')", (s + 1, f"u{s}", d, T0 + 1000 * s, T0 + 1000 * s + 99))
+                     "VALUES (?, ?, ?, 'h', ?, ?, 60, 'complete')",
+                     (s + 1, f"u{s}", d, T0 + 1000 * s, T0 + 1000 * s + 99))
     for seq, e in enumerate(runs):
         r = e.result()
         conn.execute(
@@ -177,7 +178,7 @@ def test_a_schema_3_store_migrates_with_every_number_unchanged(
     with Store.open(path) as store:  # migrates
         for by in ("device", "device_family", "family"):
             got = {tuple(x for x in (t.device, t.family) if x is not None): (t.executions, t.failures, t.test_s)
-                   for t in store.tallies(by=by)}  # type: ignore[arg-type]
+                   for t in store.tallies(by=by)}
             assert got == _reference(runs, None, by)
         report = {r.device: r for r in build_report(store, since=None)}
         for (device,), (n, k, secs) in _reference(runs, None, "device").items():

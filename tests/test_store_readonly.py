@@ -120,7 +120,7 @@ def _read_only_dir(place: Path) -> Path:
 
 @pytest.mark.parametrize("make", [_read_only_file, _read_only_dir], ids=["read-only file", "read-only directory"])
 def test_reading_commands_read_a_store_they_may_not_write(place: Path, make: object) -> None:
-    db = make(place)  # type: ignore[operator]
+    db = make(place)
     before = snapshot(db)
     code, out, err = as_user("--db", str(db), "report", "--format", "json")
     assert code == 0, err
@@ -138,7 +138,7 @@ def test_reading_commands_read_a_store_they_may_not_write(place: Path, make: obj
 
 @pytest.mark.parametrize("make", [_read_only_file, _read_only_dir], ids=["read-only file", "read-only directory"])
 def test_writing_commands_name_the_store_read_only(place: Path, make: object) -> None:
-    db = make(place)  # type: ignore[operator]
+    db = make(place)
     before = snapshot(db)
     for args in (["quarantine", "add", "sim:2", "--reason", "MCE"], ["prune", "--before", "30d"], ["policy"]):
         code, out, err = as_user("--db", str(db), *args)

@@ -27,9 +27,9 @@ from tests._code import ROOT, cycles, graph, library, modules
 CORE = {"records", "errors", "devices", "durations", "resources", "fingerprints", "exit_codes", "entry", "fp8",
         "kernels", "cpu_time", "_fpcore"}
 """The core's top-level modules under ``sdcguard``: the six of the design, plus ``exit_codes`` and ``entry`` (the
-exit codes, and the one-line error rule every command line shares), ``fp8`` (the e4m3 table of the golden suite and the injector),
-``kernels`` (the CUDA loader of the golden suite and the fingerprint), ``cpu_time`` (the slow drills' CPU burning,
-used by the golden backend and the injector) and ``_fpcore`` (the fingerprint's C engine)."""
+exit codes, and the one-line error rule every command line shares), ``fp8`` (the e4m3 table of the golden suite
+and the injector), ``kernels`` (the CUDA loader of the golden suite and the fingerprint), ``cpu_time`` (the slow
+drills' CPU burning, used by the golden backend and the injector) and ``_fpcore`` (the fingerprint's C engine)."""
 WINGS = {"training": "training", "adapters": "training", "checkpoint": "training", "fleet": "fleet",
          "golden": "golden", "inject": "inject"}
 """``sdcguard.<name>`` -> the wing it belongs to (the adapters and ``sdcguard.checkpoint`` are the training side's

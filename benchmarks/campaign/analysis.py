@@ -7,8 +7,19 @@ from collections.abc import Callable
 from typing import Any
 
 from .faults import BIT_CLASSES, GROUPS, OP_TARGETS, TARGETS, TIMINGS
-from .report import (SETTINGS, Curves, Setting, derive, frameworks, judge_peer, judge_shadow, later_rates,
-                     measured_episodes, per_step, validation)
+from .report import (
+    SETTINGS,
+    Curves,
+    Setting,
+    derive,
+    frameworks,
+    judge_peer,
+    judge_shadow,
+    later_rates,
+    measured_episodes,
+    per_step,
+    validation,
+)
 
 ALL = 1.0 - 1e-9
 """A derived share that is 1 up to the rounding of the derivation (each check of a setting adds a few roundings)."""

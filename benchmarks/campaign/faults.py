@@ -3,7 +3,9 @@
 A :class:`Trial` is one faulty unit on one rank: a *target* (an aten op family's outputs in the forward and/or
 the framework's own backward, that rank's reduced gradients in memory, its weights in memory, or the all-reduce's
 result on that rank), a *bit class* (one value with one flipped bit from the sign, the exponent, the upper or lower
-half of the mantissa; the value zeroed; the value turned into NaN) and a *timing*:
+half of the mantissa; the value zeroed; the value turned into NaN; or ``tile``, a control fault: 50-100% of one
+32x32 tile of the output, or a 1,024-value run of a 1-d one, each value corrupted as the field study's ``mix``
+draws it) and a *timing*:
 
 - ``one-off``: one corrupted computation (the fault model's ``transient``); an op fault hits one op call of the
   step's original forward or backward (the call drawn from the seed), and nothing else;
@@ -29,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 OP_TARGETS = ("matmul", "attention", "norm", "activation", "embedding", "loss")
 TARGETS = (*OP_TARGETS, "reduced_grad", "weights", "collective")
-BIT_CLASSES = ("sign", "exponent", "high_mantissa", "low_mantissa", "zero", "nan")
+BIT_CLASSES = ("sign", "exponent", "high_mantissa", "low_mantissa", "zero", "nan", "tile")
 TIMINGS = ("one-off", "intermittent", "sticky")
 TARGET_LABELS = {
     "matmul": "matmul (mm/addmm/bmm)",
@@ -76,11 +78,11 @@ class Trial:
 def fault_model(trial: Trial, rate: float) -> Any:
     from sdcguard.inject.faults import Fault, FaultModel
 
-    pattern = {"zero": "zero", "nan": "nan"}.get(trial.bits, "bitflip")
+    pattern = {"zero": "zero", "nan": "nan", "tile": "mix"}.get(trial.bits, "bitflip")
     bit = trial.bits if pattern == "bitflip" else None
     timing = {"one-off": "transient", "intermittent": "intermittent", "sticky": "sticky"}[trial.timing]
     return FaultModel(Fault(pattern=pattern, bit=bit, timing=timing, rate=rate if timing == "intermittent" else 1.0,
-                            seed=trial.seed))
+                            seed=trial.seed, control=1.0 if trial.bits == "tile" else None))
 
 
 class _CallCounter(TorchDispatchMode):
@@ -91,7 +93,7 @@ class _CallCounter(TorchDispatchMode):
         self.families = {f: set(OP_FAMILIES[f]) for f in OP_TARGETS}
         self.n = dict.fromkeys(OP_TARGETS, 0)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
         target = out[0] if isinstance(out, (tuple, list)) else out

@@ -189,7 +189,7 @@ class _LightningProbe:
         self.twin_result: Any = None
         probe = self
 
-        class Callback(base):  # type: ignore[misc, valid-type]
+        class Callback(base):
             def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, idx: int) -> None:
                 probe.start(trainer.global_step, pl_module, batch)
 

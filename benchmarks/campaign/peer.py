@@ -7,14 +7,14 @@ says what each check sees) and ``episodes`` (the validation settings, ``on_detec
 
 1. **clean**: fault-free steps; whatever any detector raises here is a false alarm. Megatron's detectors learn
    their maxima over the first 100 (``warmup``) of them.
-2. **trials**: one fault per trial, on a step ``s`` and its follow-up ``s + 1`` (the fault gone: what its damage
-   left behind). Before each trial the weights and Megatron's detectors' state are restored; the guard's state is
-   not (one long run per job, as a real job meets faults on different devices one after another, with
-   ``escalate="off"`` so that a sticky verdict does not end the run). Each trial's step is driven by the guard's four public calls; the clean
-   reference of the same step (same batch, weights and random state) says whether the fault changed the result.
-   The world is the one *without* a veto: the step's own (possibly corrupted) update is applied whatever the guard
-   decided (``report.commit`` is kept, so the veto is measured too), since that is what a detector that does not
-   veto, or a guard that did not sample the step, lets through.
+2. **trials**: one fault per trial, on a step ``s`` and its follow-up ``s + 1`` (the fault gone: what its damage left
+   behind). Before each trial the weights and Megatron's detectors' state are restored; the guard's state is not (one
+   long run per job, as a real job meets faults on different devices one after another, with ``escalate="off"`` so that
+   a sticky verdict does not end the run). Each trial's step is driven by the guard's four public calls; the clean
+   reference of the same step (same batch, weights and random state) says whether the fault changed the result. The
+   world is the one *without* a veto: the step's own (possibly corrupted) update is applied whatever the guard decided
+   (``report.commit`` is kept, so the veto is measured too), since that is what a detector that does not veto, or a
+   guard that did not sample the step, lets through.
 3. **episodes**: the measured check of the derivation: faults at a random phase of the real schedules
    (``replay_every`` and ``weight_check_every`` of the episode guard, Megatron's hash interval), followed step by
    step until each detector names something or the episode ends.
@@ -30,8 +30,15 @@ from typing import Any
 
 import torch
 
-from .baselines import (BucketTap, MegatronChecks, all_bits_equal, bits_equal, bucket_norms, param_hash_mismatch,
-                        rerun_step)
+from .baselines import (
+    BucketTap,
+    MegatronChecks,
+    all_bits_equal,
+    bits_equal,
+    bucket_norms,
+    param_hash_mismatch,
+    rerun_step,
+)
 from .faults import Injector, Trial, count_op_calls
 
 WORLD = 3

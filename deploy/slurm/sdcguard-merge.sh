@@ -10,6 +10,9 @@
 # 3. roll scans older than 30 days into daily counts, so the store stays the size of its window;
 # 4. write the Prometheus textfile.
 # Exit code: the policy's (1: devices quarantined, 2: a circuit breaker tripped), else the first failing step's.
+# /opt/sdcguard: a clone of this repository on the shared file system, with `python3 -m venv .venv &&
+# .venv/bin/pip install '.[gpu]'` in it (the scan job uses it too; not `pip install sdcguard`: that is another
+# project on PyPI).
 set -u
 SDC=/opt/sdcguard/.venv/bin/sdcguard
 FLEET=/shared/sdcguard/fleet.db

@@ -116,7 +116,7 @@ def cupy_hidden() -> Iterator[None]:
     """Inside the block ``import cupy`` fails, as on a machine without cupy: torch CUDA tensors then take the
     fingerprint's torch-op path."""
     saved = sys.modules.get("cupy")
-    sys.modules["cupy"] = None  # type: ignore[assignment]
+    sys.modules["cupy"] = None
     try:
         yield
     finally:
@@ -237,10 +237,11 @@ def bandwidth(device: Any, nbytes: int, *, repeats: int = 5) -> dict[str, Any]:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     x = torch.randint(-(2**31), 2**31 - 1, (nbytes // 4,), dtype=torch.int32, device=device)
     y = torch.empty_like(x)
-    t_copy = _best(lambda: y.copy_(x), sync, repeats)
-    t_fp = _best(lambda: fingerprint(x), sync, repeats)
+    # x and y bound as defaults, not closed over: the del below frees them before the next size's allocation
+    t_copy = _best(lambda x=x, y=y: y.copy_(x), sync, repeats)
+    t_fp = _best(lambda x=x: fingerprint(x), sync, repeats)
     with cupy_hidden():
-        t_ops = _best(lambda: fingerprint(x), sync, max(1, repeats // 2))
+        t_ops = _best(lambda x=x: fingerprint(x), sync, max(1, repeats // 2))
     del x, y
     copy_gbps = 2 * nbytes / t_copy / 1e9  # read + written
     return {"bytes": nbytes, "copy_gbps": copy_gbps, "copy_ms": t_copy * 1e3,

@@ -96,7 +96,7 @@ def _gemm_rows(cp: Any, rows: list[tuple[Any, float]], repeats: int, peak_n: int
             t_ref += event_time(cp, product, repeats)
         big = rng.standard_normal((peak_n, peak_n), dtype=cp.float32).astype(dt)  # random: zeros run faster
 
-        def peak() -> None:
+        def peak(big: Any = big) -> None:
             with pinned_compute_type(dt, ref):
                 cp.matmul(big, big)
 
@@ -116,7 +116,7 @@ def _memory_row(cp: Any, backend: Any, rows: list[tuple[Any, float]], repeats: i
     cp.get_default_memory_pool().free_all_blocks()
     src = cp.zeros(min(words, 1 << 28), dtype=cp.uint32)
     dst = cp.empty_like(src)
-    t_copy = event_time(cp, lambda: cp.copyto(dst, src), repeats)
+    t_copy = event_time(cp, lambda dst=dst, src=src: cp.copyto(dst, src), repeats)
     copy = 2 * src.nbytes / t_copy
     del src, dst
     return {"cases": [c.id for c, _ in rows], "suite_gbps": work / t_suite / 1e9, "copy_gbps": copy / 1e9,
@@ -203,9 +203,9 @@ def run(ctx: Context, rep: SectionReport) -> str:
               f"{len(planned)} plans, {sum(len(p.launches) for p in planned)} launches")
     ctx.require_gpu(f"run the {len(suite.cases)} golden cases {RUNS} times on every GPU against the goldens and "
                     f"time them next to cupy.matmul and a device-to-device copy")
-    import cupy as cp
-
     import time
+
+    import cupy as cp
 
     gpus = {}
     count = cp.cuda.runtime.getDeviceCount()

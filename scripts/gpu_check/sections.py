@@ -33,7 +33,7 @@ class Section:
 
     def runner(self) -> Callable[[Context, SectionReport], str | None]:
         module = importlib.import_module(f"gpu_check.{self.module}")
-        return getattr(module, self.function)  # type: ignore[no-any-return]
+        return getattr(module, self.function)
 
 
 SECTIONS: tuple[Section, ...] = (

@@ -43,10 +43,10 @@ try:
     from lightning.pytorch.callbacks import Callback
     from lightning.pytorch.plugins.io import TorchCheckpointIO
     from lightning.pytorch.strategies import ModelParallelStrategy
-except ImportError:  # the older package name
-    from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
-    from pytorch_lightning.plugins.io import TorchCheckpointIO  # type: ignore[no-redef]
-    from pytorch_lightning.strategies import ModelParallelStrategy  # type: ignore[no-redef]
+except ImportError:  # the older package name (mypy sees both packages' classes as distinct types)
+    from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
+    from pytorch_lightning.plugins.io import TorchCheckpointIO  # type: ignore[assignment]
+    from pytorch_lightning.strategies import ModelParallelStrategy  # type: ignore[assignment]
 
 from ..training.async_checkpoint import AsyncCheckpointer, Writer
 from ..training.config import StepReport

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -11,6 +12,9 @@ from fleet_scan.config import POLICY_SCOPES, actions_option, config_option, load
 
 from ..exit_codes import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK
 from .common import open_store
+
+if TYPE_CHECKING:
+    from ..fleet.policy import PolicyScope
 
 __all__ = ["policy"]
 
@@ -22,7 +26,7 @@ __all__ = ["policy"]
               help="fleet: every rule (the merged store sees every host); node: only what one node's store can "
                    "decide alone.")
 @click.pass_context
-def policy(ctx: click.Context, config_path: Path | None, actions: Sequence[str], scope: str) -> None:
+def policy(ctx: click.Context, config_path: Path | None, actions: Sequence[str], scope: PolicyScope) -> None:
     """Apply the quarantine policy to the store and run the actions for newly quarantined devices.
 
     Run it after `sdcguard merge`, on the merged store: the rate rule, the circuit breakers across hosts and
@@ -40,7 +44,7 @@ def policy(ctx: click.Context, config_path: Path | None, actions: Sequence[str],
     rules = load_policy(config)
     templates = parse_actions(actions, dict(config.get("scan", {})))
     with open_store() as store:
-        out = apply_policy(store, rules, actions=templates, scope=scope)  # type: ignore[arg-type]
+        out = apply_policy(store, rules, actions=templates, scope=scope)
     for line in out.reasons:
         click.echo(line)
     click.echo(

@@ -7,8 +7,8 @@ import json
 import click
 
 from ..devices import device_kind, unknown_device
-from ..errors import BadInput
 from ..durations import DEFAULT_WINDOW, iso_utc
+from ..errors import BadInput
 from .common import device_id, format_option, open_store, print_table, status_text
 
 __all__ = ["quarantine"]

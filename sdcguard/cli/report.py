@@ -32,7 +32,8 @@ _TABLE_ALL_UP_TO = 50
 
 
 @click.command("report")
-@click.option("--since", default=DEFAULT_WINDOW, show_default=True, help="Window: a duration (90s, 30m, 12h, 7d, 2w) or 'all'.")
+@click.option("--since", default=DEFAULT_WINDOW, show_default=True,
+              help="Window: a duration (90s, 30m, 12h, 7d, 2w) or 'all'.")
 @click.option("--device", default=None, help="Only this device id.")
 @format_option("table", "json", "csv")
 @click.option("--confidence", type=click.FloatRange(0.5, 0.9999), default=0.95, show_default=True,

@@ -38,7 +38,7 @@ def fingerprint(x: Any) -> int:
 
 def fingerprint_many(xs: Sequence[Any]) -> list[int]:
     """Fingerprints of many tensors/arrays with one host synchronisation per device (not one per tensor)."""
-    results: list[int | None] = [None] * len(xs)
+    results = [0] * len(xs)  # every index is filled below, from exactly one of cpu and pending
     cpu: list[tuple[int, Any]] = []  # numpy arrays and CPU torch tensors: one batched call of the CPU engine
     pending: dict[Any, list[tuple[int, Any]]] = {}  # GPU: fingerprints left on their device until one sync
     for i, x in enumerate(xs):
@@ -73,7 +73,7 @@ def fingerprint_many(xs: Sequence[Any]) -> list[int]:
             values = cupy.concatenate([v for _, v in items]).get().tolist()
             for (i, _), v in zip(items, values):
                 results[i] = int(v)
-    return [int(r) for r in results]  # type: ignore[arg-type]
+    return [int(r) for r in results]
 
 
 def _check_np(a: Any) -> None:

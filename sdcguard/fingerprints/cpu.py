@@ -105,7 +105,8 @@ def _np_partial(address: int, nbytes: int, c0: int) -> int:
         return 0
     import ctypes
 
-    b = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=np.uint8)
+    # A ctypes array exports the buffer protocol; numpy's stubs accept only bytes-like types and memoryview.
+    b = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=np.uint8)  # type: ignore[call-overload]
     if nbytes % 4:  # only the last run of an input: a copy no bigger than the run, zero-padded
         words = np.zeros(-(-nbytes // 4), dtype=np.int32)
         words.view(np.uint8)[:nbytes] = b
@@ -129,7 +130,7 @@ def cpu_partials(runs: list[int]) -> list[int]:
     The memory must stay alive during the call (the caller holds the arrays and tensors)."""
     if _fpcore is not None and _USE_C and runs:
         t, u = weights()
-        return _fpcore.partials(array.array("Q", runs), t, u, CHUNK_WORDS)  # type: ignore[no-any-return]
+        return _fpcore.partials(array.array("Q", runs), t, u, CHUNK_WORDS)
     return [_np_partial(*runs[k : k + 3]) for k in range(0, len(runs), 3)]
 
 

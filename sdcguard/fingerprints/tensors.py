@@ -16,7 +16,17 @@ from .blocks import torch_word_blocks
 from .cpu import cpu_fingerprints
 from .cuda import torch_cuda_chunk_sums
 from .definition import (
-    BLOCK_WORDS, CHUNK_WORDS, COMBINE_SALT, GPU_BLOCK_WORDS, MIX_C1, MIX_C2, PHI, SEED, mix_int, signed64, weights,
+    BLOCK_WORDS,
+    CHUNK_WORDS,
+    COMBINE_SALT,
+    GPU_BLOCK_WORDS,
+    MIX_C1,
+    MIX_C2,
+    PHI,
+    SEED,
+    mix_int,
+    signed64,
+    weights,
 )
 
 __all__ = ["is_torch_tensor", "check_torch", "fingerprint_on_device", "fingerprints_on_device", "combine_on_device"]

@@ -304,7 +304,7 @@ class StoreBase:
         return None if row is None else row[0]
 
     def _meta(self, key: str) -> str | None:
-        return self._one("SELECT value FROM meta WHERE key = ?", (key,))  # type: ignore[no-any-return]
+        return self._one("SELECT value FROM meta WHERE key = ?", (key,))
 
     @property
     def store_id(self) -> str:

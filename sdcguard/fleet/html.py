@@ -33,7 +33,17 @@ from .rows import CheckpointEntry, SeriesPoint
 from .slow import SlowSettings
 from .store import Store
 from .svg import (
-    BinRate, Bins, Segment, TimelineRow, bin_rates, choose_bins, esc, rate_chart, shared_decades, sparkline, status_bar,
+    BinRate,
+    Bins,
+    Segment,
+    TimelineRow,
+    bin_rates,
+    choose_bins,
+    esc,
+    rate_chart,
+    shared_decades,
+    sparkline,
+    status_bar,
     timeline,
 )
 
@@ -125,7 +135,8 @@ def _cards(rows: Sequence[DeviceReport], confidence: float) -> str:
             f"{n:,} executions, {k:,} failed; {rate}.</p>")
 
 
-def _series(store: Store, bins: Bins, devices: Sequence[str] | None, confidence: float) -> dict[str | None, list[BinRate]]:
+def _series(store: Store, bins: Bins, devices: Sequence[str] | None,
+            confidence: float) -> dict[str | None, list[BinRate]]:
     """Per-bin rates with bounds: per device (``devices``) or for the fleet (None)."""
     points = store.rate_series(start=bins.origin, width_s=bins.width, devices=devices)
     lows, highs = clopper_pearson_arrays([p.failures for p in points], [p.executions for p in points], confidence)
@@ -201,7 +212,8 @@ def _hosts(rows: Sequence[DeviceReport], confidence: float, limit: int) -> str:
             f'<tr{" class=lemon" if lemon else ""}><td>{esc(host)}{badge}</td>{_td(len(devs), n=True)}'
             f"{_td(counts['quarantined'], n=True)}{_td(counts['probation'], n=True)}{_td(counts['suspect'], n=True)}"
             f"{_td(slow, n=True, cls='slow' if slow else '')}"
-            f"{_td(f'{k:,}', n=True, v=k)}{_td(f'{n:,}', n=True, v=n)}{_td(_fmt(k / n if n else None), n=True, v=k / n if n else -1)}"
+            f"{_td(f'{k:,}', n=True, v=k)}{_td(f'{n:,}', n=True, v=n)}"
+            f"{_td(_fmt(k / n if n else None), n=True, v=k / n if n else -1)}"
             f"{_td(_fmt(lo), n=True)}{_td(_fmt(hi), n=True)}<td>{status_bar(counts, scale=widest)}</td></tr>"
         )
     left = len(stats) - min(len(stats), limit)
@@ -221,7 +233,8 @@ def _device_table(rows: Sequence[DeviceReport], limit: int) -> str:
         f"<tr>{_td(r.device)}{_td(r.host)}{_td(r.kind)}{_td(r.model or '-')}"
         f"{_td(f'{r.overall.executions:,}', n=True, v=r.overall.executions)}"
         f"{_td(f'{r.overall.failures:,}', n=True, v=r.overall.failures)}"
-        f"{_td(_fmt(r.overall.rate), n=True, v=r.overall.rate)}{_td(_fmt(r.overall.rate_low), n=True, v=r.overall.rate_low)}"
+        f"{_td(_fmt(r.overall.rate), n=True, v=r.overall.rate)}"
+        f"{_td(_fmt(r.overall.rate_low), n=True, v=r.overall.rate_low)}"
         f"{_td(_fmt(r.overall.rate_high), n=True, v=r.overall.rate_high)}{_status(r.status)}{_slow(r)}"
         f"{_td(r.scans, n=True)}"
         f"{_time(r.last_scan)}</tr>"

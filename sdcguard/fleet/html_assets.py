@@ -92,4 +92,5 @@ SORT_JS = """
 })();
 """
 """Click (or Enter on) a header of a ``table.sortable`` to sort by it; again to reverse. A cell's ``data-v`` is
-its sort key when present (raw numbers, Unix times); headers with class ``n`` or ``data-sort="num"`` sort numerically."""
+its sort key when present (raw numbers, Unix times); headers with class ``n`` or ``data-sort="num"`` sort
+numerically."""

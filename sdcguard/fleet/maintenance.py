@@ -33,14 +33,15 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
 
 from ..durations import DAY_S as _DAY_S
 from .connection import StoreBase, read_only_uri
-from .schema import COUNTED_SCAN
 from .rows import MergeStats, PruneStats
+from .schema import COUNTED_SCAN
 
 __all__ = ["StoreMaintenance", "DayTallies", "day_of"]
 
@@ -377,14 +378,14 @@ def _remember(conn: Any, source: str, path: str) -> None:
     )
 
 
-def _set_meta(conn: object, key: str, value: object) -> None:
-    conn.execute("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",  # type: ignore[attr-defined]
+def _set_meta(conn: sqlite3.Connection, key: str, value: object) -> None:
+    conn.execute("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                  (key, str(value)))
 
 
-def _replay_quarantine(conn: object, history_after: int) -> None:
+def _replay_quarantine(conn: sqlite3.Connection, history_after: int) -> None:
     """Current state of every device the input's new history names = its latest change in the merged history."""
-    rows = conn.execute(  # type: ignore[attr-defined]
+    rows = conn.execute(
         """SELECT h.device, h.action, h.time, h.by, h.reason FROM main.quarantine_history h
            WHERE h.device IN (SELECT device FROM src.quarantine_history WHERE id > ?)
              AND h.id = (SELECT id FROM main.quarantine_history x WHERE x.device = h.device
@@ -392,10 +393,10 @@ def _replay_quarantine(conn: object, history_after: int) -> None:
     ).fetchall()
     for device, action, t, by, reason in rows:
         if action == "probation_passed":
-            conn.execute("DELETE FROM main.quarantine WHERE device = ?", (device,))  # type: ignore[attr-defined]
+            conn.execute("DELETE FROM main.quarantine WHERE device = ?", (device,))
             continue
         state = "quarantined" if action == "quarantine" else "probation"
-        conn.execute(  # type: ignore[attr-defined]
+        conn.execute(
             "INSERT INTO main.quarantine(device, state, since, reason, by) VALUES (?, ?, ?, ?, ?) "
             "ON CONFLICT(device) DO UPDATE SET state = excluded.state, since = excluded.since, "
             "reason = excluded.reason, by = excluded.by",

@@ -186,6 +186,7 @@ def _fleet_candidates(
     if k:
         tallies = store.tallies(since=since, devices=sorted(k), by="device")
         n = [t_.executions for t_ in tallies]
+        # tallies by device have a device (Tally's fields are optional for other groupings)
         low, _ = clopper_pearson_arrays([k[t_.device] for t_ in tallies], n, policy.confidence)  # type: ignore[index]
         for t_, lo in zip(tallies, low.tolist()):
             if lo > policy.rate_threshold:

@@ -69,7 +69,8 @@ def render_textfile(store: Store, *, now: float | None = None, suspect_window_s:
          [(_labels(r), r.overall.rate_high) for r in rows]),
         ("sdcguard_last_scan_timestamp_seconds", "gauge", "Unix time the device's last complete scan finished.",
          [(_labels(r), r.last_scan) for r in rows if r.last_scan is not None]),
-        ("sdcguard_device_status", "gauge", "1 for the device's current status (healthy, suspect, quarantined, probation).",
+        ("sdcguard_device_status", "gauge",
+         "1 for the device's current status (healthy, suspect, quarantined, probation).",
          [(_labels(r, status=s), int(r.status == s)) for r in rows for s in _STATUSES]),
         ("sdcguard_device_slow", "gauge", "1 when the device is slower than its peers on the same golden cases "
          "(beside its status: a slow device can be healthy).",

@@ -26,13 +26,21 @@ from typing import Any, Literal
 from ..durations import DAY_S, DEFAULT_WINDOW_S
 from ..records import CaseResult, DeviceInfo, Incident
 from .connection import StoreBase
-from .rows import CaseTiming
-from .schema import COUNTED_SCAN
 from .rows import (
-    CaseCoverage, CheckpointEntry, Decision, DeviceStatus, FailedExecution, QuarantineEntry, ScanCounts, ScrubEntry,
-    SeriesPoint, Tally,
+    CaseCoverage,
+    CaseTiming,
+    CheckpointEntry,
+    Decision,
+    DeviceStatus,
+    FailedExecution,
+    QuarantineEntry,
+    ScanCounts,
+    ScrubEntry,
+    SeriesPoint,
+    Tally,
     device_status,
 )
+from .schema import COUNTED_SCAN
 
 __all__ = ["StoreQueries"]
 _INCIDENT_FIELDS = frozenset(Incident.__dataclass_fields__)
@@ -335,7 +343,8 @@ class StoreQueries(StoreBase):
             "SELECT DISTINCT d.device FROM incident_devices d JOIN incidents i ON i.id = d.incident "
             f"WHERE i.kind NOT IN ('nondeterministic', 'slow') {where}", params)}
 
-    def quarantine_status(self, device: str, *, window_s: float = DEFAULT_WINDOW_S, now: float | None = None) -> DeviceStatus:
+    def quarantine_status(self, device: str, *, window_s: float = DEFAULT_WINDOW_S,
+                          now: float | None = None) -> DeviceStatus:
         """One device's status (see :func:`sdcguard.fleet.rows.device_status`); suspect over ``window_s``."""
         import time
 
@@ -439,4 +448,5 @@ class StoreQueries(StoreBase):
                 s = sums.setdefault(key, [0, 0])
                 s[0] += int(r[-2])
                 s[1] += int(r[-1])
-        return [SeriesPoint(d, b, n, k) for (d, b), (n, k) in sorted(sums.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]
+        return [SeriesPoint(d, b, n, k)
+                for (d, b), (n, k) in sorted(sums.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]

@@ -156,6 +156,7 @@ def device_rates(
         assert dev is not None
         out[dev] = DeviceRates(
             device=dev, overall=overall[j],
+            # tallies by device and family have a family (Tally's fields are optional for other groupings)
             families={tallies[i].family: per_family[i] for i in range(lo, hi)},  # type: ignore[misc]
         )
     return out
@@ -168,4 +169,5 @@ def fleet_rates(store: Store, *, since: float | None = None, confidence: float =
     fam = {t.family: r for t, r in zip(tallies, _from_tallies(tallies, confidence))}
     overall = _rates(np.array([sum(t.failures for t in tallies)]), np.array([sum(t.executions for t in tallies)]),
                      np.array([sum(t.test_s for t in tallies)]), confidence)[0]
+    # tallies by family have a family (Tally's fields are optional for other groupings)
     return DeviceRates(device="fleet", overall=overall, families=fam)  # type: ignore[arg-type]

@@ -25,7 +25,7 @@ from ..durations import iso_utc
 from ..errors import BadInput
 from .rates import Rate, clopper_pearson, device_rates
 from .rows import DeviceStatus, ScanCounts
-from .slow import SlowSettings, Slowness, fleet_slowness
+from .slow import Slowness, SlowSettings, fleet_slowness
 from .store import Store
 
 __all__ = ["DeviceReport", "build_report", "report_json", "report_csv_rows", "REPORT_FIELDS"]
@@ -159,7 +159,7 @@ def report_csv_rows(rows: list[DeviceReport]) -> list[list[Any]]:
     for r in rows:
         d = r.as_dict()
         out.append(["" if d[f] is None else d[f] for f in REPORT_FIELDS] + (["all"] if with_families else []))
-        for name, rate in sorted((r.families or {}).items()):
+        for name in sorted(r.families or {}):
             fam = {**d, **d["families"][name]}
             out.append(["" if fam[f] is None else fam[f] for f in REPORT_FIELDS] + [name])
     return out

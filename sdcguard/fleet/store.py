@@ -102,10 +102,10 @@ class Store(StoreQueries, StoreMaintenance):
     ) -> None:
         """Append results to a scan in one transaction; with ``finish``, set its final status in the same one.
 
-        Passing first attempts are folded into the scan's one row per case (and family); failed executions and retests get a
-        row each. ``total``: the executions (retests included) the scanner produced in the whole scan, kept with
-        the final status so a complete scan with missing results can be told. ``meta``: keys merged into the
-        scan's meta.
+        Passing first attempts are folded into the scan's one row per case (and family); failed executions and retests
+        get a row each. ``total``: the executions (retests included) the scanner produced in the whole scan, kept with
+        the final status so a complete scan with missing results can be told. ``meta``: keys merged into the scan's
+        meta.
         """
         if finish is not None and finish not in _TERMINAL:
             raise BadInput(f"finish must be one of {sorted(_TERMINAL)}, got {finish!r}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from html import escape
 
 from ..durations import DAY_S
@@ -90,7 +90,7 @@ def bin_rates(points: Sequence[SeriesPoint], lows: Sequence[float], highs: Seque
 
 
 def _time_label(t: float, width: float) -> str:
-    d = datetime.fromtimestamp(t, tz=timezone.utc)
+    d = datetime.fromtimestamp(t, tz=UTC)
     return d.strftime("%Y-%m-%d") if width >= _DAY else d.strftime("%m-%d %H:%M")
 
 

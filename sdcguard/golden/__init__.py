@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-
+from .backend import OutputHook, default_suite
 from .cases import CASES, FAMILIES, GENERATOR_VERSION, PORTABLE_CASES, Case, case_by_id
 from .compare import Mismatch, compare_bits
-from .backend import OutputHook, default_suite
 from .numpy_backend import NumpyBackend
 from .suite import Suite, VerifyReport, generate, load_suite, verify
 

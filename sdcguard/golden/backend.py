@@ -4,7 +4,8 @@ plumbing of a backend (numpy per CPU core, CuPy per GPU)."""
 from __future__ import annotations
 
 import functools
-from typing import Callable, Self
+from collections.abc import Callable
+from typing import Self
 
 import numpy as np
 

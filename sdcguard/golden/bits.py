@@ -164,5 +164,6 @@ def failure_digest(output: np.ndarray, march: tuple[int, int, int] | None = None
     fake, since its output then equals the golden."""
     h = hashlib.sha256(np.ascontiguousarray(output).data)
     if march is not None:
-        h.update(("march:%d:%d:%d" % march).encode())
+        # %d, as when the stored digests were made: any integer-like value (a numpy scalar too) prints one way.
+        h.update(("march:%d:%d:%d" % march).encode())  # noqa: UP031
     return h.hexdigest()

@@ -9,8 +9,9 @@ aarch64 (SSE/AVX and NEON division, square root and conversions round to nearest
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -22,12 +22,12 @@ from ..devices import gpu_id
 from ..errors import NoDevice, SuiteError
 from ..kernels import get_kernel
 from ..records import CaseResult
+from .backend import BackendBase, OutputHook
+from .bits import sha256_bytes
 from .cases import Case
 from .compare import compare_bits
-from .bits import sha256_bytes
 from .kernel_run import kernel_case_result
 from .launch import Plan, plan_for
-from .backend import BackendBase, OutputHook
 from .suite import Suite
 
 __all__ = ["CupyBackend", "pinned_compute_type"]

@@ -22,10 +22,10 @@ import numpy as np
 from ..errors import SuiteError
 from ..records import CaseResult
 from ..resources import kernels_dir
+from .backend import OutputHook, default_suite
 from .cases import Case
 from .kernel_run import kernel_case_result
 from .launch import Launch, Plan, plan_for, runs_on_kernels
-from .backend import OutputHook, default_suite
 from .suite import Suite
 
 __all__ = ["HostBuild", "HostBackend", "kernel_files", "entry_points"]

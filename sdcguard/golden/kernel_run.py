@@ -7,7 +7,8 @@ buffer every kernel fills); a memory march's in-kernel error record carries its 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

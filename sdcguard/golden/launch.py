@@ -7,8 +7,9 @@ scratch buffers the runner zeroes before the first launch; the scratch buffer ``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Literal, TypeAlias
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from .cases import Case
 
 __all__ = ["Arg", "Launch", "Plan", "plan_for", "runs_on_kernels", "MEMORY_PHASES", "ERR_WORDS"]
 
-Arg = tuple
+Arg: TypeAlias = tuple[Literal["buf"], str, int] | tuple[Literal["i32", "u32", "u64"], int]
 """``("buf", name, element_offset)`` for a buffer, or ``("i32"|"u32"|"u64", value)`` for a scalar."""
 
 ERR_WORDS = 9
@@ -109,7 +110,7 @@ def _ieee(case: Case, sm_count: int) -> Plan:
 def _intrinsics(case: Case, sm_count: int) -> Plan:
     n = case.params["n"]
     grid = _grid_stride(n, sm_count)
-    args = (_buf("x"), _buf("y"), _buf("out"), _buf("smids"), ("i32", n))
+    args: tuple[Arg, ...] = (_buf("x"), _buf("y"), _buf("out"), _buf("smids"), ("i32", n))
     return Plan(module="intrinsics.cu", scratch={"out": ("float32", 5 * n), "smids": ("uint32", grid)},
                 output="out", launches=(Launch(kernel="intrinsics_fp32", grid=(grid, 1, 1), block=(256, 1, 1),
                                                args=args),),
@@ -130,13 +131,13 @@ def _memory(case: Case, inputs: dict[str, np.ndarray], sm_count: int, words: int
 
     def write(offset: int, invert: int) -> None:
         i = len(launches)
-        launches.append(Launch(kernel="mem_write_u32", phase="write", **geo,  # type: ignore[arg-type]
+        launches.append(Launch(kernel="mem_write_u32", phase="write", **geo,
                                args=(_buf("out"), ("u64", n), ("u32", kind), ("u32", p), ("u32", salt),
                                      ("u32", offset), ("u32", invert), _buf("smids", i * grid))))
 
     def check(offset: int, invert: int, rewrite: int, descending: int, phase: str) -> None:
         i = len(launches)
-        launches.append(Launch(kernel="mem_check_u32", phase=phase, **geo,  # type: ignore[arg-type]
+        launches.append(Launch(kernel="mem_check_u32", phase=phase, **geo,
                                args=(_buf("out"), ("u64", n), ("u32", kind), ("u32", p), ("u32", salt),
                                      ("u32", offset), ("u32", invert), ("u32", rewrite), ("u32", descending),
                                      ("u32", i), _buf("err"), _buf("smids", i * grid))))

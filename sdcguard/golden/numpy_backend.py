@@ -11,7 +11,8 @@ import ctypes
 import functools
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -19,11 +20,11 @@ from ..cpu_time import slow_down
 from ..devices import cpu_id
 from ..errors import NoDevice, SuiteError
 from ..records import CaseResult
+from .backend import BackendBase, OutputHook, slow_factor
 from .bits import failure_digest, hex_bits
 from .cases import Case
 from .compare import compare_bits
 from .cpu_kernels import RUNNERS, MarchError
-from .backend import BackendBase, OutputHook, slow_factor
 from .suite import Suite
 
 __all__ = ["NumpyBackend"]

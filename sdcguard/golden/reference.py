@@ -70,7 +70,11 @@ def _alu(case: Case, inp: dict[str, np.ndarray]) -> np.ndarray:
             x = x ^ ((x * mul) >> np.uint64(32))
             y = (y & (~x & m)) | (x & add)
         return ((x ^ y) & m).astype(np.uint32)
-    # u64: Python integers (object arrays): exact 128-bit products for the high half
+    return _alu_u64(inp, rounds)
+
+
+def _alu_u64(inp: dict[str, np.ndarray], rounds: int) -> np.ndarray:
+    """The u64 ALU case in Python integers: exact 128-bit products for the high half."""
     xs = [int(v) for v in inp["x"]]
     ys = [int(v) for v in inp["y"]]
     for r in range(rounds):

@@ -101,7 +101,8 @@ def load_references(directory: Path) -> Suite:
         manifest = json.loads((directory / "golden" / MANIFEST).read_text())
         blobs = {rel: (directory / "golden" / rel).read_bytes() for rel in manifest["files"]}
     except (OSError, ValueError, KeyError) as e:
-        raise GoldenDataError(f"references in {directory} are unreadable ({e}): the scanner's parent wrote them") from None
+        raise GoldenDataError(
+            f"references in {directory} are unreadable ({e}): the scanner's parent wrote them") from None
     suite = assemble_suite(directory / "golden", manifest, blobs)
     for case in suite.cases:
         names = index["cases"].get(case.id)

@@ -173,7 +173,8 @@ def record_arch_golden(directory: Path | None, case: Case, arch: str, outputs: l
     if not case.gpu_only:
         raise GoldenDataError(f"{case.id} has a portable golden: `sdcguard golden generate` computes it")
     if len(outputs) < min_devices:
-        raise GoldenDataError(f"recording {case.id} for {arch} needs {min_devices} reference devices, got {len(outputs)}")
+        raise GoldenDataError(
+            f"recording {case.id} for {arch} needs {min_devices} reference devices, got {len(outputs)}")
     digests = {sha256_bytes(out) for _, out in outputs}
     if len(digests) != 1:
         raise GoldenDataError(

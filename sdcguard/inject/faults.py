@@ -382,7 +382,8 @@ class FaultModel:
         if p == "stuck1":
             return "stuck1", before | (1 << self._one_bit(rng, fmt))
         if p == "multibit":
-            pool = fmt.all_bits if f.bit is None else fmt.bits(f.bit)  # type: ignore[arg-type]
+            assert not isinstance(f.bit, int)  # Fault.__post_init__: multibit takes a bit class, not a position
+            pool = fmt.all_bits if f.bit is None else fmt.bits(f.bit)
             if len(pool) < f.nbits:
                 raise BadInput(f"multibit nbits={f.nbits}, but {fmt.name} {f.bit or 'has'} {len(pool)} bits")
             bits = rng.choice(np.asarray(pool), size=f.nbits, replace=False)

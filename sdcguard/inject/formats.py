@@ -24,7 +24,7 @@ __all__ = ["BIT_CLASSES", "BitClass", "BitFormat", "FORMATS", "format_of", "get"
 BitClass = Literal["sign", "exponent", "high_mantissa", "low_mantissa"]
 BIT_CLASSES: tuple[BitClass, ...] = ("sign", "exponent", "high_mantissa", "low_mantissa")
 
-_UINT = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
+_UINT: dict[int, type[np.unsignedinteger]] = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
 
 
 @dataclass(frozen=True, kw_only=True)

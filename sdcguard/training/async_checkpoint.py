@@ -114,6 +114,7 @@ class _CheckedStager(AsyncStager):
     def _check(self, staged: Any, job: _Job) -> Any:
         mine = fingerprints(staged)
         differ = sorted(k for k, v in job.expected.items() if mine.get(k) != v)
+        everyone: list[Any]  # (expected fingerprints, keys that differ) of each rank
         if self.group is None:
             everyone = [(job.expected, differ)]
         else:
@@ -128,6 +129,11 @@ class _CheckedStager(AsyncStager):
                                       keys=tuple(sorted(bad)))
         job.everyone = [fps for fps, _ in everyone]
         return staged
+
+    def synchronize_staging(self) -> None:
+        """Nothing to wait for: DCP waits on the future :meth:`stage` returns (``_synchronize_after_execute`` is
+        False, so DCP never calls this)."""
+        return None
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -229,9 +235,10 @@ class AsyncCheckpointer:
         stager = self._checked_stager(check)
         stager.job = job
         kind = AsyncCheckpointerType.PROCESS if self.writer == "process" else AsyncCheckpointerType.THREAD
-        response = dcp.async_save(state_dict, storage_writer=_RecordingWriter(str(path), job), planner=planner,
-                                  process_group=background, no_dist=background is None,
-                                  async_checkpointer_type=kind, async_stager=stager)
+        # An AsyncSaveResponse, as the stager's stage() returns a future (a torch without it: the upload future).
+        response: Any = dcp.async_save(state_dict, storage_writer=_RecordingWriter(str(path), job), planner=planner,
+                                       process_group=background, no_dist=background is None,
+                                       async_checkpointer_type=kind, async_stager=stager)
         upload = response.upload_completion if hasattr(response, "upload_completion") else response
         store_path = os.fspath(store) if store is not None else (guard.config.store if guard is not None else None)
         self._inflight = _InFlight(job=job, response=response, upload=upload, guard=guard, store=store_path)

@@ -18,8 +18,8 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from dataclasses import dataclass
 from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -93,7 +93,7 @@ class OpRecorder(TorchDispatchMode):
         super().__init__()
         self.seen: set[str] = set()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         self.seen.add(func.__name__.split(".")[0])
         if kwargs.get("generator") is not None:

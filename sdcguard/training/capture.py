@@ -115,7 +115,8 @@ class AutocastProbe:
 
     def __init__(self) -> None:
         self.state: AutocastState | None = None
-        self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self._pre)
+        self._handle: torch.utils.hooks.RemovableHandle | None = (
+            torch.nn.modules.module.register_module_forward_pre_hook(self._pre))
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
         if self.state is None:
@@ -155,7 +156,8 @@ def map_tensors(obj: Batch, fn: Callable[[torch.Tensor], Any]) -> Batch:
     if isinstance(obj, dict) and type(obj) is dict:
         return {k: map_tensors(v, fn) for k, v in obj.items()}
     if isinstance(obj, Mapping):  # OrderedDict, BatchEncoding-like mappings
-        return type(obj)((k, map_tensors(v, fn)) for k, v in obj.items())
+        rebuild: Callable[..., Batch] = type(obj)  # such a mapping's class takes (key, value) pairs
+        return rebuild((k, map_tensors(v, fn)) for k, v in obj.items())
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
         return type(obj)(*(map_tensors(v, fn) for v in obj))
     if isinstance(obj, (list, tuple)):

@@ -187,8 +187,12 @@ def store_candidates(store: str | os.PathLike[str], root: Path) -> list[Candidat
     inside = [c for c in rows if Path(c.checkpoint_id) == root or root in Path(c.checkpoint_id).parents]
     newest = sorted(inside, key=lambda c: (c.step, c.time), reverse=True)
     seen: set[str] = set()
-    return [Candidate(path=Path(c.checkpoint_id), step=c.step, verified=True) for c in newest
-            if not (c.checkpoint_id in seen or seen.add(c.checkpoint_id))]
+    out: list[Candidate] = []
+    for c in newest:  # the newest record of each checkpoint
+        if c.checkpoint_id not in seen:
+            seen.add(c.checkpoint_id)
+            out.append(Candidate(path=Path(c.checkpoint_id), step=c.step, verified=True))
+    return out
 
 
 def _load_fallback(state_dict: dict[str, Any], path: Path, *, strict: bool, store: str | os.PathLike[str] | None,

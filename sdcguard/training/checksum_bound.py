@@ -36,6 +36,19 @@ takes a handful of roundings in ``w``; the factor ``1 + 2**-10`` covers them. A 
 finite or could reach the output's overflow threshold is not judged (a legitimate overflow is possible there); in
 every other column an infinite or NaN ``C^`` entry is impossible, so any NaN/Inf difference is a fault. QED.
 
+(8) *The screen: most columns need no magnitudes.* Computing ``Mag`` is a second small matmul and a pass over
+``|A|`` and ``|B|``. By (1), ``|C^_ij| <= (1 + alpha) sum_l |A_il||B_lj|`` for every row ``i`` of the block (with
+the bias as the ``k'``-th term; what underflow adds to ``|C^_ij|`` by (6) is at most the bound's own ``eta`` and
+flushed terms, which ``c < 1`` below keeps covered), so ``P = max_{i in G} |C^_ij|`` (computed exactly: a maximum
+rounds nothing) gives ``Mag >= P / (1 + alpha)``. Hence ``|S - R| <= c P`` with ``c = beta (1 - 2**-10) / (1 +
+alpha)`` implies ``|S - R| <= beta Mag``, and the computed bound of the theorem is at least ``beta Mag (1 -
+u_w)^2``: the column passes (the factor ``1 - 2**-10`` absorbs the two roundings of ``c P``). A NaN in ``P`` or ``|S
+- R|`` fails the comparison, and an infinite ``P`` makes ``S``, so ``|S - R|``, infinite or NaN: such columns are
+never cleared. So when every column is cleared the count is 0, exactly what the full check returns; otherwise the
+full check runs. The verdict never differs, only the work: on clean steps ``|S - R|`` is far below ``c P`` (the
+rounding errors of ``b`` entries against the bound of one), and the magnitudes are computed for a few percent of the
+checks.
+
 Consequences (what is caught): a changed entry ``C^_ij -> C^_ij + d`` is caught when ``|d| > 2 beta Mag`` in its
 block column, whatever its bits. Sign flips and exponent flips of entries not far below the column's typical
 magnitude, NaN and Inf always exceed it; flips of the low mantissa bits never do (they are below the rounding
@@ -47,6 +60,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -109,9 +123,10 @@ def _gamma(n: int, u: float) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def _coefficients(p: Precision, b: int, k: int, w: torch.dtype) -> tuple[float, float]:
-    """``(beta * slack / lower factor of the computed Mag, eta)`` of the theorem, for ``b`` rows per checksum and
-    ``k`` terms per entry; ``beta`` is inf when the bound is vacuous."""
+def _coefficients(p: Precision, b: int, k: int, w: torch.dtype) -> tuple[float, float, float]:
+    """``(beta * slack / lower factor of the computed Mag, eta, screen)`` of the theorem, for ``b`` rows per checksum
+    and ``k`` terms per entry; ``beta`` is inf when the bound is vacuous. ``screen`` is the factor of (8): ``beta (1 -
+    2**-10) / (1 + alpha)``."""
     uw = _UNITS[w]
     th_in, theta = 2 * p.u_in + p.u_in ** 2, 2 * p.u_ref + p.u_ref ** 2
     g_acc, gb, gk = _gamma(k, p.u_acc), _gamma(b + 1, uw), _gamma(k + 1, uw)
@@ -119,53 +134,89 @@ def _coefficients(p: Precision, b: int, k: int, w: torch.dtype) -> tuple[float, 
     beta = alpha + gb * (2 + alpha) + (gk + theta * (1 + gk)) * (1 + gb)
     lower = (1 - gb) * (1 - gk) * (1 - theta)
     if not math.isfinite(beta) or alpha >= 1 or lower <= 0:
-        return math.inf, math.inf
+        return math.inf, math.inf, 0.0
     eta = torch.finfo(w).tiny * (2 * b * k + 4 * k + 4 * b) + 2 * b * p.tiny_out
-    return beta / lower * _SLACK, eta * _SLACK
+    return beta / lower * _SLACK, eta * _SLACK, beta * (1 - 2.0 ** -10) / (1 + alpha)
+
+
+def _block_reduce(x: torch.Tensor, rows: int,
+                  reduce: Callable[[torch.Tensor, int, bool], torch.Tensor]) -> torch.Tensor:
+    """``reduce(view, dim, keepdim)`` over the rows of each block of ``rows`` consecutive rows of ``x`` (..., m, k) ->
+    (..., ceil(m / rows), k). A transposed ``x`` (its rows adjacent in memory, as ``A^T`` of a weight gradient) is
+    reduced along its memory order, which on the CPU is several times faster than across it."""
+    m = x.shape[-2]
+    full = m // rows * rows
+    parts = []
+    if x.dim() >= 2 and x.stride(-2) == 1 and x.stride(-1) != 1:
+        xt = x.mT
+        if full:
+            parts.append(reduce(xt[..., :full].reshape(*xt.shape[:-1], full // rows, rows), -1, False).mT)
+        if m > full:
+            parts.append(reduce(xt[..., full:], -1, True).mT)
+    else:
+        if full:
+            parts.append(reduce(x[..., :full, :].reshape(*x.shape[:-2], full // rows, rows, x.shape[-1]), -2, False))
+        if m > full:
+            parts.append(reduce(x[..., full:, :], -2, True))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
 
 
 def _block_sums(x: torch.Tensor, rows: int, w: torch.dtype, *, absolute: bool = False) -> torch.Tensor:
     """Sums over blocks of ``rows`` consecutive rows of ``x`` (..., m, k) -> (..., ceil(m / rows), k), in ``w``."""
-    m = x.shape[-2]
-    full = m // rows * rows
-    parts = []
-
-    def reduce(v: torch.Tensor, dim: int, keep: bool) -> torch.Tensor:
-        # abs() then sum: linalg.vector_norm(ord=1) over a non-last dim is many times slower on the CPU
-        return (v.abs() if absolute else v).sum(dim=dim, keepdim=keep, dtype=w)
-
-    if full:
-        parts.append(reduce(x[..., :full, :].reshape(*x.shape[:-2], full // rows, rows, x.shape[-1]), -2, False))
-    if m > full:
-        parts.append(reduce(x[..., full:, :], -2, True))
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+    # abs() then sum: linalg.vector_norm(ord=1) over a non-last dim is many times slower on the CPU
+    return _block_reduce(x, rows, lambda v, dim, keep: (v.abs() if absolute else v).sum(dim=dim, keepdim=keep,
+                                                                                         dtype=w))
 
 
-def _bias_terms(bias: torch.Tensor, shape: torch.Size, rows: int, w: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    full = bias.expand(shape)
-    return _block_sums(full, rows, w), _block_sums(full, rows, w, absolute=True)
+def _block_peaks(x: torch.Tensor, rows: int, w: torch.dtype) -> torch.Tensor:
+    """The largest magnitude in each block column of ``x`` (exact: no rounding), in ``w``; NaN where one is NaN.
+    Two reductions without a copy: faster on the CPU than ``abs()`` first, and than ``aminmax``."""
+    def peak(v: torch.Tensor, dim: int, keep: bool) -> torch.Tensor:
+        return torch.maximum(v.amax(dim=dim, keepdim=keep), v.amin(dim=dim, keepdim=keep).neg_()).to(w)
+    return _block_reduce(x, rows, peak)
+
+
+def _bias_sums(bias: torch.Tensor, m: int, rows: int, w: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block sums of ``bias`` broadcast over ``m`` rows, and of its magnitude: the bias times each block's
+    number of rows (one rounding, within the ``gamma_w(b)`` of a summation), without materialising the rows."""
+    counts = torch.full((m // rows,), float(rows), dtype=w, device=bias.device)
+    if m % rows:
+        counts = torch.cat([counts, torch.tensor([float(m % rows)], dtype=w, device=bias.device)])
+    vw = bias.to(w).reshape(-1)
+    return counts[:, None] * vw, counts[:, None] * vw.abs()
 
 
 def check_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, bias: torch.Tensor | None = None,
-                 precision: Precision, rows: int = DEFAULT_ROWS) -> torch.Tensor:
+                 precision: Precision, rows: int = DEFAULT_ROWS, screen: bool | None = None) -> torch.Tensor:
     """The number of block columns of ``c = [bias +] a @ b`` (2-D, or batched 3-D) whose checksum differs from the
-    operands' by more than the bound (a 0-d int64 tensor on ``c``'s device, computed without a host sync)."""
+    operands' by more than the bound (a 0-d int64 tensor on ``c``'s device).
+
+    ``screen`` (default: on the CPU) first compares with the cheap lower bound of (8) and computes the magnitudes
+    only when some column is not cleared by it; the count is the same either way. It reads one value on the host,
+    which on a GPU would stall the stream, so there the magnitudes are always computed and nothing syncs."""
     w = torch.float64 if c.dtype == torch.float64 else torch.float32
     k = a.shape[-1] + (1 if bias is not None else 0)
-    rows = max(1, min(rows, c.shape[-2]))
-    coef, eta = _coefficients(precision, rows, k + 1, w)
+    m = c.shape[-2]
+    rows = max(1, min(rows, m))
+    coef, eta, cleared = _coefficients(precision, rows, k + 1, w)
     if not math.isfinite(coef):
         return torch.zeros((), dtype=torch.int64, device=c.device)
     bw = b.to(w)
+    r = torch.matmul(_block_sums(a, rows, w), bw)
+    if bias is not None:
+        bias_sum, bias_mag = _bias_sums(bias, m, rows, w)
+        r += bias_sum
+    diff = (_block_sums(c, rows, w) - r).abs()
+    if c.device.type == "cpu" if screen is None else screen:
+        # (8): every column with diff <= cleared * (its largest |C|) holds the bound; only others need the magnitudes
+        peak = _block_peaks(c, rows, w)
+        if bool(((diff <= peak.mul_(cleared)) & (peak < math.inf)).all()):
+            return torch.zeros((), dtype=torch.int64, device=c.device)
     babs = bw.abs()
     va = _block_sums(a, rows, w, absolute=True)
-    r = torch.matmul(_block_sums(a, rows, w), bw)
     mag = torch.matmul(va, babs)
     if bias is not None:
-        full = bias.expand(c.shape)
-        r += _block_sums(full, rows, w)
-        mag += _block_sums(full, rows, w, absolute=True)
-    diff = (_block_sums(c, rows, w) - r).abs()
+        mag += bias_mag
     # a column whose magnitudes are not finite (a NaN or Inf operand), or could overflow the output, is not judged
     judged = mag < 0.25 * torch.finfo(c.dtype).max
     # inputs flushed to zero lose at most tiny_in |other operand| per product (_flushed), outputs tiny_out (eta)

@@ -205,7 +205,9 @@ class ChecksumMode(TorchDispatchMode):
         alive = all(t.untyped_storage().nbytes() > 0 or t.numel() == 0 for t in tensors)
         if alive and tuple(t._version for t in tensors) == call.versions:
             name = call.op.removeprefix("aten.")
-            a, b, bias = _operands(name, call.args, {}) or (None, None, None)
+            operands = _operands(name, call.args, {})
+            assert operands is not None  # only checkable calls are recorded
+            a, b, bias = operands
             out = call.func(*call.args)
             p = precision_for(out.dtype, out.device)
             assert p is not None

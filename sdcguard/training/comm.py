@@ -124,9 +124,11 @@ class Comm:
         size, payload = _encode(obj, self.device)
         their_size = torch.zeros(1, dtype=torch.int64, device=self.device)
         for w in (dist.isend(size, dst_g, group=self.group), dist.irecv(their_size, src_g, group=self.group)):
+            assert w is not None  # None only for a rank outside the group
             w.wait()
         theirs = torch.empty(int(their_size.item()), dtype=torch.uint8, device=self.device)
         for w in (dist.isend(payload, dst_g, group=self.group), dist.irecv(theirs, src_g, group=self.group)):
+            assert w is not None
             w.wait()
         return _decode(theirs)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
+from typing import TypeGuard
 
 import torch
 from torch import nn
@@ -88,6 +89,6 @@ class ParamTaps:
         self._handles = []
 
 
-def is_ddp(model: nn.Module) -> bool:
+def is_ddp(model: nn.Module) -> TypeGuard[DistributedDataParallel]:
     """Whether ``model`` is wrapped in DDP."""
     return isinstance(model, DistributedDataParallel)

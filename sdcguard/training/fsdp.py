@@ -21,7 +21,7 @@ to compare (the replay covers each rank's computation).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -29,10 +29,13 @@ from torch import nn
 
 from .taps import LocalRecord, local
 
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
+
 __all__ = ["FSDPTaps", "is_fsdp"]
 
 
-def _fsdp_module_type() -> type | None:
+def _fsdp_module_type() -> type[FSDPModule] | None:
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # pragma: no cover - torch without FSDP2
@@ -57,21 +60,21 @@ def _reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: Any, op: A
 _SyncSetting = list[tuple[bool, bool]]
 
 
-def _sync_setting(module: nn.Module) -> _SyncSetting | None:
+def _sync_setting(module: FSDPModule) -> _SyncSetting | None:
     """The module's gradient-sync setting (``reduce_grads``, ``all_reduce_grads`` of each of its parameter groups):
     FSDP2 offers a setter (``set_requires_gradient_sync``) but no getter, so this reads torch's state, and gives None
     where a torch version keeps it elsewhere."""
     try:
-        groups = module._get_fsdp_state()._fsdp_param_groups  # type: ignore[operator]
+        groups = module._get_fsdp_state()._fsdp_param_groups
         return [(bool(g.reduce_grads), bool(g.all_reduce_grads)) for g in groups]
     except (AttributeError, TypeError):
         return None
 
 
-def _restore_sync(module: nn.Module, setting: _SyncSetting | None) -> None:
+def _restore_sync(module: FSDPModule, setting: _SyncSetting | None) -> None:
     if setting is None:  # unknown: leave sync on, the setting FSDP2 starts with
         return
-    for g, (reduce, all_reduce) in zip(module._get_fsdp_state()._fsdp_param_groups, setting):  # type: ignore[operator]
+    for g, (reduce, all_reduce) in zip(module._get_fsdp_state()._fsdp_param_groups, setting):
         g.reduce_grads, g.all_reduce_grads = reduce, all_reduce
 
 
@@ -96,10 +99,9 @@ class FSDPTaps:
     collective_replay = True
 
     def __init__(self, model: nn.Module) -> None:
-        kind = _fsdp_module_type()
-        assert kind is not None
+        assert _fsdp_module_type() is not None
         self.replay_module = model
-        fsdp = [(name, m) for name, m in model.named_modules() if isinstance(m, kind)]
+        fsdp = [(name, m) for name, m in model.named_modules() if is_fsdp(m)]
         nested: set[int] = set()
         owned: dict[int, list[nn.Parameter]] = {}
         # Innermost first: a module's own parameters are those no nested fully_shard module claimed.
@@ -110,9 +112,12 @@ class FSDPTaps:
         units = [(fsdp[k][0] or "<root>", fsdp[k][1], owned[k]) for k in range(len(fsdp)) if owned[k]]
         self.unit_names = [name for name, _, _ in units]
         self._unit_params = [own for _, _, own in units]
-        for i, (_, m, _) in enumerate(units):
-            m.set_custom_reduce_scatter(_TapReduceScatter(self, i))  # type: ignore[operator]
-        self._modules = [m for _, m, _ in units]
+        # fully_shard gives each module a class that subclasses both its own and FSDPModule
+        self._modules = [cast("FSDPModule", m) for _, m, _ in units]
+        for i, m in enumerate(self._modules):
+            # _TapReduceScatter has FSDP2's ReduceScatter interface without subclassing the ABC, which lives in a
+            # private torch module that not every torch of the supported range has
+            m.set_custom_reduce_scatter(_TapReduceScatter(self, i))  # type: ignore[arg-type]
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.param_names = [n for n, _ in named]
         self.params = [p for _, p in named]
@@ -147,7 +152,7 @@ class FSDPTaps:
             p.grad = None
         sync = [_sync_setting(m) for m in self._modules]
         for m in self._modules:  # a replay must reach the reduce-scatter (accumulation may have turned it off)
-            m.set_requires_gradient_sync(True, recurse=False)  # type: ignore[operator]
+            m.set_requires_gradient_sync(True, recurse=False)
         self._record, self._replaying, self._replayed = record, True, []
         try:
             loss.backward(seed)

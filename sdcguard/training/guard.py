@@ -45,23 +45,25 @@ from ..errors import BadInput
 from ..records import Incident
 from .attribution import Attributor, launcher_job_id, new_job_id
 from .calibration import CalibrationReport, calibrate, setup_warnings
-from .checksum_round import WIDTH as CHECKSUM_WIDTH, checksum_incidents, columns as checksum_columns
-from .checksums import ChecksumMode
 from .capture import Batch, Capture, RngHook, capture_rng, make_capture
-from .comm import Comm
 from .checksum_bound import DEFAULT_ROWS
+from .checksum_round import WIDTH as CHECKSUM_WIDTH
+from .checksum_round import checksum_incidents
+from .checksum_round import columns as checksum_columns
+from .checksums import ChecksumMode
+from .comm import Comm
 from .config import DEFAULT_CHECKSUM_EVERY, Check, Escalate, GuardConfig, OnDetect, StepReport
 from .ddp import ParamTaps, is_ddp, unwrap, wrap_ddp
 from .fsdp import FSDPTaps, is_fsdp
 from .identity import local_device_id, setup_key
 from .observe import StepObserver
+from .outcomes import Outcomes
+from .peer import PeerRound
 from .replay import LossFn, check_loss, replay
 from .replica import ReplicaPhases
-from .outcomes import Outcomes
 from .response import Responder
-from .peer import PeerRound
-from .rounds import Round
 from .roles import worker_group
+from .rounds import Round
 from .shadows import DedicatedRound, ShadowServer
 from .taps import Digest
 from .timing import COLUMNS as TIMING_COLUMNS
@@ -234,8 +236,13 @@ class SDCGuard:
         if self._clock is not None:
             self._clock.end_step()
         self._responder.handle(found, escalate=self._outcomes.escalating(found))
-        checks: list[Check] = ((["gradient_replica"] if self._replica.active else []) + (["replay"] if sampled else [])
-                               + (["checksum"] if checked else []))
+        checks: list[Check] = []
+        if self._replica.active:
+            checks.append("gradient_replica")
+        if sampled:
+            checks.append("replay")
+        if checked:
+            checks.append("checksum")
         mean = loss if loss is not None else torch.full((), float("nan"))
         return StepReport(step=step, loss=mean, commit=commit, incidents=tuple(found), replayed=sampled,
                           checks=tuple(checks), matmuls_run=self._checksums.run if checked else 0,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .capture import Batch, Capture, RngHook, capture_rng, make_capture, AutocastProbe
+from .capture import AutocastProbe, Batch, Capture, RngHook, capture_rng, make_capture
 from .taps import LocalRecord, Taps
 
 __all__ = ["StepObserver", "Observed"]

@@ -2,8 +2,9 @@
 steps the checks vouch for, which verdicts escalate, and where to roll back to after a fault.
 
 Escalation: a device named *sticky* (by replay, or by a matmul checksum that failed again on its recompute) corrupts
-every step it computes, but only sampled or checked steps are vetoed, so a sticky verdict escalates at once; so does an unresolved verdict that repeats (a second one naming a device an earlier one
-named). The guard then raises or exits on every rank alike (``GuardConfig.escalate``).
+every step it computes, but only sampled or checked steps are vetoed, so a sticky verdict escalates at once; so does an
+unresolved verdict that repeats (a second one naming a device an earlier one named). The guard then raises or exits on
+every rank alike (``GuardConfig.escalate``).
 
 Pure bookkeeping on values every rank holds alike (they came out of the gathers), so every rank concludes alike.
 """

@@ -18,13 +18,16 @@ import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from ..errors import CheckpointCorrupted, CheckpointError
 from ..fingerprints import combine, fingerprint_many
 from .taps import local
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 __all__ = ["fingerprints", "make_record", "write_record", "read_record", "differences", "corrupted", "FORMAT",
            "file_fingerprint", "bytes_fingerprint"]
@@ -50,7 +53,7 @@ def _local(key: str, t: torch.Tensor) -> tuple[str, torch.Tensor]:
     shard = local(t)
     if shard is t:
         return key, t
-    coords = t.device_mesh.get_coordinate() or []
+    coords: Sequence[int] = cast("DTensor", t).device_mesh.get_coordinate() or []  # a DTensor: it has to_local
     return f"{key}#{','.join(map(str, coords))}", shard
 
 

@@ -207,7 +207,9 @@ class DedicatedRound:
         """``1 +`` the oldest pending sample when this worker sent it and its verdict has arrived (no waiting)."""
         if not self._pending or self._pending[0].worker != self.comm.index:
             return 0
-        return self._pending[0].sample + 1 if self._pending[0].verdict_work.done() else 0
+        work = self._pending[0].verdict_work
+        assert work is not None  # set on the sending worker
+        return self._pending[0].sample + 1 if work.done() else 0
 
     def collect_arrived(self, arrived: int) -> list[RoundResult]:
         """Settle the verdict announced in this step's gather (``arrived``: the gathered maximum), if it is still
@@ -224,6 +226,7 @@ class DedicatedRound:
         result = RoundResult(step=pending.step, vetoable=False)
         buf = torch.zeros(VERDICT_LEN, dtype=torch.int64, device=self.comm.device)
         if self.comm.index == pending.worker:
+            assert pending.verdict_work is not None and pending.verdict is not None  # set on the sending worker
             pending.verdict_work.wait()
             buf.copy_(pending.verdict)
         self.comm.broadcast_tensors_([buf], src=pending.worker)

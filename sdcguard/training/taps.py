@@ -89,12 +89,20 @@ class LocalRecord:
 class Taps(Protocol):
     """The hooks of one parallelism (``sdcguard.training.ddp.ParamTaps``, ``sdcguard.training.fsdp.FSDPTaps``)."""
 
-    unit_names: Sequence[str]
-    """Name of each unit, for incidents (a parameter name, or an FSDP module's name)."""
-    params: Sequence[nn.Parameter]
-    """The trainable parameters (this rank's part), in a fixed order."""
-    param_names: Sequence[str]
-    """Their names."""
+    # Read-only to the guard: properties here, so an implementation's plain list attributes satisfy the protocol
+    # (a mutable protocol attribute would have to be exactly Sequence).
+    @property
+    def unit_names(self) -> Sequence[str]:
+        """Name of each unit, for incidents (a parameter name, or an FSDP module's name)."""
+
+    @property
+    def params(self) -> Sequence[nn.Parameter]:
+        """The trainable parameters (this rank's part), in a fixed order."""
+
+    @property
+    def param_names(self) -> Sequence[str]:
+        """Their names."""
+
     collective_replay: bool
     """True when a replay runs collectives (FSDP all-gathers): every rank must replay at the same time."""
     replay_module: nn.Module

@@ -186,8 +186,8 @@ class PhaseClock:
         sample, compute, replay, guard_s, wait_s = spans
         c, r = compute.micros(), replay.micros()
         ok = sample is not None and c > 0 and r > 0
-        self._pending = [sample if ok else -1, c if ok else 0, r if ok else 0, c, int(guard_s * 1e6),
-                         int(wait_s * 1e6)]
+        self._pending = [-1 if sample is None or not ok else sample, c if ok else 0, r if ok else 0, c,
+                         int(guard_s * 1e6), int(wait_s * 1e6)]
         self._pending_spans = None
 
 
