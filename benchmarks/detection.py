@@ -135,8 +135,8 @@ def plan(*, quick: bool, reps: int | None = None) -> Plan:
 
 
 def _run_jobs(p: Plan, timeout: float) -> tuple[list[Any], list[Any], list[Any], list[Any], dict[str, float]]:
-    from _dist import run_ranks
     from benchmarks.campaign import frameworks, peer, shadow
+    from sdcguard.training.local_ranks import run_ranks
 
     seconds: dict[str, float] = {}
     out: dict[str, list[Any]] = {}

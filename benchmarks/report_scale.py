@@ -43,6 +43,7 @@ import numpy as np  # noqa: E402
 
 from fleet_scan.sim import DEFAULT_CASES, SimFleet, scan_sim_device  # noqa: E402
 from sdcguard.devices import sim_id  # noqa: E402
+from sdcguard.durations import DAY_S as DAY  # noqa: E402
 from sdcguard.fleet.html import build_html  # noqa: E402
 from sdcguard.fleet.merge import merge_stores  # noqa: E402
 from sdcguard.fleet.policy import QuarantinePolicy, apply_policy  # noqa: E402
@@ -50,7 +51,6 @@ from sdcguard.fleet.report import build_report, report_json  # noqa: E402
 from sdcguard.fleet.store import Store  # noqa: E402
 from sdcguard.records import DeviceInfo  # noqa: E402
 
-DAY = 86400.0
 _RUNS = 3
 """CLI runs per window: the goal holds in every one, not on average."""
 

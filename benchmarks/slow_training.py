@@ -1,7 +1,7 @@
 """Slow ranks in training: how fast a slowed rank is named, false naming in clean runs, and what timing costs.
 
-A 2-rank DDP job over gloo, one rank per core (tests/_dist.py), an MLP (256 -> 768 -> 768 -> 8, batch 64),
-``replay_every=2``:
+A 2-rank DDP job over gloo, one rank per core (sdcguard.training.local_ranks), an MLP (256 -> 768 -> 768 -> 8,
+batch 64), ``replay_every=2``:
 
 - ``--drills`` runs of ``--steps-drill`` steps (20) where rank 1 runs under ``SlowOpsMode(--factor)`` (each op
   burns ``factor - 1`` times its own time in extra work) and rank 0 under ``SlowOpsMode(1.0)`` (the same Python
@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests._dist import run_ranks  # noqa: E402
+from sdcguard.training.local_ranks import run_ranks  # noqa: E402
 
 
 def _job(rank: int, world: int, steps: int, slowed: int | None, factor: float, timed: bool,

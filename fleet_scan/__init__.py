@@ -1,11 +1,13 @@
 """The fleet scanner: finds idle devices, runs the golden suite within a budget, records, applies the policy.
 
-``sdcguard scan`` and ``python -m fleet_scan`` are its command line. The pieces: :mod:`.discovery` (which
-devices), :mod:`.telemetry` (snapshots before and after), :mod:`.idle` (idle checks and per-device locks),
-:mod:`.schedule` (case order and budget), :mod:`.worker` (one device's scan, in its own process),
-:mod:`.retest` (retests in a fresh process), :mod:`.record` (batched, crash-safe recording), :mod:`.runner`
-(the whole machine, then the policy), :mod:`.progress` (rich bar or JSON lines) and :mod:`.sim` (a simulated
-fleet running the same recording and policy).
+``sdcguard scan`` and ``python -m fleet_scan`` are its command line (:mod:`.command`, which needs nothing of
+:mod:`sdcguard.cli`). The pieces: :mod:`.options` (the scan's settings, defined once) and :mod:`.config` (the
+config file), :mod:`.discovery` (which devices), :mod:`.telemetry` (snapshots before and after), :mod:`.idle`
+(idle checks and per-device locks), :mod:`.schedule` (case order and budget), :mod:`.worker` (one device's scan,
+in its own process, ending with its :mod:`.summary`), :mod:`.retest` (retests in a fresh process),
+:mod:`.record` (batched, crash-safe recording), :mod:`.stop` (SIGTERM and SIGINT), :mod:`.runner` (the whole
+machine, then the policy), :mod:`.progress` (rich bar or JSON lines) and :mod:`.sim` (a simulated fleet running
+the same recording and policy).
 """
 
 from __future__ import annotations

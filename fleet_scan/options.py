@@ -1,15 +1,25 @@
-"""The scanner's configuration: one frozen dataclass handed from the CLI to every per-device worker process."""
+"""The scanner's configuration: one frozen dataclass handed from the command line to every per-device worker process.
+
+It is the one definition of the scan's settings. A field a user may set (a *setting*) carries its key (the
+``[scan]`` key of the config file and the name of the command-line option, ``--`` and the key with dashes) and what
+it expects, in words; its default is the field's default and its rules live in ``__post_init__``. The config
+file's checks (:mod:`fleet_scan.config`) and the command's options and defaults (:mod:`fleet_scan.command`) are
+derived from these fields, as the ``[policy]`` keys are from :class:`~sdcguard.fleet.policy.QuarantinePolicy`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, field
 from typing import Any
 
 from sdcguard.errors import BadInput
 
-__all__ = ["ScanOptions", "DEFAULT_BUDGET_S", "DEFAULT_RETESTS"]
+from .idle import DEFAULT_CPU_BUSY_MAX, DEFAULT_GPU_UTIL_MAX, DEFAULT_WINDOW_S
+
+__all__ = ["ScanOptions", "DEFAULT_BUDGET_S", "DEFAULT_RETESTS", "settings", "setting_kind"]
 
 DEFAULT_BUDGET_S = 60.0
 """Per-device budget of a scan: a minute a day finds a device failing one execution in a thousand within a day
@@ -18,29 +28,33 @@ DEFAULT_RETESTS = 3
 """Retests of a failing case, in a fresh process, to tell a transient from a sticky fault."""
 
 
+def _setting(default: Any, key: str, expects: str) -> Any:
+    return field(default=default, metadata={"key": key, "expects": expects})
+
+
 @dataclass(frozen=True, kw_only=True)
 class ScanOptions:
     """How each device is scanned (everything a worker process needs besides its device)."""
 
     db: str
     """Path of the fleet store."""
-    budget_s: float | None = DEFAULT_BUDGET_S
+    budget_s: float | None = _setting(DEFAULT_BUDGET_S, "budget", "a positive number of seconds, e.g. 60")
     """Wall-clock seconds per device, from the scan's start to its final record; None: one pass over the suite."""
-    retests: int = DEFAULT_RETESTS
+    retests: int = _setting(DEFAULT_RETESTS, "retests", "a whole number >= 0, e.g. 3")
     """Retests of a failing case in a fresh process (0: no retest; the failure's ``sticky`` stays None)."""
     inject: str | None = None
-    """Fire-drill fault spec (:func:`sdcguard.inject.faults.parse_inject_spec`); None in production."""
-    only_idle: bool = True
+    """Fire-drill fault spec (:func:`sdcguard.inject.spec.parse_inject_spec`); None in production."""
+    only_idle: bool = _setting(True, "only_idle", "true or false")
     """Scan only idle devices and stop (``preempted``) when a job appears; False scans whatever is asked."""
-    idle_window_s: float = 1.0
+    idle_window_s: float = _setting(DEFAULT_WINDOW_S, "idle_window", "a number of seconds >= 0, e.g. 1.0")
     """Window of the idle check before a scan."""
-    gpu_util_max: float = 5.0
+    gpu_util_max: float = _setting(DEFAULT_GPU_UTIL_MAX, "gpu_util_max", "a percentage 0..100, e.g. 5")
     """A GPU above this utilization (%) over the window is busy."""
-    cpu_busy_max: float = 50.0
+    cpu_busy_max: float = _setting(DEFAULT_CPU_BUSY_MAX, "cpu_busy_max", "a percentage 0..100, e.g. 50")
     """A CPU core kept busier than this (%) by other processes is busy."""
-    lock_dir: str | None = None
+    lock_dir: str | None = _setting(None, "lock_dir", "a directory path (a string)")
     """Directory of the per-device lock files (default: :func:`fleet_scan.idle.default_lock_dir`)."""
-    golden_dir: str | None = None
+    golden_dir: str | None = _setting(None, "golden_dir", "a directory path (a string)")
     """Golden data directory (default: the one shipped with sdcguard)."""
     json: bool = False
     """Progress as JSON lines even on a terminal."""
@@ -57,9 +71,38 @@ class ScanOptions:
             if not 0 <= value <= 100:
                 raise BadInput(f"{name.replace('_', '-')} must be a percentage 0..100, got {value}")
 
+    @classmethod
+    def from_settings(cls, given: typing.Mapping[str, Any], section: typing.Mapping[str, Any], **others: Any,
+                      ) -> ScanOptions:
+        """The options of a scan: each setting from ``given`` (the command line and environment, by key; None: not
+        given), else the config file's ``[scan]`` section, else its default; ``others``: the fields that are not
+        settings (``db``, ``inject``, ``json``)."""
+        values = {}
+        for key, f in settings().items():
+            value = given.get(key)
+            if value is None:
+                value = section.get(key)
+            if value is not None:
+                values[f.name] = setting_kind(f)(value)
+        return cls(**others, **values)
+
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ScanOptions:
         return cls(**data)
+
+
+def settings() -> dict[str, dataclasses.Field[Any]]:
+    """The fields a user may set, by key (``[scan]`` key and command-line option)."""
+    return {f.metadata["key"]: f for f in dataclasses.fields(ScanOptions) if "key" in f.metadata}
+
+
+def setting_kind(f: dataclasses.Field[Any]) -> type:
+    """The type a setting's value has (``float``, ``int``, ``bool`` or ``str``; None aside)."""
+    hint = typing.get_type_hints(ScanOptions)[f.name]
+    (kind,) = [k for k in typing.get_args(hint) or (hint,) if k is not type(None)]
+    assert kind in (float, int, bool, str), (f.name, kind)
+    value_type: type = kind
+    return value_type

@@ -13,6 +13,7 @@ import json
 import sys
 
 from sdcguard.errors import SdcguardError
+from sdcguard.exit_codes import EXIT_CANNOT_RUN
 
 from .discovery import ScanTarget
 from .options import ScanOptions
@@ -44,4 +45,4 @@ if __name__ == "__main__":
         main()
     except SdcguardError as e:
         print(f"retest: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_CANNOT_RUN)

@@ -30,19 +30,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sdcguard.errors import GoldenDataError
+from sdcguard.exit_codes import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK, exit_code_for_signal
 from sdcguard.fleet.schema import MIN_EXECUTIONS
 
 from .discovery import ScanTarget, select_targets
 from .drill import check_drill
-from .options import ScanOptions
+from .options import DEFAULT_BUDGET_S, ScanOptions
 from .progress import Reporter
+from .stop import on_stop_signals
+from .summary import SKIPPED, DeviceSummary
 
 if TYPE_CHECKING:
     from sdcguard.fleet.policy import PolicyScope
 
-__all__ = ["ScanOutcome", "run_scan", "worker_env", "reference_cores", "exit_code_for_signal"]
+__all__ = ["ScanOutcome", "run_scan", "worker_env", "reference_cores"]
 
-EXIT_OK, EXIT_CORRUPTION, EXIT_CANNOT_RUN = 0, 1, 2
 _GRACE_S = 60.0
 """A worker still running this long after its budget (plus its idle window) is stopped (SIGTERM, then SIGKILL)."""
 
@@ -51,8 +53,8 @@ _GRACE_S = 60.0
 class ScanOutcome:
     """What one scanner invocation did."""
 
-    devices: list[dict[str, Any]]
-    """The ``done`` summary of every device (status, executions, failures, failing cases, sticky cases...)."""
+    devices: list[DeviceSummary]
+    """The summary of every device (status, executions, failures, failing cases, sticky cases...)."""
     exit_code: int
     message: str
     """One line: what happened (the reason, for exit code 2)."""
@@ -77,7 +79,7 @@ def worker_env(target: ScanTarget) -> dict[str, str]:
 class _Worker:
     def __init__(self, target: ScanTarget, options: ScanOptions, reporter: Reporter, references: str) -> None:
         self.target = target
-        self.summary: dict[str, Any] | None = None
+        self.summary: DeviceSummary | None = None
         self.stderr = ""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fleet_scan.worker"],
@@ -105,7 +107,7 @@ class _Worker:
             except ValueError:
                 continue  # a stray print from a library: not an event
             if event.get("event") == "done":
-                self.summary = event
+                self.summary = DeviceSummary.from_json(event)
             self._reporter.event(event)
 
     def _read_stderr(self) -> None:
@@ -126,17 +128,17 @@ class _Worker:
         self._out.join(timeout=5)
         self._err.join(timeout=5)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> DeviceSummary:
         if self.summary is not None:
             return self.summary
         tail = (self.stderr.strip().splitlines() or [f"exit code {self.proc.returncode}"])[-1]
-        return {"event": "done", "device": self.target.device, "status": "error", "error": f"worker died: {tail}"}
+        return DeviceSummary(device=self.target.device, status="error", error=f"worker died: {tail}")
 
 
 def _check_inputs(options: ScanOptions, targets: Sequence[ScanTarget]) -> Any:
     rules = None
     if options.inject:
-        from sdcguard.inject.faults import parse_inject_spec
+        from sdcguard.inject.spec import parse_inject_spec
 
         rules = parse_inject_spec(options.inject)  # BadInput names what is wrong before any device is touched
     from sdcguard.golden import load_suite
@@ -230,7 +232,7 @@ def _scan_all(
     workers: list[_Worker] = []
     stop: dict[str, int | None] = {"signal": None}
 
-    def _forward(signum: int, frame: Any) -> None:
+    def _forward(signum: int) -> None:
         # The workers get the signal we got (a Ctrl-C on a terminal reaches them as SIGINT already): each finishes
         # its case in flight and records its scan as `interrupted`, naming that signal.
         if stop["signal"] is None:
@@ -239,8 +241,7 @@ def _scan_all(
             if w.proc.poll() is None:
                 w.proc.send_signal(signum)
 
-    old = {s: signal.signal(s, _forward) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with on_stop_signals(_forward):
         for t in chosen:
             workers.append(_Worker(t, options, reporter, references))
         deadline = None
@@ -248,16 +249,13 @@ def _scan_all(
             deadline = time.monotonic() + options.budget_s + options.idle_window_s * 2 + _GRACE_S
         for w in workers:
             w.wait(deadline)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
     summaries = [w.result() for w in workers]
     return _conclude(options, summaries, reporter, policy, actions, policy_scope, stopped_by=stop["signal"])
 
 
 def _conclude(
     options: ScanOptions,
-    summaries: list[dict[str, Any]],
+    summaries: list[DeviceSummary],
     reporter: Reporter,
     policy: Any,
     actions: Sequence[Any],
@@ -266,11 +264,11 @@ def _conclude(
     stopped_by: int | None = None,
 ) -> ScanOutcome:
     for s in summaries:
-        if s.get("status") == "error" and "scan" not in s:
-            reporter.event(s)  # a worker that died before its scan began sent no event of its own
-    scanned = [s["device"] for s in summaries if "scan" in s]
-    errors = [f"{s['device']}: {s['error']}" for s in summaries if s.get("status") == "error"]
-    failures = sum(int(s.get("failures", 0)) for s in summaries)
+        if s.status == "error" and not s.scanned:
+            reporter.event(s.to_json())  # a worker that died before its scan began sent no event of its own
+    scanned = [s.device for s in summaries if s.scanned]
+    errors = [f"{s.device}: {s.error}" for s in summaries if s.status == "error"]
+    failures = sum(s.failures for s in summaries)
 
     outcome = ScanOutcome(devices=summaries, exit_code=EXIT_OK, message="")
     if scanned:
@@ -295,7 +293,7 @@ def _conclude(
             }
         )
 
-    skipped = [s for s in summaries if s.get("status") in ("busy", "locked")]
+    skipped = [s for s in summaries if s.status in SKIPPED]
     if outcome.breaker_tripped:
         outcome.exit_code = EXIT_CANNOT_RUN
         why = "; ".join(outcome.policy_reasons[:3]) or "the same wrong output on several devices"
@@ -314,7 +312,7 @@ def _conclude(
             "exit_code": outcome.exit_code,
             "message": outcome.message,
             "scanned": scanned,
-            "skipped": [s["device"] for s in skipped],
+            "skipped": [s.device for s in skipped],
             "quarantined": outcome.quarantined,
             "breaker_tripped": outcome.breaker_tripped,
             "stopped_by": None if stopped_by is None else signal.Signals(stopped_by).name,
@@ -323,16 +321,10 @@ def _conclude(
     return outcome
 
 
-def exit_code_for_signal(signum: int) -> int:
-    """The exit code of a scan stopped by a signal: 128 + its number (130 SIGINT, 143 SIGTERM), as a shell reports a
-    process the signal killed, so cron, systemd and Slurm see an unfinished scan, never "all passed"."""
-    return 128 + int(signum)
-
-
-def _stopped_message(signum: int, summaries: list[dict[str, Any]]) -> str:
+def _stopped_message(signum: int, summaries: list[DeviceSummary]) -> str:
     name = signal.Signals(signum).name
-    recorded = [s for s in summaries if "scan" in s]
-    executions = sum(int(s.get("executions", 0)) for s in recorded)
+    recorded = [s for s in summaries if s.scanned]
+    executions = sum(s.executions for s in recorded)
     return (
         f"scan stopped by {name} before it finished: recorded as interrupted, {executions} execution(s) on "
         f"{len(recorded)} device(s) kept in the store, no failure among them; the devices were not fully checked"
@@ -340,35 +332,35 @@ def _stopped_message(signum: int, summaries: list[dict[str, Any]]) -> str:
 
 
 def _conclude_finished(
-    outcome: ScanOutcome, summaries: list[dict[str, Any]], scanned: list[str], skipped: list[dict[str, Any]],
+    outcome: ScanOutcome, summaries: list[DeviceSummary], scanned: list[str], skipped: list[DeviceSummary],
     failures: int, stopped_by: int | None,
 ) -> None:
     """Exit code and message of a scan that found corruption, or that ran to its end."""
     if failures:
         outcome.exit_code = EXIT_CORRUPTION
-        bad = [s["device"] for s in summaries if s.get("failures")]
+        bad = [s.device for s in summaries if s.failures]
         outcome.message = f"corruption found on {', '.join(bad)} ({failures} failed executions)" + (
             f"; quarantined: {', '.join(outcome.quarantined)}" if outcome.quarantined else ""
         ) + (f"; then stopped by {signal.Signals(stopped_by).name}" if stopped_by is not None else "")
-    elif empty := [s for s in summaries if "scan" in s and not s.get("executions")]:
+    elif empty := [s for s in summaries if s.scanned and not s.executions]:
         # A scan that executed no golden case tested nothing: "all passed" would be a lie, and the store never
         # counts it as a complete scan (sdcguard.fleet.schema.COUNTED_SCAN), so it ends no probation either.
         outcome.exit_code = EXIT_CANNOT_RUN
-        why = "; ".join(f"{s['device']}: 0 executions ({s.get('status')}"
-                        + (f", {s['reason']}" if s.get("reason") else "")
-                        + (f", budget {s['budget_s']:g} s" if s.get("budget_s") is not None else "") + ")"
+        why = "; ".join(f"{s.device}: 0 executions ({s.status}" + (f", {s.reason}" if s.reason else "")
+                        + (f", budget {s.budget_s:g} s" if s.budget_s is not None else "") + ")"
                         for s in empty[:2])
         more = f" (and {len(empty) - 2} more)" if len(empty) > 2 else ""
         outcome.message = (
             f"nothing was tested on {len(empty)} of {len(scanned)} scanned device(s) ({why}{more}): a scan counts "
-            f"only when it ran at least {MIN_EXECUTIONS} golden case; raise --budget (the default is 60 s)"
+            f"only when it ran at least {MIN_EXECUTIONS} golden case; raise --budget (the default is "
+            f"{DEFAULT_BUDGET_S:g} s)"
         )
-    elif not scanned and any(s.get("status") == "busy" for s in skipped):
+    elif not scanned and any(s.status == "busy" for s in skipped):
         # Nothing was checked because of other load: saying "all passed" (exit 0) would hide that the machine
         # went unscanned. (Devices only locked are being scanned by another scanner right now.)
         outcome.exit_code = EXIT_CANNOT_RUN
-        busy = [s for s in skipped if s.get("status") == "busy"]
-        why = "; ".join(f"{s['device']}: {s.get('reason') or 'busy'}" for s in busy[:2])
+        busy = [s for s in skipped if s.status == "busy"]
+        why = "; ".join(f"{s.device}: {s.reason or 'busy'}" for s in busy[:2])
         more = f" (and {len(skipped) - 2} more)" if len(skipped) > 2 else ""
         outcome.message = (
             f"no device scanned: every device asked for is busy with other work ({why}{more}); "

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from sdcguard.devices import sim_id
+from sdcguard.durations import DAY_S
 from sdcguard.golden.cases import PORTABLE_CASES
 from sdcguard.records import CaseResult, DeviceInfo
 
@@ -311,7 +312,7 @@ class SimRun:
         from sdcguard.fleet.policy import apply_policy
         from sdcguard.fleet.store import Store
 
-        t_day = self.start + day * 86400.0
+        t_day = self.start + day * DAY_S
         today = SimDay(day=day)
         for host, members in self.hosts.items():
             scanned = []

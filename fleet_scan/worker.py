@@ -29,6 +29,7 @@ from typing import Any
 
 from sdcguard.devices import hostname
 from sdcguard.errors import SdcguardError, SuiteError
+from sdcguard.exit_codes import EXIT_CANNOT_RUN
 from sdcguard.records import CaseResult, ScanStatus
 
 from .discovery import ScanTarget
@@ -36,6 +37,8 @@ from .idle import DeviceLock, DeviceLocked, IdleMonitor
 from .options import ScanOptions
 from .record import ScanRecorder
 from .schedule import Budget, CaseClock, next_case, order_cases
+from .stop import on_stop_signals
+from .summary import DeviceSummary
 from .telemetry import telemetry_for
 
 __all__ = ["scan_device", "make_backend", "make_hook", "load_worker_suite", "result_to_json", "result_from_json",
@@ -78,7 +81,7 @@ def make_hook(inject: str | None, target: ScanTarget) -> Callable[[str, Any], An
     """The fire-drill output hook for a target (None without ``--inject`` or when no rule names it)."""
     if not inject:
         return None
-    from sdcguard.inject.faults import golden_output_hook, parse_inject_spec
+    from sdcguard.inject.spec import golden_output_hook, parse_inject_spec
 
     # cuda:N in a rule means the GPU that `--device cuda:N` selects: NVML index N.
     cuda_index = target.index if target.kind == "gpu" else None
@@ -156,6 +159,8 @@ class _Tally:
     retest_runs: int = 0
     failing_cases: dict[str, int] = dataclasses.field(default_factory=dict)
     sticky: list[str] = dataclasses.field(default_factory=list)
+    retested: set[str] = dataclasses.field(default_factory=set)
+    """Cases retested in this scan (each at most once)."""
     first_failure: dict[str, CaseResult] = dataclasses.field(default_factory=dict)
     """Each failing case's first failed execution (after its retest, if any)."""
 
@@ -173,21 +178,16 @@ class _Tally:
 
 def scan_device(
     target: ScanTarget, options: ScanOptions, emit: Emit, *, references: str | None = None
-) -> dict[str, Any]:
-    """Scan one device; returns the ``done`` summary (also emitted). Raises nothing for device faults.
+) -> DeviceSummary:
+    """Scan one device; returns its summary (also emitted, as the ``done`` event). Raises nothing for device faults.
 
     ``references``: the directory of inputs and expected outputs the parent built off this device.
     """
-    device = target.device
-    summary: dict[str, Any] = {"event": "done", "device": device, "kind": target.kind}
-
-    lock = DeviceLock(device, Path(options.lock_dir) if options.lock_dir else None)
+    lock = DeviceLock(target.device, Path(options.lock_dir) if options.lock_dir else None)
     try:
         lock.acquire()
     except DeviceLocked as e:
-        summary.update(status="locked", reason=str(e))
-        emit(summary)
-        return summary
+        return _done(emit, DeviceSummary(device=target.device, kind=target.kind, status="locked", reason=str(e)))
     try:
         monitor = IdleMonitor(
             target,
@@ -199,175 +199,193 @@ def scan_device(
             reason = monitor.busy_reason()
             if reason:
                 # idle_error: the measurement that failed, when the device is busy because it could not be measured
-                summary.update(status="busy", reason=reason, idle_error=monitor.error)
-                emit(summary)
-                return summary
-        return _scan_locked(target, options, emit, monitor, summary, references)
+                return _done(emit, DeviceSummary(device=target.device, kind=target.kind, status="busy", reason=reason,
+                                                 idle_error=monitor.error))
+        return _done(emit, _scan_locked(target, options, emit, monitor, references))
     finally:
         lock.release()
 
 
-def _scan_locked(
-    target: ScanTarget, options: ScanOptions, emit: Emit, monitor: IdleMonitor, summary: dict[str, Any],
-    references: str | None,
-) -> dict[str, Any]:
+def _done(emit: Emit, summary: DeviceSummary) -> DeviceSummary:
+    emit(summary.to_json())
+    return summary
+
+
+def _scan_locked(target: ScanTarget, options: ScanOptions, emit: Emit, monitor: IdleMonitor,
+                 references: str | None) -> DeviceSummary:
+    """The scan of a device whose lock we hold: prepare, open, loop, finish."""
     from sdcguard.fleet.store import Store
 
-    device = target.device
-    host = target.info.host or hostname()
-    suite = load_worker_suite(options, references)
-    backend = make_backend(target, suite)
-    # the backend's own list: numpy skips GPU-only cases, CuPy adds the per-architecture ones
-    runnable = list(backend.cases())
-    if not runnable:
-        raise SuiteError(f"{device}: the golden suite has no case this device's backend can run")
-    hook = make_hook(options.inject, target)
-    # Inputs, expected outputs, device buffers and kernels are built before the clock starts: the budget is spent
-    # on executions, and the first execution of a case is timed like the others.
-    prepare = getattr(backend, "prepare", None)
-    if prepare is not None:
-        prepare(tuple(runnable))
-
-    telemetry = telemetry_for(target)
+    scan = _DeviceScan(target, options, emit, monitor, references)
     with Store.open(options.db) as store:
-        store.upsert_device(target.info)
+        scan.open(store)
+        scan.loop()
+        scan.finish()
+    return scan.summary()
+
+
+class _DeviceScan:
+    """One device's scan, step by step. ``__init__`` prepares (suite, backend, cases, fire-drill hook: before the
+    clock starts), :meth:`open` records the device and begins the scan, :meth:`loop` runs cases until the budget
+    (retests included), :meth:`finish` records the end; :meth:`summary` is what the worker reports."""
+
+    def __init__(self, target: ScanTarget, options: ScanOptions, emit: Emit, monitor: IdleMonitor,
+                 references: str | None) -> None:
+        self.target, self.options, self.emit, self.monitor, self.references = target, options, emit, monitor, references
+        self.host = target.info.host or hostname()
+        self.backend = make_backend(target, load_worker_suite(options, references))
+        # the backend's own list: numpy skips GPU-only cases, CuPy adds the per-architecture ones
+        self.runnable = list(self.backend.cases())
+        if not self.runnable:
+            raise SuiteError(f"{target.device}: the golden suite has no case this device's backend can run")
+        self.hook = make_hook(options.inject, target)
+        # Inputs, expected outputs, device buffers and kernels are built before the clock starts: the budget is
+        # spent on executions, and the first execution of a case is timed like the others.
+        prepare = getattr(self.backend, "prepare", None)
+        if prepare is not None:
+            prepare(tuple(self.runnable))
+        self.telemetry = telemetry_for(target)
+        self.budget = Budget(options.budget_s)
+        self.tally = _Tally()
+        self.stop: list[str] = []
+        """Names of the stop signals received (see :mod:`fleet_scan.stop`)."""
+        self.status: ScanStatus = "complete"
+        self.reason: str | None = None
+        self.error: str | None = None
+        self.telemetry_after: dict[str, Any] | None = None
+        self._retest_estimate = _RETEST_FIRST_GUESS_S
+
+    def open(self, store: Any) -> None:
+        """Record the device, reap its stale scans, order the cases (past failures first) and begin the scan."""
+        device, options = self.target.device, self.options
+        store.upsert_device(self.target.info)
         # We hold the device's lock: no other scanner on this host is scanning it now, so a scan of it still
         # `running` here was left by a killed scanner (the policy's time-based reaping would get there later).
-        stale = store.reap(device=device, host=host)
+        stale = store.reap(device=device, host=self.host)
         past = _past_failures(store, device)
-        plan = order_cases(runnable, past)
+        self.plan = order_cases(self.runnable, past)
         meta: dict[str, Any] = {
             "scanner_pid": os.getpid(),
-            "host": host,
-            "kind": target.kind,
-            "index": target.index,
-            "driver": target.driver,
+            "host": self.host,
+            "kind": self.target.kind,
+            "index": self.target.index,
+            "driver": self.target.driver,
             "only_idle": options.only_idle,
             "retests": options.retests,
             "inject": options.inject,
             "families_first": [f for f, n in sorted(past.items(), key=lambda kv: -kv[1]) if n],
             "stale_scans_interrupted": stale,
-            "telemetry_before": telemetry.snapshot(),
+            "telemetry_before": self.telemetry.snapshot(),
         }
-        budget = Budget(options.budget_s)
-        budget.start()
-        scan_id = store.begin_scan(device=device, host=host, budget_s=options.budget_s, meta=meta)
-        recorder = ScanRecorder(store, scan_id)
-        emit({"event": "start", "device": device, "scan": scan_id, "budget_s": options.budget_s})
+        self.budget.start()
+        self.scan_id = store.begin_scan(device=device, host=self.host, budget_s=options.budget_s, meta=meta)
+        self.recorder = ScanRecorder(store, self.scan_id)
+        self.emit({"event": "start", "device": device, "scan": self.scan_id, "budget_s": options.budget_s})
 
-        # SIGTERM/SIGINT (preemption by Slurm or Kubernetes, the parent giving up): finish the case in flight,
-        # then record everything as `interrupted`. A flag, not an exception: a store write is never cut in half.
-        stop: list[str] = []
-
-        def _on_signal(signum: int, frame: Any) -> None:
-            stop.append(signal.Signals(signum).name)
-
-        old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        tally = _Tally()
-        clock = CaseClock()
-        retest_estimate = _RETEST_FIRST_GUESS_S
-        retested: set[str] = set()
-        status: ScanStatus = "complete"
-        reason: str | None = None
-        error: str | None = None
+    def loop(self) -> None:
+        """Cases until the plan or the budget ends, a job appears (``preempted``) or a stop signal arrives
+        (``interrupted``: a flag, not an exception, so a store write is never cut in half)."""
+        options, clock = self.options, CaseClock()
         position = 0
         last_progress = last_idle = time.monotonic()
-        try:
-            while True:
-                if stop:
-                    status, reason = "interrupted", f"stopped by {stop[0]}"
-                    break
-                if options.budget_s is None and position >= len(plan):
-                    break  # no budget: exactly one pass
-                budget.observe_flush(recorder.slowest_flush_s)
-                picked = next_case(plan, position, budget, clock)
-                if picked is None:
-                    break
-                case, position = picked
-                now = time.monotonic()
-                if options.only_idle and now - last_idle >= _IDLE_CHECK_EVERY_S:
-                    last_idle = now
-                    reason = monitor.job_appeared()
-                    if reason:
-                        status = "preempted"
+        with on_stop_signals(lambda signum: self.stop.append(signal.Signals(signum).name)):
+            try:
+                while True:
+                    if self.stop:
+                        self.status, self.reason = "interrupted", f"stopped by {self.stop[0]}"
                         break
-                t0 = time.monotonic()
-                r = _localize(target, backend.run(case, output_hook=hook))
-                clock.observe(case.id, time.monotonic() - t0)
-                tally.executions += 1
-                if not r.passed:
-                    tally.failures += 1
-                    tally.failing_cases[r.case] = tally.failing_cases.get(r.case, 0) + 1
-                    retests: list[CaseResult] = []
-                    # Each failing case is retested once per scan, until one failure reproduced: the device is then
-                    # known bad and further retests would only eat the budget the other cases need.
-                    if (
-                        options.retests
-                        and not stop
-                        and not tally.sticky
-                        and r.case not in retested
-                        and budget.fits(retest_estimate)
-                    ):
-                        retested.add(r.case)
-                        t_re = time.monotonic()
-                        retests, retest_error = _run_retests(target, options, r.case, budget.remaining(),
-                                                                   references)
-                        retest_estimate = max(retest_estimate, (time.monotonic() - t_re) * 1.2)
-                        if retests:
-                            sticky = any(not x.passed for x in retests)
-                            r = dataclasses.replace(r, sticky=sticky)
-                            if sticky:
-                                tally.sticky.append(r.case)
-                        else:
-                            r = dataclasses.replace(r, detail={**r.detail, "retest_error": retest_error})
-                    recorder.add(r)
-                    tally.first_failure.setdefault(r.case, r)
-                    for x in retests:
-                        x = _localize(target, x)
-                        tally.retest_runs += 1
-                        recorder.add(dataclasses.replace(x, detail={**x.detail, "retest_of_started_at": r.started_at}))
-                else:
-                    recorder.add(r)
-                if time.monotonic() - last_progress >= _PROGRESS_EVERY_S:
-                    last_progress = time.monotonic()
-                    emit(
-                        {
-                            "event": "progress",
-                            "device": device,
-                            "elapsed_s": round(budget.elapsed(), 3),
-                            "executions": tally.executions,
-                            "failures": tally.failures,
-                        }
-                    )
-        except SdcguardError as e:  # the suite could not run: never a device fault
-            status, error = "error", str(e)
-        except Exception as e:  # a scanner bug: recorded as an error, the results so far are kept
-            status, error = "error", f"{type(e).__name__}: {e}"
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-        telemetry_after = telemetry.snapshot()
-        telemetry.close()
-        for event in tally.failure_events(device):
-            emit(event)
-        recorder.finish(status, meta={"telemetry_after": telemetry_after})
-    summary.update(
-        status=status,
-        scan=scan_id,
-        executions=tally.executions,
-        failures=tally.failures,
-        retest_runs=tally.retest_runs,
-        failing_cases=tally.failing_cases,
-        sticky_cases=tally.sticky,
-        elapsed_s=round(budget.elapsed(), 3),
-        budget_s=options.budget_s,
-        reason=reason,
-        idle_error=monitor.error,
-        error=error,
-        telemetry_after=telemetry_after,
-    )
-    emit(summary)
-    return summary
+                    if options.budget_s is None and position >= len(self.plan):
+                        break  # no budget: exactly one pass
+                    self.budget.observe_flush(self.recorder.slowest_flush_s)
+                    picked = next_case(self.plan, position, self.budget, clock)
+                    if picked is None:
+                        break
+                    case, position = picked
+                    now = time.monotonic()
+                    if options.only_idle and now - last_idle >= _IDLE_CHECK_EVERY_S:
+                        last_idle = now
+                        self.reason = self.monitor.job_appeared()
+                        if self.reason:
+                            self.status = "preempted"
+                            break
+                    t0 = time.monotonic()
+                    r = _localize(self.target, self.backend.run(case, output_hook=self.hook))
+                    clock.observe(case.id, time.monotonic() - t0)
+                    self.tally.executions += 1
+                    if r.passed:
+                        self.recorder.add(r)
+                    else:
+                        self._failed(r)
+                    if time.monotonic() - last_progress >= _PROGRESS_EVERY_S:
+                        last_progress = time.monotonic()
+                        self._progress()
+            except SdcguardError as e:  # the suite could not run: never a device fault
+                self.status, self.error = "error", str(e)
+            except Exception as e:  # a scanner bug: recorded as an error, the results so far are kept
+                self.status, self.error = "error", f"{type(e).__name__}: {e}"
+
+    def _failed(self, r: CaseResult) -> None:
+        """Record a failed execution, after its retest in a fresh process when one is due. Each failing case is
+        retested once per scan, until one failure reproduced: the device is then known bad and further retests
+        would only eat the budget the other cases need."""
+        tally, options = self.tally, self.options
+        tally.failures += 1
+        tally.failing_cases[r.case] = tally.failing_cases.get(r.case, 0) + 1
+        retests: list[CaseResult] = []
+        if (
+            options.retests
+            and not self.stop
+            and not tally.sticky
+            and r.case not in tally.retested
+            and self.budget.fits(self._retest_estimate)
+        ):
+            tally.retested.add(r.case)
+            t_re = time.monotonic()
+            retests, retest_error = _run_retests(self.target, options, r.case, self.budget.remaining(),
+                                                 self.references)
+            self._retest_estimate = max(self._retest_estimate, (time.monotonic() - t_re) * 1.2)
+            if retests:
+                sticky = any(not x.passed for x in retests)
+                r = dataclasses.replace(r, sticky=sticky)
+                if sticky:
+                    tally.sticky.append(r.case)
+            else:
+                r = dataclasses.replace(r, detail={**r.detail, "retest_error": retest_error})
+        self.recorder.add(r)
+        tally.first_failure.setdefault(r.case, r)
+        for x in retests:
+            x = _localize(self.target, x)
+            tally.retest_runs += 1
+            self.recorder.add(dataclasses.replace(x, detail={**x.detail, "retest_of_started_at": r.started_at}))
+
+    def _progress(self) -> None:
+        self.emit(
+            {
+                "event": "progress",
+                "device": self.target.device,
+                "elapsed_s": round(self.budget.elapsed(), 3),
+                "executions": self.tally.executions,
+                "failures": self.tally.failures,
+            }
+        )
+
+    def finish(self) -> None:
+        """The telemetry after, one ``failure`` event per failing case, and the scan's final record."""
+        self.telemetry_after = self.telemetry.snapshot()
+        self.telemetry.close()
+        for event in self.tally.failure_events(self.target.device):
+            self.emit(event)
+        self.recorder.finish(self.status, meta={"telemetry_after": self.telemetry_after})
+
+    def summary(self) -> DeviceSummary:
+        tally = self.tally
+        return DeviceSummary(
+            device=self.target.device, kind=self.target.kind, status=self.status, scan=self.scan_id,
+            executions=tally.executions, failures=tally.failures, retest_runs=tally.retest_runs,
+            failing_cases=dict(tally.failing_cases), sticky_cases=tuple(tally.sticky),
+            elapsed_s=round(self.budget.elapsed(), 3), budget_s=self.options.budget_s, reason=self.reason,
+            idle_error=self.monitor.error, error=self.error, telemetry_after=self.telemetry_after,
+        )
 
 
 def main() -> None:
@@ -399,9 +417,8 @@ def main() -> None:
     try:
         scan_device(target, options, emit, references=payload.get("references"))
     except SdcguardError as e:  # before the scan began (golden data, store): no scan recorded
-        emit({"event": "done", "device": target.device, "status": "error", "error": str(e),
-              "error_type": type(e).__name__})
-        sys.exit(2)
+        emit(DeviceSummary(device=target.device, status="error", error=str(e), error_type=type(e).__name__).to_json())
+        sys.exit(EXIT_CANNOT_RUN)
 
 
 if __name__ == "__main__":

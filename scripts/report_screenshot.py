@@ -27,12 +27,12 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from fleet_scan.sim import DEFAULT_CASES, scan_sim_device  # noqa: E402
+from sdcguard.durations import DAY_S as DAY  # noqa: E402
 from sdcguard.fleet.html import write_html  # noqa: E402
 from sdcguard.fleet.policy import QuarantinePolicy, apply_policy  # noqa: E402
 from sdcguard.fleet.store import Store  # noqa: E402
 from sdcguard.records import DeviceInfo, Incident  # noqa: E402
 
-DAY = 86400.0
 HOSTS, PER_HOST, DAYS, ROUNDS = 6, 8, 14, 3
 FAULTY = {24: 1e-3, 27: 2e-4, 30: 4e-5, 41: 2e-2}
 """Device number -> probability that one execution fails (everyone else: only the rare transient)."""

@@ -8,9 +8,12 @@ from datetime import UTC, datetime
 
 from .errors import BadInput
 
-__all__ = ["parse_duration", "since_timestamp", "iso_utc"]
+__all__ = ["DAY_S", "DEFAULT_WINDOW", "DEFAULT_WINDOW_S", "parse_duration", "since_timestamp", "iso_utc"]
 
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+DAY_S = 86400.0
+"""Seconds in a day. The store's daily tallies count UTC days from the epoch (``int(t / DAY_S)``)."""
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": DAY_S, "w": 7 * DAY_S}
 _RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
 
 
@@ -25,7 +28,14 @@ def parse_duration(text: str, *, option: str = "--since") -> float:
     return float(m[1]) * _UNITS[m[2].lower()]
 
 
-def since_timestamp(text: str | None, *, now: float | None = None, default: str | None = "7d") -> float | None:
+DEFAULT_WINDOW = "7d"
+"""The look-back window of the report, the suspect status and the quarantine rules, as the CLI spells it."""
+DEFAULT_WINDOW_S = parse_duration(DEFAULT_WINDOW)
+"""The same window in seconds."""
+
+
+def since_timestamp(text: str | None, *, now: float | None = None,
+                    default: str | None = DEFAULT_WINDOW) -> float | None:
     """The Unix time ``text`` (a duration, or ``all``) reaches back to; None for ``all``."""
     value = default if text is None else text
     if value is None or value.strip().lower() == "all":

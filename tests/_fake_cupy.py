@@ -129,10 +129,10 @@ def install(monkeypatch: Any, build: HostBuild, *, sms: int = 4, arch: tuple[int
     for name, mod in (("cupy", cupy), ("cupy.cuda", cuda), ("cupy._core", core),
                       ("cupy._core._routines_linalg", linalg)):
         monkeypatch.setitem(sys.modules, name, mod)
-    from sdcguard.golden import loader
+    from sdcguard import kernels
 
-    loader.load_module.cache_clear()
-    monkeypatch.setattr(loader, "load_module", _uncached(loader.load_module))
+    kernels.load_module.cache_clear()
+    monkeypatch.setattr(kernels, "load_module", _uncached(kernels.load_module))
     return log
 
 

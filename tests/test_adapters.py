@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import torch
 
-from _dist import run_ranks
 from _tiny_transformer import TinyTransformer, lm_loss, make_batch
 from sdcguard.inject.faults import Fault
 from sdcguard.inject.torch_faults import OpFaultMode
+from sdcguard.training.local_ranks import run_ranks
 
 pytestmark = pytest.mark.distributed
 STEPS = 6

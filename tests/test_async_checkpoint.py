@@ -24,11 +24,11 @@ import torch
 from click.testing import CliRunner
 from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 
-from _dist import run_ranks
 from _tiny_transformer import TinyTransformer, lm_loss, make_batch
 from sdcguard import SDCGuard, Store, checkpoint
 from sdcguard.cli import cli
 from sdcguard.errors import BadInput
+from sdcguard.training.local_ranks import run_ranks
 from sdcguard.training.scrub import scrub_one
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from _dist import run_ranks
 from _matrix import CLEAN_TAIL, STEPS, cell, faulty_at
+from sdcguard.training.local_ranks import run_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

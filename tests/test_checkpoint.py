@@ -20,13 +20,13 @@ from click.testing import CliRunner
 
 from _checkpoints import flip_byte_of as _flip_byte_of
 from _checkpoints import trained
-from _dist import run_ranks
 from _tiny_transformer import TinyTransformer, lm_loss, make_batch
 from sdcguard import CheckpointCorrupted, CheckpointError, SDCGuard, Store, checkpoint
 from sdcguard.cli import cli
 from sdcguard.errors import BadInput
 from sdcguard.inject.faults import Fault
 from sdcguard.inject.torch_faults import OpFaultMode
+from sdcguard.training.local_ranks import run_ranks
 
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 from torch import nn
 
-from _dist import run_ranks
 from _tiny_transformer import TinyTransformer, lm_loss, make_batch
 from sdcguard import CorruptionDetected, SDCGuard
 from sdcguard.inject.faults import Fault, FaultModel
 from sdcguard.inject.torch_faults import OpFaultMode
+from sdcguard.training.local_ranks import run_ranks
 
 pytestmark = pytest.mark.timeout(240)
 torch.set_num_threads(1)  # tiny models: threads only contend on a shared machine

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fleet_scan.config import SCAN_KEYS, read_config
 from sdcguard.cli import cli
-from sdcguard.cli.config import SCAN_KEYS, read_config
 from sdcguard.errors import BadInput
 
 

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from tests._dist import RankFailed, run_ranks
+from sdcguard.training import local_ranks
+from sdcguard.training.local_ranks import GROUP_NOT_FORMED, RankFailed, run_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -51,19 +52,17 @@ def test_a_hanging_rank_is_killed_at_the_timeout() -> None:
 
 
 def test_a_group_that_did_not_form_is_started_once_more(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests import _dist
-
     calls: list[float] = []
-    real = _dist._run_once
+    real = local_ranks.run_ranks_once
     fail_next = [True]
 
-    def flaky(fn, world, args, timeout):
+    def flaky(fn, world, *args, timeout):
         calls.append(timeout)
         if fail_next.pop() if fail_next else False:
-            raise RankFailed(f"rank 0 failed:\n{_dist._INIT_FAILED}RuntimeError: Gloo connectFullMesh failed")
-        return real(fn, world, args, timeout)
+            raise RankFailed(f"rank 0 failed:\n{GROUP_NOT_FORMED}RuntimeError: Gloo connectFullMesh failed")
+        return real(fn, world, *args, timeout=timeout)
 
-    monkeypatch.setattr(_dist, "_run_once", flaky)
+    monkeypatch.setattr(local_ranks, "run_ranks_once", flaky)
     assert run_ranks(_allreduce_rank, 2, 1, timeout=120) == [(0, 3), (1, 3)]
     assert len(calls) == 2 and calls[1] <= 120
     calls.clear()

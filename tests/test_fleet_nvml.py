@@ -215,8 +215,9 @@ def test_a_gpu_that_cannot_be_measured_is_skipped_with_the_error_in_the_summary(
                           idle_window_s=0.05)
     events: list[dict[str, Any]] = []
     summary = scan_device(gpu, options, events.append)
-    assert summary["status"] == "busy" and "version mismatch" in summary["idle_error"]
-    assert "version mismatch" in summary["reason"] and events[-1] == summary
+    assert summary.status == "busy" and summary.idle_error is not None and "version mismatch" in summary.idle_error
+    assert summary.reason is not None and "version mismatch" in summary.reason
+    assert events[-1] == summary.to_json() and events[-1]["idle_error"] == summary.idle_error
     assert not (tmp_path / "s.db").exists()  # nothing ran, nothing was recorded
 
 

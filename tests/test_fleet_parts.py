@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from fleet_scan.discovery import ScanTarget, discover_cpus, select_targets
 from fleet_scan.idle import DeviceLock, DeviceLocked, IdleMonitor, read_cpu_times
 from fleet_scan.record import ScanRecorder
+from fleet_scan.summary import DeviceSummary
 from fleet_scan.telemetry import telemetry_for
 from sdcguard.devices import cpu_id, hostname
 from sdcguard.errors import BadInput, NoDevice
@@ -177,13 +179,14 @@ def test_a_job_appearing_between_cases_is_seen() -> None:
 
 
 def test_the_example_config_loads(tmp_path: Path) -> None:
-    from sdcguard.cli.common import load_config, load_policy, parse_action
+    from fleet_scan.config import load_config, load_policy
+    from sdcguard.fleet.actions import ActionTemplate
 
     root = Path(__file__).resolve().parent.parent
     config = load_config(root / "deploy" / "sdcguard.toml")
     assert config["scan"]["budget"] == 60
     assert load_policy(config).rate_threshold == 1e-4
-    assert [parse_action(a).name for a in config["scan"]["actions"]] == ["slurm-drain"]
+    assert [ActionTemplate.from_text(a).name for a in config["scan"]["actions"]] == ["slurm-drain"]
     bad = tmp_path / "bad.toml"
     bad.write_text("[policy]\nrate_treshold = 1e-4\n")
     with pytest.raises(BadInput, match="rate_treshold"):
@@ -224,3 +227,40 @@ def test_a_simulated_batch_sharing_one_defect_is_quarantined(tmp_path: Path) -> 
     days = [run.day(d) for d in range(2)]
     batch = {f"sim:{n}" for n in fleet.shared_batch()}
     assert set(run.quarantined_on) == batch and not any(d.breaker_tripped for d in days)
+
+
+_text = st.text(max_size=12)
+_opt_text = st.none() | _text
+
+
+@st.composite
+def _summaries(draw: st.DrawFn) -> DeviceSummary:
+    device = draw(_text)
+    kind = draw(st.sampled_from(["cpu", "gpu"]))
+    variant = draw(st.sampled_from(["scanned", "locked", "busy", "error"]))
+    if variant == "locked":
+        return DeviceSummary(device=device, kind=kind, status="locked", reason=draw(_text))
+    if variant == "busy":
+        return DeviceSummary(device=device, kind=kind, status="busy", reason=draw(_text), idle_error=draw(_opt_text))
+    if variant == "error":  # before a scan began: the worker may not know the kind
+        return DeviceSummary(device=device, kind=draw(st.none() | st.just(kind)), status="error", error=draw(_text),
+                             error_type=draw(_opt_text))
+    counts = st.integers(0, 10**6)
+    return DeviceSummary(
+        device=device, kind=kind, status=draw(st.sampled_from(["complete", "preempted", "interrupted", "error"])),
+        scan=draw(st.integers(1, 10**6)), executions=draw(counts), failures=draw(counts),
+        retest_runs=draw(counts), failing_cases=draw(st.dictionaries(_text, counts, max_size=3)),
+        sticky_cases=tuple(draw(st.lists(_text, max_size=3))), elapsed_s=draw(st.floats(0, 1e4)),
+        budget_s=draw(st.none() | st.floats(0.1, 1e4)), reason=draw(_opt_text), idle_error=draw(_opt_text),
+        error=draw(_opt_text), telemetry_after=draw(st.none() | st.just({"temperature_c": 41})),
+    )
+
+
+@given(_summaries())
+def test_a_device_summary_crosses_the_process_boundary_unchanged(summary: DeviceSummary) -> None:
+    """What a worker writes (one JSON line) is what the runner reads back, and a skipped or failed device's event
+    carries only what it says (no scan counts for a device that was never scanned)."""
+    line = json.dumps(summary.to_json())
+    event = json.loads(line)
+    assert event["event"] == "done" and DeviceSummary.from_json(event) == summary
+    assert ("scan" in event) == summary.scanned == ("executions" in event)

@@ -29,8 +29,8 @@ from _scan import (
 )
 from fleet_scan.idle import DeviceLock
 from sdcguard.cli import cli
-from sdcguard.cli.common import parse_action
 from sdcguard.devices import cpu_id, hostname
+from sdcguard.fleet.actions import ActionTemplate
 
 pytestmark = pytest.mark.slow
 
@@ -326,7 +326,7 @@ def test_python_m_fleet_scan_is_sdcguard_scan(tmp_path: Path) -> None:
     a = sdcguard(tmp_path / "x.db", "scan", "--help")
     b = sdcguard(tmp_path / "x.db", "--help", module="fleet_scan")
     assert a.returncode == b.returncode == 0
-    assert a.stdout.replace("sdcguard scan", "X") == b.stdout.replace("python -m fleet_scan scan", "X")
+    assert a.stdout.replace("sdcguard scan", "X") == b.stdout.replace("python -m fleet_scan", "X")
     assert "--inject SPEC" in a.stdout and "bitflip" in a.stdout
 
 
@@ -355,15 +355,16 @@ def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], words: st
 
 
 def test_actions_are_argument_lists_never_a_shell() -> None:
-    t = parse_action("scontrol update NodeName={host} State=DRAIN 'Reason=sdc {reason}'")
+    t = ActionTemplate.from_text("scontrol update NodeName={host} State=DRAIN 'Reason=sdc {reason}'")
     assert t.argv == ("scontrol", "update", "NodeName={host}", "State=DRAIN", "Reason=sdc {reason}")
     argv = t.render(device="cpu:h:1", host="h", reason="x; rm -rf /")
     assert argv[-1] == "Reason=sdc x; rm -rf /"
-    assert parse_action("slurm-drain").name == "slurm-drain"
-    assert parse_action("echo {device}").name == parse_action("echo {device}").name  # stable across runs
+    assert ActionTemplate.from_text("slurm-drain").name == "slurm-drain"
+    echo = ActionTemplate.from_text("echo {device}")
+    assert echo.name == ActionTemplate.from_text("echo {device}").name  # stable across runs
 
 
 def test_no_torch_in_the_scanner() -> None:
-    code = "import sys; import fleet_scan.worker, fleet_scan.runner, sdcguard.cli.scan; print('torch' in sys.modules)"
+    code = "import sys; import fleet_scan.worker, fleet_scan.runner, fleet_scan.command; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr

@@ -15,10 +15,13 @@ from sdcguard.golden import case_by_id, default_suite
 from sdcguard.golden.hostbuild import HostBackend, HostBuild, entry_points, kernel_files
 from sdcguard.golden.kernel_run import kernel_case_result
 from sdcguard.golden.launch import plan_for, runs_on_kernels
-from sdcguard.golden.loader import kernel_source
+from sdcguard.kernels import kernel_source, kernel_sources
 from tests._golden import bit_flip_hook
 
 KERNEL_FILES = [p.name for p in kernel_files()]
+"""The golden-vector kernels."""
+ALL_SOURCES = kernel_sources()
+"""Every CUDA source the project compiles: the golden kernels and the fingerprint's."""
 
 
 def _nvrtc_reason() -> str | None:
@@ -33,6 +36,7 @@ def _nvrtc_reason() -> str | None:
 
 def test_every_kernel_file_is_known() -> None:
     assert set(KERNEL_FILES) == {"alu.cu", "gemm_mma.cu", "ieee.cu", "intrinsics.cu", "memory.cu", "shared.cu"}
+    assert set(ALL_SOURCES) == {*KERNEL_FILES, "fingerprint/chunk_sums.cu"}
     for name in KERNEL_FILES:
         src = kernel_source(name)
         assert src.startswith(f'#line 1 "{Path(kernel_files()[0]).parent / name}"\n')
@@ -41,13 +45,14 @@ def test_every_kernel_file_is_known() -> None:
 
 @pytest.mark.skipif(_nvrtc_reason() is not None, reason=_nvrtc_reason() or "")
 @pytest.mark.parametrize("arch", ["compute_80", "compute_90"])
-@pytest.mark.parametrize("name", KERNEL_FILES)
+@pytest.mark.parametrize("name", ALL_SOURCES)
 def test_nvrtc_compiles_every_kernel(name: str, arch: str) -> None:
-    from sdcguard.golden.loader import compile_ptx
+    from sdcguard.kernels import compile_ptx
+    from sdcguard.resources import kernels_dir
 
     ptx = compile_ptx(name, arch)
     assert f".target sm_{arch.split('_')[1]}" in ptx
-    for entry in entry_points(Path(kernel_files()[0]).parent / name):
+    for entry in entry_points(kernels_dir() / name):
         assert re.search(rf"\.entry {entry}\(", ptx), f"{entry} missing from the PTX of {name}"
     if name == "gemm_mma.cu":
         assert ptx.count("mma.sync.aligned") >= 3  # f16, bf16, tf32 tensor-core paths
@@ -57,12 +62,12 @@ def test_nvrtc_compiles_every_kernel(name: str, arch: str) -> None:
 
 @pytest.mark.skipif(_nvrtc_reason() is not None, reason=_nvrtc_reason() or "")
 def test_nvrtc_errors_name_the_real_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sdcguard.golden import loader
+    from sdcguard import kernels
 
     (tmp_path / "broken.cu").write_text('extern "C" __global__ void k() { undeclared_thing(); }\n')
-    monkeypatch.setattr(loader, "kernels_dir", lambda: tmp_path)
+    monkeypatch.setattr(kernels, "kernels_dir", lambda: tmp_path)
     with pytest.raises(SuiteError, match=r"broken\.cu"):
-        loader.compile_ptx("broken.cu")
+        kernels.compile_ptx("broken.cu")
 
 
 # --------------------------------------------------------------------------------------------------- host build

@@ -138,14 +138,12 @@ def test_without_cuda_a_gpu_section_skips_and_says_why(tmp_path: Path) -> None:
 def test_every_cuda_source_the_check_runs_builds_machine_code_for_an_h200() -> None:
     """NVRTC with an sm_90 target runs ptxas too: what the driver would refuse at load time fails here."""
     cupy = pytest.importorskip("cupy", reason="cupy is not installed")
-    from sdcguard.fingerprints import _CUDA_SOURCE
-    from sdcguard.golden.loader import kernel_source
+    from sdcguard.kernels import kernel_source, kernel_sources
     from sdcguard.resources import kernels_dir
 
     nvrtc = cupy.cuda.nvrtc
-    sources = {p.name: kernel_source(p.name) for p in sorted(kernels_dir().glob("*.cu"))}
-    sources["sdcguard/fingerprints.py"] = _CUDA_SOURCE
-    assert len(sources) == 7
+    sources = {name: kernel_source(name) for name in kernel_sources()}
+    assert len(sources) == 7 and "fingerprint/chunk_sums.cu" in sources
     for name, src in sources.items():
         try:
             prog = nvrtc.createProgram(src, name, [], [])

@@ -22,11 +22,11 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from _dist import run_ranks
 from _tiny_transformer import TinyTransformer, lm_loss, make_batch
 from sdcguard import SDCGuard, Store, plan_roles
 from sdcguard.inject.faults import Fault
 from sdcguard.inject.torch_faults import CorruptingCommHook, OpFaultMode
+from sdcguard.training.local_ranks import run_ranks
 
 pytestmark = pytest.mark.distributed
 

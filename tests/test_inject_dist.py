@@ -2,67 +2,22 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import pickle
-import traceback
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
+from sdcguard.training.local_ranks import run_ranks  # noqa: E402
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 WORLD = 2
 
 
-def _entry(fn, rank: int, store_path: str, out_dir: str) -> None:
-    try:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        torch.set_num_threads(1)
-        store = dist.FileStore(store_path, WORLD)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
-        try:
-            result = ("ok", fn(rank))
-        finally:
-            dist.destroy_process_group()
-    except BaseException:
-        result = ("error", traceback.format_exc())
-    Path(out_dir, f"{rank}.pkl").write_bytes(pickle.dumps(result))
-
-
-def run_ranks(fn, tmp_path: Path, timeout: float = 90.0) -> list:
-    """Run ``fn(rank)`` on WORLD processes in one gloo group; their results, or raise (never hangs)."""
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_entry, args=(fn, r, str(tmp_path / "store"), str(tmp_path))) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
-    results = []
-    for r in range(WORLD):
-        f = tmp_path / f"{r}.pkl"
-        if not f.exists():
-            raise AssertionError(f"rank {r} did not finish within {timeout}s (exit code {procs[r].exitcode})")
-        status, value = pickle.loads(f.read_bytes())
-        if status != "ok":
-            raise AssertionError(f"rank {r} failed:\n{value}")
-        results.append(value)
-    return results
-
-
 def _bits(t) -> np.ndarray:
     return t.detach().contiguous().view(torch.int32).reshape(-1).numpy().view(np.uint32).copy()
 
 
-def _ddp_comm_hook_and_op_mode(rank: int) -> dict:
+def _ddp_comm_hook_and_op_mode(rank: int, world_size: int) -> dict:
     from sdcguard.inject import Fault
     from sdcguard.inject.torch_faults import CorruptingCommHook, OpFaultMode, corrupt_all_reduce
 
@@ -96,8 +51,8 @@ def _ddp_comm_hook_and_op_mode(rank: int) -> dict:
     return out
 
 
-def test_one_rank_is_corrupted_and_the_others_are_not(tmp_path):
-    r0, r1 = run_ranks(_ddp_comm_hook_and_op_mode, tmp_path)
+def test_one_rank_is_corrupted_and_the_others_are_not():
+    r0, r1 = run_ranks(_ddp_comm_hook_and_op_mode, WORLD, timeout=90)
     # comm hook: the reduced gradients agree at steps 0 and 2 and differ on rank 1 at step 1, exactly as recorded
     assert np.array_equal(r0["grads"][0], r1["grads"][0]) and np.array_equal(r0["grads"][2], r1["grads"][2])
     assert r0["records"] == [] and r1["records"]

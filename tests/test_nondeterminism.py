@@ -19,12 +19,12 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from _dist import run_ranks
 from _nondeterministic import NoisyModel, ShuffledSumModel, loss
 from _tiny_transformer import make_batch
 from sdcguard import QuarantinePolicy, SDCGuard, Store, apply_policy
 from sdcguard.inject.faults import Fault
 from sdcguard.inject.torch_faults import OpFaultMode
+from sdcguard.training.local_ranks import run_ranks
 
 pytestmark = pytest.mark.distributed
 STEPS = 8

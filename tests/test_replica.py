@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from sdcguard.training.local_ranks import run_ranks
 from sdcguard.training.replica import minority
-from tests._dist import run_ranks
 
 TIMEOUT = 240
 

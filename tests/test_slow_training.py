@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests._dist import run_ranks
+from sdcguard.training.local_ranks import run_ranks
 
 pytestmark = pytest.mark.distributed
 

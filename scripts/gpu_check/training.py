@@ -22,8 +22,9 @@ import time
 from contextlib import nullcontext
 from typing import Any
 
+from sdcguard.training.local_ranks import RankFailed, run_ranks
+
 from .context import Context
-from .ranks import RankFailed, run_ranks
 from .results import SectionReport
 
 __all__ = ["run", "run_job", "evaluate", "WORLD", "FAULTY_RANK", "CLEAN_STEPS", "PRECISIONS", "CUBLAS_WORKSPACE"]

@@ -1,3 +1,4 @@
-"""The documented import paths of the framework adapters: ``sdcguard.adapters.lightning`` and
-``sdcguard.adapters.hf``. They live in :mod:`sdcguard.training.adapters`; these modules re-export them.
+"""Framework adapters: thin layers over :class:`sdcguard.SDCGuard` for Lightning (:mod:`.lightning`) and Hugging Face
+(:mod:`.hf`). Import the one you need (``sdcguard.adapters.lightning`` or ``sdcguard.adapters.hf``); each imports its
+framework. They belong to the training side (they import only :mod:`sdcguard.training` and the core).
 """

@@ -8,25 +8,14 @@ on stderr and exit code 2; exit code 1 is reserved for "corruption found".
 from __future__ import annotations
 
 import importlib
-import os
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import click
 
-from ..errors import SdcguardError
+from ..entry import DB_ENV, DEFAULT_DB, OneLineErrors
 
-__all__ = ["cli", "main", "CliState", "EXIT_OK", "EXIT_CORRUPTION", "EXIT_CANNOT_RUN"]
-
-EXIT_OK = 0
-"""Every checked device passed."""
-EXIT_CORRUPTION = 1
-"""Corruption was found."""
-EXIT_CANNOT_RUN = 2
-"""Could not run: bad input, no device, golden data or suite suspect."""
+__all__ = ["cli", "main", "CliState"]
 
 # command name -> "module:attribute"; a module is imported only when its command runs or help lists it.
 _COMMANDS: dict[str, str] = {
@@ -39,7 +28,7 @@ _COMMANDS: dict[str, str] = {
     "policy": "sdcguard.cli.policy:policy",
     "prune": "sdcguard.cli.prune:prune",
     "export": "sdcguard.cli.export:export",
-    "scan": "sdcguard.cli.scan:scan",
+    "scan": "fleet_scan.command:scan",
     "golden": "sdcguard.cli.golden:golden",
 }
 
@@ -51,7 +40,9 @@ class CliState:
     db: Path
 
 
-class _LazyGroup(click.Group):
+class _LazyGroup(OneLineErrors, click.Group):
+    """The commands, each imported when it runs; errors end as one line (:class:`~sdcguard.entry.OneLineErrors`)."""
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *_COMMANDS})
 
@@ -64,69 +55,13 @@ class _LazyGroup(click.Group):
         assert isinstance(command, click.Command)
         return command
 
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except SdcguardError as e:
-            raise _Fail(str(e)) from e
-
-    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
-             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
-        # Every error is one line on stderr: no usage block, no traceback (SDCGUARD_DEBUG=1 shows them).
-        standalone = standalone_mode
-        try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-            # Without standalone mode click *returns* the code of a command's ctx.exit(code) instead of raising:
-            # pass it on, or `ctx.exit(1)` (corruption found) would end the process with 0.
-            if standalone and isinstance(rv, int) and not isinstance(rv, bool) and rv:
-                sys.exit(rv)
-            return rv
-        except click.exceptions.Exit as e:
-            if standalone:
-                sys.exit(e.exit_code)
-            raise
-        except click.exceptions.Abort:
-            click.echo("sdcguard: aborted", err=True)
-            if standalone:
-                sys.exit(EXIT_CANNOT_RUN)
-            raise
-        except click.ClickException as e:
-            click.echo(f"sdcguard: error: {_one_line(e.format_message())}", err=True)
-            code = e.exit_code if isinstance(e, _Fail) else EXIT_CANNOT_RUN
-            if standalone:
-                sys.exit(code)
-            raise
-        except (KeyboardInterrupt, BrokenPipeError):
-            sys.exit(130)
-        except Exception as e:  # a bug: still one line, the traceback on request
-            if os.environ.get("SDCGUARD_DEBUG"):
-                raise
-            click.echo(
-                f"sdcguard: internal error: {type(e).__name__}: {_one_line(str(e))} "
-                "(SDCGUARD_DEBUG=1 shows the traceback)",
-                err=True,
-            )
-            if standalone:
-                sys.exit(EXIT_CANNOT_RUN)
-            raise
-
-
-class _Fail(click.ClickException):
-    """A library error surfaced by a command: exit code 2."""
-
-    exit_code = EXIT_CANNOT_RUN
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--db",
     type=click.Path(dir_okay=False, path_type=Path),
-    envvar="SDCGUARD_DB",
-    default="sdcguard.db",
+    envvar=DB_ENV,
+    default=DEFAULT_DB,
     show_default=True,
     help="Fleet store (SQLite). Default: $SDCGUARD_DB, else ./sdcguard.db.",
 )

@@ -1,24 +1,16 @@
-"""Helpers shared by the commands: opening the store, the config file and action templates, output formats,
-rich tables."""
+"""Helpers shared by the commands: opening the store, device ids, output formats, rich tables. (The config file and
+the ``--config`` / ``--action`` options are the scanner's: :mod:`fleet_scan.config`.)"""
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shlex
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from ..errors import BadInput
 from ..fleet.store import Store
 
-__all__ = [
-    "open_store", "format_option", "print_table", "fmt_float", "status_text", "device_id", "parse_action",
-    "parse_actions", "load_config", "load_policy", "config_option", "actions_option",
-]
+__all__ = ["open_store", "format_option", "print_table", "fmt_float", "status_text", "device_id"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -79,81 +71,3 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
     if not console.is_terminal:
         console = Console(soft_wrap=False, width=200)  # piped output: do not fold ids into 80 columns
     console.print(table)
-
-
-def parse_action(text: str) -> Any:
-    """An :class:`~sdcguard.fleet.actions.ActionTemplate` from a command line (split with shlex, never run by a
-    shell).
-
-    ``slurm-drain`` and ``kubernetes-taint`` name the built-in templates. The name of any other template is its
-    program plus a hash of the whole text: stable across runs, so the store knows whether it already ran.
-    """
-    from ..fleet.actions import ActionTemplate
-
-    text = text.strip()
-    if text == "slurm-drain":
-        return ActionTemplate.slurm_drain()
-    if text == "kubernetes-taint":
-        return ActionTemplate.kubernetes_taint()
-    try:
-        argv = tuple(shlex.split(text))
-    except ValueError as e:
-        raise BadInput(f"bad --action {text!r}: {e}") from None
-    if not argv:
-        raise BadInput("empty --action: give a command line, e.g. 'scontrol update NodeName={host} State=DRAIN'")
-    name = f"{Path(argv[0]).name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
-    return ActionTemplate(name=name, argv=argv)
-
-
-def parse_actions(given: Sequence[str], section: dict[str, Any]) -> list[Any]:
-    """The action templates: ``--action`` (repeatable), else ``$SDCGUARD_ACTIONS`` (one per line), else the
-    config section's ``actions``."""
-    texts = list(given)
-    if not texts:
-        env = os.environ.get("SDCGUARD_ACTIONS", "")
-        texts = [line for line in env.splitlines() if line.strip()] or list(section.get("actions", []))
-    return [parse_action(t) for t in texts]
-
-
-def load_config(path: Path | None) -> dict[str, Any]:
-    """The TOML config (``{}`` without one), every value checked (:mod:`sdcguard.cli.config`); ``BadInput``
-    names the file, the key and what is expected."""
-    if path is None:
-        return {}
-    from .config import read_config
-
-    return read_config(path)
-
-
-def load_policy(config: dict[str, Any]) -> Any:
-    """The :class:`~sdcguard.fleet.policy.QuarantinePolicy` of the config's ``[policy]`` section."""
-    from dataclasses import fields
-
-    from ..fleet.policy import QuarantinePolicy
-
-    section = dict(config.get("policy", {}))
-    known = {f.name for f in fields(QuarantinePolicy)}
-    unknown = set(section) - known
-    if unknown:
-        raise BadInput(f"[policy]: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
-    try:
-        return QuarantinePolicy(**section)
-    except (TypeError, ValueError) as e:
-        raise BadInput(f"[policy]: {e}") from None
-
-
-def config_option(f: F) -> F:
-    """``--config FILE`` (``$SDCGUARD_CONFIG``): the TOML file with ``[scan]`` and ``[policy]`` sections."""
-    return click.option(
-        "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), envvar="SDCGUARD_CONFIG",
-        default=None, help="TOML file with [scan] and [policy] sections ($SDCGUARD_CONFIG).",
-    )(f)
-
-
-def actions_option(f: F) -> F:
-    """``--action TEMPLATE`` (repeatable): what runs for each device the policy quarantines."""
-    return click.option(
-        "--action", "actions", multiple=True, metavar="TEMPLATE",
-        help="Command run (as an argv list, no shell) for each quarantined device; placeholders {device} {host} "
-             "{reason}; or slurm-drain / kubernetes-taint. Repeatable; $SDCGUARD_ACTIONS holds one per line.",
-    )(f)

@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..errors import BadInput
-from .common import actions_option, config_option, load_config, load_policy, open_store, parse_actions
+from fleet_scan.config import POLICY_SCOPES, actions_option, config_option, load_config, load_policy, parse_actions
+
+from ..exit_codes import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK
+from .common import open_store
 
 if TYPE_CHECKING:
     from ..fleet.policy import PolicyScope
@@ -20,7 +22,7 @@ __all__ = ["policy"]
 @click.command("policy")
 @config_option
 @actions_option
-@click.option("--scope", type=click.Choice(["fleet", "node"]), default="fleet", show_default=True,
+@click.option("--scope", type=click.Choice(POLICY_SCOPES), default="fleet", show_default=True,
               help="fleet: every rule (the merged store sees every host); node: only what one node's store can "
                    "decide alone.")
 @click.pass_context
@@ -38,12 +40,7 @@ def policy(ctx: click.Context, config_path: Path | None, actions: Sequence[str],
     """
     from ..fleet.policy import apply_policy
 
-    config = load_config(config_path)
-    unknown = set(config.get("scan", {})) - {"budget", "retests", "only_idle", "actions", "lock_dir", "golden_dir",
-                                             "idle_window", "gpu_util_max", "cpu_busy_max", "devices",
-                                             "policy_scope"}
-    if unknown:
-        raise BadInput(f"[scan]: unknown key(s) {sorted(unknown)}")
+    config = load_config(config_path)  # [scan] keys checked there
     rules = load_policy(config)
     templates = parse_actions(actions, dict(config.get("scan", {})))
     with open_store() as store:
@@ -54,4 +51,4 @@ def policy(ctx: click.Context, config_path: Path | None, actions: Sequence[str],
         f"policy ({scope}): {len(out.quarantined)} quarantined, {len(out.released)} released from probation, "
         f"{out.reaped} stale scans interrupted" + ("; circuit breaker tripped" if out.breaker_tripped else "")
     )
-    ctx.exit(2 if out.breaker_tripped else 1 if out.quarantined else 0)
+    ctx.exit(EXIT_CANNOT_RUN if out.breaker_tripped else EXIT_CORRUPTION if out.quarantined else EXIT_OK)

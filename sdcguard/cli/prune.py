@@ -6,18 +6,16 @@ import time
 
 import click
 
-from ..durations import iso_utc, parse_duration
+from ..durations import DAY_S, DEFAULT_WINDOW, DEFAULT_WINDOW_S, iso_utc, parse_duration
 from ..errors import BadInput
 from .common import open_store
 
 __all__ = ["prune"]
 
-_MIN_S = 7 * 86400.0
-
 
 @click.command("prune")
 @click.option("--before", "before", required=True, metavar="DURATION",
-              help="Roll up scans older than this (e.g. 30d, 26w); at least 7d, the policy's window.")
+              help=f"Roll up scans older than this (e.g. 30d, 26w); at least {DEFAULT_WINDOW}, the policy's window.")
 @click.option("--vacuum", is_flag=True, help="Then rewrite the file to return the freed space to the disk.")
 def prune(before: str, vacuum: bool) -> None:
     """Roll every scan older than DURATION into per-device, per-family daily counts and delete its rows.
@@ -29,9 +27,10 @@ def prune(before: str, vacuum: bool) -> None:
     Example: sdcguard --db fleet.db prune --before 30d --vacuum
     """
     seconds = parse_duration(before, option="--before")
-    if seconds < _MIN_S:
-        raise BadInput(f"--before {before} is shorter than 7 days: the policy's window needs every row of the last "
-                       "7 days")
+    if seconds < DEFAULT_WINDOW_S:
+        days = f"{DEFAULT_WINDOW_S / DAY_S:g} days"
+        raise BadInput(f"--before {before} is shorter than {days}: the policy's window needs every row of the last "
+                       f"{days}")
     with open_store() as store:
         stats = store.prune(before=time.time() - seconds)
         if vacuum:

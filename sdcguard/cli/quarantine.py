@@ -7,7 +7,7 @@ import json
 import click
 
 from ..devices import device_kind, unknown_device
-from ..durations import iso_utc
+from ..durations import DEFAULT_WINDOW, iso_utc
 from ..errors import BadInput
 from .common import device_id, format_option, open_store, print_table, status_text
 
@@ -105,7 +105,7 @@ def history(device: str | None, fmt: str) -> None:
 
 
 @quarantine.command("decisions")
-@click.option("--since", default="7d", show_default=True, help="Window: a duration (12h, 7d, 2w) or 'all'.")
+@click.option("--since", default=DEFAULT_WINDOW, show_default=True, help="Window: a duration (12h, 7d, 2w) or 'all'.")
 @format_option("table", "json")
 def decisions(since: str, fmt: str) -> None:
     """What the policy decided and why: quarantines, circuit-breaker trips, probations passed, actions.

@@ -9,19 +9,11 @@ from pathlib import Path
 
 import click
 
-from ..durations import iso_utc, since_timestamp
+from fleet_scan.config import config_option, load_config, load_policy
+
+from ..durations import DEFAULT_WINDOW, iso_utc, since_timestamp
 from ..fleet.report import build_report, report_csv_rows, report_json
-from .common import (
-    config_option,
-    device_id,
-    fmt_float,
-    format_option,
-    load_config,
-    load_policy,
-    open_store,
-    print_table,
-    status_text,
-)
+from .common import device_id, fmt_float, format_option, open_store, print_table, status_text
 
 
 def _slow_text(row: dict[str, object]) -> str:
@@ -40,7 +32,8 @@ _TABLE_ALL_UP_TO = 50
 
 
 @click.command("report")
-@click.option("--since", default="7d", show_default=True, help="Window: a duration (90s, 30m, 12h, 7d, 2w) or 'all'.")
+@click.option("--since", default=DEFAULT_WINDOW, show_default=True,
+              help="Window: a duration (90s, 30m, 12h, 7d, 2w) or 'all'.")
 @click.option("--device", default=None, help="Only this device id.")
 @format_option("table", "json", "csv")
 @click.option("--confidence", type=click.FloatRange(0.5, 0.9999), default=0.95, show_default=True,

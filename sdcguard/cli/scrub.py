@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from . import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK
+from ..exit_codes import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK
 from .common import format_option, open_store
 
 if TYPE_CHECKING:

@@ -8,9 +8,12 @@ one broken action never stops the others (the policy records it and retries it o
 
 from __future__ import annotations
 
+import hashlib
+import shlex
 import string
 import subprocess
 from dataclasses import dataclass
+from pathlib import PurePath
 
 from ..errors import BadInput
 
@@ -71,6 +74,27 @@ class ActionTemplate:
             name="kubernetes-taint",
             argv=("kubectl", "taint", "nodes", "{host}", "sdcguard.io/sdc=quarantined:NoSchedule", "--overwrite"),
         )
+
+    @classmethod
+    def from_text(cls, text: str) -> ActionTemplate:
+        """A template from a command line (``--action``, a config file), split with shlex, never run by a shell.
+
+        ``slurm-drain`` and ``kubernetes-taint`` name the built-in templates. The name of any other template is its
+        program plus a hash of the whole text: stable across runs, so the store knows whether it already ran.
+        """
+        text = text.strip()
+        if text == "slurm-drain":
+            return cls.slurm_drain()
+        if text == "kubernetes-taint":
+            return cls.kubernetes_taint()
+        try:
+            argv = tuple(shlex.split(text))
+        except ValueError as e:
+            raise BadInput(f"bad --action {text!r}: {e}") from None
+        if not argv:
+            raise BadInput("empty --action: give a command line, e.g. 'scontrol update NodeName={host} State=DRAIN'")
+        name = f"{PurePath(argv[0]).name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+        return cls(name=name, argv=argv)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,16 +31,36 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from ..durations import DAY_S
 from ..records import PASSIVE_KINDS, SLOW_KIND, Incident
 from .rows import FailedExecution
 
 if TYPE_CHECKING:
-    from .policy import QuarantinePolicy
     from .store import Store
 
-__all__ = ["SuiteVerdict", "judge_suite", "TrainingVerdict", "judge_training", "attributed"]
+__all__ = ["BreakerSettings", "SuiteVerdict", "judge_suite", "TrainingVerdict", "judge_training", "attributed"]
+
+
+class BreakerSettings(Protocol):
+    """What the breakers read of the policy (:class:`~sdcguard.fleet.policy.QuarantinePolicy` has these fields and
+    documents them); the breakers need nothing else of it, and the policy module imports this one."""
+
+    @property
+    def window_s(self) -> float: ...
+    @property
+    def breaker_window_s(self) -> float: ...
+    @property
+    def breaker_same_digest_devices(self) -> int: ...
+    @property
+    def breaker_share(self) -> float: ...
+    @property
+    def breaker_min_devices(self) -> int: ...
+    @property
+    def incident_breaker_devices(self) -> int: ...
+    @property
+    def incident_breaker_share(self) -> float: ...
 
 
 @dataclass
@@ -64,7 +84,7 @@ class SuiteVerdict:
 
 
 def judge_suite(
-    store: Store, failures: Sequence[FailedExecution], policy: QuarantinePolicy, *, now: float, since: float
+    store: Store, failures: Sequence[FailedExecution], policy: BreakerSettings, *, now: float, since: float
 ) -> SuiteVerdict:
     """Judge ``failures`` (every device's failed first attempts since ``since``) against what the other
     devices did with the same cases."""
@@ -141,7 +161,7 @@ class TrainingVerdict:
     """device -> attributed incidents naming it, from jobs whose breaker did not trip."""
 
 
-def judge_training(incidents: Sequence[Incident], policy: QuarantinePolicy) -> TrainingVerdict:
+def judge_training(incidents: Sequence[Incident], policy: BreakerSettings) -> TrainingVerdict:
     """Trip the training breaker per job, and count the attributed incidents of the other jobs per device."""
     verdict = TrainingVerdict()
     jobs: dict[str, list[Incident]] = defaultdict(list)
@@ -149,7 +169,7 @@ def judge_training(incidents: Sequence[Incident], policy: QuarantinePolicy) -> T
         if i.kind == SLOW_KIND:  # a slow rank is not evidence of corruption
             continue
         jobs[i.job if i.job is not None else f"(no job id, incident {n})"].append(i)
-    days = policy.window_s / 86400
+    days = policy.window_s / DAY_S
     for job, found in sorted(jobs.items()):
         scattered = sorted({x for i in found if not i.sticky for x in (i.device, *i.devices) if x}
                            - {x for i in found if i.sticky for x in (i.device, *i.devices) if x})

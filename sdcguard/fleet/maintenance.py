@@ -38,13 +38,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..durations import DAY_S as _DAY_S
 from .connection import StoreBase, read_only_uri
 from .rows import MergeStats, PruneStats
 from .schema import COUNTED_SCAN
 
 __all__ = ["StoreMaintenance", "DayTallies", "day_of"]
 
-_DAY_S = 86400.0
 _OPEN = "('running', 'interrupted')"
 _WATERMARKED = ("scans", "incidents", "quarantine_history", "policy_decisions", "action_attempts")
 """The input tables a merge takes past a watermark (row id), in the column order of ``merge_sources``."""

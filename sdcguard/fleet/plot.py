@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..durations import DAY_S
 from ..errors import BadInput
 from .store import Store
 
@@ -18,7 +19,7 @@ _BINS = 30
 """About this many bins across the span drawn."""
 _MIN_SPAN_S = 600.0
 """The narrowest axis: ten minutes (a fresh store holds a few seconds of scans)."""
-_UNITS = ((2 * 3600.0, 60.0, "minutes"), (2 * 86400.0, 3600.0, "hours"), (math.inf, 86400.0, "days"))
+_UNITS = ((2 * 3600.0, 60.0, "minutes"), (2 * DAY_S, 3600.0, "hours"), (math.inf, DAY_S, "days"))
 """(longest span, unit in seconds, its name): an axis in the unit its span reads best in."""
 
 

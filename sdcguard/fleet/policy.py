@@ -34,12 +34,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..durations import DAY_S, DEFAULT_WINDOW_S
 from .actions import ActionTemplate, run_action
 from .breaker import SuiteVerdict, judge_suite, judge_training
 from .rates import clopper_pearson_arrays
 from .rows import Decision, FailedExecution
 from .slow import SlowSettings, fleet_slowness
-from .store import DEFAULT_WINDOW_S, Store
+from .store import Store
 
 __all__ = ["QuarantinePolicy", "PolicyOutcome", "Decision", "PolicyScope", "apply_policy"]
 
@@ -70,7 +71,7 @@ class QuarantinePolicy:
     incidents of older versions, which then need the count alone) leave the pattern software leaves, not faulty
     hardware: none of that job's transient incidents count. Three faulty devices in a job of 10,000 do not trip
     it."""
-    breaker_window_s: float = 86400.0
+    breaker_window_s: float = DAY_S
     """Window of the circuit breaker (1 day), and the time bucket of its share rule."""
     breaker_same_digest_devices: int = 2
     """A wrong output (digest) shared by this many devices is weighed by the breaker (suite or shared defect)."""
@@ -195,7 +196,7 @@ def _fleet_candidates(
     if policy.incident_threshold > 0:
         for dev, count in sorted(incident_counts.items()):
             if count >= policy.incident_threshold and (scope is None or dev in scope):
-                add(dev, f"{count} training incidents named it alone in the last {policy.window_s / 86400:g} days")
+                add(dev, f"{count} training incidents named it alone in the last {policy.window_s / DAY_S:g} days")
     return found
 
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..durations import DEFAULT_WINDOW_S
 from .files import write_atomic
 from .report import DeviceReport, build_report
-from .store import DEFAULT_WINDOW_S, Store
+from .store import Store
 
 __all__ = ["render_textfile", "write_textfile", "LABELS", "METRICS"]
 

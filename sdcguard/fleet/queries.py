@@ -23,6 +23,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
+from ..durations import DAY_S, DEFAULT_WINDOW_S
 from ..records import CaseResult, DeviceInfo, Incident
 from .connection import StoreBase
 from .rows import (
@@ -41,9 +42,7 @@ from .rows import (
 )
 from .schema import COUNTED_SCAN
 
-__all__ = ["StoreQueries", "DAY_S"]
-
-DAY_S = 86400.0
+__all__ = ["StoreQueries"]
 _INCIDENT_FIELDS = frozenset(Incident.__dataclass_fields__)
 _TUPLE_FIELDS = ("suspect_ranks", "devices", "hosts")
 
@@ -344,7 +343,8 @@ class StoreQueries(StoreBase):
             "SELECT DISTINCT d.device FROM incident_devices d JOIN incidents i ON i.id = d.incident "
             f"WHERE i.kind NOT IN ('nondeterministic', 'slow') {where}", params)}
 
-    def quarantine_status(self, device: str, *, window_s: float = 7 * DAY_S, now: float | None = None) -> DeviceStatus:
+    def quarantine_status(self, device: str, *, window_s: float = DEFAULT_WINDOW_S,
+                          now: float | None = None) -> DeviceStatus:
         """One device's status (see :func:`sdcguard.fleet.rows.device_status`); suspect over ``window_s``."""
         import time
 

@@ -1,7 +1,7 @@
 """Per-device SDC rates with one-sided Clopper–Pearson bounds, computed by SQL aggregation.
 
 A device's *rate* is failed executions / executions of golden cases (first attempts only, see
-:mod:`sdcguard.store`). ``rate_low`` and ``rate_high`` are one-sided bounds, each at ``confidence``:
+:mod:`sdcguard.fleet.store`). ``rate_low`` and ``rate_high`` are one-sided bounds, each at ``confidence``:
 ``P(true rate >= rate_low) >= C`` and ``P(true rate <= rate_high) >= C``.
 
 Why Clopper–Pearson and not Jeffreys: Clopper–Pearson inverts the exact binomial test, so its coverage is at

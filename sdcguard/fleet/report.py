@@ -1,6 +1,6 @@
 """The per-device report: what ``sdcguard report`` prints and the Prometheus export publishes.
 
-One row per known device: rates over the window (overall and per kernel family, see :mod:`sdcguard.rates`),
+One row per known device: rates over the window (overall and per kernel family, see :mod:`sdcguard.fleet.rates`),
 complete scans in the window, the last complete scan, and the status:
 
 - ``quarantined``: out of service (the policy or an operator put it there);

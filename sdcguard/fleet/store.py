@@ -25,13 +25,10 @@ from ..devices import device_kind, hostname, unknown_device
 from ..errors import BadInput, StoreError
 from ..records import CaseResult, DeviceInfo, Incident, ScanStatus
 from .maintenance import DayTallies, StoreMaintenance, day_of
-from .queries import DAY_S, StoreQueries
+from .queries import StoreQueries
 from .rows import Decision, PendingAction, QuarantineEntry
 
-__all__ = ["Store", "QuarantineEntry", "DEFAULT_WINDOW_S", "default_actor"]
-
-DEFAULT_WINDOW_S = 7 * DAY_S
-"""The default window of rates, suspect status and the policy: 7 days."""
+__all__ = ["Store", "QuarantineEntry", "default_actor"]
 
 _TERMINAL: frozenset[str] = frozenset({"complete", "preempted", "interrupted", "error"})
 _RESULT_COLUMNS = (

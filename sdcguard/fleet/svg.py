@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
 
+from ..durations import DAY_S
 from .rows import SeriesPoint
 
 __all__ = [
@@ -24,7 +25,7 @@ __all__ = [
 STATUS_COLOURS = {"healthy": "#2e7d32", "suspect": "#e08e00", "quarantined": "#c62828", "probation": "#7b1fa2"}
 """One colour per device status, shared by the cards, the table, the bars and the timeline."""
 
-_MINUTE, _HOUR, _DAY = 60.0, 3600.0, 86400.0
+_MINUTE, _HOUR, _DAY = 60.0, 3600.0, DAY_S
 _WIDTHS = (_MINUTE, 5 * _MINUTE, 15 * _MINUTE, _HOUR, 3 * _HOUR, 6 * _HOUR, 12 * _HOUR, _DAY, 7 * _DAY, 28 * _DAY)
 _MAX_BINS = 120
 _FLOOR = 1e-12

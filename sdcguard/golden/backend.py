@@ -11,10 +11,17 @@ import numpy as np
 
 from .suite import Suite, load_suite
 
-__all__ = ["OutputHook", "default_suite", "BackendBase"]
+__all__ = ["OutputHook", "default_suite", "BackendBase", "slow_factor"]
 
 OutputHook = Callable[[str, np.ndarray], np.ndarray]
-"""``hook(case_id, output) -> output``: applied before the comparison (the fire-drill injection point)."""
+"""``hook(case_id, output) -> output``: applied before the comparison (the fire-drill injection point). A hook may
+also have ``slowdown(case_id) -> float``: how many times as long the case must take (the slow drill)."""
+
+
+def slow_factor(hook: object, case_id: str) -> float:
+    """How many times as long ``case_id`` must take under ``hook`` (an output hook; 1.0 for none or no slow rule)."""
+    factor = getattr(hook, "slowdown", None)
+    return float(factor(case_id)) if callable(factor) else 1.0
 
 
 @functools.cache

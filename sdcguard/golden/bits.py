@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from ..fp8 import e4m3_values
+
 __all__ = [
     "FORMATS",
     "raw_words",
@@ -139,17 +141,8 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
 
 @functools.cache
 def e4m3_table() -> np.ndarray:
-    """float32 value of every e4m3 byte (index = the byte), built with integer arithmetic."""
-    out = np.empty(256, dtype=np.float32)
-    for b in range(256):
-        sign = -1.0 if b & 0x80 else 1.0
-        e, m = (b >> 3) & 0xF, b & 0x7
-        if e == 0xF and m == 0x7:
-            out[b] = np.nan
-        elif e == 0:
-            out[b] = sign * float(np.ldexp(float(m), -9))  # subnormal: m * 2**-9
-        else:
-            out[b] = sign * float(np.ldexp(float(8 + m), e - 10))  # (1.m) * 2**(e-7)
+    """float32 value of every e4m3 byte (index = the byte): :func:`sdcguard.fp8.e4m3_values`, exact in float32."""
+    out = e4m3_values().astype(np.float32)
     out.flags.writeable = False
     return out
 

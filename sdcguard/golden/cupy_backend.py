@@ -20,6 +20,7 @@ import numpy as np
 
 from ..devices import gpu_id
 from ..errors import NoDevice, SuiteError
+from ..kernels import get_kernel
 from ..records import CaseResult
 from .backend import BackendBase, OutputHook
 from .bits import sha256_bytes
@@ -27,7 +28,6 @@ from .cases import Case
 from .compare import compare_bits
 from .kernel_run import kernel_case_result
 from .launch import Plan, plan_for
-from .loader import get_kernel
 from .suite import Suite
 
 __all__ = ["CupyBackend", "pinned_compute_type"]

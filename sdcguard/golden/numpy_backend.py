@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from ..cpu_time import slow_down
 from ..devices import cpu_id
 from ..errors import NoDevice, SuiteError
-from ..inject.slow import slow_down, slow_factor
 from ..records import CaseResult
-from .backend import BackendBase, OutputHook
+from .backend import BackendBase, OutputHook, slow_factor
 from .bits import failure_digest, hex_bits
 from .cases import Case
 from .compare import compare_bits

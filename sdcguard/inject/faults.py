@@ -48,10 +48,6 @@ __all__ = [
     "Fault",
     "FaultModel",
     "FaultRecord",
-    # defined in .spec, re-exported lazily (spec imports this module)
-    "InjectRule",
-    "parse_inject_spec",
-    "golden_output_hook",
 ]
 
 Pattern = Literal["bitflip", "multibit", "zero", "stuck0", "stuck1", "nan", "inf", "mix"]
@@ -449,12 +445,3 @@ def _mask(bits: np.ndarray | list[int]) -> int:
     for b in np.asarray(bits).tolist():
         m |= 1 << int(b)
     return m
-
-
-def __getattr__(name: str) -> Any:
-    # parse_inject_spec and friends live in .spec (which imports this module); re-exported here on first use.
-    if name in ("InjectRule", "parse_inject_spec", "golden_output_hook"):
-        from . import spec
-
-        return getattr(spec, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,13 +11,13 @@ Numpy only: torch calls in with a format name (``formats.get("bfloat16")``).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 from ..errors import BadInput
+from ..fp8 import e4m3_values
 
 __all__ = ["BIT_CLASSES", "BitClass", "BitFormat", "FORMATS", "format_of", "get"]
 
@@ -136,25 +136,7 @@ class BitFormat:
                 return (b.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
             if self.name == "float8_e5m2":  # the top half of a float16
                 return (b.astype(np.uint16) << np.uint16(8)).view(np.float16).astype(np.float64)
-        return _e4m3fn_table()[b]
-
-
-@functools.cache
-def _e4m3fn_table() -> np.ndarray:
-    """All 256 values of float8_e4m3fn (bias 7, no Inf, NaN = S.1111.111)."""
-    out = np.empty(256, dtype=np.float64)
-    for code in range(256):
-        sign = -1.0 if code & 0x80 else 1.0
-        exp = (code >> 3) & 0xF
-        man = code & 0x7
-        if exp == 0xF and man == 0x7:
-            out[code] = np.nan
-        elif exp == 0:
-            out[code] = sign * (man / 8.0) * 2.0**-6
-        else:
-            out[code] = sign * (1.0 + man / 8.0) * 2.0 ** (exp - 7)
-    out.setflags(write=False)
-    return out
+        return e4m3_values()[b]  # float8_e4m3fn
 
 
 def _ints() -> dict[str, BitFormat]:

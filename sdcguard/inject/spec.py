@@ -60,7 +60,7 @@ store, quarantine policy) can be proven end to end.
 
 _KEYS = ("rate", "timing", "bit", "bits", "elements", "period", "control", "tile", "range", "case", "seed", "factor")
 _SLOW = "slow"
-"""The pattern of the slow-device drill (:mod:`.slow`): no corruption, only time."""
+"""The pattern of the slow-device drill (:mod:`sdcguard.cpu_time`): no corruption, only time."""
 
 
 @dataclass(frozen=True, kw_only=True)

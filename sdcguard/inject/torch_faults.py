@@ -144,6 +144,54 @@ def _supported(t: Any) -> bool:
     return str(t.dtype).removeprefix("torch.") in _formats.FORMATS
 
 
+class _Segments:
+    """Several tensors of one dtype seen as one flat array of raw bits, in order: where an element lives, its bits."""
+
+    def __init__(self, segments: Sequence[tuple[str, torch.Tensor]], fmt: _formats.BitFormat) -> None:
+        self.segments = segments
+        self.fmt = fmt
+        # Raw bits as a same-width integer view; 0-d tensors as 1-element views so they can be indexed.
+        raws = [t.detach().view(_INT[fmt.width]) for _, t in segments]
+        self.raws = [r if r.dim() > 0 else r.reshape(1) for r in raws]
+        sizes = np.array([r.numel() for r in self.raws], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)])
+        # contiguous tensors are indexed through a flat view (one index tensor), others by coordinates
+        self.flats = [r.view(-1) if r.is_contiguous() else None for r in self.raws]
+
+    def split(self, idx: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """``(segment, positions in idx, indices within the segment)`` for each segment ``idx`` touches."""
+        seg = np.searchsorted(self.offsets, idx, side="right") - 1
+        out = []
+        for s in np.unique(seg).tolist():
+            sel = np.flatnonzero(seg == s)
+            out.append((s, sel, idx[sel] - self.offsets[s]))
+        return out
+
+    def at(self, s: int, local: np.ndarray) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """A view of segment ``s`` and the index tensors that address ``local`` in it."""
+        raw = self.raws[s]
+        flat = self.flats[s]
+        if flat is not None:
+            return flat, (torch.from_numpy(local).to(raw.device),)
+        return raw, tuple(torch.from_numpy(c).to(raw.device) for c in np.unravel_index(local, tuple(raw.shape)))
+
+    def read_bits(self, idx: np.ndarray) -> np.ndarray:
+        out = np.empty(idx.size, dtype=np.uint64)
+        for s, sel, local in self.split(np.asarray(idx, dtype=np.int64)):
+            view, where = self.at(s, local)
+            out[sel] = view[where].cpu().numpy().view(self.fmt.uint).astype(np.uint64)
+        return out
+
+    def eligible(self, value_range: tuple[float, float]) -> np.ndarray:
+        """The flat indices of the values in ``value_range`` (Fault.in_range's rule: lo <= v < hi, NaN never)."""
+        lo, hi = value_range
+        parts = []
+        for (_, t), off in zip(self.segments, self.offsets[:-1].tolist(), strict=True):
+            v = t.detach().to(torch.float64).reshape(-1)
+            parts.append(torch.nonzero((v >= lo) & (v < hi)).reshape(-1).cpu().numpy() + off)
+        return np.concatenate(parts).astype(np.int64)
+
+
 def _corrupt_segments_(
     segments: Sequence[tuple[str, torch.Tensor]],
     model: FaultModel,
@@ -160,61 +208,22 @@ def _corrupt_segments_(
     if len(dtypes) != 1:
         raise BadInput(f"tensors of one fault target must share a dtype, got {sorted(map(str, dtypes))}")
     fmt = _formats.get(str(segments[0][1].dtype))
-    # Raw bits as a same-width integer view; 0-d tensors as 1-element views so they can be indexed.
-    raws = [t.detach().view(_INT[fmt.width]) for _, t in segments]
-    raws = [r if r.dim() > 0 else r.reshape(1) for r in raws]
-    sizes = np.array([r.numel() for r in raws], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-
-    def split(idx: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        seg = np.searchsorted(offsets, idx, side="right") - 1
-        out = []
-        for s in np.unique(seg).tolist():
-            sel = np.flatnonzero(seg == s)
-            out.append((s, sel, idx[sel] - offsets[s]))
-        return out
-
-    # contiguous tensors are indexed through a flat view (one index tensor), others by coordinates
-    flats = [r.view(-1) if r.is_contiguous() else None for r in raws]
-
-    def at(s: int, local: np.ndarray) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        dev = raws[s].device
-        flat = flats[s]
-        if flat is not None:
-            return flat, (torch.from_numpy(local).to(dev),)
-        return raws[s], tuple(torch.from_numpy(c).to(dev) for c in np.unravel_index(local, tuple(raws[s].shape)))
-
-    def read_bits(idx: np.ndarray) -> np.ndarray:
-        out = np.empty(idx.size, dtype=np.uint64)
-        for s, sel, local in split(np.asarray(idx, dtype=np.int64)):
-            view, where = at(s, local)
-            out[sel] = view[where].cpu().numpy().view(fmt.uint).astype(np.uint64)
-        return out
-
-    def eligible() -> np.ndarray:
-        value_range = model.fault.value_range
-        assert value_range is not None  # handed over below only with a value range
-        lo, hi = value_range  # Fault.in_range's rule: lo <= v < hi, NaN never
-        parts = []
-        for (_, t), off in zip(segments, offsets[:-1].tolist(), strict=True):
-            v = t.detach().to(torch.float64).reshape(-1)
-            parts.append(torch.nonzero((v >= lo) & (v < hi)).reshape(-1).cpu().numpy() + off)
-        return np.concatenate(parts).astype(np.int64)
-
+    flat = _Segments(segments, fmt)
+    value_range = model.fault.value_range
     with torch.no_grad():
         plan = model.plan(
-            int(offsets[-1]), fmt, read_bits=read_bits,
-            eligible=eligible if model.fault.value_range is not None else None,
-            shape=tuple(raws[0].shape) if len(raws) == 1 else None,
+            int(flat.offsets[-1]), fmt, read_bits=flat.read_bits,
+            eligible=(lambda: flat.eligible(value_range)) if value_range is not None else None,
+            shape=tuple(flat.raws[0].shape) if len(flat.raws) == 1 else None,
         )
         if not plan:
             return []
         idx = np.array([r.index for r in plan], dtype=np.int64)
         after = np.array([r.after for r in plan], dtype=np.uint64).astype(fmt.uint).view(_NP_INT[fmt.width])
         records = []
-        for s, sel, local in split(idx):
-            view, where = at(s, local)
-            view[where] = torch.from_numpy(after[sel].copy()).to(raws[s].device)
+        for s, sel, local in flat.split(idx):
+            view, where = flat.at(s, local)
+            view[where] = torch.from_numpy(after[sel].copy()).to(flat.raws[s].device)
             label, t = segments[s]
             for j, li in zip(sel.tolist(), local.tolist(), strict=True):
                 r = plan[j]

@@ -1,7 +1,7 @@
 """A slow rank for training drills: every aten op this thread runs takes ``factor`` times its own time.
 
 ``SlowOpsMode(factor=1.5)`` is a ``TorchDispatchMode``: each op runs, then the same op runs again (its result
-discarded) as many whole times as fit, then the thread spins for the rest (:func:`sdcguard.inject.slow.slow_down`),
+discarded) as many whole times as fit, then the thread spins for the rest (:func:`sdcguard.cpu_time.slow_down`),
 so the device really does more work, as a throttled one would; nothing sleeps. Ops that write into an argument (in
 place, ``out=``) are never repeated (that would change the result): they only spin. The results are bit for bit
 the ones without the mode. CPU only (on CUDA the ops are asynchronous; this thread's time would not be the device's).
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .slow import burn_cpu, slow_down
+from ..cpu_time import burn_cpu, slow_down
 
 __all__ = ["SlowOpsMode"]
 

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .taps import LocalRecord
+from .taps import LocalRecord, local
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
@@ -47,11 +47,6 @@ def is_fsdp(model: nn.Module) -> bool:
     """Whether ``model`` was sharded with FSDP2's ``fully_shard``."""
     kind = _fsdp_module_type()
     return kind is not None and isinstance(model, kind)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
 
 
 def _reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: Any, op: Any, async_op: bool) -> Any:
@@ -171,10 +166,10 @@ class FSDPTaps:
     # --------------------------------------------------------------------------------------- the checks
 
     def reduced(self) -> list[torch.Tensor | None]:
-        return [None if p.grad is None else _local(p.grad) for p in self.params]
+        return [None if p.grad is None else local(p.grad) for p in self.params]
 
     def weights(self) -> list[torch.Tensor]:
-        return [_local(p.detach()) for p in self.params]
+        return [local(p.detach()) for p in self.params]
 
     def replica_key(self) -> tuple[int, ...]:
         """Coordinates of this rank along the sharded mesh dimensions: ranks with the same key hold the same shard

@@ -1,6 +1,6 @@
 """Checkpoint records: the fingerprint of every tensor of a state, kept beside a checkpoint and checked against what
 is read back. One format for every checkpoint sdcguard verifies: DCP checkpoints (:mod:`.checkpoint`), Lightning's
-checkpoint files and Hugging Face ``Trainer`` checkpoint folders (:mod:`.adapters`).
+checkpoint files and Hugging Face ``Trainer`` checkpoint folders (:mod:`sdcguard.adapters`).
 
 A record is JSON: ``{"format", "step", "verified", "digest", "ranks", "fingerprints": {key: {hex: [ranks]}}}``,
 and, since records got them, ``"metadata"`` (the fingerprint of DCP's ``.metadata`` file, so a damaged index is
@@ -24,6 +24,7 @@ import torch
 
 from ..errors import CheckpointCorrupted, CheckpointError
 from ..fingerprints import combine, fingerprint_many
+from .taps import local
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
@@ -48,11 +49,12 @@ def _entries(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def _local(key: str, t: torch.Tensor) -> tuple[str, torch.Tensor]:
-    to_local = getattr(t, "to_local", None)
-    if not callable(to_local):
+    """This rank's part of ``t``, keyed by the shard's coordinates in its mesh when ``t`` is sharded."""
+    shard = local(t)
+    if shard is t:
         return key, t
     coords: Sequence[int] = cast("DTensor", t).device_mesh.get_coordinate() or []  # a DTensor: it has to_local
-    return f"{key}#{','.join(map(str, coords))}", to_local()
+    return f"{key}#{','.join(map(str, coords))}", shard
 
 
 def fingerprints(state: Any) -> dict[str, int]:

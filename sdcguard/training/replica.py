@@ -34,20 +34,14 @@ from ..records import Incident
 from .comm import Comm
 from .ddp import unwrap
 from .identity import local_device_id
+from .taps import local
 
-__all__ = ["ReplicaCheck", "ReplicaPhases", "fingerprint_column", "odd_ranks", "minority", "vote", "replica_incidents",
-           "local"]
+__all__ = ["ReplicaCheck", "ReplicaPhases", "fingerprint_column", "odd_ranks", "minority", "vote", "replica_incidents"]
 
 NO_GRADIENT = 0
 """The value standing for a missing tensor (a parameter without gradient)."""
 NOT_DENSE = 1
 """The value standing for a tensor without raw bits to fingerprint (a sparse gradient)."""
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a (possibly sharded) tensor."""
-    to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
 
 
 def _dense(t: torch.Tensor) -> bool:

@@ -16,9 +16,15 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from ..fingerprints import combine_on_device, fingerprints_on_device
+from ..fingerprints import combine_on_device, fingerprints_on_device, unsigned64
 
-__all__ = ["LocalRecord", "Taps", "Digest"]
+__all__ = ["LocalRecord", "Taps", "Digest", "local"]
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a (possibly sharded) tensor: a DTensor's local shard, any other tensor itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,8 +81,8 @@ class LocalRecord:
 
     def digest(self) -> Digest:
         """The host-side digest (one host synchronisation)."""
-        units = tuple(v & 0xFFFF_FFFF_FFFF_FFFF for v in self.fps.tolist())
-        loss = None if self.loss is None else int(self.loss) & 0xFFFF_FFFF_FFFF_FFFF
+        units = tuple(unsigned64(v) for v in self.fps.tolist())
+        loss = None if self.loss is None else unsigned64(int(self.loss))
         return Digest(loss=loss, units=units)
 
 

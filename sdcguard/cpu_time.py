@@ -1,11 +1,12 @@
-"""The slow-device fire drill: make a device take longer for the same work by burning cycles, never by sleeping.
+"""Make a thread take longer for the same work by burning its CPU time, never by sleeping: the slow fire drills.
 
 A sleeping thread costs no CPU time and a sleeping GPU no kernel time, so a drill that slept would not look like a
-throttled device to a scanner that times what the device did. :func:`slow_down` makes the device do the case's own
-work again (into spare buffers, its output discarded) as many whole times as fit in ``factor`` times the case's
-time, then :func:`burn_cpu` spins for the rest; the numpy backend calls it inside its timed region, so the case
-takes ``factor`` times as long on that core. Redoing the same work keeps the caches as the case left them: a
-spin loop alone would also evict them, and short cases would then read several times slower than asked.
+throttled device to a scanner that times what the device did. :func:`slow_down` makes the thread do the same work
+again (into spare buffers, its output discarded) as many whole times as fit in ``factor`` times the work's time,
+then :func:`burn_cpu` spins for the rest. Redoing the same work keeps the caches as the work left them: a spin loop
+alone would also evict them, and short cases would then read several times slower than asked. Users: the golden
+numpy backend, inside its timed region, when its output hook asks for a slowdown (the scanner's ``slow`` drill,
+:mod:`sdcguard.inject.spec`); the training drill's :class:`~sdcguard.inject.torch_slow.SlowOpsMode`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-__all__ = ["burn_cpu", "slow_factor", "slow_down"]
+__all__ = ["burn_cpu", "slow_down"]
 
 
 def burn_cpu(seconds: float) -> None:
@@ -25,12 +26,6 @@ def burn_cpu(seconds: float) -> None:
     while time.thread_time() < end:
         for i in range(10):  # a little arithmetic between clock reads (each read is a system call)
             x = (x * 1103515245 + i) & 0xFFFFFFFF
-
-
-def slow_factor(hook: object, case_id: str) -> float:
-    """How many times as long ``case_id`` must take under ``hook`` (an output hook; 1.0 for none or no slow rule)."""
-    factor = getattr(hook, "slowdown", None)
-    return float(factor(case_id)) if callable(factor) else 1.0
 
 
 def slow_down(again: Callable[[], object], *, started: float, factor: float) -> None:

@@ -1,8 +1,10 @@
-"""``sdcguard scan``: the fleet scanner's cron entry (also ``python -m fleet_scan``).
+"""The scanner's command line: ``sdcguard scan`` (the cron entry) and ``python -m fleet_scan``, the same command.
 
 Only argument handling lives here; the work is :func:`fleet_scan.runner.run_scan`. Settings come from, in order
 of precedence: the command line, the environment (``SDCGUARD_*``), a TOML config file (``--config`` or
-``$SDCGUARD_CONFIG``, sections ``[scan]`` and ``[policy]``), the defaults.
+``$SDCGUARD_CONFIG``, sections ``[scan]`` and ``[policy]``), the defaults of
+:class:`~fleet_scan.options.ScanOptions`. ``python -m fleet_scan`` needs nothing of :mod:`sdcguard.cli`: it ends
+by the same rules (:mod:`sdcguard.entry`) on its own.
 """
 
 from __future__ import annotations
@@ -14,24 +16,29 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..inject.spec import INJECT_SPEC_HELP
-from .common import actions_option, config_option, load_config, load_policy, parse_actions
+from sdcguard.entry import OneLineErrors, default_db
+from sdcguard.inject.spec import INJECT_SPEC_HELP
+
+from .config import POLICY_SCOPES, actions_option, config_option, load_config, load_policy, parse_actions
+from .options import DEFAULT_BUDGET_S, ScanOptions, settings
 
 if TYPE_CHECKING:
-    from ..fleet.policy import PolicyScope
+    from sdcguard.fleet.policy import PolicyScope
 
-__all__ = ["scan"]
+__all__ = ["scan", "main"]
 
-def _pick(ctx: click.Context, name: str, value: Any, config: dict[str, Any], key: str | None = None) -> Any:
-    """The CLI/env value unless it is click's default and the config has one."""
-    source = ctx.get_parameter_source(name)
-    if source in (click.core.ParameterSource.DEFAULT, None) and (key or name) in config:
-        return config[key or name]
-    return value
+_DEFAULTS = {key: f.default for key, f in settings().items()}
+
+
+def _given(ctx: click.Context) -> dict[str, Any]:
+    """The settings given on the command line or in the environment (None: left at click's default)."""
+    return {key: None if ctx.get_parameter_source(key) in (click.core.ParameterSource.DEFAULT, None)
+            else ctx.params[key] for key in _DEFAULTS}
 
 
 @click.command(
     "scan",
+    cls=OneLineErrors,
     epilog=INJECT_SPEC_HELP,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
 )
@@ -40,16 +47,17 @@ def _pick(ctx: click.Context, name: str, value: Any, config: dict[str, Any], key
 @click.option("--device", "devices", multiple=True, metavar="SPEC",
               help="cuda:N, cpu:N, a device id or all (repeatable). Default: every GPU, else every CPU core.")
 @click.option("--budget", type=float, default=None, metavar="SECONDS",
-              help="Wall-clock seconds per device (default 60; config [scan] budget).")
-@click.option("--only-idle/--all", "only_idle", default=True,
+              help=f"Wall-clock seconds per device (default {DEFAULT_BUDGET_S:g}; config [scan] budget).")
+@click.option("--only-idle/--all", "only_idle", default=_DEFAULTS["only_idle"],
               help="Scan only idle devices and stop when a job appears (default), or every device asked for.")
 @click.option("--inject", "inject", multiple=True, metavar="SPEC",
               help="Fire drill: make devices behave as faulty hardware (grammar below).")
 @click.option("--json", "json_lines", is_flag=True, help="Progress as JSON lines even on a terminal.")
-@click.option("--retests", type=int, default=None, help="Retests of a failing case in a fresh process (default 3).")
+@click.option("--retests", type=int, default=None,
+              help=f"Retests of a failing case in a fresh process (default {_DEFAULTS['retests']}).")
 @actions_option
 @config_option
-@click.option("--policy-scope", type=click.Choice(["fleet", "node"]), default=None,
+@click.option("--policy-scope", type=click.Choice(POLICY_SCOPES), default=None,
               help="Rules applied after the scan: fleet (every rule; this store is the whole fleet's, the default) "
                    "or node (only a sticky failure another device of this node passed; the merge job applies the "
                    "fleet's rules to the merged store). Config [scan] policy_scope.")
@@ -59,11 +67,11 @@ def _pick(ctx: click.Context, name: str, value: Any, config: dict[str, Any], key
 @click.option("--golden-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Golden data directory (default: the one shipped with sdcguard).")
 @click.option("--idle-window", type=float, default=None, metavar="SECONDS",
-              help="Window of the idle check (default 1).")
+              help=f"Window of the idle check (default {_DEFAULTS['idle_window']:g}).")
 @click.option("--gpu-util-max", type=float, default=None, metavar="PCT",
-              help="A GPU above this utilization is busy (default 5).")
+              help=f"A GPU above this utilization is busy (default {_DEFAULTS['gpu_util_max']:g}).")
 @click.option("--cpu-busy-max", type=float, default=None, metavar="PCT",
-              help="A core kept busier than this by other processes is busy (default 50).")
+              help=f"A core kept busier than this by other processes is busy (default {_DEFAULTS['cpu_busy_max']:g}).")
 @click.pass_context
 def scan(
     ctx: click.Context,
@@ -98,30 +106,19 @@ def scan(
       sdcguard --db /var/lib/sdcguard/node.db scan --budget 60 \\
           --action 'scontrol update NodeName={host} State=DRAIN Reason={reason}'
     """
-    from fleet_scan.options import DEFAULT_BUDGET_S, DEFAULT_RETESTS, ScanOptions
-    from fleet_scan.progress import make_reporter
-    from fleet_scan.runner import run_scan
+    from .progress import make_reporter
+    from .runner import run_scan
 
     config = load_config(config_path)
     section = dict(config.get("scan", {}))  # every value checked by load_config
-    db = db_path if db_path is not None else ctx.obj.db if ctx.obj is not None else Path("sdcguard.db")
-    only_idle = _pick(ctx, "only_idle", only_idle, section)
+    # `sdcguard --db` (or $SDCGUARD_DB) when run as `sdcguard scan`; the same default as `python -m fleet_scan`
+    root_db = getattr(ctx.obj, "db", None)
+    db = db_path if db_path is not None else root_db if root_db is not None else Path(default_db())
     templates = parse_actions(actions, section)
     policy = load_policy(config)
     scope: PolicyScope = policy_scope or section.get("policy_scope", "fleet")  # both checked: click, load_config
-    options = ScanOptions(
-        db=str(db),
-        budget_s=float(budget if budget is not None else section.get("budget", DEFAULT_BUDGET_S)),
-        retests=int(retests if retests is not None else section.get("retests", DEFAULT_RETESTS)),
-        inject=";".join(inject) or None,
-        only_idle=bool(only_idle),
-        idle_window_s=float(idle_window if idle_window is not None else section.get("idle_window", 1.0)),
-        gpu_util_max=float(gpu_util_max if gpu_util_max is not None else section.get("gpu_util_max", 5.0)),
-        cpu_busy_max=float(cpu_busy_max if cpu_busy_max is not None else section.get("cpu_busy_max", 50.0)),
-        lock_dir=str(lock_dir) if lock_dir else section.get("lock_dir"),
-        golden_dir=str(golden_dir) if golden_dir else section.get("golden_dir"),
-        json=json_lines,
-    )
+    options = ScanOptions.from_settings(_given(ctx), section, db=str(db), inject=";".join(inject) or None,
+                                        json=json_lines)
     specs = list(devices) or list(section.get("devices", []))
     with make_reporter(json_lines) as reporter:
         outcome = run_scan(options, specs, reporter=reporter, policy=policy, actions=templates, policy_scope=scope)
@@ -132,6 +129,4 @@ def scan(
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m fleet_scan [--db PATH] [scan options]``: the same command as ``sdcguard scan``."""
-    from . import cli
-
-    cli.main(args=["scan", *(sys.argv[1:] if argv is None else argv)], prog_name="python -m fleet_scan")
+    scan.main(args=list(sys.argv[1:] if argv is None else argv), prog_name="python -m fleet_scan")

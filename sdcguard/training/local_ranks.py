@@ -1,12 +1,15 @@
-"""Distributed test harness: run a function on N real processes talking over gloo, and never hang.
+"""Run a function on N local processes joined in one gloo process group, within a deadline, never leaving one behind.
 
 ``run_ranks(fn, world_size, *args, timeout=...)`` starts ``world_size`` processes (``spawn``: no fork after torch
 started threads), each joins a gloo process group through a ``FileStore`` in a fresh temporary directory, runs
 ``fn(rank, world_size, *args)`` and sends back its (picklable) return value. It returns the values in rank order,
-or raises if any rank fails (with that rank's traceback) or the timeout passes; in every case all ranks are killed
-before it returns, so a test can never leave processes behind or hang.
+or raises :class:`RankFailed` if any rank fails (with that rank's traceback), dies, or the timeout passes; in every
+case all ranks are killed before it returns, so a caller (a test, the GPU check, a benchmark) can never leave
+processes behind or hang.
 
-``fn`` must be importable by the children: define it at module level in a test module or here.
+The children see ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` as torchrun sets them, one intra-op thread each (the
+ranks share the machine's cores) and whatever the parent put in ``os.environ`` before the call. ``fn`` must be
+importable by the children: define it at module level.
 """
 
 from __future__ import annotations
@@ -22,7 +25,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["run_ranks", "RankFailed"]
+__all__ = ["run_ranks", "run_ranks_once", "RankFailed", "GROUP_NOT_FORMED"]
+
+GROUP_NOT_FORMED = "the process group did not form: "
+"""How a :class:`RankFailed` message begins when a rank could not join the process group (then ``run_ranks`` starts
+the ranks afresh once)."""
 
 
 class RankFailed(RuntimeError):
@@ -30,10 +37,10 @@ class RankFailed(RuntimeError):
 
 
 def _child(
-    fn: Callable[..., Any], rank: int, world_size: int, store_path: str, timeout: float, args: tuple, results: Any
+    fn: Callable[..., Any], rank: int, world_size: int, store_path: str, timeout: float, args: tuple[Any, ...],
+    results: Any,
 ) -> None:
     try:
-        # what torchrun sets, so code under test sees the usual environment
         os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)})
         import torch
         import torch.distributed as dist
@@ -42,15 +49,10 @@ def _child(
         torch.set_num_threads(1)
         store = dist.FileStore(store_path, world_size)
         try:
-            dist.init_process_group(
-                "gloo",
-                store=store,
-                rank=rank,
-                world_size=world_size,
-                timeout=datetime.timedelta(seconds=max(5.0, timeout)),
-            )
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                    timeout=datetime.timedelta(seconds=max(5.0, timeout)))
         except Exception:
-            results.put((rank, False, _INIT_FAILED + traceback.format_exc()))
+            results.put((rank, False, GROUP_NOT_FORMED + traceback.format_exc()))
             return
         try:
             value = fn(rank, world_size, *args)
@@ -70,26 +72,23 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     start = time.monotonic()
     try:
-        return _run_once(fn, world_size, args, timeout)
+        return run_ranks_once(fn, world_size, *args, timeout=timeout)
     except RankFailed as e:
         left = timeout - (time.monotonic() - start)
-        if _INIT_FAILED not in str(e) or left < 5.0:
+        if GROUP_NOT_FORMED not in str(e) or left < 5.0:
             raise
-        return _run_once(fn, world_size, args, left)
+        return run_ranks_once(fn, world_size, *args, timeout=left)
 
 
-_INIT_FAILED = "the process group did not form: "
-
-
-def _run_once(fn: Callable[..., Any], world_size: int, args: tuple, timeout: float) -> list[Any]:
+def run_ranks_once(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float) -> list[Any]:
+    """One attempt of :func:`run_ranks`: no second start when the process group does not form."""
     ctx = mp.get_context("spawn")
-    tmp = tempfile.mkdtemp(prefix="sdcguard-dist-")
+    tmp = tempfile.mkdtemp(prefix="sdcguard-ranks-")
     store_path = os.path.join(tmp, "store")
     results = ctx.Queue()
     procs = [
-        ctx.Process(
-            target=_child, args=(fn, r, world_size, store_path, timeout, args, results), name=f"rank{r}", daemon=True
-        )
+        ctx.Process(target=_child, args=(fn, r, world_size, store_path, timeout, args, results), name=f"rank{r}",
+                    daemon=True)
         for r in range(world_size)
     ]
     values: dict[int, Any] = {}
@@ -105,16 +104,13 @@ def _run_once(fn: Callable[..., Any], world_size: int, args: tuple, timeout: flo
             try:
                 rank, ok, value = results.get(timeout=min(left, 0.5))
             except queue.Empty:
-                dead = [r for r, p in enumerate(procs) if r not in values and p.exitcode is not None]
-                if dead:
-                    # give a dying rank's queued traceback a moment to arrive before blaming the exit code
-                    try:
-                        rank, ok, value = results.get(timeout=2.0)
-                    except queue.Empty:
-                        codes = {r: procs[r].exitcode for r in dead}
-                        raise RankFailed(f"ranks died without a result (exit codes {codes})") from None
-                else:
+                dead = {r: p.exitcode for r, p in enumerate(procs) if r not in values and p.exitcode is not None}
+                if not dead:
                     continue
+                try:  # give a dying rank's queued traceback a moment to arrive before blaming the exit code
+                    rank, ok, value = results.get(timeout=2.0)
+                except queue.Empty:
+                    raise RankFailed(f"ranks died without a result (exit codes {dead})") from None
             if not ok:
                 raise RankFailed(f"rank {rank} failed:\n{value}")
             values[rank] = value

@@ -1,0 +1,82 @@
+"""What every command line shares: the one-line error rule and the store's default path.
+
+The ``sdcguard`` command (:mod:`sdcguard.cli`) and the scanner's own entry, ``python -m fleet_scan``
+(:mod:`fleet_scan.command`), both end by these rules (DESIGN.md): errors are one line on stderr, never a traceback
+(``SDCGUARD_DEBUG=1`` shows it), and the exit code is one of :mod:`sdcguard.exit_codes`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from .errors import SdcguardError
+from .exit_codes import EXIT_CANNOT_RUN, exit_code_for_signal
+
+__all__ = ["OneLineErrors", "DB_ENV", "DEFAULT_DB", "default_db"]
+
+DB_ENV = "SDCGUARD_DB"
+"""The environment variable naming the fleet store."""
+DEFAULT_DB = "sdcguard.db"
+"""The fleet store without ``--db`` or ``$SDCGUARD_DB``: this file in the working directory."""
+
+
+def default_db() -> str:
+    """The fleet store without ``--db``: ``$SDCGUARD_DB`` (unless empty), else :data:`DEFAULT_DB`."""
+    return os.environ.get(DB_ENV) or DEFAULT_DB
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+class OneLineErrors(click.Command):
+    """A click command (or, first in the bases, a group) whose errors end as one line on stderr and an exit code.
+
+    Library errors (:class:`~sdcguard.errors.SdcguardError`) and usage errors exit with
+    :data:`EXIT_CANNOT_RUN`; a bug is one line naming it as an internal error; a command's own ``ctx.exit(code)``
+    passes its code on."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        standalone = standalone_mode
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            # Without standalone mode click *returns* the code of a command's ctx.exit(code) instead of raising:
+            # pass it on, or `ctx.exit(1)` (corruption found) would end the process with 0.
+            if standalone and isinstance(rv, int) and not isinstance(rv, bool) and rv:
+                sys.exit(rv)
+            return rv
+        except click.exceptions.Exit as e:
+            if standalone:
+                sys.exit(e.exit_code)
+            raise
+        except click.exceptions.Abort:
+            click.echo("sdcguard: aborted", err=True)
+            if standalone:
+                sys.exit(EXIT_CANNOT_RUN)
+            raise
+        except (click.ClickException, SdcguardError) as e:
+            message = e.format_message() if isinstance(e, click.ClickException) else str(e)
+            click.echo(f"sdcguard: error: {_one_line(message)}", err=True)
+            if standalone:
+                sys.exit(EXIT_CANNOT_RUN)
+            raise
+        except (KeyboardInterrupt, BrokenPipeError):
+            sys.exit(exit_code_for_signal(signal.SIGINT))
+        except Exception as e:  # a bug: still one line, the traceback on request
+            if os.environ.get("SDCGUARD_DEBUG"):
+                raise
+            click.echo(
+                f"sdcguard: internal error: {type(e).__name__}: {_one_line(str(e))} "
+                "(SDCGUARD_DEBUG=1 shows the traceback)",
+                err=True,
+            )
+            if standalone:
+                sys.exit(EXIT_CANNOT_RUN)
+            raise

@@ -1,4 +1,0 @@
-"""Framework adapters: thin layers over :class:`sdcguard.SDCGuard` for Lightning (:mod:`.lightning`) and Hugging Face
-(:mod:`.hf`). Import the one you need (``sdcguard.adapters.lightning`` or ``sdcguard.adapters.hf``); each imports its
-framework.
-"""

@@ -1,0 +1,187 @@
+"""The shape of the code, read from the code: the import graph has no circle and only goes down the layers, no
+module of the library is over 500 lines, no function over 80, and docstrings name modules that exist.
+
+The layers, bottom up (a module imports its own layer's modules and the layers below, never above):
+
+0. the core: ``sdcguard``'s top-level modules (records, errors, devices, durations, resources, fingerprints, and
+   the few shared pieces listed in :data:`CORE`), and the ``sdcguard`` package itself, whose lazy table of public
+   names imports nothing when ``sdcguard`` is imported;
+1. the wings: ``training`` (with its public faces ``sdcguard.adapters`` and ``sdcguard.checkpoint``), ``fleet``,
+   ``golden``, ``inject``; a wing imports no other wing (the exceptions below say why);
+2. ``fleet_scan``, the scanner job;
+3. ``sdcguard.cli`` (and ``python -m sdcguard``);
+4. ``scripts`` and ``benchmarks``.
+
+Imports anywhere count: at the top, inside functions, under ``TYPE_CHECKING``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+
+from tests._code import ROOT, cycles, graph, library, modules
+
+CORE = {"records", "errors", "devices", "durations", "resources", "fingerprints", "exit_codes", "entry", "fp8",
+        "kernels", "cpu_time", "_fpcore"}
+"""The core's top-level modules under ``sdcguard``: the six of the design, plus ``exit_codes`` and ``entry`` (the
+exit codes, and the one-line error rule every command line shares), ``fp8`` (the e4m3 table of the golden suite
+and the injector), ``kernels`` (the CUDA loader of the golden suite and the fingerprint), ``cpu_time`` (the slow
+drills' CPU burning, used by the golden backend and the injector) and ``_fpcore`` (the fingerprint's C engine)."""
+WINGS = {"training": "training", "adapters": "training", "checkpoint": "training", "fleet": "fleet",
+         "golden": "golden", "inject": "inject"}
+"""``sdcguard.<name>`` -> the wing it belongs to (the adapters and ``sdcguard.checkpoint`` are the training side's
+documented import paths)."""
+
+CROSSING_ALLOWED = {
+    ("sdcguard.training.response", "sdcguard.fleet.store"):
+        "DESIGN.md: training records incidents through the store's public API (Store), imported when it writes",
+    ("sdcguard.training.checkpoint", "sdcguard.fleet.store"):
+        "DESIGN.md: training records verified checkpoints through the store's public API",
+    ("sdcguard.training.async_checkpoint", "sdcguard.fleet.store"):
+        "DESIGN.md: training records checkpoints through the store's public API",
+    ("sdcguard.training.timing", "sdcguard.fleet.slow"):
+        "median_lower_bound (the sign-test bound both slow rules share) is defined in fleet/slow.py, one of the "
+        "store-side files issue 24 is rewriting; it moves to the core once that lands",
+}
+"""Imports from one wing into another, each with its reason: nothing else may cross."""
+
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80
+SIZE_EXCEPTIONS: dict[str, str] = {}
+"""``path`` or ``path:function`` -> why it may be longer (none today; ``sdcguard/training/checksum*.py`` and the
+store's files, being changed elsewhere, were checked and are within the limits)."""
+
+
+def layer(name: str) -> tuple[int, str]:
+    """``(rank, group)`` of a module; a module of an unknown place fails the test that asks."""
+    parts = name.split(".")
+    if parts[0] in ("scripts", "benchmarks"):
+        return 4, parts[0]
+    if parts[0] == "fleet_scan":
+        return 2, "fleet_scan"
+    assert parts[0] == "sdcguard", name
+    if len(parts) == 1:
+        return 0, "core"
+    if parts[1] in ("cli", "__main__"):
+        return 3, "cli"
+    if parts[1] in CORE:
+        return 0, "core"
+    if parts[1] in WINGS:
+        return 1, WINGS[parts[1]]
+    raise AssertionError(f"{name}: a new top-level module of sdcguard needs its place in a layer (tests/"
+                         "test_structure.py: CORE or WINGS)")
+
+
+def test_every_module_has_a_place_in_the_layers() -> None:
+    for name in modules():
+        layer(name)
+
+
+def test_the_import_graph_has_no_circle() -> None:
+    assert cycles(graph()) == []
+
+
+def test_imports_only_go_down_the_layers_and_no_wing_imports_another() -> None:
+    wrong = []
+    for name, targets in graph().items():
+        rank, group = layer(name)
+        for target in sorted(targets):
+            t_rank, t_group = layer(target)
+            if t_rank > rank or (t_rank == rank and t_group != group and rank != 4):
+                if (name, target) not in CROSSING_ALLOWED:
+                    wrong.append(f"{name} ({group}) imports {target} ({t_group})")
+    assert wrong == []
+
+
+def test_every_allowed_crossing_is_still_there() -> None:
+    """An exception that is no longer needed goes: the list says what crosses today, nothing more."""
+    edges = graph()
+    assert [pair for pair in CROSSING_ALLOWED if pair[1] not in edges.get(pair[0], ())] == []
+
+
+def test_the_scanner_needs_neither_the_cli_nor_the_training_side() -> None:
+    """``python -m fleet_scan`` is a job of its own: the fleet side never imports torch's side or the CLI."""
+    for name, targets in graph().items():
+        if name.startswith(("fleet_scan", "sdcguard.fleet")):
+            assert not {t for t in targets if t.startswith(("sdcguard.cli", "sdcguard.training"))}, name
+
+
+def _long_functions() -> list[str]:
+    out = []
+    for m in library():
+        for node in ast.walk(m.tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES and f"{m.rel}:{node.name}" not in SIZE_EXCEPTIONS:
+                    out.append(f"{m.rel}:{node.lineno} {node.name} ({lines} lines)")
+    return out
+
+
+def test_no_module_over_500_lines_no_function_over_80() -> None:
+    long_modules = [f"{m.rel} ({n} lines)" for m in library()
+                    if (n := len(m.path.read_text().splitlines())) > MAX_MODULE_LINES and m.rel not in SIZE_EXCEPTIONS]
+    assert long_modules == []
+    assert _long_functions() == []
+
+
+# ------------------------------------------------------------------------------------ references in docstrings
+
+_ROLE = re.compile(r":(?:mod|func|class|data|attr|meth|exc):`~?(\.*)([A-Za-z_][\w.]*)`")
+
+
+def _defines(module: str, name: str) -> bool:
+    m = modules().get(module)
+    if m is None:
+        return False
+    text = m.path.read_text()
+    return re.search(rf"^\s*(def|class|async def)\s+{name}\b|^\s*{name}\s*[:=]|\bimport\b.*\b{name}\b|"
+                     rf'"{name}"', text, re.M) is not None
+
+
+def _resolves(target: str) -> bool:
+    parts = target.split(".")
+    for k in range(len(parts), 0, -1):
+        head = ".".join(parts[:k])
+        if head in modules():
+            rest = parts[k:]
+            # module, module.name, or module.Class.member (the class must be there)
+            return not rest or _defines(head, rest[0])
+    return False
+
+
+@pytest.mark.parametrize("package", ["sdcguard", "fleet_scan"])
+def test_docstrings_name_modules_and_names_that_exist(package: str) -> None:
+    """A reference such as :mod:`sdcguard.rates` to a module that moved is caught (relative ones too)."""
+    stale = []
+    for name, m in modules().items():
+        if name.split(".")[0] != package:
+            continue
+        base = name.split(".") if m.is_package else name.split(".")[:-1]
+        for lineno, line in enumerate(m.path.read_text().splitlines(), 1):
+            for match in _ROLE.finditer(line):
+                dots, ref = match.groups()
+                if dots:
+                    up = base[: len(base) - (len(dots) - 1)]
+                    ref = ".".join([*up, ref])
+                elif not ref.startswith(("sdcguard", "fleet_scan")):
+                    continue
+                if not _resolves(ref):
+                    stale.append(f"{m.rel}:{lineno}: {match.group(0)}")
+    assert stale == []
+
+
+_FILE_SUFFIXES = {"json", "db", "toml", "yaml", "yml", "log", "txt", "csv", "html", "png", "sbatch", "service"}
+"""``sdcguard.json`` and the like are file names, not modules."""
+
+
+def test_readme_names_modules_that_exist() -> None:
+    stale = []
+    for doc in (ROOT / "README.md", ROOT / "kernels" / "README.md"):
+        for lineno, line in enumerate(doc.read_text().splitlines(), 1):
+            for ref in re.findall(r"`((?:sdcguard|fleet_scan)(?:\.[A-Za-z_]\w*)+)", line):
+                if ref.rpartition(".")[2] not in _FILE_SUFFIXES and not _resolves(ref):
+                    stale.append(f"{doc.name}:{lineno}: {ref}")
+    assert stale == []
