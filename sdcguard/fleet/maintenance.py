@@ -27,6 +27,15 @@ already in the roll-ups.
 **Day tallies.** ``day_tallies`` equals, at every commit, what the rows of ``results`` add up to per UTC day (of a
 row's start), device and family: :class:`DayTallies` for a scan's batch (the store's write path), minus and plus
 one pass over the rows a merge replaces and writes, minus what a prune deletes.
+
+**Case tallies** (the slowness statistic's input). ``case_tallies`` holds, per device, case and UTC day on which
+something changed, the running totals (passing first executions, their device seconds) through that day, and
+``case_totals`` through the last day: the same writes collect signed changes per device, case and day into
+``temp.case_delta`` and :func:`_apply_case_deltas` folds them in (a row for each day changed, holding the total
+before it; every row from that day on gains the changes up to its day; the totals gain them all). A prune
+deletes none of it (pruned executions still count), and keeps of the days before the horizon only each key's
+latest running total (what a window starting at the horizon subtracts); a change a merge makes to a day before
+the horizon lands on the horizon's eve, where every window reads it alike.
 """
 
 from __future__ import annotations
@@ -66,32 +75,116 @@ def day_of(t: float) -> int:
 
 
 class DayTallies:
-    """Changes to ``day_tallies`` collected in Python (one scan's batch), written in one ``executemany``."""
+    """Changes to ``day_tallies`` and to the case tallies collected in Python (one scan's batch), written together."""
 
     def __init__(self) -> None:
         self._delta: dict[tuple[str, str, int], list[float]] = {}
+        self._cases: dict[tuple[str, str, int], list[Any]] = {}
 
-    def add(self, device: str, family: str, started_at: float, executions: int, failures: int, seconds: float) -> None:
-        d = self._delta.setdefault((device, family, day_of(started_at)), [0, 0, 0.0])
+    def add(self, device: str, family: str, started_at: float, executions: int, failures: int, seconds: float,
+            *, case: str | None = None) -> None:
+        """Rows that change by ``executions``, ``failures`` and ``seconds``; with ``case``, they are passing first
+        executions of that case (the case tallies too)."""
+        key = (device, family, day_of(started_at))
+        d = self._delta.setdefault(key, [0, 0, 0.0])
         d[0] += executions
         d[1] += failures
         d[2] += seconds
+        if case is not None:
+            c = self._cases.setdefault((device, case, key[2]), [family, 0, 0.0])
+            c[1] += executions
+            c[2] += seconds
 
     def write(self, conn: Any) -> None:
         if self._delta:
             conn.executemany(_ADD_TALLIES.format(select="VALUES (?, ?, ?, ?, ?, ?)"),
                              [(*key, int(n), int(k), s) for key, (n, k, s) in self._delta.items()])
             self._delta.clear()
+        if self._cases:
+            _case_tables(conn)
+            conn.executemany("INSERT INTO temp.case_delta(device, case_id, day, family, executions, seconds) "
+                             "VALUES (?, ?, ?, ?, ?, ?)", [(*key, f, int(n), s) for key, (f, n, s) in self._cases.items()])
+            self._cases.clear()
+            _apply_case_deltas(conn)
 
 
 def _tally_rows(conn: Any, scans: str, sign: int) -> None:
     """Add (``sign`` 1) or take away (-1) the tallies of every row of the main store's scans ``scans`` (a subquery
-    of scan ids), in one pass over those rows."""
+    of scan ids), in one pass over those rows for the day tallies and one for the case tallies' changes
+    (``temp.case_delta``, folded in by :func:`_apply_case_deltas`)."""
     conn.execute(_ADD_TALLIES.format(select=(
         f"SELECT r.device, r.family, CAST(r.started_at / {_DAY_S} AS INTEGER) AS d, "
         f"{sign} * TOTAL((r.attempt = 0) * r.executions), {sign} * TOTAL(r.attempt = 0 AND r.passed = 0), "
         f"{sign} * TOTAL(r.duration_s) FROM main.results r WHERE r.scan IN ({scans}) GROUP BY r.device, r.family, d "
         "HAVING true")))
+    _case_tables(conn)
+    conn.execute(
+        "INSERT INTO temp.case_delta(device, case_id, day, family, executions, seconds) "
+        f"SELECT r.device, r.case_id, CAST(r.started_at / {_DAY_S} AS INTEGER) AS d, MIN(r.family), "
+        f"{sign} * SUM(r.executions), {sign} * TOTAL(r.duration_s) FROM main.results r WHERE r.scan IN ({scans}) "
+        "AND r.passed = 1 AND r.attempt = 0 GROUP BY r.device, r.case_id, d")
+
+
+def _case_tables(conn: Any) -> None:
+    """The temporary tables of the case tallies' changes (this connection's own)."""
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS case_delta(device TEXT, case_id TEXT, day INTEGER, family TEXT, "
+                 "executions INTEGER, seconds REAL)")
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS case_run(device TEXT, case_id TEXT, day INTEGER, family TEXT, "
+                 "executions INTEGER, seconds REAL, PRIMARY KEY (device, case_id, day)) WITHOUT ROWID")
+
+
+def _apply_case_deltas(conn: Any) -> None:
+    """Fold ``temp.case_delta`` (signed changes per device, case and UTC day; rows of one key add up) into
+    ``case_tallies`` and ``case_totals``, then empty it. A change to a day before the retention horizon lands on
+    the horizon's eve (the tallies keep no earlier day apart: a window starting before the horizon counts from it).
+
+    ``temp.case_run`` holds each key's running sum of its changes by day; a row is made at each day changed,
+    holding the running total before the change (its predecessor's, else nothing); every row from a key's first
+    changed day on gains the running sum at its day; the totals gain the key's whole change (the running sum on
+    its last changed day, the very value its latest row gains, so the totals stay equal to it bit for bit)."""
+    horizon = conn.execute("SELECT value FROM main.meta WHERE key = 'pruned_before'").fetchone()
+    eve = -(2**62) if horizon is None else int(float(horizon[0]) // _DAY_S) - 1
+    conn.execute("DELETE FROM temp.case_run")
+    conn.execute(
+        "INSERT INTO temp.case_run(device, case_id, day, family, executions, seconds) "
+        "SELECT device, case_id, day, family, SUM(n) OVER w, SUM(s) OVER w FROM ("
+        "  SELECT device, case_id, MAX(day, ?) AS day, MIN(family) AS family, SUM(executions) AS n, "
+        "    TOTAL(seconds) AS s FROM temp.case_delta GROUP BY device, case_id, MAX(day, ?) HAVING n != 0 OR s != 0) "
+        "WINDOW w AS (PARTITION BY device, case_id ORDER BY day)", (eve, eve))
+    conn.execute("DELETE FROM temp.case_delta")
+    conn.execute(
+        "INSERT OR IGNORE INTO main.case_tallies(device, case_id, day, executions, seconds) "
+        "SELECT r.device, r.case_id, r.day, "
+        "  COALESCE((SELECT x.executions FROM main.case_tallies x WHERE x.device = r.device AND x.case_id = r.case_id "
+        "    AND x.day < r.day ORDER BY x.day DESC LIMIT 1), 0), "
+        "  COALESCE((SELECT x.seconds FROM main.case_tallies x WHERE x.device = r.device AND x.case_id = r.case_id "
+        "    AND x.day < r.day ORDER BY x.day DESC LIMIT 1), 0.0) "
+        "FROM temp.case_run r")
+    run = ("(SELECT r.{0} FROM temp.case_run r WHERE r.device = case_tallies.device AND r.case_id = "
+           "case_tallies.case_id AND r.day <= case_tallies.day ORDER BY r.day DESC LIMIT 1)")
+    conn.execute(
+        f"UPDATE main.case_tallies SET executions = executions + {run.format('executions')}, "
+        f"seconds = seconds + {run.format('seconds')} "
+        "WHERE (device, case_id, day) IN (SELECT x.device, x.case_id, x.day FROM "
+        "  (SELECT device, case_id, MIN(day) AS day FROM temp.case_run GROUP BY device, case_id) f "
+        "  JOIN main.case_tallies x ON x.device = f.device AND x.case_id = f.case_id AND x.day >= f.day)")
+    conn.execute(
+        "INSERT INTO main.case_totals(device, case_id, family, executions, seconds) "
+        "SELECT device, case_id, family, executions, seconds FROM temp.case_run r "
+        "WHERE r.day = (SELECT MAX(x.day) FROM temp.case_run x WHERE x.device = r.device AND x.case_id = r.case_id) "
+        "ON CONFLICT(device, case_id) DO UPDATE SET executions = executions + excluded.executions, "
+        "seconds = seconds + excluded.seconds")
+
+
+def _thin_case_tallies(conn: Any, horizon: float) -> int:
+    """Delete every case tally before the horizon's eve but each key's latest (the running total a window that
+    starts at the horizon subtracts); returns how many rows went."""
+    eve = int(horizon // _DAY_S) - 1
+    return int(conn.execute(
+        "DELETE FROM main.case_tallies WHERE (device, case_id, day) IN (SELECT x.device, x.case_id, x.day "
+        "FROM main.case_totals t JOIN main.case_tallies x ON x.device = t.device AND x.case_id = t.case_id "
+        "AND x.day < (SELECT MAX(m.day) FROM main.case_tallies m WHERE m.device = t.device "
+        "AND m.case_id = t.case_id AND m.day <= ?))", (eve,)).rowcount)
 
 
 class StoreMaintenance(StoreBase):
@@ -128,7 +221,9 @@ class StoreMaintenance(StoreBase):
     def prune(self, *, before: float) -> PruneStats:
         """Roll every finished scan that started before ``before`` (rounded down to a UTC midnight) into the
         daily roll-ups and delete its rows; returns what was done. Scans still ``running`` are left alone;
-        ``interrupted`` ones are final by then and go like the others (their executions count, as everywhere)."""
+        ``interrupted`` ones are final by then and go like the others (their executions count, as everywhere).
+        The case tallies keep counting the rows deleted; of their days before the horizon only each device and
+        case's latest running total stays (:func:`_thin_case_tallies`)."""
         horizon = math.floor(before / _DAY_S) * _DAY_S
         days = [int(r[0]) for r in self._rows(
             f"SELECT DISTINCT CAST(started_at / {_DAY_S} AS INTEGER) FROM scans WHERE started_at < ? "
@@ -143,9 +238,10 @@ class StoreMaintenance(StoreBase):
                 if last is not None:
                     _set_meta(conn, "rollup_last_day", int(last))
                 _set_meta(conn, "pruned_before", max(hi, float(self._meta("pruned_before") or hi)))
-        if not days:
-            with self._write() as conn:
+        with self._write() as conn:
+            if not days:
                 _set_meta(conn, "pruned_before", max(horizon, float(self._meta("pruned_before") or horizon)))
+            _thin_case_tallies(conn, float(self._meta("pruned_before") or horizon))
         return PruneStats(before=horizon, scans=scans, results=results, rollup_rows=rollup_rows)
 
     def vacuum(self) -> None:
@@ -273,6 +369,7 @@ def _merge_scans(conn: Any, scans_after: int, reopened: list[int], horizon: floa
              duration_s = excluded.duration_s, started_at = excluded.started_at,
              last_started_at = excluded.last_started_at, sticky = excluded.sticky, detail = excluded.detail""")
     _tally_rows(conn, "SELECT dst_id FROM temp.merge_scans", 1)
+    _apply_case_deltas(conn)
     results = conn.execute(
         "SELECT COUNT(*) FROM main.results WHERE scan IN (SELECT dst_id FROM temp.merge_scans)"
     ).fetchone()[0] - before_results

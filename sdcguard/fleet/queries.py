@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from ..records import CaseResult, DeviceInfo, Incident
 from .connection import StoreBase
-from .rows import CaseTiming
+from .rows import CaseTimes, CaseTiming
 from .schema import COUNTED_SCAN
 from .rows import (
     CaseCoverage, CheckpointEntry, Decision, DeviceStatus, FailedExecution, QuarantineEntry, ScanCounts, ScrubEntry,
@@ -215,17 +215,62 @@ class StoreQueries(StoreBase):
         day = _first_day(since)
         return day is None or int(last) >= day
 
-    def case_timings(self, *, since: float | None, devices: Sequence[str] | None = None,
-                     by_scan: bool = False) -> list[CaseTiming]:
-        """Passing first executions per device and case (and scan, with ``by_scan``; else ``scan`` is 0) since
-        ``since``, with their summed device time (the slowness statistic's input, :mod:`sdcguard.fleet.slow`).
-        Roll-ups keep no case: pruned days are not in it."""
-        scope, sp = _in(devices)
-        window, wp = (" AND started_at >= ?", [since]) if since is not None else ("", [])
-        scan, group = ("scan", "device, scan, case_id") if by_scan else ("0", "device, case_id")
-        rows = self._rows(f"SELECT device, {scan}, case_id, MIN(family), TOTAL(executions), TOTAL(duration_s) "
-                          f"FROM results WHERE passed = 1 AND attempt = 0{window}{scope} GROUP BY {group}",
-                          [*wp, *sp])
+    def case_times(self, *, since: float | None, devices: Sequence[str] | None = None) -> CaseTimes:
+        """Passing first executions per device and case since ``since`` and their summed device time, one record
+        per device and case (``scan`` 0): the slowness statistic's input (:mod:`sdcguard.fleet.slow`).
+
+        Whole days come from the case tallies: a key's totals less its running total on the eve of the window's
+        first whole day (that day's row, else the latest before it): two rows per device and case whatever the
+        window's length. The partial first day comes from rows, over the covering index ``results_time``: those
+        from the window's start to midnight are added, or, when fewer, the day's rows before the start are taken
+        from the whole day (the tallies from the eve of the partial day on). Executions a prune deleted still
+        count; the tallies keep no day before the retention horizon apart, so a window that starts before it
+        counts from the horizon (all time, ``since=None``, counts every execution)."""
+        scope, sp = _in(devices, "t.device")
+        if since is None:
+            return CaseTimes.from_rows(self._rows(
+                f"SELECT device, case_id, family, executions, seconds FROM case_totals t WHERE 1{scope}", sp), scan=0)
+        horizon = self.pruned_before
+        start = since if horizon is None or since >= horizon else horizon
+        day = math.ceil(start / DAY_S)
+        params = {"day": day, "devices": sp[0] if sp else None, "lo": start, "hi": day * DAY_S, "sign": 1}
+        if day * DAY_S > start:
+            count = ("SELECT COUNT(*) FROM results INDEXED BY results_time WHERE started_at >= ? AND "
+                     "started_at < ?")
+            after = self._one(count, (start, day * DAY_S))
+            before = self._one(count, ((day - 1) * DAY_S, start))
+            if before < after:
+                params.update(day=day - 1, lo=(day - 1) * DAY_S, hi=start, sign=-1)
+            elif not after:
+                params["lo"] = params["hi"]
+        floor = ("COALESCE(f.{0}, (SELECT x.{0} FROM case_tallies x WHERE x.device = t.device AND x.case_id = "
+                 "t.case_id AND x.day < :day ORDER BY x.day DESC LIMIT 1), 0)")
+        part, join = "", ""
+        if params["lo"] < params["hi"]:  # the partial day's rows, added (sign 1) or taken away (-1)
+            part = (" LEFT JOIN (SELECT device, case_id, TOTAL(executions) AS n, TOTAL(duration_s) AS s FROM results "
+                    "INDEXED BY results_time WHERE started_at >= :lo AND started_at < :hi AND passed = 1 AND "
+                    f"attempt = 0{_in(devices)[0].replace('?', ':devices')} GROUP BY device, case_id) p "
+                    "ON p.device = t.device AND p.case_id = t.case_id")
+            join = " + :sign * COALESCE(p.{0}, 0)"
+        rows = self._rows(
+            "SELECT * FROM (SELECT t.device, t.case_id, t.family, "
+            f"CAST(t.executions - {floor.format('executions')}{join.format('n')} AS INTEGER) AS n, "
+            f"t.seconds - {floor.format('seconds')}{join.format('s')} FROM case_totals t "
+            f"LEFT JOIN case_tallies f ON f.device = t.device AND f.case_id = t.case_id AND f.day = :day - 1{part} "
+            f"WHERE 1{scope.replace('?', ':devices')}) WHERE n > 0", params)
+        return CaseTimes.from_rows(rows, scan=0)
+
+    def case_timings(self, *, since: float | None, devices: Sequence[str]) -> list[CaseTiming]:
+        """Passing first executions per device, scan and case since ``since``, with their summed device time, for
+        ``devices`` (those whose own history the slowness statistic weighs); read scan by scan from each device's
+        scans, so a few devices cost a few of their rows however large the store. Pruned scans are gone."""
+        scope, sp = _in(devices, "s.device")
+        window, wp = (" AND r.started_at >= ?", [since]) if since is not None else ("", [])
+        rows = self._rows(
+            "SELECT r.device, r.scan, r.case_id, MIN(r.family), TOTAL(r.executions), TOTAL(r.duration_s) "
+            "FROM scans s INDEXED BY scans_device JOIN results r ON r.scan = s.id "
+            f"WHERE r.device = s.device AND r.passed = 1 AND r.attempt = 0{scope}{window} "
+            "GROUP BY r.device, r.scan, r.case_id", [*sp, *wp])
         return [CaseTiming(device=d, scan=int(s), case=c, family=f, executions=int(n), seconds=float(t))
                 for d, s, c, f, n, t in rows]
 

@@ -382,7 +382,8 @@ def _append(
     for row in new:
         first_attempt = row["attempt"] == 0
         tallies.add(row["device"], row["family"], row["started_at"], row["executions"] if first_attempt else 0,
-                    int(first_attempt and not row["passed"]), row["duration_s"])
+                    int(first_attempt and not row["passed"]), row["duration_s"],
+                    case=row["case_id"] if first_attempt and row["passed"] else None)
     grown = []
     for key, (r, n, secs, first, last) in passes.items():
         if key not in folded:
@@ -391,10 +392,10 @@ def _append(
         grown.append((n, secs, first, last, row_id))
         # the row's day is that of its first execution: it moves only if this batch started before the row did
         if day_of(first) >= day_of(was_start):
-            tallies.add(r.device, r.family, was_start, n, 0, secs)
+            tallies.add(r.device, r.family, was_start, n, 0, secs, case=r.case)
         else:
-            tallies.add(r.device, r.family, was_start, -was_n, 0, -was_secs)
-            tallies.add(r.device, r.family, first, was_n + n, 0, was_secs + secs)
+            tallies.add(r.device, r.family, was_start, -was_n, 0, -was_secs, case=r.case)
+            tallies.add(r.device, r.family, first, was_n + n, 0, was_secs + secs, case=r.case)
     tallies.write(conn)
     if grown:
         conn.executemany(
