@@ -98,7 +98,8 @@ def _assert_running_totals(path: Path, ledger: Ledger) -> None:
     recorded up to its day, and the totals are each key's latest running total, bit for bit."""
     with closing(sqlite3.connect(path)) as c:
         tallies = c.execute("SELECT device, case_id, day, executions, seconds FROM case_tallies").fetchall()
-        totals = {(d, k): (n, s) for d, k, _f, n, s in c.execute("SELECT * FROM case_totals")}
+        totals = {(d, k): (day, n, s) for d, k, day, n, s in c.execute(
+            "SELECT device, case_id, day, executions, seconds FROM case_totals")}
         horizon = c.execute("SELECT value FROM meta WHERE key = 'pruned_before'").fetchone()
     eve = None if horizon is None else int(float(horizon[0]) // DAY) - 1
     by_key: dict[tuple[str, str], list[tuple[int, int, float]]] = defaultdict(list)
@@ -108,7 +109,7 @@ def _assert_running_totals(path: Path, ledger: Ledger) -> None:
     recorded = _recorded(path, ledger)
     for key, days in by_key.items():
         days.sort()
-        assert days[-1][1:] == totals[key], (key, days, totals[key])
+        assert days[-1] == totals[key], (key, days, totals[key])
         if eve is not None:  # before the horizon's eve: one running total at most (a later change lands on the eve)
             assert sum(day < eve for day, _, _ in days) <= 1, (key, eve, days)
         mine = [r for r in recorded if (r[0], r[1]) == key]
@@ -236,7 +237,8 @@ def test_a_scan_running_across_the_horizon_changes_the_running_total_on_the_hori
                          finish="complete", finished_at=START + 3.6 * DAY)
     merge_stores(fleet, [node])
     with closing(sqlite3.connect(fleet)) as c:
-        days = c.execute("SELECT day, executions, seconds FROM case_tallies WHERE device = ?", (device,)).fetchall()
+        days = c.execute("SELECT day, executions, seconds FROM case_tallies WHERE device = ? ORDER BY day",
+                         (device,)).fetchall()
     assert days == [(20_001, 2, 1 / 4 + 1 / 8), (20_002, 3, 1 / 4 + 1 / 8 + 1 / 2)]  # day 1, and the eve
     _assert_running_totals(fleet, ledger)
     with Store.open(fleet) as s:
@@ -273,9 +275,10 @@ def test_an_older_store_gains_its_case_tallies_and_the_migration_can_run_again(t
         assert fleet_slowness(s, since=START + 0.5 * DAY, settings=SETTINGS) == verdicts
     _assert_running_totals(path, {})
     with closing(sqlite3.connect(path)) as c, c:  # once more over a schema-10 store: the same tallies
-        before = c.execute("SELECT * FROM case_tallies ORDER BY 1, 2, 3").fetchall()
+        before = [c.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall() for t in ("case_tallies", "case_totals")]
         MIGRATIONS[10](c)
-        assert c.execute("SELECT * FROM case_tallies ORDER BY 1, 2, 3").fetchall() == before
+        assert [c.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall()
+                for t in ("case_tallies", "case_totals")] == before
     _assert_running_totals(path, {})
 
 

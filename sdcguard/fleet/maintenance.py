@@ -28,14 +28,9 @@ already in the roll-ups.
 row's start), device and family: :class:`DayTallies` for a scan's batch (the store's write path), minus and plus
 one pass over the rows a merge replaces and writes, minus what a prune deletes.
 
-**Case tallies** (the slowness statistic's input). ``case_tallies`` holds, per device, case and UTC day on which
-something changed, the running totals (passing first executions, their device seconds) through that day, and
-``case_totals`` through the last day: the same writes collect signed changes per device, case and day into
-``temp.case_delta`` and :func:`_apply_case_deltas` folds them in (a row for each day changed, holding the total
-before it; every row from that day on gains the changes up to its day; the totals gain them all). A prune
-deletes none of it (pruned executions still count), and keeps of the days before the horizon only each key's
-latest running total (what a window starting at the horizon subtracts); a change a merge makes to a day before
-the horizon lands on the horizon's eve, where every window reads it alike.
+**Case tallies** (the slowness statistic's running totals per device, case and day, :mod:`.schema` version 10):
+the same writes collect signed changes in ``temp.case_delta``, :func:`_apply_case_deltas` folds them in. A prune
+deletes none, and keeps of the days before the horizon each key's latest; a later change there lands on the eve.
 """
 
 from __future__ import annotations
@@ -83,8 +78,7 @@ class DayTallies:
 
     def add(self, device: str, family: str, started_at: float, executions: int, failures: int, seconds: float,
             *, case: str | None = None) -> None:
-        """Rows that change by ``executions``, ``failures`` and ``seconds``; with ``case``, they are passing first
-        executions of that case (the case tallies too)."""
+        """Rows that change by these amounts; with ``case``, passing first executions of it (case tallies too)."""
         key = (device, family, day_of(started_at))
         d = self._delta.setdefault(key, [0, 0, 0.0])
         d[0] += executions
@@ -102,16 +96,15 @@ class DayTallies:
             self._delta.clear()
         if self._cases:
             _case_tables(conn)
-            conn.executemany("INSERT INTO temp.case_delta(device, case_id, day, family, executions, seconds) "
-                             "VALUES (?, ?, ?, ?, ?, ?)", [(*key, f, int(n), s) for key, (f, n, s) in self._cases.items()])
+            conn.executemany("INSERT INTO temp.case_delta(device, case_id, day, family, executions, seconds) VALUES "
+                             "(?, ?, ?, ?, ?, ?)", [(*k, f, int(n), s) for k, (f, n, s) in self._cases.items()])
             self._cases.clear()
             _apply_case_deltas(conn)
 
 
 def _tally_rows(conn: Any, scans: str, sign: int) -> None:
     """Add (``sign`` 1) or take away (-1) the tallies of every row of the main store's scans ``scans`` (a subquery
-    of scan ids), in one pass over those rows for the day tallies and one for the case tallies' changes
-    (``temp.case_delta``, folded in by :func:`_apply_case_deltas`)."""
+    of scan ids): one pass over those rows for the day tallies, one for the case tallies' ``temp.case_delta``."""
     conn.execute(_ADD_TALLIES.format(select=(
         f"SELECT r.device, r.family, CAST(r.started_at / {_DAY_S} AS INTEGER) AS d, "
         f"{sign} * TOTAL((r.attempt = 0) * r.executions), {sign} * TOTAL(r.attempt = 0 AND r.passed = 0), "
@@ -127,24 +120,25 @@ def _tally_rows(conn: Any, scans: str, sign: int) -> None:
 
 def _case_tables(conn: Any) -> None:
     """The temporary tables of the case tallies' changes (this connection's own)."""
-    conn.execute("CREATE TEMP TABLE IF NOT EXISTS case_delta(device TEXT, case_id TEXT, day INTEGER, family TEXT, "
-                 "executions INTEGER, seconds REAL)")
-    conn.execute("CREATE TEMP TABLE IF NOT EXISTS case_run(device TEXT, case_id TEXT, day INTEGER, family TEXT, "
-                 "executions INTEGER, seconds REAL, PRIMARY KEY (device, case_id, day)) WITHOUT ROWID")
+    sums = "family TEXT, executions INTEGER, seconds REAL"
+    conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS case_delta(device TEXT, case_id TEXT, day INTEGER, {sums})")
+    conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS case_run(device TEXT, case_id TEXT, day INTEGER, {sums}, "
+                 "PRIMARY KEY (device, case_id, day)) WITHOUT ROWID")
+    conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS case_keys(device TEXT, case_id TEXT, first INTEGER, last INTEGER, "
+                 f"{sums}, append INTEGER, PRIMARY KEY (device, case_id)) WITHOUT ROWID")
 
 
 def _apply_case_deltas(conn: Any) -> None:
-    """Fold ``temp.case_delta`` (signed changes per device, case and UTC day; rows of one key add up) into
-    ``case_tallies`` and ``case_totals``, then empty it. A change to a day before the retention horizon lands on
-    the horizon's eve (the tallies keep no earlier day apart: a window starting before the horizon counts from it).
-
-    ``temp.case_run`` holds each key's running sum of its changes by day; a row is made at each day changed,
-    holding the running total before the change (its predecessor's, else nothing); every row from a key's first
-    changed day on gains the running sum at its day; the totals gain the key's whole change (the running sum on
-    its last changed day, the very value its latest row gains, so the totals stay equal to it bit for bit)."""
+    """Fold ``temp.case_delta`` (signed changes per device, case and UTC day, clamped to the horizon's eve) into
+    ``case_tallies`` and ``case_totals``. ``case_run``: each key's running sum of its changes by day; ``case_keys``:
+    its first and last day changed, whole change, and whether it all comes after the key's latest day (today's
+    scans): then a row per day changed is the totals plus the running sum. Otherwise a row at each day changed
+    takes the total before it, and every row from the first changed day on gains the running sum at its day. The
+    totals gain the whole change, the same addition as the key's latest row: they stay equal to it bit for bit."""
     horizon = conn.execute("SELECT value FROM main.meta WHERE key = 'pruned_before'").fetchone()
     eve = -(2**62) if horizon is None else int(float(horizon[0]) // _DAY_S) - 1
-    conn.execute("DELETE FROM temp.case_run")
+    for table in ("case_run", "case_keys"):
+        conn.execute(f"DELETE FROM temp.{table}")
     conn.execute(
         "INSERT INTO temp.case_run(device, case_id, day, family, executions, seconds) "
         "SELECT device, case_id, day, family, SUM(n) OVER w, SUM(s) OVER w FROM ("
@@ -152,39 +146,46 @@ def _apply_case_deltas(conn: Any) -> None:
         "    TOTAL(seconds) AS s FROM temp.case_delta GROUP BY device, case_id, MAX(day, ?) HAVING n != 0 OR s != 0) "
         "WINDOW w AS (PARTITION BY device, case_id ORDER BY day)", (eve, eve))
     conn.execute("DELETE FROM temp.case_delta")
+    conn.execute(  # the last day's row per key (MAX's bare columns: family, the whole change), and its first day
+        "INSERT INTO temp.case_keys(device, case_id, family, first, last, executions, seconds, append) "
+        "SELECT device, case_id, family, first, last, executions, seconds, COALESCE((SELECT t.day "
+        "  FROM main.case_totals t WHERE t.device = k.device AND t.case_id = k.case_id) < first, 1) FROM ("
+        "  SELECT device, case_id, family, (SELECT MIN(x.day) FROM temp.case_run x WHERE x.device = r.device "
+        "    AND x.case_id = r.case_id) AS first, MAX(day) AS last, executions, seconds "
+        "  FROM temp.case_run r GROUP BY device, case_id) k")
+    keyed = "FROM temp.case_keys k JOIN temp.case_run r USING (device, case_id)"
     conn.execute(
-        "INSERT OR IGNORE INTO main.case_tallies(device, case_id, day, executions, seconds) "
-        "SELECT r.device, r.case_id, r.day, "
-        "  COALESCE((SELECT x.executions FROM main.case_tallies x WHERE x.device = r.device AND x.case_id = r.case_id "
-        "    AND x.day < r.day ORDER BY x.day DESC LIMIT 1), 0), "
-        "  COALESCE((SELECT x.seconds FROM main.case_tallies x WHERE x.device = r.device AND x.case_id = r.case_id "
-        "    AND x.day < r.day ORDER BY x.day DESC LIMIT 1), 0.0) "
-        "FROM temp.case_run r")
+        "INSERT INTO main.case_tallies(device, day, case_id, executions, seconds) SELECT r.device, r.day, r.case_id, "
+        f"COALESCE(t.executions, 0) + r.executions, COALESCE(t.seconds, 0.0) + r.seconds {keyed} "
+        "LEFT JOIN main.case_totals t USING (device, case_id) WHERE k.append")
+    floor = ("COALESCE((SELECT x.{0} FROM main.case_tallies x WHERE x.device = r.device AND x.case_id = r.case_id "
+             "AND x.day < r.day ORDER BY x.day DESC LIMIT 1), 0)")
+    conn.execute("INSERT OR IGNORE INTO main.case_tallies(device, day, case_id, executions, seconds) SELECT "
+                 f"r.device, r.day, r.case_id, {floor.format('executions')}, {floor.format('seconds')} {keyed} "
+                 "WHERE NOT k.append")
     run = ("(SELECT r.{0} FROM temp.case_run r WHERE r.device = case_tallies.device AND r.case_id = "
            "case_tallies.case_id AND r.day <= case_tallies.day ORDER BY r.day DESC LIMIT 1)")
     conn.execute(
-        f"UPDATE main.case_tallies SET executions = executions + {run.format('executions')}, "
-        f"seconds = seconds + {run.format('seconds')} "
-        "WHERE (device, case_id, day) IN (SELECT x.device, x.case_id, x.day FROM "
-        "  (SELECT device, case_id, MIN(day) AS day FROM temp.case_run GROUP BY device, case_id) f "
-        "  JOIN main.case_tallies x ON x.device = f.device AND x.case_id = f.case_id AND x.day >= f.day)")
+        f"UPDATE main.case_tallies SET executions = executions + {run.format('executions')}, seconds = seconds + "
+        f"{run.format('seconds')} WHERE (device, day, case_id) IN (SELECT x.device, x.day, x.case_id FROM "
+        "  temp.case_keys k JOIN main.case_tallies x ON x.device = k.device AND x.day >= k.first "
+        "  AND x.case_id = k.case_id WHERE NOT k.append)")
     conn.execute(
-        "INSERT INTO main.case_totals(device, case_id, family, executions, seconds) "
-        "SELECT device, case_id, family, executions, seconds FROM temp.case_run r "
-        "WHERE r.day = (SELECT MAX(x.day) FROM temp.case_run x WHERE x.device = r.device AND x.case_id = r.case_id) "
-        "ON CONFLICT(device, case_id) DO UPDATE SET executions = executions + excluded.executions, "
-        "seconds = seconds + excluded.seconds")
+        "INSERT INTO main.case_totals(device, case_id, family, day, executions, seconds) SELECT device, case_id, "
+        "family, last, executions, seconds FROM temp.case_keys WHERE true ON CONFLICT(device, case_id) DO UPDATE SET "
+        "executions = executions + excluded.executions, seconds = seconds + excluded.seconds, "
+        "day = MAX(day, excluded.day)")
 
 
 def _thin_case_tallies(conn: Any, horizon: float) -> int:
-    """Delete every case tally before the horizon's eve but each key's latest (the running total a window that
-    starts at the horizon subtracts); returns how many rows went."""
+    """Delete every case tally up to the horizon's eve but each key's latest (what a window that starts at the
+    horizon subtracts), reading only those days, device by device; returns how many rows went."""
     eve = int(horizon // _DAY_S) - 1
     return int(conn.execute(
-        "DELETE FROM main.case_tallies WHERE (device, case_id, day) IN (SELECT x.device, x.case_id, x.day "
-        "FROM main.case_totals t JOIN main.case_tallies x ON x.device = t.device AND x.case_id = t.case_id "
-        "AND x.day < (SELECT MAX(m.day) FROM main.case_tallies m WHERE m.device = t.device "
-        "AND m.case_id = t.case_id AND m.day <= ?))", (eve,)).rowcount)
+        "DELETE FROM main.case_tallies WHERE (device, day, case_id) IN (SELECT device, day, case_id FROM ("
+        "  SELECT x.device, x.day, x.case_id, ROW_NUMBER() OVER (PARTITION BY x.device, x.case_id "
+        "    ORDER BY x.day DESC) AS later FROM (SELECT DISTINCT device FROM main.case_totals) d "
+        "  JOIN main.case_tallies x ON x.device = d.device AND x.day <= ?) WHERE later > 1)", (eve,)).rowcount)
 
 
 class StoreMaintenance(StoreBase):
@@ -222,8 +223,7 @@ class StoreMaintenance(StoreBase):
         """Roll every finished scan that started before ``before`` (rounded down to a UTC midnight) into the
         daily roll-ups and delete its rows; returns what was done. Scans still ``running`` are left alone;
         ``interrupted`` ones are final by then and go like the others (their executions count, as everywhere).
-        The case tallies keep counting the rows deleted; of their days before the horizon only each device and
-        case's latest running total stays (:func:`_thin_case_tallies`)."""
+        The case tallies still count the rows deleted (:func:`_thin_case_tallies`)."""
         horizon = math.floor(before / _DAY_S) * _DAY_S
         days = [int(r[0]) for r in self._rows(
             f"SELECT DISTINCT CAST(started_at / {_DAY_S} AS INTEGER) FROM scans WHERE started_at < ? "

@@ -400,48 +400,50 @@ def _v9(conn: sqlite3.Connection) -> None:
 # Version 10: the slowness statistic's inputs as tallies, so a window reads two rows per device and case whatever its
 # length. ``case_tallies`` holds, per device, golden case and UTC day (of a row's ``started_at``) on which something
 # changed, the *running totals* of passing first executions and their device seconds through the end of that
-# day; ``case_totals`` the same through the last day (and the case's family). With daily scans a per-day amount
-# is as many rows as ``results`` holds (one per scan and case); a running total makes any window "the totals less
-# the running total on the eve of its first whole day". Kept in the same transactions as the rows (a scan's
-# batch, a merge); a prune deletes no tally (the executions it removes still count in the totals) and keeps of
-# the days before the horizon only each device and case's latest running total, the one a window that starts at
-# the horizon subtracts. Computed here from the rows held (what an older store pruned before has no case for);
-# ``case_totals`` takes each key's latest running total (the bare columns of the row MAX(day) picks).
-# ``results_time`` gains ``case_id``, ``passed`` and ``attempt``: the partial first day of a window reads its
-# passing first executions per case from the index alone.
+# day; ``case_totals`` the same through the key's last such day (``day``), and the case's family. With daily scans
+# a per-day amount is as many rows as ``results`` holds (one per scan and case); a running total makes any window
+# "the totals less the running total on the eve of its first whole day". The tallies' key leads with the device,
+# then the day: a window's eve rows of one device lie together (a report's lookups touch a page per device, not
+# one per device and case). Kept in the same transactions as the rows (a scan's batch, a merge); a prune deletes
+# no tally (the executions it removes still count in the totals) and keeps of the days before the horizon only
+# each device and case's latest running total, the one a window that starts at the horizon subtracts. Computed
+# here from the rows held (what an older store pruned before has no case for). ``results_time`` gains
+# ``case_id``, ``passed`` and ``attempt``: the partial first day of a window reads its passing first executions
+# per case from the index alone.
 _V10 = """
 CREATE TABLE IF NOT EXISTS case_tallies (
     device TEXT NOT NULL,
-    case_id TEXT NOT NULL,
     day INTEGER NOT NULL,
+    case_id TEXT NOT NULL,
     executions INTEGER NOT NULL,
     seconds REAL NOT NULL,
-    PRIMARY KEY (device, case_id, day)
+    PRIMARY KEY (device, day, case_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS case_totals (
     device TEXT NOT NULL,
     case_id TEXT NOT NULL,
     family TEXT NOT NULL,
+    day INTEGER NOT NULL,
     executions INTEGER NOT NULL,
     seconds REAL NOT NULL,
     PRIMARY KEY (device, case_id)
 ) WITHOUT ROWID;
 DELETE FROM case_tallies;
 DELETE FROM case_totals;
-DROP TABLE IF EXISTS temp._case_days;
-CREATE TEMP TABLE _case_days (device TEXT, case_id TEXT, day INTEGER, family TEXT, n INTEGER, s REAL,
+DROP TABLE IF EXISTS temp._case_run;
+CREATE TEMP TABLE _case_run (device TEXT, case_id TEXT, day INTEGER, family TEXT, n INTEGER, s REAL,
     PRIMARY KEY (device, case_id, day)) WITHOUT ROWID;
-INSERT INTO temp._case_days(device, case_id, day, family, n, s)
-    SELECT device, case_id, CAST(started_at / 86400.0 AS INTEGER) AS d, MIN(family), SUM(executions),
-      TOTAL(duration_s) FROM results WHERE passed = 1 AND attempt = 0 GROUP BY device, case_id, d;
-INSERT INTO case_tallies(device, case_id, day, executions, seconds)
-    SELECT device, case_id, day, SUM(n) OVER w, SUM(s) OVER w FROM temp._case_days
-    WINDOW w AS (PARTITION BY device, case_id ORDER BY day);
-INSERT INTO case_totals(device, case_id, family, executions, seconds)
-    SELECT t.device, t.case_id, (SELECT MIN(c.family) FROM temp._case_days c WHERE c.device = t.device
-        AND c.case_id = t.case_id), t.executions, t.seconds
-    FROM (SELECT device, case_id, MAX(day), executions, seconds FROM case_tallies GROUP BY device, case_id) t;
-DROP TABLE temp._case_days;
+INSERT INTO temp._case_run(device, case_id, day, family, n, s)
+    SELECT device, case_id, day, MIN(family) OVER k, SUM(n) OVER w, SUM(s) OVER w FROM (
+      SELECT device, case_id, CAST(started_at / 86400.0 AS INTEGER) AS day, MIN(family) AS family,
+        SUM(executions) AS n, TOTAL(duration_s) AS s
+      FROM results WHERE passed = 1 AND attempt = 0 GROUP BY device, case_id, day)
+    WINDOW w AS (PARTITION BY device, case_id ORDER BY day), k AS (PARTITION BY device, case_id);
+INSERT INTO case_tallies(device, day, case_id, executions, seconds)
+    SELECT device, day, case_id, n, s FROM temp._case_run ORDER BY device, day, case_id;
+INSERT INTO case_totals(device, case_id, family, day, executions, seconds)
+    SELECT device, case_id, family, MAX(day), n, s FROM temp._case_run GROUP BY device, case_id;
+DROP TABLE temp._case_run;
 DROP INDEX IF EXISTS results_time;
 CREATE INDEX results_time ON results(started_at, device, family, executions, duration_s, case_id, passed, attempt)
 """
