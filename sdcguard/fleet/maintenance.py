@@ -168,7 +168,7 @@ def _apply_case_deltas(conn: Any) -> None:
     conn.execute(
         f"UPDATE main.case_tallies SET executions = executions + {run.format('executions')}, seconds = seconds + "
         f"{run.format('seconds')} WHERE (device, day, case_id) IN (SELECT x.device, x.day, x.case_id FROM "
-        "  temp.case_keys k JOIN main.case_tallies x ON x.device = k.device AND x.day >= k.first "
+        "  temp.case_keys k CROSS JOIN main.case_tallies x ON x.device = k.device AND x.day >= k.first "
         "  AND x.case_id = k.case_id WHERE NOT k.append)")
     conn.execute(
         "INSERT INTO main.case_totals(device, case_id, family, day, executions, seconds) SELECT device, case_id, "
