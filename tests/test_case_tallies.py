@@ -98,8 +98,8 @@ def _assert_running_totals(path: Path, ledger: Ledger) -> None:
     recorded up to its day, and the totals are each key's latest running total, bit for bit."""
     with closing(sqlite3.connect(path)) as c:
         tallies = c.execute("SELECT device, case_id, day, executions, seconds FROM case_tallies").fetchall()
-        totals = {(d, k): (day, n, s) for d, k, day, n, s in c.execute(
-            "SELECT device, case_id, day, executions, seconds FROM case_totals")}
+        totals = {(d, k): (first, day, n, s) for d, k, first, day, n, s in c.execute(
+            "SELECT device, case_id, first, day, executions, seconds FROM case_totals")}
         horizon = c.execute("SELECT value FROM meta WHERE key = 'pruned_before'").fetchone()
     eve = None if horizon is None else int(float(horizon[0]) // DAY) - 1
     by_key: dict[tuple[str, str], list[tuple[int, int, float]]] = defaultdict(list)
@@ -109,9 +109,9 @@ def _assert_running_totals(path: Path, ledger: Ledger) -> None:
     recorded = _recorded(path, ledger)
     for key, days in by_key.items():
         days.sort()
-        assert days[-1] == totals[key], (key, days, totals[key])
-        if eve is not None:  # before the horizon's eve: one running total at most (a later change lands on the eve)
-            assert sum(day < eve for day, _, _ in days) <= 1, (key, eve, days)
+        assert (days[0][0], *days[-1]) == totals[key], (key, days, totals[key])  # first day, latest day and sums
+        if eve is not None:  # before the horizon's eve: nothing (the latest moved to the eve, later changes too)
+            assert all(day >= eve for day, _, _ in days), (key, eve, days)
         mine = [r for r in recorded if (r[0], r[1]) == key]
         for day in {eve or days[0][0], *(d for d, _, _ in days)}:
             if eve is not None and day < eve:
@@ -239,7 +239,7 @@ def test_a_scan_running_across_the_horizon_changes_the_running_total_on_the_hori
     with closing(sqlite3.connect(fleet)) as c:
         days = c.execute("SELECT day, executions, seconds FROM case_tallies WHERE device = ? ORDER BY day",
                          (device,)).fetchall()
-    assert days == [(20_001, 2, 1 / 4 + 1 / 8), (20_002, 3, 1 / 4 + 1 / 8 + 1 / 2)]  # day 1, and the eve
+    assert days == [(20_002, 3, 1 / 4 + 1 / 8 + 1 / 2)]  # day 1's running total moved to the eve, and the change
     _assert_running_totals(fleet, ledger)
     with Store.open(fleet) as s:
         assert _got_window(s.case_times(since=None))[(device, "c0")] == (3, 7 / 8)

@@ -118,8 +118,7 @@ def _tally_rows(conn: Any, scans: str, sign: int) -> None:
         "AND r.passed = 1 AND r.attempt = 0 GROUP BY r.device, r.case_id, d")
 
 
-def _case_tables(conn: Any) -> None:
-    """The temporary tables of the case tallies' changes (this connection's own)."""
+def _case_tables(conn: Any) -> None:  # the temporary tables of the case tallies' changes (this connection's)
     sums = "family TEXT, executions INTEGER, seconds REAL"
     conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS case_delta(device TEXT, case_id TEXT, day INTEGER, {sums})")
     conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS case_run(device TEXT, case_id TEXT, day INTEGER, {sums}, "
@@ -171,21 +170,22 @@ def _apply_case_deltas(conn: Any) -> None:
         "  temp.case_keys k CROSS JOIN main.case_tallies x ON x.device = k.device AND x.day >= k.first "
         "  AND x.case_id = k.case_id WHERE NOT k.append)")
     conn.execute(
-        "INSERT INTO main.case_totals(device, case_id, family, day, executions, seconds) SELECT device, case_id, "
-        "family, last, executions, seconds FROM temp.case_keys WHERE true ON CONFLICT(device, case_id) DO UPDATE SET "
-        "executions = executions + excluded.executions, seconds = seconds + excluded.seconds, "
-        "day = MAX(day, excluded.day)")
+        "INSERT INTO main.case_totals(device, case_id, family, first, day, executions, seconds) SELECT device, "
+        "case_id, family, first, last, executions, seconds FROM temp.case_keys WHERE true ON CONFLICT(device, case_id) "
+        "DO UPDATE SET executions = executions + excluded.executions, seconds = seconds + excluded.seconds, "
+        "first = MIN(first, excluded.first), day = MAX(day, excluded.day)")
 
 
-def _thin_case_tallies(conn: Any, horizon: float) -> int:
-    """Delete every case tally up to the horizon's eve but each key's latest (what a window that starts at the
-    horizon subtracts), reading only those days, device by device; returns how many rows went."""
-    eve = int(horizon // _DAY_S) - 1
-    return int(conn.execute(
-        "DELETE FROM main.case_tallies WHERE (device, day, case_id) IN (SELECT device, day, case_id FROM ("
-        "  SELECT x.device, x.day, x.case_id, ROW_NUMBER() OVER (PARTITION BY x.device, x.case_id "
-        "    ORDER BY x.day DESC) AS later FROM (SELECT DISTINCT device FROM main.case_totals) d "
-        "  JOIN main.case_tallies x ON x.device = d.device AND x.day <= ?) WHERE later > 1)", (eve,)).rowcount)
+def _thin_case_tallies(conn: Any, horizon: float) -> None:
+    """Of the case tallies up to the horizon's eve keep each key's latest, moved to the eve (nothing changed in
+    between), reading only those days, device by device."""
+    eve, devices = int(horizon // _DAY_S) - 1, "device IN (SELECT DISTINCT device FROM main.case_totals)"
+    conn.execute("INSERT OR REPLACE INTO main.case_tallies(device, day, case_id, executions, seconds) SELECT device, "
+                 "?, case_id, executions, seconds FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY device, case_id "
+                 f"ORDER BY day DESC) AS k FROM main.case_tallies WHERE {devices} AND day <= ?) "
+                 "WHERE k = 1 AND day < ?", (eve, eve, eve))
+    conn.execute(f"DELETE FROM main.case_tallies WHERE {devices} AND day < ?", (eve,))
+    conn.execute("UPDATE main.case_totals SET first = ?, day = MAX(day, ?) WHERE first < ?", (eve, eve, eve))
 
 
 class StoreMaintenance(StoreBase):

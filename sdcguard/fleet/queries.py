@@ -243,8 +243,10 @@ class StoreQueries(StoreBase):
                 params.update(day=day - 1, lo=(day - 1) * DAY_S, hi=start, sign=-1)
             elif not after:
                 params["lo"] = params["hi"]
-        floor = ("COALESCE(f.{0}, (SELECT x.{0} FROM case_tallies x WHERE x.device = t.device AND x.case_id = "
-                 "t.case_id AND x.day < :day ORDER BY x.day DESC LIMIT 1), 0)")
+        # a key's running total on the eve: none when its first tally is later, else that day's row, else (a key
+        # not changed that day) its latest before
+        floor = ("CASE WHEN t.first >= :day THEN 0 ELSE COALESCE(f.{0}, (SELECT x.{0} FROM case_tallies x WHERE "
+                 "x.device = t.device AND x.case_id = t.case_id AND x.day < :day ORDER BY x.day DESC LIMIT 1), 0) END")
         part, join = "", ""
         if params["lo"] < params["hi"]:  # the partial day's rows, added (sign 1) or taken away (-1)
             part = (" LEFT JOIN (SELECT device, case_id, TOTAL(executions) AS n, TOTAL(duration_s) AS s FROM results "
@@ -252,12 +254,14 @@ class StoreQueries(StoreBase):
                     f"attempt = 0{_in(devices)[0].replace('?', ':devices')} GROUP BY device, case_id) p "
                     "ON p.device = t.device AND p.case_id = t.case_id")
             join = " + :sign * COALESCE(p.{0}, 0)"
-        rows = self._rows(
-            "SELECT * FROM (SELECT t.device, t.case_id, t.family, "
-            f"CAST(t.executions - {floor.format('executions')}{join.format('n')} AS INTEGER) AS n, "
+        rows = self._rows(  # keys changed on the eve or later (those changed before have nothing in the window)
+            "SELECT t.device, t.case_id, t.family, "
+            f"CAST(t.executions - {floor.format('executions')}{join.format('n')} AS INTEGER), "
             f"t.seconds - {floor.format('seconds')}{join.format('s')} FROM case_totals t "
-            f"LEFT JOIN case_tallies f ON f.device = t.device AND f.case_id = t.case_id AND f.day = :day - 1{part} "
-            f"WHERE 1{scope.replace('?', ':devices')}) WHERE n > 0", params)
+            f"LEFT JOIN case_tallies f ON f.device = t.device AND f.day = :day - 1 AND f.case_id = t.case_id{part} "
+            f"WHERE t.day >= :day - 1{scope.replace('?', ':devices')}", params)
+        if any(r[3] <= 0 for r in rows):
+            rows = [r for r in rows if r[3] > 0]
         return CaseTimes.from_rows(rows, scan=0)
 
     def case_timings(self, *, since: float | None, devices: Sequence[str]) -> list[CaseTiming]:

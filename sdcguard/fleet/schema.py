@@ -400,7 +400,8 @@ def _v9(conn: sqlite3.Connection) -> None:
 # Version 10: the slowness statistic's inputs as tallies, so a window reads two rows per device and case whatever its
 # length. ``case_tallies`` holds, per device, golden case and UTC day (of a row's ``started_at``) on which something
 # changed, the *running totals* of passing first executions and their device seconds through the end of that
-# day; ``case_totals`` the same through the key's last such day (``day``), and the case's family. With daily scans
+# day; ``case_totals`` the same through the key's last such day (``day``), its first (``first``), and the case's
+# family. With daily scans
 # a per-day amount is as many rows as ``results`` holds (one per scan and case); a running total makes any window
 # "the totals less the running total on the eve of its first whole day". The tallies' key leads with the device,
 # then the day: a window's eve rows of one device lie together (a report's lookups touch a page per device, not
@@ -423,6 +424,7 @@ CREATE TABLE IF NOT EXISTS case_totals (
     device TEXT NOT NULL,
     case_id TEXT NOT NULL,
     family TEXT NOT NULL,
+    first INTEGER NOT NULL,
     day INTEGER NOT NULL,
     executions INTEGER NOT NULL,
     seconds REAL NOT NULL,
@@ -441,8 +443,9 @@ INSERT INTO temp._case_run(device, case_id, day, family, n, s)
     WINDOW w AS (PARTITION BY device, case_id ORDER BY day), k AS (PARTITION BY device, case_id);
 INSERT INTO case_tallies(device, day, case_id, executions, seconds)
     SELECT device, day, case_id, n, s FROM temp._case_run ORDER BY device, day, case_id;
-INSERT INTO case_totals(device, case_id, family, day, executions, seconds)
-    SELECT device, case_id, family, MAX(day), n, s FROM temp._case_run GROUP BY device, case_id;
+INSERT INTO case_totals(device, case_id, family, first, day, executions, seconds)
+    SELECT device, case_id, family, (SELECT MIN(x.day) FROM temp._case_run x WHERE x.device = r.device
+      AND x.case_id = r.case_id), MAX(day), n, s FROM temp._case_run r GROUP BY device, case_id;
 DROP TABLE temp._case_run;
 DROP INDEX IF EXISTS results_time;
 CREATE INDEX results_time ON results(started_at, device, family, executions, duration_s, case_id, passed, attempt)
