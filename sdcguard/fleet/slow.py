@@ -6,7 +6,8 @@ case, how many passing executions there were and their summed time. The scanner 
 thread's CPU time on a pinned core, kernel time on a GPU), not wall time, so preemption on a loaded host is not
 slowness.
 
-The rule, a pure function of :class:`~.rows.CaseTiming` records (:func:`judge_slow`):
+The rule, a pure function of :class:`~.rows.CaseTiming` records or their columns (:class:`~.rows.CaseTimes`;
+:func:`judge_slow`):
 
 - a device's time for a case is its mean seconds per passing first execution over the window; cases with fewer
   than ``min_executions`` executions on the device are left out;
