@@ -18,9 +18,11 @@ millions of rows.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any, Literal
 
 from ..records import CaseResult, DeviceInfo, Incident
@@ -234,32 +236,34 @@ class StoreQueries(StoreBase):
         start = since if horizon is None or since >= horizon else horizon
         day = math.ceil(start / DAY_S)
         params = {"day": day, "devices": sp[0] if sp else None, "lo": start, "hi": day * DAY_S, "sign": 1}
-        if day * DAY_S > start:
-            count = ("SELECT COUNT(*) FROM results INDEXED BY results_time WHERE started_at >= ? AND "
-                     "started_at < ?")
-            after = self._one(count, (start, day * DAY_S))
-            before = self._one(count, ((day - 1) * DAY_S, start))
+        if day * DAY_S > start:  # the day's rows before the start, or after it: whichever are fewer
+            count = ("SELECT COUNT(*) FROM (SELECT 1 FROM results INDEXED BY results_time WHERE started_at >= ? AND "
+                     "started_at < ? LIMIT ?)")
+            after, before = (self._one(count, (lo, hi, 1000)) for lo, hi in ((start, day * DAY_S),
+                                                                             ((day - 1) * DAY_S, start)))
+            if after == before == 1000:
+                after, before = (self._one(count, (lo, hi, -1)) for lo, hi in ((start, day * DAY_S),
+                                                                                ((day - 1) * DAY_S, start)))
             if before < after:
                 params.update(day=day - 1, lo=(day - 1) * DAY_S, hi=start, sign=-1)
-            elif not after:
-                params["lo"] = params["hi"]
         # a key's running total on the eve: none when its first tally is later, else that day's row, else (a key
         # not changed that day) its latest before
         floor = ("CASE WHEN t.first >= :day THEN 0 ELSE COALESCE(f.{0}, (SELECT x.{0} FROM case_tallies x WHERE "
                  "x.device = t.device AND x.case_id = t.case_id AND x.day < :day ORDER BY x.day DESC LIMIT 1), 0) END")
-        part, join = "", ""
-        if params["lo"] < params["hi"]:  # the partial day's rows, added (sign 1) or taken away (-1)
-            part = (" LEFT JOIN (SELECT device, case_id, TOTAL(executions) AS n, TOTAL(duration_s) AS s FROM results "
-                    "INDEXED BY results_time WHERE started_at >= :lo AND started_at < :hi AND passed = 1 AND "
-                    f"attempt = 0{_in(devices)[0].replace('?', ':devices')} GROUP BY device, case_id) p "
-                    "ON p.device = t.device AND p.case_id = t.case_id")
-            join = " + :sign * COALESCE(p.{0}, 0)"
         rows = self._rows(  # keys changed on the eve or later (those changed before have nothing in the window)
-            "SELECT t.device, t.case_id, t.family, "
-            f"CAST(t.executions - {floor.format('executions')}{join.format('n')} AS INTEGER), "
-            f"t.seconds - {floor.format('seconds')}{join.format('s')} FROM case_totals t "
-            f"LEFT JOIN case_tallies f ON f.device = t.device AND f.day = :day - 1 AND f.case_id = t.case_id{part} "
-            f"WHERE t.day >= :day - 1{scope.replace('?', ':devices')}", params)
+            f"SELECT t.device, t.case_id, t.family, t.executions - {floor.format('executions')}, "
+            f"t.seconds - {floor.format('seconds')} FROM case_totals t LEFT JOIN case_tallies f ON f.device = t.device "
+            f"AND f.day = :day - 1 AND f.case_id = t.case_id WHERE t.day >= :day - 1{scope.replace('?', ':devices')} "
+            "ORDER BY t.device, t.case_id", params)
+        if params["lo"] < params["hi"]:  # the partial day's rows, added (sign 1) or taken away (-1), key by key
+            part, pp = _in(devices)
+            for d, c, n, secs in self._rows(
+                    "SELECT device, case_id, TOTAL(executions), TOTAL(duration_s) FROM results INDEXED BY results_time "
+                    f"WHERE started_at >= ? AND started_at < ? AND passed = 1 AND attempt = 0{part} "
+                    "GROUP BY device, case_id", [params["lo"], params["hi"], *pp]):
+                i = bisect.bisect_left(rows, (d, c), key=itemgetter(0, 1))  # every such key has a row: a tally that day
+                r = rows[i]
+                rows[i] = (d, c, r[2], r[3] + params["sign"] * int(n), r[4] + params["sign"] * secs)
         if any(r[3] <= 0 for r in rows):
             rows = [r for r in rows if r[3] > 0]
         return CaseTimes.from_rows(rows, scan=0)
