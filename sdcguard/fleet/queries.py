@@ -13,7 +13,8 @@ Counts over whole UTC days come from tallies, never from rows: ``day_tallies`` f
 (kept exact as rows are written, merged and pruned: :mod:`.maintenance`), the roll-ups for pruned days. Rows
 are read only for the partial first day of a window, over the time-led covering index ``results_time``;
 failures and retests are rare and come from partial indexes, so no per-row expression is evaluated over
-millions of rows.
+millions of rows. The slowness statistic's times per device and case come the same way from the case tallies
+(running totals: two rows per device and case whatever the window, :meth:`StoreQueries.case_times`).
 """
 
 from __future__ import annotations
