@@ -26,6 +26,7 @@ from sdcguard.fleet.store import Store
 from sdcguard.records import CaseResult, DeviceInfo, Incident
 
 from tests._fleet import NOW
+from tests._slow_reference import reference_judge_slow
 
 CASES = [(f"c{i}", ("gemm", "alu", "ieee")[i % 3], 0.001 * (1 + i)) for i in range(12)]
 """(case, family, base seconds per execution)."""
@@ -266,7 +267,6 @@ def test_the_array_rule_gives_the_verdicts_of_the_rule_device_by_device(
     groups = {f"d{d}": f"g{group_of[d]}" for d in range(10) if d != 9}  # d9: a group of its own
     s = SlowSettings(min_executions=min_executions, min_cases=min_cases, min_peers=min_peers, spread_z=1.0,
                      confidence=0.8)
-    from tests._slow_reference import reference_judge_slow
 
     if separate_history:  # means from records without scans, history from the per-scan ones (the store's way)
         per_device = [CaseTiming(device=t.device, case=t.case, family=t.family, scan=0, executions=t.executions,
