@@ -46,6 +46,7 @@ def test_day_tallies_follow_every_write(tmp_path_factory: pytest.TempPathFactory
     nodes = [d / "n0.db", d / "n1.db"]
     fleet, whole = d / "fleet.db", d / "whole.db"  # the whole fleet is merged, never pruned
     clock = START
+    skipped = 0  # input scans the fleet's merge skipped: older than its horizon, never merged before it pruned
     for kind, n, dev, batches, finish in ops:
         clock += 0.4 * DAY
         if kind == "scan":
@@ -61,7 +62,7 @@ def test_day_tallies_follow_every_write(tmp_path_factory: pytest.TempPathFactory
         elif kind == "merge":
             existing = [p for p in nodes if p.exists()]
             if existing:
-                merge_stores(fleet, existing)
+                skipped += sum(m.skipped_scans for m in merge_stores(fleet, existing))
                 merge_stores(whole, existing)
         elif kind == "prune" and fleet.exists():
             with Store.open(fleet) as s:
@@ -74,7 +75,7 @@ def test_day_tallies_follow_every_write(tmp_path_factory: pytest.TempPathFactory
         with Store.open(whole, create=False) as s:
             got = {t.device: (t.executions, t.failures) for t in s.tallies(since=since, by="device")}
         assert got == _window_from_rows(whole, since)
-    if fleet.exists() and whole.exists():
+    if fleet.exists() and whole.exists() and not skipped:
         with Store.open(fleet, create=False) as f, Store.open(whole, create=False) as w:
             assert f.tallies(by="device_family") == w.tallies(by="device_family")  # all time: rows + roll-ups
 

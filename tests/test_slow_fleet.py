@@ -20,11 +20,12 @@ from sdcguard.fleet.html import build_html
 from sdcguard.fleet.policy import QuarantinePolicy, apply_policy
 from sdcguard.fleet.prometheus import render_textfile
 from sdcguard.fleet.report import build_report, report_csv_rows
-from sdcguard.fleet.rows import CaseTiming
+from sdcguard.fleet.rows import CaseTimes, CaseTiming
 from sdcguard.fleet.slow import SlowSettings, fleet_slowness, judge_slow, median_lower_bound
 from sdcguard.fleet.store import Store
 from sdcguard.records import CaseResult, DeviceInfo, Incident
 from tests._fleet import NOW
+from tests._slow_reference import reference_judge_slow
 
 CASES = [(f"c{i}", ("gemm", "alu", "ieee")[i % 3], 0.001 * (1 + i)) for i in range(12)]
 """(case, family, base seconds per execution)."""
@@ -246,3 +247,32 @@ def test_the_report_flags_at_the_config_files_slow_threshold(tmp_path: Path) -> 
     config.write_text("[policy]\nslow_threshold = -1\n")
     r = CliRunner().invoke(cli, ["--db", str(db), "report", "--config", str(config)])
     assert r.exit_code == 2 and "slow_threshold" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+_record = st.tuples(st.integers(0, 9), st.integers(0, 11), st.integers(1, 3), st.integers(0, 6),
+                    st.floats(0.9, 1.1))
+"""(device, case, scan, executions, jitter): an execution takes the case's base time x the device's speed x jitter."""
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_record, max_size=300), st.lists(st.integers(0, 3), min_size=10, max_size=10),
+       st.lists(st.floats(0.5, 3.0), min_size=10, max_size=10), st.integers(1, 4), st.integers(1, 4),
+       st.integers(1, 3), st.booleans())
+def test_the_array_rule_gives_the_verdicts_of_the_rule_device_by_device(
+        records, group_of, speed, min_executions, min_cases, min_peers, separate_history) -> None:
+    # the statistic computed with arrays (a fleet's bulk) equals the reference, record for record, bit for bit
+    timings = [CaseTiming(device=f"d{d}", case=f"c{c}", family=("gemm", "alu", "ieee")[c % 3], scan=sc,
+                          executions=n, seconds=n * CASES[c][2] * speed[d] * j) for d, c, sc, n, j in records]
+    groups = {f"d{d}": f"g{group_of[d]}" for d in range(10) if d != 9}  # d9: a group of its own
+    s = SlowSettings(min_executions=min_executions, min_cases=min_cases, min_peers=min_peers, spread_z=1.0,
+                     confidence=0.8)
+
+    if separate_history:  # means from records without scans, history from the per-scan ones (the store's way)
+        per_device = [CaseTiming(device=t.device, case=t.case, family=t.family, scan=0, executions=t.executions,
+                                 seconds=t.seconds) for t in timings]
+        got = judge_slow(CaseTimes.from_records(per_device), groups, s, history=timings)
+        reference = reference_judge_slow(timings, groups, s)
+        # the reference reads means from the per-scan records: the same sums in the same order
+        assert got == reference
+    else:
+        assert judge_slow(timings, groups, s) == reference_judge_slow(timings, groups, s)

@@ -227,3 +227,12 @@ def test_unreadable_file_is_refused(tmp_path: Path) -> None:
     p.chmod(0)
     with pytest.raises(StoreError, match="permission denied"):
         Store.open(p)
+
+
+def test_a_result_row_names_every_column_of_the_insert() -> None:
+    # rows are bound by column name: a column added to the table or reordered cannot shift the others
+    from sdcguard.fleet import store as store_module
+
+    row = store_module._result_row(1, 0, result("sim:0"))
+    assert set(row) == set(store_module._RESULT_COLUMNS)
+    assert all(f":{c}" in store_module._INSERT_RESULT for c in store_module._RESULT_COLUMNS)

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import csv
+import os
 import sys
 import time
 from pathlib import Path
 
 import click
 
-from fleet_scan.config import config_option, load_config, load_policy
+# The report does no linear algebra, but importing numpy starts an OpenBLAS thread pool whose threads take CPU from
+# the report on a busy machine: 0.1 s of the 1.5 s CLI report of 10,000 devices (measured, benchmarks/report_scale.py).
+# Set before numpy is first imported (by the fleet modules below); an explicit setting wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from ..durations import DEFAULT_WINDOW, iso_utc, since_timestamp
-from ..fleet.report import build_report, report_csv_rows, report_json
-from .common import device_id, fmt_float, format_option, open_store, print_table, status_text
+from fleet_scan.config import config_option, load_config, load_policy  # noqa: E402
+
+from ..durations import DEFAULT_WINDOW, iso_utc, since_timestamp  # noqa: E402
+from ..fleet.report import build_report, report_csv_rows, report_json  # noqa: E402
+from .common import device_id, fmt_float, format_option, open_store, print_table, status_text  # noqa: E402
 
 
 def _slow_text(row: dict[str, object]) -> str:

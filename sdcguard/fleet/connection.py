@@ -15,7 +15,7 @@ import os
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self
@@ -285,7 +285,7 @@ class StoreBase:
                 self._conn.execute("ROLLBACK")
             raise
 
-    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def _rows(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[tuple[Any, ...]]:
         try:
             return self._conn.execute(sql, params).fetchall()
         except sqlite3.OperationalError as e:

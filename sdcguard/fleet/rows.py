@@ -6,13 +6,15 @@ Every module that reads the fleet store (rates, policy, report, plot, merge) get
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from operator import itemgetter
+from typing import Any, Literal
 
 __all__ = [
     "DeviceStatus", "device_status", "Tally", "FailedExecution", "CaseCoverage", "ScanCounts", "QuarantineEntry",
     "Decision", "PendingAction", "SeriesPoint", "MergeStats", "PruneStats", "CheckpointEntry",
-    "ScrubEntry", "CheckpointStatus", "ScrubStatus", "CaseTiming",
+    "ScrubEntry", "CheckpointStatus", "ScrubStatus", "CaseTiming", "CaseTimes",
 ]
 
 DeviceStatus = Literal["healthy", "suspect", "quarantined", "probation"]
@@ -203,3 +205,43 @@ class CaseTiming:
     executions: int
     seconds: float
     """Summed device time of those executions (thread CPU time on a core, kernel time on a GPU)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CaseTimes:
+    """:class:`CaseTiming` records as columns (one entry per record, in the same order): what the store hands the
+    slowness statistic for a whole fleet (hundreds of thousands of records) without an object per record."""
+
+    device: Sequence[str]
+    case: Sequence[str]
+    family: Sequence[str]
+    scan: Sequence[int]
+    executions: Sequence[int]
+    seconds: Sequence[float]
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[tuple[Any, ...]], *, scan: int | None = None) -> CaseTimes:
+        """From ``(device, case, family, scan, executions, seconds)`` rows, or ``(device, case, family, executions,
+        seconds)`` rows of one ``scan``."""
+        columns = [list(map(itemgetter(k), rows)) for k in range(len(rows[0]))] if rows else [[]] * 6
+        if scan is not None and rows:
+            columns.insert(3, [scan] * len(rows))
+        device, case, family, scans, executions, seconds = columns
+        return cls(device, case, family, scans, executions, seconds)
+
+    @classmethod
+    def from_records(cls, records: Iterable[CaseTiming]) -> CaseTimes:
+        return cls.from_rows([(t.device, t.case, t.family, t.scan, t.executions, t.seconds) for t in records])
+
+    def __len__(self) -> int:
+        return len(self.device)
+
+    def __add__(self, other: CaseTimes) -> CaseTimes:
+        return CaseTimes(tuple(self.device) + tuple(other.device), tuple(self.case) + tuple(other.case),
+                         tuple(self.family) + tuple(other.family), tuple(self.scan) + tuple(other.scan),
+                         tuple(self.executions) + tuple(other.executions),
+                         tuple(self.seconds) + tuple(other.seconds))
+
+    def records(self) -> Iterator[CaseTiming]:
+        for d, c, f, s, n, t in zip(self.device, self.case, self.family, self.scan, self.executions, self.seconds):
+            yield CaseTiming(device=d, case=c, family=f, scan=s, executions=n, seconds=t)

@@ -23,7 +23,7 @@ __all__ = [
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 APPLICATION_ID = 0x5344_4347  # "SDCG"
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 MIN_EXECUTIONS = 1
 """The least work a scan must do to count: first-attempt executions of golden cases it recorded."""
@@ -397,9 +397,64 @@ def _v9(conn: sqlite3.Connection) -> None:
     _script(_V9_TABLES)(conn)
 
 
+# Version 10: the slowness statistic's inputs as tallies, so a window reads two rows per device and case whatever its
+# length. ``case_tallies`` holds, per device, golden case and UTC day (of a row's ``started_at``) on which something
+# changed, the *running totals* of passing first executions and their device seconds through the end of that
+# day; ``case_totals`` the same through the key's last such day (``day``), its first (``first``), and the case's
+# family. With daily scans
+# a per-day amount is as many rows as ``results`` holds (one per scan and case); a running total makes any window
+# "the totals less the running total on the eve of its first whole day". The tallies' key leads with the device,
+# then the day: a window's eve rows of one device lie together (a report's lookups touch a page per device, not
+# one per device and case). Kept in the same transactions as the rows (a scan's batch, a merge); a prune deletes
+# no tally (the executions it removes still count in the totals) and keeps of the days before the horizon only
+# each device and case's latest running total, the one a window that starts at the horizon subtracts. Computed
+# here from the rows held (what an older store pruned before has no case for). ``results_time`` gains
+# ``case_id``, ``passed`` and ``attempt``: the partial first day of a window reads its passing first executions
+# per case from the index alone.
+_V10 = """
+CREATE TABLE IF NOT EXISTS case_tallies (
+    device TEXT NOT NULL,
+    day INTEGER NOT NULL,
+    case_id TEXT NOT NULL,
+    executions INTEGER NOT NULL,
+    seconds REAL NOT NULL,
+    PRIMARY KEY (device, day, case_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS case_totals (
+    device TEXT NOT NULL,
+    case_id TEXT NOT NULL,
+    family TEXT NOT NULL,
+    first INTEGER NOT NULL,
+    day INTEGER NOT NULL,
+    executions INTEGER NOT NULL,
+    seconds REAL NOT NULL,
+    PRIMARY KEY (device, case_id)
+) WITHOUT ROWID;
+DELETE FROM case_tallies;
+DELETE FROM case_totals;
+DROP TABLE IF EXISTS temp._case_run;
+CREATE TEMP TABLE _case_run (device TEXT, case_id TEXT, day INTEGER, family TEXT, n INTEGER, s REAL,
+    PRIMARY KEY (device, case_id, day)) WITHOUT ROWID;
+INSERT INTO temp._case_run(device, case_id, day, family, n, s)
+    SELECT device, case_id, day, MIN(family) OVER k, SUM(n) OVER w, SUM(s) OVER w FROM (
+      SELECT device, case_id, CAST(started_at / 86400.0 AS INTEGER) AS day, MIN(family) AS family,
+        SUM(executions) AS n, TOTAL(duration_s) AS s
+      FROM results WHERE passed = 1 AND attempt = 0 GROUP BY device, case_id, day)
+    WINDOW w AS (PARTITION BY device, case_id ORDER BY day), k AS (PARTITION BY device, case_id);
+INSERT INTO case_tallies(device, day, case_id, executions, seconds)
+    SELECT device, day, case_id, n, s FROM temp._case_run ORDER BY device, day, case_id;
+INSERT INTO case_totals(device, case_id, family, first, day, executions, seconds)
+    SELECT device, case_id, family, (SELECT MIN(x.day) FROM temp._case_run x WHERE x.device = r.device
+      AND x.case_id = r.case_id), MAX(day), n, s FROM temp._case_run r GROUP BY device, case_id;
+DROP TABLE temp._case_run;
+DROP INDEX IF EXISTS results_time;
+CREATE INDEX results_time ON results(started_at, device, family, executions, duration_s, case_id, passed, attempt)
+"""
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     1: _script(_V1), 2: _script(_V2), 3: _script(_V3), 4: _script(_V4), 5: _script(_V5), 6: _script(_V6),
-    7: _v7, 8: _script(_V8), 9: _v9,
+    7: _v7, 8: _script(_V8), 9: _v9, 10: _script(_V10),
 }
 """``version -> function`` bringing a store from ``version - 1`` to ``version``; run in one transaction."""
 

@@ -6,7 +6,8 @@ case, how many passing executions there were and their summed time. The scanner 
 thread's CPU time on a pinned core, kernel time on a GPU), not wall time, so preemption on a loaded host is not
 slowness.
 
-The rule, a pure function of :class:`~.rows.CaseTiming` records (:func:`judge_slow`):
+The rule, a pure function of :class:`~.rows.CaseTiming` records or their columns (:class:`~.rows.CaseTimes`;
+:func:`judge_slow`):
 
 - a device's time for a case is its mean seconds per passing first execution over the window; cases with fewer
   than ``min_executions`` executions on the device are left out;
@@ -35,11 +36,14 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from statistics import median
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
+
 from ..records import SLOW_KIND
-from .rows import CaseTiming
+from .rows import CaseTimes, CaseTiming
 
 if TYPE_CHECKING:
     from .store import Store
@@ -121,7 +125,13 @@ def median_lower_bound(values: Sequence[float], confidence: float) -> float | No
     """A one-sided lower confidence bound on the median of ``values`` (distribution-free: the largest order
     statistic ``x_(k)`` with ``P(Binomial(n, 1/2) < k) <= 1 - confidence``); None when ``n`` is too small."""
     xs = sorted(values)
-    n = len(xs)
+    k = _lower_rank(len(xs), confidence)
+    return xs[k - 1] if k >= 1 else None
+
+
+@cache
+def _lower_rank(n: int, confidence: float) -> int:
+    """The rank ``k`` (1-based; 0: none) of :func:`median_lower_bound`'s order statistic among ``n`` values."""
     alpha = 1.0 - confidence
     cdf, k = 0.0, 0
     for j in range(n):  # cdf = P(B <= j - 1) before adding j
@@ -130,27 +140,50 @@ def median_lower_bound(values: Sequence[float], confidence: float) -> float | No
             break
         cdf += p
         k = j + 1
-    return xs[k - 1] if k >= 1 else None
+    return k
 
 
-def _times(timings: Iterable[CaseTiming], settings: SlowSettings,
-           ) -> tuple[dict[str, dict[str, float]], dict[str, str], dict[str, dict[int, dict[str, tuple[int, float]]]]]:
-    """Per device: ``case -> mean seconds``, ``case -> family``, and per scan ``case -> (executions, seconds)``."""
-    total: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
-    family: dict[str, str] = {}
+def _columns(timings: Iterable[CaseTiming] | CaseTimes) -> CaseTimes:
+    return timings if isinstance(timings, CaseTimes) else CaseTimes.from_records(timings)
+
+
+def _means(times: CaseTimes, settings: SlowSettings) -> tuple[list[str], np.ndarray, list[str], np.ndarray,
+                                                              np.ndarray, dict[str, str]]:
+    """Per device and case, the mean seconds per passing execution over every record (records without an execution
+    or a second are left out; cases under ``min_executions`` executions are dropped after summing): the devices (every
+    one with a record, sorted), and per (device, case) pair its device index, the cases, its case index, its mean;
+    and each case's family (the last record's). Sums run in record order, as a loop over the records would."""
+    n = np.asarray(times.executions, dtype=np.int64)
+    secs = np.asarray(times.seconds, dtype=np.float64)
+    keep = (n > 0) & (secs > 0)
+    device, case, family_of = times.device, times.case, times.family
+    if not keep.all():
+        mask = keep.tolist()
+        device, case, family_of = ([x for x, k in zip(col, mask) if k] for col in (device, case, family_of))
+        n, secs = n[keep], secs[keep]
+    family = dict(zip(case, family_of))
+    devices = sorted(set(device))
+    cases = sorted(family)
+    width = max(len(cases), 1)
+    d_index = np.fromiter(map({d: i for i, d in enumerate(devices)}.__getitem__, device), np.int64, len(device))
+    c_index = np.fromiter(map({c: i for i, c in enumerate(cases)}.__getitem__, case), np.int64, len(case))
+    pairs, inverse = np.unique(d_index * width + c_index, return_inverse=True)
+    total_n = np.bincount(inverse, weights=n, minlength=len(pairs))
+    total_s = np.bincount(inverse, weights=secs, minlength=len(pairs))
+    enough = total_n >= settings.min_executions
+    pairs = pairs[enough]
+    return devices, pairs // width, cases, pairs % width, total_s[enough] / total_n[enough], family
+
+
+def _per_scan(times: CaseTimes) -> dict[str, dict[int, dict[str, tuple[int, float]]]]:
+    """Per device, scan and case: (executions, seconds), records without an execution or a second left out."""
     scans: dict[str, dict[int, dict[str, tuple[int, float]]]] = defaultdict(lambda: defaultdict(dict))
-    for t in timings:
-        if t.executions <= 0 or t.seconds <= 0:
+    for d, c, sc, n, t in zip(times.device, times.case, times.scan, times.executions, times.seconds):
+        if n <= 0 or t <= 0:
             continue
-        acc = total[t.device][t.case]
-        acc[0] += t.executions
-        acc[1] += t.seconds
-        family[t.case] = t.family
-        n, s = scans[t.device][t.scan].get(t.case, (0, 0.0))
-        scans[t.device][t.scan][t.case] = (n + t.executions, s + t.seconds)
-    means = {d: {c: s / n for c, (n, s) in cases.items() if n >= settings.min_executions}
-             for d, cases in total.items()}
-    return means, family, scans
+        was_n, was_s = scans[d][sc].get(c, (0, 0.0))
+        scans[d][sc][c] = (was_n + n, was_s + t)
+    return scans
 
 
 def _history(per_scan: Mapping[int, Mapping[str, tuple[int, float]]], settings: SlowSettings,
@@ -173,64 +206,146 @@ def _history(per_scan: Mapping[int, Mapping[str, tuple[int, float]]], settings: 
     return math.exp(median(logs)), None if low is None else math.exp(low)
 
 
-def judge_slow(timings: Iterable[CaseTiming], groups: Mapping[str, str],
-               settings: SlowSettings | None = None) -> dict[str, Slowness]:
+def _segments(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and lengths of the runs of equal values of sorted ``keys``."""
+    if len(keys) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    return starts, np.diff(np.r_[starts, len(keys)])
+
+
+def _medians(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The median of each run of sorted ``values`` (as :func:`statistics.median`: the middle value, or the mean of
+    the two middle values, which for one value is that value exactly)."""
+    return (values[starts + (counts - 1) // 2] + values[starts + counts // 2]) / 2
+
+
+def judge_slow(timings: Iterable[CaseTiming] | CaseTimes, groups: Mapping[str, str],
+               settings: SlowSettings | None = None, *,
+               history: Iterable[CaseTiming] | CaseTimes | None = None) -> dict[str, Slowness]:
     """The slowness verdict of every device in ``timings`` (see the module docstring).
 
     ``groups``: device -> its peer group (model, kind and, for an unknown model, host); devices of one group are
-    peers. A device missing from ``groups`` is its own group.
+    peers. A device missing from ``groups`` is its own group. ``history``: per-scan records of the devices whose
+    own history is weighed (their latest scan against their earlier ones); None: the scans of ``timings`` itself.
+
+    A model with ``min_peers`` or more peers per device (a fleet's bulk) is judged with arrays, per (device, case)
+    pair; smaller groups device by device. Both compute the same medians of the same values in the same order.
     """
     s = settings or SlowSettings()
-    means, family, scans = _times(timings, s)
-    members: dict[str, list[str]] = defaultdict(list)
-    for d in sorted(means):
-        members[groups.get(d, d)].append(d)
+    times = _columns(timings)
+    devices, dev, cases, case, mean, family = _means(times, s)
+    scans = _per_scan(times if history is None else _columns(history))
+    members: dict[str, list[int]] = defaultdict(list)
+    for i, d in enumerate(devices):
+        members[groups.get(d, d)].append(i)
     limit = math.log1p(s.threshold)
     out: dict[str, Slowness] = {}
-    for devices in members.values():
-        many = len(devices) - 1 >= s.min_peers
-        # Many peers: one reference per case for the whole model (the device itself is one vote among many);
-        # few: the median of the others.
-        shared = _reference(devices, means) if many else None
-        logs_of: dict[str, dict[str, float]] = {}
-        for d in devices:
-            ref = shared if shared is not None else _reference([p for p in devices if p != d], means)
-            logs_of[d] = {c: math.log(t / ref[c]) for c, t in means[d].items() if c in ref}
-        level = {d: median(v.values()) for d, v in logs_of.items() if len(v) >= s.min_cases}
-        centre = median(level.values()) if many and level else 0.0
-        sigma = 1.4826 * median(abs(x - centre) for x in level.values()) if many and level else 0.0
-        for d in devices:
-            out[d] = _verdict(d, logs_of[d], family, scans.get(d, {}), len(devices) - 1, centre, sigma, limit, s)
+    big = {g: m for g, m in members.items() if len(m) - 1 >= s.min_peers}
+    many = _judge_many(devices, dev, cases, case, mean, family, big, scans, limit, s) if big else {}
+    if len(big) == len(members):
+        return {devices[i]: many[devices[i]] for m in members.values() for i in m}
+    by_device: dict[int, dict[str, float]] = defaultdict(dict)
+    small = {i for g, m in members.items() if g not in big for i in m}
+    for i, c, t in zip(dev.tolist(), case.tolist(), mean.tolist()):
+        if i in small:
+            by_device[i][cases[c]] = t
+    for g, m in members.items():
+        if g in big:
+            out.update((devices[i], many[devices[i]]) for i in m)
+            continue
+        logs_of: dict[int, dict[str, float]] = {}
+        for i in m:
+            ref = _reference([by_device[p] for p in m if p != i])
+            logs_of[i] = {c: math.log(t / ref[c]) for c, t in by_device[i].items() if c in ref}
+        for i in m:
+            logs = logs_of[i]
+            summary = None
+            if logs and len(logs) >= s.min_cases:
+                xs = sorted(logs.values())
+                by_family: dict[str, list[float]] = defaultdict(list)
+                for c, x in logs.items():
+                    by_family[family[c]].append(x)
+                summary = (median(xs), median_lower_bound(xs, s.confidence),
+                           {f: round(math.exp(median(v)), 4) for f, v in sorted(by_family.items())})
+            out[devices[i]] = _verdict(devices[i], len(logs), summary, scans.get(devices[i], {}), len(m) - 1,
+                                       0.0, 0.0, limit, s)
     return out
 
 
-def _reference(devices: Sequence[str], means: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+def _reference(peers: Sequence[Mapping[str, float]]) -> dict[str, float]:
     per_case: dict[str, list[float]] = defaultdict(list)
-    for p in devices:
-        for c, t in means[p].items():
+    for means in peers:
+        for c, t in means.items():
             per_case[c].append(t)
     return {c: median(ts) for c, ts in per_case.items()}
 
 
-def _verdict(device: str, logs: Mapping[str, float], family: Mapping[str, str],
+def _judge_many(devices: Sequence[str], dev: np.ndarray, cases: Sequence[str], case: np.ndarray, mean: np.ndarray,
+                family: Mapping[str, str], big: Mapping[str, Sequence[int]],
+                scans: Mapping[str, Mapping[int, Mapping[str, tuple[int, float]]]], limit: float,
+                s: SlowSettings) -> dict[str, Slowness]:
+    """The verdicts of the devices of groups with ``min_peers`` or more peers each, with arrays: one reference per
+    group and case (the median of its devices' means), each pair's log slowdown, each device's median and lower
+    bound over its cases and per family, each group's median level and robust spread."""
+    group = np.full(len(devices), -1, np.int64)
+    for g, m in enumerate(big.values()):
+        group[list(m)] = g
+    pick = group[dev] >= 0
+    dev, case, mean = dev[pick], case[pick], mean[pick]
+    g = group[dev]
+    order = np.lexsort((mean, case, g))
+    starts, counts = _segments((g * len(cases) + case)[order])
+    ref = np.empty(len(mean))
+    ref[order] = np.repeat(_medians(mean[order], starts, counts), counts)
+    logs = np.fromiter(map(math.log, (mean / ref).tolist()), np.float64, len(mean))
+    order = np.lexsort((logs, dev))
+    sorted_logs = logs[order]
+    d_starts, d_counts = _segments(dev[order])
+    owners = dev[order][d_starts].tolist()
+    mids = _medians(sorted_logs, d_starts, d_counts).tolist()
+    ranks = [_lower_rank(n, s.confidence) for n in d_counts.tolist()]
+    flat = sorted_logs.tolist()
+    lows = [flat[a + k - 1] if k else None for a, k in zip(d_starts.tolist(), ranks)]
+    fam_names = sorted(set(family.values()))
+    fam_of_case = np.array([fam_names.index(family[c]) for c in cases], np.int64)
+    fam = fam_of_case[case]
+    order = np.lexsort((logs, fam, dev))
+    f_starts, f_counts = _segments((dev * len(fam_names) + fam)[order])
+    fam_mids = _medians(logs[order], f_starts, f_counts).tolist()
+    families: dict[int, dict[str, float]] = defaultdict(dict)
+    for i, f, x in zip(dev[order][f_starts].tolist(), fam[order][f_starts].tolist(), fam_mids):
+        families[i][fam_names[f]] = round(math.exp(x), 4)
+    cases_of = dict(zip(owners, d_counts.tolist()))
+    summary = {i: (mid, low) for i, mid, low, n in zip(owners, mids, lows, d_counts.tolist()) if n >= s.min_cases}
+    out: dict[str, Slowness] = {}
+    for m in big.values():
+        level = [summary[i][0] for i in m if i in summary]
+        centre = median(level) if level else 0.0
+        sigma = 1.4826 * median(abs(x - centre) for x in level) if level else 0.0
+        for i in m:
+            info = (*summary[i], families[i]) if i in summary else None
+            out[devices[i]] = _verdict(devices[i], cases_of.get(i, 0), info, scans.get(devices[i], {}), len(m) - 1,
+                                       centre, sigma, limit, s)
+    return out
+
+
+def _verdict(device: str, cases: int, summary: tuple[float, float | None, dict[str, float]] | None,
              per_scan: Mapping[int, Mapping[str, tuple[int, float]]], peers: int, centre: float, sigma: float,
              limit: float, s: SlowSettings) -> Slowness:
+    """One device's verdict from its ``cases`` compared and, when there are ``min_cases`` of them, ``summary``:
+    the median log slowdown, its lower bound (None: too few cases) and the slowdown per family."""
     history, history_low = _history(per_scan, s)
-    if peers == 0 or len(logs) < s.min_cases:
+    if peers == 0 or summary is None:
         if history_low is None:
-            return Slowness(device=device, slow=False, peers=peers, cases=len(logs), history=history,
+            return Slowness(device=device, slow=False, peers=peers, cases=cases, history=history,
                             reason="nothing to compare with: no peer of its model with enough executions, one scan")
         slow = history_low > 1 + s.threshold
         return Slowness(device=device, slow=slow, basis="history", confidence="low", peers=peers, history=history,
                         threshold=s.threshold,
                         reason=f"its latest scan against its earlier ones: {history:.2f}x (lower bound "
                                f"{history_low:.2f}x), no peer of its model to compare with")
-    mid = median(logs.values())
-    low = median_lower_bound(list(logs.values()), s.confidence)
-    by_family: dict[str, list[float]] = defaultdict(list)
-    for c, x in logs.items():
-        by_family[family[c]].append(x)
-    families = {f: round(math.exp(median(xs)), 4) for f, xs in sorted(by_family.items())}
+    mid, low, families = summary
     many = peers >= s.min_peers
     slow = low is not None and low > limit and (not many or mid - centre > s.spread_z * sigma)
     if many:
@@ -241,12 +356,12 @@ def _verdict(device: str, logs: Mapping[str, float], family: Mapping[str, str],
         agrees = history_low is not None and history_low > 1 + s.threshold
         sure = "high" if slow and agrees else "medium"
     lo = None if low is None else math.exp(low)
-    reason = (f"{math.exp(mid):.2f}x the time of {peers} peer(s) of its model over {len(logs)} cases"
+    reason = (f"{math.exp(mid):.2f}x the time of {peers} peer(s) of its model over {cases} cases"
               + ("" if lo is None else f" (lower {s.confidence:.0%} bound {lo:.2f}x)")
               + (f", {sigma:.3f} robust spread of the model's log slowdowns" if many else "")
               + ("" if history is None else f"; its latest scan {history:.2f}x its earlier ones"))
     return Slowness(device=device, slow=slow, slowdown=math.exp(mid), slowdown_low=lo, basis=basis, confidence=sure,
-                    peers=peers, cases=len(logs), history=history, families=families, threshold=s.threshold,
+                    peers=peers, cases=cases, history=history, families=families, threshold=s.threshold,
                     reason=reason)
 
 
@@ -258,18 +373,17 @@ def peer_group(kind: str, model: str | None, host: str) -> str:
 def fleet_slowness(store: Store, *, since: float | None, settings: SlowSettings | None = None,
                    devices: Sequence[str] | None = None) -> dict[str, Slowness]:
     """Every device's verdict from the store: the golden cases' times since ``since`` (:func:`judge_slow`, the whole
-    fleet as peers), and training jobs' ``slow`` incidents (a device named by one is slow, basis ``training``)."""
+    fleet as peers; :meth:`~.store.Store.case_times` says how a window reads them), and training jobs' ``slow``
+    incidents (a device named by one is slow, basis ``training``)."""
     s = settings or SlowSettings()
     known = store.devices()
     groups = {d.id: peer_group(d.kind, d.model, d.host) for d in known}
-    # Per-scan rows only where a device's own history can matter (a group too small for a spread); everyone else
-    # is judged on one row per device and case, so a large fleet's report reads a few rows per device.
+    # Every device's times per case come from the store's case tallies (two rows per device and case whatever the
+    # window); per-scan rows only where a device's own history can matter (a group too small for a spread).
     sizes = Counter(groups.values())
     small = sorted(d for d, g in groups.items() if sizes[g] <= s.min_peers)
-    timings = [t for t in store.case_timings(since=since) if sizes[groups.get(t.device, t.device)] > s.min_peers]
-    if small:
-        timings += store.case_timings(since=since, devices=small, by_scan=True)
-    verdicts = judge_slow(timings, groups, s)
+    history = store.case_timings(since=since, devices=small) if small else []
+    verdicts = judge_slow(store.case_times(since=since), groups, s, history=history)
     for i in store.incidents(since=since):
         if i.kind != SLOW_KIND or i.device is None:
             continue

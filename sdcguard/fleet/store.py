@@ -36,7 +36,9 @@ _RESULT_COLUMNS = (
     "mismatches", "element", "expected", "actual", "xor_mask", "location", "attempt", "sticky", "detail", "executions",
     "last_started_at",
 )
-_INSERT_RESULT = f"INSERT INTO results({', '.join(_RESULT_COLUMNS)}) VALUES ({', '.join('?' * len(_RESULT_COLUMNS))})"
+_INSERT_RESULT = (f"INSERT INTO results({', '.join(_RESULT_COLUMNS)}) "
+                  f"VALUES ({', '.join(':' + c for c in _RESULT_COLUMNS)})")
+"""Binds a row by column name (:func:`_result_row`'s dict), never by position."""
 
 
 def default_actor() -> str:
@@ -337,8 +339,8 @@ def _append(
     folded = {} if seq == 0 else {(c, f): (i, t, n, secs) for c, f, i, t, n, secs in conn.execute(
         "SELECT case_id, family, id, started_at, executions, duration_s FROM results WHERE scan = ? AND passed = 1 "
         "AND attempt = 0", (scan_id,))}
-    passes: dict[tuple[str, str], list[Any]] = {}  # (case, family) -> [row template, executions, seconds, first, last]
-    rows: list[tuple[Any, ...]] = []
+    passes: dict[tuple[str, str], list[Any]] = {}  # (case, family) -> [first result, executions, seconds, first, last]
+    rows: list[dict[str, Any] | tuple[tuple[str, str], int]] = []
     executions = failures = 0
     for r in results:
         if r.device != scan_device:
@@ -363,20 +365,22 @@ def _append(
             continue
         rows.append(_result_row(scan_id, seq, r))
         seq += 1
-    new = []
+    new: list[dict[str, Any]] = []
     for item in rows:
-        if len(item) == 2:  # a case's first passing row in this scan
+        if isinstance(item, tuple):  # a case's first passing row in this scan: its folded totals
             key, s = item
             r, n, secs, first, last = passes[key]
-            row = _result_row(scan_id, s, r)
-            new.append((*row[:7], float(secs), float(first), *row[9:19], int(n), last if last != first else None))
+            new.append({**_result_row(scan_id, s, r), "duration_s": float(secs), "started_at": float(first),
+                        "executions": int(n), "last_started_at": last if last != first else None})
         else:
             new.append(item)
     conn.executemany(_INSERT_RESULT, new)
     tallies = DayTallies()
     for row in new:
-        attempt, n = row[16], row[19]
-        tallies.add(row[2], row[4], row[8], n if attempt == 0 else 0, int(attempt == 0 and not row[6]), row[7])
+        first_attempt = row["attempt"] == 0
+        tallies.add(row["device"], row["family"], row["started_at"], row["executions"] if first_attempt else 0,
+                    int(first_attempt and not row["passed"]), row["duration_s"],
+                    case=row["case_id"] if first_attempt and row["passed"] else None)
     grown = []
     for key, (r, n, secs, first, last) in passes.items():
         if key not in folded:
@@ -385,10 +389,10 @@ def _append(
         grown.append((n, secs, first, last, row_id))
         # the row's day is that of its first execution: it moves only if this batch started before the row did
         if day_of(first) >= day_of(was_start):
-            tallies.add(r.device, r.family, was_start, n, 0, secs)
+            tallies.add(r.device, r.family, was_start, n, 0, secs, case=r.case)
         else:
-            tallies.add(r.device, r.family, was_start, -was_n, 0, -was_secs)
-            tallies.add(r.device, r.family, first, was_n + n, 0, was_secs + secs)
+            tallies.add(r.device, r.family, was_start, -was_n, 0, -was_secs, case=r.case)
+            tallies.add(r.device, r.family, first, was_n + n, 0, was_secs + secs, case=r.case)
     tallies.write(conn)
     if grown:
         conn.executemany(
@@ -405,13 +409,16 @@ def _append(
     return executions, failures
 
 
-def _result_row(scan_id: int, seq: int, r: CaseResult) -> tuple[Any, ...]:
-    return (
-        scan_id, seq, r.device, r.case, r.family, r.seed, int(r.passed), float(r.duration_s), float(r.started_at),
-        r.output_digest, r.mismatches, r.element, r.expected, r.actual, r.xor_mask, r.location, r.attempt,
-        None if r.sticky is None else int(r.sticky), _jdump(r.detail) if r.detail else "{}", int(r.executions),
-        r.last_started_at,
-    )
+def _result_row(scan_id: int, seq: int, r: CaseResult) -> dict[str, Any]:
+    """One ``results`` row, by column name (:data:`_RESULT_COLUMNS`)."""
+    return {
+        "scan": scan_id, "seq": seq, "device": r.device, "case_id": r.case, "family": r.family, "seed": r.seed,
+        "passed": int(r.passed), "duration_s": float(r.duration_s), "started_at": float(r.started_at),
+        "output_digest": r.output_digest, "mismatches": r.mismatches, "element": r.element, "expected": r.expected,
+        "actual": r.actual, "xor_mask": r.xor_mask, "location": r.location, "attempt": r.attempt,
+        "sticky": None if r.sticky is None else int(r.sticky), "detail": _jdump(r.detail) if r.detail else "{}",
+        "executions": int(r.executions), "last_started_at": r.last_started_at,
+    }
 
 
 def _ensure_device(conn: Any, device: str, host: str, t: float) -> None:
