@@ -9,7 +9,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from statistics import median
 
 from sdcguard.fleet.rows import CaseTiming
-from sdcguard.fleet.slow import SlowBasis, Slowness, SlowSettings, Sureness, median_lower_bound
+from sdcguard.fleet.slow import SlowBasis, Slowness, SlowSettings, Sureness
+from sdcguard.medians import median_lower_bound
 
 __all__ = ["reference_judge_slow"]
 

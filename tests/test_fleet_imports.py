@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEET = sorted((ROOT / "sdcguard" / "fleet").glob("*.py"))
-STORE_MODULES = {"store.py", "queries.py", "maintenance.py", "connection.py", "schema.py"}
+STORE_MODULES = {"store.py", "queries.py", "case_queries.py", "maintenance.py", "connection.py", "schema.py"}
 SIDE = [*FLEET, *sorted((ROOT / "fleet_scan").glob("*.py")), *sorted((ROOT / "sdcguard" / "cli").glob("*.py"))]
 
 

@@ -21,8 +21,9 @@ from sdcguard.fleet.policy import QuarantinePolicy, apply_policy
 from sdcguard.fleet.prometheus import render_textfile
 from sdcguard.fleet.report import build_report, report_csv_rows
 from sdcguard.fleet.rows import CaseTimes, CaseTiming
-from sdcguard.fleet.slow import SlowSettings, fleet_slowness, judge_slow, median_lower_bound
+from sdcguard.fleet.slow import SlowSettings, fleet_slowness, judge_slow
 from sdcguard.fleet.store import Store
+from sdcguard.medians import median_lower_bound
 from sdcguard.records import CaseResult, DeviceInfo, Incident
 from tests._fleet import NOW
 from tests._slow_reference import reference_judge_slow

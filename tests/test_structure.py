@@ -25,7 +25,7 @@ import pytest
 from tests._code import ROOT, cycles, graph, library, modules
 
 CORE = {"records", "errors", "devices", "durations", "resources", "fingerprints", "exit_codes", "entry", "fp8",
-        "kernels", "cpu_time", "_fpcore"}
+        "medians", "kernels", "cpu_time", "_fpcore"}
 """The core's top-level modules under ``sdcguard``: the six of the design, plus ``exit_codes`` and ``entry`` (the
 exit codes, and the one-line error rule every command line shares), ``fp8`` (the e4m3 table of the golden suite
 and the injector), ``kernels`` (the CUDA loader of the golden suite and the fingerprint), ``cpu_time`` (the slow
@@ -42,9 +42,6 @@ CROSSING_ALLOWED = {
         "DESIGN.md: training records verified checkpoints through the store's public API",
     ("sdcguard.training.async_checkpoint", "sdcguard.fleet.store"):
         "DESIGN.md: training records checkpoints through the store's public API",
-    ("sdcguard.training.timing", "sdcguard.fleet.slow"):
-        "median_lower_bound (the sign-test bound both slow rules share) is defined in fleet/slow.py, one of the "
-        "store-side files issue 24 is rewriting; it moves to the core once that lands",
 }
 """Imports from one wing into another, each with its reason: nothing else may cross."""
 

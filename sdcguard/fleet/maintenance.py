@@ -56,7 +56,6 @@ _REOPEN_S = _DAY_S
 """An input's ``interrupted`` scan is read again by merges for this long after it was marked: a scanner the
 policy's sweep took for dead may still finish it. Older ones are final (and ``prune`` rolls them up)."""
 
-
 _ADD_TALLIES = (
     "INSERT INTO main.day_tallies(device, family, day, executions, failures, test_s) {select} "
     "ON CONFLICT(device, family, day) DO UPDATE SET executions = executions + excluded.executions, "

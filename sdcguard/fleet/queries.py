@@ -19,20 +19,16 @@ millions of rows. The slowness statistic's times per device and case come the sa
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from operator import itemgetter
 from typing import Any, Literal
 
 from ..durations import DAY_S, DEFAULT_WINDOW_S
 from ..records import CaseResult, DeviceInfo, Incident
-from .connection import StoreBase
+from .case_queries import CaseQueries, in_devices
 from .rows import (
     CaseCoverage,
-    CaseTimes,
-    CaseTiming,
     CheckpointEntry,
     Decision,
     DeviceStatus,
@@ -49,13 +45,6 @@ from .schema import COUNTED_SCAN
 __all__ = ["StoreQueries"]
 _INCIDENT_FIELDS = frozenset(Incident.__dataclass_fields__)
 _TUPLE_FIELDS = ("suspect_ranks", "devices", "hosts")
-
-
-def _in(devices: Iterable[str] | None, column: str = "device") -> tuple[str, list[Any]]:
-    """``AND column IN (...)`` for an optional device list (one JSON parameter, any length)."""
-    if devices is None:
-        return "", []
-    return f" AND {column} IN (SELECT value FROM json_each(?))", [json.dumps(list(devices))]
 
 
 def _where(*conditions: tuple[str, Any]) -> tuple[str, list[Any]]:
@@ -92,7 +81,7 @@ def _row_result(r: dict[str, Any]) -> CaseResult:
     )
 
 
-class StoreQueries(StoreBase):
+class StoreQueries(CaseQueries):
     """Named read queries of the fleet store (part of :class:`sdcguard.fleet.store.Store`)."""
 
     # ------------------------------------------------------------------ devices, scans, results, incidents
@@ -168,7 +157,7 @@ class StoreQueries(StoreBase):
         the retention horizon's roll-ups included. Ordered by the grouping keys."""
         keys = {"device": "device", "device_family": "device, family", "family": "family"}[by]
         width = keys.count(",") + 1
-        scope, sp = _in(devices)
+        scope, sp = in_devices(devices)
         groups: dict[tuple[Any, ...], list[float]] = {}
 
         def add(rows: list[tuple[Any, ...]]) -> None:
@@ -226,76 +215,10 @@ class StoreQueries(StoreBase):
         day = _first_day(since)
         return day is None or int(last) >= day
 
-    def case_times(self, *, since: float | None, devices: Sequence[str] | None = None) -> CaseTimes:
-        """Passing first executions per device and case since ``since`` and their summed device time, one record
-        per device and case (``scan`` 0): the slowness statistic's input (:mod:`sdcguard.fleet.slow`).
-
-        Whole days come from the case tallies: a key's totals less its running total on the eve of the window's
-        first whole day (that day's row, else the latest before it): two rows per device and case whatever the
-        window's length. The partial first day comes from rows, over the covering index ``results_time``: those
-        from the window's start to midnight are added, or, when fewer, the day's rows before the start are taken
-        from the whole day (the tallies from the eve of the partial day on). Executions a prune deleted still
-        count; the tallies keep no day before the retention horizon apart, so a window that starts before it
-        counts from the horizon (all time, ``since=None``, counts every execution)."""
-        scope, sp = _in(devices, "t.device")
-        if since is None:
-            return CaseTimes.from_rows(self._rows(
-                f"SELECT device, case_id, family, executions, seconds FROM case_totals t WHERE 1{scope}", sp), scan=0)
-        horizon = self.pruned_before
-        start = since if horizon is None or since >= horizon else horizon
-        day = math.ceil(start / DAY_S)
-        params: dict[str, Any] = {"day": day, "devices": sp[0] if sp else None, "lo": start, "hi": day * DAY_S,
-                                  "sign": 1}
-        if day * DAY_S > start:  # the day's rows before the start, or after it: whichever are fewer
-            count = ("SELECT COUNT(*) FROM (SELECT 1 FROM results INDEXED BY results_time WHERE started_at >= ? AND "
-                     "started_at < ? LIMIT ?)")
-            after, before = (self._one(count, (lo, hi, 1000)) for lo, hi in ((start, day * DAY_S),
-                                                                             ((day - 1) * DAY_S, start)))
-            if after == before == 1000:
-                after, before = (self._one(count, (lo, hi, -1)) for lo, hi in ((start, day * DAY_S),
-                                                                                ((day - 1) * DAY_S, start)))
-            if before < after:
-                params.update(day=day - 1, lo=(day - 1) * DAY_S, hi=start, sign=-1)
-        # a key's running total on the eve: none when its first tally is later, else that day's row, else (a key
-        # not changed that day) its latest before
-        floor = ("CASE WHEN t.first >= :day THEN 0 ELSE COALESCE(f.{0}, (SELECT x.{0} FROM case_tallies x WHERE "
-                 "x.device = t.device AND x.case_id = t.case_id AND x.day < :day ORDER BY x.day DESC LIMIT 1), 0) END")
-        rows = self._rows(  # keys changed on the eve or later (those changed before have nothing in the window)
-            f"SELECT t.device, t.case_id, t.family, t.executions - {floor.format('executions')}, "
-            f"t.seconds - {floor.format('seconds')} FROM case_totals t LEFT JOIN case_tallies f ON f.device = t.device "
-            f"AND f.day = :day - 1 AND f.case_id = t.case_id WHERE t.day >= :day - 1{scope.replace('?', ':devices')} "
-            "ORDER BY t.device, t.case_id", params)
-        if params["lo"] < params["hi"]:  # the partial day's rows, added (sign 1) or taken away (-1), key by key
-            part, pp = _in(devices)
-            for d, c, n, secs in self._rows(
-                    "SELECT device, case_id, TOTAL(executions), TOTAL(duration_s) FROM results INDEXED BY results_time "
-                    f"WHERE started_at >= ? AND started_at < ? AND passed = 1 AND attempt = 0{part} "
-                    "GROUP BY device, case_id", [params["lo"], params["hi"], *pp]):
-                i = bisect.bisect_left(rows, (d, c), key=itemgetter(0, 1))  # every such key has a row: a tally that day
-                r = rows[i]
-                rows[i] = (d, c, r[2], r[3] + params["sign"] * int(n), r[4] + params["sign"] * secs)
-        if any(r[3] <= 0 for r in rows):
-            rows = [r for r in rows if r[3] > 0]
-        return CaseTimes.from_rows(rows, scan=0)
-
-    def case_timings(self, *, since: float | None, devices: Sequence[str]) -> list[CaseTiming]:
-        """Passing first executions per device, scan and case since ``since``, with their summed device time, for
-        ``devices`` (those whose own history the slowness statistic weighs); read scan by scan from each device's
-        scans, so a few devices cost a few of their rows however large the store. Pruned scans are gone."""
-        scope, sp = _in(devices, "s.device")
-        window, wp = (" AND r.started_at >= ?", [since]) if since is not None else ("", [])
-        rows = self._rows(
-            "SELECT r.device, r.scan, r.case_id, MIN(r.family), TOTAL(r.executions), TOTAL(r.duration_s) "
-            "FROM scans s INDEXED BY scans_device JOIN results r ON r.scan = s.id "
-            f"WHERE r.device = s.device AND r.passed = 1 AND r.attempt = 0{scope}{window} "
-            "GROUP BY r.device, r.scan, r.case_id", [*sp, *wp])
-        return [CaseTiming(device=d, scan=int(s), case=c, family=f, executions=int(n), seconds=float(t))
-                for d, s, c, f, n, t in rows]
-
     # ------------------------------------------------------------------ what the policy weighs
     def failed_executions(self, *, since: float, devices: Sequence[str] | None = None) -> list[FailedExecution]:
         """Failed first attempts since ``since`` (failures are rare: a partial index holds them)."""
-        scope, sp = _in(devices, "r.device")
+        scope, sp = in_devices(devices, "r.device")
         rows = self._rows(
             "SELECT r.device, s.host, r.case_id, r.family, r.output_digest, r.sticky, r.started_at "
             "FROM results r INDEXED BY results_failures JOIN scans s ON s.id = r.scan "
@@ -361,7 +284,7 @@ class StoreQueries(StoreBase):
     # ------------------------------------------------------------------ status and scans
     def failing_devices(self, *, since: float | None, devices: Sequence[str] | None = None) -> set[str]:
         """Devices with at least one failed first attempt since ``since`` (roll-ups included)."""
-        scope, sp = _in(devices)
+        scope, sp = in_devices(devices)
         window, wp = (" AND started_at >= ?", [since]) if since is not None else ("", [])
         found = {r[0] for r in self._rows(
             f"SELECT DISTINCT device FROM results INDEXED BY results_failures WHERE passed = 0 AND attempt = 0"
@@ -484,7 +407,7 @@ class StoreQueries(StoreBase):
         (None); a rolled-up day falls in the bin of its start."""
         per_device = devices is not None
         keys = "device, b" if per_device else "b"
-        scope, sp = _in(devices)
+        scope, sp = in_devices(devices)
         sums: dict[tuple[str | None, int], list[int]] = {}
         for r in self._rows(
             f"SELECT {keys}, TOTAL((attempt = 0) * executions), TOTAL(attempt = 0 AND passed = 0) FROM "

@@ -36,12 +36,12 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from statistics import median
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from ..medians import lower_rank, median_lower_bound
 from ..records import SLOW_KIND
 from .rows import CaseTimes, CaseTiming
 
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from .store import Store
 
 __all__ = [
-    "SlowSettings", "Slowness", "Sureness", "SlowBasis", "judge_slow", "median_lower_bound", "peer_group",
+    "SlowSettings", "Slowness", "Sureness", "SlowBasis", "judge_slow", "peer_group",
     "fleet_slowness",
 ]
 
@@ -121,26 +121,6 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
-def median_lower_bound(values: Sequence[float], confidence: float) -> float | None:
-    """A one-sided lower confidence bound on the median of ``values`` (distribution-free: the largest order
-    statistic ``x_(k)`` with ``P(Binomial(n, 1/2) < k) <= 1 - confidence``); None when ``n`` is too small."""
-    xs = sorted(values)
-    k = _lower_rank(len(xs), confidence)
-    return xs[k - 1] if k >= 1 else None
-
-
-@cache
-def _lower_rank(n: int, confidence: float) -> int:
-    """The rank ``k`` (1-based; 0: none) of :func:`median_lower_bound`'s order statistic among ``n`` values."""
-    alpha = 1.0 - confidence
-    cdf, k = 0.0, 0
-    for j in range(n):  # cdf = P(B <= j - 1) before adding j
-        p = math.comb(n, j) / 2.0**n
-        if cdf + p > alpha:
-            break
-        cdf += p
-        k = j + 1
-    return k
 
 
 def _columns(timings: Iterable[CaseTiming] | CaseTimes) -> CaseTimes:
@@ -304,7 +284,7 @@ def _judge_many(devices: Sequence[str], dev: np.ndarray, cases: Sequence[str], c
     d_starts, d_counts = _segments(dev[order])
     owners = dev[order][d_starts].tolist()
     mids = _medians(sorted_logs, d_starts, d_counts).tolist()
-    ranks = [_lower_rank(n, s.confidence) for n in d_counts.tolist()]
+    ranks = [lower_rank(n, s.confidence) for n in d_counts.tolist()]
     flat = sorted_logs.tolist()
     lows = [flat[a + k - 1] if k else None for a, k in zip(d_starts.tolist(), ranks)]
     fam_names = sorted(set(family.values()))

@@ -18,7 +18,7 @@ micro-batches' sizes and the original-versus-replay overhead cancel, and what is
 neighbours (``sqrt(a_d^2 / (a_target * a_source))``). One sample is noisy on a loaded machine (a few milliseconds
 of work between other processes' time slices), so a rank is named when the distribution-free lower
 confidence bound of its median slowdown over the last ``window`` samples (at least ``min_samples``; the same sign-test
-bound as the fleet's, :func:`sdcguard.fleet.slow.median_lower_bound`) exceeds ``1 + threshold``: with 9 samples at
+bound as the fleet's, :func:`sdcguard.medians.median_lower_bound`) exceeds ``1 + threshold``: with 9 samples at
 90%, seven of them above it. It is named once in an incident of kind ``slow`` (again only after it recovered).
 Every rank holds the same gathered figures and decides alike. A ``slow`` incident never vetoes, never raises or
 exits, and never counts toward quarantine or the training breaker (:data:`sdcguard.records.PASSIVE_KINDS`).
@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ..fleet.slow import median_lower_bound
+from ..medians import median_lower_bound
 from ..records import SLOW_KIND, Incident
 from .pairing import peer_source, peer_target
 
