@@ -197,6 +197,37 @@ def test_the_module_level_async_save(tmp_path: Path) -> None:
     assert info is not None and info.verified and checkpoint.async_wait() is None
 
 
+def test_a_store_gone_wrong_in_the_one_pass_host_copy_is_caught(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default stager of a host-memory state copies and fingerprints in one pass; a bit that lands wrong in the
+    copy (after the words were summed) is found by the background check of the staged copy."""
+    from sdcguard.training import staging
+
+    copy = staging.copy_and_fingerprint
+
+    def copy_then_flip(sources: Any, destinations: Any) -> list[int]:
+        values = copy(sources, destinations)
+        destinations[0].view(-1).view(torch.uint8)[3] ^= 1 << 6  # the first tensor's copy: its sign bit
+        return values
+
+    model, opt, guard = _setup(tmp_path)
+    _train(model, guard, opt, range(2))
+    saver = checkpoint.AsyncCheckpointer()
+    state = {"model": model.state_dict()}
+    assert staging.HostStager.takes(state)  # the one-pass path, not DCP's stager
+    monkeypatch.setattr(staging, "copy_and_fingerprint", copy_then_flip)
+    saver.save(state, checkpoint_id=tmp_path / "c", guard=guard)
+    first = next(iter(state["model"]))
+    with pytest.warns(RuntimeWarning, match=rf"failed .*model\.{first}"):
+        info = saver.wait()
+    assert info is not None and not info.saved and "host copy staged" in (info.error or "")
+    assert not (tmp_path / "c" / ".metadata").exists()
+    monkeypatch.setattr(staging, "copy_and_fingerprint", copy)  # the same checkpointer, its buffers reused: clean
+    saver.save(state, checkpoint_id=tmp_path / "d", guard=guard)
+    info = saver.close()
+    assert info is not None and info.saved and scrub_one(tmp_path / "d").status == "clean"
+
+
 # ------------------------------------------------------------------------------------------- distributed
 
 

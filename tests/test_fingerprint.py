@@ -369,3 +369,65 @@ def test_sdcguard_fingerprint_stays_the_function_once_the_training_side_is_loade
 
     x = np.arange(10, dtype=np.float32)
     assert callable(sdcguard.fingerprint) and sdcguard.fingerprint(x) == sdcguard.fingerprint_many([x])[0]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Copying and fingerprinting in one pass (the asynchronous checkpoint's staging copy).
+# ------------------------------------------------------------------------------------------------------------
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(raw_tensors(max_elems=3 * CHUNK_WORDS + 5), st.integers(0, 3), st.booleans(), st.booleans())
+def test_copy_and_fingerprint_copies_exactly_and_returns_the_sources_fingerprints(
+        case: tuple[np.ndarray, torch.dtype], offset: int, strided: bool, numpy_loops_only: bool) -> None:
+    """Any dtype and length (chunk boundaries, partial last words), misaligned sources, strided sources, with the C
+    engine and with numpy's loops: the destination holds the source's bytes and the values are fingerprint's."""
+    from sdcguard.fingerprints import copy_and_fingerprint
+    from sdcguard.fingerprints.cpu import numpy_loops
+
+    raw, dtype = case
+    esize = torch.empty(0, dtype=dtype).element_size()
+    base = _as_tensor(np.concatenate([np.zeros(offset * esize, np.uint8), raw]), dtype)
+    src = base[offset:]  # a view starting `offset` elements in: misaligned for the engine's words
+    if strided and src.numel() >= 2:
+        src = src[::2]
+    srcs = [src, torch.tensor(7, dtype=torch.int16), torch.empty(0)]
+    dsts = [torch.full(s.shape, 0, dtype=s.dtype) for s in srcs]
+    if numpy_loops_only:
+        with numpy_loops():
+            got = copy_and_fingerprint(srcs, dsts)
+    else:
+        got = copy_and_fingerprint(srcs, dsts)
+    assert got == fingerprint_many(srcs)
+    assert all(torch.equal(d.reshape(-1).view(torch.uint8), torch.empty_like(d).copy_(s).reshape(-1).view(torch.uint8))
+               for s, d in zip(srcs, dsts))  # bit for bit (NaNs included)
+
+
+def test_copy_and_fingerprint_of_large_inputs_split_across_threads_and_numpy_arrays() -> None:
+    from sdcguard.fingerprints import copy_and_fingerprint
+
+    b = torch.randint(0, 256, (9 * (1 << 20) + 6,), dtype=torch.uint8)
+    srcs: list[object] = [b[1:], torch.randn(3, 700, 300), np.arange(1001, dtype=np.int16), torch.randn(3, 5).t()]
+    dsts: list[object] = [torch.empty_like(b[1:]), torch.empty(3, 700, 300), np.empty(1001, np.int16),
+                          torch.empty(5, 3)]
+    assert copy_and_fingerprint(srcs, dsts) == fingerprint_many(srcs)
+    assert torch.equal(dsts[0], b[1:]) and np.array_equal(dsts[2], srcs[2]) and torch.equal(dsts[3], srcs[3])
+
+
+def test_copy_and_fingerprint_refuses_what_it_cannot_copy_into() -> None:
+    from sdcguard.fingerprints import copy_and_fingerprint
+
+    x = torch.randn(4, 4)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        copy_and_fingerprint([x], [torch.empty(4, 4).t()])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        copy_and_fingerprint([x], [torch.empty(15)])
+    with pytest.raises(ValueError, match="1 sources but 2"):
+        copy_and_fingerprint([x], [x, x])
+    with pytest.raises(TypeError, match="has no data"):
+        copy_and_fingerprint([x.to("meta")], [x])
+    if torch.cuda.is_available():
+        with pytest.raises(TypeError, match="host memory only"):
+            copy_and_fingerprint([x.cuda()], [x])
+    with pytest.raises(TypeError, match="expected numpy arrays"):
+        copy_and_fingerprint([[1.0]], [x])

@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from .cpu import StreamingFingerprint, cpu_fingerprints
+from .cpu import StreamingFingerprint, cpu_copy_fingerprints, cpu_fingerprints
 from .cuda import cupy_fingerprint_device
 from .definition import CHUNK_WORDS, combine, signed64, unsigned64
 from .tensors import check_torch, combine_on_device, fingerprint_on_device, fingerprints_on_device, is_torch_tensor
 
-__all__ = ["fingerprint", "fingerprint_many", "fingerprints_on_device", "combine", "combine_on_device", "signed64",
-           "unsigned64", "CHUNK_WORDS", "StreamingFingerprint"]
+__all__ = ["fingerprint", "fingerprint_many", "copy_and_fingerprint", "fingerprints_on_device", "combine",
+           "combine_on_device", "signed64", "unsigned64", "CHUNK_WORDS", "StreamingFingerprint"]
 
 
 def fingerprint(x: Any) -> int:
@@ -74,6 +74,23 @@ def fingerprint_many(xs: Sequence[Any]) -> list[int]:
             for (i, _), v in zip(items, values):
                 results[i] = int(v)
     return [int(r) for r in results]
+
+
+def copy_and_fingerprint(sources: Sequence[Any], destinations: Sequence[Any]) -> list[int]:
+    """Copy each source (a numpy array or CPU torch tensor) into its destination (C-contiguous, the same number of
+    bytes, in host memory) and return the sources' fingerprints, as :func:`fingerprint_many` would; where a source
+    lies in order in memory, the copy and the fingerprint are one pass over it (a staging copy that costs about a
+    copy). Device tensors are refused: on a device the fingerprint runs there and the copy is a transfer."""
+    for x in (*sources, *destinations):
+        if isinstance(x, np.ndarray):
+            _check_np(x)
+        elif is_torch_tensor(x):
+            check_torch(x)
+            if x.device.type != "cpu":
+                raise TypeError(f"copy_and_fingerprint: host memory only, got a tensor on {x.device}")
+        else:
+            raise TypeError(f"copy_and_fingerprint: expected numpy arrays or CPU torch tensors, got {type(x).__name__}")
+    return cpu_copy_fingerprints(sources, destinations)
 
 
 def _check_np(a: Any) -> None:

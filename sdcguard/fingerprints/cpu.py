@@ -1,7 +1,8 @@
 """The CPU path: numpy arrays and torch CPU tensors, read in place, with the C engine or numpy's loops.
 
 A one-pass C engine (``sdcguard/_fpcore.c``, an optional extension built at install; numpy's int32 loops compute the
-same values where it is missing). An input whose bytes lie in order in memory is cut into runs of whole chunks
+same values where it is missing), which can also copy what it reads (:func:`cpu_copy_fingerprints`: a staging copy
+and its fingerprints in one pass). An input whose bytes lie in order in memory is cut into runs of whole chunks
 (4 MiB); all runs of all inputs of one call go to the engine together, shared out to a few threads when large, so a
 model's hundreds of small parameters cost one call and a large buffer uses every core. The per-chunk terms of one
 input add up before the final mix, so how it is cut never changes the value. Inputs whose bytes need copying are
@@ -22,7 +23,8 @@ import numpy as np
 from .blocks import stage, torch_byte_pieces, xp_byte_pieces
 from .definition import BLOCK_WORDS, CHUNK_WORDS, CHUNKS_PER_BLOCK, MASK64, PHI, mix_int, weights, xp_partial
 
-__all__ = ["cpu_fingerprints", "cpu_partials", "StreamingFingerprint", "RUN_BYTES", "c_engine_built", "numpy_loops"]
+__all__ = ["cpu_fingerprints", "cpu_copy_fingerprints", "cpu_partials", "cpu_copy_partials", "StreamingFingerprint",
+           "RUN_BYTES", "c_engine_built", "numpy_loops"]
 
 try:  # the C engine (one pass, GIL released, many inputs per call); optional, numpy computes the same values
     from .. import _fpcore
@@ -134,24 +136,43 @@ def cpu_partials(runs: list[int]) -> list[int]:
     return [_np_partial(*runs[k : k + 3]) for k in range(0, len(runs), 3)]
 
 
-def _cpu_run_partials(runs: list[int]) -> list[int]:
-    """``cpu_partials`` of all runs, shared out to a few threads (contiguous groups of about equal bytes) when
-    there is enough data: the C engine and numpy's loops both release the GIL, like torch's own reductions."""
+def cpu_copy_partials(runs: list[int]) -> list[int]:
+    """For each run (flat ``source, destination, nbytes, first chunk index`` quadruples): copies the source's bytes
+    to the destination and returns what :func:`cpu_partials` returns for the source, in one pass with the C engine
+    (each word loaded once, summed and stored), with numpy's loops in two (copy, then the source's sums)."""
+    if _fpcore is not None and _USE_C and runs:
+        t, u = weights()
+        return _fpcore.copy_partials(array.array("Q", runs), t, u, CHUNK_WORDS)
+    import ctypes
+
+    out = []
+    for k in range(0, len(runs), 4):
+        src, dst, nbytes, c0 = runs[k : k + 4]
+        ctypes.memmove(dst, src, nbytes)
+        out.append(_np_partial(src, nbytes, c0))
+    return out
+
+
+def _cpu_run_partials(runs: list[int], width: int = 3) -> list[int]:
+    """:func:`cpu_partials` (``width`` 3) or :func:`cpu_copy_partials` (``width`` 4) of all runs, shared out to a
+    few threads (contiguous groups of about equal bytes) when there is enough data: the C engine and numpy's loops
+    both release the GIL, like torch's own reductions."""
     global _POOL
-    total = sum(runs[1::3])
+    engine = cpu_partials if width == 3 else cpu_copy_partials
+    total = sum(runs[width - 2 :: width])
     workers = _pool_workers()
-    if workers == 1 or len(runs) < 6 or total < _POOL_MIN_BYTES:
-        return cpu_partials(runs)
+    if workers == 1 or len(runs) < 2 * width or total < _POOL_MIN_BYTES:
+        return engine(runs)
     groups: list[list[int]] = [[] for _ in range(workers)]
     start = 0
-    for k in range(0, len(runs), 3):
-        groups[min(workers - 1, start * workers // total)] += runs[k : k + 3]
-        start += runs[k + 1]
+    for k in range(0, len(runs), width):
+        groups[min(workers - 1, start * workers // total)] += runs[k : k + width]
+        start += runs[k + width - 2]
     if _POOL is None:
         from concurrent.futures import ThreadPoolExecutor
 
         _POOL = ThreadPoolExecutor(4, thread_name_prefix="sdcguard-fingerprint")
-    return [p for part in _POOL.map(cpu_partials, [g for g in groups if g]) for p in part]
+    return [p for part in _POOL.map(engine, [g for g in groups if g]) for p in part]
 
 
 def _cpu_staged_partial(x: Any, nbytes: int) -> int:
@@ -176,6 +197,30 @@ def cpu_fingerprints(xs: Sequence[Any]) -> list[int]:
     call. Inputs whose bytes need copying are staged one block at a time. The runs of one input add up
     (mod 2**64) before the final mix.
     """
+    return _fingerprints(xs, None)
+
+
+def cpu_copy_fingerprints(sources: Sequence[Any], destinations: Sequence[Any]) -> list[int]:
+    """Copy each source into its destination and return the sources' fingerprints (what :func:`cpu_fingerprints`
+    returns for ``sources``). Both numpy arrays or CPU torch tensors, each destination C-contiguous with its
+    source's byte count. Where a source's bytes lie in order in memory the copy and the fingerprint are one pass
+    (each word loaded once, summed and stored), so a staging copy costs about a copy; other sources are copied,
+    then fingerprinted. The fingerprint is of the bytes read, so a store that goes wrong shows in a later
+    fingerprint of the destination, not in this one."""
+    if len(sources) != len(destinations):
+        raise ValueError(f"{len(sources)} sources but {len(destinations)} destinations")
+    spans = []
+    for k, (x, y) in enumerate(zip(sources, destinations)):
+        span = _cpu_span(y)
+        nbytes = x.nbytes if isinstance(x, np.ndarray) else x.numel() * x.element_size()
+        if span is None or span[1] != nbytes:
+            raise ValueError(f"destination {k} must be C-contiguous with its source's {nbytes} bytes")
+        spans.append(span[0])
+    return _fingerprints(sources, spans)
+
+
+def _fingerprints(xs: Sequence[Any], copy_to: list[int] | None) -> list[int]:
+    """Fingerprints of ``xs``; with ``copy_to`` (an address per input), each input is copied there as well."""
     acc = [0] * len(xs)
     sizes: list[int] = []
     runs: list[int] = []
@@ -186,17 +231,36 @@ def cpu_fingerprints(xs: Sequence[Any]) -> list[int]:
             if not isinstance(x, np.ndarray):
                 x = x.detach()  # a parameter that requires grad: the same memory
             nbytes = x.nbytes if isinstance(x, np.ndarray) else x.numel() * x.element_size()
+            if copy_to is not None:
+                _copy_strided(x, copy_to[k], nbytes)
             acc[k] = _cpu_staged_partial(x, nbytes)
             sizes.append(nbytes)
             continue
         address, nbytes = span
         sizes.append(nbytes)
         for s in range(0, nbytes, RUN_BYTES):
-            runs += (address + s, min(RUN_BYTES, nbytes - s), s // (4 * CHUNK_WORDS))
+            head = (address + s,) if copy_to is None else (address + s, copy_to[k] + s)
+            runs += (*head, min(RUN_BYTES, nbytes - s), s // (4 * CHUNK_WORDS))
             owners.append(k)
-    for k, p in zip(owners, _cpu_run_partials(runs)):
+    for k, p in zip(owners, _cpu_run_partials(runs, 3 if copy_to is None else 4)):
         acc[k] += p
     return [mix_int(a + mix_int(n + PHI)) for a, n in zip(acc, sizes)]
+
+
+def _copy_strided(x: Any, address: int, nbytes: int) -> None:
+    """Copy the bytes of ``x`` (not in order in memory) in logical C order to ``address``."""
+    import ctypes
+
+    if not nbytes:
+        return
+    # A ctypes array exports the buffer protocol; numpy's stubs accept only bytes-like types and memoryview.
+    out = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=np.uint8)  # type: ignore[call-overload]
+    if isinstance(x, np.ndarray):
+        out.view(x.dtype).reshape(x.shape)[...] = x
+    else:
+        import torch
+
+        torch.from_numpy(out).view(x.dtype).view(x.shape).copy_(x.resolve_conj().resolve_neg())
 
 
 class StreamingFingerprint:

@@ -5,9 +5,11 @@ memory only; the check of that copy and the write happen in the background.
 per process group), on the training thread:
 
 1. settles the previous save, waiting for it if it is still writing (at most one save is ever in flight);
-2. fingerprints every tensor on its own device (:func:`~.record.fingerprints`), before anything is copied;
-3. calls ``torch.distributed.checkpoint.async_save``, which stages the state into host memory (a
-   ``DefaultStager`` kept across saves: its host buffers are reused, pinned when CUDA is there) and returns.
+2. calls ``torch.distributed.checkpoint.async_save``, which stages the state into host memory and returns. A state
+   in host memory is copied into buffers kept across saves by :class:`~.staging.HostStager`, which fingerprints
+   every tensor as it copies it (one pass over the state, not two); any other state is fingerprinted on its
+   devices (:func:`~.record.fingerprints`) before anything is copied, then staged by a ``DefaultStager`` kept
+   across saves (its host buffers reused, pinned when CUDA is there).
 
 In the background, before DCP writes anything, the staged copy is fingerprinted and compared with the device's
 fingerprints (a corrupt device-to-host copy is caught), and the ranks exchange their fingerprints and verdicts; a
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +54,7 @@ from ..errors import BadInput, CheckpointCorrupted
 from .checkpoint import CheckpointInfo
 from .layout import METADATA, SIDECAR, describe_failure
 from .record import corrupted, file_fingerprint, fingerprints, make_record, write_record
+from .staging import HostStager
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
@@ -69,9 +73,10 @@ class _Job:
 
     path: str
     step: int | None
-    expected: dict[str, int]
     guarded: bool
     """Saved with a guard: the record says *not verified* until settled (else: null, nothing vouches)."""
+    expected: dict[str, int] = field(default_factory=dict)
+    """This rank's fingerprint of every tensor it saves, taken before (or, in host memory, while) it is staged."""
     everyone: list[dict[str, int]] = field(default_factory=list)
     """Every rank's device fingerprints, once the ranks agreed that their staged copies match them."""
 
@@ -91,24 +96,35 @@ class _RecordingWriter(FileSystemWriter):
 
 
 class _CheckedStager(AsyncStager):
-    """Stages with ``inner`` on the training thread, then, in a thread of its own, fingerprints the staged copy,
-    compares it with the device's fingerprints and agrees with the other ranks (on ``group``) before DCP writes."""
+    """On the training thread, fingerprints the state and stages it: a host-memory state with ``host`` (the copy
+    and its fingerprints in one pass), any other with ``inner()`` after fingerprinting it on its devices. Then, in
+    a thread of its own, fingerprints the staged copy, compares it with the source's fingerprints and agrees with
+    the other ranks (on ``group``) before DCP writes."""
 
     _synchronize_after_execute = False
 
-    def __init__(self, inner: AsyncStager, group: Any, *, owned: bool) -> None:
-        self.inner = inner
+    def __init__(self, inner: Callable[[], AsyncStager], group: Any, *, owned: bool,
+                 host: HostStager | None) -> None:
+        self._make_inner = inner
+        self._inner: AsyncStager | None = None
         self.group = group
         self.owned = owned
+        self.host = host
         self.job: _Job | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sdcguard-staged-check")
 
     def stage(self, state_dict: Any) -> Future[Any]:
-        staged = self.inner.stage(state_dict)
-        if isinstance(staged, Future):  # a caller's asynchronous stager: the state is safe once it is done
-            staged = staged.result()
         job = self.job
         assert job is not None
+        if self.host is not None and self.host.takes(state_dict):
+            staged, job.expected = self.host.stage(state_dict)
+        else:
+            job.expected = fingerprints(state_dict)  # on each tensor's device, before anything is staged
+            if self._inner is None:
+                self._inner = self._make_inner()
+            staged = self._inner.stage(state_dict)
+            if isinstance(staged, Future):  # a caller's asynchronous stager: the state is safe once it is done
+                staged = staged.result()
         return self._pool.submit(self._check, staged, job)
 
     def _check(self, staged: Any, job: _Job) -> Any:
@@ -137,8 +153,10 @@ class _CheckedStager(AsyncStager):
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-        if self.owned:  # a caller's stager stays the caller's to close (DCP's convention)
-            self.inner.close()
+        if self.host is not None:
+            self.host.close()
+        if self.owned and self._inner is not None:  # a caller's stager stays the caller's to close (DCP's convention)
+            self._inner.close()
 
 
 @dataclass
@@ -200,10 +218,16 @@ class AsyncCheckpointer:
         if self._stager is None or not self._cache:
             if self._stager is not None:
                 self._stager.close()
-            inner = self._given_stager or DefaultStager(StagingOptions(
-                use_pinned_memory=torch.cuda.is_available(), use_shared_memory=self.writer == "process",
-                use_async_staging=False, use_non_blocking_copy=False))
-            self._stager = _CheckedStager(inner, group, owned=self._given_stager is None)
+            given = self._given_stager
+            shared = self.writer == "process"
+
+            def inner() -> AsyncStager:
+                return given or DefaultStager(StagingOptions(
+                    use_pinned_memory=torch.cuda.is_available(), use_shared_memory=shared,
+                    use_async_staging=False, use_non_blocking_copy=False))
+
+            host = None if given is not None else HostStager(shared=shared, cache=self._cache)
+            self._stager = _CheckedStager(inner, group, owned=given is None, host=host)
         return self._stager
 
     # ------------------------------------------------------------------------------------------ saving
@@ -230,8 +254,7 @@ class AsyncCheckpointer:
         background, check, _ = self._own_groups()
         if overwrite and self._rank() == 0:  # the old record must not vouch for the new files while they land
             (path / SIDECAR).unlink(missing_ok=True)
-        expected = fingerprints(state_dict)  # on each tensor's device, before anything is staged
-        job = _Job(path=str(path), step=step, expected=expected, guarded=guard is not None)
+        job = _Job(path=str(path), step=step, guarded=guard is not None)  # the stager fills in the fingerprints
         stager = self._checked_stager(check)
         stager.job = job
         kind = AsyncCheckpointerType.PROCESS if self.writer == "process" else AsyncCheckpointerType.THREAD

@@ -29,10 +29,15 @@ from .taps import local
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
-__all__ = ["fingerprints", "make_record", "write_record", "read_record", "differences", "corrupted", "FORMAT",
-           "file_fingerprint", "bytes_fingerprint"]
+__all__ = ["fingerprints", "child_key", "make_record", "write_record", "read_record", "differences", "corrupted",
+           "FORMAT", "file_fingerprint", "bytes_fingerprint"]
 
 FORMAT = "sdcguard-checkpoint/1"
+
+
+def child_key(prefix: str, name: Any) -> str:
+    """The record's key of entry ``name`` (a mapping's key or a sequence's index) of the value at ``prefix``."""
+    return f"{prefix}.{name}" if prefix else str(name)
 
 
 def _entries(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -40,10 +45,10 @@ def _entries(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix, obj
     elif isinstance(obj, Mapping):
         for k, v in obj.items():
-            yield from _entries(v, f"{prefix}.{k}" if prefix else str(k))
+            yield from _entries(v, child_key(prefix, k))
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
-            yield from _entries(v, f"{prefix}.{i}" if prefix else str(i))
+            yield from _entries(v, child_key(prefix, i))
     elif hasattr(obj, "state_dict") and callable(obj.state_dict):  # DCP's Stateful objects
         yield from _entries(obj.state_dict(), prefix)
 
