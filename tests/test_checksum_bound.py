@@ -164,3 +164,43 @@ def test_the_screen_falls_back_where_it_cannot_clear_a_column() -> None:
     p = precision_for(torch.bfloat16, CPU)
     assert p is not None
     assert int(check_matmul(a, b, a @ b, precision=p, rows=m, screen=True)) == 0
+
+
+@pytest.mark.parametrize("dtype, setting", [(torch.float32, "high"), (torch.float32, "medium"),
+                                            (torch.float32, "highest"), (torch.bfloat16, "highest")])
+def test_the_screen_agrees_on_faults_placed_across_the_bound(dtype: torch.dtype, setting: str) -> None:
+    """The hardest case for the screen on a corrupted product: a block column whose magnitude sits in one entry
+    (so its largest |C| is as large as the screen's lower bound allows) and a fault on that entry sized from 0 to
+    1.5 times the bound, both signs: through the sizes the screen clears and past the full check's bound. The fault
+    raises the largest |C| the screen clears against, which the proof's step (8) does not cover (it assumes (1) for
+    every entry); the count must still equal the full check's at every size, and both verdicts must occur."""
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision(setting)
+        p = precision_for(dtype, CPU)
+        assert p is not None
+        m, k = 32, 4
+        a = torch.zeros(m, k, dtype=dtype)
+        a[0] = 1
+        b = torch.ones(k, 1, dtype=dtype)
+        c = a @ b
+        lo, hi = 0.0, 4.0  # the smallest fault the full check flags, by bisection (Mag = 4, all in one entry)
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            bad = c.float().clone()  # .float() of an fp32 tensor is the tensor itself
+            bad[0, 0] += mid
+            flagged = int(check_matmul(a, b, bad.to(dtype), precision=p, rows=m, screen=False))
+            lo, hi = (lo, mid) if flagged else (mid, hi)
+        bound = hi
+        verdicts = set()
+        for t in torch.linspace(0.0, 1.5, 601).tolist():
+            for sign in (1, -1):
+                bad = c.float().clone()
+                bad[0, 0] += sign * bound * t
+                bad = bad.to(dtype)
+                full = int(check_matmul(a, b, bad, precision=p, rows=m, screen=False))
+                assert int(check_matmul(a, b, bad, precision=p, rows=m, screen=True)) == full, (t, sign)
+                verdicts.add(full)
+        assert verdicts == {0, 1}
+    finally:
+        torch.set_float32_matmul_precision(before)

@@ -47,7 +47,14 @@ u_w)^2``: the column passes (the factor ``1 - 2**-10`` absorbs the two roundings
 never cleared. So when every column is cleared the count is 0, exactly what the full check returns; otherwise the
 full check runs. The verdict never differs, only the work: on clean steps ``|S - R|`` is far below ``c P`` (the
 rounding errors of ``b`` entries against the bound of one), and the magnitudes are computed for a few percent of the
-checks.
+checks. What this proves is the case (1) holds in: a correctly computed ``C^``, so the screen can never raise or
+hide a false alarm. A corrupted entry need not satisfy (1), and a fault that raises ``P`` raises the screen's
+threshold with it; for a single corrupted entry the threshold grows by ``c |d|`` while ``|S - R|`` grows by about
+``|d|`` (``c < 1``), so a flagged fault could be cleared only in a narrow band of sizes just above the bound, and
+whether that band is empty depends on how ``beta - alpha`` compares with the margins (``2**-10``, the ``1 / lower``
+of (5)). That is not proven for every precision: it is tested, by the
+property test on corrupted products (bit flips, NaN, Inf, zero) and by faults swept across the bound on a column
+whose magnitude sits in one entry (``tests/test_checksum_bound.py``), with no difference found.
 
 Consequences (what is caught): a changed entry ``C^_ij -> C^_ij + d`` is caught when ``|d| > 2 beta Mag`` in its
 block column, whatever its bits. Sign flips and exponent flips of entries not far below the column's typical
