@@ -169,11 +169,9 @@ def test_the_screen_falls_back_where_it_cannot_clear_a_column() -> None:
 @pytest.mark.parametrize("dtype, setting", [(torch.float32, "high"), (torch.float32, "medium"),
                                             (torch.float32, "highest"), (torch.bfloat16, "highest")])
 def test_the_screen_agrees_on_faults_placed_across_the_bound(dtype: torch.dtype, setting: str) -> None:
-    """The hardest case for the screen on a corrupted product: a block column whose magnitude sits in one entry
-    (so its largest |C| is as large as the screen's lower bound allows) and a fault on that entry sized from 0 to
-    1.5 times the bound, both signs: through the sizes the screen clears and past the full check's bound. The fault
-    raises the largest |C| the screen clears against, which the proof's step (8) does not cover (it assumes (1) for
-    every entry); the count must still equal the full check's at every size, and both verdicts must occur."""
+    """A single fault swept across the bound on the column where the old screen's threshold was highest (its
+    magnitude in one entry, the fault on that entry, 0 to 1.5 times the bound, both signs): the screen's count equals
+    the full check's at every size, and the sizes straddle the bound (both verdicts occur)."""
     before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision(setting)
@@ -204,3 +202,31 @@ def test_the_screen_agrees_on_faults_placed_across_the_bound(dtype: torch.dtype,
         assert verdicts == {0, 1}
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+@pytest.mark.parametrize("big", [0.0, 1.0, 1e3, 1e5])
+def test_two_faults_that_nearly_cancel_in_one_block_column_are_judged_like_the_full_check(big: float) -> None:
+    """The counterexample to a screen on the computed C (its largest |C| as a lower bound of the magnitudes): one
+    entry raised by ``big``, another of the same block column lowered by ``big`` less a remainder swept across the
+    bound. That screen cleared remainders the full check flags (this test failed on it for ``big`` 1e3 and 1e5); the
+    screen from the operands (proof step (8)) agrees with the full check."""
+    p = precision_for(torch.float32, CPU)
+    assert p is not None
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 32, generator=g), torch.randn(32, 8, generator=g)
+    c = a @ b
+    lo, hi = 0.0, 100.0  # the smallest single fault the full check flags in column 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        bad = c.clone()
+        bad[7, 2] += mid
+        lo, hi = (lo, mid) if int(check_matmul(a, b, bad, precision=p, screen=False)) else (mid, hi)
+    verdicts = set()
+    for t in torch.linspace(0, 2 * hi, 201).tolist():
+        bad = c.clone()
+        bad[3, 2] += big
+        bad[7, 2] += t - big
+        full = int(check_matmul(a, b, bad, precision=p, screen=False))
+        assert int(check_matmul(a, b, bad, precision=p, screen=True)) == full, (big, t)
+        verdicts.add(full)
+    assert verdicts == {0, 1}

@@ -36,25 +36,29 @@ takes a handful of roundings in ``w``; the factor ``1 + 2**-10`` covers them. A 
 finite or could reach the output's overflow threshold is not judged (a legitimate overflow is possible there); in
 every other column an infinite or NaN ``C^`` entry is impossible, so any NaN/Inf difference is a fault. QED.
 
-(8) *The screen: most columns need no magnitudes.* Computing ``Mag`` is a second small matmul and a pass over
-``|A|`` and ``|B|``. By (1), ``|C^_ij| <= (1 + alpha) sum_l |A_il||B_lj|`` for every row ``i`` of the block (with
-the bias as the ``k'``-th term; what underflow adds to ``|C^_ij|`` by (6) is at most the bound's own ``eta`` and
-flushed terms, which ``c < 1`` below keeps covered), so ``P = max_{i in G} |C^_ij|`` (computed exactly: a maximum
-rounds nothing) gives ``Mag >= P / (1 + alpha)``. Hence ``|S - R| <= c P`` with ``c = beta (1 - 2**-10) / (1 +
-alpha)`` implies ``|S - R| <= beta Mag``, and the computed bound of the theorem is at least ``beta Mag (1 -
-u_w)^2``: the column passes (the factor ``1 - 2**-10`` absorbs the two roundings of ``c P``). A NaN in ``P`` or ``|S
-- R|`` fails the comparison, and an infinite ``P`` makes ``S``, so ``|S - R|``, infinite or NaN: such columns are
-never cleared. So when every column is cleared the count is 0, exactly what the full check returns; otherwise the
-full check runs. The verdict never differs, only the work: on clean steps ``|S - R|`` is far below ``c P`` (the
-rounding errors of ``b`` entries against the bound of one), and the magnitudes are computed for a few percent of the
-checks. What this proves is the case (1) holds in: a correctly computed ``C^``, so the screen can never raise or
-hide a false alarm. A corrupted entry need not satisfy (1), and a fault that raises ``P`` raises the screen's
-threshold with it; for a single corrupted entry the threshold grows by ``c |d|`` while ``|S - R|`` grows by about
-``|d|`` (``c < 1``), so a flagged fault could be cleared only in a narrow band of sizes just above the bound, and
-whether that band is empty depends on how ``beta - alpha`` compares with the margins (``2**-10``, the ``1 / lower``
-of (5)). That is not proven for every precision: it is tested, by the
-property test on corrupted products (bit flips, NaN, Inf, zero) and by faults swept across the bound on a column
-whose magnitude sits in one entry (``tests/test_checksum_bound.py``), with no difference found.
+(8) *The screen: most columns need no magnitudes*, and whether a column needs them is decided from the operands
+alone. Computing ``Mag`` is a second small matmul and a pass over ``|A|`` and ``|B|``; three lower bounds of it cost
+far less. (a) By (3), ``|R| <= |V^||B| (1 + gamma_w(k') + theta (1 + gamma_w(k'))) <= (1 + rho) Mag`` with ``rho =
+gamma_w(b) + (gamma_w(k') + theta (1 + gamma_w(k'))) (1 + gamma_w(b)) <= beta`` (the bias as the ``k'``-th term).
+(b) ``|V_l| = |sum_{i in G} A_il| <= (e_G^T|A|)_l`` and by (3) ``|V^_l| <= |V_l| + gamma_w(b) (e_G^T|A|)_l``, so
+``L = sum_l |V^_l||B_lj|`` (plus the block's rows times ``|bias_j|``), computed with ``k' + 1`` roundings, is at
+most ``(1 + gamma_w(b))(1 + gamma_w(k' + 2)) Mag``. (c) So is ``M``, the same sum with the computed block sums of
+``|A|`` in place of ``|V^|`` (each at most ``(1 + gamma_w(b)) (e_G^T|A|)_l``): one column's magnitudes computed on
+their own. Hence ``|S - R| <= c_R |R|`` with ``c_R = beta (1 - 2**-10)**2 / (1 + beta)``, or ``|S - R| <= c_V L``
+or ``<= c_V M`` with ``c_V = beta (1 - 2**-10)**2 / ((1 + gamma_w(b))(1 + gamma_w(k' + 2)))``, gives ``|S - R| <=
+beta (1 - 2**-10) Mag`` (one factor ``1 - 2**-10`` absorbs the rounding of ``c |R|``, ``c L`` or ``c M``), and the
+computed bound of the theorem is at least ``beta Mag (1 - u_w)^2`` (underflow in ``R``, ``L`` or ``M`` stays within
+``eta``): the column passes the full check. ``R``, ``L`` and ``M`` are computed from the operands only, so this
+holds for **every** ``C^``, corrupted or not. A NaN in ``|S - R|`` or in the lower bound fails the comparison; an
+infinite lower bound is excluded (``|S - R| <= inf`` would hold). So when every column is cleared the count is 0,
+exactly what the full check returns; otherwise the full check runs: the count is the same either way, for any
+``C^``. (a) is free (``R`` is at hand) and clears nearly every column on clean steps (99% of the benchmark
+transformer's: ``|R|`` is about the column's sum, the rest cancel); (b) is computed only for the columns (a) left,
+``k`` products each, and cancels over rows only; (c) (a pass over ``|A|``, then ``k`` products per column) only for
+the columns (b) left, where ``V^`` itself cancels (the gradient of a softmax's input sums to zero over a row). A
+screen on the computed ``C^`` (its largest ``|C^|`` bounds ``Mag`` from below when ``C^`` is correct) was used
+before and is not: a fault that raises an entry raises that bound with it, and two corrupted entries of one block
+column whose errors nearly cancel were cleared while the full check flagged them (a test keeps that case).
 
 Consequences (what is caught): a changed entry ``C^_ij -> C^_ij + d`` is caught when ``|d| > 2 beta Mag`` in its
 block column, whatever its bits. Sign flips and exponent flips of entries not far below the column's typical
@@ -130,10 +134,10 @@ def _gamma(n: int, u: float) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def _coefficients(p: Precision, b: int, k: int, w: torch.dtype) -> tuple[float, float, float]:
-    """``(beta * slack / lower factor of the computed Mag, eta, screen)`` of the theorem, for ``b`` rows per checksum
-    and ``k`` terms per entry; ``beta`` is inf when the bound is vacuous. ``screen`` is the factor of (8): ``beta (1 -
-    2**-10) / (1 + alpha)``."""
+def _coefficients(p: Precision, b: int, k: int, w: torch.dtype) -> tuple[float, float, float, float]:
+    """``(beta * slack / lower factor of the computed Mag, eta, c_R, c_V)`` of the theorem, for ``b`` rows per
+    checksum and ``k`` terms per entry; ``beta`` is inf when the bound is vacuous. ``c_R`` and ``c_V`` are the
+    screen's factors (proof step (8))."""
     uw = _UNITS[w]
     th_in, theta = 2 * p.u_in + p.u_in ** 2, 2 * p.u_ref + p.u_ref ** 2
     g_acc, gb, gk = _gamma(k, p.u_acc), _gamma(b + 1, uw), _gamma(k + 1, uw)
@@ -141,9 +145,11 @@ def _coefficients(p: Precision, b: int, k: int, w: torch.dtype) -> tuple[float, 
     beta = alpha + gb * (2 + alpha) + (gk + theta * (1 + gk)) * (1 + gb)
     lower = (1 - gb) * (1 - gk) * (1 - theta)
     if not math.isfinite(beta) or alpha >= 1 or lower <= 0:
-        return math.inf, math.inf, 0.0
+        return math.inf, math.inf, 0.0, 0.0
     eta = torch.finfo(w).tiny * (2 * b * k + 4 * k + 4 * b) + 2 * b * p.tiny_out
-    return beta / lower * _SLACK, eta * _SLACK, beta * (1 - 2.0 ** -10) / (1 + alpha)
+    margin = 1 - 2.0 ** -10
+    return (beta / lower * _SLACK, eta * _SLACK, beta * margin ** 2 / (1 + beta),
+            beta * margin ** 2 / ((1 + gb) * (1 + gk)))
 
 
 def _block_reduce(x: torch.Tensor, rows: int,
@@ -175,12 +181,26 @@ def _block_sums(x: torch.Tensor, rows: int, w: torch.dtype, *, absolute: bool = 
                                                                                          dtype=w))
 
 
-def _block_peaks(x: torch.Tensor, rows: int, w: torch.dtype) -> torch.Tensor:
-    """The largest magnitude in each block column of ``x`` (exact: no rounding), in ``w``; NaN where one is NaN.
-    Two reductions without a copy: faster on the CPU than ``abs()`` first, and than ``aminmax``."""
-    def peak(v: torch.Tensor, dim: int, keep: bool) -> torch.Tensor:
-        return torch.maximum(v.amax(dim=dim, keepdim=keep), v.amin(dim=dim, keepdim=keep).neg_()).to(w)
-    return _block_reduce(x, rows, peak)
+def _gathered_magnitudes(v: torch.Tensor, bw: torch.Tensor, where: torch.Tensor, bias: torch.Tensor | None, m: int,
+                         rows: int, w: torch.dtype) -> torch.Tensor:
+    """``sum_l |v_gl| |B_lj|`` (+ the block's rows times ``|bias_j|``) for the block columns ``(batch,) g, j`` listed in
+    ``where`` (``nonzero()`` of a block-column mask), ``k`` products each and nothing else read: with the signed block
+    sums ``V^`` of ``A`` a lower bound of their magnitudes, with the block sums of ``|A|`` the magnitudes themselves
+    (proof step (8)). ``bw`` is ``B`` in ``w``; a column of it is gathered along its memory order."""
+    g, j = where[:, -2], where[:, -1]
+    batch = where[:, 0] if v.dim() == 3 else None
+    vs = v[g] if batch is None else v[batch, g]
+    if bw.stride(-2) == 1:  # B^T's rows are B's columns (the weight of a dX, transposed)
+        bs = bw.mT[j] if batch is None else bw.mT[batch, j]
+    else:  # logical (row-major) indices: take reads only the k entries of each column
+        k, n = bw.shape[-2], bw.shape[-1]
+        flat = torch.arange(k, device=bw.device) * n + j[:, None]
+        bs = torch.take(bw, flat if batch is None else flat + batch[:, None] * (k * n))
+    lower = (vs.abs() * bs.abs()).sum(dim=-1)
+    if bias is not None:
+        count = torch.clamp(m - g * rows, max=rows).to(w)
+        lower += count * bias.to(w).reshape(-1)[j].abs()
+    return lower
 
 
 def _bias_sums(bias: torch.Tensor, m: int, rows: int, w: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,27 +218,38 @@ def check_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, bias: tor
     """The number of block columns of ``c = [bias +] a @ b`` (2-D, or batched 3-D) whose checksum differs from the
     operands' by more than the bound (a 0-d int64 tensor on ``c``'s device).
 
-    ``screen`` (default: on the CPU) first compares with the cheap lower bound of (8) and computes the magnitudes
-    only when some column is not cleared by it; the count is the same either way. It reads one value on the host,
-    which on a GPU would stall the stream, so there the magnitudes are always computed and nothing syncs."""
+    ``screen`` (default: on the CPU) first compares with the cheap lower bounds of the magnitudes of (8) and
+    computes the magnitudes only when some column is cleared by neither; the count is the same either way, for any
+    ``c`` (proven in (8)). It reads values on the host, which on a GPU would stall the stream, so there the
+    magnitudes are always computed and nothing syncs."""
     w = torch.float64 if c.dtype == torch.float64 else torch.float32
     k = a.shape[-1] + (1 if bias is not None else 0)
     m = c.shape[-2]
     rows = max(1, min(rows, m))
-    coef, eta, cleared = _coefficients(precision, rows, k + 1, w)
+    coef, eta, by_reference, by_sums = _coefficients(precision, rows, k + 1, w)
     if not math.isfinite(coef):
         return torch.zeros((), dtype=torch.int64, device=c.device)
     bw = b.to(w)
-    r = torch.matmul(_block_sums(a, rows, w), bw)
+    v = _block_sums(a, rows, w)
+    r = torch.matmul(v, bw)
     if bias is not None:
         bias_sum, bias_mag = _bias_sums(bias, m, rows, w)
         r += bias_sum
     diff = (_block_sums(c, rows, w) - r).abs()
     if c.device.type == "cpu" if screen is None else screen:
-        # (8): every column with diff <= cleared * (its largest |C|) holds the bound; only others need the magnitudes
-        peak = _block_peaks(c, rows, w)
-        if bool(((diff <= peak.mul_(cleared)) & (peak < math.inf)).all()):
+        # (8): a column with diff <= c_R |R| holds the bound, whatever C is; so does one with diff <= c_V L, or <=
+        # c_V times its magnitudes computed on their own, each only for the columns still left
+        size = r.abs()
+        left = ~((diff <= size * by_reference) & (size < math.inf))
+        if not bool(left.any()):
             return torch.zeros((), dtype=torch.int64, device=c.device)
+        where, d = left.nonzero(), diff[left]
+        for sums in (lambda: v, lambda: _block_sums(a, rows, w, absolute=True)):  # L, then the magnitudes
+            lower = _gathered_magnitudes(sums(), bw, where, bias, m, rows, w)
+            keep = ~((d <= lower.mul_(by_sums)) & (lower < math.inf))
+            if not bool(keep.any()):
+                return torch.zeros((), dtype=torch.int64, device=c.device)
+            where, d = where[keep], d[keep]
     babs = bw.abs()
     va = _block_sums(a, rows, w, absolute=True)
     mag = torch.matmul(va, babs)
