@@ -16,6 +16,10 @@ share caught per class is printed (fp32; low mantissa flips are under the roundi
 Run::
 
     python benchmarks/checksum_cost.py [--rounds 8] [--rows 16,32,64,128] [--samples 20] [--json FILE]
+
+``--parts`` also times, on one checked step's matmuls (their operands and results recorded), where a check's time
+goes: the matmuls themselves, the check as it runs (with the screen), the check with every column's magnitudes,
+and plain-torch equivalents of its passes (block sums of ``A``, of ``C``, the reference matmul).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from _tiny_transformer import TinyTransformer, lm_loss, make_batch  # noqa: E402
 from sdcguard.training.checksum_bound import check_matmul  # noqa: E402
@@ -77,6 +82,55 @@ class _Coverage(ChecksumMode):
         return out
 
 
+class _Recorder(TorchDispatchMode):
+    """Keeps the operands and result of every fp32 mm / addmm / bmm of a step (what the checks see)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name in ("mm", "addmm", "bmm") and func._overloadname == "default" and out.dtype == torch.float32:
+            a, b, bias = (args[0], args[1], None) if name != "addmm" else (args[1], args[2], args[0])
+            self.calls.append((a, b, out, bias))
+        return out
+
+
+def _parts(model: torch.nn.Module, batch: Any, rounds: int, rows: int) -> dict[str, float]:
+    """Milliseconds of CPU time per step for each part of the checks, on one step's recorded matmuls."""
+    from sdcguard.training.checksum_bound import precision_for
+
+    rec = _Recorder()
+    with rec:
+        lm_loss(model, batch).backward()
+    model.zero_grad(set_to_none=True)
+    p = precision_for(torch.float32, torch.device("cpu"))
+
+    def blocks(x: torch.Tensor) -> torch.Tensor:
+        m = x.shape[-2] // rows * rows
+        return x[..., :m, :].reshape(*x.shape[:-2], m // rows, rows, x.shape[-1]).sum(dim=-2)
+
+    parts: dict[str, Any] = {
+        "the matmuls themselves": lambda a, b, c, v: torch.matmul(a, b) if v is None else torch.addmm(v, a, b),
+        "check (as it runs)": lambda a, b, c, v: check_matmul(a, b, c, bias=v, precision=p, rows=rows),
+        "check, every column's magnitudes": lambda a, b, c, v: check_matmul(a, b, c, bias=v, precision=p, rows=rows,
+                                                                           screen=False),
+        "  block sums of A": lambda a, b, c, v: blocks(a),
+        "  block sums of C": lambda a, b, c, v: blocks(c),
+        "  reference matmul (sums of A) @ B": lambda a, b, c, v: torch.matmul(blocks(a), b),
+    }
+    spent: dict[str, list[float]] = {k: [] for k in parts}
+    for _ in range(rounds):
+        for k, f in parts.items():
+            t0 = time.thread_time()
+            for a, b, c, v in rec.calls:
+                f(a, b, c, v)
+            spent[k].append(time.thread_time() - t0)
+    return {k: statistics.median(v) * 1e3 for k, v in spent.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=8)
@@ -87,6 +141,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--parts", action="store_true", help="also time the parts of a check (see the docstring)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     torch.set_num_threads(1)
@@ -140,6 +195,11 @@ def main() -> None:
         shares = {r: cov.hits[r][cls] / max(1, cov.tried[cls]) for r in rows}
         out["coverage"][cls] = shares
         print(f"{cls:<24}" + "".join(f"{shares[r]:>10.0%}" for r in rows))
+    if args.parts:
+        out["parts_ms"] = _parts(model, batch, args.rounds, 32)
+        print(f"\nwhere a checked step's check time goes (rows=32, one step's matmuls, CPU ms, {args.rounds} rounds):")
+        for k, v in out["parts_ms"].items():
+            print(f"{k:<40}{v:>8.1f}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1), encoding="utf-8")
 

@@ -19,12 +19,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_checksum_cost_runs_and_reports_its_coverage(tmp_path: Path) -> None:
     out = tmp_path / "cost.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "checksum_cost.py"), "--rounds", "2", "--rows", "8,32",
-                    "--samples", "2", "--d", "32", "--layers", "1", "--seq", "16", "--batch", "2", "--json",
-                    str(out)], check=True, capture_output=True, text=True, timeout=280)
+                    "--samples", "2", "--d", "32", "--layers", "1", "--seq", "16", "--batch", "2", "--parts",
+                    "--json", str(out)], check=True, capture_output=True, text=True, timeout=280)
     figures = json.loads(out.read_text(encoding="utf-8"))
     assert set(figures["checked"]) == {"8", "32"}
     assert figures["coverage"]["exponent (top bit)"]["8"] == 1.0  # a top-exponent flip is never under the bound
     assert figures["coverage"]["low mantissa (7-0)"]["32"] == 0.0  # and the lowest bits always are
+    assert all(v > 0 for v in figures["parts_ms"].values()) and len(figures["parts_ms"]) == 6
 
 
 def test_detector_costs_derives_the_defaults_from_a_checked_step() -> None:
