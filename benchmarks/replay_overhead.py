@@ -15,7 +15,7 @@ Two jobs' worth of configurations, each on its own copy of the model, in the sam
 - ``fsdp`` / ``fsdp+peer``: the same model sharded with FSDP2 (per block), without and with ``replay_every=10``;
 - ``sum1`` / ``sum3``: ``SDCGuard(replay_every=0, checksum_every=1 | 3)``: the matmul checksum checks on every step
   (the cost of a checked step) and at the default (one step in 3), against ``checks`` (the same guard without them);
-- ``defaults``: ``SDCGuard()`` at its defaults (``replay_every=50``, ``checksum_every=4``).
+- ``defaults``: ``SDCGuard()`` at its defaults (``replay_every=50``, ``checksum_every=3``).
 
 Every other guard configuration runs with ``checksum_every=0``, so each check's cost stands apart.
 
