@@ -160,7 +160,7 @@ def _block_reduce(x: torch.Tensor, rows: int,
     m = x.shape[-2]
     full = m // rows * rows
     parts = []
-    if x.dim() >= 2 and x.stride(-2) == 1 and x.stride(-1) != 1:
+    if x.stride(-2) == 1 and x.stride(-1) != 1:
         xt = x.mT
         if full:
             parts.append(reduce(xt[..., :full].reshape(*xt.shape[:-1], full // rows, rows), -1, False).mT)
