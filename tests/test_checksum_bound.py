@@ -30,25 +30,41 @@ def _operands(seed: int, m: int, k: int, n: int, dtype: torch.dtype, scale: floa
     return (a * scale).to(dtype), b.to(dtype)
 
 
+BIASES = ["none", "row", "scalar", "column", "matrix"]
+
+
+def _added(shape: str, seed: int, batch: int, m: int, n: int, dtype: torch.dtype, scale: float) -> torch.Tensor | None:
+    """The term addmm / baddbmm adds to the product, in each shape they broadcast: a bias row, a scalar, a column,
+    a full matrix (per batch for baddbmm)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    size = {"none": None, "row": (n,), "scalar": (), "column": (m, 1), "matrix": (batch, m, n) if batch else (m, n)}
+    if size[shape] is None:
+        return None
+    return (torch.randn(size[shape], generator=g) * scale).to(dtype)
+
+
+def _product(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor | None) -> torch.Tensor:
+    if v is None:
+        return torch.bmm(a, b) if a.dim() == 3 else a @ b
+    return torch.baddbmm(v, a, b) if a.dim() == 3 else torch.addmm(v, a, b)
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2 ** 31), m=st.integers(1, 96), k=st.integers(1, 300), n=st.integers(1, 64),
        dtype=st.sampled_from(DTYPES), scale=st.sampled_from([1e-30, 1e-6, 1.0, 1e6, 1e30]),
        kind=st.sampled_from(["normal", "positive", "spread"]), batch=st.sampled_from([0, 0, 3]),
-       rows=st.sampled_from([1, 7, 32, 1000]), bias=st.booleans())
+       rows=st.sampled_from([1, 7, 32, 1000]), bias=st.sampled_from(BIASES))
 def test_a_clean_matmul_never_exceeds_the_bound(seed: int, m: int, k: int, n: int, dtype: torch.dtype, scale: float,
-                                                kind: str, batch: int, rows: int, bias: bool) -> None:
+                                                kind: str, batch: int, rows: int, bias: str) -> None:
     if dtype in (torch.float16, torch.bfloat16) and scale in (1e-30, 1e30):
         scale = 1e-3 if scale < 1 else 1e3  # outside their range the operands are zeros or infinities
     a, b = _operands(seed, m, k, n, dtype, scale, kind, batch)
     p = precision_for(dtype, CPU)
     assert p is not None
-    if bias and not batch:
-        v = torch.randn(n, generator=torch.Generator().manual_seed(seed + 1)).to(dtype) * scale
-        c = torch.addmm(v, a, b)
-        assert int(check_matmul(a, b, c, bias=v, precision=p, rows=rows)) == 0
-    else:
-        c = torch.bmm(a, b) if batch else a @ b
-        assert int(check_matmul(a, b, c, precision=p, rows=rows)) == 0
+    v = _added(bias, seed, batch, m, n, dtype, scale)
+    c = _product(a, b, v)
+    for screen in (True, False):
+        assert int(check_matmul(a, b, c, bias=v, precision=p, rows=rows, screen=screen)) == 0
 
 
 def _flip(x: torch.Tensor, index: int, bit: int) -> torch.Tensor:
@@ -127,21 +143,22 @@ def test_precision_follows_the_fp32_matmul_setting() -> None:
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2 ** 31), m=st.integers(1, 80), k=st.integers(1, 200), n=st.integers(1, 40),
        dtype=st.sampled_from(DTYPES), kind=st.sampled_from(["normal", "positive", "spread"]),
-       batch=st.sampled_from([0, 0, 2]), rows=st.sampled_from([1, 7, 32, 1000]), bias=st.booleans(),
+       batch=st.sampled_from([0, 0, 2]), rows=st.sampled_from([1, 7, 32, 1000]), bias=st.sampled_from(BIASES),
        transposed=st.sampled_from(["", "a", "b", "ab"]), fault=st.sampled_from(["none", "bit", "nan", "inf", "zero"]),
        bit=st.integers(0, 31), where=st.integers(0, 10 ** 6))
 def test_the_screen_never_changes_the_count(seed: int, m: int, k: int, n: int, dtype: torch.dtype, kind: str,
-                                            batch: int, rows: int, bias: bool, transposed: str, fault: str,
+                                            batch: int, rows: int, bias: str, transposed: str, fault: str,
                                             bit: int, where: int) -> None:
-    # proof step (8): clearing columns by the cheap lower bound of their magnitudes gives the full check's count,
-    # clean or corrupted, whatever the operands' layout (transposed operands take another reduction path)
+    # proof step (8): clearing columns by lower bounds of their magnitudes taken from the operands gives the full
+    # check's count, clean or corrupted, whatever the operands' layout (transposed operands take another reduction
+    # path) and whatever the added term's shape
     a, b = _operands(seed, m, k, n, dtype, 1.0, kind, batch)
     if "a" in transposed:
         a = a.mT.contiguous().mT
     if "b" in transposed:
         b = b.mT.contiguous().mT
-    v = torch.randn(n, generator=torch.Generator().manual_seed(seed + 1)).to(dtype) if bias and not batch else None
-    c = torch.bmm(a, b) if batch else (torch.addmm(v, a, b) if v is not None else a @ b)
+    v = _added(bias, seed, batch, m, n, dtype, 1.0)
+    c = _product(a, b, v)
     flat = c.clone().reshape(-1)
     i = where % flat.numel()
     if fault == "bit" and dtype == torch.float32:

@@ -268,3 +268,53 @@ def test_bf16_autocast_names_the_backward_pass_by_the_weight_copy_not_its_shape(
         assert inc.parameter is not None
         passes.append(inc.parameter.split(", ")[-1].rstrip("]"))
     assert sorted(passes) == ["dW", "dW", "dX"]
+
+
+class _Residual(nn.Module):
+    """Matmuls whose added term is not a bias row: ``addmm`` of a full matrix (a fused residual), of a column and
+    of a scalar, and ``baddbmm`` of a per-batch matrix and of a shared one: each shape the ops broadcast."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8) * 0.3)
+        self.u = nn.Parameter(torch.randn(2, 8, 8) * 0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.addmm(x, x, self.w)  # x + x @ w
+        h = torch.addmm(h[:, :1], h, self.w) + torch.addmm(torch.tensor(0.5), h, self.w)
+        b = h.reshape(2, -1, 8)
+        return torch.baddbmm(b, b, self.u) + torch.baddbmm(b[0], b, self.u)
+
+
+def test_matmuls_that_add_a_matrix_column_or_scalar_are_checked_and_faults_caught() -> None:
+    """An added term that is not a bias row used to break the check (a shape error inside the training step);
+    every such call is checked, a clean step commits, and a fault in one of them is caught on its step."""
+    torch.manual_seed(0)
+
+    def loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return model(batch["x"]).square().mean()
+
+    guard = SDCGuard(_Residual(), loss, replay_every=0, checksum_every=1)
+    batch = {"x": torch.randn(64, 8)}
+    r = guard.step(0, batch)
+    assert r.commit and not r.incidents and r.matmuls_checked == r.matmuls_run == 14  # 5 forward, 9 backward
+    mode = _fault("transient", "forward", 0)
+    with mode:
+        mode.step = 1
+        r = guard.step(1, batch)
+    assert len(mode.records) == 1 and not r.commit
+    assert [i.kind for i in r.incidents] == ["checksum"]
+
+
+def test_a_call_the_check_cannot_take_is_counted_unchecked_and_the_step_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from sdcguard.training import checksums
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a shape the check does not know")
+
+    monkeypatch.setattr(checksums, "check_matmul", refuse)
+    guard = SDCGuard(_model(), lm_loss, replay_every=0, checksum_every=1)
+    with pytest.warns(RuntimeWarning, match="could not check aten.* count as run, not checked"):
+        r = guard.step(0, make_batch(0, 0))
+    assert r.commit and not r.incidents and r.matmuls_checked == 0 < r.matmuls_run

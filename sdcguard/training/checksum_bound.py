@@ -181,12 +181,13 @@ def _block_sums(x: torch.Tensor, rows: int, w: torch.dtype, *, absolute: bool = 
                                                                                          dtype=w))
 
 
-def _gathered_magnitudes(v: torch.Tensor, bw: torch.Tensor, where: torch.Tensor, bias: torch.Tensor | None, m: int,
-                         rows: int, w: torch.dtype) -> torch.Tensor:
-    """``sum_l |v_gl| |B_lj|`` (+ the block's rows times ``|bias_j|``) for the block columns ``(batch,) g, j`` listed in
-    ``where`` (``nonzero()`` of a block-column mask), ``k`` products each and nothing else read: with the signed block
-    sums ``V^`` of ``A`` a lower bound of their magnitudes, with the block sums of ``|A|`` the magnitudes themselves
-    (proof step (8)). ``bw`` is ``B`` in ``w``; a column of it is gathered along its memory order."""
+def _gathered_magnitudes(v: torch.Tensor, bw: torch.Tensor, where: torch.Tensor,
+                         bias_mag: torch.Tensor | None) -> torch.Tensor:
+    """``sum_l |v_gl| |B_lj|`` (+ the block sums of the added term's magnitude, ``bias_mag``) for the block
+    columns ``(batch,) g, j`` listed in ``where`` (``nonzero()`` of a block-column mask), ``k`` products each and
+    nothing else read: with the signed block sums ``V^`` of ``A`` a lower bound of their magnitudes, with the block
+    sums of ``|A|`` the magnitudes themselves (proof step (8)). ``bw`` is ``B`` in ``w``; a column of it is gathered
+    along its memory order."""
     g, j = where[:, -2], where[:, -1]
     batch = where[:, 0] if v.dim() == 3 else None
     vs = v[g] if batch is None else v[batch, g]
@@ -197,20 +198,25 @@ def _gathered_magnitudes(v: torch.Tensor, bw: torch.Tensor, where: torch.Tensor,
         flat = torch.arange(k, device=bw.device) * n + j[:, None]
         bs = torch.take(bw, flat if batch is None else flat + batch[:, None] * (k * n))
     lower = (vs.abs() * bs.abs()).sum(dim=-1)
-    if bias is not None:
-        count = torch.clamp(m - g * rows, max=rows).to(w)
-        lower += count * bias.to(w).reshape(-1)[j].abs()
+    if bias_mag is not None:
+        lower += bias_mag[g, j] if bias_mag.dim() == 2 else bias_mag[where[:, 0], g, j]
     return lower
 
 
-def _bias_sums(bias: torch.Tensor, m: int, rows: int, w: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The block sums of ``bias`` broadcast over ``m`` rows, and of its magnitude: the bias times each block's
-    number of rows (one rounding, within the ``gamma_w(b)`` of a summation), without materialising the rows."""
-    counts = torch.full((m // rows,), float(rows), dtype=w, device=bias.device)
-    if m % rows:
-        counts = torch.cat([counts, torch.tensor([float(m % rows)], dtype=w, device=bias.device)])
-    vw = bias.to(w).reshape(-1)
-    return counts[:, None] * vw, counts[:, None] * vw.abs()
+def _bias_terms(bias: torch.Tensor, shape: torch.Size, rows: int, w: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block sums of the term added to ``a @ b`` (``addmm``'s and ``baddbmm``'s input, broadcast to the result's
+    ``shape``), and of its magnitude. A bias row (a vector, a scalar, or leading dimensions of 1) is the bias times
+    each block's number of rows (one rounding, within the ``gamma_w(b)`` of a summation), without materialising the
+    rows; any other input (a full matrix, a column) is summed over the blocks like ``C``."""
+    m, n = shape[-2], shape[-1]
+    if all(d == 1 for d in bias.shape[:-1]) and bias.numel() in (1, n):
+        counts = torch.full((m // rows,), float(rows), dtype=w, device=bias.device)
+        if m % rows:
+            counts = torch.cat([counts, torch.tensor([float(m % rows)], dtype=w, device=bias.device)])
+        vw = bias.to(w).reshape(-1).expand(n)
+        return counts[:, None] * vw, counts[:, None] * vw.abs()
+    full = bias.to(w).expand(shape)
+    return _block_sums(full, rows, w), _block_sums(full, rows, w, absolute=True)
 
 
 def check_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, bias: torch.Tensor | None = None,
@@ -232,9 +238,10 @@ def check_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, bias: tor
     bw = b.to(w)
     v = _block_sums(a, rows, w)
     r = torch.matmul(v, bw)
+    bias_mag = None
     if bias is not None:
-        bias_sum, bias_mag = _bias_sums(bias, m, rows, w)
-        r += bias_sum
+        bias_sum, bias_mag = _bias_terms(bias, c.shape, rows, w)
+        r = r + bias_sum
     diff = (_block_sums(c, rows, w) - r).abs()
     if c.device.type == "cpu" if screen is None else screen:
         # (8): a column with diff <= c_R |R| holds the bound, whatever C is; so does one with diff <= c_V L, or <=
@@ -245,7 +252,7 @@ def check_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, bias: tor
             return torch.zeros((), dtype=torch.int64, device=c.device)
         where, d = left.nonzero(), diff[left]
         for sums in (lambda: v, lambda: _block_sums(a, rows, w, absolute=True)):  # L, then the magnitudes
-            lower = _gathered_magnitudes(sums(), bw, where, bias, m, rows, w)
+            lower = _gathered_magnitudes(sums(), bw, where, bias_mag)
             keep = ~((d <= lower.mul_(by_sums)) & (lower < math.inf))
             if not bool(keep.any()):
                 return torch.zeros((), dtype=torch.int64, device=c.device)
@@ -253,8 +260,8 @@ def check_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, bias: tor
     babs = bw.abs()
     va = _block_sums(a, rows, w, absolute=True)
     mag = torch.matmul(va, babs)
-    if bias is not None:
-        mag += bias_mag
+    if bias_mag is not None:
+        mag = mag + bias_mag
     # a column whose magnitudes are not finite (a NaN or Inf operand), or could overflow the output, is not judged
     judged = mag < 0.25 * torch.finfo(c.dtype).max
     # inputs flushed to zero lose at most tiny_in |other operand| per product (_flushed), outputs tiny_out (eta)

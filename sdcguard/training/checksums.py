@@ -22,6 +22,7 @@ the dispatcher); replay and the cross-replica checks still cover them.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -98,6 +99,7 @@ class ChecksumMode(TorchDispatchMode):
         self._module_names = {id(m): n or type(m).__name__ for n, m in module.named_modules()}
         self.active = False
         self._module = module
+        self._refused: set[str] = set()
 
     # ------------------------------------------------------------------ where an op runs (names for incidents)
 
@@ -195,8 +197,15 @@ class ChecksumMode(TorchDispatchMode):
         p = precision_for(out.dtype, out.device)
         if p is None or a.dtype != out.dtype or b.dtype != out.dtype:
             return
-        with _disable_current_modes():  # the check's own ops are no computation of the model's: no mode sees them
-            count = check_matmul(a, b, out, bias=bias, precision=p, rows=self.rows)
+        try:
+            with _disable_current_modes():  # the check's own ops are no computation of the model's: no mode sees them
+                count = check_matmul(a, b, out, bias=bias, precision=p, rows=self.rows)
+        except RuntimeError as e:  # a call the check cannot take must not break the training step: run, not checked
+            if name not in self._refused:
+                self._refused.add(name)
+                warnings.warn(f"sdcguard: could not check aten.{name} ({e}); such calls count as run, not checked",
+                              RuntimeWarning, stacklevel=2)
+            return
         phase, where = self._phase(a, b, out)
         tensors = tuple(t for t in args if isinstance(t, torch.Tensor))
         call = MatmulCall(op=f"aten.{name}", where=where, phase=phase, func=func, args=tuple(args),
