@@ -78,6 +78,19 @@ def _cpu_span(x: Any) -> tuple[int, int] | None:
     return x.data_ptr(), x.numel() * x.element_size()
 
 
+def _host_bytes(address: int, nbytes: int) -> np.ndarray:
+    """The ``nbytes`` bytes of host memory at ``address`` as a uint8 array (no copy; the caller keeps them alive)."""
+    import ctypes
+
+    # A ctypes array exports the buffer protocol; numpy's stubs accept only bytes-like types and memoryview.
+    return np.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=np.uint8)  # type: ignore[call-overload]
+
+
+def _nbytes(x: Any) -> int:
+    """Bytes of a numpy array's or torch tensor's elements."""
+    return int(x.nbytes) if isinstance(x, np.ndarray) else x.numel() * x.element_size()
+
+
 def _np_block_sums(words: np.ndarray, t: np.ndarray, u: np.ndarray, prod: np.ndarray, high: np.ndarray,
                    out_a: np.ndarray, out_b: np.ndarray) -> None:
     """``SA``/``SB`` of the chunks of one block of words (starting on a chunk boundary) with numpy's loops;
@@ -105,10 +118,7 @@ def _np_partial(address: int, nbytes: int, c0: int) -> int:
     """What ``_fpcore.partials`` computes for one run, with numpy's loops (temporaries of at most one block)."""
     if not nbytes:
         return 0
-    import ctypes
-
-    # A ctypes array exports the buffer protocol; numpy's stubs accept only bytes-like types and memoryview.
-    b = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=np.uint8)  # type: ignore[call-overload]
+    b = _host_bytes(address, nbytes)
     if nbytes % 4:  # only the last run of an input: a copy no bigger than the run, zero-padded
         words = np.zeros(-(-nbytes // 4), dtype=np.int32)
         words.view(np.uint8)[:nbytes] = b
@@ -212,7 +222,7 @@ def cpu_copy_fingerprints(sources: Sequence[Any], destinations: Sequence[Any]) -
     spans = []
     for k, (x, y) in enumerate(zip(sources, destinations)):
         span = _cpu_span(y)
-        nbytes = x.nbytes if isinstance(x, np.ndarray) else x.numel() * x.element_size()
+        nbytes = _nbytes(x)
         if span is None or span[1] != nbytes:
             raise ValueError(f"destination {k} must be C-contiguous with its source's {nbytes} bytes")
         spans.append(span[0])
@@ -230,7 +240,7 @@ def _fingerprints(xs: Sequence[Any], copy_to: list[int] | None) -> list[int]:
         if span is None:
             if not isinstance(x, np.ndarray):
                 x = x.detach()  # a parameter that requires grad: the same memory
-            nbytes = x.nbytes if isinstance(x, np.ndarray) else x.numel() * x.element_size()
+            nbytes = _nbytes(x)
             if copy_to is not None:
                 _copy_strided(x, copy_to[k], nbytes)
             acc[k] = _cpu_staged_partial(x, nbytes)
@@ -249,12 +259,9 @@ def _fingerprints(xs: Sequence[Any], copy_to: list[int] | None) -> list[int]:
 
 def _copy_strided(x: Any, address: int, nbytes: int) -> None:
     """Copy the bytes of ``x`` (not in order in memory) in logical C order to ``address``."""
-    import ctypes
-
     if not nbytes:
         return
-    # A ctypes array exports the buffer protocol; numpy's stubs accept only bytes-like types and memoryview.
-    out = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=np.uint8)  # type: ignore[call-overload]
+    out = _host_bytes(address, nbytes)
     if isinstance(x, np.ndarray):
         out.view(x.dtype).reshape(x.shape)[...] = x
     else:

@@ -238,7 +238,8 @@ def check_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, bias: tor
     bw = b.to(w)
     v = _block_sums(a, rows, w)
     r = torch.matmul(v, bw)
-    bias_mag = None
+    bias_mag: torch.Tensor | None = None
+    va: torch.Tensor | None = None
     if bias is not None:
         bias_sum, bias_mag = _bias_terms(bias, c.shape, rows, w)
         r = r + bias_sum
@@ -251,14 +252,18 @@ def check_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, bias: tor
         if not bool(left.any()):
             return torch.zeros((), dtype=torch.int64, device=c.device)
         where, d = left.nonzero(), diff[left]
-        for sums in (lambda: v, lambda: _block_sums(a, rows, w, absolute=True)):  # L, then the magnitudes
-            lower = _gathered_magnitudes(sums(), bw, where, bias_mag)
+        for magnitudes in (False, True):  # L, then (for the columns L left) the columns' own magnitudes M
+            sums = v
+            if magnitudes:
+                sums = va = _block_sums(a, rows, w, absolute=True)
+            lower = _gathered_magnitudes(sums, bw, where, bias_mag)
             keep = ~((d <= lower.mul_(by_sums)) & (lower < math.inf))
             if not bool(keep.any()):
                 return torch.zeros((), dtype=torch.int64, device=c.device)
             where, d = where[keep], d[keep]
     babs = bw.abs()
-    va = _block_sums(a, rows, w, absolute=True)
+    if va is None:  # the screen did not compute them
+        va = _block_sums(a, rows, w, absolute=True)
     mag = torch.matmul(va, babs)
     if bias_mag is not None:
         mag = mag + bias_mag
