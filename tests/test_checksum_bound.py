@@ -11,9 +11,21 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sdcguard.training.checksum_bound import Precision, check_matmul, precision_for
+from sdcguard.training import checksum_bound
+from sdcguard.training.checksum_bound import Precision, c_engine_available, check_matmul, precision_for
 
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True, params=["c", "torch"])
+def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test of this module runs twice: with the block sums and the screen's first tiers in the C engine
+    (``_checksum_core``, fp32 and bf16 operands on the CPU), and with torch ops alone (a machine without a compiler)."""
+    if request.param == "c" and not c_engine_available():
+        pytest.skip("sdcguard.training._checksum_core was not built (no C compiler at install time)")
+    if request.param == "torch":
+        monkeypatch.setattr(checksum_bound, "_checksum_core", None)
+    return str(request.param)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 
 
@@ -247,3 +259,73 @@ def test_two_faults_that_nearly_cancel_in_one_block_column_are_judged_like_the_f
         assert int(check_matmul(a, b, bad, precision=p, screen=True)) == full, (big, t)
         verdicts.add(full)
     assert verdicts == {0, 1}
+
+
+def _gamma(n: int, u: float) -> float:
+    return n * u / (1 - n * u)
+
+
+@pytest.mark.parametrize("engine", ["c"], indirect=True)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2 ** 31), m=st.integers(1, 90), k=st.integers(1, 40), n=st.integers(1, 30),
+       batch=st.sampled_from([0, 1, 3]), rows=st.sampled_from([1, 5, 8, 32, 100]),
+       layout=st.sampled_from(["rows", "transposed", "strided"]),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]), spread=st.booleans())
+def test_the_engine_block_sums_are_within_the_proofs_rounding_of_the_exact_sums(
+        engine: str, seed: int, m: int, k: int, n: int, batch: int, rows: int, layout: str, dtype: torch.dtype,
+        spread: bool) -> None:
+    # proof steps (2)-(3) assume only that each block sum errs by at most gamma_w(b) times the sum of its terms'
+    # magnitudes (any order): the engine's row-major, transposed (8 lanes) and general-stride loops, in fp32 and
+    # from bf16, over batches and a short last block
+    g = torch.Generator().manual_seed(seed)
+    lead = (batch,) if batch else ()
+
+    def operand(cols: int) -> torch.Tensor:
+        x = torch.randn(*lead, m, cols, generator=g)
+        if spread:
+            x = x * torch.exp2(torch.randint(-30, 30, x.shape, generator=g).float())
+        x = x.to(dtype)
+        if layout == "transposed":
+            return x.mT.contiguous().mT
+        if layout == "strided":  # every other column of a wider tensor: neither stride is 1
+            wide = torch.zeros(*lead, m, 2 * cols, dtype=dtype)
+            wide[..., ::2] = x
+            return wide[..., ::2]
+        return x
+
+    a, c = operand(k), operand(n)
+    b = max(1, min(rows, m))
+    got = checksum_bound._c_sums(a, c, b)
+    assert got is not None
+    for x, s in zip((a, c), got):
+        d = x.double()
+        full = m // b * b
+        parts = [d[..., :full, :].reshape(*lead, full // b, b, x.shape[-1])] if full else []
+        exact = [p.sum(dim=-2) for p in parts] + ([d[..., full:, :].sum(dim=-2, keepdim=True)] if m > full else [])
+        mags = [p.abs().sum(dim=-2) for p in parts] + ([d[..., full:, :].abs().sum(dim=-2, keepdim=True)]
+                                                       if m > full else [])
+        e, mag = torch.cat(exact, dim=-2), torch.cat(mags, dim=-2)
+        assert s.dtype == torch.float32 and s.shape == e.shape
+        assert torch.all((s.double() - e).abs() <= _gamma(b + 1, 2.0 ** -24) * mag), (layout, dtype, b)
+
+
+@pytest.mark.parametrize("engine", ["c"], indirect=True)
+def test_the_engine_refuses_what_it_cannot_read(engine: str) -> None:
+    # anything but dense fp32 / bf16 host tensors of matching dtypes goes to the torch ops, which count alike
+    a, c = torch.randn(8, 4), torch.randn(8, 3)
+    assert checksum_bound._c_sums(a, c, 4) is not None
+    assert checksum_bound._c_sums(a.double(), c.double(), 4) is None
+    assert checksum_bound._c_sums(a.half(), c.half(), 4) is None
+    assert checksum_bound._c_sums(a, c.bfloat16(), 4) is None
+    assert checksum_bound._c_sums(a._neg_view(), c, 4) is None
+    assert checksum_bound._c_sums(a[:0], c[:0], 4) is None
+    assert checksum_bound._c_bias(torch.randn(8, 1), 3) is False  # a column: summed by the torch path
+    assert checksum_bound._c_bias(torch.randn(8, 3), 3) is False
+    assert checksum_bound._c_bias(torch.randn(1, 3), 3) is not False
+    p = precision_for(torch.float32, CPU)
+    b = torch.randn(4, 3)
+    neg = a._neg_view()  # a lazily negated operand: read at its address it would be the wrong sign
+    assert int(check_matmul(neg, b, neg @ b, precision=p)) == 0
+    bad = neg @ b
+    bad[2, 1] = -bad[2, 1] * 4 - 1
+    assert int(check_matmul(neg, b, bad, precision=p)) == 1

@@ -73,10 +73,16 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
-__all__ = ["Precision", "precision_for", "check_matmul", "DEFAULT_ROWS"]
+try:  # built at install where a C compiler was present; without it the same screen runs as torch ops
+    from . import _checksum_core
+except ImportError:  # pragma: no cover - depends on the install
+    _checksum_core = None  # type: ignore[assignment]  # (the stub types the built module)
+
+__all__ = ["Precision", "precision_for", "check_matmul", "DEFAULT_ROWS", "c_engine_available"]
 
 DEFAULT_ROWS = 32
 """Rows of the result summed per checksum (``b``): the check costs ``2/b`` of the matmul's multiply-adds."""
@@ -104,27 +110,37 @@ class Precision:
     """Smallest normal number of the operands (a flushed operand loses up to it times the other)."""
 
 
-def _fp32_internal() -> float:
-    """Operand rounding of an fp32 matmul under the current setting: TF32 keeps 10 mantissa bits, and truncation
-    instead of rounding is allowed for (2**-10, not 2**-11); bf16 internal precision keeps 7."""
+def _fp32_internal(device_type: str) -> str:
+    """How an fp32 matmul rounds its operands under the current settings: ``highest`` (not at all), ``high``
+    (TF32) or ``medium`` (bf16)."""
     mode = torch.get_float32_matmul_precision()
-    if torch.cuda.is_available() and torch.backends.cuda.matmul.allow_tf32 and mode == "highest":
+    if device_type == "cuda" and mode == "highest" and torch.backends.cuda.matmul.allow_tf32:
         mode = "high"
-    return {"highest": 0.0, "high": 2.0 ** -10}.get(mode, 2.0 ** -7)
+    return mode
 
 
 def precision_for(dtype: torch.dtype, device: torch.device) -> Precision | None:
-    """The :class:`Precision` of a matmul of ``dtype`` operands on ``device``; None for a dtype it cannot bound."""
+    """The :class:`Precision` of a matmul of ``dtype`` operands on ``device``; None for a dtype it cannot bound.
+    Read from the current settings on every call (they may change between steps); the arithmetic is cached."""
+    reduced = False
+    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
+        matmul = torch.backends.cuda.matmul
+        reduced = (matmul.allow_bf16_reduced_precision_reduction if dtype == torch.bfloat16
+                   else matmul.allow_fp16_reduced_precision_reduction)
+    return _precision(dtype, _fp32_internal(device.type), reduced)
+
+
+@functools.lru_cache(maxsize=64)
+def _precision(dtype: torch.dtype, mode: str, reduced: bool) -> Precision | None:
+    """TF32 keeps 10 mantissa bits of an fp32 operand and truncation instead of rounding is allowed for (2**-10,
+    not 2**-11); bf16 internal precision keeps 7. ``reduced``: reduced-precision reductions of bf16/fp16."""
     if dtype not in _UNITS:
         return None
-    ref = _fp32_internal()
+    ref = {"highest": 0.0, "high": 2.0 ** -10}.get(mode, 2.0 ** -7)
     tiny = torch.finfo(dtype).tiny
     if dtype in (torch.float32, torch.float64):
         return Precision(u_in=ref if dtype == torch.float32 else 0.0, u_acc=_UNITS[dtype], u_out=0.0, u_ref=ref,
                          tiny_out=tiny, tiny_in=tiny)
-    reduced = device.type == "cuda" and (
-        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction if dtype == torch.bfloat16
-        else torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction)
     return Precision(u_in=0.0, u_acc=_UNITS[dtype] if reduced else _UNITS[torch.float32], u_out=_UNITS[dtype],
                      u_ref=ref, tiny_out=tiny, tiny_in=tiny)
 
@@ -219,6 +235,69 @@ def _bias_terms(bias: torch.Tensor, shape: torch.Size, rows: int, w: torch.dtype
     return _block_sums(full, rows, w), _block_sums(full, rows, w, absolute=True)
 
 
+_CODES = {torch.float32: 0, torch.bfloat16: 1}
+"""Operand dtypes the C engine reads (its code for each); its sums are in fp32, the ``w`` of both."""
+
+
+def c_engine_available() -> bool:
+    """Whether the screen's C engine (``sdcguard/training/_checksum_core.c``) was built at install."""
+    return _checksum_core is not None
+
+
+def _plain(x: torch.Tensor) -> bool:
+    """Whether the engine may read ``x`` at its address: a dense host tensor (no subclass, no lazy negation)."""
+    return (type(x) in (torch.Tensor, torch.nn.Parameter) and x.device.type == "cpu" and x.layout == torch.strided
+            and not x.is_neg())
+
+
+def _addr(x: torch.Tensor) -> tuple[int, int, int]:
+    """``(batch, row, column)`` strides of a 2-D or 3-D tensor, in elements."""
+    return (x.stride(0) if x.dim() == 3 else 0, x.stride(-2), x.stride(-1))
+
+
+def _c_bias(bias: torch.Tensor | None, n: int) -> torch.Tensor | None | Literal[False]:
+    """The added term as the engine takes it (a flat row of 1 or ``n`` values; None: no bias), or False when it is
+    not a row (a full matrix, a column: the torch path sums it)."""
+    if bias is None:
+        return None
+    if (bias.dtype not in _CODES or not _plain(bias) or not all(d == 1 for d in bias.shape[:-1])
+            or bias.numel() not in (1, n)):
+        return False
+    return bias.reshape(-1).contiguous()
+
+
+def _c_sums(a: torch.Tensor, c: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The block sums of ``A`` and of ``C`` in fp32 from the C engine, each read once; None where it cannot take
+    them (not built, not the CPU, another dtype or layout)."""
+    if (_checksum_core is None or not _plain(a) or not _plain(c) or c.dtype not in _CODES or a.dtype != c.dtype
+            or a.dim() != c.dim() or a.dim() not in (2, 3) or min(a.shape) == 0 or min(c.shape) == 0):
+        return None
+    batch = a.shape[0] if a.dim() == 3 else 1
+    m, k, n = a.shape[-2], a.shape[-1], c.shape[-1]
+    groups = (m + rows - 1) // rows
+    v = torch.empty((batch, groups, k) if a.dim() == 3 else (groups, k), dtype=torch.float32)
+    s = torch.empty((batch, groups, n) if a.dim() == 3 else (groups, n), dtype=torch.float32)
+    _checksum_core.block_sums(a.data_ptr(), c.data_ptr(), _CODES[c.dtype], batch, m, k, n, _addr(a), _addr(c), rows,
+                              v.data_ptr(), s.data_ptr())
+    return v, s
+
+
+def _cleared_by_engine(s: torch.Tensor, r: torch.Tensor, v: torch.Tensor, bw: torch.Tensor,
+                       bias: torch.Tensor | None, rows: int, m: int, by_reference: float, by_sums: float) -> bool:
+    """Tiers (a) and (b) of the screen (8) in one C pass over the block columns, usually all it takes: True when
+    every column is cleared. False also where the engine cannot take the added term (a full matrix, a column)."""
+    assert _checksum_core is not None
+    n = r.shape[-1]
+    flat = _c_bias(bias, n)
+    if flat is False or not r.is_contiguous() or not _plain(bw) or bw.dim() != r.dim():
+        return False
+    groups, k = v.shape[-2], v.shape[-1]
+    code, length, address = (0, 0, 0) if flat is None else (_CODES[flat.dtype], flat.numel(), flat.data_ptr())
+    return bool(_checksum_core.cleared(s.data_ptr(), r.data_ptr(), v.data_ptr(), bw.data_ptr(),
+                                       v.numel() // (groups * k), groups, k, n, _addr(bw), address, code, length,
+                                       rows, m, by_reference, by_sums))
+
+
 def check_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, bias: torch.Tensor | None = None,
                  precision: Precision, rows: int = DEFAULT_ROWS, screen: bool | None = None) -> torch.Tensor:
     """The number of block columns of ``c = [bias +] a @ b`` (2-D, or batched 3-D) whose checksum differs from the
@@ -236,15 +315,20 @@ def check_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, bias: tor
     if not math.isfinite(coef):
         return torch.zeros((), dtype=torch.int64, device=c.device)
     bw = b.to(w)
-    v = _block_sums(a, rows, w)
+    engine = _c_sums(a, c, rows)  # both block sums in one C call where it can (the same sums with or without screen)
+    v = _block_sums(a, rows, w) if engine is None else engine[0]
     r = torch.matmul(v, bw)
+    screening = c.device.type == "cpu" if screen is None else screen
+    if screening and engine is not None and _cleared_by_engine(engine[1], r, v, bw, bias, rows, m, by_reference,
+                                                               by_sums):
+        return torch.zeros((), dtype=torch.int64, device=c.device)
     bias_mag: torch.Tensor | None = None
     va: torch.Tensor | None = None
     if bias is not None:
         bias_sum, bias_mag = _bias_terms(bias, c.shape, rows, w)
         r = r + bias_sum
-    diff = (_block_sums(c, rows, w) - r).abs()
-    if c.device.type == "cpu" if screen is None else screen:
+    diff = ((_block_sums(c, rows, w) if engine is None else engine[1]) - r).abs()
+    if screening:
         # (8): a column with diff <= c_R |R| holds the bound, whatever C is; so does one with diff <= c_V L, or <=
         # c_V times its magnitudes computed on their own, each only for the columns still left
         size = r.abs()

@@ -45,6 +45,21 @@ _UNCHECKED = {"_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_
               "_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_cudnn_attention_backward"}
 
 
+_KINDS: dict[Any, str] = {}
+"""Op overload -> what the mode does with it (:func:`_kind`), decided on its first call."""
+
+
+def _kind(func: Any) -> str:
+    """``"copy"`` (a dtype copy, followed), ``"unchecked"`` (a matmul counted as run, not checked), the name of a
+    checked matmul (its default overload), or ``""`` (nothing)."""
+    name = func.overloadpacket.__name__ if func.namespace == "aten" else ""
+    if name == "_to_copy":
+        return "copy"
+    if name in _CHECKED:
+        return name if func._overloadname == "default" else "unchecked"
+    return "unchecked" if name in _UNCHECKED and "backward" not in name else ""
+
+
 @dataclass(frozen=True)
 class MatmulCall:
     """One checked matmul: what ran and where (kept until the step's counts are read)."""
@@ -170,15 +185,17 @@ class ChecksumMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        name = func.overloadpacket.__name__ if func.namespace == "aten" else ""
-        if name == "_to_copy":  # autocast's copy of a weight is the weight, for naming the backward's passes
+        kind = _KINDS.get(func)
+        if kind is None:  # most ops of a step: nothing to do, decided once per op
+            kind = _KINDS[func] = _kind(func)
+        if kind == "":
+            return out
+        if kind == "copy":  # autocast's copy of a weight is the weight, for naming the backward's passes
             self._follow_copy(args, out)
-        elif name in _CHECKED:
-            self.run += 1
-            if func._overloadname == "default":
-                self._check(name, func, args, kwargs, out)
-        elif name in _UNCHECKED and "backward" not in name:
-            self.run += 1
+            return out
+        self.run += 1
+        if kind != "unchecked":
+            self._check(kind, func, args, kwargs, out)
         return out
 
     def _follow_copy(self, args: Any, out: Any) -> None:
@@ -198,7 +215,10 @@ class ChecksumMode(TorchDispatchMode):
         if p is None or a.dtype != out.dtype or b.dtype != out.dtype:
             return
         try:
-            with _disable_current_modes():  # the check's own ops are no computation of the model's: no mode sees them
+            if torch._C._len_torch_dispatch_stack():  # the check's own ops are no computation of the model's
+                with _disable_current_modes():  # no mode below this one sees them (this one is off in here)
+                    count = check_matmul(a, b, out, bias=bias, precision=p, rows=self.rows)
+            else:
                 count = check_matmul(a, b, out, bias=bias, precision=p, rows=self.rows)
         except RuntimeError as e:  # a call the check cannot take must not break the training step: run, not checked
             if name not in self._refused:
@@ -206,17 +226,20 @@ class ChecksumMode(TorchDispatchMode):
                 warnings.warn(f"sdcguard: could not check aten.{name} ({e}); such calls count as run, not checked",
                               RuntimeWarning, stacklevel=2)
             return
-        phase, where = self._phase(a, b, out)
-        tensors = tuple(t for t in args if isinstance(t, torch.Tensor))
-        call = MatmulCall(op=f"aten.{name}", where=where, phase=phase, func=func, args=tuple(args),
-                          versions=tuple(t._version for t in tensors))
         self.checked += 1
         if out.device.type == "cpu":  # reading the count costs no sync here: recompute now, while operands live
             if n := int(count):
-                self._failures.append(self._recheck(call, n))
+                self._failures.append(self._recheck(self._call(name, func, args, a, b, out), n))
             return
         self._counts.append(count)  # a device: read once at end_step, so the checks never stall the stream
-        self.calls.append(call)
+        self.calls.append(self._call(name, func, args, a, b, out))
+
+    def _call(self, name: str, func: Any, args: Any, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> MatmulCall:
+        """What ran, where, and its operands' versions (called while the op's autograd context is current)."""
+        phase, where = self._phase(a, b, out)
+        tensors = tuple(t for t in args if isinstance(t, torch.Tensor))
+        return MatmulCall(op=f"aten.{name}", where=where, phase=phase, func=func, args=tuple(args),
+                          versions=tuple(t._version for t in tensors))
 
     def _recheck(self, call: MatmulCall, blocks: int) -> ChecksumFailure:
         tensors = tuple(t for t in call.args if isinstance(t, torch.Tensor))
