@@ -18,8 +18,9 @@ Run::
     python benchmarks/checksum_cost.py [--rounds 8] [--rows 16,32,64,128] [--samples 20] [--json FILE]
 
 ``--parts`` also times, on one checked step's matmuls (their operands and results recorded), where a check's time
-goes: the matmuls themselves, the check as it runs (with the screen), the check with every column's magnitudes,
-and plain-torch equivalents of its passes (block sums of ``A``, of ``C``, the reference matmul).
+goes: the matmuls themselves, the check as it runs (with the screen; on the CPU the block sums and the screen's
+first tiers in the C engine where it was built), the check with every column's magnitudes, the reference matmul
+alone, and the block sums of ``A`` and of ``C`` as torch ops (what the C engine replaces).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from _tiny_transformer import TinyTransformer, lm_loss, make_batch  # noqa: E402
-from sdcguard.training.checksum_bound import check_matmul  # noqa: E402
+from sdcguard.training.checksum_bound import c_engine_available, check_matmul  # noqa: E402
 from sdcguard.training.checksums import ChecksumMode  # noqa: E402
 
 CLASSES = {"sign": [31], "exponent (top bit)": [30], "exponent (low bits)": [23, 24, 25],
@@ -112,21 +113,22 @@ def _parts(model: torch.nn.Module, batch: Any, rounds: int, rows: int) -> dict[s
         m = x.shape[-2] // rows * rows
         return x[..., :m, :].reshape(*x.shape[:-2], m // rows, rows, x.shape[-1]).sum(dim=-2)
 
+    sums = [blocks(a) for a, _, _, _ in rec.calls]
     parts: dict[str, Any] = {
-        "the matmuls themselves": lambda a, b, c, v: torch.matmul(a, b) if v is None else torch.addmm(v, a, b),
-        "check (as it runs)": lambda a, b, c, v: check_matmul(a, b, c, bias=v, precision=p, rows=rows),
-        "check, every column's magnitudes": lambda a, b, c, v: check_matmul(a, b, c, bias=v, precision=p, rows=rows,
-                                                                           screen=False),
-        "  block sums of A": lambda a, b, c, v: blocks(a),
-        "  block sums of C": lambda a, b, c, v: blocks(c),
-        "  reference matmul (sums of A) @ B": lambda a, b, c, v: torch.matmul(blocks(a), b),
+        "the matmuls themselves": lambda a, b, c, v, s: torch.matmul(a, b) if v is None else torch.addmm(v, a, b),
+        "check (as it runs)": lambda a, b, c, v, s: check_matmul(a, b, c, bias=v, precision=p, rows=rows),
+        "check, every column's magnitudes": lambda a, b, c, v, s: check_matmul(a, b, c, bias=v, precision=p,
+                                                                              rows=rows, screen=False),
+        "  of which the reference matmul V @ B": lambda a, b, c, v, s: torch.matmul(s, b),
+        "  block sums of A, torch ops": lambda a, b, c, v, s: blocks(a),
+        "  block sums of C, torch ops": lambda a, b, c, v, s: blocks(c),
     }
     spent: dict[str, list[float]] = {k: [] for k in parts}
     for _ in range(rounds):
         for k, f in parts.items():
             t0 = time.thread_time()
-            for a, b, c, v in rec.calls:
-                f(a, b, c, v)
+            for (a, b, c, v), s in zip(rec.calls, sums):
+                f(a, b, c, v, s)
             spent[k].append(time.thread_time() - t0)
     return {k: statistics.median(v) * 1e3 for k, v in spent.items()}
 
@@ -171,10 +173,11 @@ def main() -> None:
             times[n].append(step(n))
     base = statistics.median(times["plain"])
     out: dict[str, Any] = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                           "plain_cpu_s": base, "checked": {}, "coverage": {}}
+                           "c_engine": c_engine_available(), "plain_cpu_s": base, "checked": {}, "coverage": {}}
     print(f"transformer d={args.d} layers={args.layers} seq={args.seq} batch={args.batch}, one thread, "
           f"{args.rounds} rounds; forward+backward {base * 1e3:.1f} ms CPU; matmuls per step: "
-          f"{modes[rows[0]].checked} checked of {modes[rows[0]].run} run")
+          f"{modes[rows[0]].checked} checked of {modes[rows[0]].run} run; block sums and screen: "
+          f"{'the C engine' if c_engine_available() else 'torch ops (the C engine was not built)'}")
     print(f"{'setting':<12}{'checked step (median, IQR)':>30}"
           + "".join(f"{f'every={e}':>10}" for e in (1, 2, 3, 4, 6)))
     for r in rows:

@@ -271,7 +271,7 @@ def _gamma(n: int, u: float) -> float:
        batch=st.sampled_from([0, 1, 3]), rows=st.sampled_from([1, 5, 8, 32, 100]),
        layout=st.sampled_from(["rows", "transposed", "strided"]),
        dtype=st.sampled_from([torch.float32, torch.bfloat16]), spread=st.booleans())
-def test_the_engine_block_sums_are_within_the_proofs_rounding_of_the_exact_sums(
+def test_the_engine_block_sums_and_magnitude_sums_are_within_the_proofs_rounding_of_the_exact_sums(
         engine: str, seed: int, m: int, k: int, n: int, batch: int, rows: int, layout: str, dtype: torch.dtype,
         spread: bool) -> None:
     # proof steps (2)-(3) assume only that each block sum errs by at most gamma_w(b) times the sum of its terms'
@@ -297,7 +297,8 @@ def test_the_engine_block_sums_are_within_the_proofs_rounding_of_the_exact_sums(
     b = max(1, min(rows, m))
     got = checksum_bound._c_sums(a, c, b)
     assert got is not None
-    for x, s in zip((a, c), got):
+    magnitudes = checksum_bound._c_magnitudes(a, got[0], b)
+    for x, s in ((a, got[0]), (c, got[1]), (a.abs(), magnitudes)):
         d = x.double()
         full = m // b * b
         parts = [d[..., :full, :].reshape(*lead, full // b, b, x.shape[-1])] if full else []
@@ -329,3 +330,31 @@ def test_the_engine_refuses_what_it_cannot_read(engine: str) -> None:
     bad = neg @ b
     bad[2, 1] = -bad[2, 1] * 4 - 1
     assert int(check_matmul(neg, b, bad, precision=p)) == 1
+
+
+@pytest.mark.parametrize("engine", ["c"], indirect=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_engine_clears_a_block_whose_operand_rows_cancel_by_the_columns_own_magnitudes(
+        engine: str, dtype: torch.dtype) -> None:
+    # every block of A holds rows x, y and -(x + y) (the gradient of a softmax's input sums to zero over a row
+    # alike): the block sums V cancel to rounding residue, so |R| and L are that small and clear nothing, and only
+    # tier (c), the column's magnitudes from |A|, clears the rounding noise of the computed C; a fault still counts
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(32, 48, generator=g).to(dtype), torch.randn(32, 48, generator=g).to(dtype)
+    a = torch.stack([x, y, -(x + y)], dim=1).reshape(96, 48)
+    b = torch.randn(48, 24, generator=g).to(dtype)
+    c = a @ b
+    p = precision_for(dtype, CPU)
+    assert p is not None
+    got = checksum_bound._c_sums(a, c, 3)
+    assert got is not None
+    r = torch.matmul(got[0], b.float())
+    _, _, by_reference, by_sums = checksum_bound._coefficients(p, 3, 48 + 1, torch.float32)
+    args = (3, 96, by_reference, by_sums)
+    assert checksum_bound._cleared_by_engine(got[1], r, got[0], None, b.float(), None, *args) is False
+    va = checksum_bound._c_magnitudes(a, got[0], 3)
+    assert checksum_bound._cleared_by_engine(got[1], r, got[0], va, b.float(), None, *args) is True
+    assert int(check_matmul(a, b, c, precision=p, rows=3)) == 0
+    bad = c.clone()
+    bad[5, 7] = bad[5, 7] * -4 - 1
+    assert int(check_matmul(a, b, bad, precision=p, rows=3)) == 1

@@ -6,12 +6,15 @@
  * transposed one (A^T of a weight gradient) sums its contiguous runs in 8 lanes. Any order of summation is
  * within the gamma_w(b) of the proof. bfloat16 operands are widened exactly on load.
  *
- * cleared(s, r, v, b, batch, groups, k, n, b_strides, bias, bias_dtype, bias_len, rows, m, c_r, c_v) -> bool:
+ * magnitude_sums(a, dtype, batch, m, k, a_strides, rows, va): the same block sums of |A| (tier (c) needs them).
+ *
+ * cleared(s, r, v, va, b, batch, groups, k, n, b_strides, bias, bias_dtype, bias_len, rows, m, c_r, c_v) -> bool:
  * whether every block column satisfies tier (a), |S - R'| <= c_r |R'| with |R'| finite (R' = R + the block's rows
  * times the bias: a bias row of bias_len 1 or n, added in fp32 as the torch path adds it; bias_len 0: none), or
- * else tier (b), |S - R'| <= c_v L with L = sum_l |V_gl| |B_lj| + rows |bias_j| finite (B in fp32, any strides).
- * True means the full check's count is 0 for these S, R and V, whatever C is. The comparisons and L are computed in
- * double, at least as tight as the fp32 the proof allows for. It stops at the first column cleared by neither.
+ * else tier (b), |S - R'| <= c_v L with L = sum_l |V_gl| |B_lj| + rows |bias_j| finite (B in fp32, any strides),
+ * or else (when va is not 0) tier (c), the same with M, the block sums of |A| in place of |V|. True means the full
+ * check's count is 0 for these S, R and V, whatever C is. The comparisons, L and M are computed in double, at least
+ * as tight as the fp32 the proof allows for. It stops at the first column no tier clears.
  *
  * Addresses rather than buffer objects (torch tensors do not export the buffer protocol): the caller keeps the
  * memory alive and checks the shapes, strides and dtypes. The GIL is released for the arithmetic.
@@ -44,16 +47,20 @@ static inline float load(const unsigned char *p, int dt) {
 }
 
 /* out[0:k] = sum over rows i0..i1 of x[i, 0:k]; x's element (i, l) at x + (i * si + l * sl) * es. */
+static inline float load_abs(const unsigned char *p, int dt) { return fabsf(load(p, dt)); }
+
+#define LOAD(p, dt) (absolute ? load_abs((p), (dt)) : load((p), (dt)))
+
 static inline void sum_block(const unsigned char *x, int dt, int64_t es, int64_t i0, int64_t i1, int64_t k,
-                             int64_t si, int64_t sl, float *out) {
+                             int64_t si, int64_t sl, float *out, const int absolute) {
     if (sl == 1) { /* row-major: add whole rows */
         memset(out, 0, (size_t)k * sizeof(float));
         for (int64_t i = i0; i < i1; i++) {
             const unsigned char *row = x + i * si * es;
             if (dt == F32)
-                for (int64_t l = 0; l < k; l++) out[l] += load(row + 4 * l, F32);
+                for (int64_t l = 0; l < k; l++) out[l] += LOAD(row + 4 * l, F32);
             else
-                for (int64_t l = 0; l < k; l++) out[l] += load(row + 2 * l, BF16);
+                for (int64_t l = 0; l < k; l++) out[l] += LOAD(row + 2 * l, BF16);
         }
     } else if (si == 1) { /* transposed: each output sums one contiguous run */
         for (int64_t l = 0; l < k; l++) {
@@ -62,18 +69,18 @@ static inline void sum_block(const unsigned char *x, int dt, int64_t es, int64_t
             float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             if (dt == F32)
                 for (; i + 8 <= len; i += 8)
-                    for (int t = 0; t < 8; t++) lane[t] += load(run + 4 * (i + t), F32);
+                    for (int t = 0; t < 8; t++) lane[t] += LOAD(run + 4 * (i + t), F32);
             else
                 for (; i + 8 <= len; i += 8)
-                    for (int t = 0; t < 8; t++) lane[t] += load(run + 2 * (i + t), BF16);
+                    for (int t = 0; t < 8; t++) lane[t] += LOAD(run + 2 * (i + t), BF16);
             float acc = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-            for (; i < len; i++) acc += load(run + i * es, dt);
+            for (; i < len; i++) acc += LOAD(run + i * es, dt);
             out[l] = acc;
         }
     } else {
         for (int64_t l = 0; l < k; l++) {
             float acc = 0;
-            for (int64_t i = i0; i < i1; i++) acc += load(x + (i * si + l * sl) * es, dt);
+            for (int64_t i = i0; i < i1; i++) acc += LOAD(x + (i * si + l * sl) * es, dt);
             out[l] = acc;
         }
     }
@@ -81,12 +88,15 @@ static inline void sum_block(const unsigned char *x, int dt, int64_t es, int64_t
 
 SDC_CLONES
 static void sums(const unsigned char *x, int dt, int64_t batch, int64_t m, int64_t k, int64_t sb, int64_t si,
-                 int64_t sl, int64_t rows, float *out) {
+                 int64_t sl, int64_t rows, float *out, int absolute) {
     int64_t es = dt == F32 ? 4 : 2, groups = (m + rows - 1) / rows;
     for (int64_t bi = 0; bi < batch; bi++)
         for (int64_t g = 0; g < groups; g++) {
             int64_t i0 = g * rows, i1 = i0 + rows < m ? i0 + rows : m;
-            sum_block(x + bi * sb * es, dt, es, i0, i1, k, si, sl, out + (bi * groups + g) * k);
+            if (absolute) /* two instances, so the plain one carries no test in its inner loops */
+                sum_block(x + bi * sb * es, dt, es, i0, i1, k, si, sl, out + (bi * groups + g) * k, 1);
+            else
+                sum_block(x + bi * sb * es, dt, es, i0, i1, k, si, sl, out + (bi * groups + g) * k, 0);
         }
 }
 
@@ -100,20 +110,34 @@ static PyObject *py_block_sums(PyObject *self, PyObject *args) {
     if ((dt != F32 && dt != BF16) || batch < 1 || m < 1 || k < 1 || n < 1 || rows < 1)
         return PyErr_Format(PyExc_ValueError, "block_sums: bad dtype code or sizes");
     Py_BEGIN_ALLOW_THREADS
-    sums((const unsigned char *)(uintptr_t)a, dt, batch, m, k, asb, asi, asl, rows, (float *)(uintptr_t)v);
-    sums((const unsigned char *)(uintptr_t)c, dt, batch, m, n, csb, csi, csl, rows, (float *)(uintptr_t)s);
+    sums((const unsigned char *)(uintptr_t)a, dt, batch, m, k, asb, asi, asl, rows, (float *)(uintptr_t)v, 0);
+    sums((const unsigned char *)(uintptr_t)c, dt, batch, m, n, csb, csi, csl, rows, (float *)(uintptr_t)s, 0);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
-static int all_cleared(const float *s, const float *r, const float *v, const float *b, int64_t batch,
+static PyObject *py_magnitude_sums(PyObject *self, PyObject *args) {
+    unsigned long long a, va;
+    int dt;
+    Py_ssize_t batch, m, k, asb, asi, asl, rows;
+    if (!PyArg_ParseTuple(args, "Kinnn(nnn)nK", &a, &dt, &batch, &m, &k, &asb, &asi, &asl, &rows, &va)) return NULL;
+    if ((dt != F32 && dt != BF16) || batch < 1 || m < 1 || k < 1 || rows < 1)
+        return PyErr_Format(PyExc_ValueError, "magnitude_sums: bad dtype code or sizes");
+    Py_BEGIN_ALLOW_THREADS
+    sums((const unsigned char *)(uintptr_t)a, dt, batch, m, k, asb, asi, asl, rows, (float *)(uintptr_t)va, 1);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static int all_cleared(const float *s, const float *r, const float *v, const float *va, const float *b, int64_t batch,
                        int64_t groups, int64_t k, int64_t n, int64_t bsb, int64_t bsk, int64_t bsn,
                        const unsigned char *bias, int bdt, int64_t blen, int64_t rows, int64_t m, double c_r,
                        double c_v) {
     for (int64_t bi = 0; bi < batch; bi++)
         for (int64_t g = 0; g < groups; g++) {
             float count = (float)(g + 1 < groups || m % rows == 0 ? rows : m % rows);
-            const float *sg = s + (bi * groups + g) * n, *rg = r + (bi * groups + g) * n, *vg = v + (bi * groups + g) * k;
+            const float *sg = s + (bi * groups + g) * n, *rg = r + (bi * groups + g) * n;
+            const float *vg = v + (bi * groups + g) * k;
             for (int64_t j = 0; j < n; j++) {
                 float rr = rg[j], bj = 0;
                 if (blen) {
@@ -128,26 +152,33 @@ static int all_cleared(const float *s, const float *r, const float *v, const flo
                 double lower = 0;
                 for (int64_t l = 0; l < k; l++) lower += fabs((double)vg[l]) * fabs((double)bj0[l * bsk]);
                 lower += fabs((double)count * (double)bj);
-                if (!(lower < INFINITY && diff <= lower * c_v)) return 0;
+                if (lower < INFINITY && diff <= lower * c_v) continue;
+                if (va == NULL) return 0;
+                /* (c): M, the same sum with the block sums of |A| (the column's magnitudes on their own) */
+                const float *ag = va + (bi * groups + g) * k;
+                double mag = 0;
+                for (int64_t l = 0; l < k; l++) mag += (double)ag[l] * fabs((double)bj0[l * bsk]);
+                mag += fabs((double)count * (double)bj);
+                if (!(mag < INFINITY && diff <= mag * c_v)) return 0;
             }
         }
     return 1;
 }
 
 static PyObject *py_cleared(PyObject *self, PyObject *args) {
-    unsigned long long s, r, v, b, bias;
+    unsigned long long s, r, v, va, b, bias;
     int bdt;
     Py_ssize_t batch, groups, k, n, bsb, bsk, bsn, blen, rows, m;
     double c_r, c_v;
-    if (!PyArg_ParseTuple(args, "KKKKnnnn(nnn)Kinnndd", &s, &r, &v, &b, &batch, &groups, &k, &n, &bsb, &bsk, &bsn,
-                          &bias, &bdt, &blen, &rows, &m, &c_r, &c_v))
+    if (!PyArg_ParseTuple(args, "KKKKKnnnn(nnn)Kinnndd", &s, &r, &v, &va, &b, &batch, &groups, &k, &n, &bsb, &bsk,
+                          &bsn, &bias, &bdt, &blen, &rows, &m, &c_r, &c_v))
         return NULL;
     if ((bdt != F32 && bdt != BF16) || (blen != 0 && blen != 1 && blen != n) || rows < 1 || m < 1 || k < 1)
         return PyErr_Format(PyExc_ValueError, "cleared: bad bias or sizes");
     int ok;
     Py_BEGIN_ALLOW_THREADS
     ok = all_cleared((const float *)(uintptr_t)s, (const float *)(uintptr_t)r, (const float *)(uintptr_t)v,
-                     (const float *)(uintptr_t)b, batch, groups, k, n, bsb, bsk, bsn,
+                     (const float *)(uintptr_t)va, (const float *)(uintptr_t)b, batch, groups, k, n, bsb, bsk, bsn,
                      (const unsigned char *)(uintptr_t)bias, bdt, blen, rows, m, c_r, c_v);
     Py_END_ALLOW_THREADS
     return PyBool_FromLong(ok);
@@ -157,9 +188,11 @@ static PyMethodDef methods[] = {
     {"block_sums", py_block_sums, METH_VARARGS,
      "block_sums(a, c, dtype, batch, m, k, n, (a strides), (c strides), rows, v, s): fp32 sums of each block of "
      "rows of A into V (batch x groups x k) and of C into S (batch x groups x n); addresses, strides in elements."},
+    {"magnitude_sums", py_magnitude_sums, METH_VARARGS,
+     "magnitude_sums(a, dtype, batch, m, k, (a strides), rows, va): fp32 sums of |A| over each block of rows."},
     {"cleared", py_cleared, METH_VARARGS,
-     "cleared(s, r, v, b, batch, groups, k, n, (b strides), bias, bias_dtype, bias_len, rows, m, c_r, c_v) -> bool: "
-     "every block column within c_r |R| of its reference or c_v L (tiers (a) and (b) of the checksum screen)."},
+     "cleared(s, r, v, va, b, batch, groups, k, n, (b strides), bias, bias_dtype, bias_len, rows, m, c_r, c_v) -> "
+     "bool: every block column within c_r |R| of its reference, or c_v L, or (va not 0) c_v M: the screen's tiers."},
     {NULL, NULL, 0, NULL},
 };
 

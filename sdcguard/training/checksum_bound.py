@@ -282,20 +282,32 @@ def _c_sums(a: torch.Tensor, c: torch.Tensor, rows: int) -> tuple[torch.Tensor, 
     return v, s
 
 
-def _cleared_by_engine(s: torch.Tensor, r: torch.Tensor, v: torch.Tensor, bw: torch.Tensor,
-                       bias: torch.Tensor | None, rows: int, m: int, by_reference: float, by_sums: float) -> bool:
-    """Tiers (a) and (b) of the screen (8) in one C pass over the block columns, usually all it takes: True when
-    every column is cleared. False also where the engine cannot take the added term (a full matrix, a column)."""
+def _cleared_by_engine(s: torch.Tensor, r: torch.Tensor, v: torch.Tensor, va: torch.Tensor | None,
+                       bw: torch.Tensor, bias: torch.Tensor | None, rows: int, m: int, by_reference: float,
+                       by_sums: float) -> bool | None:
+    """The screen (8) in one C pass over the block columns: tiers (a) and (b), and (c) when ``va`` (the block sums
+    of ``|A|``) is given. True when every column is cleared; None where the engine cannot take the added term (a
+    full matrix, a column) or these tensors."""
     assert _checksum_core is not None
     n = r.shape[-1]
     flat = _c_bias(bias, n)
     if flat is False or not r.is_contiguous() or not _plain(bw) or bw.dim() != r.dim():
-        return False
+        return None
     groups, k = v.shape[-2], v.shape[-1]
     code, length, address = (0, 0, 0) if flat is None else (_CODES[flat.dtype], flat.numel(), flat.data_ptr())
-    return bool(_checksum_core.cleared(s.data_ptr(), r.data_ptr(), v.data_ptr(), bw.data_ptr(),
-                                       v.numel() // (groups * k), groups, k, n, _addr(bw), address, code, length,
-                                       rows, m, by_reference, by_sums))
+    return bool(_checksum_core.cleared(s.data_ptr(), r.data_ptr(), v.data_ptr(), 0 if va is None else va.data_ptr(),
+                                       bw.data_ptr(), v.numel() // (groups * k), groups, k, n, _addr(bw), address,
+                                       code, length, rows, m, by_reference, by_sums))
+
+
+def _c_magnitudes(a: torch.Tensor, v: torch.Tensor, rows: int) -> torch.Tensor:
+    """The block sums of ``|A|`` in fp32 from the C engine (``a`` as :func:`_c_sums` took it; ``v`` its sums)."""
+    assert _checksum_core is not None
+    va = torch.empty_like(v)
+    batch = a.shape[0] if a.dim() == 3 else 1
+    _checksum_core.magnitude_sums(a.data_ptr(), _CODES[a.dtype], batch, a.shape[-2], a.shape[-1], _addr(a), rows,
+                                  va.data_ptr())
+    return va
 
 
 def check_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, bias: torch.Tensor | None = None,
@@ -319,11 +331,15 @@ def check_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, bias: tor
     v = _block_sums(a, rows, w) if engine is None else engine[0]
     r = torch.matmul(v, bw)
     screening = c.device.type == "cpu" if screen is None else screen
-    if screening and engine is not None and _cleared_by_engine(engine[1], r, v, bw, bias, rows, m, by_reference,
-                                                               by_sums):
-        return torch.zeros((), dtype=torch.int64, device=c.device)
-    bias_mag: torch.Tensor | None = None
     va: torch.Tensor | None = None
+    if screening and engine is not None:  # usually the first call settles it; the magnitudes only when it did not
+        cleared = _cleared_by_engine(engine[1], r, v, None, bw, bias, rows, m, by_reference, by_sums)
+        if cleared is False:
+            va = _c_magnitudes(a, v, rows)
+            cleared = _cleared_by_engine(engine[1], r, v, va, bw, bias, rows, m, by_reference, by_sums)
+        if cleared:
+            return torch.zeros((), dtype=torch.int64, device=c.device)
+    bias_mag: torch.Tensor | None = None
     if bias is not None:
         bias_sum, bias_mag = _bias_terms(bias, c.shape, rows, w)
         r = r + bias_sum
@@ -339,7 +355,7 @@ def check_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, bias: tor
         for magnitudes in (False, True):  # L, then (for the columns L left) the columns' own magnitudes M
             sums = v
             if magnitudes:
-                sums = va = _block_sums(a, rows, w, absolute=True)
+                sums = va = _block_sums(a, rows, w, absolute=True) if va is None else va
             lower = _gathered_magnitudes(sums, bw, where, bias_mag)
             keep = ~((d <= lower.mul_(by_sums)) & (lower < math.inf))
             if not bool(keep.any()):
