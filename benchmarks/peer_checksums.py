@@ -37,7 +37,7 @@ batch and dropout seed for every tool) at fixed weights.
 Also: false alarms over ``--clean`` training steps (SGD) checked on every step, and the cost: the median step time
 (forward + backward + SGD, one thread) of plain steps against each tool checking every step, in ``--rounds``
 interleaved rounds (the workers take turns, and each rotates its configurations), printed as ratios to the same
-worker's plain steps. The cost at a tool's default sampling (ours: ``checksum_every=3``; the peer: ``every=10``) is
+worker's plain steps. The cost at a tool's default sampling (ours: ``checksum_every=4``; the peer: ``every=10``) is
 ``(checked + (N - 1) x unchecked) / N`` from those medians, where ``unchecked`` is a plain step for ours and the
 peer's dispatch mode, and a ``protect()`` ed model's step outside a checked step for the peer. Run::
 
