@@ -347,6 +347,9 @@ def check_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, bias: tor
             cleared = _cleared_by_engine(engine[1], r, v, va, bw, bias, rows, m, by_reference, by_sums)
         if cleared:
             return torch.zeros((), dtype=torch.int64, device=c.device)
+        # the engine ran every tier and some column is left: the torch tiers would only repeat that work, so go
+        # straight to the full check (the count is the same either way, (8)); None: it could not take the added term
+        screening = cleared is None
     bias_mag: torch.Tensor | None = None
     if bias is not None:
         bias_sum, bias_mag = _bias_terms(bias, c.shape, rows, w)

@@ -22,6 +22,7 @@ the dispatcher); replay and the cross-replica checks still cover them.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -215,10 +216,10 @@ class ChecksumMode(TorchDispatchMode):
         if p is None or a.dtype != out.dtype or b.dtype != out.dtype:
             return
         try:
-            if torch._C._len_torch_dispatch_stack():  # the check's own ops are no computation of the model's
-                with _disable_current_modes():  # no mode below this one sees them (this one is off in here)
-                    count = check_matmul(a, b, out, bias=bias, precision=p, rows=self.rows)
-            else:
+            # the check's own ops are no computation of the model's: no mode below this one sees them (this one is
+            # off in here; switching modes costs a little, so only when there is one)
+            below = _disable_current_modes() if torch._C._len_torch_dispatch_stack() else contextlib.nullcontext()
+            with below:
                 count = check_matmul(a, b, out, bias=bias, precision=p, rows=self.rows)
         except RuntimeError as e:  # a call the check cannot take must not break the training step: run, not checked
             if name not in self._refused:
