@@ -27,6 +27,44 @@ def cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
+_PROBE = """
+import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+import numpy as np
+a = np.random.default_rng(0).standard_normal((160, 160)).astype(np.float32)
+x = np.arange(1 << 16, dtype=np.uint32)
+def work():
+    b, y = a, x
+    for _ in range(8):
+        b = np.tanh(b @ a * 0.01)
+        y = (y * np.uint32(2654435761)) ^ (y >> np.uint32(7))
+    return float(b.sum()) + int(y[-1])
+work()
+t0 = time.thread_time()
+for _ in range(200):
+    work()
+print(time.thread_time() - t0)
+"""
+
+
+def core_speeds(rounds: int = 3) -> tuple[int, int, float]:
+    """(slower core, faster core, ratio): the first two cores' thread CPU time for the same numpy work (matmuls,
+    integer hashing), run on both at once as a scan runs them; the median of ``rounds`` runs (about 0.8 s each).
+
+    Two vCPUs of a shared VM need not be equal devices: CI measured one 1.39x the other. Tests that compare two
+    cores ask this first."""
+    first, second = cores()[:2]
+    e = {**env(), "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    ratios = []
+    for _ in range(rounds):
+        procs = [subprocess.Popen([sys.executable, "-c", _PROBE, str(c)], stdout=subprocess.PIPE, text=True, env=e)
+                 for c in (first, second)]
+        t_first, t_second = (float(p.communicate(timeout=60)[0]) for p in procs)
+        ratios.append(t_second / t_first)
+    ratio = sorted(ratios)[len(ratios) // 2]
+    return (second, first, ratio) if ratio >= 1.0 else (first, second, 1.0 / ratio)
+
+
 def sdcguard(db: Path, *args: str, timeout: float = 120, module: str = "sdcguard") -> subprocess.CompletedProcess[str]:
     """Run ``python -m sdcguard --db DB ARGS`` (or ``python -m fleet_scan --db DB ARGS``)."""
     return subprocess.run(

@@ -1,8 +1,9 @@
 """Slow ranks in training: a 2-rank DDP job, one of them slowed by extra work burnt in its ops.
 
-The drill puts one rank on each core. The clean run puts both ranks on the same core: two cores of a shared VM are
-not the same device (CI once saw one core's thread time 1.39x the other's for identical work over 18 steps, which
-the guard rightly named), and "no rank is named" is a claim about equal devices.
+Both ranks run on the same core, in the drill and in the clean run: two cores of a shared VM are not the same
+device (CI saw one core's thread time 1.39x the other's for identical work, twice: the guard rightly named it in a
+clean run, and with the faster core slowed by 1.5x the drill would have measured 1.08x). The guard times each
+rank's own thread, so sharing a core costs wall time, not the measurement.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from sdcguard.training.local_ranks import run_ranks
 pytestmark = pytest.mark.distributed
 
 
-def _job(rank: int, world: int, steps: int, slowed: int | None, factor: float, store: str | None,
-         one_core: bool = False) -> dict[str, Any]:
+def _job(rank: int, world: int, steps: int, slowed: int | None, factor: float, store: str | None) -> dict[str, Any]:
     import contextlib
 
     import torch
@@ -27,8 +27,7 @@ def _job(rank: int, world: int, steps: int, slowed: int | None, factor: float, s
     import sdcguard
     from sdcguard.inject.torch_slow import SlowOpsMode
 
-    cores = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {cores[0 if one_core else rank % len(cores)]})  # one rank per core, or one core for all
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one device for all ranks: only the drill differs
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 768), nn.Tanh(), nn.Linear(768, 768), nn.Tanh(), nn.Linear(768, 8))
     ddp = nn.parallel.DistributedDataParallel(model)
@@ -84,6 +83,6 @@ def test_a_rank_slowed_by_1_5x_is_named_within_20_steps_and_nothing_is_vetoed(tm
 @pytest.mark.slow
 @pytest.mark.timeout(280)
 def test_no_rank_is_named_in_200_clean_steps_on_the_same_device() -> None:
-    out = run_ranks(_job, 2, 200, None, 1.0, None, True, timeout=260)
+    out = run_ranks(_job, 2, 200, None, 1.0, None, timeout=260)
     for r in out:
         assert r["ranks"] == [] and r["commits"] == 200 and r["other"] == [], r
