@@ -250,22 +250,30 @@ def summarise(res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
                 "step": step["checks"][0] + sampled_extra / every}
 
     out["derived_50"], out["derived_10"] = derived(50), derived(10)
+    out.update(derive_checksums(out))
     out["text"] = texts(out, args.workers)
     return out
 
 
-def texts(out: dict[str, Any], workers: int) -> dict[str, str]:
-    """The cost cells of ``docs/detection.md``'s table, from the figures :func:`summarise` measured (and derives the
-    checksums' share at the default; ``--render`` re-derives them from a saved ``--json``)."""
-    step, own, d50, hash_share = out["step"], out["own"], out["derived_50"], out["hash_share_per_check"]
+def derive_checksums(out: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """What one checked step adds over the same guard without checksums (``checksum_step``: every matmul checked),
+    and the defaults and ``checksum_every=1`` derived from it and ``derived_50`` (step time and own work)."""
+    step, own, d50 = out["step"], out["own"], out["derived_50"]
     every = DEFAULT_CHECKSUM_EVERY
     # the checksums run inside the forward and backward, not inside end_step: their own work is their step time
     sums = {"step": step["sum1"][0] - step["checks"][0]}
     sums["own"] = sums["step"] + own["sum1"] - own["checks"]
-    out["checksum_step"] = sums  # what one checked step adds (all its matmuls checked), over the same guard
-    defaults = {k: d50[k] + sums[k] / every for k in ("step", "own")}
-    checksum1 = {k: d50[k] + sums[k] for k in ("step", "own")}
-    out["derived_defaults"], out["derived_checksum1"] = defaults, checksum1
+    return {"checksum_step": sums,
+            "derived_defaults": {k: d50[k] + sums[k] / every for k in ("step", "own")},
+            "derived_checksum1": {k: d50[k] + sums[k] for k in ("step", "own")}}
+
+
+def texts(out: dict[str, Any], workers: int) -> dict[str, str]:
+    """The cost cells of ``docs/detection.md``'s table, from the figures :func:`summarise` measured and
+    :func:`derive_checksums` derived (``--render`` re-derives them from a saved ``--json``)."""
+    step, own, d50, hash_share = out["step"], out["own"], out["derived_50"], out["hash_share_per_check"]
+    every = DEFAULT_CHECKSUM_EVERY
+    sums, defaults, checksum1 = out["checksum_step"], out["derived_defaults"], out["derived_checksum1"]
     return {
         "defaults": f"{defaults['step']:+.1%} step, {defaults['own']:.1%} own work (derived: replay and checks "
                     f"{d50['step']:+.1%} step, {d50['own']:.1%} own work; the checksums "

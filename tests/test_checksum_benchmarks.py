@@ -31,7 +31,7 @@ def test_checksum_cost_runs_and_reports_its_coverage(tmp_path: Path) -> None:
 def test_detector_costs_derives_the_defaults_from_a_checked_step() -> None:
     sys.path.insert(0, str(ROOT))
     try:
-        from benchmarks.detector_costs import DEFAULT_CHECKSUM_EVERY, texts
+        from benchmarks.detector_costs import DEFAULT_CHECKSUM_EVERY, derive_checksums, texts
     finally:
         sys.path.remove(str(ROOT))
     names = ("checks", "peer10", "peer1", "sum1", "shadow1", "megatron", "same_device")
@@ -39,6 +39,10 @@ def test_detector_costs_derives_the_defaults_from_a_checked_step() -> None:
                            "derived_50": {"step": 0.02, "own": 0.03}, "hash_share_per_check": 0.01}
     out["step"]["checks"] = (0.01, 0.0, 0.02)
     out["step"]["sum1"] = (0.01 + 0.15, 0.1, 0.2)  # a checked step: +15% over the same guard without checksums
+    measured = {k: dict(v) if isinstance(v, dict) else v for k, v in out.items()}
+    derived = derive_checksums(out)
+    assert out == measured  # derived, not written into what was measured
+    out.update(derived)
     text = texts(out, workers=2)
     assert out["checksum_step"]["step"] == pytest.approx(0.15)
     assert out["derived_defaults"]["step"] == pytest.approx(0.02 + 0.15 / DEFAULT_CHECKSUM_EVERY)
