@@ -63,10 +63,13 @@ column whose errors nearly cancel were cleared while the full check flagged them
 *The engine.* On the CPU, for fp32 and bf16 operands, the block sums of ``A`` and ``C`` (and of ``|A|`` when tier (c)
 is reached) and the three tiers run in a C engine (``sdcguard/training/_checksum_core.c``, an optional extension
 built at install; without it the same steps run as torch ops): each operand is read once in its memory order and
-the tiers take one pass over the block columns. Its sums are fp32 in another order (within the ``gamma_w(b)`` of
-(2)-(3), whatever the order), and it computes ``L``, ``M`` and the comparisons in double, more tightly than the fp32
-evaluation (7)-(8) allow for, so the proof holds as written. The full check uses the same sums as the screen, so
-the count is the same with or without the screen here too.
+the tiers take one pass over each block's columns. Its sums are fp32 in another order (within the ``gamma_w(b)`` of
+(2)-(3), whatever the order); it computes ``L`` and ``M`` either in double or, for all of a block's columns at once
+along ``B``'s contiguous rows (vectorized across columns), in fp32 (each column's sum in ``l`` order: the ``k' + 1``
+roundings of the fp32 evaluation (8) allows for), and the comparisons in double, so the proof holds as written.
+bf16 results leave about a fifth of the columns to tier (b) (the output rounding is a larger share of ``|R|``; fp32:
+0.5%). The full check uses the same sums as the screen, so the count is the same with or without the screen here
+too.
 
 Consequences (what is caught): a changed entry ``C^_ij -> C^_ij + d`` is caught when ``|d| > 2 beta Mag`` in its
 block column, whatever its bits. Sign flips and exponent flips of entries not far below the column's typical
