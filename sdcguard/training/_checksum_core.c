@@ -161,6 +161,11 @@ static double column_sum(const float *x, const float *bj0, int64_t k, int64_t bs
     return acc;
 }
 
+/* The added term's entry for column j (a row of blen 1 or n values). */
+static inline float bias_at(const unsigned char *bias, int bdt, int64_t blen, int64_t j) {
+    return load(bias + (blen == 1 ? 0 : j) * (bdt == F32 ? 4 : 2), bdt);
+}
+
 /* Tier (a) for every column of a block, then (b) for the columns (a) left, then (c) for those (b) left: a tier's
  * sums for all of a block's columns are one sweep along B's rows when B's rows are contiguous and at least one
  * column in 16 is left (bf16 results: tier (a) clears few), else one column at a time. Returns 0 at the first
@@ -183,7 +188,7 @@ static int all_cleared(const float *s, const float *r, const float *v, const flo
             for (int64_t j = 0; j < n; j++) {
                 float rr = rg[j];
                 if (blen) {
-                    float term = count * load(bias + (blen == 1 ? 0 : j) * (bdt == F32 ? 4 : 2), bdt);
+                    float term = count * bias_at(bias, bdt, blen, j);
                     rr = rr + term;
                 }
                 double size = fabs((double)rr), diff = fabs((double)sg[j] - (double)rr);
@@ -206,7 +211,7 @@ static int all_cleared(const float *s, const float *r, const float *v, const flo
                 int64_t still = 0;
                 for (int64_t t = 0; t < nl; t++) {
                     int64_t j = left[t];
-                    double bj = blen ? load(bias + (blen == 1 ? 0 : j) * (bdt == F32 ? 4 : 2), bdt) : 0.0;
+                    double bj = blen ? bias_at(bias, bdt, blen, j) : 0.0;
                     double sum = sweep ? (double)lw[j] : column_sum(x, b0 + j * bsn, k, bsk);
                     double total = sum + fabs((double)count * bj);
                     if (!(total < INFINITY && diffs[j] <= total * c_v)) left[still++] = j;
