@@ -155,7 +155,7 @@ def _drop(files: list[Path]) -> None:
 def scrub_rate(state: dict[str, object], nbytes: int, args: argparse.Namespace) -> None:
     """The scrub's read rate against cat's, the page cache dropped for the files before each."""
     from sdcguard import checkpoint
-    from sdcguard.training.scrub import scrub_one
+    from sdcguard.checkpoint.scrub import scrub_one
 
     root = Path(tempfile.mkdtemp(dir=args.dir))
     try:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 SHARES = {"gpt2 loop fp32": 0.3, "gpt2 loop bf16 autocast": 0.3, "lightning bf16-mixed": 0.2, "hf trainer": 0.2}
 
@@ -47,8 +47,8 @@ def _tally(out: dict[str, Any], report: Any) -> None:
 def _loop(steps: int, bf16: bool) -> dict[str, Any]:
     import torch
 
-    from _tiny_transformer import make_batch
     from sdcguard import SDCGuard
+    from sdcguard.testing.models import make_batch
 
     model = _gpt2()
 
@@ -70,8 +70,8 @@ def _lightning(steps: int) -> dict[str, Any]:
     import lightning.pytorch as L
     import torch
 
-    from _tiny_transformer import TinyTransformer, lm_loss, make_batch
     from sdcguard.adapters.lightning import SDCGuardCallback
+    from sdcguard.testing.models import TinyTransformer, lm_loss, make_batch
 
     out = {"steps": 0, "alarms": 0, "checked": 0, "run": 0}
 
@@ -103,8 +103,8 @@ def _lightning(steps: int) -> dict[str, Any]:
 def _hf(steps: int, out_dir: str) -> dict[str, Any]:
     import transformers
 
-    from _tiny_transformer import make_batch
     from sdcguard.adapters.hf import SDCGuardTrainerCallback
+    from sdcguard.testing.models import make_batch
 
     out = {"steps": 0, "alarms": 0, "checked": 0, "run": 0}
     cb = SDCGuardTrainerCallback(replay_every=0, checksum_every=1, escalate="off")

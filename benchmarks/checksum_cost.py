@@ -6,7 +6,7 @@ thread by the thread's CPU time (what the checks themselves consume, unaffected 
 configurations interleaved in rounds, paired per round:
 
 - ``plain``: forward + backward, no checks;
-- ``rows=N``: the same step with every matmul checked (:class:`sdcguard.training.checksums.ChecksumMode`, a checked
+- ``rows=N``: the same step with every matmul checked (:class:`sdcguard.training.checksums.mode.ChecksumMode`, a checked
   step) at ``checksum_rows=N``; the average over ``checksum_every=E`` is that cost over ``E``.
 
 What each ``checksum_rows`` buys: on one checked step, every matmul's result is corrupted in sampled entries, one bit
@@ -34,14 +34,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from _tiny_transformer import TinyTransformer, lm_loss, make_batch  # noqa: E402
-from sdcguard.training.checksum_bound import c_engine_available, check_matmul  # noqa: E402
-from sdcguard.training.checksums import ChecksumMode  # noqa: E402
+from sdcguard.testing.models import TinyTransformer, lm_loss, make_batch  # noqa: E402
+from sdcguard.training.checksums.bound import c_engine_available, check_matmul  # noqa: E402
+from sdcguard.training.checksums.mode import ChecksumMode  # noqa: E402
 
 CLASSES = {"sign": [31], "exponent (top bit)": [30], "exponent (low bits)": [23, 24, 25],
            "high mantissa (22-20)": [22, 21, 20], "mid mantissa (19-16)": [19, 18, 17, 16],
@@ -70,7 +70,7 @@ class _Coverage(ChecksumMode):
         name = func.overloadpacket.__name__
         if name in ("mm", "addmm", "bmm") and func._overloadname == "default" and out.dtype == torch.float32:
             a, b, bias = (args[0], args[1], None) if name != "addmm" else (args[1], args[2], args[0])
-            from sdcguard.training.checksum_bound import precision_for
+            from sdcguard.training.checksums.bound import precision_for
 
             p = precision_for(out.dtype, out.device)
             assert p is not None
@@ -101,7 +101,7 @@ class _Recorder(TorchDispatchMode):
 
 def _parts(model: torch.nn.Module, batch: Any, rounds: int, rows: int) -> dict[str, float]:
     """Milliseconds of CPU time per step for each part of the checks, on one step's recorded matmuls."""
-    from sdcguard.training.checksum_bound import precision_for
+    from sdcguard.training.checksums.bound import precision_for
 
     rec = _Recorder()
     with rec:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-for _p in (str(ROOT / "tests"), str(ROOT)):
+for _p in (str(ROOT),):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
@@ -136,7 +136,7 @@ def plan(*, quick: bool, reps: int | None = None) -> Plan:
 
 def _run_jobs(p: Plan, timeout: float) -> tuple[list[Any], list[Any], list[Any], list[Any], dict[str, float]]:
     from benchmarks.campaign import frameworks, peer, shadow
-    from sdcguard.training.local_ranks import run_ranks
+    from sdcguard.testing import run_ranks
 
     seconds: dict[str, float] = {}
     out: dict[str, list[Any]] = {}

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 from sdcguard.training.config import DEFAULT_CHECKSUM_EVERY  # noqa: E402
 
@@ -64,9 +64,9 @@ class _Rank:
         import torch
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        from _tiny_transformer import TinyTransformer, lm_loss
         from benchmarks.campaign.baselines import BucketTap, MegatronChecks
         from sdcguard import SDCGuard
+        from sdcguard.testing.models import TinyTransformer, lm_loss
 
         self.rank, self.args, self.group, self.loss_fn = rank, args, roles.dp_group, lm_loss
         size = {"d": args.d, "heads": 4, "layers": args.layers, "seq": args.seq, "p": 0.1}
@@ -122,8 +122,8 @@ class _Rank:
     def run(self, name: str, step: int) -> None:
         import torch
 
-        from _tiny_transformer import make_batch
         from benchmarks.campaign.baselines import bucket_norms, rerun_step
+        from sdcguard.testing.models import make_batch
 
         batch = make_batch(step, self.rank, batch=self.args.batch, seq=self.args.seq)
         if name == "fwd+bwd":
@@ -177,8 +177,8 @@ def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace,
     import torch
     import torch.distributed as dist
 
-    from _tiny_transformer import TinyTransformer, lm_loss
     from sdcguard import SDCGuard, plan_roles
+    from sdcguard.testing.models import TinyTransformer, lm_loss
 
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fleet_scan.options import DEFAULT_BUDGET_S  # noqa: E402
 from fleet_scan.sim import DEFAULT_CASES, SimFleet, SimRun  # noqa: E402
 from sdcguard.fleet.policy import QuarantinePolicy  # noqa: E402
-from sdcguard.fleet.store import Store  # noqa: E402
+from sdcguard.fleet.store.store import Store  # noqa: E402
 
 POLICIES: dict[str, dict[str, Any]] = {
     "default": {},

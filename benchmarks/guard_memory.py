@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 CONFIGS = ("ddp", "checks", "peer", "shadow", "fsdp", "fsdp-peer")
 
@@ -121,7 +121,7 @@ def _rank(rank: int, world: int, config: str, layers: int, width: int, batch: in
 
 def measure(config: str, *, layers: int, width: int, batch: int, steps: int) -> list[dict[str, Any]]:
     """Every rank's figures for one configuration (fresh processes)."""
-    from sdcguard.training.local_ranks import run_ranks
+    from sdcguard.testing import run_ranks
 
     # glibc serves large blocks from its heap once it has seen them freed (the mmap threshold adapts) and keeps
     # them resident: a fixed threshold returns every freed block, so the peak resident set is what was live.

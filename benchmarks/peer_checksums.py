@@ -31,7 +31,7 @@ one of bits 0..7 [0..2]; ``zero``; ``nan``; the controls over a whole 16x16 tile
 entry negated). Each class gets the same ``--faults`` seeded targets (op and element), spread evenly over the
 forward, dX and dW matmuls; attention's ``bmm`` s are among the forward and dX targets (its backward ``bmm`` s are
 labelled dX: both operands are activations), which the peer's ``protect()`` does not see. Each fault is one step of
-the benchmark transformer (``tests/_tiny_transformer.py``: d=256, 4 heads, 4 layers, 128 tokens, batch 8; the same
+the benchmark transformer (``sdcguard/testing/models.py``: d=256, 4 heads, 4 layers, 128 tokens, batch 8; the same
 batch and dropout seed for every tool) at fixed weights.
 
 Also: false alarms over ``--clean`` training steps (SGD) checked on every step, and the cost: the median step time
@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -66,7 +67,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = ROOT / "tests"
+MODELS = ROOT / "sdcguard" / "testing" / "models.py"
+"""The benchmark transformer, loaded by path: the peer's virtualenv has PyPI's ``sdcguard``, not this one."""
 
 PEER_SPEC = "sdcguard==0.4.0"
 TORCH_SPEC = "torch==2.13.0"
@@ -311,7 +313,7 @@ class Ours:
     """Our ``ChecksumMode`` on the module, pushed for the step: ``begin()``; forward + backward; ``end()``."""
 
     def __init__(self, model: Any, rows: int) -> None:
-        from sdcguard.training.checksums import ChecksumMode
+        from sdcguard.training.checksums.mode import ChecksumMode
 
         self.mode = ChecksumMode(model, rows=rows)
 
@@ -373,10 +375,13 @@ class WorkerState:
         import torch
 
         torch.set_num_threads(1)
-        sys.path.insert(0, str(TESTS))
         if kind == "ours":
             sys.path.insert(0, str(ROOT))
-        from _tiny_transformer import TinyTransformer, lm_loss, make_batch
+        spec = importlib.util.spec_from_file_location("_benchmark_models", MODELS)
+        assert spec is not None and spec.loader is not None
+        models = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(models)
+        TinyTransformer, lm_loss, make_batch = models.TinyTransformer, models.lm_loss, models.make_batch
 
         self.torch, self.lm_loss, self.make_batch = torch, lm_loss, make_batch
         self.kind, self.seed = kind, seed
@@ -394,8 +399,8 @@ class WorkerState:
             pkgs = {Path(sdcguard.__file__).parent, Path(sdcguard.__file__).resolve().parent}
             self.skip_files = tuple(sorted(str(pkg / f) for pkg in pkgs for f in files))
         else:
-            import sdcguard.training.checksum_bound as cb
-            import sdcguard.training.checksums as cs
+            import sdcguard.training.checksums.bound as cb
+            import sdcguard.training.checksums.mode as cs
 
             self.skip_files = tuple(sorted({str(p) for m in (cb, cs) for p in (Path(m.__file__),
                                                                                  Path(m.__file__).resolve())}))
@@ -425,7 +430,7 @@ class WorkerState:
             out["defaults"] = {k: params[k].default for k in ("every", "sample_rate", "block", "z", "precise")}
             out["checked_dtypes"] = sorted(str(d).replace("torch.", "") for d in UNIT_ROUNDOFF)
         else:
-            from sdcguard.training.checksum_bound import DEFAULT_ROWS
+            from sdcguard.training.checksums.bound import DEFAULT_ROWS
             from sdcguard.training.config import DEFAULT_CHECKSUM_EVERY
 
             out["defaults"] = {"checksum_every": DEFAULT_CHECKSUM_EVERY, "rows": DEFAULT_ROWS}
@@ -442,7 +447,7 @@ class WorkerState:
         if config == "plain":
             sess: Any = Plain(model)
         elif config == "ours":
-            from sdcguard.training.checksum_bound import DEFAULT_ROWS
+            from sdcguard.training.checksums.bound import DEFAULT_ROWS
 
             sess = Ours(model, DEFAULT_ROWS)
         elif config in ("peer-linear", "peer-all"):

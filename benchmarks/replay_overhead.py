@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 from sdcguard.training.config import DEFAULT_CHECKSUM_EVERY  # noqa: E402
 
@@ -108,8 +108,8 @@ def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace,
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from _tiny_transformer import TinyTransformer, lm_loss, make_batch
     from sdcguard import SDCGuard, plan_roles
+    from sdcguard.testing.models import TinyTransformer, lm_loss, make_batch
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)

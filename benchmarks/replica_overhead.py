@@ -109,7 +109,7 @@ def main() -> None:
     cfg["checked_parity"] = 1 if args.unchecked_first else 0
     cfg["control"] = args.control
 
-    from sdcguard.training.local_ranks import run_ranks
+    from sdcguard.testing import run_ranks
 
     out = run_ranks(_rank, args.ranks, cfg, timeout=args.timeout)
     nparams = out[0][0]

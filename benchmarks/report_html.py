@@ -26,10 +26,10 @@ import numpy as np  # noqa: E402
 from fleet_scan.sim import DEFAULT_CASES, SimFleet, scan_sim_device  # noqa: E402
 from sdcguard.devices import sim_id  # noqa: E402
 from sdcguard.durations import DAY_S as DAY  # noqa: E402
-from sdcguard.fleet.html import build_html  # noqa: E402
 from sdcguard.fleet.policy import QuarantinePolicy, apply_policy  # noqa: E402
-from sdcguard.fleet.report import build_report, report_json  # noqa: E402
-from sdcguard.fleet.store import Store  # noqa: E402
+from sdcguard.fleet.report.devices import build_report, report_json  # noqa: E402
+from sdcguard.fleet.report.html import build_html  # noqa: E402
+from sdcguard.fleet.store.store import Store  # noqa: E402
 from sdcguard.records import DeviceInfo  # noqa: E402
 
 

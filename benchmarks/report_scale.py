@@ -46,12 +46,12 @@ import numpy as np  # noqa: E402
 from fleet_scan.sim import DEFAULT_CASES, SimFleet, scan_sim_device  # noqa: E402
 from sdcguard.devices import sim_id  # noqa: E402
 from sdcguard.durations import DAY_S as DAY  # noqa: E402
-from sdcguard.fleet.html import build_html  # noqa: E402
 from sdcguard.fleet.merge import merge_stores  # noqa: E402
 from sdcguard.fleet.policy import QuarantinePolicy, apply_policy  # noqa: E402
-from sdcguard.fleet.report import build_report, report_json  # noqa: E402
-from sdcguard.fleet.schema import SCHEMA_VERSION  # noqa: E402
-from sdcguard.fleet.store import Store  # noqa: E402
+from sdcguard.fleet.report.devices import build_report, report_json  # noqa: E402
+from sdcguard.fleet.report.html import build_html  # noqa: E402
+from sdcguard.fleet.store.schema import SCHEMA_VERSION  # noqa: E402
+from sdcguard.fleet.store.store import Store  # noqa: E402
 from sdcguard.records import DeviceInfo  # noqa: E402
 
 _RUNS = 3
@@ -216,7 +216,7 @@ def _measure(fleet_db: Path, now: float, keep: int) -> None:
                          ("  ... --since all --families", ["--since", "all", "--families"])):
         wall, cpu, _ = _child(["-m", "sdcguard", "--db", str(fleet_db), "report", "--format", "json", *extra])
         _row(label, wall, cpu, t_count)
-    wall, cpu, _ = _child(["-c", "import sdcguard.cli.report, sdcguard.fleet.report"])
+    wall, cpu, _ = _child(["-c", "import sdcguard.cli.report, sdcguard.fleet.report.devices"])
     _row("  of which interpreter + imports", wall, cpu)
     _measure_cli(fleet_db)
 

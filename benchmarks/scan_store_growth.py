@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sdcguard.fleet.store import Store  # noqa: E402
+from sdcguard.fleet.store.store import Store  # noqa: E402
 
 
 def _scan(db: Path, budget: float, *extra: str) -> None:

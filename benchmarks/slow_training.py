@@ -1,6 +1,6 @@
 """Slow ranks in training: how fast a slowed rank is named, false naming in clean runs, and what timing costs.
 
-A 2-rank DDP job over gloo, one rank per core (sdcguard.training.local_ranks), an MLP (256 -> 768 -> 768 -> 8,
+A 2-rank DDP job over gloo, one rank per core (sdcguard.testing), an MLP (256 -> 768 -> 768 -> 8,
 batch 64), ``replay_every=2``:
 
 - ``--drills`` runs of ``--steps-drill`` steps (20) where rank 1 runs under ``SlowOpsMode(--factor)`` (each op
@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sdcguard.training.local_ranks import run_ranks  # noqa: E402
+from sdcguard.testing import run_ranks  # noqa: E402
 
 
 def _job(rank: int, world: int, steps: int, slowed: int | None, factor: float, timed: bool,

@@ -2,17 +2,16 @@
 
 ``sdcguard scan`` and ``python -m fleet_scan`` are its command line (:mod:`.command`, which needs nothing of
 :mod:`sdcguard.cli`). The pieces: :mod:`.options` (the scan's settings, defined once) and :mod:`.config` (the
-config file), :mod:`.discovery` (which devices), :mod:`.telemetry` (snapshots before and after), :mod:`.idle`
-(idle checks and per-device locks), :mod:`.schedule` (case order and budget), :mod:`.worker` (one device's scan,
-in its own process, ending with its :mod:`.summary`), :mod:`.retest` (retests in a fresh process),
-:mod:`.record` (batched, crash-safe recording), :mod:`.stop` (SIGTERM and SIGINT), :mod:`.runner` (the whole
-machine, then the policy), :mod:`.progress` (rich bar or JSON lines) and :mod:`.sim` (a simulated fleet running
-the same recording and policy).
+config file); :mod:`.devices` (which devices, their telemetry, idle checks and per-device locks);
+:mod:`.device_scan` (one device's scan in its own process: case order and budget, retests in a fresh process,
+crash-safe recording, its summary); :mod:`.stop` (SIGTERM and SIGINT), :mod:`.runner` (the whole machine, then the
+policy), :mod:`.progress` (rich bar or JSON lines) and :mod:`.sim` (a simulated fleet running the same recording and
+policy).
 """
 
 from __future__ import annotations
 
-from .discovery import ScanTarget, discover_cpus, discover_gpus, select_targets
+from .devices.discovery import ScanTarget, discover_cpus, discover_gpus, select_targets
 from .options import ScanOptions
 from .runner import ScanOutcome, run_scan
 

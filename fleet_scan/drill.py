@@ -12,7 +12,7 @@ from typing import Any
 
 from sdcguard.errors import BadInput
 
-from .discovery import ScanTarget
+from .devices.discovery import ScanTarget
 
 __all__ = ["check_drill"]
 

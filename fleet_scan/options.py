@@ -17,7 +17,7 @@ from typing import Any
 
 from sdcguard.errors import BadInput
 
-from .idle import DEFAULT_CPU_BUSY_MAX, DEFAULT_GPU_UTIL_MAX, DEFAULT_WINDOW_S
+from .devices.idle import DEFAULT_CPU_BUSY_MAX, DEFAULT_GPU_UTIL_MAX, DEFAULT_WINDOW_S
 
 __all__ = ["ScanOptions", "DEFAULT_BUDGET_S", "DEFAULT_RETESTS", "settings", "setting_kind"]
 
@@ -53,7 +53,7 @@ class ScanOptions:
     cpu_busy_max: float = _setting(DEFAULT_CPU_BUSY_MAX, "cpu_busy_max", "a percentage 0..100, e.g. 50")
     """A CPU core kept busier than this (%) by other processes is busy."""
     lock_dir: str | None = _setting(None, "lock_dir", "a directory path (a string)")
-    """Directory of the per-device lock files (default: :func:`fleet_scan.idle.default_lock_dir`)."""
+    """Directory of the per-device lock files (default: :func:`fleet_scan.devices.idle.default_lock_dir`)."""
     golden_dir: str | None = _setting(None, "golden_dir", "a directory path (a string)")
     """Golden data directory (default: the one shipped with sdcguard)."""
     json: bool = False

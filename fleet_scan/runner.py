@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING, Any
 
 from sdcguard.errors import GoldenDataError
 from sdcguard.exit_codes import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK, exit_code_for_signal
-from sdcguard.fleet.schema import MIN_EXECUTIONS
+from sdcguard.fleet.store.schema import MIN_EXECUTIONS
 
-from .discovery import ScanTarget, select_targets
+from .device_scan.summary import SKIPPED, DeviceSummary
+from .devices.discovery import ScanTarget, select_targets
 from .drill import check_drill
 from .options import DEFAULT_BUDGET_S, ScanOptions
 from .progress import Reporter
 from .stop import on_stop_signals
-from .summary import SKIPPED, DeviceSummary
 
 if TYPE_CHECKING:
     from sdcguard.fleet.policy import PolicyScope
@@ -82,7 +82,7 @@ class _Worker:
         self.summary: DeviceSummary | None = None
         self.stderr = ""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fleet_scan.worker"],
+            [sys.executable, "-m", "fleet_scan.device_scan.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -209,7 +209,7 @@ def run_scan(
     """
     chosen = list(targets) if targets is not None else select_targets(specs)
     suite = _check_inputs(options, chosen)
-    from sdcguard.fleet.store import Store
+    from sdcguard.fleet.store.store import Store
     from sdcguard.golden.references import write_references
 
     with Store.open(options.db):
@@ -273,7 +273,7 @@ def _conclude(
     outcome = ScanOutcome(devices=summaries, exit_code=EXIT_OK, message="")
     if scanned:
         from sdcguard.fleet.policy import QuarantinePolicy, apply_policy
-        from sdcguard.fleet.store import Store
+        from sdcguard.fleet.store.store import Store
 
         with Store.open(options.db) as store:
             result = apply_policy(
@@ -344,7 +344,7 @@ def _conclude_finished(
         ) + (f"; then stopped by {signal.Signals(stopped_by).name}" if stopped_by is not None else "")
     elif empty := [s for s in summaries if s.scanned and not s.executions]:
         # A scan that executed no golden case tested nothing: "all passed" would be a lie, and the store never
-        # counts it as a complete scan (sdcguard.fleet.schema.COUNTED_SCAN), so it ends no probation either.
+        # counts it as a complete scan (sdcguard.fleet.store.schema.COUNTED_SCAN), so it ends no probation either.
         outcome.exit_code = EXIT_CANNOT_RUN
         why = "; ".join(f"{s.device}: 0 executions ({s.status}" + (f", {s.reason}" if s.reason else "")
                         + (f", budget {s.budget_s:g} s" if s.budget_s is not None else "") + ")"

@@ -1,12 +1,12 @@
 """The ``sim:`` backend: a simulated fleet scanned daily the way it is deployed.
 
-Each host (``devices_per_host`` devices) has its own node store, as on Kubernetes or Slurm. A day's scan of a
-device does what :mod:`fleet_scan.worker` does, at the level the store and the policy see: ``begin_scan``, the
+Each host (``devices_per_host`` devices) has its own node store, as on Kubernetes or Slurm. A day's scan of a device
+does what :mod:`fleet_scan.device_scan.worker` does, at the level the store and the policy see: ``begin_scan``, the
 executions the default budget allows spread over the real suite's cases in the scanner's own order
-(:func:`fleet_scan.schedule.order_cases`, past failures first), a retest of each failing case (reproduced with the
-device's own probability: a transient does not come back, a bad golden file always does), and the final batch
-with ``finish="complete"``. The store folds the passing executions of each case into one row per scan, exactly
-as it does for the scanner; every failed execution is its own row with its own output digest. Then each node
+(:func:`fleet_scan.device_scan.schedule.order_cases`, past failures first), a retest of each failing case (reproduced
+with the device's own probability: a transient does not come back, a bad golden file always does), and the final batch
+with ``finish="complete"``. The store folds the passing executions of each case into one row per scan, exactly as it
+does for the scanner; every failed execution is its own row with its own output digest. Then each node
 applies the node policy to its own store (``scope="node"``), the fleet store merges every node store
 (incrementally) and the fleet policy runs on it (``scope="fleet"``), as ``deploy/`` does.
 
@@ -35,8 +35,8 @@ from sdcguard.durations import DAY_S
 from sdcguard.golden.cases import PORTABLE_CASES
 from sdcguard.records import CaseResult, DeviceInfo
 
+from .device_scan.schedule import order_cases
 from .options import DEFAULT_BUDGET_S, DEFAULT_RETESTS
-from .schedule import order_cases
 
 __all__ = ["SimCase", "SimFleet", "SimDay", "SimRun", "scan_sim_device", "DEFAULT_CASES"]
 
@@ -268,7 +268,7 @@ class SimRun:
         cases: Sequence[SimCase] = DEFAULT_CASES,
         start: float = 1_767_225_600.0,
     ) -> None:
-        from sdcguard.fleet.store import Store
+        from sdcguard.fleet.store.store import Store
 
         self.directory = Path(directory)
         (self.directory / "nodes").mkdir(parents=True, exist_ok=True)
@@ -310,7 +310,7 @@ class SimRun:
         (``bad_case``: the bad golden file of that day)."""
         from sdcguard.fleet.merge import merge_stores
         from sdcguard.fleet.policy import apply_policy
-        from sdcguard.fleet.store import Store
+        from sdcguard.fleet.store.store import Store
 
         t_day = self.start + day * DAY_S
         today = SimDay(day=day)

@@ -28,9 +28,9 @@ import numpy as np  # noqa: E402
 
 from fleet_scan.sim import DEFAULT_CASES, scan_sim_device  # noqa: E402
 from sdcguard.durations import DAY_S as DAY  # noqa: E402
-from sdcguard.fleet.html import write_html  # noqa: E402
 from sdcguard.fleet.policy import QuarantinePolicy, apply_policy  # noqa: E402
-from sdcguard.fleet.store import Store  # noqa: E402
+from sdcguard.fleet.report.html import write_html  # noqa: E402
+from sdcguard.fleet.store.store import Store  # noqa: E402
 from sdcguard.records import DeviceInfo, Incident  # noqa: E402
 
 HOSTS, PER_HOST, DAYS, ROUNDS = 6, 8, 14, 3

@@ -12,8 +12,8 @@ def trained(steps: int, store: Path | None = None) -> tuple:
     """``(model, optimizer, guard)`` after ``steps`` guarded AdamW steps of the tiny transformer (seed 0)."""
     import torch
 
-    from _tiny_transformer import TinyTransformer, lm_loss, make_batch
     from sdcguard import SDCGuard
+    from sdcguard.testing.models import TinyTransformer, lm_loss, make_batch
 
     torch.manual_seed(0)
     model = TinyTransformer()

@@ -7,7 +7,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from sdcguard.fleet.store import Store
+from sdcguard.fleet.store.store import Store
 from sdcguard.records import CaseResult, DeviceInfo
 
 NOW = 1_800_000_000.0

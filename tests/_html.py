@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sdcguard.fleet.store import Store
+from sdcguard.fleet.store.store import Store
 from sdcguard.records import Incident
 from tests._fleet import NOW, clean, result, scan
 

@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from _nondeterministic import NoisyModel
-from _tiny_transformer import TinyTransformer, lm_loss, make_batch
 from sdcguard import SDCGuard, plan_roles
 from sdcguard.inject.faults import Fault
 from sdcguard.inject.torch_faults import OpFaultMode
+from sdcguard.testing.models import TinyTransformer, lm_loss, make_batch
+from tests._nondeterministic import NoisyModel
 
 SEQ = 4
 STEPS = 15

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from _tiny_transformer import TinyTransformer, lm_loss
 from sdcguard import RngHook
+from sdcguard.testing.models import TinyTransformer, lm_loss
 
 
 class NoisyModel(nn.Module):

@@ -8,8 +8,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from statistics import median
 
-from sdcguard.fleet.rows import CaseTiming
 from sdcguard.fleet.slow import SlowBasis, Slowness, SlowSettings, Sureness
+from sdcguard.fleet.store.rows import CaseTiming
 from sdcguard.medians import median_lower_bound
 
 __all__ = ["reference_judge_slow"]

@@ -6,8 +6,8 @@ the code (ast) or the behaviour that would change if a second copy crept back in
 - a day and the default window (7 days): :mod:`sdcguard.durations`;
 - the e4m3 table: :mod:`sdcguard.fp8`;
 - a fingerprint's 64-bit signedness: :mod:`sdcguard.fingerprints.definition`;
-- a rank's shard of a tensor (``to_local``): :func:`sdcguard.training.taps.local`;
-- the rank runner of the tests, the GPU check and the benchmarks: :mod:`sdcguard.training.local_ranks`.
+- a rank's shard of a tensor (``to_local``): :func:`sdcguard.training.hooks.taps.local`;
+- the rank runner of the tests, the GPU check and the benchmarks: :mod:`sdcguard.testing`.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def test_the_exit_codes_are_defined_once_and_never_written_as_numbers() -> None:
 
 DAY_EXCEPTIONS = {
     "sdcguard/durations.py": "the definition",
-    "sdcguard/fleet/schema.py": "a migration's SQL (version 8) is kept as it ran: CAST(started_at / 86400.0 ...)",
+    "sdcguard/fleet/store/schema.py": "a migration's SQL (version 8) is kept as it ran: CAST(started_at / 86400.0 ...)",
 }
 
 
@@ -197,7 +197,7 @@ def test_a_fingerprints_sign_is_handled_in_one_place() -> None:
 
 def test_a_ranks_shard_is_taken_in_one_place() -> None:
     found = []
-    for m in _in(library(), but={"sdcguard/training/taps.py"}):
+    for m in _in(library(), but={"sdcguard/training/hooks/taps.py"}):
         docs = docstring_nodes(m.tree)
         for node in ast.walk(m.tree):
             named = isinstance(node, ast.Constant) and node.value == "to_local" and id(node) not in docs
@@ -220,7 +220,7 @@ def test_one_rank_runner_and_nothing_imports_the_tests() -> None:
         tree = ast.parse(path.read_text())
         definitions += [f"{path.relative_to(ROOT)}" for node in ast.walk(tree)
                         if isinstance(node, ast.FunctionDef) and node.name == "run_ranks"]
-    assert definitions == ["sdcguard/training/local_ranks.py"]
+    assert definitions == ["sdcguard/testing/ranks.py"]
     from_tests = []
     for m in ALL:
         for node in ast.walk(m.tree):
@@ -237,7 +237,7 @@ def test_every_exception_above_is_still_needed() -> None:
     def values(rel: str) -> list[object]:
         return [v for _, v in _constants(next(m for m in ALL if m.rel == rel))]
 
-    assert any(isinstance(v, str) and "86400" in v for v in values("sdcguard/fleet/schema.py"))
+    assert any(isinstance(v, str) and "86400" in v for v in values("sdcguard/fleet/store/schema.py"))
     for rel in SIGNED64_EXCEPTIONS:
         assert any(isinstance(v, int) and not isinstance(v, bool) and abs(v) in (2**63, 2**64, 2**64 - 1)
                    for v in values(rel)), rel

@@ -1,5 +1,6 @@
-"""The shape of the code, read from the code: the import graph has no circle and only goes down the layers, no
-module of the library is over 500 lines, no function over 80, and docstrings name modules that exist.
+"""The shape of the code, read from the code: the import graph has no circle and only goes down the layers (between
+the wings and, inside the training and fleet wings, between their folders), no folder of the library holds more
+than 15 modules, no module is over 500 lines, no function over 80, and docstrings name modules that exist.
 
 The layers, bottom up (a module imports its own layer's modules and the layers below, never above):
 
@@ -10,7 +11,11 @@ The layers, bottom up (a module imports its own layer's modules and the layers b
    ``golden``, ``inject``; a wing imports no other wing (the exceptions below say why);
 2. ``fleet_scan``, the scanner job;
 3. ``sdcguard.cli`` (and ``python -m sdcguard``);
-4. ``scripts`` and ``benchmarks``.
+4. ``scripts``, ``benchmarks`` and :mod:`sdcguard.testing` (the local rank runner that tests, benchmarks and the
+   GPU check share: no module of the library imports it).
+
+Inside a wing, its folders are layered too (:data:`FOLDER_LAYERS`): a module imports modules of its own folder
+layer and below.
 
 Imports anywhere count: at the top, inside functions, under ``TYPE_CHECKING``.
 """
@@ -24,26 +29,48 @@ import pytest
 
 from tests._code import ROOT, cycles, graph, library, modules
 
-CORE = {"records", "errors", "devices", "durations", "resources", "fingerprints", "exit_codes", "entry", "fp8",
+CORE = {"records", "errors", "devices", "durations", "resources", "fingerprints", "exit_codes", "entry", "fp8", "logs",
         "medians", "kernels", "cpu_time", "_fpcore"}
 """The core's top-level modules under ``sdcguard``: the six of the design, plus ``exit_codes`` and ``entry`` (the
 exit codes, and the one-line error rule every command line shares), ``fp8`` (the e4m3 table of the golden suite
 and the injector), ``kernels`` (the CUDA loader of the golden suite and the fingerprint), ``cpu_time`` (the slow
-drills' CPU burning, used by the golden backend and the injector) and ``_fpcore`` (the fingerprint's C engine)."""
+drills' CPU burning, used by the golden backend and the injector), ``logs`` (the ``sdcguard`` logger) and
+``_fpcore`` (the fingerprint's C engine)."""
 WINGS = {"training": "training", "adapters": "training", "checkpoint": "training", "fleet": "fleet",
          "golden": "golden", "inject": "inject"}
 """``sdcguard.<name>`` -> the wing it belongs to (the adapters and ``sdcguard.checkpoint`` are the training side's
 documented import paths)."""
 
 CROSSING_ALLOWED = {
-    ("sdcguard.training.response", "sdcguard.fleet.store"):
+    ("sdcguard.training.response", "sdcguard.fleet.store.store"):
         "DESIGN.md: training records incidents through the store's public API (Store), imported when it writes",
-    ("sdcguard.training.checkpoint", "sdcguard.fleet.store"):
+    ("sdcguard.checkpoint.dcp", "sdcguard.fleet.store.store"):
         "DESIGN.md: training records verified checkpoints through the store's public API",
-    ("sdcguard.training.async_checkpoint", "sdcguard.fleet.store"):
+    ("sdcguard.checkpoint.asynchronous", "sdcguard.fleet.store.store"):
         "DESIGN.md: training records checkpoints through the store's public API",
 }
 """Imports from one wing into another, each with its reason: nothing else may cross."""
+
+FOLDER_LAYERS: dict[str, list[set[str]]] = {
+    "sdcguard.training": [
+        {"digest", "comm", "identity"},
+        {"hooks"},
+        {"replay"},
+        {"verdicts"},
+        {"checksums", "rounds"},
+        {"config", "replica", "response", "timing"},
+        {"guard"},
+    ],
+    "sdcguard.fleet": [
+        {"store"},
+        {"rates", "slow", "breaker", "actions", "policy", "merge"},
+        {"report"},
+    ],
+}
+"""Per wing, its modules and folders (the name under the wing) from the bottom layer up: the store below what reads
+it; in training, the digest and the communication below the hooks, replay, verdicts, the two kinds of check that
+use them, then the guard's own parts and the guard."""
+MAX_FOLDER_MODULES = 15
 
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
@@ -57,6 +84,8 @@ def layer(name: str) -> tuple[int, str]:
     parts = name.split(".")
     if parts[0] in ("scripts", "benchmarks"):
         return 4, parts[0]
+    if parts[:2] == ["sdcguard", "testing"]:
+        return 4, "testing"
     if parts[0] == "fleet_scan":
         return 2, "fleet_scan"
     assert parts[0] == "sdcguard", name
@@ -91,6 +120,39 @@ def test_imports_only_go_down_the_layers_and_no_wing_imports_another() -> None:
                 if (name, target) not in CROSSING_ALLOWED:
                     wrong.append(f"{name} ({group}) imports {target} ({t_group})")
     assert wrong == []
+
+
+def _folder_layer(name: str) -> tuple[str, int] | None:
+    for wing, layers in FOLDER_LAYERS.items():
+        if name.startswith(wing + "."):
+            part = name[len(wing) + 1:].split(".")[0]
+            found = [k for k, members in enumerate(layers) if part in members]
+            assert found, f"{name}: its place in {wing}'s layers (tests/test_structure.py: FOLDER_LAYERS)"
+            return wing, found[0]
+    return None
+
+
+def test_inside_a_wing_imports_only_go_down_its_folders() -> None:
+    wrong = []
+    for name, targets in graph().items():
+        here = _folder_layer(name)
+        if here is None:
+            continue
+        for target in sorted(targets):
+            there = _folder_layer(target)
+            if there is not None and there[0] == here[0] and there[1] > here[1]:
+                wrong.append(f"{name} imports {target}, a layer above it")
+    assert wrong == []
+
+
+def test_no_folder_holds_more_than_15_modules() -> None:
+    """A folder that grows past the cap grows subfolders by job, not a longer hallway."""
+    counts: dict[str, int] = {}
+    for m in library():
+        if not m.is_package:
+            folder = m.path.parent.relative_to(ROOT).as_posix()
+            counts[folder] = counts.get(folder, 0) + 1
+    assert {f: n for f, n in counts.items() if n > MAX_FOLDER_MODULES} == {}
 
 
 def test_every_allowed_crossing_is_still_there() -> None:

@@ -51,7 +51,7 @@ def _mode(trial: Trial, calls: Any, *, rank: int | None) -> Any:
 
 def _twin(twin: torch.nn.Module, trial: Trial, calls: Any, batch: Any, rng: torch.Tensor) -> tuple[bool, Any]:
     """(did the fault change the local gradients, the twin's fault records); the random stream is put back."""
-    from _tiny_transformer import lm_loss
+    from sdcguard.testing.models import lm_loss
 
     params = [p for p in twin.parameters() if p.requires_grad]
     saved = torch.get_rng_state()
@@ -86,8 +86,8 @@ def fsdp_main(rank: int, world: int, plan: FrameworkPlan) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from _tiny_transformer import TinyTransformer, lm_loss, make_batch
     from sdcguard import SDCGuard
+    from sdcguard.testing.models import TinyTransformer, lm_loss, make_batch
 
     torch.manual_seed(0)
     model = TinyTransformer(**MODEL)
@@ -141,8 +141,8 @@ def lightning_main(rank: int, world: int, plan: FrameworkPlan) -> dict[str, Any]
     import lightning.pytorch as L
     from lightning.pytorch.strategies import DDPStrategy
 
-    from _tiny_transformer import TinyTransformer, lm_loss, make_batch
     from sdcguard.adapters.lightning import SDCGuardCallback
+    from sdcguard.testing.models import TinyTransformer, lm_loss, make_batch
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 

@@ -86,8 +86,8 @@ class _Rank:
     def __init__(self, rank: int, plan: PeerPlan) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        from _tiny_transformer import TinyTransformer, lm_loss
         from sdcguard import SDCGuard
+        from sdcguard.testing.models import TinyTransformer, lm_loss
 
         self.rank, self.plan, self.loss_fn = rank, plan, lm_loss
         torch.manual_seed(0)
@@ -108,7 +108,7 @@ class _Rank:
         self.reference(self.batch(-2))  # DDP rebuilds its buckets after its first backward: before anything counts
 
     def batch(self, step: int) -> Any:
-        from _tiny_transformer import make_batch
+        from sdcguard.testing.models import make_batch
 
         return make_batch(step, self.rank, batch=BATCH, seq=MODEL["seq"])
 

@@ -48,8 +48,8 @@ class _Worker:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        from _tiny_transformer import TinyTransformer, lm_loss
         from sdcguard import SDCGuard
+        from sdcguard.testing.models import TinyTransformer, lm_loss
 
         self.rank, self.plan, self.loss_fn, self.allreduce = rank, plan, lm_loss, allreduce_hook
         torch.manual_seed(0)
@@ -67,7 +67,7 @@ class _Worker:
         self.reference(self.batch(-2))  # DDP's bucket rebuild after its first backward
 
     def batch(self, step: int) -> Any:
-        from _tiny_transformer import make_batch
+        from sdcguard.testing.models import make_batch
 
         return make_batch(step, self.rank, batch=BATCH, seq=MODEL["seq"])
 
@@ -141,8 +141,8 @@ def rank_main(rank: int, world: int, plan: ShadowPlan) -> dict[str, Any]:
     """Run on every rank (3 workers + 1 shadow) by ``run_ranks``."""
     warnings.filterwarnings("ignore", category=FutureWarning)
     torch.set_num_threads(1)
-    from _tiny_transformer import TinyTransformer, lm_loss
     from sdcguard import SDCGuard, plan_roles
+    from sdcguard.testing.models import TinyTransformer, lm_loss
 
     roles = plan_roles(1)
     if roles.role == "shadow":

@@ -35,7 +35,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 def _gpus() -> list[dict[str, Any]]:
     """What NVML (else CUDA) says about each GPU; empty without either."""
     try:
-        from fleet_scan.discovery import discover_gpus
+        from fleet_scan.devices.discovery import discover_gpus
 
         found = [{"index": t.index, "id": t.device, "model": t.info.model, "pci": t.info.pci_bus_id,
                   "driver": t.driver} for t in discover_gpus()]

@@ -17,7 +17,8 @@ from .results import SectionReport
 __all__ = ["run", "TEST_FILES", "counts"]
 
 _ROOT = Path(__file__).resolve().parents[2]
-TEST_FILES = ("tests/test_golden_gpu.py", "tests/test_inject_torch_gpu.py", "tests/test_fingerprint.py")
+TEST_FILES = ("tests/golden/test_golden_gpu.py", "tests/inject/test_inject_torch_gpu.py",
+              "tests/fingerprints/test_fingerprint.py")
 
 
 def counts(summary: str) -> dict[str, int]:

@@ -1,13 +1,13 @@
 """Section ``nvml``: what the fleet scanner learns from NVML, on a real driver.
 
-- Discovery (``fleet_scan.discovery``): NVML finds the GPUs, and ``cuda:0`` is one of them under the same device
+- Discovery (``fleet_scan.devices.discovery``): NVML finds the GPUs, and ``cuda:0`` is one of them under the same device
   id the CUDA backend computes from the CUDA properties (``select_targets(["cuda:0"])`` picks it).
-- Idle detection (``fleet_scan.idle.IdleMonitor``): the idle GPU reads as idle; with a load running in another
+- Idle detection (``fleet_scan.devices.idle.IdleMonitor``): the idle GPU reads as idle; with a load running in another
   process (a matmul loop) ``busy_reason()`` says busy, and ``job_appeared()`` (processes only, between cases) sees
   the load's process.
-- Telemetry (``fleet_scan.telemetry.GpuTelemetry``): the snapshot holds the ECC error counters, the remapped-rows
-  counts and the XID event list (the event set registered), besides temperature and clocks. Where a field is
-  missing, the NVML call behind it is made directly and its error recorded, so the log says why.
+- Telemetry (``fleet_scan.devices.telemetry.GpuTelemetry``): the snapshot holds the ECC error counters, the
+  remapped-rows counts and the XID event list (the event set registered), besides temperature and clocks. Where a field
+  is missing, the NVML call behind it is made directly and its error recorded, so the log says why.
 """
 
 from __future__ import annotations
@@ -100,9 +100,9 @@ def nvml_probes(n: Any, h: Any) -> dict[str, str]:
 def check_nvml(rep: SectionReport, index: int, cuda_device: str, start_load: Callable[[], AbstractContextManager[int]]
                ) -> dict[str, Any]:
     """Every check of the module docstring for the GPU CUDA calls ``index`` with device id ``cuda_device``."""
-    from fleet_scan.discovery import discover_gpus, nvml, select_targets
-    from fleet_scan.idle import IdleMonitor
-    from fleet_scan.telemetry import GpuTelemetry
+    from fleet_scan.devices.discovery import discover_gpus, nvml, select_targets
+    from fleet_scan.devices.idle import IdleMonitor
+    from fleet_scan.devices.telemetry import GpuTelemetry
 
     gpus = discover_gpus()
     rep.check("NVML finds the GPUs", bool(gpus), "; ".join(f"{t.index}: {t.info.model} {t.device} pci "

@@ -22,7 +22,7 @@ import time
 from contextlib import nullcontext
 from typing import Any
 
-from sdcguard.training.local_ranks import RankFailed, run_ranks
+from sdcguard.testing import RankFailed, run_ranks
 
 from .context import Context
 from .results import SectionReport

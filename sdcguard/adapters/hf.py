@@ -30,9 +30,9 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from ..checkpoint.record import corrupted, differences, fingerprints, make_record, read_record, write_record
 from ..training.config import StepReport
 from ..training.guard import SDCGuard
-from ..training.record import corrupted, differences, fingerprints, make_record, read_record, write_record
 
 RECORD = "sdcguard.json"
 

@@ -22,7 +22,7 @@ incident names the newest verified one to restart from.
 
 Lightning's ``ModelParallelStrategy`` (FSDP2, tensor parallel) saves its distributed checkpoints through DCP inside
 the strategy, not through a ``CheckpointIO``: :class:`SDCGuardModelParallelStrategy` is that strategy with those
-saves made asynchronous and verified (:class:`~sdcguard.training.async_checkpoint.AsyncCheckpointer`: the loop
+saves made asynchronous and verified (:class:`~sdcguard.checkpoint.asynchronous.AsyncCheckpointer`: the loop
 waits for the copy to host memory only; the record lands in the checkpoint directory; the checkpoint is named to
 the guard by its path once every rank's write finished)::
 
@@ -48,10 +48,10 @@ except ImportError:  # the older package name (mypy sees both packages' classes 
     from pytorch_lightning.plugins.io import TorchCheckpointIO  # type: ignore[assignment]
     from pytorch_lightning.strategies import ModelParallelStrategy  # type: ignore[assignment]
 
-from ..training.async_checkpoint import AsyncCheckpointer, Writer
+from ..checkpoint.asynchronous import AsyncCheckpointer, Writer
+from ..checkpoint.record import corrupted, differences, fingerprints, make_record, read_record, write_record
 from ..training.config import StepReport
 from ..training.guard import SDCGuard
-from ..training.record import corrupted, differences, fingerprints, make_record, read_record, write_record
 
 __all__ = ["SDCGuardCallback", "SDCGuardCheckpointIO", "SDCGuardModelParallelStrategy", "training_step_loss"]
 

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ..fleet.store import Store
+from ..fleet.store.store import Store
 
 __all__ = ["open_store", "format_option", "print_table", "fmt_float", "status_text", "device_id"]
 

@@ -23,7 +23,7 @@ def prometheus(file: Path) -> None:
 
     Example: sdcguard export prometheus /var/lib/node_exporter/textfile/sdcguard.prom
     """
-    from ..fleet.prometheus import write_textfile
+    from ..fleet.report.prometheus import write_textfile
 
     with open_store(readonly=True) as store:
         n = write_textfile(store, file)

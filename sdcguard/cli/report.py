@@ -18,7 +18,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from fleet_scan.config import config_option, load_config, load_policy  # noqa: E402
 
 from ..durations import DEFAULT_WINDOW, iso_utc, since_timestamp  # noqa: E402
-from ..fleet.report import build_report, report_csv_rows, report_json  # noqa: E402
+from ..fleet.report.devices import build_report, report_csv_rows, report_json  # noqa: E402
 from .common import device_id, fmt_float, format_option, open_store, print_table, status_text  # noqa: E402
 
 
@@ -76,11 +76,11 @@ def report(
     with open_store(readonly=True) as store:
         rows = build_report(store, since=start, device=device, confidence=confidence, families=families, slow=slow)
         if plot is not None:
-            from ..fleet.plot import plot_rates
+            from ..fleet.report.plot import plot_rates
 
             plot_rates(store, plot, since=start, devices=[device] if device else None, now=now)
         if html_file is not None:
-            from ..fleet.html import write_html
+            from ..fleet.report.html import write_html
 
             write_html(store, html_file, since=start, window=since, now=now, confidence=confidence, slow=slow)
     if fmt == "json":

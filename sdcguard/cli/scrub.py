@@ -1,6 +1,6 @@
 """``sdcguard scrub PATH...``: re-read checkpoints at rest and check every tensor against its recorded fingerprint.
 
-A thin layer over :func:`sdcguard.training.scrub.scrub_one` (torch is imported only when it runs): one line per
+A thin layer over :func:`sdcguard.checkpoint.scrub.scrub_one` (torch is imported only when it runs): one line per
 checkpoint, every verdict recorded in the store (``--db``), a progress bar on a terminal, and the exit code of the
 worst verdict.
 """
@@ -20,7 +20,7 @@ from ..exit_codes import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK
 from .common import format_option, open_store
 
 if TYPE_CHECKING:
-    from ..training.scrub import ScrubResult
+    from ..checkpoint.scrub import ScrubResult
 
 __all__ = ["scrub"]
 
@@ -43,7 +43,7 @@ def scrub(ctx: click.Context, paths: tuple[Path, ...], record: bool, fmt: str) -
 
     Example: sdcguard --db fleet.db scrub /ckpt/run42
     """
-    from ..training.scrub import expand, scrub_one
+    from ..checkpoint.scrub import expand, scrub_one
 
     targets = expand(paths)
     with _progress(targets) as advance:

@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..durations import DAY_S
 from ..records import PASSIVE_KINDS, SLOW_KIND, Incident
-from .rows import FailedExecution
+from .store.rows import FailedExecution
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .store.store import Store
 
 __all__ = ["BreakerSettings", "SuiteVerdict", "judge_suite", "TrainingVerdict", "judge_training", "attributed"]
 

@@ -1,8 +1,8 @@
 """``sdcguard merge``: per-node stores into one fleet store, incrementally and idempotently.
 
 Each input is checked (read-only) first: missing, not a store, or of another schema version is refused before
-anything is written. Then each is merged in its own transaction by :meth:`sdcguard.fleet.store.Store.merge_from`,
-which takes only what is new in it since its last merge (see :mod:`sdcguard.fleet.maintenance`).
+anything is written. Then each is merged in its own transaction by :meth:`sdcguard.fleet.store.store.Store.merge_from`,
+which takes only what is new in it since its last merge (see :mod:`sdcguard.fleet.store.maintenance`).
 
 An input may be a directory: every ``*.db`` file in it is an input (the scanner's node stores, the training
 jobs' spools), so a directory that holds none yet is no error, where an unmatched shell glob would be.
@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import BadInput
-from .connection import check_merge_input
-from .rows import MergeStats
-from .store import Store
+from .store.connection import check_merge_input
+from .store.rows import MergeStats
+from .store.store import Store
 
 __all__ = ["MergeStats", "merge_stores", "check_merge_input", "expand_inputs"]
 

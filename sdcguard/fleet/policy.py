@@ -38,9 +38,9 @@ from ..durations import DAY_S, DEFAULT_WINDOW_S
 from .actions import ActionTemplate, run_action
 from .breaker import SuiteVerdict, judge_suite, judge_training
 from .rates import clopper_pearson_arrays
-from .rows import Decision, FailedExecution
 from .slow import SlowSettings, fleet_slowness
-from .store import Store
+from .store.rows import Decision, FailedExecution
+from .store.store import Store
 
 __all__ = ["QuarantinePolicy", "PolicyOutcome", "Decision", "PolicyScope", "apply_policy"]
 

@@ -1,7 +1,7 @@
 """Per-device SDC rates with one-sided Clopper–Pearson bounds, computed by SQL aggregation.
 
 A device's *rate* is failed executions / executions of golden cases (first attempts only, see
-:mod:`sdcguard.fleet.store`). ``rate_low`` and ``rate_high`` are one-sided bounds, each at ``confidence``:
+:mod:`sdcguard.fleet.store.store`). ``rate_low`` and ``rate_high`` are one-sided bounds, each at ``confidence``:
 ``P(true rate >= rate_low) >= C`` and ``P(true rate <= rate_high) >= C``.
 
 Why Clopper–Pearson and not Jeffreys: Clopper–Pearson inverts the exact binomial test, so its coverage is at
@@ -15,7 +15,7 @@ quarantined by chance at most ``1 - C`` of the time. With zero failures the uppe
 The bounds are quantiles of the beta distribution, computed with ``scipy.special.betaincinv`` (exactly what
 ``scipy.stats.beta.ppf`` calls, without importing all of ``scipy.stats``: the report CLI starts faster).
 
-The counts come from :meth:`sdcguard.fleet.store.Store.tallies` (grouped in SQL over a covering index and two
+The counts come from :meth:`sdcguard.fleet.store.store.Store.tallies` (grouped in SQL over a covering index and two
 small partial ones); this module is only the statistics.
 """
 
@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy.special import betaincinv
 
-from .rows import Tally
+from .store.rows import Tally
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .store.store import Store
 
 __all__ = ["Rate", "DeviceRates", "clopper_pearson", "clopper_pearson_arrays", "device_rates", "fleet_rates"]
 

@@ -6,7 +6,7 @@ case, how many passing executions there were and their summed time. The scanner 
 thread's CPU time on a pinned core, kernel time on a GPU), not wall time, so preemption on a loaded host is not
 slowness.
 
-The rule, a pure function of :class:`~.rows.CaseTiming` records or their columns (:class:`~.rows.CaseTimes`;
+The rule, a pure function of :class:`~.store.rows.CaseTiming` records or their columns (:class:`~.store.rows.CaseTimes`;
 :func:`judge_slow`):
 
 - a device's time for a case is its mean seconds per passing first execution over the window; cases with fewer
@@ -43,10 +43,10 @@ import numpy as np
 
 from ..medians import lower_rank, median_lower_bound
 from ..records import SLOW_KIND
-from .rows import CaseTimes, CaseTiming
+from .store.rows import CaseTimes, CaseTiming
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .store.store import Store
 
 __all__ = [
     "SlowSettings", "Slowness", "Sureness", "SlowBasis", "judge_slow", "peer_group",

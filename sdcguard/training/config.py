@@ -9,7 +9,7 @@ import torch
 
 from ..errors import BadInput
 from ..records import Incident
-from .checksum_bound import DEFAULT_ROWS
+from .checksums.bound import DEFAULT_ROWS
 
 __all__ = ["DEFAULT_CHECKSUM_EVERY", "GuardConfig", "StepReport", "OnDetect", "Escalate", "Check",
            "EXIT_SUSPECT_DEVICE", "EXIT_RESTART"]

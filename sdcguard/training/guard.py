@@ -5,18 +5,19 @@ Every entry point is the same four calls around the framework's own forward and 
 the optimizer). ``guard.step`` makes them for a plain loop; the Lightning and Hugging Face callbacks make them from
 the framework's hooks. What happens on every data-parallel rank:
 
-1. The framework runs its forward and backward, its gradient reduction and its overlap (DDP, FSDP2/HSDP); the guard
-   adds hooks only (:mod:`.ddp`: a tensor hook per parameter; :mod:`.fsdp`: a custom reduce-scatter). On the sampled
-   micro-batch of a sampled step (one step in ``replay_every``) they fingerprint its local gradients on the device
-   as the framework hands them over; the micro-batch, random states, autocast state and seed are captured.
-2. ``end_step``: the gradients the optimizer is about to read are fingerprinted in place and folded into one value;
-   on a sampled step the :class:`~.rounds.Round` runs: each rank replays another rank's micro-batch (:mod:`.peer`)
-   or sends it to a dedicated shadow (:mod:`.shadows`). Everything the veto needs rides in one all-gather.
+1. The framework runs its forward and backward, its gradient reduction and its overlap (DDP, FSDP2/HSDP); the guard adds
+   hooks only (:mod:`.hooks.ddp`: a tensor hook per parameter; :mod:`.hooks.fsdp`: a custom reduce-scatter). On the
+   sampled micro-batch of a sampled step (one step in ``replay_every``) they fingerprint its local gradients on the
+   device as the framework hands them over; the micro-batch, random states, autocast state and seed are captured.
+2. ``end_step``: the gradients the optimizer is about to read are fingerprinted in place and folded into one value; on a
+   sampled step the :class:`~.rounds.round.Round` runs: each rank replays another rank's micro-batch
+   (:mod:`.rounds.peer`) or sends it to a dedicated shadow (:mod:`.rounds.shadows`). Everything the veto needs rides in
+   one all-gather.
 3. Replicas holding the same data must agree bit for bit (:mod:`.replica`); an original and its replay must agree
-   too, and a disagreement is settled by the rule of evidence (:mod:`.attribution`): a device that others
+   too, and a disagreement is settled by the rule of evidence (:mod:`.verdicts.attribution`): a device that others
    contradict while it reproduces itself is hardware, devices that do not reproduce themselves are software
-   (:mod:`.calibration`), and evidence that cannot pick the device is unresolved, vetoed all the same. A sticky
-   verdict escalates (:mod:`.outcomes`).
+   (:mod:`.verdicts.calibration`), and evidence that cannot pick the device is unresolved, vetoed all the same. A
+   sticky verdict escalates (:mod:`.verdicts.outcomes`).
 4. The veto: with ``on_detect="skip"`` no rank commits a corrupted step, and its gradients are dropped (``.grad`` is
    set to None, so an optimizer step changes nothing). Every rank decides alike with no collective of its own,
    because every input of the decision came out of the gathers above. ``after_optimizer_step`` compares the weights.
@@ -26,7 +27,7 @@ the framework's hooks. What happens on every data-parallel rank:
 
 On one step in ``checksum_every`` every matmul of the forward and backward is also checked against its checksum as
 it runs (:mod:`.checksums`); a failure is this rank's own, recomputed on its device before it is reported, and its
-count rides in the same all-gather (:mod:`.checksum_round`).
+count rides in the same all-gather (:mod:`.checksums.round`).
 """
 
 from __future__ import annotations
@@ -43,31 +44,31 @@ from torch import nn
 from ..devices import hostname
 from ..errors import BadInput
 from ..records import Incident
-from .attribution import Attributor, launcher_job_id, new_job_id
-from .calibration import CalibrationReport, calibrate, setup_warnings
-from .capture import Batch, Capture, RngHook, capture_rng, make_capture
-from .checksum_bound import DEFAULT_ROWS
-from .checksum_round import WIDTH as CHECKSUM_WIDTH
-from .checksum_round import checksum_incidents
-from .checksum_round import columns as checksum_columns
-from .checksums import ChecksumMode
+from .checksums.bound import DEFAULT_ROWS
+from .checksums.mode import ChecksumMode
+from .checksums.round import WIDTH as CHECKSUM_WIDTH
+from .checksums.round import checksum_incidents
+from .checksums.round import columns as checksum_columns
 from .comm import Comm
 from .config import DEFAULT_CHECKSUM_EVERY, Check, Escalate, GuardConfig, OnDetect, StepReport
-from .ddp import ParamTaps, is_ddp, unwrap, wrap_ddp
-from .fsdp import FSDPTaps, is_fsdp
+from .digest import Digest
+from .hooks.ddp import ParamTaps, is_ddp, unwrap, wrap_ddp
+from .hooks.fsdp import FSDPTaps, is_fsdp
 from .identity import local_device_id, setup_key
-from .observe import StepObserver
-from .outcomes import Outcomes
-from .peer import PeerRound
-from .replay import LossFn, check_loss, replay
+from .replay.capture import Batch, Capture, RngHook, capture_rng, make_capture
+from .replay.observe import StepObserver
+from .replay.recompute import LossFn, check_loss, replay
 from .replica import ReplicaPhases
 from .response import Responder
-from .roles import worker_group
-from .rounds import Round
-from .shadows import DedicatedRound, ShadowServer
-from .taps import Digest
+from .rounds.peer import PeerRound
+from .rounds.roles import worker_group
+from .rounds.round import Round
+from .rounds.shadows import DedicatedRound, ShadowServer
 from .timing import COLUMNS as TIMING_COLUMNS
 from .timing import PhaseClock, RankSlowness, SlowJudge, SlowWatch
+from .verdicts.attribution import Attributor, launcher_job_id, new_job_id
+from .verdicts.calibration import CalibrationReport, calibrate, setup_warnings
+from .verdicts.outcomes import Outcomes
 
 __all__ = ["SDCGuard"]
 
@@ -338,7 +339,7 @@ class SDCGuard:
     @property
     def last_verified_step(self) -> int | None:
         """The last step every rank's checks vouched for: every rank's latest clean sample is at or after it, and no
-        incident since then may have reached the weights (see :mod:`.verification`). None before every rank was
+        incident since then may have reached the weights (see :mod:`.verdicts.verification`). None before every rank was
         sampled cleanly, or when replay is off."""
         return self._verification.last_verified_step
 

@@ -32,9 +32,9 @@ from ..devices import hostname
 from ..fingerprints import combine_on_device, fingerprints_on_device
 from ..records import Incident
 from .comm import Comm
-from .ddp import unwrap
+from .hooks.ddp import unwrap
+from .hooks.taps import local
 from .identity import local_device_id
-from .taps import local
 
 __all__ = ["ReplicaCheck", "ReplicaPhases", "fingerprint_column", "odd_ranks", "minority", "vote", "replica_incidents"]
 

@@ -67,7 +67,7 @@ class Responder:
         if self.store is None or not self.writer:
             return
         try:
-            from ..fleet.store import Store
+            from ..fleet.store.store import Store
 
             with Store.open(self.store) as store:
                 store.record_checkpoint(checkpoint_id=checkpoint_id, step=step, verified=verified, digest=digest,
@@ -80,7 +80,7 @@ class Responder:
         if self.store is None or not self.writer:
             return
         try:
-            from ..fleet.store import Store
+            from ..fleet.store.store import Store
 
             with Store.open(self.store) as store:
                 for incident in found:

@@ -39,7 +39,7 @@ import torch
 
 from ..medians import median_lower_bound
 from ..records import SLOW_KIND, Incident
-from .pairing import peer_source, peer_target
+from .rounds.pairing import peer_source, peer_target
 
 __all__ = ["SlowWatch", "RankSlowness", "PhaseClock", "SlowJudge", "pair_slowdowns", "COLUMNS"]
 

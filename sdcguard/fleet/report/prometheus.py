@@ -1,0 +1,93 @@
+"""Prometheus export: a node-exporter textfile-collector file with one series per device.
+
+Labels follow the DCGM exporter, so sdcguard series join dashboards built for it: ``gpu`` (the device's index
+on its host: NVML index, CPU core, simulated device number), ``UUID`` (the device id: ``GPU-<uuid>`` for a GPU),
+``Hostname``, ``modelName`` (empty where the model is unknown); plus ``device`` (the sdcguard id) and ``kind``.
+Every series of every metric carries exactly these (:data:`LABELS`; ``sdcguard_device_status`` adds
+``status``), so series of one device always match on all of them. Ratios end in ``_ratio`` (Prometheus naming).
+The file is written to a temporary file in the same directory and renamed over the target
+(:func:`.files.write_atomic`), so the collector never reads half a file.
+
+Counters (``*_total``) cover all time; rates and bounds too; ``sdcguard_device_status`` is 1 for the device's
+current status (``suspect``: a failure in the last ``suspect_window_s``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ...durations import DEFAULT_WINDOW_S
+from ..store.store import Store
+from .devices import DeviceReport, build_report
+from .files import write_atomic
+
+__all__ = ["render_textfile", "write_textfile", "LABELS", "METRICS"]
+
+LABELS = ("gpu", "UUID", "Hostname", "modelName", "device", "kind")
+"""The labels of every series, in this order."""
+METRICS = (
+    "sdcguard_executions_total", "sdcguard_failures_total", "sdcguard_test_seconds_total", "sdcguard_failure_ratio",
+    "sdcguard_failure_ratio_lower", "sdcguard_failure_ratio_upper", "sdcguard_last_scan_timestamp_seconds",
+    "sdcguard_device_status", "sdcguard_device_slow", "sdcguard_slowdown_ratio",
+)
+"""Every metric the textfile holds."""
+
+_STATUSES = ("healthy", "suspect", "quarantined", "probation")
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(r: DeviceReport, **extra: str) -> str:
+    values = ("" if r.index is None else str(r.index), r.device, r.host, r.model or "", r.device, r.kind)
+    pairs = {**dict(zip(LABELS, values, strict=True)), **extra}
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs.items()) + "}"
+
+
+def _num(v: float | int | None) -> str:
+    return "NaN" if v is None else repr(float(v))
+
+
+def render_textfile(store: Store, *, now: float | None = None, suspect_window_s: float = DEFAULT_WINDOW_S) -> str:
+    """The textfile's content."""
+    t = time.time() if now is None else now
+    rows = build_report(store, since=None, suspect_since=t - suspect_window_s)
+    metrics: list[tuple[str, str, str, list[tuple[str, float | int | None]]]] = [
+        ("sdcguard_executions_total", "counter", "Golden-case executions (first attempts) on the device.",
+         [(_labels(r), r.overall.executions) for r in rows]),
+        ("sdcguard_failures_total", "counter", "Executions whose output differed from the golden in at least one bit.",
+         [(_labels(r), r.overall.failures) for r in rows]),
+        ("sdcguard_test_seconds_total", "counter", "Seconds of golden-case testing on the device.",
+         [(_labels(r), r.overall.test_hours * 3600.0) for r in rows]),
+        ("sdcguard_failure_ratio", "gauge", "Failed executions / executions.",
+         [(_labels(r), r.overall.rate) for r in rows]),
+        ("sdcguard_failure_ratio_lower", "gauge", "One-sided Clopper-Pearson lower bound of the failure ratio (95%).",
+         [(_labels(r), r.overall.rate_low) for r in rows]),
+        ("sdcguard_failure_ratio_upper", "gauge", "One-sided Clopper-Pearson upper bound of the failure ratio (95%).",
+         [(_labels(r), r.overall.rate_high) for r in rows]),
+        ("sdcguard_last_scan_timestamp_seconds", "gauge", "Unix time the device's last complete scan finished.",
+         [(_labels(r), r.last_scan) for r in rows if r.last_scan is not None]),
+        ("sdcguard_device_status", "gauge",
+         "1 for the device's current status (healthy, suspect, quarantined, probation).",
+         [(_labels(r, status=s), int(r.status == s)) for r in rows for s in _STATUSES]),
+        ("sdcguard_device_slow", "gauge", "1 when the device is slower than its peers on the same golden cases "
+         "(beside its status: a slow device can be healthy).",
+         [(_labels(r), int(bool(r.slowness and r.slowness.slow))) for r in rows]),
+        ("sdcguard_slowdown_ratio", "gauge", "The device's time for the golden cases / its peers' median time.",
+         [(_labels(r), r.slowness.slowdown) for r in rows if r.slowness and r.slowness.slowdown is not None]),
+    ]
+    lines = []
+    for name, kind, help_text, samples in metrics:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.extend(f"{name}{labels} {_num(value)}" for labels, value in samples)
+    return "\n".join(lines) + "\n"
+
+
+def write_textfile(store: Store, path: Path, *, now: float | None = None) -> int:
+    """Write the textfile atomically (temp file in the same directory, then rename); returns the device count."""
+    text = render_textfile(store, now=now)
+    write_atomic(path, text)
+    return text.count("sdcguard_executions_total{")

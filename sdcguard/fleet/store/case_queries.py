@@ -1,0 +1,96 @@
+"""The slowness statistic's inputs from the store: passing first executions per device and case and their summed
+device time, from the case tallies (:mod:`.schema` version 10, kept by :mod:`.maintenance`) for whole days and from
+rows for a window's partial first day; and per scan for the few devices whose own history the statistic weighs.
+:class:`CaseQueries` is a part of the store's read queries (:class:`~.queries.StoreQueries` builds on it)."""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from collections.abc import Iterable, Sequence
+from operator import itemgetter
+from typing import Any
+
+from ...durations import DAY_S
+from .connection import StoreBase
+from .rows import CaseTimes, CaseTiming
+
+__all__ = ["CaseQueries", "in_devices"]
+
+
+def in_devices(devices: Iterable[str] | None, column: str = "device") -> tuple[str, list[Any]]:
+    """``AND column IN (...)`` for an optional device list (one JSON parameter, any length)."""
+    if devices is None:
+        return "", []
+    return f" AND {column} IN (SELECT value FROM json_each(?))", [json.dumps(list(devices))]
+
+
+class CaseQueries(StoreBase):
+    """The case tallies' and the per-scan timing reads (see the module docstring)."""
+
+    def case_times(self, *, since: float | None, devices: Sequence[str] | None = None) -> CaseTimes:
+        """Passing first executions per device and case since ``since`` and their summed device time, one record
+        per device and case (``scan`` 0): the slowness statistic's input (:mod:`sdcguard.fleet.slow`).
+
+        Whole days come from the case tallies: a key's totals less its running total on the eve of the window's
+        first whole day (that day's row, else the latest before it): two rows per device and case whatever the
+        window's length. The partial first day comes from rows, over the covering index ``results_time``: those
+        from the window's start to midnight are added, or, when fewer, the day's rows before the start are taken
+        from the whole day (the tallies from the eve of the partial day on). Executions a prune deleted still
+        count; the tallies keep no day before the retention horizon apart, so a window that starts before it
+        counts from the horizon (all time, ``since=None``, counts every execution)."""
+        scope, sp = in_devices(devices, "t.device")
+        if since is None:
+            return CaseTimes.from_rows(self._rows(
+                f"SELECT device, case_id, family, executions, seconds FROM case_totals t WHERE 1{scope}", sp), scan=0)
+        horizon = self.pruned_before
+        start = since if horizon is None or since >= horizon else horizon
+        day = math.ceil(start / DAY_S)
+        params: dict[str, Any] = {"day": day, "devices": sp[0] if sp else None, "lo": start, "hi": day * DAY_S,
+                                  "sign": 1}
+        if day * DAY_S > start:  # the day's rows before the start, or after it: whichever are fewer
+            count = ("SELECT COUNT(*) FROM (SELECT 1 FROM results INDEXED BY results_time WHERE started_at >= ? AND "
+                     "started_at < ? LIMIT ?)")
+            after, before = (self._one(count, (lo, hi, 1000)) for lo, hi in ((start, day * DAY_S),
+                                                                             ((day - 1) * DAY_S, start)))
+            if after == before == 1000:
+                after, before = (self._one(count, (lo, hi, -1)) for lo, hi in ((start, day * DAY_S),
+                                                                                ((day - 1) * DAY_S, start)))
+            if before < after:
+                params.update(day=day - 1, lo=(day - 1) * DAY_S, hi=start, sign=-1)
+        # a key's running total on the eve: none when its first tally is later, else that day's row, else (a key
+        # not changed that day) its latest before
+        floor = ("CASE WHEN t.first >= :day THEN 0 ELSE COALESCE(f.{0}, (SELECT x.{0} FROM case_tallies x WHERE "
+                 "x.device = t.device AND x.case_id = t.case_id AND x.day < :day ORDER BY x.day DESC LIMIT 1), 0) END")
+        rows = self._rows(  # keys changed on the eve or later (those changed before have nothing in the window)
+            f"SELECT t.device, t.case_id, t.family, t.executions - {floor.format('executions')}, "
+            f"t.seconds - {floor.format('seconds')} FROM case_totals t LEFT JOIN case_tallies f ON f.device = t.device "
+            f"AND f.day = :day - 1 AND f.case_id = t.case_id WHERE t.day >= :day - 1{scope.replace('?', ':devices')} "
+            "ORDER BY t.device, t.case_id", params)
+        if params["lo"] < params["hi"]:  # the partial day's rows, added (sign 1) or taken away (-1), key by key
+            part, pp = in_devices(devices)
+            for d, c, n, secs in self._rows(
+                    "SELECT device, case_id, TOTAL(executions), TOTAL(duration_s) FROM results INDEXED BY results_time "
+                    f"WHERE started_at >= ? AND started_at < ? AND passed = 1 AND attempt = 0{part} "
+                    "GROUP BY device, case_id", [params["lo"], params["hi"], *pp]):
+                i = bisect.bisect_left(rows, (d, c), key=itemgetter(0, 1))  # every such key has a row: a tally that day
+                r = rows[i]
+                rows[i] = (d, c, r[2], r[3] + params["sign"] * int(n), r[4] + params["sign"] * secs)
+        if any(r[3] <= 0 for r in rows):
+            rows = [r for r in rows if r[3] > 0]
+        return CaseTimes.from_rows(rows, scan=0)
+
+    def case_timings(self, *, since: float | None, devices: Sequence[str]) -> list[CaseTiming]:
+        """Passing first executions per device, scan and case since ``since``, with their summed device time, for
+        ``devices`` (those whose own history the slowness statistic weighs); read scan by scan from each device's
+        scans, so a few devices cost a few of their rows however large the store. Pruned scans are gone."""
+        scope, sp = in_devices(devices, "s.device")
+        window, wp = (" AND r.started_at >= ?", [since]) if since is not None else ("", [])
+        rows = self._rows(
+            "SELECT r.device, r.scan, r.case_id, MIN(r.family), TOTAL(r.executions), TOTAL(r.duration_s) "
+            "FROM scans s INDEXED BY scans_device JOIN results r ON r.scan = s.id "
+            f"WHERE r.device = s.device AND r.passed = 1 AND r.attempt = 0{scope}{window} "
+            "GROUP BY r.device, r.scan, r.case_id", [*sp, *wp])
+        return [CaseTiming(device=d, scan=int(s), case=c, family=f, executions=int(n), seconds=float(t))
+                for d, s, c, f, n, t in rows]

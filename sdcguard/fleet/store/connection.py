@@ -1,0 +1,327 @@
+"""Opening the fleet store's SQLite file with care, and its transactions.
+
+The file header is read *before* SQLite opens the file, so a text file, a foreign SQLite database or a store
+written by a newer sdcguard is refused with one sentence and left byte-for-byte untouched. Every write runs in
+one ``BEGIN IMMEDIATE`` transaction: it takes the write lock up front, so concurrent writers (several scanner
+processes, a training job) wait on the busy timeout instead of failing half-way with "database is locked", and a
+process killed at any moment leaves the store as it was before or after the write.
+
+:class:`StoreBase` is the part of :class:`sdcguard.fleet.store.store.Store` every other part builds on.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+import urllib.parse
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Self
+
+from ...errors import SchemaTooNew, StoreError
+from .schema import APPLICATION_ID, SCHEMA_VERSION, SQLITE_MAGIC, migrate
+
+__all__ = ["StoreBase", "check_header", "check_merge_input", "read_only_uri", "writable_problem", "BUSY_TIMEOUT_S"]
+
+BUSY_TIMEOUT_S = 30.0
+
+
+def check_header(path: Path) -> int:
+    """Refuse what cannot be an sdcguard store before SQLite opens it; return the file's size (-1: missing)."""
+    if path.is_dir():
+        raise StoreError(f"{path} is a directory, not a fleet store file")
+    parent = path.parent
+    if not parent.is_dir():
+        what = f"{parent} is not a directory" if parent.exists() else f"directory {parent} does not exist"
+        raise StoreError(f"cannot open fleet store {path}: {what}")
+    try:
+        with open(path, "rb") as f:
+            header = f.read(100)
+    except FileNotFoundError:
+        return -1
+    except PermissionError:
+        raise StoreError(f"cannot read fleet store {path}: permission denied") from None
+    except OSError as e:
+        raise StoreError(f"cannot read fleet store {path}: {e.strerror or e}") from None
+    if not header:
+        return 0
+    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
+        raise StoreError(f"{path} is not an sdcguard fleet store (not a SQLite database); pass another --db")
+    version = int.from_bytes(header[60:64], "big")
+    if version > SCHEMA_VERSION:
+        raise SchemaTooNew(_too_new(path, version))
+    return len(header)
+
+
+def _too_new(path: Path, version: int) -> str:
+    return (
+        f"{path} was written by a newer sdcguard (schema {version}; this one reads up to {SCHEMA_VERSION}): "
+        "upgrade sdcguard to use it"
+    )
+
+
+def writable_problem(path: Path) -> str | None:
+    """Why this process cannot write the store at ``path`` (None: it can). SQLite in WAL mode writes the file
+    and creates ``-wal`` and ``-shm`` beside it, so the directory must be writable too."""
+    parent = path.resolve().parent
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"the file is read-only for this user ({_owner(path)})"
+    if not os.access(parent, os.W_OK):
+        return f"its directory {parent} is read-only for this user ({_owner(parent)})"
+    return None
+
+
+def _owner(path: Path) -> str:
+    st = path.stat()
+    try:
+        import pwd
+
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except (KeyError, ImportError):
+        owner = str(st.st_uid)
+    return f"owner {owner}, mode {st.st_mode & 0o777:o}"
+
+
+def read_only_uri(path: Path) -> str:
+    """A SQLite URI that reads the store at ``path`` without writing anything, wherever it lies.
+
+    ``mode=ro`` reads a WAL database when SQLite can open or create its ``-shm`` file (a writable directory, or
+    one that exists). In a read-only directory without ``-shm``: when no ``-wal`` file holds writes, the database
+    file has every committed row and ``immutable=1`` reads it (no locks, no ``-shm``); when one does,
+    :class:`StoreError` says how to make it readable (``immutable`` would ignore those writes).
+    """
+    resolved = path.resolve()
+    base = "file:" + urllib.parse.quote(str(resolved))
+    shm, wal = Path(f"{resolved}-shm"), Path(f"{resolved}-wal")
+    if os.access(resolved.parent, os.W_OK) or shm.exists():
+        return base + "?mode=ro"
+    if wal.exists() and wal.stat().st_size > 0:
+        raise StoreError(
+            f"cannot read fleet store {path} in place: its directory is read-only and {wal.name} holds writes not "
+            f"yet in the store file (SQLite needs {shm.name} to read them); let its owner open it once (e.g. "
+            f"`sdcguard --db {path} report`), or copy {path.name} with {wal.name} to a writable directory"
+        )
+    return base + "?immutable=1"
+
+
+def check_merge_input(path: Path) -> None:
+    """Refuse a merge input that is missing, not a store, or of another schema version, without writing to it."""
+    if not path.exists():
+        raise StoreError(f"merge input {path} does not exist")
+    if check_header(path) <= 0:
+        raise StoreError(f"merge input {path} is empty, not a fleet store")
+    try:
+        conn = sqlite3.connect(read_only_uri(path), uri=True)
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            app = conn.execute("PRAGMA application_id").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"merge input {path} cannot be read as a fleet store: {e}") from None
+    if app != APPLICATION_ID:
+        raise StoreError(f"merge input {path} is a SQLite database but not an sdcguard fleet store")
+    if version > SCHEMA_VERSION:
+        raise SchemaTooNew(f"merge input {path} was written by a newer sdcguard (schema {version}); upgrade sdcguard")
+    if version < SCHEMA_VERSION:
+        raise StoreError(
+            f"merge input {path} has the older schema {version}: open it once with this sdcguard "
+            f"(`sdcguard --db {path} report`) to migrate it, then merge"
+        )
+
+
+class StoreBase:
+    """The connection, its opening and its transactions. One belongs to one thread: open one per process."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path, timeout_s: float = BUSY_TIMEOUT_S) -> None:
+        self._conn = conn
+        self._timeout_s = timeout_s
+        self.path = path
+        self._known_digests: set[tuple[str, str]] = set()
+        """``(case, digest)`` pairs this connection knows ``pass_digests`` holds (rows are never deleted)."""
+        self._known_devices: set[str] = set()
+        """Devices this connection knows the ``devices`` table holds (rows are never deleted)."""
+        self.read_only_reason: str | None = None
+        """Why this store was opened read-only (None: opened for writing)."""
+
+    @classmethod
+    def open(
+        cls, path: str | os.PathLike[str], *, create: bool = True, timeout_s: float = BUSY_TIMEOUT_S,
+        readonly: bool = False,
+    ) -> Self:
+        """Open (and with ``create``, create or migrate) the store at ``path``.
+
+        ``readonly``: the caller only reads. A store this process may write is opened as usual (an older one is
+        migrated); one it may not (a read-only file or directory) is opened read-only (:func:`read_only_uri`).
+        Without ``readonly``, a store this process may not write is refused with one line saying so.
+
+        Raises :class:`StoreError` (not SQLite, unreadable, read-only for a writer, missing directory, missing
+        file without ``create``) or :class:`SchemaTooNew`; in every such case the file is left untouched. An older
+        store is migrated forward in one transaction.
+        """
+        p = Path(path)
+        size = check_header(p)
+        if size < 0 and not create:
+            raise StoreError(f"no fleet store at {p} (run `sdcguard scan` first, or pass --db / $SDCGUARD_DB)")
+        problem = writable_problem(p)
+        if problem and not readonly:
+            what = "is read-only" if size >= 0 else "cannot be created"
+            raise StoreError(f"fleet store {p} {what}: {problem}; this command writes to it (pass a writable --db)")
+        try:
+            if problem:
+                conn = sqlite3.connect(read_only_uri(p), uri=True, timeout=timeout_s, isolation_level=None,
+                                       check_same_thread=False)
+            else:
+                conn = sqlite3.connect(str(p), timeout=timeout_s, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open fleet store {p}: {e}") from None
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+            store = cls(conn, p, timeout_s)
+            store.read_only_reason = problem
+            store._prepare(create=create)
+        except BaseException:
+            conn.close()
+            raise
+        return store
+
+    def _prepare(self, *, create: bool) -> None:
+        p = self.path
+        try:
+            # One read transaction: a consistent snapshot even while another process creates the store.
+            self._retry(lambda: self._conn.execute("BEGIN"))
+            try:
+                version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+                app = self._conn.execute("PRAGMA application_id").fetchone()[0]
+                tables = self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            finally:
+                self._conn.execute("ROLLBACK")
+            if version > SCHEMA_VERSION:
+                raise SchemaTooNew(_too_new(p, version))
+            if app != APPLICATION_ID:
+                if tables or version:
+                    raise StoreError(f"{p} is a SQLite database but not an sdcguard fleet store; pass another --db")
+                if not create:
+                    raise StoreError(f"{p} is an empty file, not a fleet store; pass another --db")
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"{p} is not an sdcguard fleet store ({e}); pass another --db") from None
+        if self.read_only_reason is not None:
+            if version < SCHEMA_VERSION:
+                raise StoreError(
+                    f"fleet store {p} has the older schema {version} and is read-only here "
+                    f"({self.read_only_reason}): let its owner open it once with this sdcguard to migrate it"
+                )
+            return  # read-only: nothing to set up, nothing to migrate
+        # Only now (the file is ours, or empty) may SQLite write to it.
+        self._retry(lambda: self._conn.execute("PRAGMA journal_mode = WAL").fetchone())
+        self._conn.execute("PRAGMA synchronous = NORMAL")
+        self._conn.execute("PRAGMA foreign_keys = ON")
+        if version < SCHEMA_VERSION:
+            with self._write() as conn:
+                current = conn.execute("PRAGMA user_version").fetchone()[0]  # another process may have won
+                if current > SCHEMA_VERSION:
+                    raise SchemaTooNew(_too_new(p, current))
+                if current < SCHEMA_VERSION:
+                    migrate(conn, current)
+                    conn.execute(
+                        "INSERT OR REPLACE INTO meta(key, value) VALUES ('created_by', ?)", (f"sdcguard {_version()}",)
+                    )
+
+    def _retry(self, fn: Any) -> Any:
+        # The busy timeout covers ordinary lock waits; a few operations (switching to WAL, the first read of a
+        # fresh WAL file while another process creates it) can report "locked" at once under contention, so
+        # retry those with backoff, but never wait longer than the busy timeout in all.
+        deadline = time.monotonic() + self._timeout_s
+        delay = 0.005
+        while True:
+            try:
+                return fn()
+            except sqlite3.OperationalError as e:
+                text = str(e)
+                if "locked" not in text and "busy" not in text:
+                    raise StoreError(f"fleet store {self.path}: {text}") from None
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        f"fleet store {self.path} stayed locked by another process for over {self._timeout_s:g} s"
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        try:
+            self._conn.close()
+        except sqlite3.Error:
+            pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``); rolled back if the body raises."""
+        if self.read_only_reason is not None:
+            raise StoreError(f"fleet store {self.path} is read-only ({self.read_only_reason}): cannot write to it")
+        self._retry(lambda: self._conn.execute("BEGIN IMMEDIATE"))
+        try:
+            yield self._conn
+        except sqlite3.OperationalError as e:
+            self._conn.execute("ROLLBACK")
+            if "readonly" in str(e):  # a read-only mount, or permissions changed since the store was opened
+                raise StoreError(f"fleet store {self.path} is read-only: {e}") from None
+            raise
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        try:
+            self._retry(lambda: self._conn.execute("COMMIT"))
+        except BaseException:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            raise
+
+    def _rows(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[tuple[Any, ...]]:
+        try:
+            return self._conn.execute(sql, params).fetchall()
+        except sqlite3.OperationalError as e:
+            raise StoreError(f"fleet store {self.path}: {e}") from None
+
+    def _dicts(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        try:
+            cur = self._conn.execute(sql, params)
+        except sqlite3.OperationalError as e:
+            raise StoreError(f"fleet store {self.path}: {e}") from None
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row)) for row in cur.fetchall()]
+
+    def _one(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        row = self._conn.execute(sql, params).fetchone()
+        return None if row is None else row[0]
+
+    def _meta(self, key: str) -> str | None:
+        return self._one("SELECT value FROM meta WHERE key = ?", (key,))
+
+    @property
+    def store_id(self) -> str:
+        """This store's identity (a uuid made when it was created): merges remember their inputs by it."""
+        value = self._meta("store_id")
+        assert value is not None, "every schema-4 store has a store_id"
+        return value
+
+    @property
+    def pruned_before(self) -> float | None:
+        """The retention horizon: scans that started before it live only in the daily roll-ups (None: never
+        pruned)."""
+        value = self._meta("pruned_before")
+        return None if value is None else float(value)
+
+
+def _version() -> str:
+    from ... import __version__
+
+    return __version__

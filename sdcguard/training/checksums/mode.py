@@ -1,0 +1,260 @@
+"""Checksum checks of every matmul a step runs, forward and backward, at the op level: a local check, no vote.
+
+:class:`ChecksumMode` is a ``TorchDispatchMode`` that the guard pushes at ``begin_step`` of a checked step (one in
+``checksum_every``) and pops at ``end_step``. It sees the aten ops below autograd, so it sees every matmul the
+model runs whatever module issued it (``nn.Linear``'s ``addmm``/``mm``, transformers' ``Conv1D`` ``addmm``,
+``nn.MultiheadAttention``'s ``F.linear``, attention written with ``bmm``/``matmul``) and the backward's ``dX`` and
+``dW`` matmuls (autograd carries the mode into its threads). Each result is checked against its operands by
+:func:`~.bound.check_matmul` right after the op, on the device, without a host sync; the op's result is
+returned untouched, so the training step computes exactly what it computes without the guard.
+
+At ``end_step`` one host read collects the step's counts. A matmul that failed is recomputed on the same device
+from the same operands and checked again: failing again means *sticky*, passing means *transient* (the first result
+or the first check was wrong: either way that device computed something wrong once). An operand changed in place
+since (its version moved) or freed (FSDP2 frees an unsharded weight when it reshards) cannot be recomputed: the
+verdict then says so (``sticky`` None; the step is still vetoed). On the CPU the count is read at once and a failed
+matmul recomputed on the spot, while its operands live. The rank that computed is the suspect; nothing is voted on.
+
+Not seen: fused kernels that do a matmul inside another op (scaled-dot-product attention's flash/efficient kernels,
+counted as run but not checked) and compiled regions (``torch.compile``'s generated code calls its kernels without
+the dispatcher); replay and the cross-replica checks still cover them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, _get_current_dispatch_mode
+
+from .bound import DEFAULT_ROWS, check_matmul, precision_for
+
+__all__ = ["ChecksumMode", "ChecksumFailure", "MatmulCall", "Pass"]
+
+Pass = Literal["forward", "dX", "dW"]
+
+_CHECKED = {"mm", "addmm", "bmm", "baddbmm"}
+_UNCHECKED = {"_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+              "_flash_attention_forward", "_efficient_attention_forward", "_scaled_mm", "_int_mm",
+              "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
+              "_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_cudnn_attention_backward"}
+
+
+_KINDS: dict[Any, str] = {}
+"""Op overload -> what the mode does with it (:func:`_kind`), decided on its first call."""
+
+
+def _kind(func: Any) -> str:
+    """``"copy"`` (a dtype copy, followed), ``"unchecked"`` (a matmul counted as run, not checked), the name of a
+    checked matmul (its default overload), or ``""`` (nothing)."""
+    name = func.overloadpacket.__name__ if func.namespace == "aten" else ""
+    if name == "_to_copy":
+        return "copy"
+    if name in _CHECKED:
+        return name if func._overloadname == "default" else "unchecked"
+    return "unchecked" if name in _UNCHECKED and "backward" not in name else ""
+
+
+@dataclass(frozen=True)
+class MatmulCall:
+    """One checked matmul: what ran and where (kept until the step's counts are read)."""
+
+    op: str
+    where: str
+    """The module that ran it (forward) or the autograd node (backward)."""
+    phase: Pass
+    func: Any
+    args: tuple[Any, ...]
+    versions: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ChecksumFailure:
+    """A matmul whose result failed its checksum on this rank, after the same-device recompute."""
+
+    op: str
+    where: str
+    phase: Pass
+    blocks: int
+    """Block columns over the bound in the first check."""
+    sticky: bool | None
+    """True: the recompute failed again; False: it passed (transient); None: the operands changed since."""
+
+
+def _operands(name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, Any, Any] | None:
+    """``(a, b, bias)`` of a checkable call (alpha = beta = 1), else None."""
+    if name in ("mm", "bmm"):
+        return args[0], args[1], None
+    if kwargs.get("alpha", 1) != 1 or kwargs.get("beta", 1) != 1 or len(args) > 3:
+        return None
+    return args[1], args[2], args[0]
+
+
+class ChecksumMode(TorchDispatchMode):
+    """Checks each matmul as it runs (see the module docstring); counts the matmuls run and checked per step."""
+
+    def __init__(self, module: nn.Module, *, rows: int = DEFAULT_ROWS) -> None:
+        super().__init__()
+        self.rows = rows
+        self.run = self.checked = 0
+        self.calls: list[MatmulCall] = []
+        self._counts: list[torch.Tensor] = []
+        self._failures: list[ChecksumFailure] = []
+        self._params = {id(p) for p in module.parameters()}
+        self._shapes = {tuple(p.shape) for p in module.parameters()}
+        self._storages: set[int] = set()
+        self._copies: list[torch.Tensor] = []
+        self._names: list[str] = []
+        self._hooks: list[Any] = []
+        self._module_names = {id(m): n or type(m).__name__ for n, m in module.named_modules()}
+        self.active = False
+        self._module = module
+        self._refused: set[str] = set()
+
+    # ------------------------------------------------------------------ where an op runs (names for incidents)
+
+    def _enter(self, module: nn.Module, args: Any) -> None:
+        if self.active:
+            self._names.append(self._module_names.get(id(module), type(module).__name__))
+
+    def _leave(self, module: nn.Module, args: Any, out: Any) -> None:
+        if self.active and self._names:
+            self._names.pop()
+
+    def _phase(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tuple[Pass, str]:
+        if torch._C._current_graph_task_id() == -1:
+            return "forward", self._names[-1] if self._names else "model"
+        node = torch._C._current_autograd_node()
+        where = node.name() if node is not None else "backward"
+        if any(self._is_param(t) for t in (a, b)):
+            return "dX", where
+        return ("dW" if tuple(out.shape) in self._shapes or tuple(out.shape[::-1]) in self._shapes else "dX"), where
+
+    def _is_param(self, t: torch.Tensor) -> bool:
+        try:
+            return t.untyped_storage().data_ptr() in self._storages
+        except RuntimeError:
+            return False
+
+    # ------------------------------------------------------------------------------------------ the step
+
+    def begin(self) -> None:
+        """Start a checked step (the guard calls it; the mode is then pushed)."""
+        if self.active:  # a step that never ended (an exception in the framework's loop): forget it
+            self.end()
+        self.run = self.checked = 0
+        self.calls, self._counts, self._names, self._failures = [], [], [], []
+        self._storages, self._copies = set(), []
+        for p in self._module.parameters():
+            try:
+                self._storages.add(p.untyped_storage().data_ptr())
+            except RuntimeError:  # a sharded or fake parameter: the shape rule names its passes
+                pass
+        self.active = True
+        # module hooks only while a checked step runs: they name the layer of a forward matmul
+        self._hooks = [m.register_forward_pre_hook(self._enter) for m in self._module.modules()]
+        self._hooks += [m.register_forward_hook(self._leave) for m in self._module.modules()]
+        self.__enter__()
+
+    def end(self) -> list[ChecksumFailure]:
+        """Pop the mode; read the step's counts (one host sync), recompute what failed; the failures."""
+        if not self.active:
+            return []
+        self.active = False
+        self.close()
+        if _get_current_dispatch_mode() is not self:
+            raise RuntimeError("sdcguard: another TorchDispatchMode was entered during the step and is still "
+                               "active at end_step; the checksum mode cannot be removed under it")
+        self.__exit__(None, None, None)
+        counts = torch.stack(self._counts).tolist() if self._counts else []
+        failures = self._failures + [self._recheck(call, int(n)) for call, n in zip(self.calls, counts) if n]
+        self.calls, self._counts, self._failures, self._copies = [], [], [], []
+        return failures
+
+    def close(self) -> None:
+        """Remove the module hooks of a checked step."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        kind = _KINDS.get(func)
+        if kind is None:  # most ops of a step: nothing to do, decided once per op
+            kind = _KINDS[func] = _kind(func)
+        if kind == "":
+            return out
+        if kind == "copy":  # autocast's copy of a weight is the weight, for naming the backward's passes
+            self._follow_copy(args, out)
+            return out
+        self.run += 1
+        if kind != "unchecked":
+            self._check(kind, func, args, kwargs, out)
+        return out
+
+    def _follow_copy(self, args: Any, out: Any) -> None:
+        if args and isinstance(args[0], torch.Tensor) and isinstance(out, torch.Tensor) and self._is_param(args[0]):
+            try:
+                self._storages.add(out.untyped_storage().data_ptr())
+            except RuntimeError:
+                return
+            self._copies.append(out)  # held for the step, so its memory is not reused by another tensor meanwhile
+
+    def _check(self, name: str, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        ops = _operands(name, args, kwargs)
+        if ops is None or not isinstance(out, torch.Tensor):
+            return
+        a, b, bias = ops
+        p = precision_for(out.dtype, out.device)
+        if p is None or a.dtype != out.dtype or b.dtype != out.dtype:
+            return
+        try:
+            # the check's own ops are no computation of the model's: no mode below this one sees them (this one is
+            # off in here; switching modes costs a little, so only when there is one)
+            below = _disable_current_modes() if torch._C._len_torch_dispatch_stack() else contextlib.nullcontext()
+            with below:
+                count = check_matmul(a, b, out, bias=bias, precision=p, rows=self.rows)
+        except RuntimeError as e:  # a call the check cannot take must not break the training step: run, not checked
+            if name not in self._refused:
+                self._refused.add(name)
+                warnings.warn(f"sdcguard: could not check aten.{name} ({e}); such calls count as run, not checked",
+                              RuntimeWarning, stacklevel=2)
+            return
+        self.checked += 1
+        if out.device.type == "cpu":  # reading the count costs no sync here: recompute now, while operands live
+            if n := int(count):
+                self._failures.append(self._recheck(self._call(name, func, args, a, b, out), n))
+            return
+        self._counts.append(count)  # a device: read once at end_step, so the checks never stall the stream
+        self.calls.append(self._call(name, func, args, a, b, out))
+
+    def _call(self, name: str, func: Any, args: Any, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> MatmulCall:
+        """What ran, where, and its operands' versions (called while the op's autograd context is current)."""
+        phase, where = self._phase(a, b, out)
+        tensors = tuple(t for t in args if isinstance(t, torch.Tensor))
+        return MatmulCall(op=f"aten.{name}", where=where, phase=phase, func=func, args=tuple(args),
+                          versions=tuple(t._version for t in tensors))
+
+    def _recheck(self, call: MatmulCall, blocks: int) -> ChecksumFailure:
+        tensors = tuple(t for t in call.args if isinstance(t, torch.Tensor))
+        sticky: bool | None = None
+        # an operand changed in place since, or freed (FSDP2 frees an unsharded weight's storage when it reshards)
+        alive = all(t.untyped_storage().nbytes() > 0 or t.numel() == 0 for t in tensors)
+        if alive and tuple(t._version for t in tensors) == call.versions:
+            name = call.op.removeprefix("aten.")
+            operands = _operands(name, call.args, {})
+            assert operands is not None  # only checkable calls are recorded
+            a, b, bias = operands
+            out = call.func(*call.args)
+            p = precision_for(out.dtype, out.device)
+            assert p is not None
+            with _disable_current_modes():
+                sticky = int(check_matmul(a, b, out, bias=bias, precision=p, rows=self.rows)) > 0
+        return ChecksumFailure(op=call.op, where=call.where, phase=call.phase, blocks=blocks, sticky=sticky)

@@ -1,0 +1,94 @@
+"""The guard's hooks for a model trained with DDP (or in one process): one tensor hook per parameter.
+
+Autograd hands each parameter's local gradient to a hook registered on the parameter before it is accumulated into
+``.grad`` and before DDP copies it into a bucket and all-reduces it, so the hook sees exactly the gradient of the
+framework's own backward, micro-batch by micro-batch (also under ``no_sync`` accumulation, where DDP's buckets
+only ever see the sum). On a sampled micro-batch the hook fingerprints it on the device and returns nothing, so
+the framework's computation, its bucketing, its comm hook and its overlap of communication with the backward stay
+exactly as they are.
+
+A replay runs ``torch.autograd.grad`` through the module without its DDP wrapper (no reducer, no ``.grad``), and the
+same hooks fingerprint each gradient as it is produced and hand autograd an expanded zero in its place, so the
+replay's gradient is freed at once: a replay holds its activations, never a copy of the gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import TypeGuard
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ..digest import LocalRecord
+
+__all__ = ["ParamTaps", "unwrap", "wrap_ddp", "is_ddp"]
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside a ``DistributedDataParallel`` wrapper (the model itself otherwise)."""
+    while isinstance(model, DistributedDataParallel):
+        model = model.module
+    return model
+
+
+def wrap_ddp(module: nn.Module, group: object = None) -> DistributedDataParallel:
+    """DDP around a plain module of a distributed job, on its own device: the framework's reduction, overlapped
+    with the backward, for loops that hand the guard an unwrapped model."""
+    device = next(module.parameters()).device
+    ids = [device] if device.type == "cuda" else None
+    return DistributedDataParallel(module, device_ids=ids, process_group=group)
+
+
+class ParamTaps:
+    """Tensor hooks on every trainable parameter (see the module docstring)."""
+
+    collective_replay = False
+
+    def __init__(self, module: nn.Module, named: Sequence[tuple[str, nn.Parameter]]) -> None:
+        self.replay_module = module
+        self.unit_names = [n for n, _ in named]
+        self.param_names = self.unit_names
+        self.params = [p for _, p in named]
+        self.device = self.params[0].device
+        self._record: LocalRecord | None = None
+        self._replaying = False
+        self.handed_over = 0
+        self._handles = [p.register_hook(partial(self._hook, i)) for i, p in enumerate(self.params)]
+
+    def _hook(self, index: int, grad: torch.Tensor) -> torch.Tensor | None:
+        record = self._record
+        if record is not None:
+            record.add(index, grad)
+        if self._replaying:  # free the replay's gradient now: autograd keeps a zero-strided view of one element
+            return torch.zeros((), dtype=grad.dtype, device=grad.device).expand_as(grad)
+        self.handed_over += 1
+        return None
+
+    def arm(self, record: LocalRecord | None) -> None:
+        self._record = record
+
+    def replay_backward(self, loss: torch.Tensor, seed: torch.Tensor | None, record: LocalRecord) -> None:
+        self._record, self._replaying = record, True
+        try:
+            torch.autograd.grad(loss, self.params, grad_outputs=seed, allow_unused=True)
+        finally:
+            self._record, self._replaying = None, False
+
+    def reduced(self) -> list[torch.Tensor | None]:
+        return [p.grad for p in self.params]
+
+    def weights(self) -> list[torch.Tensor]:
+        return [p.detach() for p in self.params]
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def is_ddp(model: nn.Module) -> TypeGuard[DistributedDataParallel]:
+    """Whether ``model`` is wrapped in DDP."""
+    return isinstance(model, DistributedDataParallel)

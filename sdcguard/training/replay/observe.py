@@ -1,0 +1,113 @@
+"""Watching one training step as the framework runs it: which micro-batch is sampled, its capture, its seed and the
+fingerprints of its local gradients.
+
+The entry points (``guard.step``, the Lightning and Hugging Face callbacks, a raw FSDP2 loop) differ only in who
+calls these methods: :meth:`StepObserver.begin` at the start of an optimizer step, :meth:`before_forward` before
+each micro-batch's forward (the batch, the random states; on the sampled micro-batch the hooks are armed and the
+autocast state is read inside the forward), :meth:`observe_loss` with the loss tensor that the backward starts from
+(a hook on it reads the seed: the gradient that flows into the loss), and :meth:`finish` before the optimizer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..digest import LocalRecord
+from ..hooks.taps import Taps
+from .capture import AutocastProbe, Batch, Capture, RngHook, capture_rng, make_capture
+
+__all__ = ["StepObserver", "Observed"]
+
+
+@dataclass
+class Observed:
+    """What one step's observation produced for the sampled round."""
+
+    capture: Capture
+    record: LocalRecord
+    valid: bool = True
+    """False when the original's local gradients were not seen on their own (none handed over for the sampled
+    micro-batch, or a micro-batch of the step accumulated without reduction): the sample cannot be judged."""
+
+
+class StepObserver:
+    """Per-step observation state of one rank (see the module docstring)."""
+
+    def __init__(self, taps: Taps, *, rank: int, device: torch.device, rng_hook: RngHook | None) -> None:
+        self.taps = taps
+        self.rank = rank
+        self.device = device
+        self.rng_hook = rng_hook
+        self.step: int | None = None
+        self._record_here = False
+        self._chosen = 0
+        self._index = 0
+        self._capture: Capture | None = None
+        self._record: LocalRecord | None = None
+        self._probe: AutocastProbe | None = None
+        self._seed: list[torch.Tensor] = []
+        self._armed = False
+
+    @property
+    def active(self) -> bool:
+        """Between :meth:`begin` and :meth:`finish`."""
+        return self.step is not None
+
+    def begin(self, step: int, *, record: bool, chosen: int = 0) -> None:
+        """Start observing step ``step``; ``record``: this rank captures micro-batch ``chosen`` of it."""
+        self.step, self._record_here, self._chosen, self._index = step, record, chosen, 0
+        self._capture, self._record, self._seed, self._probe = None, None, [], None
+        self._count, self._silent = self.taps.handed_over, False
+
+    def before_forward(self, batch: Batch) -> None:
+        """Call right before a micro-batch's forward (in order; the first one is micro-batch 0)."""
+        if self.step is None:
+            raise RuntimeError("before_forward() outside a step: call begin_step() first")
+        self._disarm()
+        self._tally()
+        if self._record_here and self._index == self._chosen:
+            self._capture = make_capture(step=self.step, rank=self.rank, micro_batch=self._index, batch=batch,
+                                         rng=capture_rng(self.rng_hook))
+            self._record = LocalRecord(len(self.taps.unit_names), self.device)
+            self._probe = AutocastProbe()
+            self.taps.arm(self._record)
+            self._armed = True
+        self._index += 1
+
+    def observe_loss(self, loss: torch.Tensor) -> None:
+        """The loss tensor the sampled micro-batch's backward starts from (fingerprinted; its seed observed)."""
+        if not self._armed or self._record is None:
+            return
+        self._record.set_loss(loss)
+        if loss.requires_grad:
+            # kept on its device during the backward (no host sync there); moved to the host in finish()
+            loss.register_hook(lambda g: self._seed.append(g.detach().clone()))
+
+    def finish(self) -> Observed | None:
+        """End the step's observation; the sampled micro-batch's capture and record (None when not recorded here)."""
+        self._disarm()
+        self._tally()
+        self.step = None
+        if self._capture is None or self._record is None:
+            return None
+        autocast = self._probe.state if self._probe is not None else None
+        seed = self._seed[-1].to("cpu") if self._seed else None
+        cap = replace(self._capture, autocast=autocast, seed=seed)
+        out = Observed(capture=cap, record=self._record, valid=any(self._record.seen) and not self._silent)
+        self._capture, self._record = None, None
+        return out
+
+    def _tally(self) -> None:
+        """After a micro-batch's backward: did it hand any local gradient over?"""
+        if self._index > 0 and self.taps.handed_over == self._count:
+            self._silent = True
+        self._count = self.taps.handed_over
+
+    def _disarm(self) -> None:
+        if self._armed:
+            self.taps.arm(None)
+            self._armed = False
+        if self._probe is not None:
+            self._probe.remove()

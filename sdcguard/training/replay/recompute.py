@@ -1,0 +1,94 @@
+"""Deterministic replay: recompute one captured micro-batch and fingerprint its loss and local gradients.
+
+A replay runs ``loss_fn`` on the parallelism's replay module (the model without its DDP wrapper, or the FSDP2
+module itself) with the captured batch, random states and autocast state, then the parallelism's replay backward
+with the captured seed. The same hooks that fingerprint the original fingerprint the replay, unit by unit, as its
+backward produces the gradients, and free each at once; nothing reaches ``.grad``, the optimizer state or the
+gradient communication. Module buffers (running statistics) are put back afterwards and the training run's random
+stream is restored, so a replay changes nothing the training step computes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from ..digest import Digest, LocalRecord
+from ..hooks.taps import Taps
+from .capture import Batch, Capture, RngHook, autocast_replayed, batch_for_replay, rng_replayed
+
+__all__ = ["LossFn", "replay", "check_loss", "parameters_swapped"]
+
+LossFn = Callable[[nn.Module, Batch], torch.Tensor]
+"""``loss_fn(model, batch) -> scalar loss``; the guard calls it for the step and for every replay."""
+
+
+def check_loss(loss: object) -> torch.Tensor:
+    """``loss`` if it is a scalar tensor, else a clear error (a user's ``loss_fn`` returned something else)."""
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise ValueError(f"loss_fn(model, batch) must return a scalar tensor, got {type(loss).__name__}"
+                         + (f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else ""))
+    return loss
+
+
+@contextlib.contextmanager
+def _buffers_kept(module: nn.Module) -> Iterator[None]:
+    # A replay must not advance running statistics (BatchNorm) or any other buffer the forward updates.
+    saved = [(b, b.detach().clone()) for b in module.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, value in saved:
+                b.copy_(value)
+
+
+@contextlib.contextmanager
+def parameters_swapped(params: Sequence[nn.Parameter], values: Sequence[torch.Tensor] | None) -> Iterator[None]:
+    """Run the body with ``params`` holding ``values`` (``.data`` swapped, no copy), then put the live values back."""
+    if values is None:
+        yield
+        return
+    if len(values) != len(params):
+        raise ValueError(f"replay got {len(values)} parameter values for {len(params)} parameters")
+    live = [p.data for p in params]
+    try:
+        for p, v in zip(params, values):
+            p.data = v.to(device=p.device, dtype=p.dtype)
+        yield
+    finally:
+        for p, v in zip(params, live):
+            p.data = v
+
+
+def replay(
+    taps: Taps,
+    loss_fn: LossFn,
+    capture: Capture,
+    *,
+    device: torch.device,
+    rng_hook: RngHook | None = None,
+    same_process: bool = False,
+    params: Sequence[nn.Parameter] = (),
+    param_values: Sequence[torch.Tensor] | None = None,
+) -> Digest:
+    """Recompute the captured micro-batch on this process and return its :class:`Digest`.
+
+    ``param_values`` replays at other parameter values than the live ones (``params`` holds the parameters they
+    stand for); ``same_process`` says the capture was taken by this very process (all CUDA generator states are
+    then restored, not only the current device's).
+    """
+    batch = batch_for_replay(capture, device)
+    record = LocalRecord(len(taps.unit_names), device)
+    module = taps.replay_module
+    with _buffers_kept(module), parameters_swapped(params, param_values), torch.enable_grad():
+        with rng_replayed(capture.rng, rng_hook, same_process=same_process):
+            with autocast_replayed(capture.autocast):
+                loss = check_loss(loss_fn(module, batch))
+            record.set_loss(loss)
+            seed = None if capture.seed is None else capture.seed.to(device=loss.device, dtype=loss.dtype)
+            taps.replay_backward(loss, seed, record)
+    return record.digest()

@@ -1,0 +1,141 @@
+"""The sampled step in peer mode: every data-parallel rank replays another rank's micro-batch, and a disagreement is
+settled by every device computing the owner's micro-batch once more.
+
+Round 1 (every sampled step): each rank replays its peer's micro-batch (:mod:`.pairing`); the captures travel point
+to point (one send and one receive per rank); the digests ride in the guard's one per-step all-gather
+(:meth:`PeerRound.columns`). In a single process the replay is a rerun on the same device.
+
+Settling (only after a mismatch; the decision is taken from gathered values, so every rank enters it together), for
+every mismatching micro-batch: the owner broadcasts its capture, every rank recomputes it (the owner's and the
+replayer's recomputations show whether each reproduces itself; the others are third opinions), the opinions are gathered
+and :func:`~..verdicts.attribution.judge` gives the verdict. Settling stops at the first software verdict (the setup
+does not replay: nothing more can be learnt from replays). FSDP2 replays are collective; every rank takes part in every
+replay here, so that holds too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...fingerprints import combine, signed64
+from ..comm import Comm
+from ..digest import Digest
+from ..replay.capture import Capture
+from ..replay.observe import Observed
+from ..verdicts.attribution import Attributor, Judgement, Opinion, judge
+from ..verdicts.calibration import OpRecorder
+from ..verdicts.outcomes import RoundResult, conclude
+from .pairing import peer_source, peer_target
+from .round import ReplayFn
+
+__all__ = ["PeerRound", "COLUMNS"]
+
+COLUMNS = 7
+"""int64 values a rank adds to the per-step gather on a sampled step: original (units, loss, loss known), replay
+(units, loss, loss known), and whether the original could be observed on its own."""
+
+
+@dataclass
+class _Sampled:
+    sample: int
+    capture: Capture
+    original: Digest
+    replay: Digest
+
+
+def _cols(d: Digest) -> list[int]:
+    return [signed64(combine(d.units)), signed64(d.loss or 0), int(d.loss is not None)]
+
+
+def _same(orig: Sequence[int], rep: Sequence[int]) -> bool:
+    return orig[0] == rep[0] and (not (orig[2] and rep[2]) or orig[1] == rep[1])
+
+
+class PeerRound:
+    """Round 1 and the settling of one sampled step in peer mode (or in one process)."""
+
+    def __init__(self, comm: Comm, replay_fn: ReplayFn, attributor: Attributor, *, record_ops: bool,
+                 collective: bool, setups: Mapping[int, Hashable] | None = None) -> None:
+        self.comm = comm
+        self.replay_fn = replay_fn
+        self.attr = attributor
+        self.record_ops = record_ops
+        """Record the aten ops of settling reruns (not under FSDP: its replays run collectives)."""
+        self.collective = collective
+        """Replays run collectives (FSDP2): every rank's original reads the same all-gathers."""
+        self.setups = setups
+        self._state: _Sampled | None = None
+
+    def records(self, sample: int) -> bool:
+        return True
+
+    def columns(self, step: int, sample: int, sampled: bool, observed: Observed | None) -> list[int]:
+        """Replay this rank's peer's micro-batch; the columns this rank adds to the step's gather."""
+        self._state = None
+        if not sampled:
+            return []
+        assert observed is not None, "in peer mode every rank records its sampled micro-batch"
+        W, me = self.comm.size, self.comm.index
+        cap = observed.capture
+        if W == 1:
+            theirs, same = cap, True
+        else:
+            theirs = self.comm.exchange_objects(cap, dst=peer_target(me, sample, W), src=peer_source(me, sample, W))
+            same = False
+        mine = self.replay_fn(theirs, same)
+        original = observed.record.digest()
+        self._state = _Sampled(sample=sample, capture=cap, original=original, replay=mine)
+        return _cols(original) + _cols(mine) + [int(observed.valid)]
+
+    def finish(self, step: int, sample: int, sampled: bool, table: Sequence[Sequence[int]]) -> list[RoundResult]:
+        """Compare every original with its replay and settle the disagreements."""
+        st, self._state = self._state, None
+        if st is None:
+            return []
+        W = self.comm.size
+        pairs = [(peer_source(r, st.sample, W), r) for r in range(W)]
+        judged = [(p, r) for p, r in pairs if table[p][6]]  # an original not seen on its own cannot be judged
+        result = RoundResult(step=step, unjudged=len(judged) < W)
+        seen = {self.comm.members[p] for p, _ in judged}
+        bad = [(p, r) for p, r in judged if not _same(table[p][:3], table[r][3:6])]
+        if not bad:
+            result.clean = seen
+            return [result]
+        settled: list[tuple[int, Judgement]] = []
+        for p, r in bad:
+            j, ops = self._settle(st, p, r)
+            result.ops |= ops
+            settled.append((self.comm.members[p], j))
+            if j.verdict == "software":
+                break
+        conclude(step, settled, self.attr, devices=max(W, 1), shared_cause_at=2 if self.collective else 3,
+                 result=result)
+        if not result.software:
+            result.clean = seen - result.blamed - result.suspects
+        return [result]
+
+    def close(self) -> list[RoundResult]:
+        return []
+
+    def _settle(self, st: _Sampled, p: int, r: int) -> tuple[Judgement, set[str]]:
+        W, me, g = self.comm.size, self.comm.index, self.comm.members
+        cap = self.comm.broadcast_object(st.capture if me == p else None, src=p)
+        recorder = OpRecorder() if self.record_ops else None
+        if recorder is not None:
+            with recorder:
+                rerun = self.replay_fn(cap, me == p)
+        else:
+            rerun = self.replay_fn(cap, me == p)
+        mine: dict[str, Any] = {"rerun": rerun, "ops": sorted(recorder.seen) if recorder else []}
+        if me == p:
+            mine["original"] = st.original
+        if me == r:
+            mine["replay"] = st.replay
+        everyone = self.comm.gather_objects(mine)
+        ops = {op for e in everyone for op in e["ops"]}
+        original = Opinion(g[p], everyone[p]["original"])
+        # the replay first, then every device's rerun (the owner's and the replayer's show self-consistency)
+        others = [Opinion(g[r], everyone[r]["replay"])] + [Opinion(g[q], everyone[q]["rerun"]) for q in range(W)]
+        return judge(original, others, self.setups), ops

@@ -1,0 +1,147 @@
+"""What the guard concludes from a round of checks: the incidents to report, what they say about determinism, which
+steps the checks vouch for, which verdicts escalate, and where to roll back to after a fault.
+
+Escalation: a device named *sticky* (by replay, or by a matmul checksum that failed again on its recompute) corrupts
+every step it computes, but only sampled or checked steps are vetoed, so a sticky verdict escalates at once; so does an
+unresolved verdict that repeats (a second one naming a device an earlier one named). The guard then raises or exits on
+every rank alike (``GuardConfig.escalate``).
+
+Pure bookkeeping on values every rank holds alike (they came out of the gathers), so every rank concludes alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from ...records import Incident
+from .attribution import Attributor, Judgement
+from .calibration import Determinism, likely_causes
+from .verification import Verification
+
+__all__ = ["Outcomes", "RoundResult", "conclude"]
+
+
+@dataclass
+class RoundResult:
+    """What a sampled round found (identical on every rank)."""
+
+    step: int | None = None
+    """The step those computations belong to (a dedicated shadow's verdict names an earlier one)."""
+    vetoable: bool = True
+    """The step is the one being decided now (a dedicated shadow's verdict comes after it was applied)."""
+    incidents: list[Incident] = field(default_factory=list)
+    corrupt: bool = False
+    """Some rank's original computation of the step was wrong, or nobody can tell: it must not be committed."""
+    software: list[str] = field(default_factory=list)
+    """Why the setup was found not to replay bit for bit (devices disagreeing with themselves)."""
+    ops: set[str] = field(default_factory=set)
+    """aten ops seen while settling (to name order-dependent ones)."""
+    blamed: set[int] = field(default_factory=set)
+    """Global ranks named by a hardware verdict."""
+    sticky: set[int] = field(default_factory=set)
+    """Of those, the ones that reproduced their wrong result."""
+    suspects: set[int] = field(default_factory=set)
+    """Global ranks named by an unresolved verdict."""
+    clean: set[int] = field(default_factory=set)
+    """Global ranks whose computation this round verified (their original agreed with its replay or the verdict)."""
+    unjudged: bool = False
+    """Some original could not be seen on its own (accumulation without reduction), so it was not judged."""
+
+
+def conclude(step: int, settled: Sequence[tuple[int, Judgement]], attr: Attributor, *, devices: int,
+             shared_cause_at: int, result: RoundResult) -> RoundResult:
+    """Fill ``result`` from the judgements of one round (``(owner's global rank, judgement)`` each).
+
+    Any software verdict makes the whole round software (no device named: the setup does not replay). Owners whose
+    originals were spoiled as one-offs on ``shared_cause_at`` or more devices at once point at a cause they share
+    (a collective: every rank's original of an FSDP2 step reads the same all-gather), which no single device
+    explains: those become one unresolved incident."""
+    soft = [j for _, j in settled if j.verdict == "software"]
+    if soft:
+        result.software.append(f"step {step}: {soft[0].how}")
+        return result
+    hardware = [(o, j) for o, j in settled if j.verdict == "hardware"]
+    unresolved = [(o, j) for o, j in settled if j.verdict == "unresolved"]
+    one_offs = [(o, j) for o, j in hardware if j.original_corrupt and j.blamed.get(o) is False]
+    if len(one_offs) >= shared_cause_at:
+        hardware = [(o, j) for o, j in hardware if (o, j) not in one_offs]
+        owners = tuple(sorted(o for o, _ in one_offs))
+        j = Judgement(verdict="unresolved", suspects=owners, original_corrupt=True,
+                      first_unit=one_offs[0][1].first_unit,
+                      how=f"the originals of {len(owners)} ranks ({', '.join(map(str, owners))}) were each wrong once "
+                          "and right on a rerun: a cause they share (a collective), not one device")
+        unresolved.append((owners[0], j))
+    for _, j in hardware:
+        result.corrupt |= j.original_corrupt
+        result.blamed |= set(j.blamed)
+        result.sticky |= {r for r, s in j.blamed.items() if s}
+    result.incidents += attr.replay_incidents(step, hardware)
+    told: set[tuple[int, ...]] = set()
+    for owner, j in unresolved:  # one incident per set of suspects (two devices spoil each other's replays)
+        result.corrupt = True
+        result.suspects |= set(j.suspects)
+        if j.suspects not in told:
+            told.add(j.suspects)
+            result.incidents.append(attr.unresolved(step, owner, j, alone=len(j.suspects) >= devices))
+    return result
+
+
+class Outcomes:
+    """Determinism, verification, escalation and roll-back bookkeeping of one guard (see the module docstring)."""
+
+    def __init__(self, attributor: Attributor, members: list[int], device: torch.device, *, speaks: bool) -> None:
+        self.attr = attributor
+        self.determinism = Determinism()
+        self.verification = Verification(members)
+        self.device = device
+        self.speaks = speaks
+        """Whether this rank says it aloud (the warning), once per group."""
+        self.unresolved: set[int] = set()
+        """Ranks an unresolved verdict named so far (a repeat escalates; kept in the guard's ``state_dict``)."""
+
+    def settled(self, result: RoundResult) -> list[Incident]:
+        """A round's incidents, or one ``nondeterministic`` incident when it shows software at work (never vetoed
+        for: ``result.corrupt`` is cleared); the ranks it verified are noted."""
+        if not result.software:
+            if result.step is not None:
+                self.verification.sampled(result.step, result.clean)
+                if not result.incidents and not result.unjudged:
+                    self.determinism.agreed()
+            return result.incidents
+        result.corrupt = False
+        reason = "; ".join(result.software)
+        if not self.determinism.declare(reason, likely_causes(result.ops, self.device)):
+            return []
+        if self.speaks:
+            self.determinism.warn()
+        return [self.attr.nondeterministic(result.step or 0, reason, self.determinism.causes)]
+
+    def escalating(self, found: list[Incident]) -> list[Incident]:
+        """The incidents among ``found`` that escalate: a device named sticky, or an unresolved verdict naming a
+        rank an earlier unresolved verdict named (the first one is remembered here)."""
+        out = [i for i in found if i.kind in ("replay", "calibration", "checksum") and i.sticky]
+        for i in found:
+            if i.kind == "unresolved":
+                if self.unresolved & set(i.suspect_ranks):
+                    out.append(i)
+                self.unresolved |= set(i.suspect_ranks)
+        return out
+
+    def rollback(self, incident: Incident, *, vetoed: bool) -> Incident:
+        """Taint the steps the fault could have touched and name the checkpoint to restart from."""
+        v = self.verification
+        if incident.kind in ("replay", "unresolved"):  # the rank may have been faulty since its last clean sample
+            earliest = min(v.earliest_touched(r, incident.step) for r in incident.suspect_ranks)
+        elif incident.kind == "weight_replica":
+            earliest = 0 if v.weights_clean is None else v.weights_clean + 1
+        elif incident.kind == "gradient_replica":  # every earlier step's gradients agreed across replicas
+            earliest = incident.step
+        else:
+            return incident
+        if not (incident.kind == "gradient_replica" and vetoed):
+            v.taint(earliest)
+        note = v.rollback(earliest)
+        return replace(incident, rollback=note.checkpoint_id if note else None)

@@ -1,0 +1,54 @@
+"""The checkpoints the training guard saved, as the fleet store keeps them: round trip, bad input, migration."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sdcguard.errors import BadInput
+from sdcguard.fleet.store.store import Store
+
+entries = st.lists(
+    st.tuples(st.text(min_size=1, max_size=40), st.integers(0, 2**40), st.booleans(),
+              st.text(alphabet="0123456789abcdef", max_size=16), st.one_of(st.none(), st.text(max_size=10))),
+    max_size=6,
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(entries)
+def test_checkpoints_round_trip_in_order(tmp_path_factory: pytest.TempPathFactory, rows) -> None:
+    path = tmp_path_factory.mktemp("ckpt") / "fleet.db"
+    with Store.open(path) as store:
+        for k, (cid, step, verified, digest, job) in enumerate(rows):
+            store.record_checkpoint(checkpoint_id=cid, step=step, verified=verified, digest=digest, job=job,
+                                    now=1000.0 + k)
+    with Store.open(path, create=False) as store:
+        back = store.checkpoints()
+        assert [(c.checkpoint_id, c.step, c.verified, c.digest, c.job, c.time) for c in back] == [
+            (cid, step, verified, digest, job, 1000.0 + k) for k, (cid, step, verified, digest, job) in enumerate(rows)]
+        for job in {r[4] for r in rows if r[4] is not None}:
+            assert [c.job for c in store.checkpoints(job=job)] == [r[4] for r in rows if r[4] == job]
+        assert len(store.checkpoints(since=1000.0 + len(rows) - 1)) == min(1, len(rows))
+
+
+def test_a_checkpoint_needs_an_id(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "fleet.db") as store, pytest.raises(BadInput, match="needs an id"):
+        store.record_checkpoint(checkpoint_id="", step=1, verified=True)
+
+
+def test_a_schema_4_store_gains_the_checkpoints_table(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.db"
+    with Store.open(path) as store:
+        store.record_checkpoint(checkpoint_id="c0", step=0, verified=True, now=5.0)
+    with sqlite3.connect(path) as conn:  # as a version-4 sdcguard left it
+        conn.execute("DROP TABLE checkpoints")
+        conn.execute("PRAGMA user_version = 4")
+    with Store.open(path) as store:
+        assert store.checkpoints() == []
+        store.record_checkpoint(checkpoint_id="c1", step=1, verified=False, now=6.0)
+        assert [c.checkpoint_id for c in store.checkpoints()] == ["c1"]

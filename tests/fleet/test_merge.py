@@ -1,0 +1,228 @@
+"""Merging per-node stores: a property test of idempotence and order independence, and schema migration."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sdcguard.errors import StoreError
+from sdcguard.fleet.merge import merge_stores
+from sdcguard.fleet.store.schema import APPLICATION_ID, SCHEMA_VERSION
+from sdcguard.fleet.store.store import Store
+from sdcguard.records import Incident
+from tests._fleet import NOW, result
+
+# One node's history: scans of (device number, [passed...], finished?) and incidents naming device numbers.
+node = st.tuples(
+    st.lists(st.tuples(st.integers(0, 3), st.lists(st.booleans(), max_size=5), st.booleans()), max_size=4),
+    st.lists(st.integers(0, 3), max_size=2),
+    st.lists(st.integers(0, 3), max_size=2, unique=True),
+)
+
+
+def _fill(path: Path, spec: tuple[list, list, list], tag: str) -> None:
+    scans, incidents, quarantined = spec
+    with Store.open(path) as store:
+        for i, (dev, passes, finished) in enumerate(scans):
+            d = f"sim:{dev}"
+            sid = store.begin_scan(device=d, host=tag, budget_s=10.0, started_at=NOW - 1000 + i)
+            store.record_results(sid, [result(d, passed=p, t=NOW - 900 + j) for j, p in enumerate(passes)],
+                                 finish="complete" if finished else None)
+        for k, dev in enumerate(incidents):
+            store.record_incident(Incident(kind="replay", step=k, suspect_ranks=(dev,), device=f"sim:{dev}",
+                                           detail=tag, devices=(f"sim:{dev}",), hosts=(tag,), time=NOW - 50 + k))
+            store.record_checkpoint(checkpoint_id=f"{tag}/step{k}", step=k, verified=k % 2 == 0, job=tag,
+                                    now=NOW - 40 + k)
+        for dev in quarantined:
+            store.quarantine(f"sim:{dev}", reason=f"by {tag}", by=tag, now=NOW)
+
+
+def _content(path: Path) -> dict[str, list[tuple]]:
+    with sqlite3.connect(path) as c:
+        return {
+            "results": sorted(c.execute(
+                "SELECT sc.uuid, r.seq, r.device, r.passed, r.executions FROM results r "
+                "JOIN scans sc ON sc.id = r.scan").fetchall()),
+            "scans": sorted(c.execute("SELECT uuid, status, executions, failures FROM scans").fetchall()),
+            "incidents": sorted(c.execute(
+                "SELECT i.uuid, d.device FROM incidents i JOIN incident_devices d ON d.incident = i.id").fetchall()),
+            "history": sorted(c.execute("SELECT uuid FROM quarantine_history").fetchall()),
+            "quarantine": sorted(c.execute("SELECT device, state FROM quarantine").fetchall()),
+            "checkpoints": sorted(c.execute("SELECT uuid, checkpoint_id, step, verified FROM checkpoints").fetchall()),
+        }
+
+
+@settings(max_examples=15)
+@given(node, node)
+def test_merge_is_idempotent_and_order_independent(tmp_path_factory: pytest.TempPathFactory, a, b) -> None:
+    d = tmp_path_factory.mktemp("merge")
+    pa, pb = d / "a.db", d / "b.db"
+    _fill(pa, a, "node-a")
+    _fill(pb, b, "node-b")
+    merge_stores(d / "ab.db", [pa, pb])
+    once = _content(d / "ab.db")
+    stats = merge_stores(d / "ab.db", [pb, pa, pa])
+    assert all(s.results == s.scans == s.incidents == s.quarantine_history == 0 for s in stats)
+    assert _content(d / "ab.db") == once
+    merge_stores(d / "ba.db", [pb, pa])
+    ba = _content(d / "ba.db")
+    assert {k: v for k, v in ba.items() if k != "quarantine"} == {k: v for k, v in once.items() if k != "quarantine"}
+    # Nothing lost: every input row is in the merge.
+    for p in (pa, pb):
+        part = _content(p)
+        for key in ("results", "scans", "incidents", "history"):
+            assert set(part[key]) <= set(once[key])
+    assert len(once["results"]) == len(_content(pa)["results"]) + len(_content(pb)["results"])
+
+
+def test_a_fresh_store_is_stamped_and_a_blank_one_migrates(tmp_path: Path) -> None:
+    p = tmp_path / "s.db"
+    Store.open(p).close()
+    header = p.read_bytes()[:100]
+    assert int.from_bytes(header[60:64], "big") == SCHEMA_VERSION
+    assert int.from_bytes(header[68:72], "big") == APPLICATION_ID
+    # An empty file (e.g. `touch fleet.db`) becomes a store when created on purpose.
+    blank = tmp_path / "blank.db"
+    blank.write_bytes(b"")
+    Store.open(blank).close()
+    conn = sqlite3.connect(blank)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    conn.close()
+
+
+def test_merge_refuses_an_older_schema_without_touching_it(tmp_path: Path) -> None:
+    p = tmp_path / "old.db"
+    Store.open(p).close()
+    conn = sqlite3.connect(p)
+    conn.execute("PRAGMA user_version = 0")
+    conn.commit()
+    conn.close()
+    before = p.read_bytes()
+    with pytest.raises(StoreError, match="older schema"):
+        merge_stores(tmp_path / "out.db", [p])
+    assert p.read_bytes() == before
+
+
+def test_a_version_1_store_migrates_forward_keeping_its_rows(tmp_path: Path) -> None:
+    from sdcguard.fleet.store.schema import MIGRATIONS
+
+    p = tmp_path / "v1.db"
+    conn = sqlite3.connect(p, isolation_level=None)
+    conn.execute("BEGIN")
+    MIGRATIONS[1](conn)
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    conn.execute("INSERT INTO scans(uuid, device, host, started_at, status) "
+                 "VALUES ('u1', 'sim:1', 'h', 1.0, 'complete')")
+    conn.execute("INSERT INTO results(scan, seq, device, case_id, family, seed, passed, duration_s, started_at) "
+                 "VALUES (1, 0, 'sim:1', 'alu.a', 'alu', 1, 0, 0.1, 2.0)")
+    conn.execute("COMMIT")
+    conn.close()
+    with Store.open(p) as store:
+        from sdcguard.fleet.rates import device_rates
+
+        r = device_rates(store)["sim:1"].overall
+        assert (r.executions, r.failures) == (1, 1)
+    with sqlite3.connect(p) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert c.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'results_retests'").fetchone()[0] == 1
+
+
+# ---------------------------------------------------------------- incremental merges
+# (what happens on a node, which node, its argument, whether a merge follows)
+_step = st.tuples(
+    st.sampled_from(["begin", "record", "record", "finish", "incident", "quarantine"]),
+    st.integers(0, 1),
+    st.integers(0, 2),
+    st.booleans(),
+)
+
+
+def _full_content(path: Path) -> dict[str, list[tuple]]:
+    content = _content(path)
+    with sqlite3.connect(path) as c:
+        content["rows"] = sorted(c.execute(
+            "SELECT sc.uuid, r.seq, r.executions, r.duration_s, r.started_at, r.last_started_at FROM results r "
+            "JOIN scans sc ON sc.id = r.scan").fetchall())
+        content["scans"] = sorted(c.execute("SELECT uuid, status, executions, failures, total FROM scans").fetchall())
+    return content
+
+
+@settings(max_examples=30)
+@given(st.lists(_step, max_size=20))
+def test_incremental_merges_end_where_one_full_merge_does(tmp_path_factory: pytest.TempPathFactory, steps) -> None:
+    """Whatever happened on the nodes between merges (scans left running and finished later, passing rows that
+    kept growing), merging only what is new each time gives the same store as one merge of everything; and one
+    more merge adds nothing."""
+    d = tmp_path_factory.mktemp("inc")
+    nodes = [d / "n0.db", d / "n1.db"]
+    stores = [Store.open(p) for p in nodes]
+    open_scans: list[list[tuple[int, str]]] = [[], []]
+    clock = [NOW - 5000.0]
+
+    def tick() -> float:
+        clock[0] += 1.0
+        return clock[0]
+
+    try:
+        for kind, n, arg, merge_after in steps:
+            s = stores[n]
+            if kind == "begin" or (kind == "record" and not open_scans[n]):
+                dev = f"sim:{n}{arg}"
+                open_scans[n].append((s.begin_scan(device=dev, host=f"node{n}", budget_s=10.0, started_at=tick()), dev))
+            if kind == "record":
+                sid, dev = open_scans[n][-1]
+                s.record_results(sid, [result(dev, passed=i != arg, t=tick()) for i in range(3)])
+            elif kind == "finish" and open_scans[n]:
+                sid, _ = open_scans[n].pop(0)
+                s.finish_scan(sid, "complete" if arg else "preempted", finished_at=tick())
+            elif kind == "incident":
+                dev = f"sim:{n}{arg}"
+                s.record_incident(Incident(kind="replay", step=int(tick()), suspect_ranks=(arg,), device=dev,
+                                           detail="x", devices=(dev,), hosts=(f"node{n}",), time=clock[0]))
+            elif kind == "quarantine":
+                dev = f"sim:{n}{arg}"
+                if dev not in {e.device for e in s.quarantine_list()}:
+                    s.quarantine(dev, reason="by hand", by="ops", now=tick())
+            if merge_after:
+                merge_stores(d / "inc.db", nodes)
+        merge_stores(d / "inc.db", nodes)
+    finally:
+        for s in stores:
+            s.close()
+    merge_stores(d / "full.db", nodes)
+    assert _full_content(d / "inc.db") == _full_content(d / "full.db")
+    again = merge_stores(d / "inc.db", nodes)
+    assert all(x.scans == x.results == x.incidents == x.quarantine_history == x.devices == 0 for x in again)
+    assert _full_content(d / "inc.db") == _full_content(d / "full.db")
+    assert _full_content(d / "inc.db") == _full_content(d / "full.db")
+    # --full reads everything again and still counts nothing twice
+    merge_stores(d / "inc.db", nodes, full=True)
+    assert _full_content(d / "inc.db") == _full_content(d / "full.db")
+
+
+def test_a_merge_reads_only_what_is_new(tmp_path: Path) -> None:
+    node = tmp_path / "node.db"
+    with Store.open(node) as s:
+        for i in range(30):
+            sid = s.begin_scan(device="sim:1", host="n", budget_s=1.0, started_at=NOW - 10_000 + i)
+            s.record_results(sid, [result("sim:1", t=NOW - 10_000 + i)], finish="complete")
+    (first,) = merge_stores(tmp_path / "fleet.db", [node])
+    assert (first.scans, first.results) == (30, 30)
+    with Store.open(node) as s:
+        sid = s.begin_scan(device="sim:1", host="n", budget_s=1.0, started_at=NOW - 100)
+        s.record_results(sid, [result("sim:1", t=NOW - 100)])  # left running: taken again at the next merge
+    (second,) = merge_stores(tmp_path / "fleet.db", [node])
+    assert (second.scans, second.results) == (1, 1)
+    with Store.open(node) as s:
+        s.record_results(sid, [result("sim:1", t=NOW - 99)] * 4, finish="complete")
+    (third,) = merge_stores(tmp_path / "fleet.db", [node])
+    assert (third.scans, third.results) == (0, 0)  # the same row, grown to 5 executions
+    with Store.open(tmp_path / "fleet.db", create=False) as f:
+        (latest,) = [x for x in f.scans() if x["started_at"] == NOW - 100]
+        assert (latest["status"], latest["executions"], latest["total"]) == ("complete", 5, None)
+        assert f.tallies(by="device")[0].executions == 35
