@@ -31,8 +31,9 @@ run: setup-run
 test: setup
 	$(PY) -m pytest
 
-# ruff over the whole tree, mypy over sdcguard/ and fleet_scan/ (settings in pyproject.toml). mypy keeps its cache in
+# ruff (lint and format check) over the whole tree, mypy over sdcguard/ and fleet_scan/ (settings in pyproject.toml). mypy keeps its cache in
 # .mypy_cache, so a second run rechecks only what changed.
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy

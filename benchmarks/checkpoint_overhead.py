@@ -80,14 +80,18 @@ def main() -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"state dict: {args.layers} x Linear({args.width}) + AdamW state = {nbytes / 1e6:.0f} MB, one process, "
-          f"{args.repeats} interleaved repeats, files under {args.dir or tempfile.gettempdir()}, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (1 min) at the end")
+    print(
+        f"state dict: {args.layers} x Linear({args.width}) + AdamW state = {nbytes / 1e6:.0f} MB, one process, "
+        f"{args.repeats} interleaved repeats, files under {args.dir or tempfile.gettempdir()}, "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (1 min) at the end"
+    )
     for op in ("save", "load"):
         base, ours = med[f"dcp {op}"], med[f"sdcguard {op}"]
         ratios = sorted(b / a - 1 for a, b in zip(times[f"dcp {op}"], times[f"sdcguard {op}"]))
-        print(f"{op}: DCP {base:.3f} s ({nbytes / base / 1e9:.2f} GB/s), sdcguard {ours:.3f} s: "
-              f"{statistics.median(ratios):+.1%} (range {ratios[0]:+.1%} .. {ratios[-1]:+.1%})")
+        print(
+            f"{op}: DCP {base:.3f} s ({nbytes / base / 1e9:.2f} GB/s), sdcguard {ours:.3f} s: "
+            f"{statistics.median(ratios):+.1%} (range {ratios[0]:+.1%} .. {ratios[-1]:+.1%})"
+        )
     blocked(state, args)
     scrub_rate(state, nbytes, args)
 
@@ -135,11 +139,16 @@ def blocked(state: dict[str, object], args: argparse.Namespace) -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     ours = times["sdcguard async_save"]
     print("training loop blocked per save (median): " + ", ".join(f"{k} {v:.3f} s" for k, v in med.items()))
-    for base, goal in (("dcp save", "goal <= 0.20"), ("dcp async_save", "goal <= 1.10"),
-                       ("dcp async_save, cached stager", "same staging: the fingerprints' cost")):
+    for base, goal in (
+        ("dcp save", "goal <= 0.20"),
+        ("dcp async_save", "goal <= 1.10"),
+        ("dcp async_save, cached stager", "same staging: the fingerprints' cost"),
+    ):
         ratios = sorted(a / b for a, b in zip(ours, times[base]))
-        print(f"  sdcguard async_save / {base}: {statistics.median(ratios):.3f} "
-              f"(range {ratios[0]:.3f} .. {ratios[-1]:.3f}; {goal})")
+        print(
+            f"  sdcguard async_save / {base}: {statistics.median(ratios):.3f} "
+            f"(range {ratios[0]:.3f} .. {ratios[-1]:.3f}; {goal})"
+        )
 
 
 def _drop(files: list[Path]) -> None:
@@ -177,9 +186,11 @@ def scrub_rate(state: dict[str, object], nbytes: int, args: argparse.Namespace) 
         shutil.rmtree(root, ignore_errors=True)
     rates = {k: size / statistics.median(v) / 1e9 for k, v in times.items()}
     ratios = sorted(c / s for c, s in zip(times["cat"], times["scrub"]))
-    print(f"scrub of {size / 1e6:.0f} MB, page cache dropped before each: cat {rates['cat']:.2f} GB/s, scrub "
-          f"{rates['scrub']:.2f} GB/s: {statistics.median(ratios):.0%} of cat (range {ratios[0]:.0%} .. "
-          f"{ratios[-1]:.0%}; goal >= 80%)")
+    print(
+        f"scrub of {size / 1e6:.0f} MB, page cache dropped before each: cat {rates['cat']:.2f} GB/s, scrub "
+        f"{rates['scrub']:.2f} GB/s: {statistics.median(ratios):.0%} of cat (range {ratios[0]:.0%} .. "
+        f"{ratios[-1]:.0%}; goal >= 80%)"
+    )
 
 
 if __name__ == "__main__":

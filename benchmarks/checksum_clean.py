@@ -32,8 +32,9 @@ def _gpt2(n_layer: int = 2) -> Any:
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=61, n_positions=32, n_embd=32, n_layer=n_layer, n_head=4,
-                                     attn_implementation="eager")
+    config = transformers.GPT2Config(
+        vocab_size=61, n_positions=32, n_embd=32, n_layer=n_layer, n_head=4, attn_implementation="eager"
+    )
     return transformers.GPT2LMHeadModel(config)
 
 
@@ -93,9 +94,17 @@ def _lightning(steps: int) -> dict[str, Any]:
 
     cb = SDCGuardCallback(replay_every=0, checksum_every=1, escalate="off")
     data = [make_batch(s, 0, batch=8, seq=16) for s in range(steps)]
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, precision="bf16-mixed", logger=False,
-                        callbacks=[cb, Probe()], enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+    trainer = L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        devices=1,
+        precision="bf16-mixed",
+        logger=False,
+        callbacks=[cb, Probe()],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=None))
     return out
 
@@ -114,9 +123,18 @@ def _hf(steps: int, out_dir: str) -> dict[str, Any]:
             _tally(out, cb.last_report)
 
     rows = [{"input_ids": t, "labels": t} for s in range(steps) for t in make_batch(s, 0, batch=4, seq=32)["tokens"]]
-    args = transformers.TrainingArguments(output_dir=out_dir, max_steps=steps, per_device_train_batch_size=4,
-                                          learning_rate=3e-3, use_cpu=True, report_to=[], save_strategy="no",
-                                          logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
+    args = transformers.TrainingArguments(
+        output_dir=out_dir,
+        max_steps=steps,
+        per_device_train_batch_size=4,
+        learning_rate=3e-3,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
     transformers.Trainer(model=_gpt2(), args=args, train_dataset=rows, callbacks=[cb, Probe()]).train()
     return out
 
@@ -146,13 +164,18 @@ def main() -> None:
                 r = _hf(n, tmp)
         r["seconds"] = round(time.monotonic() - t0, 1)
         results[name] = r
-        print(f"{name:<26} {r['steps']:>6} clean steps, {r['alarms']} false alarms, "
-              f"{r['checked'] / max(1, r['steps']):.0f} of {r['run'] / max(1, r['steps']):.0f} matmuls checked per "
-              f"step, {r['seconds']} s", flush=True)
+        print(
+            f"{name:<26} {r['steps']:>6} clean steps, {r['alarms']} false alarms, "
+            f"{r['checked'] / max(1, r['steps']):.0f} of {r['run'] / max(1, r['steps']):.0f} matmuls checked per "
+            f"step, {r['seconds']} s",
+            flush=True,
+        )
     total = sum(r["steps"] for r in results.values())
     alarms = sum(r["alarms"] for r in results.values())
-    print(f"total: {total} clean steps, {alarms} false alarms, "
-          f"{sum(r['checked'] for r in results.values()):,} matmuls checked")
+    print(
+        f"total: {total} clean steps, {alarms} false alarms, "
+        f"{sum(r['checked'] for r in results.values()):,} matmuls checked"
+    )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     sys.exit(1 if alarms else 0)

@@ -43,9 +43,14 @@ from sdcguard.testing.models import TinyTransformer, lm_loss, make_batch  # noqa
 from sdcguard.training.checksums.bound import c_engine_available, check_matmul  # noqa: E402
 from sdcguard.training.checksums.mode import ChecksumMode  # noqa: E402
 
-CLASSES = {"sign": [31], "exponent (top bit)": [30], "exponent (low bits)": [23, 24, 25],
-           "high mantissa (22-20)": [22, 21, 20], "mid mantissa (19-16)": [19, 18, 17, 16],
-           "low mantissa (7-0)": list(range(8))}
+CLASSES = {
+    "sign": [31],
+    "exponent (top bit)": [30],
+    "exponent (low bits)": [23, 24, 25],
+    "high mantissa (22-20)": [22, 21, 20],
+    "mid mantissa (19-16)": [19, 18, 17, 16],
+    "low mantissa (7-0)": list(range(8)),
+}
 
 
 def _flip(c: torch.Tensor, index: int, bit: int) -> torch.Tensor:
@@ -117,8 +122,9 @@ def _parts(model: torch.nn.Module, batch: Any, rounds: int, rows: int) -> dict[s
     parts: dict[str, Any] = {
         "the matmuls themselves": lambda a, b, c, v, s: torch.matmul(a, b) if v is None else torch.addmm(v, a, b),
         "check (as it runs)": lambda a, b, c, v, s: check_matmul(a, b, c, bias=v, precision=p, rows=rows),
-        "check, every column's magnitudes": lambda a, b, c, v, s: check_matmul(a, b, c, bias=v, precision=p,
-                                                                              rows=rows, screen=False),
+        "check, every column's magnitudes": lambda a, b, c, v, s: check_matmul(
+            a, b, c, bias=v, precision=p, rows=rows, screen=False
+        ),
         "  of which the reference matmul V @ B": lambda a, b, c, v, s: torch.matmul(s, b),
         "  block sums of A, torch ops": lambda a, b, c, v, s: blocks(a),
         "  block sums of C, torch ops": lambda a, b, c, v, s: blocks(c),
@@ -172,27 +178,39 @@ def main() -> None:
         for n in names:
             times[n].append(step(n))
     base = statistics.median(times["plain"])
-    out: dict[str, Any] = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                           "c_engine": c_engine_available(), "plain_cpu_s": base, "checked": {}, "coverage": {}}
-    print(f"transformer d={args.d} layers={args.layers} seq={args.seq} batch={args.batch}, one thread, "
-          f"{args.rounds} rounds; forward+backward {base * 1e3:.1f} ms CPU; matmuls per step: "
-          f"{modes[rows[0]].checked} checked of {modes[rows[0]].run} run; block sums and screen: "
-          f"{'the C engine' if c_engine_available() else 'torch ops (the C engine was not built)'}")
-    print(f"{'setting':<12}{'checked step (median, IQR)':>30}"
-          + "".join(f"{f'every={e}':>10}" for e in (1, 2, 3, 4, 6)))
+    out: dict[str, Any] = {
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "c_engine": c_engine_available(),
+        "plain_cpu_s": base,
+        "checked": {},
+        "coverage": {},
+    }
+    print(
+        f"transformer d={args.d} layers={args.layers} seq={args.seq} batch={args.batch}, one thread, "
+        f"{args.rounds} rounds; forward+backward {base * 1e3:.1f} ms CPU; matmuls per step: "
+        f"{modes[rows[0]].checked} checked of {modes[rows[0]].run} run; block sums and screen: "
+        f"{'the C engine' if c_engine_available() else 'torch ops (the C engine was not built)'}"
+    )
+    print(
+        f"{'setting':<12}{'checked step (median, IQR)':>30}" + "".join(f"{f'every={e}':>10}" for e in (1, 2, 3, 4, 6))
+    )
     for r in rows:
         ratios = sorted(a / b - 1 for a, b in zip(times[f"rows={r}"], times["plain"]))
         q = statistics.quantiles(ratios, n=4)
         med = statistics.median(ratios)
         out["checked"][r] = {"median": med, "q1": q[0], "q3": q[2]}
-        print(f"{f'rows={r}':<12}{med:>+16.1%} [{q[0]:+.1%}, {q[2]:+.1%}]"
-              + "".join(f"{med / e:>+10.1%}" for e in (1, 2, 3, 4, 6)))
+        print(
+            f"{f'rows={r}':<12}{med:>+16.1%} [{q[0]:+.1%}, {q[2]:+.1%}]"
+            + "".join(f"{med / e:>+10.1%}" for e in (1, 2, 3, 4, 6))
+        )
     cov = _Coverage(model, rows, args.samples)
     cov.begin()
     lm_loss(model, batch).backward()
     cov.end()
-    print(f"\nfaults caught on a checked step, by bit class ({args.samples} entries per matmul per class, "
-          f"{cov.tried['sign']} per class):")
+    print(
+        f"\nfaults caught on a checked step, by bit class ({args.samples} entries per matmul per class, "
+        f"{cov.tried['sign']} per class):"
+    )
     print(f"{'class':<24}" + "".join(f"{f'rows={r}':>10}" for r in rows))
     for cls in CLASSES:
         shares = {r: cov.hits[r][cls] / max(1, cov.tried[cls]) for r in rows}

@@ -72,24 +72,33 @@ def _peer_trials(reps: int, quick: bool) -> list[Trial]:
                 for _ in range(n):
                     one_off_op = timing == "one-off" and target in OP_TARGETS
                     phase = ("forward", "backward")[seed % 2] if one_off_op else "both"
-                    trials.append(Trial(target=target, bits=bits, timing=timing, rank=seed % WORLD, seed=seed,
-                                        phase=phase))
+                    trials.append(
+                        Trial(target=target, bits=bits, timing=timing, rank=seed % WORLD, seed=seed, phase=phase)
+                    )
                     seed += 1
     return trials
 
 
 def _episodes(per_kind: int, settings: EpisodeSettings) -> list[Episode]:
-    kinds = [(t, m) for t in ("matmul", "norm", "activation", "embedding", "reduced_grad", "collective", "weights")
-             for m in ("one-off", "sticky") if not (t == "weights" and m == "sticky")]
+    kinds = [
+        (t, m)
+        for t in ("matmul", "norm", "activation", "embedding", "reduced_grad", "collective", "weights")
+        for m in ("one-off", "sticky")
+        if not (t == "weights" and m == "sticky")
+    ]
     period = math.lcm(settings.replay_every, settings.weight_check_every, settings.hash_every)
     out, seed = [], 5000
     for _ in range(per_kind):
         for target, timing in kinds:
             rnd = random.Random(seed)
-            trial = Trial(target=target, bits=BIT_CLASSES[seed % len(BIT_CLASSES)], timing=timing,
-                          rank=seed % WORLD, seed=seed,
-                          phase=rnd.choice(("forward", "backward")) if timing == "one-off" and target in OP_TARGETS
-                          else "both")
+            trial = Trial(
+                target=target,
+                bits=BIT_CLASSES[seed % len(BIT_CLASSES)],
+                timing=timing,
+                rank=seed % WORLD,
+                seed=seed,
+                phase=rnd.choice(("forward", "backward")) if timing == "one-off" and target in OP_TARGETS else "both",
+            )
             out.append(Episode(trial=trial, start=10_000_000 * (len(out) + 1) * period, phase=rnd.randrange(period)))
             seed += 1
     return out
@@ -102,12 +111,28 @@ def _shadow_trials(reps: int, quick: bool) -> list[ShadowTrial]:
         for timing in timings:
             for _ in range(reps * (INTERMITTENT_REPS if timing == "intermittent" and not quick else 1)):
                 phase = ("forward", "backward")[seed % 2] if timing == "one-off" and target in OP_TARGETS else "both"
-                out.append(ShadowTrial(trial=Trial(target=target, bits=BIT_CLASSES[seed % len(BIT_CLASSES)],
-                                                   timing=timing, rank=seed % 3, seed=seed, phase=phase)))
+                out.append(
+                    ShadowTrial(
+                        trial=Trial(
+                            target=target,
+                            bits=BIT_CLASSES[seed % len(BIT_CLASSES)],
+                            timing=timing,
+                            rank=seed % 3,
+                            seed=seed,
+                            phase=phase,
+                        )
+                    )
+                )
                 seed += 1
     for target in OP_TARGETS[: 2 if quick else len(OP_TARGETS)]:  # the schedule's other side: a step not sampled
-        out.append(ShadowTrial(trial=Trial(target=target, bits="exponent", timing="one-off", rank=seed % 3,
-                                           seed=seed, phase="backward"), sampled=False))
+        out.append(
+            ShadowTrial(
+                trial=Trial(
+                    target=target, bits="exponent", timing="one-off", rank=seed % 3, seed=seed, phase="backward"
+                ),
+                sampled=False,
+            )
+        )
         seed += 1
     return sorted(out, key=lambda st: st.trial.rank)  # grouped by worker (see benchmarks/campaign/shadow.py)
 
@@ -116,22 +141,41 @@ def _framework_trials(quick: bool) -> list[Trial]:
     cells = [(t, b) for t in OP_TARGETS for b in BIT_CLASSES]
     if quick:
         cells = [("matmul", "exponent"), ("norm", "sign"), ("activation", "high_mantissa")]
-    return [Trial(target=t, bits=b, timing="one-off", rank=i % WORLD, seed=7000 + i, phase="backward")
-            for i, (t, b) in enumerate(cells)]
+    return [
+        Trial(target=t, bits=b, timing="one-off", rank=i % WORLD, seed=7000 + i, phase="backward")
+        for i, (t, b) in enumerate(cells)
+    ]
 
 
 def plan(*, quick: bool, reps: int | None = None) -> Plan:
     """The full campaign (``reps`` faults per target x bits x timing cell, default 4) or the quick one."""
     settings = EpisodeSettings()
     if quick:
-        peer = PeerPlan(trials=tuple(_peer_trials(1, True)), clean_steps=40, warmup=20,
-                        episodes=tuple(_episodes(1, settings)[::2]), settings=settings)
-        return Plan(peer=peer, shadow=ShadowPlan(trials=tuple(_shadow_trials(1, True)), clean_steps=10),
-                    frameworks=FrameworkPlan(trials=tuple(_framework_trials(True))), quick=True)
-    peer = PeerPlan(trials=tuple(_peer_trials(reps or 4, False)), clean_steps=1000, warmup=100,
-                    episodes=tuple(_episodes(5, settings)), settings=settings)
-    return Plan(peer=peer, shadow=ShadowPlan(trials=tuple(_shadow_trials(2, False)), clean_steps=300),
-                frameworks=FrameworkPlan(trials=tuple(_framework_trials(False))))
+        peer = PeerPlan(
+            trials=tuple(_peer_trials(1, True)),
+            clean_steps=40,
+            warmup=20,
+            episodes=tuple(_episodes(1, settings)[::2]),
+            settings=settings,
+        )
+        return Plan(
+            peer=peer,
+            shadow=ShadowPlan(trials=tuple(_shadow_trials(1, True)), clean_steps=10),
+            frameworks=FrameworkPlan(trials=tuple(_framework_trials(True))),
+            quick=True,
+        )
+    peer = PeerPlan(
+        trials=tuple(_peer_trials(reps or 4, False)),
+        clean_steps=1000,
+        warmup=100,
+        episodes=tuple(_episodes(5, settings)),
+        settings=settings,
+    )
+    return Plan(
+        peer=peer,
+        shadow=ShadowPlan(trials=tuple(_shadow_trials(2, False)), clean_steps=300),
+        frameworks=FrameworkPlan(trials=tuple(_framework_trials(False))),
+    )
 
 
 def _run_jobs(p: Plan, timeout: float) -> tuple[list[Any], list[Any], list[Any], list[Any], dict[str, float]]:
@@ -140,9 +184,12 @@ def _run_jobs(p: Plan, timeout: float) -> tuple[list[Any], list[Any], list[Any],
 
     seconds: dict[str, float] = {}
     out: dict[str, list[Any]] = {}
-    jobs = {"peer": (peer.rank_main, WORLD, p.peer), "shadow": (shadow.rank_main, 4, p.shadow),
-            "fsdp": (frameworks.fsdp_main, WORLD, p.frameworks),
-            "lightning": (frameworks.lightning_main, WORLD, p.frameworks)}
+    jobs = {
+        "peer": (peer.rank_main, WORLD, p.peer),
+        "shadow": (shadow.rank_main, 4, p.shadow),
+        "fsdp": (frameworks.fsdp_main, WORLD, p.frameworks),
+        "lightning": (frameworks.lightning_main, WORLD, p.frameworks),
+    }
     for name, (fn, world, arg) in jobs.items():
         if name not in p.jobs or (name == "lightning" and not _has_lightning()):
             out[name] = []
@@ -163,10 +210,16 @@ def _has_lightning() -> bool:
 
 def _commit() -> str:
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return rev + (" (with uncommitted changes)" if dirty else "")
@@ -176,22 +229,41 @@ def _machine() -> str:
     import torch
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (f"{platform.machine()}, {cpus} CPUs, {platform.system()} {platform.release()}, Python "
-            f"{platform.python_version()}, torch {torch.__version__}")
+    return (
+        f"{platform.machine()}, {cpus} CPUs, {platform.system()} {platform.release()}, Python "
+        f"{platform.python_version()}, torch {torch.__version__}"
+    )
 
 
-def run(p: Plan, *, timeout: float = 3000.0, costs: dict[str, Any] | None = None,
-        command: str = "python benchmarks/detection.py") -> dict[str, Any]:
+def run(
+    p: Plan,
+    *,
+    timeout: float = 3000.0,
+    costs: dict[str, Any] | None = None,
+    command: str = "python benchmarks/detection.py",
+) -> dict[str, Any]:
     """Run the jobs and analyse them."""
     t0 = time.monotonic()
     peer, shadow, fsdp, lightning, seconds = _run_jobs(p, timeout)
     a = analyse(p, peer, shadow, fsdp, lightning)
-    a["settings"] = {"replay_every": p.peer.settings.replay_every,
-                     "weight_check_every": p.peer.settings.weight_check_every,
-                     "hash_every": p.peer.settings.hash_every, "length": p.peer.settings.length}
-    a["meta"] = {"command": command, "commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                 "machine": _machine(), "model": MODEL, "world": WORLD, "jobs_s": seconds,
-                 "elapsed_s": round(time.monotonic() - t0, 1), "quick": p.quick, "rate": p.peer.rate}
+    a["settings"] = {
+        "replay_every": p.peer.settings.replay_every,
+        "weight_check_every": p.peer.settings.weight_check_every,
+        "hash_every": p.peer.settings.hash_every,
+        "length": p.peer.settings.length,
+    }
+    a["meta"] = {
+        "command": command,
+        "commit": _commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": _machine(),
+        "model": MODEL,
+        "world": WORLD,
+        "jobs_s": seconds,
+        "elapsed_s": round(time.monotonic() - t0, 1),
+        "quick": p.quick,
+        "rate": p.peer.rate,
+    }
     a["costs"] = costs
     return a
 
@@ -199,10 +271,12 @@ def run(p: Plan, *, timeout: float = 3000.0, costs: dict[str, Any] | None = None
 def header(a: dict[str, Any]) -> str:
     m = a["meta"]
     jobs = ", ".join(f"{k} {v} s" for k, v in m["jobs_s"].items())
-    return (f"Generated by `{m['command']}` at commit {m['commit']} on {m['date']}; {m['machine']}; "
-            f"{m['world']} ranks over gloo, model {m['model']}; {a['faults']} faults in the main job "
-            f"({a['effective']} changed the step's result), intermittent hit rate {m['rate']} per computation; "
-            f"{m['elapsed_s']} s in all ({jobs}).")
+    return (
+        f"Generated by `{m['command']}` at commit {m['commit']} on {m['date']}; {m['machine']}; "
+        f"{m['world']} ranks over gloo, model {m['model']}; {a['faults']} faults in the main job "
+        f"({a['effective']} changed the step's result), intermittent hit rate {m['rate']} per computation; "
+        f"{m['elapsed_s']} s in all ({jobs})."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,8 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.reps is not None and args.reps < 1:
         ap.error("--reps must be >= 1")
     costs = json.loads(args.costs.read_text(encoding="utf-8")) if args.costs else None
-    command = "python benchmarks/detection.py" + (" --quick" if args.quick else "") + (
-        f" --reps {args.reps}" if args.reps is not None else "")
+    command = (
+        "python benchmarks/detection.py"
+        + (" --quick" if args.quick else "")
+        + (f" --reps {args.reps}" if args.reps is not None else "")
+    )
     if args.report:
         a = json.loads(args.report.read_text(encoding="utf-8"))
         a["costs"] = costs or a.get("costs")

@@ -79,19 +79,39 @@ class _Rank:
         self.roles = roles
         group = self.group
         self.guards = {
-            "shadow1": SDCGuard(DDP(self.modules["shadow1"], process_group=group), lm_loss, group=group,
-                                replay_every=1, shadows=list(roles.shadows), checksum_every=0),
-            "checks": SDCGuard(DDP(self.modules["checks"], process_group=group), lm_loss, group=group,
-                               replay_every=0, checksum_every=0),
-            "peer10": SDCGuard(DDP(self.modules["peer10"], process_group=group), lm_loss, group=group,
-                               replay_every=10, checksum_every=0),
-            "peer1": SDCGuard(DDP(self.modules["peer1"], process_group=group), lm_loss, group=group,
-                              replay_every=1, weight_check_every=1, checksum_every=0),
-            "sum1": SDCGuard(DDP(self.modules["sum1"], process_group=group), lm_loss, group=group,
-                             replay_every=0, checksum_every=1),
+            "shadow1": SDCGuard(
+                DDP(self.modules["shadow1"], process_group=group),
+                lm_loss,
+                group=group,
+                replay_every=1,
+                shadows=list(roles.shadows),
+                checksum_every=0,
+            ),
+            "checks": SDCGuard(
+                DDP(self.modules["checks"], process_group=group), lm_loss, group=group, replay_every=0, checksum_every=0
+            ),
+            "peer10": SDCGuard(
+                DDP(self.modules["peer10"], process_group=group),
+                lm_loss,
+                group=group,
+                replay_every=10,
+                checksum_every=0,
+            ),
+            "peer1": SDCGuard(
+                DDP(self.modules["peer1"], process_group=group),
+                lm_loss,
+                group=group,
+                replay_every=1,
+                weight_check_every=1,
+                checksum_every=0,
+            ),
+            "sum1": SDCGuard(
+                DDP(self.modules["sum1"], process_group=group), lm_loss, group=group, replay_every=0, checksum_every=1
+            ),
         }
-        self.ddp = {n: DDP(self.modules[n], process_group=group)
-                    for n in ("plain", "plain2", "megatron", "same_device")}
+        self.ddp = {
+            n: DDP(self.modules[n], process_group=group) for n in ("plain", "plain2", "megatron", "same_device")
+        }
         self.taps = {n: BucketTap() for n in ("megatron", "same_device")}
         for n, tap in self.taps.items():
             self.ddp[n].register_comm_hook(group, tap)
@@ -107,9 +127,14 @@ class _Rank:
         from sdcguard import SDCGuard
 
         self.guards.pop("shadow1").close()
-        self.guards["shadow10"] = SDCGuard(DDP(self.modules["shadow10"], process_group=self.group), self.loss_fn,
-                                           group=self.group, replay_every=10, shadows=list(self.roles.shadows),
-                                           checksum_every=0)
+        self.guards["shadow10"] = SDCGuard(
+            DDP(self.modules["shadow10"], process_group=self.group),
+            self.loss_fn,
+            group=self.group,
+            replay_every=10,
+            shadows=list(self.roles.shadows),
+            checksum_every=0,
+        )
 
     def _timed(self, name: str, part: str, fn: Any, *a: Any, **k: Any) -> Any:
         t0 = time.perf_counter()
@@ -154,8 +179,20 @@ class _Rank:
                 local = tap.take()
                 params = list(self.modules[name].parameters())
                 reduced = [p.grad.clone() for p in params]
-                self._timed(name, "checks", rerun_step, self.ddp[name], params, self.loss_fn, batch, rng, tap,
-                            loss=loss, local=local, reduced=reduced)
+                self._timed(
+                    name,
+                    "checks",
+                    rerun_step,
+                    self.ddp[name],
+                    params,
+                    self.loss_fn,
+                    batch,
+                    rng,
+                    tap,
+                    loss=loss,
+                    local=local,
+                    reduced=reduced,
+                )
         self.opts[name].step()
         self.opts[name].zero_grad(set_to_none=True)
         if name in self.guards:
@@ -188,8 +225,9 @@ def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace,
         for every in (1, 10):  # one guard per phase, built collectively with the workers' guard
             torch.manual_seed(0)
             model = TinyTransformer(d=args.d, heads=4, layers=args.layers, seq=args.seq, p=0.1)
-            SDCGuard(model, lm_loss, group=roles.dp_group, replay_every=every, shadows=list(roles.shadows),
-                     checksum_every=0).serve()
+            SDCGuard(
+                model, lm_loss, group=roles.dp_group, replay_every=every, shadows=list(roles.shadows), checksum_every=0
+            ).serve()
         dist.destroy_process_group()
         return
     r = _Rank(rank, args, roles)
@@ -235,8 +273,14 @@ def summarise(res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     step["shadow10"] = _ratio(times, "shadow10", "plain2")
     hash_share = res["hash_s"] / base
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    out = {"config": config, "base_step_s": base, "step": step, "own": own, "hash_s": res["hash_s"],
-           "hash_share_per_check": hash_share}
+    out = {
+        "config": config,
+        "base_step_s": base,
+        "step": step,
+        "own": own,
+        "hash_s": res["hash_s"],
+        "hash_share_per_check": hash_share,
+    }
     if not {"fwd+bwd", "peer1", "peer10", "sum1", "shadow1", "megatron", "same_device"} <= set(ran):
         return out
     out["fwd_bwd_share"] = statistics.median(times["fwd+bwd"]) / base
@@ -246,8 +290,10 @@ def summarise(res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     sampled_extra = step["peer1"][0] - step["checks"][0]
 
     def derived(every: int) -> dict[str, float]:
-        return {"own": own["checks"] + replay_extra / every + weight_check / 100,
-                "step": step["checks"][0] + sampled_extra / every}
+        return {
+            "own": own["checks"] + replay_extra / every + weight_check / 100,
+            "step": step["checks"][0] + sampled_extra / every,
+        }
 
     out["derived_50"], out["derived_10"] = derived(50), derived(10)
     out.update(derive_checksums(out))
@@ -263,9 +309,11 @@ def derive_checksums(out: dict[str, Any]) -> dict[str, dict[str, float]]:
     # the checksums run inside the forward and backward, not inside end_step: their own work is their step time
     sums = {"step": step["sum1"][0] - step["checks"][0]}
     sums["own"] = sums["step"] + own["sum1"] - own["checks"]
-    return {"checksum_step": sums,
-            "derived_defaults": {k: d50[k] + sums[k] / every for k in ("step", "own")},
-            "derived_checksum1": {k: d50[k] + sums[k] for k in ("step", "own")}}
+    return {
+        "checksum_step": sums,
+        "derived_defaults": {k: d50[k] + sums[k] / every for k in ("step", "own")},
+        "derived_checksum1": {k: d50[k] + sums[k] for k in ("step", "own")},
+    }
 
 
 def texts(out: dict[str, Any], workers: int) -> dict[str, str]:
@@ -276,17 +324,17 @@ def texts(out: dict[str, Any], workers: int) -> dict[str, str]:
     sums, defaults, checksum1 = out["checksum_step"], out["derived_defaults"], out["derived_checksum1"]
     return {
         "defaults": f"{defaults['step']:+.1%} step, {defaults['own']:.1%} own work (derived: replay and checks "
-                    f"{d50['step']:+.1%} step, {d50['own']:.1%} own work; the checksums "
-                    f"{sums['step'] / every:+.1%} at `checksum_every={every}`, their step time)",
+        f"{d50['step']:+.1%} step, {d50['own']:.1%} own work; the checksums "
+        f"{sums['step'] / every:+.1%} at `checksum_every={every}`, their step time)",
         "replay_only": f"{d50['step']:+.1%} step, {d50['own']:.1%} own work (derived)",
         "checksum1": f"{checksum1['step']:+.1%} step, {checksum1['own']:.1%} own work (derived: a checked step "
-                     f"{sums['step']:+.1%})",
+        f"{sums['step']:+.1%})",
         "replay10": f"{step['peer10'][0]:+.1%} step, {own['peer10']:.1%} own work",
         "continuous": f"{step['shadow1'][0]:+.0%} step, {own['shadow1']:.0%} own work, + 1 shadow device per "
-                      f"{workers} workers (measured here with the shadow on the workers' cores)",
+        f"{workers} workers (measured here with the shadow on the workers' cores)",
         "every_step": f"{step['peer1'][0]:+.1%} step, {own['peer1']:.1%} own work",
         "megatron": f"{step['megatron'][0]:+.1%} step, {own['megatron']:.1%} own work; hash {hash_share:.0%} of a "
-                    f"step per check ({hash_share / HASH_INTERVAL:.4%} at 20,000)",
+        f"step per check ({hash_share / HASH_INTERVAL:.4%} at 20,000)",
         "megatron10": f"hash {hash_share:.0%} of a step per check: {hash_share / 10:.1%} at 10",
         "same_device": f"{step['same_device'][0]:+.1%} step, {own['same_device']:.0%} own work",
     }
@@ -294,25 +342,33 @@ def texts(out: dict[str, Any], workers: int) -> dict[str, str]:
 
 def report(s: dict[str, Any]) -> str:
     c = s["config"]
-    lines = [f"workers={c['workers']} + 1 shadow, model d={c['d']} layers={c['layers']} seq={c['seq']} "
-             f"batch={c['batch']}, threads/process={c['threads']}, {c['rounds']} rounds x {c['steps']} steps; "
-             f"no-guard step {s['base_step_s'] * 1e3:.1f} ms",
-             f"{'configuration':<14}{'step vs plain (median of rounds, IQR)':>40}{'own work':>12}"]
+    lines = [
+        f"workers={c['workers']} + 1 shadow, model d={c['d']} layers={c['layers']} seq={c['seq']} "
+        f"batch={c['batch']}, threads/process={c['threads']}, {c['rounds']} rounds x {c['steps']} steps; "
+        f"no-guard step {s['base_step_s'] * 1e3:.1f} ms",
+        f"{'configuration':<14}{'step vs plain (median of rounds, IQR)':>40}{'own work':>12}",
+    ]
     for n, (m, lo, hi) in s["step"].items():
         lines.append(f"{n:<14}{m:>+20.1%}  [{lo:+.1%}, {hi:+.1%}]{'':>6}{s['own'].get(n, 0.0):>10.2%}")
     for every in (50, 10):
         d = s.get(f"derived_{every}")
         if d is None:
             continue
-        lines.append(f"derived replay_every={every:<3} (checks + (peer1 - checks) / {every}): step {d['step']:+.1%}, "
-                     f"own work {d['own']:.2%}")
-    for key, label in (("derived_defaults", f"defaults (replay 50 + checksum_every={DEFAULT_CHECKSUM_EVERY})"),
-                       ("derived_checksum1", "replay 50 + checksum_every=1")):
+        lines.append(
+            f"derived replay_every={every:<3} (checks + (peer1 - checks) / {every}): step {d['step']:+.1%}, "
+            f"own work {d['own']:.2%}"
+        )
+    for key, label in (
+        ("derived_defaults", f"defaults (replay 50 + checksum_every={DEFAULT_CHECKSUM_EVERY})"),
+        ("derived_checksum1", "replay 50 + checksum_every=1"),
+    ):
         d = s.get(key)
         if d is not None:
             lines.append(f"derived {label}: step {d['step']:+.1%}, own work {d['own']:.2%}")
-    lines.append(f"Megatron weight hash: {s['hash_s'] * 1e3:.1f} ms per check = {s['hash_share_per_check']:.1%} of a "
-                 f"step; amortized over 20,000 iterations {s['hash_share_per_check'] / HASH_INTERVAL:.5%}")
+    lines.append(
+        f"Megatron weight hash: {s['hash_s'] * 1e3:.1f} ms per check = {s['hash_share_per_check']:.1%} of a "
+        f"step; amortized over 20,000 iterations {s['hash_share_per_check'] / HASH_INTERVAL:.5%}"
+    )
     return "\n".join(lines)
 
 
@@ -327,10 +383,17 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--json", type=Path, help="write the figures as JSON (benchmarks/detection.py --costs)")
-    parser.add_argument("--configs", default=",".join(NAMES),
-                        help="configurations of the first phase, comma-separated (plain and checks always run)")
-    parser.add_argument("--render", type=Path, metavar="JSON",
-                        help="summarise an earlier run's --json again with this code (its raw times), and exit")
+    parser.add_argument(
+        "--configs",
+        default=",".join(NAMES),
+        help="configurations of the first phase, comma-separated (plain and checks always run)",
+    )
+    parser.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="summarise an earlier run's --json again with this code (its raw times), and exit",
+    )
     args = parser.parse_args()
     if args.render:
         saved = json.loads(args.render.read_text(encoding="utf-8"))
@@ -348,8 +411,10 @@ def main() -> None:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_rank_main, args=(r, world, os.path.join(tmp, "store"), args, queue))
-                 for r in range(world)]
+        procs = [
+            ctx.Process(target=_rank_main, args=(r, world, os.path.join(tmp, "store"), args, queue))
+            for r in range(world)
+        ]
         for p in procs:
             p.start()
         try:

@@ -61,8 +61,10 @@ def main() -> None:
             _best(fn, sync, times[name])
     gbs = {k: nbytes / min(v) / 1e9 for k, v in times.items()}
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"buffer: {args.mib} MiB float32 on {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"load average {load:.1f} on {os.cpu_count()} CPUs (shared machine: figures are noisy)")
+    print(
+        f"buffer: {args.mib} MiB float32 on {device}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+        f"load average {load:.1f} on {os.cpu_count()} CPUs (shared machine: figures are noisy)"
+    )
     for k in ("fingerprint", "int64 sum", "sha1 (Megatron)"):
         print(f"  {k:18s} {gbs[k]:8.2f} GB/s")
     print(f"  fingerprint / int64 sum : {gbs['fingerprint'] / gbs['int64 sum']:.2f}x   (goal >= 0.5x)")

@@ -79,8 +79,9 @@ def _rank(rank: int, world: int, config: str, layers: int, width: int, batch: in
         roles = plan_roles(1)
         role = roles.role
         wrapped = DDP(model, process_group=roles.dp_group) if role == "worker" else model
-        guard = SDCGuard(wrapped, loss_fn, group=roles.dp_group, replay_every=1, weight_check_every=0,
-                         shadows=list(roles.shadows))
+        guard = SDCGuard(
+            wrapped, loss_fn, group=roles.dp_group, replay_every=1, weight_check_every=0, shadows=list(roles.shadows)
+        )
     elif config.startswith("fsdp"):
         from torch.distributed.fsdp import fully_shard
 
@@ -112,8 +113,12 @@ def _rank(rank: int, world: int, config: str, layers: int, width: int, batch: in
         if guard is not None:
             guard.close()
     _, peak = _rss()
-    out = {"role": role, "growth": peak - base, "param_bytes": param_bytes,
-           "activations": batch * width * 4 * layers * 2}
+    out = {
+        "role": role,
+        "growth": peak - base,
+        "param_bytes": param_bytes,
+        "activations": batch * width * 4 * layers * 2,
+    }
     if torch.cuda.is_available():
         out["cuda_max_allocated"] = torch.cuda.max_memory_allocated()
     return out
@@ -143,8 +148,10 @@ def main() -> None:
     for config in args.configs:
         rows[config] = measure(config, layers=args.layers, width=args.width, batch=args.batch, steps=args.steps)
     pb = next(iter(rows.values()))[0]["param_bytes"]
-    print(f"model: {args.layers} x Linear({args.width}, {args.width}) + GELU, {pb / 4 / 1e6:.1f}M parameters "
-          f"({pb / 1e6:.0f} MB fp32), batch {args.batch}, {args.steps} steps, 2 data-parallel ranks over gloo")
+    print(
+        f"model: {args.layers} x Linear({args.width}, {args.width}) + GELU, {pb / 4 / 1e6:.1f}M parameters "
+        f"({pb / 1e6:.0f} MB fp32), batch {args.batch}, {args.steps} steps, 2 data-parallel ranks over gloo"
+    )
     base = max(r["growth"] for r in rows["ddp"]) if "ddp" in rows else None
     print(f"{'configuration':<14} {'role':<8} {'peak growth':>12} {'x params':>9} {'over ddp':>9}")
     for config, ranks in rows.items():

@@ -82,9 +82,14 @@ LABELS = {
 }
 WORKER_CONFIGS = {"ours": ("ours",), "peer": ("peer-linear", "peer-all")}
 # bit positions: (fp32, bf16)
-BITS = {"sign": (31, 15), "exp-high": (30, 14), "exp-low": (23, 7), "mant-high": ((16, 22), (4, 6)),
-        "mant-low": ((0, 7), (0, 2))}
-TILE_FACTOR = {"fp32": 1.0 + 2.0 ** -10, "bf16": 1.0 + 2.0 ** -7}
+BITS = {
+    "sign": (31, 15),
+    "exp-high": (30, 14),
+    "exp-low": (23, 7),
+    "mant-high": ((16, 22), (4, 6)),
+    "mant-low": ((0, 7), (0, 2)),
+}
+TILE_FACTOR = {"fp32": 1.0 + 2.0**-10, "bf16": 1.0 + 2.0**-7}
 
 INJECTOR_SOURCE = '''"""A standalone fault injector for the aten matmuls of a training step (written out by
 benchmarks/peer_checksums.py for both tools' processes; it imports torch and the standard library only).
@@ -359,14 +364,21 @@ class Peer:
             msg = str(w.message).split(". ")[0][:200]
             self.warnings[msg] = self.warnings.get(msg, 0) + 1
         delta = {k: v - before.get(k, 0) for k, v in g.stats.items() if isinstance(v, (int, float))}
-        out: dict[str, Any] = {"alarms": delta.get("alerts", 0), "checked": delta.get("checked", 0),
-                               "run": delta.get("matmuls_seen", 0), "skipped_dtype": delta.get("skipped_dtype", 0),
-                               "unjudged": delta.get("unjudged", 0), "step_checked": bool(checked)}
+        out: dict[str, Any] = {
+            "alarms": delta.get("alerts", 0),
+            "checked": delta.get("checked", 0),
+            "run": delta.get("matmuls_seen", 0),
+            "skipped_dtype": delta.get("skipped_dtype", 0),
+            "unjudged": delta.get("unjudged", 0),
+            "step_checked": bool(checked),
+        }
         events = g.log.events[n_events:]
         if events:
             d = events[0].detail
-            out["first"] = (f"{d.get('op')} {d.get('pass')} at {d.get('where')} A{list(d.get('shape_A', ()))} "
-                            f"B{list(d.get('shape_B', ()))}: max_z {d.get('max_z')}, nonfinite {d.get('nonfinite')}")
+            out["first"] = (
+                f"{d.get('op')} {d.get('pass')} at {d.get('where')} A{list(d.get('shape_A', ()))} "
+                f"B{list(d.get('shape_B', ()))}: max_z {d.get('max_z')}, nonfinite {d.get('nonfinite')}"
+            )
         return out
 
 
@@ -402,8 +414,9 @@ class WorkerState:
             import sdcguard.training.checksums.bound as cb
             import sdcguard.training.checksums.mode as cs
 
-            self.skip_files = tuple(sorted({str(p) for m in (cb, cs) for p in (Path(m.__file__),
-                                                                                 Path(m.__file__).resolve())}))
+            self.skip_files = tuple(
+                sorted({str(p) for m in (cb, cs) for p in (Path(m.__file__), Path(m.__file__).resolve())})
+            )
 
     # -------------------------------------------------------------------------------------------- pieces
 
@@ -415,10 +428,15 @@ class WorkerState:
 
         import sdcguard
 
-        out: dict[str, Any] = {"python": platform.python_version(), "torch": self.torch.__version__,
-                               "threads": self.torch.get_num_threads(), "sdcguard_file": sdcguard.__file__,
-                               "sdcguard_version": getattr(sdcguard, "__version__", None),
-                               "injector_sha256": self.injector_sha256, "skip_files": list(self.skip_files)}
+        out: dict[str, Any] = {
+            "python": platform.python_version(),
+            "torch": self.torch.__version__,
+            "threads": self.torch.get_num_threads(),
+            "sdcguard_file": sdcguard.__file__,
+            "sdcguard_version": getattr(sdcguard, "__version__", None),
+            "injector_sha256": self.injector_sha256,
+            "skip_files": list(self.skip_files),
+        }
         if self.kind == "peer":
             import inspect
 
@@ -498,31 +516,50 @@ class WorkerState:
             plain = [_sig(o) for o in per["plain"]["ops"]]
             out["census"][dtype] = per["plain"]["ops"]
             out["census_check"][dtype] = {
-                c: {"same_as_plain": [_sig(o) for o in v["ops"]] == plain, "matmuls": len(v["ops"]),
-                    "foreign": v["foreign"], "checks": v["checks"],
-                    "first_difference": _first_diff(plain, [_sig(o) for o in v["ops"]])}
-                for c, v in per.items()}
+                c: {
+                    "same_as_plain": [_sig(o) for o in v["ops"]] == plain,
+                    "matmuls": len(v["ops"]),
+                    "foreign": v["foreign"],
+                    "checks": v["checks"],
+                    "first_difference": _first_diff(plain, [_sig(o) for o in v["ops"]]),
+                }
+                for c, v in per.items()
+            }
         return out
 
     def cmd_faults(self, dtype: str, config: str, faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
         model, sess, _ = self.session("faults", config, dtype)
         results = []
         for f in faults:
-            inj = self.inj_mod.Injector(target=f["target"], fault=f["fault"], weights=self.weights(model),
-                                        skip_files=self.skip_files)
+            inj = self.inj_mod.Injector(
+                target=f["target"], fault=f["fault"], weights=self.weights(model), skip_files=self.skip_files
+            )
             t0 = time.perf_counter()
             res = self.one_step(model, sess, dtype, f["i"], f["i"], inj)
-            res.update(i=f["i"], cls=f["cls"], seconds=round(time.perf_counter() - t0, 3),
-                       record=inj.record or {"error": "not injected: the target matmul never came"},
-                       matmuls=len(inj.ops), foreign=inj.foreign)
+            res.update(
+                i=f["i"],
+                cls=f["cls"],
+                seconds=round(time.perf_counter() - t0, 3),
+                record=inj.record or {"error": "not injected: the target matmul never came"},
+                matmuls=len(inj.ops),
+                foreign=inj.foreign,
+            )
             results.append(res)
         return results
 
     def cmd_clean(self, dtype: str, config: str, steps: int) -> dict[str, Any]:
         key = ("clean", config, dtype)
         model, sess, opt = self.session(*key)
-        tally: dict[str, Any] = {"steps": 0, "alarm_steps": 0, "alarms": 0, "checked": 0, "run": 0,
-                                 "skipped_dtype": 0, "unjudged": 0, "first_alarms": []}
+        tally: dict[str, Any] = {
+            "steps": 0,
+            "alarm_steps": 0,
+            "alarms": 0,
+            "checked": 0,
+            "run": 0,
+            "skipped_dtype": 0,
+            "unjudged": 0,
+            "first_alarms": [],
+        }
         for _ in range(steps):
             n = self.step_no[key]
             self.step_no[key] = n + 1
@@ -614,15 +651,26 @@ def log(msg: str) -> None:
 class Worker:
     def __init__(self, kind: str, python: str, script: Path, injector: Path, seed: int, workdir: Path) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", SDCGUARD_SIGN_SEED=str(seed), PYTHONNOUSERSITE="1",
-                   PYTHONWARNINGS="ignore")
+        env.update(
+            OMP_NUM_THREADS="1",
+            MKL_NUM_THREADS="1",
+            SDCGUARD_SIGN_SEED=str(seed),
+            PYTHONNOUSERSITE="1",
+            PYTHONWARNINGS="ignore",
+        )
         self.kind = kind
         self.log_path = workdir / f"worker-{kind}.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115  (open for the worker's life)
         # cwd=/ : the repository is on neither worker's path unless the worker puts it there (ours only)
-        self.proc = subprocess.Popen([python, "-u", str(script), "--worker", kind, "--injector", str(injector),
-                                      "--seed", str(seed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._log, text=True, env=env, cwd="/")
+        self.proc = subprocess.Popen(
+            [python, "-u", str(script), "--worker", kind, "--injector", str(injector), "--seed", str(seed)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env=env,
+            cwd="/",
+        )
         first = self._read()
         if "error" in first:
             raise RuntimeError(f"{kind} worker could not start:\n{first['error']}")
@@ -655,8 +703,10 @@ class Worker:
         self._log.close()
 
 
-_PROBE = ("import json, sdcguard, torch; print(json.dumps({'version': getattr(sdcguard, '__version__', None), "
-          "'file': sdcguard.__file__, 'torch': torch.__version__}))")
+_PROBE = (
+    "import json, sdcguard, torch; print(json.dumps({'version': getattr(sdcguard, '__version__', None), "
+    "'file': sdcguard.__file__, 'torch': torch.__version__}))"
+)
 
 
 def ensure_peer_venv(venv: Path, torch_spec: str, peer_spec: str, workdir: Path) -> tuple[str | None, str]:
@@ -667,8 +717,14 @@ def ensure_peer_venv(venv: Path, torch_spec: str, peer_spec: str, workdir: Path)
     def probe() -> dict[str, Any] | None:
         if not python.exists():
             return None
-        r = subprocess.run([str(python), "-c", _PROBE], check=False, capture_output=True, text=True, cwd="/",
-                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+        r = subprocess.run(
+            [str(python), "-c", _PROBE],
+            check=False,
+            capture_output=True,
+            text=True,
+            cwd="/",
+            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        )
         if r.returncode:
             return None
         got = json.loads(r.stdout.strip().splitlines()[-1])
@@ -687,8 +743,13 @@ def ensure_peer_venv(venv: Path, torch_spec: str, peer_spec: str, workdir: Path)
             if r.returncode:
                 return None, f"`{base} -m venv {venv}` failed (rc {r.returncode}); see {pip_log}"
         log(f"installing {torch_spec} {peer_spec} numpy into {venv} (pip's output: {pip_log})")
-        r = subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", torch_spec,
-                            peer_spec, "numpy"], check=False, stdout=fh, stderr=subprocess.STDOUT, cwd="/")
+        r = subprocess.run(
+            [str(python), "-m", "pip", "install", "--disable-pip-version-check", torch_spec, peer_spec, "numpy"],
+            check=False,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            cwd="/",
+        )
     if r.returncode:
         tail = pip_log.read_text()[-1500:]
         return None, f"pip install {torch_spec} {peer_spec} failed (rc {r.returncode}):\n{tail}"
@@ -738,9 +799,12 @@ def summarize(res: dict[str, Any]) -> None:
             for cls in CLASSES:
                 rows = [f for f in faults if f["cls"] == cls]
                 eff = [f for f in rows if f["record"].get("changed")]
-                per[cls] = {"injected": len(eff), "detected": sum(1 for f in eff if f["alarms"]),
-                            "no_op": len(rows) - len(eff),
-                            "not_injected": sum(1 for f in rows if "error" in f["record"])}
+                per[cls] = {
+                    "injected": len(eff),
+                    "detected": sum(1 for f in eff if f["alarms"]),
+                    "no_op": len(rows) - len(eff),
+                    "not_injected": sum(1 for f in rows if "error" in f["record"]),
+                }
             sites: dict[str, list[int]] = {}
             for f in faults:
                 r = f["record"]
@@ -783,10 +847,16 @@ def markdown(res: dict[str, Any]) -> str:
         row = ["clean steps", "false alarms"]
         for c in configs:
             t = d["clean"].get(c)
-            row.append("not run" if t is None else
-                       f"{t['alarm_steps']} in {t['steps']} steps ({t['checked']:,} matmul checks" + (
-                           f"; largest clean z {t['max_z_seen']:.2f}, alarm at {t['alarm_line_z']:g})"
-                           if t.get("max_z_seen") else ")"))
+            row.append(
+                "not run"
+                if t is None
+                else f"{t['alarm_steps']} in {t['steps']} steps ({t['checked']:,} matmul checks"
+                + (
+                    f"; largest clean z {t['max_z_seen']:.2f}, alarm at {t['alarm_line_z']:g})"
+                    if t.get("max_z_seen")
+                    else ")"
+                )
+            )
         lines.append("| " + " | ".join(row + (["not run"] if peer_missing else [])) + " |")
         row = ["matmuls", "checked / run per step"]
         for c in configs:
@@ -795,8 +865,10 @@ def markdown(res: dict[str, Any]) -> str:
                 row.append("not run")
                 continue
             ch = cc["checks"]
-            row.append(f"{ch.get('checked', 0)} of {len(d['census'])}" + (
-                f" ({ch['skipped_dtype']} skipped: dtype)" if ch.get("skipped_dtype") else ""))
+            row.append(
+                f"{ch.get('checked', 0)} of {len(d['census'])}"
+                + (f" ({ch['skipped_dtype']} skipped: dtype)" if ch.get("skipped_dtype") else "")
+            )
         lines.append("| " + " | ".join(row + (["not run"] if peer_missing else [])) + " |")
         cost = d.get("cost", {})
         for label, key in (("cost", "every_step"), ("cost", "default")):
@@ -806,9 +878,11 @@ def markdown(res: dict[str, Any]) -> str:
                 if cc is None:
                     row.append("not run")
                 elif key == "every_step":
-                    row.append(f"{_ratio(cc['ratio'])} ({len(cc['rounds'])} paired rounds: "
-                               f"{_ratio(cc['round_min'])}-{_ratio(cc['round_max'])}; median step {cc['ms']:.0f} vs "
-                               f"{cc['plain_ms']:.0f} ms plain)")
+                    row.append(
+                        f"{_ratio(cc['ratio'])} ({len(cc['rounds'])} paired rounds: "
+                        f"{_ratio(cc['round_min'])}-{_ratio(cc['round_max'])}; median step {cc['ms']:.0f} vs "
+                        f"{cc['plain_ms']:.0f} ms plain)"
+                    )
                 else:
                     row.append(f"{_ratio(cc['default_ratio'])} ({cc['default_label']})")
             lines.append("| " + " | ".join(row + (["not run"] if peer_missing else [])) + " |")
@@ -836,8 +910,12 @@ def _describe_class(cls: str, dtype: str) -> str:
     if cls in BITS:
         spec = BITS[cls][1 if bf else 0]
         return f"bit {spec}" if not isinstance(spec, tuple) else f"one of bits {spec[0]}..{spec[1]}"
-    return {"zero": "set to 0", "nan": "set to NaN", "tile-sign": "16x16 tile negated",
-            "tile-scale": f"16x16 tile x (1 + 2^-{10 if not bf else 7})"}[cls]
+    return {
+        "zero": "set to 0",
+        "nan": "set to NaN",
+        "tile-sign": "16x16 tile negated",
+        "tile-scale": f"16x16 tile x (1 + 2^-{10 if not bf else 7})",
+    }[cls]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -850,11 +928,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     log(f"work directory {workdir} (the injector module: {injector}, sha256 {sha[:16]})")
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     res: dict[str, Any] = {
-        "settings": {"faults": args.faults, "clean": args.clean, "rounds": args.rounds, "round_steps":
-                     args.round_steps, "dtypes": dtypes, "seed": args.seed, "size": SIZE, "threads": 1,
-                     "venv": str(args.venv), "injector_sha256": sha, "workdir": str(workdir),
-                     "tile_factor": TILE_FACTOR, "bits": BITS},
-        "dtypes": {d: {"faults": {}, "clean": {}, "census_check": {}, "notes": []} for d in dtypes}}
+        "settings": {
+            "faults": args.faults,
+            "clean": args.clean,
+            "rounds": args.rounds,
+            "round_steps": args.round_steps,
+            "dtypes": dtypes,
+            "seed": args.seed,
+            "size": SIZE,
+            "threads": 1,
+            "venv": str(args.venv),
+            "injector_sha256": sha,
+            "workdir": str(workdir),
+            "tile_factor": TILE_FACTOR,
+            "bits": BITS,
+        },
+        "dtypes": {d: {"faults": {}, "clean": {}, "census_check": {}, "notes": []} for d in dtypes},
+    }
     workers: dict[str, Worker] = {}
     try:
         ours_python = args.ours_python or str(ROOT / ".venv" / "bin" / "python")
@@ -868,8 +958,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 res["peer_error"] = why
             else:
                 try:
-                    workers["peer"] = Worker("peer", peer_python, Path(__file__).resolve(), injector, args.seed,
-                                             workdir)
+                    workers["peer"] = Worker(
+                        "peer", peer_python, Path(__file__).resolve(), injector, args.seed, workdir
+                    )
                 except RuntimeError as e:
                     res["peer_error"] = str(e)
                     log(str(e))
@@ -893,17 +984,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 same = [_sig(o) for o in setups["peer"]["census"][dtype]] == [_sig(o) for o in census]
                 d["census_same_across_workers"] = same
                 if not same:
-                    d["notes"].append("the two workers' plain steps numbered different matmuls: the faults are "
-                                      "NOT the same ops (see census_check in the JSON)")
+                    d["notes"].append(
+                        "the two workers' plain steps numbered different matmuls: the faults are "
+                        "NOT the same ops (see census_check in the JSON)"
+                    )
             d["notes"].append(
-                "the model's matmuls numbered alike (op, operand shapes, pass, layer) under " + ", ".join(
-                    f"{c}: {'yes' if v['same_as_plain'] else 'NO'}" for c, v in d["census_check"].items())
-                + (f"; both workers' plain steps alike: {'yes' if d['census_same_across_workers'] else 'NO'}"
-                   if "peer" in setups else ""))
+                "the model's matmuls numbered alike (op, operand shapes, pass, layer) under "
+                + ", ".join(f"{c}: {'yes' if v['same_as_plain'] else 'NO'}" for c, v in d["census_check"].items())
+                + (
+                    f"; both workers' plain steps alike: {'yes' if d['census_same_across_workers'] else 'NO'}"
+                    if "peer" in setups
+                    else ""
+                )
+            )
             for c, v in d["census_check"].items():
                 if not v["same_as_plain"]:
-                    d["notes"].append(f"{c}: its step's model matmuls differ from a plain step's: "
-                                      f"{v['first_difference']}")
+                    d["notes"].append(
+                        f"{c}: its step's model matmuls differ from a plain step's: {v['first_difference']}"
+                    )
             counts: dict[str, int] = {}
             for o in census:
                 key = f"{o['pass']} {o['kind']}"
@@ -931,11 +1029,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         if any(a.get(x) != b.get(x) for x in keys) or (a.get("fault") != b.get("fault")):
                             mism += 1
                 d["records_differing_between_workers"] = mism
-                d["notes"].append(f"identical faults on both sides: {len(d['faults']['ours']) * 2 - mism} of "
-                                  f"{len(d['faults']['ours']) * 2} peer fault records equal ours (op, element, "
-                                  "old and new bits)" if mism else
-                                  f"identical faults on both sides: all {len(d['faults']['ours']) * 2} peer fault "
-                                  "records equal ours (op number, element, old and new bits)")
+                d["notes"].append(
+                    f"identical faults on both sides: {len(d['faults']['ours']) * 2 - mism} of "
+                    f"{len(d['faults']['ours']) * 2} peer fault records equal ours (op, element, "
+                    "old and new bits)"
+                    if mism
+                    else f"identical faults on both sides: all {len(d['faults']['ours']) * 2} peer fault "
+                    "records equal ours (op number, element, old and new bits)"
+                )
             for k, w in workers.items():
                 for config in WORKER_CONFIGS[k]:
                     t0 = time.perf_counter()
@@ -970,8 +1071,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     per_round[k].append({c: _median(v) for c, v in got.items()})
                     for c, v in got.items():
                         times[k].setdefault(c, []).extend(v)
-                log(f"{dtype} timing round {r + 1}/{args.rounds}: " + "; ".join(
-                    f"{c} {1000 * m:.0f} ms" for k in order for c, m in per_round[k][-1].items()))
+                log(
+                    f"{dtype} timing round {r + 1}/{args.rounds}: "
+                    + "; ".join(f"{c} {1000 * m:.0f} ms" for k in order for c, m in per_round[k][-1].items())
+                )
             d.setdefault("seconds", {})["timing"] = round(time.perf_counter() - t0, 1)
             d["step_times_s"] = times
             cost: dict[str, Any] = {}
@@ -988,34 +1091,49 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     cost_idle = _median([pr[idle_of] / pr["plain"] for pr in per_round[k]])
                     defaults = [(pr[config] + (every - 1) * pr[idle_of]) / every / pr["plain"] for pr in per_round[k]]
                     cost[config] = {
-                        "ms": 1000 * checked, "plain_ms": 1000 * plain, "ratio": _median(rounds), "rounds": rounds,
-                        "round_min": min(rounds), "round_max": max(rounds), "idle_ms": 1000 * idle,
+                        "ms": 1000 * checked,
+                        "plain_ms": 1000 * plain,
+                        "ratio": _median(rounds),
+                        "rounds": rounds,
+                        "round_min": min(rounds),
+                        "round_max": max(rounds),
+                        "idle_ms": 1000 * idle,
                         "idle_ratio": cost_idle,
-                        "default_every": every, "default_ratio": _median(defaults),
-                        "default_label": f"{'checksum_every' if k == 'ours' else 'every'}={every}" + (
-                            f"; an unchecked protected step {cost_idle:.2f}x" if config == "peer-linear" else "")}
+                        "default_every": every,
+                        "default_ratio": _median(defaults),
+                        "default_label": f"{'checksum_every' if k == 'ours' else 'every'}={every}"
+                        + (f"; an unchecked protected step {cost_idle:.2f}x" if config == "peer-linear" else ""),
+                    }
             d["cost"] = cost
             if "peer" in workers:
                 cc = d["census_check"]
                 for c in WORKER_CONFIGS["peer"]:
                     ch = cc[c]["checks"]
                     if not ch.get("checked"):
-                        what = (f"its dispatch mode saw {ch.get('run')} matmuls and skipped {ch.get('skipped_dtype')} "
-                                "for their dtype" if c == "peer-all" else
-                                "protect() ran every layer's plain forward (its fast mode takes over bf16/fp16 "
-                                "layers only: `dt not in UNIT_ROUNDOFF`, 'fp32/TF32: not checked')")
+                        what = (
+                            f"its dispatch mode saw {ch.get('run')} matmuls and skipped {ch.get('skipped_dtype')} "
+                            "for their dtype"
+                            if c == "peer-all"
+                            else "protect() ran every layer's plain forward (its fast mode takes over bf16/fp16 "
+                            "layers only: `dt not in UNIT_ROUNDOFF`, 'fp32/TF32: not checked')"
+                        )
                         d["notes"].append(
                             f"{c} in {dtype}: checked 0 matmuls per step: the peer checks bf16/fp16 outputs only "
                             f"(checksum.UNIT_ROUNDOFF = {res['peer_info'].get('checked_dtypes')}); {what}. It runs "
-                            "on the CPU without error (no Triton: its torch fallback), it just has nothing to check.")
+                            "on the CPU without error (no Triton: its torch fallback), it just has nothing to check."
+                        )
                 if cc.get("peer-linear", {}).get("foreign"):
-                    d["notes"].append(f"peer-linear: {cc['peer-linear']['foreign']} matmuls per step issued by the "
-                                      "peer's own checks at the model's level were left unnumbered (skip_files); "
-                                      "the numbered list equals a plain step's: "
-                                      f"{cc['peer-linear']['same_as_plain']}")
-            d["notes"].append("matmuls per step (plain census): " + ", ".join(
-                f"{k} {v}" for k, v in sorted(d["matmuls_per_step"].items())) +
-                "; bmm = attention (q k^T, att v and their gradients), which protect() does not see")
+                    d["notes"].append(
+                        f"peer-linear: {cc['peer-linear']['foreign']} matmuls per step issued by the "
+                        "peer's own checks at the model's level were left unnumbered (skip_files); "
+                        "the numbered list equals a plain step's: "
+                        f"{cc['peer-linear']['same_as_plain']}"
+                    )
+            d["notes"].append(
+                "matmuls per step (plain census): "
+                + ", ".join(f"{k} {v}" for k, v in sorted(d["matmuls_per_step"].items()))
+                + "; bmm = attention (q k^T, att v and their gradients), which protect() does not see"
+            )
     finally:
         for w in workers.values():
             w.close()
@@ -1025,8 +1143,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--faults", type=int, default=20, help="faults per class (default 20)")
     p.add_argument("--clean", type=int, default=200, help="clean checked training steps per tool (default 200)")
     p.add_argument("--dtypes", default="fp32,bf16", help="comma list of fp32, bf16 (bf16: CPU autocast)")

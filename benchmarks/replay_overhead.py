@@ -89,7 +89,7 @@ def _post_backward_step(model: Any, loss_fn: Callable[..., Any], batch: Any, gro
             offset = 0
             for i in bucket:
                 n = grads[i].numel()
-                params[i].grad = flat[offset:offset + n].view_as(params[i])
+                params[i].grad = flat[offset : offset + n].view_as(params[i])
                 offset += n
             bucket.clear()
 
@@ -118,10 +118,12 @@ def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace,
     group, workers = roles.dp_group, args.workers
 
     if args.comm:
+
         def fresh() -> nn.Module:
             torch.manual_seed(0)
-            return nn.Sequential(*[nn.Sequential(nn.Linear(args.width, args.width), nn.GELU())
-                                   for _ in range(args.layers)])
+            return nn.Sequential(
+                *[nn.Sequential(nn.Linear(args.width, args.width), nn.GELU()) for _ in range(args.layers)]
+            )
 
         def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
             return m(x).square().mean()
@@ -142,15 +144,32 @@ def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace,
         def batch_of(step: int) -> Any:
             return make_batch(step, rank, batch=args.batch, seq=args.seq)
 
-        names = ["plain", "fwd+bwd", "checks", "peer", "hooks", "shadow", "fsdp", "fsdp+peer", "sum1", "sumdefault",
-                 "defaults"]
+        names = [
+            "plain",
+            "fwd+bwd",
+            "checks",
+            "peer",
+            "hooks",
+            "shadow",
+            "fsdp",
+            "fsdp+peer",
+            "sum1",
+            "sumdefault",
+            "defaults",
+        ]
     if args.only:
         names = [n for n in names if n in {"plain", "checks", *args.only}]
 
     # The dedicated guard is built on every rank (collective); the shadow serves until the workers close it.
     shadow_model = fresh()
-    dedicated = SDCGuard(shadow_model if roles.role == "shadow" else DDP(shadow_model, process_group=group),
-                         loss_fn, group=group, replay_every=10, shadows=list(roles.shadows), checksum_every=0)
+    dedicated = SDCGuard(
+        shadow_model if roles.role == "shadow" else DDP(shadow_model, process_group=group),
+        loss_fn,
+        group=group,
+        replay_every=10,
+        shadows=list(roles.shadows),
+        checksum_every=0,
+    )
     if roles.role == "shadow":
         os.nice(19)  # spare cycles only: on a real cluster the shadow has a device of its own
         dedicated.serve()
@@ -263,8 +282,10 @@ def main() -> None:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_rank_main, args=(r, world, os.path.join(tmp, "store"), args, queue))
-                 for r in range(world)]
+        procs = [
+            ctx.Process(target=_rank_main, args=(r, world, os.path.join(tmp, "store"), args, queue))
+            for r in range(world)
+        ]
         for p in procs:
             p.start()
         times, inside = queue.get(timeout=3600)
@@ -279,20 +300,26 @@ def main() -> None:
         return statistics.median(r), q[0], q[2]
 
     if args.comm:
-        print(f"comm-bound: workers={args.workers} (+1 idle shadow), {args.layers} x Linear({args.width}) "
-              f"({args.layers * args.width * args.width * 4 / 1e6:.0f} MB of fp32 gradients), batch={args.batch}, "
-              f"threads/process={args.threads}, {args.rounds} rounds x {args.steps} steps")
+        print(
+            f"comm-bound: workers={args.workers} (+1 idle shadow), {args.layers} x Linear({args.width}) "
+            f"({args.layers * args.width * args.width * 4 / 1e6:.0f} MB of fp32 gradients), batch={args.batch}, "
+            f"threads/process={args.threads}, {args.rounds} rounds x {args.steps} steps"
+        )
     else:
-        print(f"workers={args.workers} + 1 shadow, transformer d={args.d} layers={args.layers} seq={args.seq} "
-              f"batch={args.batch}, threads/process={args.threads}, {args.rounds} rounds x {args.steps} steps")
+        print(
+            f"workers={args.workers} + 1 shadow, transformer d={args.d} layers={args.layers} seq={args.seq} "
+            f"batch={args.batch}, threads/process={args.threads}, {args.rounds} rounds x {args.steps} steps"
+        )
     print(f"{'configuration':<40}{'step (ms)':>11}{'vs its baseline (median of rounds, IQR)':>42}")
     for name in times:
         ref = "fsdp" if name == "fsdp+peer" else "plain"
         m, lo, hi = ratio(name, ref)
         vs = "" if name in ("plain", "fsdp") else f"{m:>+14.1%}  [{lo:+.1%}, {hi:+.1%}]  vs {ref}"
         print(f"{LABELS[name]:<40}{med[name] * 1e3:>11.2f}  {vs}")
-    print("time inside the guard's own calls (end_step, after_optimizer_step) on worker 0, per step, as a share "
-          "of its baseline's step:")
+    print(
+        "time inside the guard's own calls (end_step, after_optimizer_step) on worker 0, per step, as a share "
+        "of its baseline's step:"
+    )
     for name, t in inside.items():
         ref = "fsdp" if name == "fsdp+peer" else "plain"
         print(f"  {LABELS[name]:<38} {t * 1e3:7.2f} ms  {t / med[ref]:6.2%}")
@@ -304,14 +331,18 @@ def main() -> None:
                 m, lo, hi = ratio(name, ref)
                 own = (inside[name] - inside.get(ref, 0.0)) / med["plain"]
                 goal_note = f"; goal <= 2% on average: {'met' if m <= 0.02 else 'NOT met'}"
-                print(f"{name}: {m:+.1%} [{lo:+.1%}, {hi:+.1%}] vs {ref}; inside end_step {own:+.2%} of a step"
-                      + (goal_note if name == "sumdefault" else ""))
+                print(
+                    f"{name}: {m:+.1%} [{lo:+.1%}, {hi:+.1%}] vs {ref}; inside end_step {own:+.2%} of a step"
+                    + (goal_note if name == "sumdefault" else "")
+                )
         for name, g, what in (("peer", goal, "a tenth of fwd+bwd + 1%"), ("shadow", 0.02, "2%")):
             if name not in times:
                 continue
             total, own = ratio(name, "plain")[0], inside[name] / base
-            print(f"{name}: overhead {total:+.1%}, {own:.1%} inside the guard's own calls; goal <= {what} = {g:.1%}: "
-                  f"step time {'met' if total <= g else 'NOT met'}, own calls {'met' if own <= g else 'NOT met'}")
+            print(
+                f"{name}: overhead {total:+.1%}, {own:.1%} inside the guard's own calls; goal <= {what} = {g:.1%}: "
+                f"step time {'met' if total <= g else 'NOT met'}, own calls {'met' if own <= g else 'NOT met'}"
+            )
 
 
 if __name__ == "__main__":

@@ -132,7 +132,7 @@ def main() -> None:
     print(f"  overhead (median step time, checked vs unchecked): {overhead:+.2f}%")
     # Paired: each checked block against the unchecked block right after it (drift in machine load cancels).
     per = args.steps_per_block
-    first, second = ((1, 0) if args.unchecked_first else (0, 1))
+    first, second = (1, 0) if args.unchecked_first else (0, 1)
     pairs = [
         statistics.mean(s for _, s, _ in steps[(b + first) * per : (b + first + 1) * per])
         / statistics.mean(s for _, s, _ in steps[(b + second) * per : (b + second + 1) * per])

@@ -39,16 +39,27 @@ def build_store(path: Path, *, devices: int, days: int, keep_days: int, now: flo
     rng = np.random.default_rng(1)
     start = (now // DAY - days) * DAY
     with Store.open(path) as store:
-        store.upsert_devices([DeviceInfo(id=sim_id(n), host=fleet.host(n), kind="sim") for n in range(devices)],
-                             now=start)
+        store.upsert_devices(
+            [DeviceInfo(id=sim_id(n), host=fleet.host(n), kind="sim") for n in range(devices)], now=start
+        )
         for day in range(days):
             t = start + day * DAY
             out = {e.device for e in store.quarantine_list() if e.state == "quarantined"}
             for n in range(devices):
                 if sim_id(n) not in out:
-                    scan_sim_device(store, dev=sim_id(n), host=fleet.host(n), p_fault=float(p[n]),
-                                    transient_rate=fleet.transient_rate, t=t + 30.0 * (n % 120),
-                                    cases=DEFAULT_CASES, past_failures={}, budget_s=60.0, retests=3, rng=rng)
+                    scan_sim_device(
+                        store,
+                        dev=sim_id(n),
+                        host=fleet.host(n),
+                        p_fault=float(p[n]),
+                        transient_rate=fleet.transient_rate,
+                        t=t + 30.0 * (n % 120),
+                        cases=DEFAULT_CASES,
+                        past_failures={},
+                        budget_s=60.0,
+                        retests=3,
+                        rng=rng,
+                    )
             apply_policy(store, QuarantinePolicy(), now=t + 7200.0)
             if day + 1 > keep_days:
                 store.prune(before=t + DAY - keep_days * DAY)
@@ -63,8 +74,10 @@ def _timed(fn: object) -> tuple[object, float, float]:
 
 def measure(path: Path, now: float) -> None:
     with Store.open(path, create=False) as store:
-        print(f"store {path.stat().st_size / 1e6:.0f} MB: {store.row_count('devices'):,} devices, "
-              f"{store.row_count('results'):,} result rows, {store.row_count('rollups'):,} roll-up rows")
+        print(
+            f"store {path.stat().st_size / 1e6:.0f} MB: {store.row_count('devices'):,} devices, "
+            f"{store.row_count('results'):,} result rows, {store.row_count('rollups'):,} roll-up rows"
+        )
         print(f"{'':40}{'wall':>9}{'CPU':>9}{'page':>10}")
         for label, since in (("7d", now - 7 * DAY), ("30d", now - 30 * DAY), ("all", None)):
             _, w, c = _timed(lambda: report_json(build_report(store, since=since)))
@@ -89,8 +102,10 @@ def main() -> None:
         path = (args.keep or Path(tmp)) / "fleet.db"
         w = time.perf_counter()
         build_store(path, devices=args.devices, days=args.days, keep_days=args.keep_days, now=now)
-        print(f"{args.devices:,} devices, {args.days} days, pruned to {args.keep_days} days of rows: built in "
-              f"{time.perf_counter() - w:.0f} s")
+        print(
+            f"{args.devices:,} devices, {args.days} days, pruned to {args.keep_days} days of rows: built in "
+            f"{time.perf_counter() - w:.0f} s"
+        )
         measure(path, now)
 
 

@@ -58,13 +58,24 @@ _RUNS = 3
 """CLI runs per window: the goal holds in every one, not on average."""
 
 
-def _scan_day(store: Store, fleet: SimFleet, p: np.ndarray, members: list[int], t_day: float,
-              rng: np.random.Generator) -> int:
+def _scan_day(
+    store: Store, fleet: SimFleet, p: np.ndarray, members: list[int], t_day: float, rng: np.random.Generator
+) -> int:
     """One day's scans of ``members`` (starting at ``t_day``) into ``store``; returns the scans recorded."""
     for n in members:
-        scan_sim_device(store, dev=sim_id(n), host=fleet.host(n), p_fault=float(p[n]),
-                        transient_rate=fleet.transient_rate, t=t_day + 60.0 * (n % 60), cases=DEFAULT_CASES,
-                        past_failures={}, budget_s=60.0, retests=3, rng=rng)
+        scan_sim_device(
+            store,
+            dev=sim_id(n),
+            host=fleet.host(n),
+            p_fault=float(p[n]),
+            transient_rate=fleet.transient_rate,
+            t=t_day + 60.0 * (n % 60),
+            cases=DEFAULT_CASES,
+            past_failures={},
+            budget_s=60.0,
+            retests=3,
+            rng=rng,
+        )
     return len(members)
 
 
@@ -112,12 +123,22 @@ def main() -> None:
     ap.add_argument("--days", type=int, default=365)
     ap.add_argument("--merge-days", type=int, default=30)
     ap.add_argument("--keep-days", type=int, default=30, help="prune horizon (sdcguard prune --before Nd)")
-    ap.add_argument("--then-keep", type=int, nargs="*", default=[],
-                    help="then prune the same store to these shorter horizons (days) and measure again")
+    ap.add_argument(
+        "--then-keep",
+        type=int,
+        nargs="*",
+        default=[],
+        help="then prune the same store to these shorter horizons (days) and measure again",
+    )
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--dir", type=Path, default=None, help="keep the stores here (default: a temporary directory)")
-    ap.add_argument("--measure", type=Path, default=None, metavar="DB",
-                    help="only measure (step 3) a fleet store an earlier run kept with --dir, on the same day")
+    ap.add_argument(
+        "--measure",
+        type=Path,
+        default=None,
+        metavar="DB",
+        help="only measure (step 3) a fleet store an earlier run kept with --dir, on the same day",
+    )
     ap.add_argument("--cli-only", action="store_true", help="with --measure: only the CLI report's runs")
     args = ap.parse_args()
     if args.measure is not None:
@@ -148,12 +169,13 @@ def main() -> None:
     stats, t_merge, c_merge = _timed(lambda: merge_stores(fleet_db, node_paths))
     with Store.open(fleet_db, create=False) as store:
         merged_rows, t_count0, c_count0 = _timed(lambda: store.row_count("results"))
-    print(f"1. {len(node_paths):,} node stores of {args.merge_days} days ({scans:,} scans of {len(DEFAULT_CASES)} "
-          f"cases, recorded in {build_nodes:.0f} s on {args.workers} processes), merged into an empty fleet store:")
+    print(
+        f"1. {len(node_paths):,} node stores of {args.merge_days} days ({scans:,} scans of {len(DEFAULT_CASES)} "
+        f"cases, recorded in {build_nodes:.0f} s on {args.workers} processes), merged into an empty fleet store:"
+    )
     print(f"{'':48}{'wall':>9}{'CPU':>9}")
     _row(f"SELECT COUNT(*) FROM results ({merged_rows:,} rows)", t_count0, c_count0)
-    _row(f"merge {len(node_paths):,} node stores ({sum(s.results for s in stats):,} rows)", t_merge, c_merge,
-         t_count0)
+    _row(f"merge {len(node_paths):,} node stores ({sum(s.results for s in stats):,} rows)", t_merge, c_merge, t_count0)
     _, t_again, c_again = _timed(lambda: merge_stores(fleet_db, node_paths))
     _row("  the same merge again (nothing new)", t_again, c_again, t_count0)
     # The merge job's daily run: every node scanned one more day, then one incremental merge of every node store.
@@ -161,8 +183,12 @@ def main() -> None:
     with multiprocessing.get_context("fork").Pool(args.workers) as pool:
         scans += sum(pool.map(_node_stores, chunks))
     day_stats, t_day, c_day = _timed(lambda: merge_stores(fleet_db, node_paths))
-    _row(f"  a day's incremental merge of {len(node_paths):,} stores ({sum(s.results for s in day_stats):,} rows)",
-         t_day, c_day, t_count0)
+    _row(
+        f"  a day's incremental merge of {len(node_paths):,} stores ({sum(s.results for s in day_stats):,} rows)",
+        t_day,
+        c_day,
+        t_count0,
+    )
 
     p = fleet.failure_probabilities()
     rng = np.random.default_rng([fleet.seed, 99])
@@ -175,14 +201,19 @@ def main() -> None:
             store.prune(before=start + (day + 1 - args.keep_days) * DAY)
             t_prune += time.perf_counter() - w
             if (day + 1) % 30 == 0:
-                print(f"   ... day {day + 1} of {args.days} recorded ({time.perf_counter() - t0:.0f} s)",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"   ... day {day + 1} of {args.days} recorded ({time.perf_counter() - t0:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
         store.vacuum()
     year = time.perf_counter() - t0
     now = start + args.days * DAY
-    print(f"\n2. carried on to {args.days} days of {args.devices:,} devices ({scans:,} scans in all; days "
-          f"{args.merge_days + 1}..{args.days - 1} recorded into the fleet store in {year:.0f} s, of which prune "
-          f"--before {args.keep_days}d every day {t_prune:.0f} s), then vacuumed:")
+    print(
+        f"\n2. carried on to {args.days} days of {args.devices:,} devices ({scans:,} scans in all; days "
+        f"{args.merge_days + 1}..{args.days - 1} recorded into the fleet store in {year:.0f} s, of which prune "
+        f"--before {args.keep_days}d every day {t_prune:.0f} s), then vacuumed:"
+    )
     _measure(fleet_db, now, args.keep_days)
     for keep in args.then_keep:
         with Store.open(fleet_db) as store:
@@ -196,13 +227,17 @@ def _measure(fleet_db: Path, now: float, keep: int) -> None:
     size = fleet_db.stat().st_size
     with Store.open(fleet_db, create=False) as store:
         rows, t_count, c_count = _timed(lambda: store.row_count("results"))
-        print(f"store: {size / 1e6:.0f} MB; {rows:,} result rows (the last {keep} days), "
-              f"{store.row_count('scans'):,} scans, {store.row_count('rollups'):,} daily roll-up rows; load average "
-              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        print(
+            f"store: {size / 1e6:.0f} MB; {rows:,} result rows (the last {keep} days), "
+            f"{store.row_count('scans'):,} scans, {store.row_count('rollups'):,} daily roll-up rows; load average "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+        )
         print(f"{'':48}{'wall':>9}{'CPU':>9}")
         _row("SELECT COUNT(*) FROM results", t_count, c_count)
-        for label, since in (("report in-process, 7 days (build + JSON)", now - 7 * DAY),
-                             ("report in-process, all time", None)):
+        for label, since in (
+            ("report in-process, 7 days (build + JSON)", now - 7 * DAY),
+            ("report in-process, all time", None),
+        ):
             _, w, c = _timed(lambda: report_json(build_report(store, since=since)))
             _row(label, w, c, t_count)
         for label, since in (("7d", now - 7 * DAY), ("all", None)):
@@ -212,8 +247,10 @@ def _measure(fleet_db: Path, now: float, keep: int) -> None:
     with Store.open(fleet_db) as store:
         out, t_pol, c_pol = _timed(lambda: apply_policy(store, QuarantinePolicy(), now=now))
     _row(f"fleet policy ({len(out.quarantined)} quarantined)", t_pol, c_pol, t_count)
-    for label, extra in (("  ... --since all", ["--since", "all"]),
-                         ("  ... --since all --families", ["--since", "all", "--families"])):
+    for label, extra in (
+        ("  ... --since all", ["--since", "all"]),
+        ("  ... --since all --families", ["--since", "all", "--families"]),
+    ):
         wall, cpu, _ = _child(["-m", "sdcguard", "--db", str(fleet_db), "report", "--format", "json", *extra])
         _row(label, wall, cpu, t_count)
     wall, cpu, _ = _child(["-c", "import sdcguard.cli.report, sdcguard.fleet.report.devices"])
@@ -238,18 +275,27 @@ def _measure_cli(fleet_db: Path) -> None:
     stores here scan in each day's first hour: at most other times of day that partial day is empty)."""
     worst = 0.0
     midnight = time.time() // DAY * DAY + 2.0
-    for label, extra in (("7 days", []), ("30 days", ["--since", "30d"]),
-                         ("7 days from a midnight", ["--since", f"{time.time() - midnight + 7 * DAY:.0f}s"]),
-                         ("30 days from a midnight", ["--since", f"{time.time() - midnight + 30 * DAY:.0f}s"])):
+    for label, extra in (
+        ("7 days", []),
+        ("30 days", ["--since", "30d"]),
+        ("7 days from a midnight", ["--since", f"{time.time() - midnight + 7 * DAY:.0f}s"]),
+        ("30 days from a midnight", ["--since", f"{time.time() - midnight + 30 * DAY:.0f}s"]),
+    ):
         load = os.getloadavg()[0]
-        runs = [_child(["-m", "sdcguard", "--db", str(fleet_db), "report", "--format", "json", *extra])
-                for _ in range(_RUNS)]
+        runs = [
+            _child(["-m", "sdcguard", "--db", str(fleet_db), "report", "--format", "json", *extra])
+            for _ in range(_RUNS)
+        ]
         worst = max(worst, *(w for w, _, _ in runs))
-        print(f"sdcguard report --format json (CLI, {label}), {_RUNS} runs: "
-              + ", ".join(f"{w:.2f} s ({c:.2f} s CPU)" for w, c, _ in runs)
-              + f"; load average {load:.1f} before, {os.getloadavg()[0]:.1f} after")
-    print(f"goal: CLI report over 7 and 30 days < 2 s in every run -> {'met' if worst < 2.0 else 'NOT met'} "
-          f"(slowest {worst:.2f} s; load average {os.getloadavg()[0]:.1f})")
+        print(
+            f"sdcguard report --format json (CLI, {label}), {_RUNS} runs: "
+            + ", ".join(f"{w:.2f} s ({c:.2f} s CPU)" for w, c, _ in runs)
+            + f"; load average {load:.1f} before, {os.getloadavg()[0]:.1f} after"
+        )
+    print(
+        f"goal: CLI report over 7 and 30 days < 2 s in every run -> {'met' if worst < 2.0 else 'NOT met'} "
+        f"(slowest {worst:.2f} s; load average {os.getloadavg()[0]:.1f})"
+    )
 
 
 if __name__ == "__main__":

@@ -27,9 +27,27 @@ from sdcguard.fleet.store.store import Store  # noqa: E402
 
 def _scan(db: Path, budget: float, *extra: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-m", "sdcguard", "--db", str(db), "scan", "--all", "--json", "--budget",
-                    str(budget), "--lock-dir", str(db.parent / "locks"), *extra],
-                   check=False, capture_output=True, text=True, env=env)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sdcguard",
+            "--db",
+            str(db),
+            "scan",
+            "--all",
+            "--json",
+            "--budget",
+            str(budget),
+            "--lock-dir",
+            str(db.parent / "locks"),
+            *extra,
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
 
 
 def main() -> None:
@@ -40,8 +58,10 @@ def main() -> None:
         empty = Path(tmp) / "empty.db"
         Store.open(empty).close()
         base = empty.stat().st_size
-        for title, extra in (("clean scan", ()),
-                             ("fire drill at 5%", ("--inject", "all:bitflip,rate=0.05,timing=intermittent"))):
+        for title, extra in (
+            ("clean scan", ()),
+            ("fire drill at 5%", ("--inject", "all:bitflip,rate=0.05,timing=intermittent")),
+        ):
             db = Path(tmp) / f"{title.split()[0]}.db"
             _scan(db, args.budget, *extra)
             with sqlite3.connect(db) as c:
@@ -50,17 +70,26 @@ def main() -> None:
                 ).fetchone()
                 retests = c.execute("SELECT COUNT(*) FROM results WHERE attempt > 0").fetchone()[0]
             size = db.stat().st_size
-            print(f"{title}: {len(os.sched_getaffinity(0))} cores x {args.budget:g} s: store {size / 1e3:.0f} kB "
-                  f"(an empty store is {base / 1e3:.0f} kB: +{(size - base) / 1e3:.0f} kB); {rows:,} rows hold "
-                  f"{execs:,} executions, {fails:,} of them failed (each its own row), {retests} retests")
+            print(
+                f"{title}: {len(os.sched_getaffinity(0))} cores x {args.budget:g} s: store {size / 1e3:.0f} kB "
+                f"(an empty store is {base / 1e3:.0f} kB: +{(size - base) / 1e3:.0f} kB); {rows:,} rows hold "
+                f"{execs:,} executions, {fails:,} of them failed (each its own row), {retests} retests"
+            )
             if extra:
                 env = {**os.environ, "PYTHONPATH": str(ROOT)}
-                out = subprocess.run([sys.executable, "-m", "sdcguard", "--db", str(db), "report", "--format", "json"],
-                                     capture_output=True, text=True, env=env, check=True).stdout
+                out = subprocess.run(
+                    [sys.executable, "-m", "sdcguard", "--db", str(db), "report", "--format", "json"],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    check=True,
+                ).stdout
                 for r in json.loads(out):
                     inside = r["rate_low"] <= 0.05 <= r["rate_high"]
-                    print(f"  {r['device']}: {r['failures']}/{r['executions']} = {r['rate']:.4f}, 95% bounds "
-                          f"[{r['rate_low']:.4f}, {r['rate_high']:.4f}] {'contain' if inside else 'MISS'} 5%")
+                    print(
+                        f"  {r['device']}: {r['failures']}/{r['executions']} = {r['rate']:.4f}, 95% bounds "
+                        f"[{r['rate_low']:.4f}, {r['rate_high']:.4f}] {'contain' if inside else 'MISS'} 5%"
+                    )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,13 @@ def _run(db: Path, budget: float, *extra: str) -> tuple[dict[str, dict[str, obje
     """The report's rows after one scan, and what the scan said when it did not exit 0."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     base = [sys.executable, "-m", "sdcguard", "--db", str(db)]
-    scan = subprocess.run([*base, "scan", "--all", "--json", "--budget", str(budget), "--lock-dir",
-                           str(db.parent / "locks"), *extra], check=False, capture_output=True, text=True, env=env)
+    scan = subprocess.run(
+        [*base, "scan", "--all", "--json", "--budget", str(budget), "--lock-dir", str(db.parent / "locks"), *extra],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     out = subprocess.run([*base, "report", "--format", "json"], check=True, capture_output=True, text=True, env=env)
     why = "" if scan.returncode == 0 else f"  [scan exit {scan.returncode}: {scan.stderr.strip()[-200:]}]"
     return {r["device"]: r for r in json.loads(out.stdout)}, why
@@ -45,23 +50,31 @@ def main() -> None:
     slowed = cores[-1]
     false_flags = found = 0
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [("clean", ())] * args.repeats + [("drill", ("--inject", f"cpu:{slowed}:slow,factor={args.factor}"))
-                                                  ] * args.drills
+        runs = [("clean", ())] * args.repeats + [
+            ("drill", ("--inject", f"cpu:{slowed}:slow,factor={args.factor}"))
+        ] * args.drills
         for n, (kind, extra) in enumerate(runs):
             rows, why = _run(Path(tmp) / f"{n}.db", args.budget, *extra)
             flagged = sorted(d for d, r in rows.items() if r["slow"])
             load = os.getloadavg()[0]
-            figures = ", ".join(f"{d} {r['slowdown']}x (low {r['slowdown_low']}){' SLOW' if r['slow'] else ''}"
-                                + ("" if r["slowdown"] is not None else
-                                   f" [{r['slow_basis']}, {r['executions']} executions, {r['scans']} scans]")
-                                for d, r in sorted(rows.items()))
+            figures = ", ".join(
+                f"{d} {r['slowdown']}x (low {r['slowdown_low']}){' SLOW' if r['slow'] else ''}"
+                + (
+                    ""
+                    if r["slowdown"] is not None
+                    else f" [{r['slow_basis']}, {r['executions']} executions, {r['scans']} scans]"
+                )
+                for d, r in sorted(rows.items())
+            )
             print(f"{kind} {n:2d}  load {load:5.2f}  {figures}{why}", flush=True)
             if kind == "clean":
                 false_flags += bool(flagged)
             else:
                 found += flagged == [d for d in rows if d.endswith(f":{slowed}")]
-    print(f"clean scans that flagged a core: {false_flags}/{args.repeats}; drills (factor {args.factor}) that "
-          f"flagged the slowed core alone: {found}/{args.drills}; budget {args.budget} s per core, {len(cores)} cores")
+    print(
+        f"clean scans that flagged a core: {false_flags}/{args.repeats}; drills (factor {args.factor}) that "
+        f"flagged the slowed core alone: {found}/{args.drills}; budget {args.budget} s per core, {len(cores)} cores"
+    )
 
 
 if __name__ == "__main__":

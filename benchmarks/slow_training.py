@@ -31,8 +31,9 @@ sys.path.insert(0, str(ROOT))
 from sdcguard.testing import run_ranks  # noqa: E402
 
 
-def _job(rank: int, world: int, steps: int, slowed: int | None, factor: float, timed: bool,
-         threshold: float = 0.25) -> dict[str, Any]:
+def _job(
+    rank: int, world: int, steps: int, slowed: int | None, factor: float, timed: bool, threshold: float = 0.25
+) -> dict[str, Any]:
     import contextlib
 
     import torch
@@ -67,9 +68,14 @@ def _job(rank: int, world: int, steps: int, slowed: int | None, factor: float, t
     wall = time.perf_counter() - t0
     slow = [i for i in guard.incidents if i.kind == "slow"]
     peaks = [r.peak_lower_bound for r in guard.slowness.values() if r.peak_lower_bound is not None]
-    return {"named_at": named_at, "ranks": [i.suspect_ranks for i in slow], "detail": [i.detail for i in slow],
-            "step_s": wall / steps, "peak": max(peaks, default=None),
-            "medians": {g: statistics.median(r.samples) for g, r in guard.slowness.items() if r.samples}}
+    return {
+        "named_at": named_at,
+        "ranks": [i.suspect_ranks for i in slow],
+        "detail": [i.detail for i in slow],
+        "step_s": wall / steps,
+        "peak": max(peaks, default=None),
+        "medians": {g: statistics.median(r.samples) for g, r in guard.slowness.items() if r.samples},
+    }
 
 
 def main() -> None:
@@ -87,30 +93,40 @@ def main() -> None:
     for n in range(args.drills):
         r = run_ranks(_job, 2, args.steps_drill, 1, args.factor, True, args.threshold, timeout=300)[0]
         named.append(r["named_at"])
-        print(f"drill {n}: rank(s) named {r['ranks']} at step {r['named_at']}; load {os.getloadavg()[0]:.1f}; "
-              f"{(r['detail'] or [''])[0][:160]}", flush=True)
+        print(
+            f"drill {n}: rank(s) named {r['ranks']} at step {r['named_at']}; load {os.getloadavg()[0]:.1f}; "
+            f"{(r['detail'] or [''])[0][:160]}",
+            flush=True,
+        )
     false = 0
     steps_s = []
     for n in range(args.clean):
         r = run_ranks(_job, 2, args.steps_clean, None, 1.0, True, args.threshold, timeout=600)[0]
         false += bool(r["ranks"])
         steps_s.append(r["step_s"])
-        print(f"clean {n}: {args.steps_clean} steps, named {r['ranks']}; highest lower bound of a rank's median "
-              f"slowdown {r['peak']:.3f} (named above {1 + args.threshold:g}); medians "
-              f"{ {g: round(m, 3) for g, m in r['medians'].items()} }; load {os.getloadavg()[0]:.1f}", flush=True)
+        print(
+            f"clean {n}: {args.steps_clean} steps, named {r['ranks']}; highest lower bound of a rank's median "
+            f"slowdown {r['peak']:.3f} (named above {1 + args.threshold:g}); medians "
+            f"{ {g: round(m, 3) for g, m in r['medians'].items()} }; load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
     ratios = []
     for n in range(args.rounds):
-        on, off = (run_ranks(_job, 2, args.steps_cost, None, 1.0, timed, timeout=300)[0]["step_s"]
-                   for timed in ((True, False) if n % 2 == 0 else (False, True)))
+        on, off = (
+            run_ranks(_job, 2, args.steps_cost, None, 1.0, timed, timeout=300)[0]["step_s"]
+            for timed in ((True, False) if n % 2 == 0 else (False, True))
+        )
         ratios.append(on / off - 1.0)
         print(f"cost round {n}: step {on * 1e3:.1f} ms timed, {off * 1e3:.1f} ms not ({ratios[-1]:+.1%})", flush=True)
     hit = [s for s in named if s is not None]
     own = _own_cost()
     step = statistics.median(steps_s) if steps_s else float("nan")
-    print(f"\nslowed by {args.factor}x: named in {len(hit)}/{args.drills} drills of {args.steps_drill} steps "
-          f"(at steps {sorted(hit)}); clean runs of {args.steps_clean} steps that named a rank: {false}/{args.clean}; "
-          f"the timing's own work: {own * 1e6:.1f} us per step, {own / step:.3%} of the clean runs' median step "
-          f"({step * 1e3:.1f} ms)" + (f"; on/off rounds: median {statistics.median(ratios):+.1%}" if ratios else ""))
+    print(
+        f"\nslowed by {args.factor}x: named in {len(hit)}/{args.drills} drills of {args.steps_drill} steps "
+        f"(at steps {sorted(hit)}); clean runs of {args.steps_clean} steps that named a rank: {false}/{args.clean}; "
+        f"the timing's own work: {own * 1e6:.1f} us per step, {own / step:.3%} of the clean runs' median step "
+        f"({step * 1e3:.1f} ms)" + (f"; on/off rounds: median {statistics.median(ratios):+.1%}" if ratios else "")
+    )
 
 
 def _own_cost(steps: int = 20_000) -> float:

@@ -76,8 +76,10 @@ def main() -> None:
 
             return go
 
-        print(f"golden suite on {backend.device} (numpy backend, BLAS single-threaded: {backend.blas_pinned}), "
-              f"fastest of {args.repeats} alternating runs per case")
+        print(
+            f"golden suite on {backend.device} (numpy backend, BLAS single-threaded: {backend.blas_pinned}), "
+            f"fastest of {args.repeats} alternating runs per case"
+        )
         print(f"{'family':8} {'cases':>5} {'suite':>14} {'plain numpy':>14} {'ratio':>6}  goal")
 
         t_suite = t_plain = 0.0
@@ -85,15 +87,18 @@ def main() -> None:
             inp = backend.suite.inputs(c)
             out = np.empty(c.shape, dtype=c.out_dtype)
 
-            def plain(a: np.ndarray = inp["a"], b: np.ndarray = inp["b"], d: str = c.dtype,
-                      o: np.ndarray = out) -> None:
+            def plain(
+                a: np.ndarray = inp["a"], b: np.ndarray = inp["b"], d: str = c.dtype, o: np.ndarray = out
+            ) -> None:
                 np.matmul(widen(a, d), widen(b, d), out=o)
 
             ts, tp = fastest_pair(suite_run(c), plain, args.repeats)
             t_suite, t_plain = t_suite + ts, t_plain + tp
         work = float(sum(flops(c) for c in by_family["gemm"]))
-        print(f"{'gemm':8} {len(by_family['gemm']):>5} {work / t_suite / 1e9:>9.2f} GF/s "
-              f"{work / t_plain / 1e9:>9.2f} GF/s {t_plain / t_suite:>6.2f}  >= 0.8")
+        print(
+            f"{'gemm':8} {len(by_family['gemm']):>5} {work / t_suite / 1e9:>9.2f} GF/s "
+            f"{work / t_plain / 1e9:>9.2f} GF/s {t_plain / t_suite:>6.2f}  >= 0.8"
+        )
 
         t_suite = t_plain = 0.0
         work = copy_work = 0.0
@@ -104,8 +109,10 @@ def main() -> None:
             t_suite, t_plain = t_suite + ts, t_plain + tp
             work += traffic_bytes(c)
             copy_work += 2 * c.nbytes
-        print(f"{'memory':8} {len(by_family['memory']):>5} {work / t_suite / 1e9:>9.2f} GB/s "
-              f"{copy_work / t_plain / 1e9:>9.2f} GB/s {(work / t_suite) / (copy_work / t_plain):>6.2f}  >= 0.5")
+        print(
+            f"{'memory':8} {len(by_family['memory']):>5} {work / t_suite / 1e9:>9.2f} GB/s "
+            f"{copy_work / t_plain / 1e9:>9.2f} GB/s {(work / t_suite) / (copy_work / t_plain):>6.2f}  >= 0.5"
+        )
 
         for fam in ("alu", "ieee", "shared"):
             cs = by_family[fam]

@@ -61,9 +61,10 @@ def main() -> int:
     import cupy as cp
 
     rep = SectionReport("golden-suite")
-    gpus = {f"cuda:{i}": measure_gpu(cp, i, rep, runs=args.runs, repeats=args.repeats,
-                                     memory_share=args.memory_share)
-            for i in range(cp.cuda.runtime.getDeviceCount())}
+    gpus = {
+        f"cuda:{i}": measure_gpu(cp, i, rep, runs=args.runs, repeats=args.repeats, memory_share=args.memory_share)
+        for i in range(cp.cuda.runtime.getDeviceCount())
+    }
     return _print(gpus)
 
 

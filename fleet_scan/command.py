@@ -32,8 +32,10 @@ _DEFAULTS = {key: f.default for key, f in settings().items()}
 
 def _given(ctx: click.Context) -> dict[str, Any]:
     """The settings given on the command line or in the environment (None: left at click's default)."""
-    return {key: None if ctx.get_parameter_source(key) in (click.core.ParameterSource.DEFAULT, None)
-            else ctx.params[key] for key in _DEFAULTS}
+    return {
+        key: None if ctx.get_parameter_source(key) in (click.core.ParameterSource.DEFAULT, None) else ctx.params[key]
+        for key in _DEFAULTS
+    }
 
 
 @click.command(
@@ -42,36 +44,92 @@ def _given(ctx: click.Context) -> dict[str, Any]:
     epilog=INJECT_SPEC_HELP,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
 )
-@click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Fleet store (overrides the top-level --db / $SDCGUARD_DB).")
-@click.option("--device", "devices", multiple=True, metavar="SPEC",
-              help="cuda:N, cpu:N, a device id or all (repeatable). Default: every GPU, else every CPU core.")
-@click.option("--budget", type=float, default=None, metavar="SECONDS",
-              help=f"Wall-clock seconds per device (default {DEFAULT_BUDGET_S:g}; config [scan] budget).")
-@click.option("--only-idle/--all", "only_idle", default=_DEFAULTS["only_idle"],
-              help="Scan only idle devices and stop when a job appears (default), or every device asked for.")
-@click.option("--inject", "inject", multiple=True, metavar="SPEC",
-              help="Fire drill: make devices behave as faulty hardware (grammar below).")
+@click.option(
+    "--db",
+    "db_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Fleet store (overrides the top-level --db / $SDCGUARD_DB).",
+)
+@click.option(
+    "--device",
+    "devices",
+    multiple=True,
+    metavar="SPEC",
+    help="cuda:N, cpu:N, a device id or all (repeatable). Default: every GPU, else every CPU core.",
+)
+@click.option(
+    "--budget",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help=f"Wall-clock seconds per device (default {DEFAULT_BUDGET_S:g}; config [scan] budget).",
+)
+@click.option(
+    "--only-idle/--all",
+    "only_idle",
+    default=_DEFAULTS["only_idle"],
+    help="Scan only idle devices and stop when a job appears (default), or every device asked for.",
+)
+@click.option(
+    "--inject",
+    "inject",
+    multiple=True,
+    metavar="SPEC",
+    help="Fire drill: make devices behave as faulty hardware (grammar below).",
+)
 @click.option("--json", "json_lines", is_flag=True, help="Progress as JSON lines even on a terminal.")
-@click.option("--retests", type=int, default=None,
-              help=f"Retests of a failing case in a fresh process (default {_DEFAULTS['retests']}).")
+@click.option(
+    "--retests",
+    type=int,
+    default=None,
+    help=f"Retests of a failing case in a fresh process (default {_DEFAULTS['retests']}).",
+)
 @actions_option
 @config_option
-@click.option("--policy-scope", type=click.Choice(POLICY_SCOPES), default=None,
-              help="Rules applied after the scan: fleet (every rule; this store is the whole fleet's, the default) "
-                   "or node (only a sticky failure another device of this node passed; the merge job applies the "
-                   "fleet's rules to the merged store). Config [scan] policy_scope.")
-@click.option("--lock-dir", type=click.Path(file_okay=False, path_type=Path), envvar="SDCGUARD_LOCK_DIR",
-              default=None, help="Directory of per-device lock files ($SDCGUARD_LOCK_DIR; default "
-                                 "$XDG_RUNTIME_DIR/sdcguard-locks or /tmp/sdcguard-locks).")
-@click.option("--golden-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Golden data directory (default: the one shipped with sdcguard).")
-@click.option("--idle-window", type=float, default=None, metavar="SECONDS",
-              help=f"Window of the idle check (default {_DEFAULTS['idle_window']:g}).")
-@click.option("--gpu-util-max", type=float, default=None, metavar="PCT",
-              help=f"A GPU above this utilization is busy (default {_DEFAULTS['gpu_util_max']:g}).")
-@click.option("--cpu-busy-max", type=float, default=None, metavar="PCT",
-              help=f"A core kept busier than this by other processes is busy (default {_DEFAULTS['cpu_busy_max']:g}).")
+@click.option(
+    "--policy-scope",
+    type=click.Choice(POLICY_SCOPES),
+    default=None,
+    help="Rules applied after the scan: fleet (every rule; this store is the whole fleet's, the default) "
+    "or node (only a sticky failure another device of this node passed; the merge job applies the "
+    "fleet's rules to the merged store). Config [scan] policy_scope.",
+)
+@click.option(
+    "--lock-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="SDCGUARD_LOCK_DIR",
+    default=None,
+    help="Directory of per-device lock files ($SDCGUARD_LOCK_DIR; default "
+    "$XDG_RUNTIME_DIR/sdcguard-locks or /tmp/sdcguard-locks).",
+)
+@click.option(
+    "--golden-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Golden data directory (default: the one shipped with sdcguard).",
+)
+@click.option(
+    "--idle-window",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help=f"Window of the idle check (default {_DEFAULTS['idle_window']:g}).",
+)
+@click.option(
+    "--gpu-util-max",
+    type=float,
+    default=None,
+    metavar="PCT",
+    help=f"A GPU above this utilization is busy (default {_DEFAULTS['gpu_util_max']:g}).",
+)
+@click.option(
+    "--cpu-busy-max",
+    type=float,
+    default=None,
+    metavar="PCT",
+    help=f"A core kept busier than this by other processes is busy (default {_DEFAULTS['cpu_busy_max']:g}).",
+)
 @click.pass_context
 def scan(
     ctx: click.Context,
@@ -117,8 +175,9 @@ def scan(
     templates = parse_actions(actions, section)
     policy = load_policy(config)
     scope: PolicyScope = policy_scope or section.get("policy_scope", "fleet")  # both checked: click, load_config
-    options = ScanOptions.from_settings(_given(ctx), section, db=str(db), inject=";".join(inject) or None,
-                                        json=json_lines)
+    options = ScanOptions.from_settings(
+        _given(ctx), section, db=str(db), inject=";".join(inject) or None, json=json_lines
+    )
     specs = list(devices) or list(section.get("devices", []))
     with make_reporter(json_lines) as reporter:
         outcome = run_scan(options, specs, reporter=reporter, policy=policy, actions=templates, policy_scope=scope)

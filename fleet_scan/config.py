@@ -27,8 +27,16 @@ from sdcguard.fleet.policy import PolicyScope, QuarantinePolicy
 
 from .options import ScanOptions, setting_kind, settings
 
-__all__ = ["SCAN_KEYS", "POLICY_SCOPES", "read_config", "load_config", "load_policy", "parse_actions",
-           "config_option", "actions_option"]
+__all__ = [
+    "SCAN_KEYS",
+    "POLICY_SCOPES",
+    "read_config",
+    "load_config",
+    "load_policy",
+    "parse_actions",
+    "config_option",
+    "actions_option",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -60,6 +68,7 @@ def _setting_check(f: Field[Any]) -> Callable[[Any], bool]:
         except BadInput:
             return False
         return True
+
     return ok
 
 
@@ -160,15 +169,22 @@ def parse_actions(given: Sequence[str], section: dict[str, Any]) -> list[ActionT
 def config_option(f: F) -> F:
     """``--config FILE`` (``$SDCGUARD_CONFIG``): the TOML file with ``[scan]`` and ``[policy]`` sections."""
     return click.option(
-        "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), envvar="SDCGUARD_CONFIG",
-        default=None, help="TOML file with [scan] and [policy] sections ($SDCGUARD_CONFIG).",
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        envvar="SDCGUARD_CONFIG",
+        default=None,
+        help="TOML file with [scan] and [policy] sections ($SDCGUARD_CONFIG).",
     )(f)
 
 
 def actions_option(f: F) -> F:
     """``--action TEMPLATE`` (repeatable): what runs for each device the policy quarantines."""
     return click.option(
-        "--action", "actions", multiple=True, metavar="TEMPLATE",
+        "--action",
+        "actions",
+        multiple=True,
+        metavar="TEMPLATE",
         help="Command run (as an argv list, no shell) for each quarantined device; placeholders {device} {host} "
-             "{reason}; or slurm-drain / kubernetes-taint. Repeatable; $SDCGUARD_ACTIONS holds one per line.",
+        "{reason}; or slurm-drain / kubernetes-taint. Repeatable; $SDCGUARD_ACTIONS holds one per line.",
     )(f)

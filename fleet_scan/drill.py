@@ -26,8 +26,7 @@ def _runnable(case: Any, target: ScanTarget) -> bool:
 def check_drill(rules: Sequence[Any], targets: Sequence[ScanTarget], cases: Sequence[Any]) -> None:
     """Raise :class:`BadInput` unless every rule names at least one target and, on it, at least one case."""
     for rule in rules:
-        named = [t for t in targets
-                 if rule.matches(t.device, cuda_index=t.index if t.kind == "gpu" else None)]
+        named = [t for t in targets if rule.matches(t.device, cuda_index=t.index if t.kind == "gpu" else None)]
         label = rule.text or "--inject"
         if getattr(rule, "slowdown", 1.0) > 1.0 and any(t.kind != "cpu" for t in named):
             raise BadInput(f"fire drill {label!r}: the slow drill burns cycles on CPU cores only; name cpu:N devices")

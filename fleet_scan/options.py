@@ -72,8 +72,9 @@ class ScanOptions:
                 raise BadInput(f"{name.replace('_', '-')} must be a percentage 0..100, got {value}")
 
     @classmethod
-    def from_settings(cls, given: typing.Mapping[str, Any], section: typing.Mapping[str, Any], **others: Any,
-                      ) -> ScanOptions:
+    def from_settings(
+        cls, given: typing.Mapping[str, Any], section: typing.Mapping[str, Any], **others: Any
+    ) -> ScanOptions:
         """The options of a scan: each setting from ``given`` (the command line and environment, by key; None: not
         given), else the config file's ``[scan]`` section, else its default; ``others``: the fields that are not
         settings (``db``, ``inject``, ``json``)."""

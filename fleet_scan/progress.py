@@ -127,8 +127,9 @@ class RichReporter(Reporter):
                 self._progress.update(
                     task,
                     completed=total or event.get("elapsed_s", 0),
-                    stats=(f"{event.get('executions', 0)} runs, {event.get('failures', 0)} failed, "
-                           f"{event.get('status')}"),
+                    stats=(
+                        f"{event.get('executions', 0)} runs, {event.get('failures', 0)} failed, {event.get('status')}"
+                    ),
                 )
             self._progress.console.print(_describe(event))
         elif kind == "policy":

@@ -90,8 +90,9 @@ class _Worker:
             env=worker_env(target),
         )
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"target": target.to_json(), "options": options.to_json(),
-                                          "references": references}))
+        self.proc.stdin.write(
+            json.dumps({"target": target.to_json(), "options": options.to_json(), "references": references})
+        )
         self.proc.stdin.close()
         self._reporter = reporter
         self._out = threading.Thread(target=self._read_stdout, daemon=True)
@@ -173,10 +174,13 @@ def _references_dir() -> str:
     this process. Directories a killed scanner left behind (SIGKILL runs no cleanup) are removed here first."""
     shm = Path("/dev/shm")
     # about 70 MB of references; a container's /dev/shm is often 64 MB: the temporary directory then
-    parent = (shm if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > _REFERENCES_ROOM
-              else Path(tempfile.gettempdir()))
+    parent = (
+        shm
+        if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > _REFERENCES_ROOM
+        else Path(tempfile.gettempdir())
+    )
     for old in parent.glob(f"{_REFERENCES_PREFIX}*"):
-        pid = old.name[len(_REFERENCES_PREFIX):].split("-")[0]
+        pid = old.name[len(_REFERENCES_PREFIX) :].split("-")[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"{_REFERENCES_PREFIX}{os.getpid()}-", dir=str(parent))
@@ -226,8 +230,13 @@ def run_scan(
 
 
 def _scan_all(
-    options: ScanOptions, chosen: list[ScanTarget], reporter: Reporter, policy: Any, actions: Sequence[Any],
-    policy_scope: PolicyScope, references: str,
+    options: ScanOptions,
+    chosen: list[ScanTarget],
+    reporter: Reporter,
+    policy: Any,
+    actions: Sequence[Any],
+    policy_scope: PolicyScope,
+    references: str,
 ) -> ScanOutcome:
     workers: list[_Worker] = []
     stop: dict[str, int | None] = {"signal": None}
@@ -277,7 +286,10 @@ def _conclude(
 
         with Store.open(options.db) as store:
             result = apply_policy(
-                store, policy if policy is not None else QuarantinePolicy(), devices=scanned, actions=actions,
+                store,
+                policy if policy is not None else QuarantinePolicy(),
+                devices=scanned,
+                actions=actions,
                 scope=policy_scope,
             )
         outcome.quarantined = list(result.quarantined)
@@ -332,23 +344,33 @@ def _stopped_message(signum: int, summaries: list[DeviceSummary]) -> str:
 
 
 def _conclude_finished(
-    outcome: ScanOutcome, summaries: list[DeviceSummary], scanned: list[str], skipped: list[DeviceSummary],
-    failures: int, stopped_by: int | None,
+    outcome: ScanOutcome,
+    summaries: list[DeviceSummary],
+    scanned: list[str],
+    skipped: list[DeviceSummary],
+    failures: int,
+    stopped_by: int | None,
 ) -> None:
     """Exit code and message of a scan that found corruption, or that ran to its end."""
     if failures:
         outcome.exit_code = EXIT_CORRUPTION
         bad = [s.device for s in summaries if s.failures]
-        outcome.message = f"corruption found on {', '.join(bad)} ({failures} failed executions)" + (
-            f"; quarantined: {', '.join(outcome.quarantined)}" if outcome.quarantined else ""
-        ) + (f"; then stopped by {signal.Signals(stopped_by).name}" if stopped_by is not None else "")
+        outcome.message = (
+            f"corruption found on {', '.join(bad)} ({failures} failed executions)"
+            + (f"; quarantined: {', '.join(outcome.quarantined)}" if outcome.quarantined else "")
+            + (f"; then stopped by {signal.Signals(stopped_by).name}" if stopped_by is not None else "")
+        )
     elif empty := [s for s in summaries if s.scanned and not s.executions]:
         # A scan that executed no golden case tested nothing: "all passed" would be a lie, and the store never
         # counts it as a complete scan (sdcguard.fleet.store.schema.COUNTED_SCAN), so it ends no probation either.
         outcome.exit_code = EXIT_CANNOT_RUN
-        why = "; ".join(f"{s.device}: 0 executions ({s.status}" + (f", {s.reason}" if s.reason else "")
-                        + (f", budget {s.budget_s:g} s" if s.budget_s is not None else "") + ")"
-                        for s in empty[:2])
+        why = "; ".join(
+            f"{s.device}: 0 executions ({s.status}"
+            + (f", {s.reason}" if s.reason else "")
+            + (f", budget {s.budget_s:g} s" if s.budget_s is not None else "")
+            + ")"
+            for s in empty[:2]
+        )
         more = f" (and {len(empty) - 2} more)" if len(empty) > 2 else ""
         outcome.message = (
             f"nothing was tested on {len(empty)} of {len(scanned)} scanned device(s) ({why}{more}): a scan counts "

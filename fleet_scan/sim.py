@@ -153,9 +153,20 @@ def _digest(*parts: object) -> str:
 
 def _failure(dev: str, case: SimCase, t: float, digest: str, element: int) -> CaseResult:
     return CaseResult(
-        device=dev, case=case.id, family=case.family, seed=case.seed, passed=False, duration_s=case.seconds,
-        started_at=t, output_digest=digest, mismatches=1, element=element, expected="0x3f800000",
-        actual="0x3f800001", xor_mask="0x00000001", location=f"sim:{dev}",
+        device=dev,
+        case=case.id,
+        family=case.family,
+        seed=case.seed,
+        passed=False,
+        duration_s=case.seconds,
+        started_at=t,
+        output_digest=digest,
+        mismatches=1,
+        element=element,
+        expected="0x3f800000",
+        actual="0x3f800001",
+        xor_mask="0x00000001",
+        location=f"sim:{dev}",
     )
 
 
@@ -167,6 +178,43 @@ def _golden_digest(case_id: str) -> str:
 @functools.lru_cache(maxsize=256)
 def _plan(cases: tuple[SimCase, ...], past: tuple[tuple[str, int], ...]) -> list[SimCase]:
     return order_cases(cases, dict(past))
+
+
+def _retests(
+    dev: str,
+    case: SimCase,
+    at: float,
+    digest: str,
+    golden: str,
+    retests: int,
+    again_p: float,
+    rng: np.random.Generator,
+    fails: list[CaseResult],
+) -> list[CaseResult]:
+    """The retests of a failing case (``fails[0]`` is marked sticky when one fails again): a transient does not come
+    back; a faulty unit (or a wrong golden) fails again with its probability."""
+    again = int(rng.binomial(retests, again_p)) if again_p else 0
+    fails[0] = dataclasses.replace(fails[0], sticky=again > 0)
+    out = []
+    for a in range(1, retests + 1):
+        if a <= again:
+            wrong = _failure(dev, case, at, digest or _digest(dev, case.id, "retest", a), 0)
+            out.append(dataclasses.replace(wrong, attempt=a))
+        else:
+            out.append(
+                CaseResult(
+                    device=dev,
+                    case=case.id,
+                    family=case.family,
+                    seed=case.seed,
+                    passed=True,
+                    duration_s=case.seconds,
+                    started_at=at,
+                    attempt=a,
+                    output_digest=golden,
+                )  # fmt: skip
+            )
+    return out
 
 
 def scan_sim_device(
@@ -221,10 +269,18 @@ def scan_sim_device(
         executions += n
         if n - k:
             results.append(
-                CaseResult(device=dev, case=case.id, family=case.family, seed=case.seed, passed=True,
-                           duration_s=(n - k) * case.seconds * speed * (1.0 if noise is None else float(noise[i])),
-                           started_at=at, executions=n - k,
-                           last_started_at=at + (n - 1) * case.seconds, output_digest=golden)
+                CaseResult(
+                    device=dev,
+                    case=case.id,
+                    family=case.family,
+                    seed=case.seed,
+                    passed=True,
+                    duration_s=(n - k) * case.seconds * speed * (1.0 if noise is None else float(noise[i])),
+                    started_at=at,
+                    executions=n - k,
+                    last_started_at=at + (n - 1) * case.seconds,
+                    output_digest=golden,
+                )
             )
         if not k:
             continue
@@ -235,17 +291,7 @@ def scan_sim_device(
             for j in range(k)
         ]
         if retests:
-            # a transient does not come back; a faulty unit (or a wrong golden) fails again with its probability
-            again = int(rng.binomial(retests, again_p)) if again_p else 0
-            fails[0] = dataclasses.replace(fails[0], sticky=again > 0)
-            for a in range(1, retests + 1):
-                if a <= again:
-                    fails.append(dataclasses.replace(
-                        _failure(dev, case, at, digest or _digest(dev, case.id, "retest", a), 0), attempt=a))
-                else:
-                    fails.append(CaseResult(device=dev, case=case.id, family=case.family, seed=case.seed,
-                                            passed=True, duration_s=case.seconds, started_at=at, attempt=a,
-                                            output_digest=golden))
+            fails += _retests(dev, case, at, digest, golden, retests, again_p, rng, fails)
         results.extend(fails)
     store.record_results(scan_id, results, finish="complete", finished_at=t + budget_s, total=None)
     return executions, failures, failing_families
@@ -295,8 +341,9 @@ class SimRun:
         self.log: list[SimDay] = []
         for host, members in self.hosts.items():
             with Store.open(self.node_store(host)) as node:
-                node.upsert_devices([DeviceInfo(id=self.ids[n], host=host, kind="sim", model="simulated")
-                                     for n in members], now=start)
+                node.upsert_devices(
+                    [DeviceInfo(id=self.ids[n], host=host, kind="sim", model="simulated") for n in members], now=start
+                )
 
     @property
     def fleet_store(self) -> Path:
@@ -322,13 +369,23 @@ class SimRun:
                     if dev in self.quarantined_on:
                         continue
                     ex, fa, fams = scan_sim_device(
-                        node, dev=dev, host=host, p_fault=float(self.p[n]), transient_rate=self.fleet.transient_rate,
-                        t=t_day + 60.0 * (n % 60), cases=self.cases, past_failures=self.past.get(dev, {}),
-                        budget_s=self.budget_s, retests=self.retests, rng=self.rng, bad_case=bad_case,
+                        node,
+                        dev=dev,
+                        host=host,
+                        p_fault=float(self.p[n]),
+                        transient_rate=self.fleet.transient_rate,
+                        t=t_day + 60.0 * (n % 60),
+                        cases=self.cases,
+                        past_failures=self.past.get(dev, {}),
+                        budget_s=self.budget_s,
+                        retests=self.retests,
+                        rng=self.rng,
+                        bad_case=bad_case,
                         shared=(self.shared_case, self.fleet.shared_defect_p) if n in self.batch else None,
                         speed=float(self.speeds[n]),
                         noise=np.exp(self.time_rng.normal(0.0, self.fleet.time_noise, size=len(self.cases)))
-                        if self.fleet.time_noise else None,
+                        if self.fleet.time_noise
+                        else None,
                     )
                     scanned.append(dev)
                     today.executions += ex

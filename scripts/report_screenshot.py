@@ -43,8 +43,10 @@ def build_demo_store(path: Path, now: float) -> None:
     rng = np.random.default_rng(13)
     start = now - DAYS * DAY + 600.0  # the whole history inside the page's window
     with Store.open(path) as store:
-        devices = [DeviceInfo(id=f"sim:{n}", host=f"node-{n // PER_HOST:02d}", kind="sim", model="SimGPU 80GB")
-                   for n in range(HOSTS * PER_HOST)]
+        devices = [
+            DeviceInfo(id=f"sim:{n}", host=f"node-{n // PER_HOST:02d}", kind="sim", model="SimGPU 80GB")
+            for n in range(HOSTS * PER_HOST)
+        ]
         store.upsert_devices(devices, now=start)
         store.quarantine("sim:9", reason="ECC double-bit errors in dmesg", by="alice@ops", now=start + 0.5 * DAY)
         store.release("sim:9", reason="board reseated, ECC clean", by="alice@ops", now=start + 3.2 * DAY)
@@ -54,20 +56,40 @@ def build_demo_store(path: Path, now: float) -> None:
             for n, d in enumerate(devices):
                 if d.id in quarantined:
                     continue
-                scan_sim_device(store, dev=d.id, host=d.host, p_fault=FAULTY.get(n, 0.0), transient_rate=2e-7,
-                                t=t + 40.0 * n, cases=DEFAULT_CASES, past_failures={}, budget_s=60.0, retests=3,
-                                rng=rng)
+                scan_sim_device(
+                    store,
+                    dev=d.id,
+                    host=d.host,
+                    p_fault=FAULTY.get(n, 0.0),
+                    transient_rate=2e-7,
+                    t=t + 40.0 * n,
+                    cases=DEFAULT_CASES,
+                    past_failures={},
+                    budget_s=60.0,
+                    retests=3,
+                    rng=rng,
+                )
             apply_policy(store, QuarantinePolicy(), now=t + 3600.0)
             if rnd % ROUNDS == ROUNDS - 1:  # the training job's daily checkpoint
                 step = (rnd + 1) // ROUNDS * 1000
-                store.record_checkpoint(checkpoint_id=f"llm-7b/step-{step}", step=step, verified=True, job="4242",
-                                        now=t + 7200.0)
-        store.record_incident(Incident(
-            kind="replay", step=DAYS * 1000 - 380, suspect_ranks=(3,), device="sim:24", devices=("sim:24",),
-            hosts=("node-03",), job="4242", time=now - 0.6 * DAY, rollback=f"llm-7b/step-{DAYS * 1000 - 1000}",
-            detail="rank 3's local gradients of layers.17.mlp differ from its shadow's replay in 412 elements; "
-                   "rank 5's second replay agrees with the shadow",
-        ))
+                store.record_checkpoint(
+                    checkpoint_id=f"llm-7b/step-{step}", step=step, verified=True, job="4242", now=t + 7200.0
+                )
+        store.record_incident(
+            Incident(
+                kind="replay",
+                step=DAYS * 1000 - 380,
+                suspect_ranks=(3,),
+                device="sim:24",
+                devices=("sim:24",),
+                hosts=("node-03",),
+                job="4242",
+                time=now - 0.6 * DAY,
+                rollback=f"llm-7b/step-{DAYS * 1000 - 1000}",
+                detail="rank 3's local gradients of layers.17.mlp differ from its shadow's replay in 412 elements; "
+                "rank 5's second replay agrees with the shadow",
+            )
+        )
 
 
 def main() -> None:
@@ -92,14 +114,30 @@ def main() -> None:
             size = write_html(store, page, since=now - DAYS * DAY, window=f"{DAYS}d", now=now)
             rendered = time.perf_counter() - w
         subprocess.run(
-            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-             f"--user-data-dir={work / 'profile'}", f"--screenshot={args.out}", "--window-size=1280,1600",
-             page.as_uri()],
-            check=True, capture_output=True, timeout=120,
+            [
+                chromium,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--hide-scrollbars",
+                f"--user-data-dir={work / 'profile'}",
+                f"--screenshot={args.out}",
+                "--window-size=1280,1600",
+                page.as_uri(),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
         )
-    print(f"demo store built in {built:.1f} s; page {size / 1e3:.0f} kB rendered in {rendered:.2f} s; "
-          f"{args.out} {args.out.stat().st_size / 1e3:.0f} kB")
+    print(
+        f"demo store built in {built:.1f} s; page {size / 1e3:.0f} kB rendered in {rendered:.2f} s; "
+        f"{args.out} {args.out.stat().st_size / 1e3:.0f} kB"
+    )
 
 
 if __name__ == "__main__":

@@ -115,6 +115,13 @@ def unknown_device(device: str, known: Sequence[str], *, what: str, hint: str = 
     import difflib
 
     near = difflib.get_close_matches(device, list(known), n=3, cutoff=0.6)
-    did_you_mean = f"; did you mean {' or '.join(near)}?" if near else (
-        "; the store knows no device yet" if not known else f"; it knows {len(known)} device(s), see `sdcguard report`")
+    did_you_mean = (
+        f"; did you mean {' or '.join(near)}?"
+        if near
+        else (
+            "; the store knows no device yet"
+            if not known
+            else f"; it knows {len(known)} device(s), see `sdcguard report`"
+        )
+    )
     return BadInput(f"{what}: {device} is not a device this store has seen{did_you_mean}{hint}")

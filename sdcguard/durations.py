@@ -34,8 +34,9 @@ DEFAULT_WINDOW_S = parse_duration(DEFAULT_WINDOW)
 """The same window in seconds."""
 
 
-def since_timestamp(text: str | None, *, now: float | None = None,
-                    default: str | None = DEFAULT_WINDOW) -> float | None:
+def since_timestamp(
+    text: str | None, *, now: float | None = None, default: str | None = DEFAULT_WINDOW
+) -> float | None:
     """The Unix time ``text`` (a duration, or ``all``) reaches back to; None for ``all``."""
     value = default if text is None else text
     if value is None or value.strip().lower() == "all":

@@ -42,8 +42,14 @@ class OneLineErrors(click.Command):
     :data:`EXIT_CANNOT_RUN`; a bug is one line naming it as an internal error; a command's own ``ctx.exit(code)``
     passes its code on."""
 
-    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
-             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
         standalone = standalone_mode
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)

@@ -83,7 +83,8 @@ class CaseResult:
     def __post_init__(self) -> None:
         if self.executions < 1 or ((not self.passed or self.attempt) and self.executions != 1):
             raise ValueError(
-                f"executions must be >= 1, and 1 for a failed execution or a retest; got {self.executions}")
+                f"executions must be >= 1, and 1 for a failed execution or a retest; got {self.executions}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

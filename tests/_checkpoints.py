@@ -38,10 +38,11 @@ def flip_byte_of(path: Path, key: str, at: int = 7) -> None:
     md = FileSystemReader(str(path)).read_metadata()
     info = next(v for k, v in sorted(md.storage_data.items(), key=lambda kv: str(kv[0].offset)) if k.fqn == key)
     blob = bytearray((path / info.relative_path).read_bytes())
-    record = zipfile.ZipFile(io.BytesIO(bytes(blob[info.offset:info.offset + info.length])))
+    record = zipfile.ZipFile(io.BytesIO(bytes(blob[info.offset : info.offset + info.length])))
     entry = next(z for z in record.infolist() if z.filename.endswith("/data/0"))
-    name_len, extra_len = struct.unpack("<HH", blob[info.offset + entry.header_offset + 26:
-                                                    info.offset + entry.header_offset + 30])
+    name_len, extra_len = struct.unpack(
+        "<HH", blob[info.offset + entry.header_offset + 26 : info.offset + entry.header_offset + 30]
+    )
     start = info.offset + entry.header_offset + 30 + name_len + extra_len  # the tensor's raw bytes
     blob[start + min(at, entry.file_size - 1)] ^= 0x10
     (path / info.relative_path).write_bytes(bytes(blob))

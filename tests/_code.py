@@ -11,8 +11,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("sdcguard", "fleet_scan", "scripts", "benchmarks")
 """The trees whose modules form the import graph (tests stand outside it)."""
-EXTENSIONS = {"sdcguard._fpcore": ROOT / "sdcguard" / "_fpcore.c",
-              "sdcguard.training.checksums._core": ROOT / "sdcguard" / "training" / "checksums" / "_core.c"}
+EXTENSIONS = {
+    "sdcguard._fpcore": ROOT / "sdcguard" / "_fpcore.c",
+    "sdcguard.training.checksums._core": ROOT / "sdcguard" / "training" / "checksums" / "_core.c",
+}
 """Modules built from C at install: importable, but not a ``.py`` file."""
 
 

@@ -46,8 +46,13 @@ def install(monkeypatch: Any, build: HostBuild, *, sms: int = 4, arch: tuple[int
     cuda = types.ModuleType("cupy.cuda")
     runtime = types.SimpleNamespace(
         getDeviceCount=lambda: 1,
-        getDeviceProperties=lambda i: {"major": arch[0], "minor": arch[1], "multiProcessorCount": sms,
-                                       "name": b"Fake GPU (host build)", "uuid": bytes(range(16))},
+        getDeviceProperties=lambda i: {
+            "major": arch[0],
+            "minor": arch[1],
+            "multiProcessorCount": sms,
+            "name": b"Fake GPU (host build)",
+            "uuid": bytes(range(16)),
+        },
         memGetInfo=lambda: (64 << 20, 128 << 20),
     )
     compiler = types.SimpleNamespace(CompileException=RuntimeError)
@@ -80,6 +85,7 @@ def install(monkeypatch: Any, build: HostBuild, *, sms: int = 4, arch: tuple[int
     pool = types.SimpleNamespace(free_bytes=lambda: 0, free_all_blocks=lambda: None)
     cupy.get_default_memory_pool = lambda: pool
     cupy.empty = lambda n, dtype: np.empty(n, dtype=dtype).view(DevArray)
+
     # what the GPU check's timing and references use: events time the host (the "device" is this CPU)
     class Event:
         def __init__(self) -> None:
@@ -108,9 +114,14 @@ def install(monkeypatch: Any, build: HostBuild, *, sms: int = 4, arch: tuple[int
     cupy.zeros = lambda shape, dtype: _dev(np.zeros(shape, dtype=dtype))
     cupy.empty_like = lambda a: _dev(np.empty_like(a))
     cupy.copyto = lambda dst, src: np.copyto(dst, src)
-    cupy.matmul = lambda a, b: np.matmul(np.asarray(a, dtype=np.float32) if a.dtype == np.float16 else a,
-                                         np.asarray(b, dtype=np.float32) if b.dtype == np.float16 else b
-                                         ).astype(a.dtype).view(DevArray)
+    cupy.matmul = lambda a, b: (
+        np.matmul(
+            np.asarray(a, dtype=np.float32) if a.dtype == np.float16 else a,
+            np.asarray(b, dtype=np.float32) if b.dtype == np.float16 else b,
+        )
+        .astype(a.dtype)
+        .view(DevArray)
+    )
 
     core = types.ModuleType("cupy._core")
     linalg = types.ModuleType("cupy._core._routines_linalg")
@@ -126,8 +137,12 @@ def install(monkeypatch: Any, build: HostBuild, *, sms: int = 4, arch: tuple[int
     linalg.set_compute_type = set_compute_type
     core._routines_linalg = linalg
     cupy._core = core
-    for name, mod in (("cupy", cupy), ("cupy.cuda", cuda), ("cupy._core", core),
-                      ("cupy._core._routines_linalg", linalg)):
+    for name, mod in (
+        ("cupy", cupy),
+        ("cupy.cuda", cuda),
+        ("cupy._core", core),
+        ("cupy._core._routines_linalg", linalg),
+    ):
         monkeypatch.setitem(sys.modules, name, mod)
     from sdcguard import kernels
 

@@ -15,20 +15,45 @@ NOW = 1_800_000_000.0
 
 
 def result(
-    device: str, *, passed: bool = True, case: str = "gemm.fp32.n64", family: str = "gemm", t: float = NOW - 3600,
-    digest: str | None = None, attempt: int = 0, sticky: bool | None = None, duration_s: float = 0.5,
+    device: str,
+    *,
+    passed: bool = True,
+    case: str = "gemm.fp32.n64",
+    family: str = "gemm",
+    t: float = NOW - 3600,
+    digest: str | None = None,
+    attempt: int = 0,
+    sticky: bool | None = None,
+    duration_s: float = 0.5,
 ) -> CaseResult:
     return CaseResult(
-        device=device, case=case, family=family, seed=7, passed=passed, duration_s=duration_s, started_at=t,
-        output_digest=(digest if digest is not None
-                       else None if passed else hashlib.sha256(device.encode()).hexdigest()),
-        mismatches=0 if passed else 1, element=None if passed else 3, expected=None if passed else "0x3f800000",
-        actual=None if passed else "0x3f800001", xor_mask=None if passed else "0x1", attempt=attempt, sticky=sticky,
+        device=device,
+        case=case,
+        family=family,
+        seed=7,
+        passed=passed,
+        duration_s=duration_s,
+        started_at=t,
+        output_digest=(
+            digest if digest is not None else None if passed else hashlib.sha256(device.encode()).hexdigest()
+        ),
+        mismatches=0 if passed else 1,
+        element=None if passed else 3,
+        expected=None if passed else "0x3f800000",
+        actual=None if passed else "0x3f800001",
+        xor_mask=None if passed else "0x1",
+        attempt=attempt,
+        sticky=sticky,
     )
 
 
 def scan(
-    store: Store, device: str, results: Sequence[CaseResult], *, host: str = "node1", finish: str | None = "complete",
+    store: Store,
+    device: str,
+    results: Sequence[CaseResult],
+    *,
+    host: str = "node1",
+    finish: str | None = "complete",
     t: float = NOW - 3600,
 ) -> int:
     store.upsert_device(DeviceInfo(id=device, host=host, kind=device.split(":")[0] if ":" in device else "gpu"), now=t)
@@ -54,7 +79,8 @@ def tallies_from_rows(path: Path) -> dict[tuple[str, str, int], tuple[int, int, 
     with closing(sqlite3.connect(path)) as c:
         rows = c.execute(
             "SELECT device, family, CAST(started_at / 86400.0 AS INTEGER) AS d, TOTAL((attempt = 0) * executions), "
-            "TOTAL(attempt = 0 AND passed = 0), TOTAL(duration_s) FROM results GROUP BY device, family, d").fetchall()
+            "TOTAL(attempt = 0 AND passed = 0), TOTAL(duration_s) FROM results GROUP BY device, family, d"
+        ).fetchall()
     return {(d, f, day): (int(n), int(k), s) for d, f, day, n, k, s in rows}
 
 

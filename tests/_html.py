@@ -15,13 +15,29 @@ def fill_store(store: Store, *, hostile: str = "x") -> None:
     incident that names a device, a checkpoint to roll back to."""
     t = NOW - 3 * 3600
     scan(store, "sim:1", [*clean("sim:1", 30, t=t), result("sim:1", passed=False, t=t + 40)], host="lemon", t=t)
-    scan(store, "sim:2", [*clean("sim:2", 30, t=t), *[result("sim:2", passed=False, t=t + 50 + i) for i in range(3)]],
-         host="lemon", t=t)
+    scan(
+        store,
+        "sim:2",
+        [*clean("sim:2", 30, t=t), *[result("sim:2", passed=False, t=t + 50 + i) for i in range(3)]],
+        host="lemon",
+        t=t,
+    )
     scan(store, "sim:3", clean("sim:3", 30, t=t), host="lemon", t=t)
     scan(store, "sim:4", clean("sim:4", 30, t=t), host=f"good{hostile}", t=t)
     scan(store, "sim:5", clean("sim:5", 30, t=t), host=f"good{hostile}", t=t)
     store.quarantine("sim:2", reason=f"sticky failure {hostile}", by=f"alice{hostile}", now=NOW - 2 * 3600)
     store.record_checkpoint(checkpoint_id=f"ckpt-100{hostile}", step=100, verified=True, job="4242", now=NOW - 7200)
-    store.record_incident(Incident(kind="replay", step=130, suspect_ranks=(1,), device="sim:2", devices=("sim:2",),
-                                   hosts=("lemon",), detail=f"local grads differ {hostile}", job="4242",
-                                   time=NOW - 3000, rollback=f"ckpt-100{hostile}"))
+    store.record_incident(
+        Incident(
+            kind="replay",
+            step=130,
+            suspect_ranks=(1,),
+            device="sim:2",
+            devices=("sim:2",),
+            hosts=("lemon",),
+            detail=f"local grads differ {hostile}",
+            job="4242",
+            time=NOW - 3000,
+            rollback=f"ckpt-100{hostile}",
+        )
+    )

@@ -40,9 +40,17 @@ def schedule(workers: int) -> dict[int, list[tuple[int, str, str]]]:
     last, other = workers - 1, 2 if workers > 2 else 0
     sticky1 = [(1, "sticky", "high_mantissa")]  # mantissa bits: a dedicated shadow cannot veto, and an exponent
     # flip applied to the weights would make them inf/NaN, after which no fault changes anything
-    return {-1: sticky1, 0: sticky1, 1: sticky1, 3: [(0, "transient", "high_mantissa")],
-            5: [(last, "intermittent", "high_mantissa")], 6: [(last, "intermittent", "high_mantissa")],
-            8: [(0, "sticky", "high_mantissa"), (1, "sticky", "sign")], 10: sticky1, 12: [(other, "sticky", "sign")]}
+    return {
+        -1: sticky1,
+        0: sticky1,
+        1: sticky1,
+        3: [(0, "transient", "high_mantissa")],
+        5: [(last, "intermittent", "high_mantissa")],
+        6: [(last, "intermittent", "high_mantissa")],
+        8: [(0, "sticky", "high_mantissa"), (1, "sticky", "sign")],
+        10: sticky1,
+        12: [(other, "sticky", "sign")],
+    }
 
 
 def faulty_at(workers: int, step: int) -> set[int]:
@@ -54,8 +62,13 @@ def _modes(step: int, rank: int, workers: int, faults: bool) -> list[OpFaultMode
     for r, timing, bit in schedule(workers).get(step, []) if faults else []:
         if r != rank:
             continue
-        fault = Fault(pattern="bitflip", bit=bit, timing=timing, seed=1000 + step + 7 * r,
-                      rate=0.5 if timing == "intermittent" else 1.0)
+        fault = Fault(
+            pattern="bitflip",
+            bit=bit,
+            timing=timing,
+            seed=1000 + step + 7 * r,
+            rate=0.5 if timing == "intermittent" else 1.0,
+        )
         mode = OpFaultMode(fault, ops="gelu", phase="forward", rank=r, steps=[step])
         mode.step = step
         out.append(mode)
@@ -93,8 +106,7 @@ def cell(rank: int, world: int, kind: str, deterministic: bool, calibrate: bool,
             guard = SDCGuard(model, lm_loss, group=group, replay_every=1, shadows=shadows, escalate="off")
             return {"served": guard.serve()}
     model, inner, _ = _model(kind, deterministic, world, group)
-    guard = SDCGuard(model, lm_loss, group=group, replay_every=1, shadows=shadows, weight_check_every=0,
-                     escalate="off")
+    guard = SDCGuard(model, lm_loss, group=group, replay_every=1, shadows=shadows, weight_check_every=0, escalate="off")
     out: dict[str, Any] = {"steps": {}, "calibration": None}
     if calibrate:
         with contextlib.ExitStack() as stack:
@@ -120,8 +132,12 @@ def cell(rank: int, world: int, kind: str, deterministic: bool, calibrate: bool,
         if report.commit:
             opt.step()
         opt.zero_grad(set_to_none=True)
-        out["steps"][step] = (report.commit, touched, report.checks,
-                              [(i.kind, i.step, i.suspect_ranks, i.sticky) for i in report.incidents])
+        out["steps"][step] = (
+            report.commit,
+            touched,
+            report.checks,
+            [(i.kind, i.step, i.suspect_ranks, i.sticky) for i in report.incidents],
+        )
     closing = guard.close()
     out["closing"] = [(i.kind, i.step, i.suspect_ranks, i.sticky) for i in closing]
     out["state"] = guard.state_dict()["determinism"]["state"]
@@ -137,8 +153,13 @@ def escalation(rank: int, world: int, escalate: str, steps: int) -> dict[str, An
     inner = TinyTransformer(d=8, heads=2, seq=SEQ, layers=1)
     guard = SDCGuard(DDP(inner), lm_loss, escalate=escalate)
     opt = torch.optim.SGD(inner.parameters(), lr=0.05)
-    fault = OpFaultMode(Fault(pattern="bitflip", bit="high_mantissa", timing="sticky", seed=5), ops="gelu",
-                        phase="forward", rank=1, steps=range(2, steps))
+    fault = OpFaultMode(
+        Fault(pattern="bitflip", bit="high_mantissa", timing="sticky", seed=5),
+        ops="gelu",
+        phase="forward",
+        rank=1,
+        steps=range(2, steps),
+    )
     try:
         with fault:
             for step in range(steps):

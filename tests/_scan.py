@@ -57,8 +57,10 @@ def core_speeds(rounds: int = 3) -> tuple[int, int, float]:
     e = {**env(), "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     ratios = []
     for _ in range(rounds):
-        procs = [subprocess.Popen([sys.executable, "-c", _PROBE, str(c)], stdout=subprocess.PIPE, text=True, env=e)
-                 for c in (first, second)]
+        procs = [
+            subprocess.Popen([sys.executable, "-c", _PROBE, str(c)], stdout=subprocess.PIPE, text=True, env=e)
+            for c in (first, second)
+        ]
         t_first, t_second = (float(p.communicate(timeout=60)[0]) for p in procs)
         ratios.append(t_second / t_first)
     ratio = sorted(ratios)[len(ratios) // 2]
@@ -69,15 +71,20 @@ def sdcguard(db: Path, *args: str, timeout: float = 120, module: str = "sdcguard
     """Run ``python -m sdcguard --db DB ARGS`` (or ``python -m fleet_scan --db DB ARGS``)."""
     return subprocess.run(
         [sys.executable, "-m", module, "--db", str(db), *args],
-        capture_output=True, text=True, timeout=timeout, env=env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env(),
     )
 
 
-def scan(db: Path, lock_dir: Path, *args: str, budget: float = 1.5,
-         timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def scan(
+    db: Path, lock_dir: Path, *args: str, budget: float = 1.5, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """A scan of this machine's CPU cores with a short budget, busy or not (tests must not depend on load)."""
-    return sdcguard(db, "scan", "--all", "--json", "--budget", str(budget), "--lock-dir", str(lock_dir), *args,
-                    timeout=timeout)
+    return sdcguard(
+        db, "scan", "--all", "--json", "--budget", str(budget), "--lock-dir", str(lock_dir), *args, timeout=timeout
+    )
 
 
 def events(proc: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
@@ -95,9 +102,7 @@ def argv_recorder(tmp: Path) -> tuple[str, Path]:
     script = tmp / "record_argv.py"
     log = tmp / "argv.log"
     script.write_text(
-        "import json, sys\n"
-        "with open(sys.argv[1], 'a') as f:\n"
-        "    f.write(json.dumps(sys.argv[2:]) + '\\n')\n"
+        "import json, sys\nwith open(sys.argv[1], 'a') as f:\n    f.write(json.dumps(sys.argv[2:]) + '\\n')\n"
     )
     return f"{sys.executable} {script} {log} {{device}} {{host}} {{reason}}", log
 

@@ -15,8 +15,9 @@ from sdcguard.medians import median_lower_bound
 __all__ = ["reference_judge_slow"]
 
 
-def _times(timings: Iterable[CaseTiming], settings: SlowSettings,
-           ) -> tuple[dict[str, dict[str, float]], dict[str, str], dict[str, dict[int, dict[str, tuple[int, float]]]]]:
+def _times(
+    timings: Iterable[CaseTiming], settings: SlowSettings
+) -> tuple[dict[str, dict[str, float]], dict[str, str], dict[str, dict[int, dict[str, tuple[int, float]]]]]:
     """Per device: ``case -> mean seconds``, ``case -> family``, and per scan ``case -> (executions, seconds)``."""
     total: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
     family: dict[str, str] = {}
@@ -30,13 +31,13 @@ def _times(timings: Iterable[CaseTiming], settings: SlowSettings,
         family[t.case] = t.family
         n, s = scans[t.device][t.scan].get(t.case, (0, 0.0))
         scans[t.device][t.scan][t.case] = (n + t.executions, s + t.seconds)
-    means = {d: {c: s / n for c, (n, s) in cases.items() if n >= settings.min_executions}
-             for d, cases in total.items()}
+    means = {d: {c: s / n for c, (n, s) in cases.items() if n >= settings.min_executions} for d, cases in total.items()}
     return means, family, scans
 
 
-def _history(per_scan: Mapping[int, Mapping[str, tuple[int, float]]], settings: SlowSettings,
-             ) -> tuple[float | None, float | None]:
+def _history(
+    per_scan: Mapping[int, Mapping[str, tuple[int, float]]], settings: SlowSettings
+) -> tuple[float | None, float | None]:
     """The latest scan's slowdown against the device's earlier scans (median, lower bound), None when one scan."""
     if len(per_scan) < 2:
         return None, None
@@ -47,16 +48,20 @@ def _history(per_scan: Mapping[int, Mapping[str, tuple[int, float]]], settings: 
             for c, (n, s) in cases.items():
                 before[c][0] += n
                 before[c][1] += s
-    logs = [math.log((s / n) / (before[c][1] / before[c][0])) for c, (n, s) in per_scan[latest].items()
-            if n >= settings.min_executions and before[c][0] >= settings.min_executions]
+    logs = [
+        math.log((s / n) / (before[c][1] / before[c][0]))
+        for c, (n, s) in per_scan[latest].items()
+        if n >= settings.min_executions and before[c][0] >= settings.min_executions
+    ]
     if len(logs) < settings.min_cases:
         return None, None
     low = median_lower_bound(logs, settings.confidence)
     return math.exp(median(logs)), None if low is None else math.exp(low)
 
 
-def reference_judge_slow(timings: Iterable[CaseTiming], groups: Mapping[str, str],
-               settings: SlowSettings | None = None) -> dict[str, Slowness]:
+def reference_judge_slow(
+    timings: Iterable[CaseTiming], groups: Mapping[str, str], settings: SlowSettings | None = None
+) -> dict[str, Slowness]:
     """The slowness verdict of every device in ``timings`` (see the module docstring).
 
     ``groups``: device -> its peer group (model, kind and, for an unknown model, host); devices of one group are
@@ -94,19 +99,40 @@ def _reference(devices: Sequence[str], means: Mapping[str, Mapping[str, float]])
     return {c: median(ts) for c, ts in per_case.items()}
 
 
-def _verdict(device: str, logs: Mapping[str, float], family: Mapping[str, str],
-             per_scan: Mapping[int, Mapping[str, tuple[int, float]]], peers: int, centre: float, sigma: float,
-             limit: float, s: SlowSettings) -> Slowness:
+def _verdict(
+    device: str,
+    logs: Mapping[str, float],
+    family: Mapping[str, str],
+    per_scan: Mapping[int, Mapping[str, tuple[int, float]]],
+    peers: int,
+    centre: float,
+    sigma: float,
+    limit: float,
+    s: SlowSettings,
+) -> Slowness:
     history, history_low = _history(per_scan, s)
     if peers == 0 or len(logs) < s.min_cases:
         if history_low is None:
-            return Slowness(device=device, slow=False, peers=peers, cases=len(logs), history=history,
-                            reason="nothing to compare with: no peer of its model with enough executions, one scan")
+            return Slowness(
+                device=device,
+                slow=False,
+                peers=peers,
+                cases=len(logs),
+                history=history,
+                reason="nothing to compare with: no peer of its model with enough executions, one scan",
+            )
         slow = history_low > 1 + s.threshold
-        return Slowness(device=device, slow=slow, basis="history", confidence="low", peers=peers, history=history,
-                        threshold=s.threshold,
-                        reason=f"its latest scan against its earlier ones: {history:.2f}x (lower bound "
-                               f"{history_low:.2f}x), no peer of its model to compare with")
+        return Slowness(
+            device=device,
+            slow=slow,
+            basis="history",
+            confidence="low",
+            peers=peers,
+            history=history,
+            threshold=s.threshold,
+            reason=f"its latest scan against its earlier ones: {history:.2f}x (lower bound "
+            f"{history_low:.2f}x), no peer of its model to compare with",
+        )
     mid = median(logs.values())
     low = median_lower_bound(list(logs.values()), s.confidence)
     by_family: dict[str, list[float]] = defaultdict(list)
@@ -123,12 +149,23 @@ def _verdict(device: str, logs: Mapping[str, float], family: Mapping[str, str],
         agrees = history_low is not None and history_low > 1 + s.threshold
         sure = "high" if slow and agrees else "medium"
     lo = None if low is None else math.exp(low)
-    reason = (f"{math.exp(mid):.2f}x the time of {peers} peer(s) of its model over {len(logs)} cases"
-              + ("" if lo is None else f" (lower {s.confidence:.0%} bound {lo:.2f}x)")
-              + (f", {sigma:.3f} robust spread of the model's log slowdowns" if many else "")
-              + ("" if history is None else f"; its latest scan {history:.2f}x its earlier ones"))
-    return Slowness(device=device, slow=slow, slowdown=math.exp(mid), slowdown_low=lo, basis=basis, confidence=sure,
-                    peers=peers, cases=len(logs), history=history, families=families, threshold=s.threshold,
-                    reason=reason)
-
-
+    reason = (
+        f"{math.exp(mid):.2f}x the time of {peers} peer(s) of its model over {len(logs)} cases"
+        + ("" if lo is None else f" (lower {s.confidence:.0%} bound {lo:.2f}x)")
+        + (f", {sigma:.3f} robust spread of the model's log slowdowns" if many else "")
+        + ("" if history is None else f"; its latest scan {history:.2f}x its earlier ones")
+    )
+    return Slowness(
+        device=device,
+        slow=slow,
+        slowdown=math.exp(mid),
+        slowdown_low=lo,
+        basis=basis,
+        confidence=sure,
+        peers=peers,
+        cases=len(logs),
+        history=history,
+        families=families,
+        threshold=s.threshold,
+        reason=reason,
+    )

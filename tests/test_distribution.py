@@ -47,28 +47,43 @@ def test_pyproject_names_our_distribution_and_keeps_the_import_package() -> None
     assert "sdcguard" in project["tool"]["setuptools"]["packages"]
 
 
-@pytest.mark.parametrize("text", [
-    "pip install sdcguard", "pip install -U 'sdcguard[gpu]'", "python -m pip install sdcguard==0.4.0",
-    "pip3 install --user sdcguard", "uv pip install sdcguard", "then `pip install sdcguard` on each node",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "pip install sdcguard",
+        "pip install -U 'sdcguard[gpu]'",
+        "python -m pip install sdcguard==0.4.0",
+        "pip3 install --user sdcguard",
+        "uv pip install sdcguard",
+        "then `pip install sdcguard` on each node",
+    ],
+)
 def test_the_check_sees_an_install_of_pypis_name(text: str) -> None:
     assert _installs_pypis_sdcguard(text)
 
 
-@pytest.mark.parametrize("text", [
-    "pip install .", "pip install '.[gpu]'", "pip install sdcguard-fleet",
-    "pip install 'dist/sdcguard_fleet-0.1.0-cp311-cp311-linux_x86_64.whl[gpu]'",
-    "cd /opt/sdcguard && .venv/bin/pip install '.[gpu]'",
-    "(not `pip install sdcguard`: that is another project on PyPI)",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "pip install .",
+        "pip install '.[gpu]'",
+        "pip install sdcguard-fleet",
+        "pip install 'dist/sdcguard_fleet-0.1.0-cp311-cp311-linux_x86_64.whl[gpu]'",
+        "cd /opt/sdcguard && .venv/bin/pip install '.[gpu]'",
+        "(not `pip install sdcguard`: that is another project on PyPI)",
+    ],
+)
 def test_the_check_lets_our_installs_and_the_warnings_pass(text: str) -> None:
     assert not _installs_pypis_sdcguard(text)
 
 
 def test_no_readme_or_deploy_file_installs_pypis_sdcguard() -> None:
-    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
-             for path in _docs() for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
-             if _installs_pypis_sdcguard(line)]
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in _docs()
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if _installs_pypis_sdcguard(line)
+    ]
     assert not found, "installs PyPI's sdcguard (another project):\n" + "\n".join(found)
 
 
@@ -82,13 +97,32 @@ def test_the_built_wheel_carries_the_distribution_name(tmp_path: Path) -> None:
     # Built from a copy of the tracked files, so the checkout gets no build/ or egg-info; without build isolation,
     # so no index is needed (setuptools is in the test extra).
     src = tmp_path / "src"
-    tracked = subprocess.run(["git", "ls-files", "-z", "pyproject.toml", "README.md", "sdcguard", "fleet_scan",
-                              "kernels", "golden_vectors"], cwd=ROOT, capture_output=True, check=True).stdout
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z", "pyproject.toml", "README.md", "sdcguard", "fleet_scan", "kernels", "golden_vectors"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout
     for rel in filter(None, tracked.decode().split("\0")):
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / rel, src / rel)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True, timeout=240)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=240,
+    )
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     assert wheel.name.startswith("sdcguard_fleet-0.1.0-")
     with zipfile.ZipFile(wheel) as z:

@@ -106,10 +106,17 @@ def test_the_exit_codes_are_defined_once_and_never_written_as_numbers() -> None:
         for node in ast.walk(m.tree):
             if isinstance(node, ast.Assign | ast.AnnAssign):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                defined |= {(m.rel, n.id) for t in targets for n in ast.walk(t)
-                            if isinstance(n, ast.Name) and n.id in names}
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "exit"
-                    and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in (1, 2)):
+                defined |= {
+                    (m.rel, n.id) for t in targets for n in ast.walk(t) if isinstance(n, ast.Name) and n.id in names
+                }
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "exit"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and node.args[0].value in (1, 2)
+            ):
                 literal.append(f"{m.rel}:{node.lineno}")
     assert defined == {("sdcguard/exit_codes.py", n) for n in names}
     assert literal == []
@@ -136,8 +143,11 @@ def test_a_day_and_the_default_window_are_written_once() -> None:
             elif isinstance(value, int | float) and not isinstance(value, bool) and value in (86400, 604800):
                 found.append(f"{m.rel}:{lineno} {value}")
         for node in ast.walk(m.tree):
-            if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)
-                    and {ast.unparse(node.left), ast.unparse(node.right)} == {"7", "DAY_S"}):
+            if (
+                isinstance(node, ast.BinOp)
+                and isinstance(node.op, ast.Mult)
+                and {ast.unparse(node.left), ast.unparse(node.right)} == {"7", "DAY_S"}
+            ):
                 found.append(f"{m.rel}:{node.lineno} {ast.unparse(node)}")
     assert found == []
 
@@ -163,8 +173,12 @@ def test_the_e4m3_table_is_built_once() -> None:
     builders = []
     for m in _in(library(), but={"sdcguard/fp8.py"}):
         for node in ast.walk(m.tree):
-            if (isinstance(node, ast.For) and isinstance(node.iter, ast.Call) and ast.unparse(node.iter.func) == "range"
-                    and [ast.unparse(a) for a in node.iter.args] == ["256"]):
+            if (
+                isinstance(node, ast.For)
+                and isinstance(node.iter, ast.Call)
+                and ast.unparse(node.iter.func) == "range"
+                and [ast.unparse(a) for a in node.iter.args] == ["256"]
+            ):
                 builders.append(f"{m.rel}:{node.lineno}")
     assert builders == []
     codes = np.arange(256, dtype=np.uint8)
@@ -215,11 +229,21 @@ def test_one_rank_runner_and_nothing_imports_the_tests() -> None:
     from tests._code import ROOT
 
     definitions = []
-    for path in sorted([*ROOT.glob("sdcguard/**/*.py"), *ROOT.glob("fleet_scan/**/*.py"), *ROOT.glob("scripts/**/*.py"),
-                        *ROOT.glob("benchmarks/**/*.py"), *ROOT.glob("tests/**/*.py")]):
+    for path in sorted(
+        [
+            *ROOT.glob("sdcguard/**/*.py"),
+            *ROOT.glob("fleet_scan/**/*.py"),
+            *ROOT.glob("scripts/**/*.py"),
+            *ROOT.glob("benchmarks/**/*.py"),
+            *ROOT.glob("tests/**/*.py"),
+        ]
+    ):
         tree = ast.parse(path.read_text())
-        definitions += [f"{path.relative_to(ROOT)}" for node in ast.walk(tree)
-                        if isinstance(node, ast.FunctionDef) and node.name == "run_ranks"]
+        definitions += [
+            f"{path.relative_to(ROOT)}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef) and node.name == "run_ranks"
+        ]
     assert definitions == ["sdcguard/testing/ranks.py"]
     from_tests = []
     for m in ALL:
@@ -239,5 +263,6 @@ def test_every_exception_above_is_still_needed() -> None:
 
     assert any(isinstance(v, str) and "86400" in v for v in values("sdcguard/fleet/store/schema.py"))
     for rel in SIGNED64_EXCEPTIONS:
-        assert any(isinstance(v, int) and not isinstance(v, bool) and abs(v) in (2**63, 2**64, 2**64 - 1)
-                   for v in values(rel)), rel
+        assert any(
+            isinstance(v, int) and not isinstance(v, bool) and abs(v) in (2**63, 2**64, 2**64 - 1) for v in values(rel)
+        ), rel

@@ -39,8 +39,15 @@ def _group(g: str) -> Callable[[dict[str, Any]], bool]:
     return lambda j: GROUPS[j["target"]] == g
 
 
-def _derived(setting: Setting, peer: list[dict[str, Any]], shadow: list[dict[str, Any]], later: Any,
-             shadow_later: Any, delay: int, cache: Curves) -> dict[str, Any]:
+def _derived(
+    setting: Setting,
+    peer: list[dict[str, Any]],
+    shadow: list[dict[str, Any]],
+    later: Any,
+    shadow_later: Any,
+    delay: int,
+    cache: Curves,
+) -> dict[str, Any]:
     judged, rates = (shadow, shadow_later) if setting.kind == "shadow" else (peer, later)
     if setting.kind == "shadow":
         judged = [j for j in judged if j["sampled"]]
@@ -60,10 +67,15 @@ def _false_alarms(peer_results: list[dict[str, Any]], shadow_results: list[dict[
     clean = [res["clean"] for res in peer_results]
     steps = clean[0]["steps"]
     # a step counts once whatever rank fired: sdcguard's incidents are the same on every rank
-    out = {"steps": steps, "calibrated": all(res["calibrated"] for res in peer_results),
-           "sdcguard": clean[0]["sdcguard"], "megatron": max(c["megatron"] for c in clean),
-           "megatron_hash": clean[0]["hash"], "same_device": max(c["same_device"] for c in clean),
-           "events": clean[0]["events"]}
+    out = {
+        "steps": steps,
+        "calibrated": all(res["calibrated"] for res in peer_results),
+        "sdcguard": clean[0]["sdcguard"],
+        "megatron": max(c["megatron"] for c in clean),
+        "megatron_hash": clean[0]["hash"],
+        "same_device": max(c["same_device"] for c in clean),
+        "events": clean[0]["events"],
+    }
     if shadow_results:
         w = shadow_results[0]["clean"]
         out["continuous"] = len({stp for _, stp, _, _ in w["incidents"]})
@@ -71,49 +83,73 @@ def _false_alarms(peer_results: list[dict[str, Any]], shadow_results: list[dict[
     return out
 
 
-def analyse(plan: Any, peer_results: list[dict[str, Any]], shadow_results: list[dict[str, Any]],
-            fsdp_results: list[dict[str, Any]], lightning_results: list[dict[str, Any]]) -> dict[str, Any]:
+def analyse(
+    plan: Any,
+    peer_results: list[dict[str, Any]],
+    shadow_results: list[dict[str, Any]],
+    fsdp_results: list[dict[str, Any]],
+    lightning_results: list[dict[str, Any]],
+) -> dict[str, Any]:
     peer = judge_peer(plan.peer.trials, peer_results)
     shadow = judge_shadow(plan.shadow.trials, shadow_results) if shadow_results else []
     later, shadow_later = later_rates(peer), later_rates([j for j in shadow if j["sampled"]])
     delays = [j["delay"] for j in shadow if j["delay"] is not None]
     delay = int(statistics.median(delays)) if delays else 2
     cache = Curves()
-    derived = {s.key: _derived(s, peer, shadow, later, shadow_later, delay, cache) for s in SETTINGS
-               if s.kind != "shadow" or shadow}
+    derived = {
+        s.key: _derived(s, peer, shadow, later, shadow_later, delay, cache)
+        for s in SETTINGS
+        if s.kind != "shadow" or shadow
+    }
     eff = [j for j in peer if j["effective"]]
     steps: dict[str, Any] = {}
     for t in TIMINGS:
         for target in TARGETS:
-            steps[f"{t}|{target}"] = per_step(peer, PER_STEP_CHECKS, _and(_by("timing", t), _by("target", target),
-                                                                          lambda j: j["effective"]))
+            steps[f"{t}|{target}"] = per_step(
+                peer, PER_STEP_CHECKS, _and(_by("timing", t), _by("target", target), lambda j: j["effective"])
+            )
         steps[t] = per_step(peer, PER_STEP_CHECKS, _and(_by("timing", t), lambda j: j["effective"]))
     steps["all"] = per_step(peer, PER_STEP_CHECKS, lambda j: j["effective"])
     for bits in BIT_CLASSES:  # the matmul checksums by bit class (every timing), beside replay
-        steps[f"bits|matmul|{bits}"] = per_step(peer, PER_STEP_CHECKS, _and(
-            _by("target", "matmul"), _by("bits", bits), lambda j: j["effective"]))
+        steps[f"bits|matmul|{bits}"] = per_step(
+            peer, PER_STEP_CHECKS, _and(_by("target", "matmul"), _by("bits", bits), lambda j: j["effective"])
+        )
     steps["masked"] = per_step(peer, PER_STEP_CHECKS, lambda j: not j["effective"])
     steps["masked, loss changed"] = per_step(peer, PER_STEP_CHECKS, lambda j: not j["effective"] and j["loss_changed"])
     episodes = measured_episodes(plan.peer.episodes, peer_results)
     unsampled = [j for j in shadow if not j["sampled"]]
     out = {
-        "faults": len(peer), "effective": len(eff), "vetoed": sum(1 for j in eff if not j["commit"]),
-        "derived": derived, "per_step": steps, "false_alarms": _false_alarms(peer_results, shadow_results),
+        "faults": len(peer),
+        "effective": len(eff),
+        "vetoed": sum(1 for j in eff if not j["commit"]),
+        "derived": derived,
+        "per_step": steps,
+        "false_alarms": _false_alarms(peer_results, shadow_results),
         "validation": validation(episodes, peer, later, plan.peer.settings, plan.checkpoints),
-        "episodes": episodes, "op_calls": peer_results[0]["op_calls"],
-        "shadow": {"trials": len([j for j in shadow if j["sampled"]]),
-                   "effective": len([j for j in shadow if j["sampled"] and j["effective"]]),
-                   "delays": sorted(delays), "delay": delay,
-                   "unsampled": len([j for j in unsampled if j["effective"]]),
-                   "unsampled_replay_fired": sum(1 for j in unsampled if j["effective"] and j["hit"]["sdc.replay"][0]),
-                   "given_sampled": per_step([j for j in shadow if j["sampled"]], ("sdc.replay", "sdc.every",
-                                                                                    "sdc.weights"),
-                                             lambda j: j["effective"] and j["target"] in OP_TARGETS)},
+        "episodes": episodes,
+        "op_calls": peer_results[0]["op_calls"],
+        "shadow": {
+            "trials": len([j for j in shadow if j["sampled"]]),
+            "effective": len([j for j in shadow if j["sampled"] and j["effective"]]),
+            "delays": sorted(delays),
+            "delay": delay,
+            "unsampled": len([j for j in unsampled if j["effective"]]),
+            "unsampled_replay_fired": sum(1 for j in unsampled if j["effective"] and j["hit"]["sdc.replay"][0]),
+            "given_sampled": per_step(
+                [j for j in shadow if j["sampled"]],
+                ("sdc.replay", "sdc.every", "sdc.weights"),
+                lambda j: j["effective"] and j["target"] in OP_TARGETS,
+            ),
+        },
         "fsdp": frameworks(plan.frameworks.trials, fsdp_results) if fsdp_results else None,
         "lightning": frameworks(plan.frameworks.trials, lightning_results) if lightning_results else None,
-        "seconds": {"peer_trials": peer_results[0]["trials_s"], "peer_clean": peer_results[0]["clean"]["seconds"],
-                    "episodes": peer_results[0]["episodes_s"]},
-        "peer_trials": peer, "shadow_trials": shadow,
+        "seconds": {
+            "peer_trials": peer_results[0]["trials_s"],
+            "peer_clean": peer_results[0]["clean"]["seconds"],
+            "episodes": peer_results[0]["episodes_s"],
+        },
+        "peer_trials": peer,
+        "shadow_trials": shadow,
     }
     return out
 
@@ -166,8 +202,10 @@ def headline_failures(a: dict[str, Any]) -> list[str]:
         if fw is None:
             continue
         if not (fw["detected"] == fw["attributed"] == fw["vetoed"] == fw["effective"]) or fw["clean_incidents"]:
-            bad.append(f"{name}: not every effective one-off backward fault detected, named and vetoed: "
-                       f"{ {k: v for k, v in fw.items() if k != 'rows'} }")
+            bad.append(
+                f"{name}: not every effective one-off backward fault detected, named and vetoed: "
+                f"{ {k: v for k, v in fw.items() if k != 'rows'} }"
+            )
         if fw["twin_matched"] != fw["changed"] or not fw["ranks_agree"]:
             bad.append(f"{name}: the twin did not reproduce the job's fault, or ranks disagreed")
     bad += _validation_failures(a["validation"])
@@ -185,8 +223,10 @@ def _checksum_failures(a: dict[str, Any]) -> list[str]:
         every = next(s.checksum_every for s in SETTINGS if s.key == "defaults")
         at_default = share / every  # the derivation of the tables, on the measured share
         if at_default < 10 / 50:
-            bad.append(f"defaults: one-off matmul faults caught at their step {at_default:.3f}, under 10x replay's "
-                       f"1/50 ({one_off})")
+            bad.append(
+                f"defaults: one-off matmul faults caught at their step {at_default:.3f}, under 10x replay's "
+                f"1/50 ({one_off})"
+            )
     for bits in ("sign", "exponent", "nan"):
         s = ps.get(f"bits|matmul|{bits}", {})
         if s.get("faults") and tuple(s["sdc.checksum"]) != (s["faults"], s["faults"]):
@@ -202,7 +242,7 @@ def _validation_failures(v: dict[str, Any]) -> list[str]:
             continue
         for cp, m, x in zip(v["checkpoints"], r["measured"], r["derived"]):
             # binomial standard error of the measured share, at least one fault's worth of slack
-            se = max(x * (1 - x), 0.25 / n) ** 0.5 / n ** 0.5
+            se = max(x * (1 - x), 0.25 / n) ** 0.5 / n**0.5
             if abs(m - x) > max(3 * se, 1.0 / n):
                 bad.append(f"validation: {d} within {cp} steps measured {m:.2f}, derived {x:.2f} over {n} faults")
     return bad

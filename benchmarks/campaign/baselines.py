@@ -142,8 +142,11 @@ def bits_equal(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    return bool(torch.equal(a.detach().reshape(-1).view(ints[a.element_size()]),
-                            b.detach().reshape(-1).view(ints[b.element_size()])))
+    return bool(
+        torch.equal(
+            a.detach().reshape(-1).view(ints[a.element_size()]), b.detach().reshape(-1).view(ints[b.element_size()])
+        )
+    )
 
 
 def all_bits_equal(xs: Sequence[torch.Tensor | None], ys: Sequence[torch.Tensor | None]) -> bool:
@@ -158,10 +161,19 @@ class SameDeviceResult:
         self.reduced_differs = reduced_differs
 
 
-def rerun_step(ddp: torch.nn.Module, params: Sequence[torch.nn.Parameter], loss_fn: Callable[..., torch.Tensor],
-               batch: Any, rng: torch.Tensor, tap: BucketTap, *, loss: torch.Tensor, local: Sequence[torch.Tensor],
-               reduced: Sequence[torch.Tensor | None], after_backward: Callable[[], Any] | None = None
-               ) -> SameDeviceResult:
+def rerun_step(
+    ddp: torch.nn.Module,
+    params: Sequence[torch.nn.Parameter],
+    loss_fn: Callable[..., torch.Tensor],
+    batch: Any,
+    rng: torch.Tensor,
+    tap: BucketTap,
+    *,
+    loss: torch.Tensor,
+    local: Sequence[torch.Tensor],
+    reduced: Sequence[torch.Tensor | None],
+    after_backward: Callable[[], Any] | None = None,
+) -> SameDeviceResult:
     """Same-device replay: the whole step again through DDP (every rank calls it: the reduction is collective),
     compared bit for bit with the original's ``loss``, bucket ``local`` gradients and ``reduced`` gradients.
     ``.grad`` and the random stream are left as they were."""

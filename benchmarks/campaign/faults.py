@@ -44,8 +44,11 @@ TARGET_LABELS = {
     "weights": "one rank's weights",
     "collective": "all-reduce result",
 }
-GROUPS = {t: "compute" for t in OP_TARGETS} | {"reduced_grad": "after the reduction",
-                                                "collective": "after the reduction", "weights": "weights in memory"}
+GROUPS = {t: "compute" for t in OP_TARGETS} | {
+    "reduced_grad": "after the reduction",
+    "collective": "after the reduction",
+    "weights": "weights in memory",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,8 +84,16 @@ def fault_model(trial: Trial, rate: float) -> Any:
     pattern = {"zero": "zero", "nan": "nan", "tile": "mix"}.get(trial.bits, "bitflip")
     bit = trial.bits if pattern == "bitflip" else None
     timing = {"one-off": "transient", "intermittent": "intermittent", "sticky": "sticky"}[trial.timing]
-    return FaultModel(Fault(pattern=pattern, bit=bit, timing=timing, rate=rate if timing == "intermittent" else 1.0,
-                            seed=trial.seed, control=1.0 if trial.bits == "tile" else None))
+    return FaultModel(
+        Fault(
+            pattern=pattern,
+            bit=bit,
+            timing=timing,
+            rate=rate if timing == "intermittent" else 1.0,
+            seed=trial.seed,
+            control=1.0 if trial.bits == "tile" else None,
+        )
+    )
 
 
 class _CallCounter(TorchDispatchMode):
@@ -139,8 +150,9 @@ class Injector:
                 phases = ("forward", "backward") if trial.phase == "both" else (trial.phase,)
                 n = sum(calls[p][trial.target] for p in phases)
                 occurrence = random.Random(trial.seed).randrange(max(1, n))
-            self.mode = OpFaultMode(self.model, ops=trial.target, phase=trial.phase, rank=trial.rank,
-                                    occurrence=occurrence)
+            self.mode = OpFaultMode(
+                self.model, ops=trial.target, phase=trial.phase, rank=trial.rank, occurrence=occurrence
+            )
         elif trial.target == "collective":
             self.comm_hook = CorruptingCommHook(self.model, rank=trial.rank)
 

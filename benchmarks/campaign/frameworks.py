@@ -45,8 +45,9 @@ def _occurrence(trial: Trial, calls: dict[str, dict[str, int]]) -> int:
 def _mode(trial: Trial, calls: Any, *, rank: int | None) -> Any:
     from sdcguard.inject.torch_faults import OpFaultMode
 
-    return OpFaultMode(fault_model(trial, 1.0), ops=trial.target, phase="backward", rank=rank,
-                       occurrence=_occurrence(trial, calls))
+    return OpFaultMode(
+        fault_model(trial, 1.0), ops=trial.target, phase="backward", rank=rank, occurrence=_occurrence(trial, calls)
+    )
 
 
 def _twin(twin: torch.nn.Module, trial: Trial, calls: Any, batch: Any, rng: torch.Tensor) -> tuple[bool, Any]:
@@ -74,8 +75,11 @@ def _result(trial: Trial, rank: int, report: Any, mode: Any, twin: tuple[bool, A
     out = {"commit": report.commit, "incidents": [(i.kind, list(i.suspect_ranks)) for i in report.incidents]}
     if rank == trial.rank:
         assert twin is not None
-        out |= {"effective": twin[0], "changed": sum(1 for r in mode.records if r.changed),
-                "twin_matched": twin[1] == _records(mode) and bool(twin[1])}
+        out |= {
+            "effective": twin[0],
+            "changed": sum(1 for r in mode.records if r.changed),
+            "twin_matched": twin[1] == _records(mode) and bool(twin[1]),
+        }
     return out
 
 
@@ -97,8 +101,9 @@ def fsdp_main(rank: int, world: int, plan: FrameworkPlan) -> dict[str, Any]:
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    guard = SDCGuard(model, lm_loss, replay_every=1, weight_check_every=1, escalate="off",
-                     checksum_every=0)  # one long run; replay measured alone here
+    guard = SDCGuard(
+        model, lm_loss, replay_every=1, weight_check_every=1, escalate="off", checksum_every=0
+    )  # one long run; replay measured alone here
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     shards = [p.to_local().detach().clone() for p in model.parameters()]
     out: list[dict[str, Any]] = []
@@ -165,13 +170,22 @@ def lightning_main(rank: int, world: int, plan: FrameworkPlan) -> dict[str, Any]
     twin = copy.deepcopy(module.net)
     snapshot = [p.detach().clone() for p in module.net.parameters()]
     calls = count_op_calls(twin, lm_loss, make_batch(0, rank, batch=BATCH, seq=MODEL["seq"]))
-    cb = SDCGuardCallback(replay_every=1, weight_check_every=1, escalate="off",
-                          checksum_every=0)  # one long run; replay measured alone here
+    cb = SDCGuardCallback(
+        replay_every=1, weight_check_every=1, escalate="off", checksum_every=0
+    )  # one long run; replay measured alone here
     probe = _LightningProbe(cb, plan, rank, calls, twin, snapshot, L.Callback)
     steps = plan.clean_steps + len(plan.trials)
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=world, strategy=DDPStrategy(), logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[cb, probe.callback])
+    trainer = L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        devices=world,
+        strategy=DDPStrategy(),
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[cb, probe.callback],
+    )
     data = [make_batch(s, rank, batch=BATCH, seq=MODEL["seq"]) for s in range(steps)]
     trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=None))
     return {"rank": rank, "results": probe.results}
@@ -181,8 +195,9 @@ class _LightningProbe:
     """Restores the weights and the guard's state before each trial, seeds the step, computes the twin, and puts the
     fault around Lightning's own backward."""
 
-    def __init__(self, cb: Any, plan: FrameworkPlan, rank: int, calls: Any, twin: Any, snapshot: Any,
-                 base: type) -> None:
+    def __init__(
+        self, cb: Any, plan: FrameworkPlan, rank: int, calls: Any, twin: Any, snapshot: Any, base: type
+    ) -> None:
         self.cb, self.plan, self.rank, self.calls, self.twin, self.snapshot = cb, plan, rank, calls, twin, snapshot
         self.results: list[dict[str, Any]] = []
         self.mode: Any = None

@@ -96,12 +96,18 @@ class _Rank:
         self.tap = BucketTap()
         self.ddp.register_comm_hook(None, self.tap)
         # one long run: no state restored between trials, so escalation (a sticky verdict) must let it go on
-        self.guard = SDCGuard(self.ddp, lm_loss, replay_every=1, weight_check_every=1, on_detect="skip",
-                              escalate="off", checksum_every=1)
+        self.guard = SDCGuard(
+            self.ddp, lm_loss, replay_every=1, weight_check_every=1, on_detect="skip", escalate="off", checksum_every=1
+        )
         st = plan.settings
-        self.episode_guard = SDCGuard(self.ddp, lm_loss, replay_every=st.replay_every,
-                                      weight_check_every=st.weight_check_every, on_detect="record",
-                                      checksum_every=0)  # the validation episodes derive replay and the rest
+        self.episode_guard = SDCGuard(
+            self.ddp,
+            lm_loss,
+            replay_every=st.replay_every,
+            weight_check_every=st.weight_check_every,
+            on_detect="record",
+            checksum_every=0,
+        )  # the validation episodes derive replay and the rest
         self.params = [p for p in self.model.parameters()]
         self.opt = torch.optim.SGD(self.params, lr=LR)
         self.megatron = MegatronChecks(num_samples=plan.warmup)
@@ -151,8 +157,18 @@ class _Rank:
             local = self.tap.take()
             reduced = [None if p.grad is None else p.grad.clone() for p in self.params]
             report = guard.end_step(loss=loss.detach())
-            same = rerun_step(self.ddp, self.params, self.loss_fn, batch, rng, self.tap, loss=loss, local=local,
-                              reduced=reduced, after_backward=after_bwd)
+            same = rerun_step(
+                self.ddp,
+                self.params,
+                self.loss_fn,
+                batch,
+                rng,
+                self.tap,
+                loss=loss,
+                local=local,
+                reduced=reduced,
+                after_backward=after_bwd,
+            )
         self.tap.inner = allreduce_hook
         megatron = self.megatron.check(float(loss.detach()), bucket_norms(local))
         for p, g in zip(self.params, reduced):  # the world without a veto: the step's own update is applied
@@ -163,9 +179,12 @@ class _Rank:
             inj.after_optimizer(self.model, step)
         weights = guard.after_optimizer_step()
         return {
-            "loss": loss.detach(), "reduced": reduced, "commit": report.commit,
+            "loss": loss.detach(),
+            "reduced": reduced,
+            "commit": report.commit,
             "sdcguard": [(i.kind, list(i.suspect_ranks)) for i in (*report.incidents, *weights)],
-            "megatron": megatron, "hash": param_hash_mismatch(self.model) if hash_now else [],
+            "megatron": megatron,
+            "hash": param_hash_mismatch(self.model) if hash_now else [],
             "same_device": [same.local_differs, same.reduced_differs],
         }
 
@@ -202,8 +221,9 @@ def _clean(r: _Rank, steps: int) -> dict[str, Any]:
     return fired
 
 
-def _trial(r: _Rank, i: int, trial: Trial, step: int, calls: Any, snap: list[torch.Tensor],
-           states: tuple[Any, Any]) -> dict[str, Any]:
+def _trial(
+    r: _Rank, i: int, trial: Trial, step: int, calls: Any, snap: list[torch.Tensor], states: tuple[Any, Any]
+) -> dict[str, Any]:
     r.restore(snap)
     r.megatron.load_state_dict(states[1])
     inj = Injector(trial, r.rank, calls, rate=r.plan.rate)
@@ -212,8 +232,12 @@ def _trial(r: _Rank, i: int, trial: Trial, step: int, calls: Any, snap: list[tor
     ref_loss, ref_reduced = r.reference(batch)
     obs = r.step(r.guard, step, batch, inj)
     effective = not all_bits_equal(obs["reduced"], ref_reduced) or (trial.target == "weights" and inj.changed() > 0)
-    out = {"hit": _public(obs), "effective": effective, "loss_changed": not bits_equal(obs["loss"], ref_loss),
-           "changed": inj.changed()}
+    out = {
+        "hit": _public(obs),
+        "effective": effective,
+        "loss_changed": not bits_equal(obs["loss"], ref_loss),
+        "changed": inj.changed(),
+    }
     torch.manual_seed(30_000 + 7 * i + r.rank)
     out["follow"] = _public(r.step(r.guard, step + 1, r.batch(step + 1), None))
     return out
@@ -237,11 +261,17 @@ def _episode(r: _Rank, e: Episode, calls: Any, snap: list[torch.Tensor], states:
         obs = r.step(r.episode_guard, t, batch, active, hash_now=t % st.hash_every == 0)
         if k == 0:
             effective = not all_bits_equal(obs["reduced"], ref_reduced) or (
-                e.trial.target == "weights" and inj.changed() > 0)
+                e.trial.target == "weights" and inj.changed() > 0
+            )
         named = sorted({s for kind, sus in obs["sdcguard"] if kind != "nondeterministic" for s in sus})
-        seen.append({"sdcguard": named,
-                     "megatron": [r.rank] if obs["megatron"] else [], "hash": obs["hash"],
-                     "same_device": [int(obs["same_device"][0]), int(obs["same_device"][1])]})
+        seen.append(
+            {
+                "sdcguard": named,
+                "megatron": [r.rank] if obs["megatron"] else [],
+                "hash": obs["hash"],
+                "same_device": [int(obs["same_device"][0]), int(obs["same_device"][1])],
+            }
+        )
     return {"effective": effective, "steps": seen, "changed": inj.changed()}
 
 
@@ -265,7 +295,7 @@ def rank_main(rank: int, world: int, plan: PeerPlan) -> dict[str, Any]:
     t0 = time.monotonic()
     r.restore(snap)
     for step in range(3):  # the episode guard learns that replays agree on this setup before any fault
-        r.step(r.episode_guard, 10 ** 7 + step * plan.settings.replay_every, r.batch(step), None)
+        r.step(r.episode_guard, 10**7 + step * plan.settings.replay_every, r.batch(step), None)
     ep_states = (r.episode_guard.state_dict(), states[1])
     out["episodes"] = [_episode(r, e, calls, snap, ep_states) for e in plan.episodes]
     out["episodes_s"] = time.monotonic() - t0

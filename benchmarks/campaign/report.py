@@ -36,23 +36,63 @@ class Setting:
 
 
 SETTINGS = (
-    Setting("defaults", "sdcguard, defaults (`replay_every=50`, `weight_check_every=100`, "
-            f"`checksum_every={DEFAULT_CHECKSUM_EVERY}`)", "peer", 50, 100,
-            vetoes="yes, when it sees the fault on its step", checksum_every=DEFAULT_CHECKSUM_EVERY),
-    Setting("replay_only", "sdcguard, replay alone at the defaults (`replay_every=50`, `checksum_every=0`)", "peer",
-            50, 100, vetoes="yes, when it sees the fault on its step"),
-    Setting("checksum1", "sdcguard, `checksum_every=1` (`replay_every=50`, `weight_check_every=100`)", "peer", 50,
-            100, vetoes="yes, when it sees the fault on its step", checksum_every=1),
-    Setting("replay10", "sdcguard, `replay_every=10` (`weight_check_every=100`)", "peer", 10, 100,
-            vetoes="yes, when it sees the fault on its step"),
-    Setting("continuous", "sdcguard, continuous: 1 dedicated shadow per 3 workers, `replay_every=1`", "shadow", 1, 100,
-            vetoes="faults after the reduction only (a shadow reports 2 steps later)"),
-    Setting("every_step", "sdcguard, `replay_every=1`, `weight_check_every=1` (peer)", "peer", 1, 1,
-            vetoes="yes"),
-    Setting("megatron", "Megatron-LM, every shipped check, weight hash every 20,000 iterations", "megatron",
-            hash_every=20000, vetoes="no: NaN/Inf and a hash mismatch stop the job, spikes are logged"),
-    Setting("megatron10", "Megatron-LM, every shipped check, weight hash every 10 iterations", "megatron",
-            hash_every=10, vetoes="no (as above)"),
+    Setting(
+        "defaults",
+        f"sdcguard, defaults (`replay_every=50`, `weight_check_every=100`, `checksum_every={DEFAULT_CHECKSUM_EVERY}`)",
+        "peer",
+        50,
+        100,
+        vetoes="yes, when it sees the fault on its step",
+        checksum_every=DEFAULT_CHECKSUM_EVERY,
+    ),
+    Setting(
+        "replay_only",
+        "sdcguard, replay alone at the defaults (`replay_every=50`, `checksum_every=0`)",
+        "peer",
+        50,
+        100,
+        vetoes="yes, when it sees the fault on its step",
+    ),
+    Setting(
+        "checksum1",
+        "sdcguard, `checksum_every=1` (`replay_every=50`, `weight_check_every=100`)",
+        "peer",
+        50,
+        100,
+        vetoes="yes, when it sees the fault on its step",
+        checksum_every=1,
+    ),
+    Setting(
+        "replay10",
+        "sdcguard, `replay_every=10` (`weight_check_every=100`)",
+        "peer",
+        10,
+        100,
+        vetoes="yes, when it sees the fault on its step",
+    ),
+    Setting(
+        "continuous",
+        "sdcguard, continuous: 1 dedicated shadow per 3 workers, `replay_every=1`",
+        "shadow",
+        1,
+        100,
+        vetoes="faults after the reduction only (a shadow reports 2 steps later)",
+    ),
+    Setting("every_step", "sdcguard, `replay_every=1`, `weight_check_every=1` (peer)", "peer", 1, 1, vetoes="yes"),
+    Setting(
+        "megatron",
+        "Megatron-LM, every shipped check, weight hash every 20,000 iterations",
+        "megatron",
+        hash_every=20000,
+        vetoes="no: NaN/Inf and a hash mismatch stop the job, spikes are logged",
+    ),
+    Setting(
+        "megatron10",
+        "Megatron-LM, every shipped check, weight hash every 10 iterations",
+        "megatron",
+        hash_every=10,
+        vetoes="no (as above)",
+    ),
     Setting("same_device", "same-device replay of every step (torchtitan-style)", "same", vetoes="no"),
 )
 
@@ -73,8 +113,15 @@ def _fired(kinds: Iterable[tuple[str, list[int]]], kind: str | tuple[str, ...]) 
 def _view(per_rank: list[dict[str, Any]], which: str) -> dict[str, tuple[bool, list[int]]]:
     """Every check's (fired, suspects) on one step, from all ranks' observations of it."""
     sdc = per_rank[0][which]["sdcguard"]  # identical on every rank
-    out = {f"sdc.{k}": _fired(sdc, n) for k, n in (("every", "gradient_replica"), ("replay", REPLAY_KINDS),
-                                                    ("weights", "weight_replica"), ("checksum", "checksum"))}
+    out = {
+        f"sdc.{k}": _fired(sdc, n)
+        for k, n in (
+            ("every", "gradient_replica"),
+            ("replay", REPLAY_KINDS),
+            ("weights", "weight_replica"),
+            ("checksum", "checksum"),
+        )
+    }
     meg = [r for r, res in enumerate(per_rank) if res[which]["megatron"]]
     out["meg.step"] = (bool(meg), meg)
     out["meg.hash"] = (bool(per_rank[0][which]["hash"]), list(per_rank[0][which]["hash"]))
@@ -89,10 +136,17 @@ def judge_peer(trials: Sequence[Trial], results: list[dict[str, Any]]) -> list[d
     judged = []
     for i, t in enumerate(trials):
         per_rank = [res["trials"][i] for res in results]
-        judged.append({**asdict(t), "effective": any(p["effective"] for p in per_rank),
-                       "loss_changed": any(p["loss_changed"] for p in per_rank),
-                       "changed": per_rank[t.rank]["changed"], "commit": per_rank[0]["hit"]["commit"],
-                       "hit": _view(per_rank, "hit"), "state": _view(per_rank, "follow")})
+        judged.append(
+            {
+                **asdict(t),
+                "effective": any(p["effective"] for p in per_rank),
+                "loss_changed": any(p["loss_changed"] for p in per_rank),
+                "changed": per_rank[t.rank]["changed"],
+                "commit": per_rank[0]["hit"]["commit"],
+                "hit": _view(per_rank, "hit"),
+                "state": _view(per_rank, "follow"),
+            }
+        )
     return judged
 
 
@@ -110,14 +164,26 @@ def judge_shadow(trials: Sequence[Any], results: list[dict[str, Any]]) -> list[d
             return bool(found), sus, (min(at for _, at in found) - step) if found else None
 
         rep = seen(REPLAY_KINDS, s)
-        judged.append({**asdict(st.trial), "sampled": st.sampled, "step": s,
-                       "effective": any(w["trials"][i]["effective"] for w in workers),
-                       "changed": workers[st.trial.rank]["trials"][i]["changed"], "delay": rep[2],
-                       "hit": {"sdc.every": seen("gradient_replica", s)[:2], "sdc.replay": rep[:2],
-                               "sdc.weights": seen("weight_replica", s)[:2]},
-                       "state": {"sdc.every": seen("gradient_replica", s + 1)[:2],
-                                 "sdc.replay": seen(REPLAY_KINDS, s + SHADOW_WORKERS)[:2],
-                                 "sdc.weights": seen("weight_replica", s + 1)[:2]}})
+        judged.append(
+            {
+                **asdict(st.trial),
+                "sampled": st.sampled,
+                "step": s,
+                "effective": any(w["trials"][i]["effective"] for w in workers),
+                "changed": workers[st.trial.rank]["trials"][i]["changed"],
+                "delay": rep[2],
+                "hit": {
+                    "sdc.every": seen("gradient_replica", s)[:2],
+                    "sdc.replay": rep[:2],
+                    "sdc.weights": seen("weight_replica", s)[:2],
+                },
+                "state": {
+                    "sdc.every": seen("gradient_replica", s + 1)[:2],
+                    "sdc.replay": seen(REPLAY_KINDS, s + SHADOW_WORKERS)[:2],
+                    "sdc.weights": seen("weight_replica", s + 1)[:2],
+                },
+            }
+        )
     return judged
 
 
@@ -128,8 +194,11 @@ def _checks(setting: Setting) -> list[tuple[str, int, bool]]:
     """(check, period, persistent) of a setting."""
     if setting.kind in ("peer", "shadow"):
         replay = SHADOW_WORKERS if setting.kind == "shadow" else setting.replay_every
-        checks = [("sdc.every", 1, False), ("sdc.replay", replay, False),
-                  ("sdc.weights", setting.weight_check_every, True)]
+        checks = [
+            ("sdc.every", 1, False),
+            ("sdc.replay", replay, False),
+            ("sdc.weights", setting.weight_check_every, True),
+        ]
         return checks + ([("sdc.checksum", setting.checksum_every, False)] if setting.checksum_every else [])
     if setting.kind == "megatron":
         return [("meg.step", 1, False), ("meg.hash", setting.hash_every, True)]
@@ -152,8 +221,9 @@ def later_rates(judged: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], 
     return out
 
 
-def components(setting: Setting, j: dict[str, Any], later: dict[tuple[str, str, str], tuple[float, float]],
-               default_delay: int = 0) -> tuple[Component, ...]:
+def components(
+    setting: Setting, j: dict[str, Any], later: dict[tuple[str, str, str], tuple[float, float]], default_delay: int = 0
+) -> tuple[Component, ...]:
     """A fault's checks at a setting (``default_delay``: a shadow's verdict delay where this fault's is unknown)."""
     out = []
     for check, period, persistent in _checks(setting):
@@ -163,9 +233,19 @@ def components(setting: Setting, j: dict[str, Any], later: dict[tuple[str, str, 
         if j["timing"] == "intermittent":
             rate, rate_attr = later.get((j["target"], j["bits"], check), (0.0, 1.0))
         delay = (j.get("delay") or default_delay) if check == "sdc.replay" else 0
-        out.append(Component(period=period, delay=delay, hit=hit, state=state, persistent=persistent, later=rate,
-                             hit_attributed=hit_sus == [j["rank"]], state_attributed=state_sus == [j["rank"]],
-                             later_attributed=rate_attr))
+        out.append(
+            Component(
+                period=period,
+                delay=delay,
+                hit=hit,
+                state=state,
+                persistent=persistent,
+                later=rate,
+                hit_attributed=hit_sus == [j["rank"]],
+                state_attributed=state_sus == [j["rank"]],
+                later_attributed=rate_attr,
+            )
+        )
     return tuple(out)
 
 
@@ -176,8 +256,9 @@ class Curves:
         self.horizon = horizon
         self._cache: dict[tuple[tuple[Component, ...], str, int | None], tuple[np.ndarray, np.ndarray]] = {}
 
-    def __call__(self, comps: tuple[Component, ...], timing: str, phase: int | None = None
-                 ) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(
+        self, comps: tuple[Component, ...], timing: str, phase: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         key = (comps, timing, phase)
         if key not in self._cache:
             self._cache[key] = curves(comps, timing, self.horizon, phase=phase)
@@ -200,10 +281,17 @@ def summarise(rows: list[tuple[np.ndarray, np.ndarray]], horizon: int = HORIZON)
     return out
 
 
-def derive(setting: Setting, judged: Sequence[dict[str, Any]], later: dict[Any, Any], cache: Curves,
-           select: Callable[[dict[str, Any]], bool], default_delay: int = 0) -> dict[str, Any]:
-    rows = [cache(components(setting, j, later, default_delay), j["timing"])
-            for j in judged if j["effective"] and select(j)]
+def derive(
+    setting: Setting,
+    judged: Sequence[dict[str, Any]],
+    later: dict[Any, Any],
+    cache: Curves,
+    select: Callable[[dict[str, Any]], bool],
+    default_delay: int = 0,
+) -> dict[str, Any]:
+    rows = [
+        cache(components(setting, j, later, default_delay), j["timing"]) for j in judged if j["effective"] and select(j)
+    ]
     return summarise(rows, cache.horizon)
 
 
@@ -236,8 +324,14 @@ def measured_episodes(episodes: Sequence[Any], results: list[dict[str, Any]]) ->
             megatron = [r for r, p in enumerate(per_rank) if p["steps"][k]["megatron"]]
             local = [r for r, p in enumerate(per_rank) if p["steps"][k]["same_device"][0]]
             reduced = [r for r, p in enumerate(per_rank) if p["steps"][k]["same_device"][1]]
-            steps.append({"sdcguard": per_rank[0]["steps"][k]["sdcguard"], "megatron": megatron,
-                          "hash": per_rank[0]["steps"][k]["hash"], "same_device": local or reduced})
+            steps.append(
+                {
+                    "sdcguard": per_rank[0]["steps"][k]["sdcguard"],
+                    "megatron": megatron,
+                    "hash": per_rank[0]["steps"][k]["hash"],
+                    "same_device": local or reduced,
+                }
+            )
         row = {"trial": asdict(e.trial), "phase": e.phase, "start": e.start}
         for d in ("sdcguard", "megatron", "same_device"):
             k, sus = _first(steps, d)
@@ -246,8 +340,13 @@ def measured_episodes(episodes: Sequence[Any], results: list[dict[str, Any]]) ->
     return out
 
 
-def validation(episodes_measured: list[dict[str, Any]], judged: Sequence[dict[str, Any]], later: dict[Any, Any],
-               settings: Any, checkpoints: Sequence[int]) -> dict[str, Any]:
+def validation(
+    episodes_measured: list[dict[str, Any]],
+    judged: Sequence[dict[str, Any]],
+    later: dict[Any, Any],
+    settings: Any,
+    checkpoints: Sequence[int],
+) -> dict[str, Any]:
     """Measured within-N of the episodes against the derivation at the episode settings and at each episode's own
     phase of the schedule, from the measured steps of the trials of the same fault cell."""
     horizon = settings.length
@@ -290,8 +389,9 @@ def validation(episodes_measured: list[dict[str, Any]], judged: Sequence[dict[st
 # ---------------------------------------------------------------------------------------------- per-step tables
 
 
-def per_step(judged: Sequence[dict[str, Any]], checks: Sequence[str], select: Callable[[dict[str, Any]], bool]
-             ) -> dict[str, Any]:
+def per_step(
+    judged: Sequence[dict[str, Any]], checks: Sequence[str], select: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
     rows = [j for j in judged if select(j)]
     out: dict[str, Any] = {"faults": len(rows)}
     for c in checks:
@@ -307,18 +407,32 @@ def frameworks(trials: Sequence[Trial], results: list[dict[str, Any]]) -> dict[s
         per = [[r for r in res["results"] if "clean_incident" not in r][i] for res in results]
         own = per[t.rank]
         suspects = sorted({s for _, sus in per[0]["incidents"] for s in sus})
-        rows.append({**asdict(t), "effective": own["effective"], "changed": own["changed"],
-                     "twin_matched": own["twin_matched"], "detected": bool(per[0]["incidents"]),
-                     "attributed": suspects == [t.rank], "vetoed": not any(p["commit"] for p in per),
-                     "agree": all(p["incidents"] == per[0]["incidents"] and p["commit"] == per[0]["commit"]
-                                  for p in per)})
+        rows.append(
+            {
+                **asdict(t),
+                "effective": own["effective"],
+                "changed": own["changed"],
+                "twin_matched": own["twin_matched"],
+                "detected": bool(per[0]["incidents"]),
+                "attributed": suspects == [t.rank],
+                "vetoed": not any(p["commit"] for p in per),
+                "agree": all(p["incidents"] == per[0]["incidents"] and p["commit"] == per[0]["commit"] for p in per),
+            }
+        )
     eff = [r for r in rows if r["effective"]]
-    return {"faults": len(rows), "effective": len(eff), "detected": sum(r["detected"] for r in eff),
-            "attributed": sum(r["attributed"] for r in eff), "vetoed": sum(r["vetoed"] for r in eff),
-            "masked_flagged": sum(r["detected"] for r in rows if not r["effective"]),
-            "twin_matched": sum(r["twin_matched"] for r in rows if r["changed"]),
-            "changed": sum(1 for r in rows if r["changed"]), "ranks_agree": all(r["agree"] for r in rows),
-            "clean_incidents": clean_incidents, "rows": rows}
+    return {
+        "faults": len(rows),
+        "effective": len(eff),
+        "detected": sum(r["detected"] for r in eff),
+        "attributed": sum(r["attributed"] for r in eff),
+        "vetoed": sum(r["vetoed"] for r in eff),
+        "masked_flagged": sum(r["detected"] for r in rows if not r["effective"]),
+        "twin_matched": sum(r["twin_matched"] for r in rows if r["changed"]),
+        "changed": sum(1 for r in rows if r["changed"]),
+        "ranks_agree": all(r["agree"] for r in rows),
+        "clean_incidents": clean_incidents,
+        "rows": rows,
+    }
 
 
 def pct(x: float | None) -> str:
@@ -332,7 +446,27 @@ def steps_text(v: int | None) -> str:
     return "–" if v is None else f"{v:,}"
 
 
-
-__all__ = ["SETTINGS", "Setting", "judge_peer", "judge_shadow", "later_rates", "components", "Curves", "derive",
-           "summarise", "measured_episodes", "validation", "per_step", "frameworks", "pct", "steps_text", "TARGETS",
-           "TIMINGS", "GROUPS", "TARGET_LABELS", "BIT_CLASSES", "WITHIN", "HORIZON"]
+__all__ = [
+    "SETTINGS",
+    "Setting",
+    "judge_peer",
+    "judge_shadow",
+    "later_rates",
+    "components",
+    "Curves",
+    "derive",
+    "summarise",
+    "measured_episodes",
+    "validation",
+    "per_step",
+    "frameworks",
+    "pct",
+    "steps_text",
+    "TARGETS",
+    "TIMINGS",
+    "GROUPS",
+    "TARGET_LABELS",
+    "BIT_CLASSES",
+    "WITHIN",
+    "HORIZON",
+]

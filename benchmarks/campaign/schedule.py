@@ -47,8 +47,9 @@ class Component:
             raise ValueError(f"bad component {self}")
 
 
-def _phases(components: tuple[Component, ...], horizon: int, phase: int | None = None
-            ) -> tuple[np.ndarray, list[np.ndarray]]:
+def _phases(
+    components: tuple[Component, ...], horizon: int, phase: int | None = None
+) -> tuple[np.ndarray, list[np.ndarray]]:
     """Phase weights and, per component, ``sched[e, j]``: whether it checks at offset ``j`` under phase ``e``.
 
     Small periods: every phase of their lcm. One period longer than the horizon (with every other period 1): only
@@ -64,8 +65,7 @@ def _phases(components: tuple[Component, ...], horizon: int, phase: int | None =
         K = big[0]
         e = np.arange(horizon + 1)  # e < horizon: first check at offset e; e == horizon: none within the horizon
         weights = np.where(e < horizon, 1.0 / K, (K - horizon) / K)
-        scheds = [np.ones((e.size, horizon), bool) if c.period == 1 else (j[None, :] == e[:, None])
-                  for c in components]
+        scheds = [np.ones((e.size, horizon), bool) if c.period == 1 else (j[None, :] == e[:, None]) for c in components]
         return weights, scheds
     L = math.lcm(*periods) if periods else 1
     phi = np.arange(L) if phase is None else np.array([phase % L])
@@ -73,8 +73,9 @@ def _phases(components: tuple[Component, ...], horizon: int, phase: int | None =
     return weights, [((phi[:, None] + j[None, :]) % c.period == 0) for c in components]
 
 
-def curves(components: tuple[Component, ...], timing: str, horizon: int, *, phase: int | None = None
-           ) -> tuple[np.ndarray, np.ndarray]:
+def curves(
+    components: tuple[Component, ...], timing: str, horizon: int, *, phase: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """``(missed, attributed)``: ``missed[n]`` the chance of no detection within ``n`` steps, ``attributed[n]`` the
     chance that the first detection came within ``n`` steps and named exactly the faulty rank (``n = 0..horizon``;
     "within ``n`` steps" counts the faulty step as the first). Averaged over the phase, or at ``phase``: the fault
@@ -91,7 +92,7 @@ def curves(components: tuple[Component, ...], timing: str, horizon: int, *, phas
     for c, sched in zip(components, scheds):
         at = np.zeros((E, horizon), bool)  # the check ran at offset j, reported at j + delay
         if c.delay < horizon:
-            at[:, c.delay:] = sched[:, : horizon - c.delay]
+            at[:, c.delay :] = sched[:, : horizon - c.delay]
         first = np.zeros(horizon, bool)
         if c.delay < horizon:
             first[c.delay] = True
@@ -99,8 +100,9 @@ def curves(components: tuple[Component, ...], timing: str, horizon: int, *, phas
         later_steps = at & ~first[None, :]
         det_later = later_steps & (c.state or (c.hit and c.persistent) or (timing == "sticky" and c.hit))
         det = det_first | det_later
-        right = (det_first & c.hit_attributed) | (det_later & (
-            (c.state and c.state_attributed) or (not c.state and c.hit_attributed)))
+        right = (det_first & c.hit_attributed) | (
+            det_later & ((c.state and c.state_attributed) or (not c.state and c.hit_attributed))
+        )
         det_any |= det
         det_bad |= det & ~right
         if timing == "intermittent" and c.later > 0:
@@ -109,8 +111,11 @@ def curves(components: tuple[Component, ...], timing: str, horizon: int, *, phas
             prob_attr_num += p * c.later_attributed
             prob_sum += p
     p_fire = np.where(det_any, 1.0, 1.0 - no_fire)
-    attr = np.where(det_any, (~det_bad).astype(float), np.divide(prob_attr_num, prob_sum,
-                                                                   out=np.zeros_like(prob_sum), where=prob_sum > 0))
+    attr = np.where(
+        det_any,
+        (~det_bad).astype(float),
+        np.divide(prob_attr_num, prob_sum, out=np.zeros_like(prob_sum), where=prob_sum > 0),
+    )
     survive = np.cumprod(np.concatenate([np.ones((E, 1)), 1.0 - p_fire], axis=1), axis=1)  # (E, horizon + 1)
     first_at = survive[:, :-1] * p_fire
     attributed = np.concatenate([np.zeros((E, 1)), np.cumsum(first_at * attr, axis=1)], axis=1)

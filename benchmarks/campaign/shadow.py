@@ -57,9 +57,16 @@ class _Worker:
         self.ddp = DDP(self.model, process_group=roles.dp_group)
         self.tap = BucketTap()
         self.ddp.register_comm_hook(roles.dp_group, self.tap)
-        self.guard = SDCGuard(self.ddp, lm_loss, group=roles.dp_group, replay_every=1, weight_check_every=1,
-                              shadows=list(roles.shadows), on_detect="record",
-                              checksum_every=0)  # the shadow's replay measured alone
+        self.guard = SDCGuard(
+            self.ddp,
+            lm_loss,
+            group=roles.dp_group,
+            replay_every=1,
+            weight_check_every=1,
+            shadows=list(roles.shadows),
+            on_detect="record",
+            checksum_every=0,
+        )  # the shadow's replay measured alone
         self.params = list(self.model.parameters())
         self.opt = torch.optim.SGD(self.params, lr=LR)
         self.step_no = 0
@@ -133,8 +140,7 @@ def _trial(w: _Worker, st: ShadowTrial, calls: Any, snap: list[torch.Tensor]) ->
     effective = not all_bits_equal(reduced, ref) or (st.trial.target == "weights" and inj.changed() > 0)
     for _ in range(WORKERS + 3):
         w.step()
-    return {"step": s, "effective": effective, "changed": inj.changed(), "incidents": list(w.seen),
-            "aligned": aligned}
+    return {"step": s, "effective": effective, "changed": inj.changed(), "incidents": list(w.seen), "aligned": aligned}
 
 
 def rank_main(rank: int, world: int, plan: ShadowPlan) -> dict[str, Any]:
@@ -147,8 +153,9 @@ def rank_main(rank: int, world: int, plan: ShadowPlan) -> dict[str, Any]:
     roles = plan_roles(1)
     if roles.role == "shadow":
         torch.manual_seed(0)
-        guard = SDCGuard(TinyTransformer(**MODEL), lm_loss, group=roles.dp_group, replay_every=1,
-                         shadows=list(roles.shadows))
+        guard = SDCGuard(
+            TinyTransformer(**MODEL), lm_loss, group=roles.dp_group, replay_every=1, shadows=list(roles.shadows)
+        )
         return {"rank": rank, "served": guard.serve()}
     w = _Worker(rank, roles, plan)
     calls = count_op_calls(w.model, lm_loss, w.batch(0))
@@ -162,5 +169,11 @@ def rank_main(rank: int, world: int, plan: ShadowPlan) -> dict[str, Any]:
     for st in plan.trials:  # faults on different workers follow one another: one long run
         trials.append(_trial(w, st, calls, snap))
     leftover = [(i.kind, i.step, list(i.suspect_ranks), w.step_no) for i in w.guard.close()]
-    return {"rank": rank, "clean": clean, "trials": trials, "trials_s": time.monotonic() - t0, "leftover": leftover,
-            "steps": w.step_no}
+    return {
+        "rank": rank,
+        "clean": clean,
+        "trials": trials,
+        "trials_s": time.monotonic() - t0,
+        "leftover": leftover,
+        "steps": w.step_no,
+    }

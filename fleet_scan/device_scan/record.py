@@ -68,8 +68,9 @@ class ScanRecorder:
         if finish is None and not self._pending:
             return
         t0 = self._clock()
-        self.store.record_results(self.scan_id, self._pending, finish=finish,
-                                  total=self.seq if finish is not None else None, meta=meta)
+        self.store.record_results(
+            self.scan_id, self._pending, finish=finish, total=self.seq if finish is not None else None, meta=meta
+        )
         self.slowest_flush_s = max(self.slowest_flush_s, self._clock() - t0)
         self.recorded += len(self._pending)
         self._pending = []

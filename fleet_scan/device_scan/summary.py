@@ -64,11 +64,20 @@ class DeviceSummary:
             out["kind"] = self.kind
         out["status"] = self.status
         if self.scan is not None:
-            out.update(scan=self.scan, executions=self.executions, failures=self.failures,
-                       retest_runs=self.retest_runs, failing_cases=dict(self.failing_cases),
-                       sticky_cases=list(self.sticky_cases), elapsed_s=self.elapsed_s, budget_s=self.budget_s,
-                       reason=self.reason, idle_error=self.idle_error, error=self.error,
-                       telemetry_after=self.telemetry_after)
+            out.update(
+                scan=self.scan,
+                executions=self.executions,
+                failures=self.failures,
+                retest_runs=self.retest_runs,
+                failing_cases=dict(self.failing_cases),
+                sticky_cases=list(self.sticky_cases),
+                elapsed_s=self.elapsed_s,
+                budget_s=self.budget_s,
+                reason=self.reason,
+                idle_error=self.idle_error,
+                error=self.error,
+                telemetry_after=self.telemetry_after,
+            )
         elif self.status == "locked":
             out["reason"] = self.reason
         elif self.status == "busy":

@@ -41,8 +41,15 @@ from .record import ScanRecorder
 from .schedule import Budget, CaseClock, next_case, order_cases
 from .summary import DeviceSummary
 
-__all__ = ["scan_device", "make_backend", "make_hook", "load_worker_suite", "result_to_json", "result_from_json",
-           "main"]
+__all__ = [
+    "scan_device",
+    "make_backend",
+    "make_hook",
+    "load_worker_suite",
+    "result_to_json",
+    "result_from_json",
+    "main",
+]
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -168,9 +175,18 @@ class _Tally:
         """One ``failure`` event per failing case of the scan: how often, and its first failing element."""
         return [
             {
-                "event": "failure", "device": device, "case": r.case, "count": self.failing_cases[r.case],
-                "seed": r.seed, "element": r.element, "mismatches": r.mismatches, "expected": r.expected,
-                "actual": r.actual, "xor_mask": r.xor_mask, "location": r.location, "sticky": r.sticky,
+                "event": "failure",
+                "device": device,
+                "case": r.case,
+                "count": self.failing_cases[r.case],
+                "seed": r.seed,
+                "element": r.element,
+                "mismatches": r.mismatches,
+                "expected": r.expected,
+                "actual": r.actual,
+                "xor_mask": r.xor_mask,
+                "location": r.location,
+                "sticky": r.sticky,
             }
             for r in self.first_failure.values()
         ]
@@ -190,17 +206,18 @@ def scan_device(
         return _done(emit, DeviceSummary(device=target.device, kind=target.kind, status="locked", reason=str(e)))
     try:
         monitor = IdleMonitor(
-            target,
-            window_s=options.idle_window_s,
-            gpu_util_max=options.gpu_util_max,
-            cpu_busy_max=options.cpu_busy_max,
+            target, window_s=options.idle_window_s, gpu_util_max=options.gpu_util_max, cpu_busy_max=options.cpu_busy_max
         )
         if options.only_idle:
             reason = monitor.busy_reason()
             if reason:
                 # idle_error: the measurement that failed, when the device is busy because it could not be measured
-                return _done(emit, DeviceSummary(device=target.device, kind=target.kind, status="busy", reason=reason,
-                                                 idle_error=monitor.error))
+                return _done(
+                    emit,
+                    DeviceSummary(
+                        device=target.device, kind=target.kind, status="busy", reason=reason, idle_error=monitor.error
+                    ),
+                )
         return _done(emit, _scan_locked(target, options, emit, monitor, references))
     finally:
         lock.release()
@@ -211,8 +228,9 @@ def _done(emit: Emit, summary: DeviceSummary) -> DeviceSummary:
     return summary
 
 
-def _scan_locked(target: ScanTarget, options: ScanOptions, emit: Emit, monitor: IdleMonitor,
-                 references: str | None) -> DeviceSummary:
+def _scan_locked(
+    target: ScanTarget, options: ScanOptions, emit: Emit, monitor: IdleMonitor, references: str | None
+) -> DeviceSummary:
     """The scan of a device whose lock we hold: prepare, open, loop, finish."""
     from sdcguard.fleet.store.store import Store
 
@@ -229,8 +247,9 @@ class _DeviceScan:
     clock starts), :meth:`open` records the device and begins the scan, :meth:`loop` runs cases until the budget
     (retests included), :meth:`finish` records the end; :meth:`summary` is what the worker reports."""
 
-    def __init__(self, target: ScanTarget, options: ScanOptions, emit: Emit, monitor: IdleMonitor,
-                 references: str | None) -> None:
+    def __init__(
+        self, target: ScanTarget, options: ScanOptions, emit: Emit, monitor: IdleMonitor, references: str | None
+    ) -> None:
         self.target, self.options, self.emit, self.monitor, self.references = target, options, emit, monitor, references
         self.host = target.info.host or hostname()
         self.backend = make_backend(target, load_worker_suite(options, references))
@@ -341,8 +360,7 @@ class _DeviceScan:
         ):
             tally.retested.add(r.case)
             t_re = time.monotonic()
-            retests, retest_error = _run_retests(self.target, options, r.case, self.budget.remaining(),
-                                                 self.references)
+            retests, retest_error = _run_retests(self.target, options, r.case, self.budget.remaining(), self.references)
             self._retest_estimate = max(self._retest_estimate, (time.monotonic() - t_re) * 1.2)
             if retests:
                 sticky = any(not x.passed for x in retests)
@@ -380,11 +398,21 @@ class _DeviceScan:
     def summary(self) -> DeviceSummary:
         tally = self.tally
         return DeviceSummary(
-            device=self.target.device, kind=self.target.kind, status=self.status, scan=self.scan_id,
-            executions=tally.executions, failures=tally.failures, retest_runs=tally.retest_runs,
-            failing_cases=dict(tally.failing_cases), sticky_cases=tuple(tally.sticky),
-            elapsed_s=round(self.budget.elapsed(), 3), budget_s=self.options.budget_s, reason=self.reason,
-            idle_error=self.monitor.error, error=self.error, telemetry_after=self.telemetry_after,
+            device=self.target.device,
+            kind=self.target.kind,
+            status=self.status,
+            scan=self.scan_id,
+            executions=tally.executions,
+            failures=tally.failures,
+            retest_runs=tally.retest_runs,
+            failing_cases=dict(tally.failing_cases),
+            sticky_cases=tuple(tally.sticky),
+            elapsed_s=round(self.budget.elapsed(), 3),
+            budget_s=self.options.budget_s,
+            reason=self.reason,
+            idle_error=self.monitor.error,
+            error=self.error,
+            telemetry_after=self.telemetry_after,
         )
 
 

@@ -39,11 +39,7 @@ class ScanTarget:
         return self.info.kind
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "info": dataclasses.asdict(self.info),
-            "index": self.index,
-            "driver": self.driver,
-        }
+        return {"info": dataclasses.asdict(self.info), "index": self.index, "driver": self.driver}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ScanTarget:
@@ -130,10 +126,7 @@ def discover_cpus() -> list[ScanTarget]:
 
 
 def select_targets(
-    specs: Sequence[str] = (),
-    *,
-    gpus: Sequence[ScanTarget] | None = None,
-    cpus: Sequence[ScanTarget] | None = None,
+    specs: Sequence[str] = (), *, gpus: Sequence[ScanTarget] | None = None, cpus: Sequence[ScanTarget] | None = None
 ) -> list[ScanTarget]:
     """The devices named by ``specs`` (``cuda:N``, ``cpu:N``, a device id, ``all``), without duplicates.
 
@@ -156,9 +149,7 @@ def select_targets(
         elif spec.kind == "cuda":
             matched = [t for t in gpu_list if t.index == spec.index]
             if not matched:
-                raise NoDevice(
-                    f"no GPU cuda:{spec.index} on this machine ({len(gpu_list)} GPU(s) found through NVML)"
-                )
+                raise NoDevice(f"no GPU cuda:{spec.index} on this machine ({len(gpu_list)} GPU(s) found through NVML)")
         elif spec.kind == "cpu":
             matched = [t for t in cpu_list if t.index == spec.index]
             if not matched:

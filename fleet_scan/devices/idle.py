@@ -32,13 +32,7 @@ from typing import Any
 
 from .discovery import ScanTarget, open_nvml
 
-__all__ = [
-    "IdleMonitor",
-    "DeviceLock",
-    "DeviceLocked",
-    "default_lock_dir",
-    "read_cpu_times",
-]
+__all__ = ["IdleMonitor", "DeviceLock", "DeviceLocked", "default_lock_dir", "read_cpu_times"]
 
 DEFAULT_WINDOW_S = 1.0
 DEFAULT_GPU_UTIL_MAX = 5.0
@@ -146,8 +140,11 @@ class _Unmeasurable(Exception):
 def _not_supported(nvml: Any, error: BaseException) -> bool:
     """NVML's NOT_SUPPORTED (the board cannot measure this at all), as opposed to an error of the call."""
     code = getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", 3)
-    return (getattr(error, "value", None) == code or type(error).__name__ == "NVMLError_NotSupported"
-            or str(error).strip().lower() == "not supported")
+    return (
+        getattr(error, "value", None) == code
+        or type(error).__name__ == "NVMLError_NotSupported"
+        or str(error).strip().lower() == "not supported"
+    )
 
 
 class IdleMonitor:

@@ -37,8 +37,10 @@ def _gpus() -> list[dict[str, Any]]:
     try:
         from fleet_scan.devices.discovery import discover_gpus
 
-        found = [{"index": t.index, "id": t.device, "model": t.info.model, "pci": t.info.pci_bus_id,
-                  "driver": t.driver} for t in discover_gpus()]
+        found = [
+            {"index": t.index, "id": t.device, "model": t.info.model, "pci": t.info.pci_bus_id, "driver": t.driver}
+            for t in discover_gpus()
+        ]
     except Exception as e:  # NVML's own failure is the nvml section's business: note it here and go on
         found = [{"nvml_error": f"{type(e).__name__}: {e}"}]
     from .context import cuda_unavailable_reason
@@ -49,18 +51,34 @@ def _gpus() -> list[dict[str, Any]]:
         for i in range(cupy.cuda.runtime.getDeviceCount()):
             p = cupy.cuda.runtime.getDeviceProperties(i)
             name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
-            found.append({"cuda_index": i, "name": name, "arch": f"sm_{p['major']}{p['minor']}",
-                          "sms": int(p["multiProcessorCount"]), "memory_gib": round(p["totalGlobalMem"] / 2**30, 1)})
+            found.append(
+                {
+                    "cuda_index": i,
+                    "name": name,
+                    "arch": f"sm_{p['major']}{p['minor']}",
+                    "sms": int(p["multiProcessorCount"]),
+                    "memory_gib": round(p["totalGlobalMem"] / 2**30, 1),
+                }
+            )
     return found
 
 
 def _run_info(dry_run: bool) -> dict[str, Any]:
-    info: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": dry_run,
-                            "host": socket.gethostname(), "python": platform.python_version(),
-                            "executable": sys.executable, "limit_s": TOTAL_LIMIT_S}
+    info: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "dry_run": dry_run,
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "limit_s": TOTAL_LIMIT_S,
+    }
     try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=_ROOT, capture_output=True,
-                                        text=True, timeout=5).stdout.strip() or None
+        info["commit"] = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=_ROOT, capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         info["commit"] = None  # the device machine gets a copy of the tree without .git
     for name in ("numpy", "torch", "cupy", "pynvml", "sqlite_utils"):
@@ -83,8 +101,18 @@ def _cmd_begin(args: argparse.Namespace) -> int:
     info = _run_info(args.dry_run)
     begin(args.out, info)
     print(f"gpu_check: {'dry run, ' if args.dry_run else ''}results in {args.out}")
-    for key in ("host", "commit", "python", "executable", "numpy", "torch", "torch_cuda", "cupy", "pynvml",
-                "sqlite_utils"):
+    for key in (
+        "host",
+        "commit",
+        "python",
+        "executable",
+        "numpy",
+        "torch",
+        "torch_cuda",
+        "cupy",
+        "pynvml",
+        "sqlite_utils",
+    ):
         print(f"  {key}: {info.get(key)}")
     for gpu in info["gpus"]:
         print("  gpu: " + ", ".join(f"{k}={v}" for k, v in gpu.items()))
@@ -110,8 +138,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except Exception as e:
         traceback.print_exc()
         error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    outcome = rep.outcome(seconds=time.monotonic() - ctx.started, timeout_s=args.timeout, skip=skip, error=error,
-                          passed=passed)
+    outcome = rep.outcome(
+        seconds=time.monotonic() - ctx.started, timeout_s=args.timeout, skip=skip, error=error, passed=passed
+    )
     record(args.out, outcome)
     return 0
 
@@ -123,12 +152,20 @@ def _cmd_finish(args: argparse.Namespace) -> int:
         if args.skip_reason:
             outcome = Outcome(section=args.name, status="SKIP", reason=args.skip_reason, timeout_s=args.timeout)
         elif args.rc in (124, 137):
-            outcome = Outcome(section=args.name, status="FAIL", seconds=args.timeout or 0.0, timeout_s=args.timeout,
-                              reason=f"timed out after {args.timeout:.0f} s (the section's limit); see the log")
+            outcome = Outcome(
+                section=args.name,
+                status="FAIL",
+                seconds=args.timeout or 0.0,
+                timeout_s=args.timeout,
+                reason=f"timed out after {args.timeout:.0f} s (the section's limit); see the log",
+            )
         else:
-            outcome = Outcome(section=args.name, status="FAIL", timeout_s=args.timeout,
-                              reason=f"its process exited with status {args.rc} before recording an outcome; "
-                                     "see the log")
+            outcome = Outcome(
+                section=args.name,
+                status="FAIL",
+                timeout_s=args.timeout,
+                reason=f"its process exited with status {args.rc} before recording an outcome; see the log",
+            )
         record(args.out, outcome)
     else:
         outcome = Outcome.from_json(entry)
@@ -160,14 +197,16 @@ def _cmd_promote(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m gpu_check", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m gpu_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = ap.add_subparsers(dest="command", required=True)
     out_default = Path(os.environ.get("OUT") or _ROOT / "gpu_check_out")
 
     def with_out(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--out", type=Path, default=out_default, help="results folder (default $OUT, else "
-                                                                      "gpu_check_out/)")
+        p.add_argument(
+            "--out", type=Path, default=out_default, help="results folder (default $OUT, else gpu_check_out/)"
+        )
         return p
 
     p = with_out(sub.add_parser("begin"))
@@ -194,8 +233,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    commands = {"begin": _cmd_begin, "plan": _cmd_plan, "run": _cmd_run, "finish": _cmd_finish,
-                "summary": _cmd_summary, "promote": _cmd_promote}
+    commands = {
+        "begin": _cmd_begin,
+        "plan": _cmd_plan,
+        "run": _cmd_run,
+        "finish": _cmd_finish,
+        "summary": _cmd_summary,
+        "promote": _cmd_promote,
+    }
     try:
         if getattr(args, "name", None) is not None and args.command in ("run", "finish"):
             section_by_name(args.name)
@@ -214,4 +259,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -42,8 +42,20 @@ class SweepCase:
 
 
 def _dtypes(torch: Any) -> list[Any]:
-    names = ["float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
-             "complex64", "float8_e4m3fn"]
+    names = [
+        "float32",
+        "float16",
+        "bfloat16",
+        "float64",
+        "int8",
+        "uint8",
+        "int16",
+        "int32",
+        "int64",
+        "bool",
+        "complex64",
+        "float8_e4m3fn",
+    ]
     return [getattr(torch, n) for n in names if hasattr(torch, n)]
 
 
@@ -52,8 +64,9 @@ def _random(torch: Any, shape: tuple[int, ...], dtype: Any, seed: int) -> Any:
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=g).bool()
     itemsize = torch.empty((), dtype=dtype).element_size()
-    raw = torch.randint(0, 256, (*shape[:-1], shape[-1] * itemsize) if shape else (itemsize,), dtype=torch.uint8,
-                        generator=g)
+    raw = torch.randint(
+        0, 256, (*shape[:-1], shape[-1] * itemsize) if shape else (itemsize,), dtype=torch.uint8, generator=g
+    )
     return raw.view(dtype).reshape(shape)  # every bit pattern, NaNs included: the fingerprint is of bits
 
 
@@ -71,8 +84,18 @@ _VIEWS: dict[str, Callable[[Any], Any]] = {
 def sweep(torch: Any, *, large: int = 3 << 20, huge: bool = False) -> list[SweepCase]:
     """Every dtype x shape x view worth checking; ``large`` elements for the big shapes. ``huge`` adds strided
     views of more than 64 MiB, which a GPU fingerprints through several staging blocks."""
-    shapes: list[tuple[int, ...]] = [(), (0,), (1,), (3,), (5, 7), (_CHUNK_WORDS + 1,), (3, 33, 65),
-                                     (2, 2 * _CHUNK_WORDS + 3), (large + 5,), (3, large // 3 + 1)]
+    shapes: list[tuple[int, ...]] = [
+        (),
+        (0,),
+        (1,),
+        (3,),
+        (5, 7),
+        (_CHUNK_WORDS + 1,),
+        (3, 33, 65),
+        (2, 2 * _CHUNK_WORDS + 3),
+        (large + 5,),
+        (3, large // 3 + 1),
+    ]
     cases = []
     seed = 0
     for dtype in _dtypes(torch):
@@ -88,12 +111,15 @@ def sweep(torch: Any, *, large: int = 3 << 20, huge: bool = False) -> list[Sweep
                     continue
                 if shape and shape[-1] < 3 and vname == "narrow":
                     continue
-                cases.append(SweepCase(name=f"{str(dtype).replace('torch.', '')}{list(shape)}.{vname}",
-                                       base=base, view=fn))
+                cases.append(
+                    SweepCase(name=f"{str(dtype).replace('torch.', '')}{list(shape)}.{vname}", base=base, view=fn)
+                )
     if huge:
         square = _random(torch, (4100, 4100), torch.float32, seed + 1)  # 67 MB: two 64 MiB staging blocks
-        cases += [SweepCase(name=f"float32[4100, 4100].{v}", base=square, view=_VIEWS[v])
-                  for v in ("contiguous", "transposed", "step2")]
+        cases += [
+            SweepCase(name=f"float32[4100, 4100].{v}", base=square, view=_VIEWS[v])
+            for v in ("contiguous", "transposed", "step2")
+        ]
         flat = _random(torch, ((64 << 20) + 5,), torch.uint8, seed + 2)
         cases.append(SweepCase(name="uint8[67108869].offset1", base=flat, view=_VIEWS["offset1"]))
     return cases
@@ -136,8 +162,9 @@ def _cupy_of(view: Any) -> Any | None:
         return None
 
 
-def check_sweep(rep: SectionReport, device: Any, cases: list[SweepCase], *, with_cupy: bool,
-                deadline: float | None = None) -> dict[str, Any]:
+def check_sweep(
+    rep: SectionReport, device: Any, cases: list[SweepCase], *, with_cupy: bool, deadline: float | None = None
+) -> dict[str, Any]:
     """Compare every path on ``device`` with the CPU reference; one check per path, naming the first few cases
     that differ or raise (an error in one case does not hide the others). Past ``deadline`` (``time.monotonic()``)
     no new case starts, and a failed check says how many ran."""
@@ -180,16 +207,22 @@ def check_sweep(rep: SectionReport, device: Any, cases: list[SweepCase], *, with
     except Exception as e:
         misses["many"] = [f"{type(e).__name__}: {e}"]
     n = len(cases)
-    labels = {"fused": f"{device.type} tensors (fused kernel where cupy is present) equal the CPU reference",
-              "torch-ops": f"{device.type} tensors through torch ops (no cupy) equal the CPU reference",
-              "cupy": "cupy arrays of the same memory equal the CPU reference",
-              "many": "fingerprint_many over the whole sweep equals one by one"}
+    labels = {
+        "fused": f"{device.type} tensors (fused kernel where cupy is present) equal the CPU reference",
+        "torch-ops": f"{device.type} tensors through torch ops (no cupy) equal the CPU reference",
+        "cupy": "cupy arrays of the same memory equal the CPU reference",
+        "many": "fingerprint_many over the whole sweep equals one by one",
+    }
     for path, label in labels.items():
         if path == "cupy" and not with_cupy:
             continue
         count = cupy_ran if path == "cupy" else n
-        rep.check(label, not misses[path], f"{count - len(misses[path])}/{count} agree"
-                  + (f"; differ: {', '.join(misses[path][:4])}" if misses[path] else ""))
+        rep.check(
+            label,
+            not misses[path],
+            f"{count - len(misses[path])}/{count} agree"
+            + (f"; differ: {', '.join(misses[path][:4])}" if misses[path] else ""),
+        )
     return {"cases": n, "cupy_cases": cupy_ran, "misses": {k: v for k, v in misses.items() if v}}
 
 
@@ -212,8 +245,11 @@ def check_flips(rep: SectionReport, device: Any) -> None:
             after_ops = fingerprint(x)
         changed.append(after != before and after_ops != before_ops and after == after_ops)
         w[word] ^= (1 << bit) if bit < 31 else -(1 << 31)
-    rep.check("a bit flipped in device memory changes the fingerprint (both paths)", all(changed),
-              f"{sum(changed)}/{len(changed)} flips seen")
+    rep.check(
+        "a bit flipped in device memory changes the fingerprint (both paths)",
+        all(changed),
+        f"{sum(changed)}/{len(changed)} flips seen",
+    )
 
 
 def _best(fn: Callable[[], object], sync: Callable[[], None], repeats: int) -> float:
@@ -244,10 +280,17 @@ def bandwidth(device: Any, nbytes: int, *, repeats: int = 5) -> dict[str, Any]:
         t_ops = _best(lambda x=x: fingerprint(x), sync, max(1, repeats // 2))
     del x, y
     copy_gbps = 2 * nbytes / t_copy / 1e9  # read + written
-    return {"bytes": nbytes, "copy_gbps": copy_gbps, "copy_ms": t_copy * 1e3,
-            "fused_gbps": nbytes / t_fp / 1e9, "fused_ms": t_fp * 1e3, "fused_share": nbytes / t_fp / 1e9 / copy_gbps,
-            "torch_ops_gbps": nbytes / t_ops / 1e9, "torch_ops_ms": t_ops * 1e3,
-            "torch_ops_share": nbytes / t_ops / 1e9 / copy_gbps}
+    return {
+        "bytes": nbytes,
+        "copy_gbps": copy_gbps,
+        "copy_ms": t_copy * 1e3,
+        "fused_gbps": nbytes / t_fp / 1e9,
+        "fused_ms": t_fp * 1e3,
+        "fused_share": nbytes / t_fp / 1e9 / copy_gbps,
+        "torch_ops_gbps": nbytes / t_ops / 1e9,
+        "torch_ops_ms": t_ops * 1e3,
+        "torch_ops_share": nbytes / t_ops / 1e9 / copy_gbps,
+    }
 
 
 def run(ctx: Context, rep: SectionReport) -> str:
@@ -256,8 +299,10 @@ def run(ctx: Context, rep: SectionReport) -> str:
     # a dry run builds the same cases, small (its GPU steps are skipped anyway)
     cases = sweep(torch, large=3 << 20 if not ctx.dry_run else 4096, huge=not ctx.dry_run)
     rep.check("the sweep builds", len(cases) > 100, f"{len(cases)} dtype x shape x view cases")
-    ctx.require_gpu(f"compare {len(cases)} CUDA fingerprints (fused, torch ops, cupy, batched) with the CPU "
-                    f"reference and time the fingerprint of {BANDWIDTH_BYTES >> 30} GiB against a device copy")
+    ctx.require_gpu(
+        f"compare {len(cases)} CUDA fingerprints (fused, torch ops, cupy, batched) with the CPU "
+        f"reference and time the fingerprint of {BANDWIDTH_BYTES >> 30} GiB against a device copy"
+    )
     rep.check("torch sees CUDA", torch.cuda.is_available(), f"torch {torch.__version__} (CUDA {torch.version.cuda})")
     device = torch.device("cuda", ctx.device)
     torch.cuda.set_device(device)
@@ -266,8 +311,12 @@ def run(ctx: Context, rep: SectionReport) -> str:
     rep.measure("sweep", check_sweep(rep, device, cases, with_cupy=True, deadline=deadline))
     check_flips(rep, device)
     bw = rep.measure("bandwidth", bandwidth(device, BANDWIDTH_BYTES))
-    rep.say(f"  bandwidth: copy {bw['copy_gbps']:.0f} GB/s (read+write); fingerprint fused {bw['fused_gbps']:.0f} "
-            f"GB/s = {bw['fused_share']:.2f} of copy; torch ops {bw['torch_ops_gbps']:.0f} GB/s = "
-            f"{bw['torch_ops_share']:.2f} of copy")
-    return (f"{len(cases)} cases equal on every path; fingerprint at {bw['fused_share']:.2f} of a device copy's "
-            f"bandwidth ({bw['fused_gbps']:.0f} vs {bw['copy_gbps']:.0f} GB/s)")
+    rep.say(
+        f"  bandwidth: copy {bw['copy_gbps']:.0f} GB/s (read+write); fingerprint fused {bw['fused_gbps']:.0f} "
+        f"GB/s = {bw['fused_share']:.2f} of copy; torch ops {bw['torch_ops_gbps']:.0f} GB/s = "
+        f"{bw['torch_ops_share']:.2f} of copy"
+    )
+    return (
+        f"{len(cases)} cases equal on every path; fingerprint at {bw['fused_share']:.2f} of a device copy's "
+        f"bandwidth ({bw['fused_gbps']:.0f} vs {bw['copy_gbps']:.0f} GB/s)"
+    )

@@ -19,10 +19,15 @@ def run(ctx: Context, rep: SectionReport) -> str:
     from sdcguard.golden import PORTABLE_CASES, load_suite
 
     suite = load_suite()
-    rep.check("every portable case has a golden", len(suite.cases) == len(PORTABLE_CASES),
-              f"{len(suite.cases)} of {len(PORTABLE_CASES)}")
+    rep.check(
+        "every portable case has a golden",
+        len(suite.cases) == len(PORTABLE_CASES),
+        f"{len(suite.cases)} of {len(PORTABLE_CASES)}",
+    )
     arch = sorted(f"{cid}@{a}" for cid, a in suite.arch_entries)
     rep.measure("portable_cases", len(suite.cases))
     rep.measure("arch_goldens", arch)
-    return (f"{len(suite.cases)} portable cases verified; per-architecture goldens recorded: "
-            f"{', '.join(arch) or 'none yet'}")
+    return (
+        f"{len(suite.cases)} portable cases verified; per-architecture goldens recorded: "
+        f"{', '.join(arch) or 'none yet'}"
+    )

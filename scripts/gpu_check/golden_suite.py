@@ -24,8 +24,17 @@ from typing import Any
 from .context import Context
 from .results import SectionReport
 
-__all__ = ["run", "measure_gpu", "table_lines", "event_time", "march_bytes", "RUNS", "REPEATS", "MEMORY_SHARE",
-           "PEAK_N"]
+__all__ = [
+    "run",
+    "measure_gpu",
+    "table_lines",
+    "event_time",
+    "march_bytes",
+    "RUNS",
+    "REPEATS",
+    "MEMORY_SHARE",
+    "PEAK_N",
+]
 
 RUNS = 3
 """Compared runs of every case on every GPU."""
@@ -102,8 +111,13 @@ def _gemm_rows(cp: Any, rows: list[tuple[Any, float]], repeats: int, peak_n: int
 
         t_peak = event_time(cp, peak, 3)
         del big
-        row.update(reference=f"cupy.matmul {ref}", ref_tflops=work / t_ref / 1e12, ratio=t_ref / t_suite,
-                   peak_tflops=2 * peak_n**3 / t_peak / 1e12, peak_n=peak_n)
+        row.update(
+            reference=f"cupy.matmul {ref}",
+            ref_tflops=work / t_ref / 1e12,
+            ratio=t_ref / t_suite,
+            peak_tflops=2 * peak_n**3 / t_peak / 1e12,
+            peak_n=peak_n,
+        )
         out[dtype] = row
     return out
 
@@ -119,13 +133,27 @@ def _memory_row(cp: Any, backend: Any, rows: list[tuple[Any, float]], repeats: i
     t_copy = event_time(cp, lambda dst=dst, src=src: cp.copyto(dst, src), repeats)
     copy = 2 * src.nbytes / t_copy
     del src, dst
-    return {"cases": [c.id for c, _ in rows], "suite_gbps": work / t_suite / 1e9, "copy_gbps": copy / 1e9,
-            "ratio": work / t_suite / copy, "gib_marched": words * 4 / 2**30}
+    return {
+        "cases": [c.id for c, _ in rows],
+        "suite_gbps": work / t_suite / 1e9,
+        "copy_gbps": copy / 1e9,
+        "ratio": work / t_suite / copy,
+        "gib_marched": words * 4 / 2**30,
+    }
 
 
-def measure_gpu(cp: Any, index: int, rep: SectionReport, *, runs: int = RUNS, repeats: int = REPEATS,
-                memory_share: float = MEMORY_SHARE, peak_n: int = PEAK_N,
-                case_ids: tuple[str, ...] | None = None, deadline: float | None = None) -> dict[str, Any]:
+def measure_gpu(
+    cp: Any,
+    index: int,
+    rep: SectionReport,
+    *,
+    runs: int = RUNS,
+    repeats: int = REPEATS,
+    memory_share: float = MEMORY_SHARE,
+    peak_n: int = PEAK_N,
+    case_ids: tuple[str, ...] | None = None,
+    deadline: float | None = None,
+) -> dict[str, Any]:
     """Every case this GPU runs, ``runs`` times against its golden (one check each), then the throughput table
     (returned, JSON-able). ``case_ids`` limits the cases (tests). Past ``deadline`` (``time.monotonic()``) no new
     case starts, and a failed check says how many ran: the table of what did run is still returned."""
@@ -138,25 +166,40 @@ def measure_gpu(cp: Any, index: int, rep: SectionReport, *, runs: int = RUNS, re
         cases = [c for c in backend.cases() if case_ids is None or c.id in case_ids]
         t0 = time.perf_counter()
         backend.prepare(tuple(cases))
-        info: dict[str, Any] = {"device": backend.device, "model": backend.model, "arch": backend.arch,
-                                "sms": backend.sm_count, "prepare_s": round(time.perf_counter() - t0, 2),
-                                "cases": {}}
-        rep.say(f"  cuda:{index} {backend.model} {backend.arch} {backend.sm_count} SMs {backend.device}: "
-                f"{len(cases)} cases, prepared in {info['prepare_s']} s")
+        info: dict[str, Any] = {
+            "device": backend.device,
+            "model": backend.model,
+            "arch": backend.arch,
+            "sms": backend.sm_count,
+            "prepare_s": round(time.perf_counter() - t0, 2),
+            "cases": {},
+        }
+        rep.say(
+            f"  cuda:{index} {backend.model} {backend.arch} {backend.sm_count} SMs {backend.device}: "
+            f"{len(cases)} cases, prepared in {info['prepare_s']} s"
+        )
         timed: dict[str, list[tuple[Any, float]]] = {}
         for k, case in enumerate(cases):
             if deadline is not None and time.monotonic() > deadline:
-                rep.check(f"cuda:{index} every case ran within the section's limit", False,
-                          f"{k} of {len(cases)} ran; raise the golden-suite limit in sections.py")
+                rep.check(
+                    f"cuda:{index} every case ran within the section's limit",
+                    False,
+                    f"{k} of {len(cases)} ran; raise the golden-suite limit in sections.py",
+                )
                 break
             results = [backend.run(case) for _ in range(runs)]
             bad = [r for r in results if not r.passed]
             t = event_time(cp, backend.device_work(case), repeats)
             timed.setdefault(case.family, []).append((case, t))
             info["cases"][case.id] = {"passed": not bad, "ms": t * 1e3}
-            detail = f"{t * 1e3:.3f} ms" if not bad else (
-                f"{len(bad)}/{runs} runs differ: element {bad[0].element} expected {bad[0].expected} actual "
-                f"{bad[0].actual} xor {bad[0].xor_mask} at {bad[0].location}")
+            detail = (
+                f"{t * 1e3:.3f} ms"
+                if not bad
+                else (
+                    f"{len(bad)}/{runs} runs differ: element {bad[0].element} expected {bad[0].expected} actual "
+                    f"{bad[0].actual} xor {bad[0].xor_mask} at {bad[0].location}"
+                )
+            )
             rep.check(f"cuda:{index} {case.id}", not bad, detail)
         if "gemm" in timed:
             info["gemm"] = _gemm_rows(cp, timed["gemm"], repeats, peak_n)
@@ -177,15 +220,20 @@ def table_lines(info: dict[str, Any]) -> list[str]:
     lines = [f"{'family':11} {'suite':>14} {'reference':>14} {'ratio':>6} {'peak':>14}  reference"]
     for dtype, g in info.get("gemm", {}).items():
         if "ref_tflops" in g:
-            lines.append(f"gemm.{dtype:6} {g['suite_tflops']:>9.2f} TF/s {g['ref_tflops']:>9.2f} TF/s "
-                         f"{g['ratio']:>6.2f} {g['peak_tflops']:>9.2f} TF/s  {g['reference']}")
+            lines.append(
+                f"gemm.{dtype:6} {g['suite_tflops']:>9.2f} TF/s {g['ref_tflops']:>9.2f} TF/s "
+                f"{g['ratio']:>6.2f} {g['peak_tflops']:>9.2f} TF/s  {g['reference']}"
+            )
         else:
-            lines.append(f"gemm.{dtype:6} {g['suite_tflops']:>9.2f} TF/s {'-':>14} {'-':>6} {'-':>14}  "
-                         f"{g['reference']}")
+            lines.append(
+                f"gemm.{dtype:6} {g['suite_tflops']:>9.2f} TF/s {'-':>14} {'-':>6} {'-':>14}  {g['reference']}"
+            )
     if "memory" in info:
         m = info["memory"]
-        lines.append(f"{'memory':11} {m['suite_gbps']:>9.1f} GB/s {m['copy_gbps']:>9.1f} GB/s {m['ratio']:>6.2f} "
-                     f"{'-':>14}  device copy ({m['gib_marched']:.2f} GiB marched)")
+        lines.append(
+            f"{'memory':11} {m['suite_gbps']:>9.1f} GB/s {m['copy_gbps']:>9.1f} GB/s {m['ratio']:>6.2f} "
+            f"{'-':>14}  device copy ({m['gib_marched']:.2f} GiB marched)"
+        )
     for fam in ("alu", "ieee", "shared"):
         if fam in info:
             lines.append(f"{fam:11} {info[fam]['gelem_s']:>9.2f} Ge/s")
@@ -199,10 +247,15 @@ def run(ctx: Context, rep: SectionReport) -> str:
     suite = default_suite()
     kernel_cases = [c for c in suite.cases if runs_on_kernels(c)]
     planned = [plan_for(c, suite.inputs(c), sm_count=132) for c in kernel_cases]
-    rep.check("every kernel-run case has a launch plan", len(planned) == len(kernel_cases),
-              f"{len(planned)} plans, {sum(len(p.launches) for p in planned)} launches")
-    ctx.require_gpu(f"run the {len(suite.cases)} golden cases {RUNS} times on every GPU against the goldens and "
-                    f"time them next to cupy.matmul and a device-to-device copy")
+    rep.check(
+        "every kernel-run case has a launch plan",
+        len(planned) == len(kernel_cases),
+        f"{len(planned)} plans, {sum(len(p.launches) for p in planned)} launches",
+    )
+    ctx.require_gpu(
+        f"run the {len(suite.cases)} golden cases {RUNS} times on every GPU against the goldens and "
+        f"time them next to cupy.matmul and a device-to-device copy"
+    )
     import time
 
     import cupy as cp

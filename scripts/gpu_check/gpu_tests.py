@@ -17,8 +17,11 @@ from .results import SectionReport
 __all__ = ["run", "TEST_FILES", "counts"]
 
 _ROOT = Path(__file__).resolve().parents[2]
-TEST_FILES = ("tests/golden/test_golden_gpu.py", "tests/inject/test_inject_torch_gpu.py",
-              "tests/fingerprints/test_fingerprint.py")
+TEST_FILES = (
+    "tests/golden/test_golden_gpu.py",
+    "tests/inject/test_inject_torch_gpu.py",
+    "tests/fingerprints/test_fingerprint.py",
+)
 
 
 def counts(summary: str) -> dict[str, int]:
@@ -27,8 +30,22 @@ def counts(summary: str) -> dict[str, int]:
 
 
 def _pytest(*args: str, timeout: float) -> tuple[int, str]:
-    rc, out, err = run_command(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(_ROOT), "-m", "gpu",
-                                *args, *(str(_ROOT / f) for f in TEST_FILES)], timeout=timeout)
+    rc, out, err = run_command(
+        [
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(_ROOT),
+            "-m",
+            "gpu",
+            *args,
+            *(str(_ROOT / f) for f in TEST_FILES),
+        ],
+        timeout=timeout,
+    )
     return rc, out + err
 
 
@@ -36,8 +53,11 @@ def run(ctx: Context, rep: SectionReport) -> str:
     rc, out = _pytest("--collect-only", timeout=ctx.left())
     found = re.search(r"(\d+)(?:/\d+)? tests? collected", out)
     tail = out.strip().splitlines()[-1] if out.strip() else f"exit {rc}"
-    rep.check("the GPU tests are collected", rc == 0 and found is not None and int(found.group(1)) > 0,
-              found.group(0) if found else tail)
+    rep.check(
+        "the GPU tests are collected",
+        rc == 0 and found is not None and int(found.group(1)) > 0,
+        found.group(0) if found else tail,
+    )
     ctx.require_gpu(f"run pytest -m gpu on {', '.join(TEST_FILES)}")
     rc, out = _pytest("-rs", timeout=ctx.left())
     lines = out.strip().splitlines()

@@ -54,8 +54,12 @@ def record_candidates(out: Path, cands: list[Any]) -> dict[str, dict[str, Any]]:
     for arch, group in sorted(by_arch.items()):
         path = write_candidates(out / f"intrinsics-{arch}.json", group)
         devices = sorted({c.device for c in group})
-        written[arch] = {"file": path.name, "devices": devices, "sha256": sorted({c.sha256 for c in group}),
-                         "promotable": len(devices) >= MIN_DEVICES and len({c.sha256 for c in group}) == 1}
+        written[arch] = {
+            "file": path.name,
+            "devices": devices,
+            "sha256": sorted({c.sha256 for c in group}),
+            "promotable": len(devices) >= MIN_DEVICES and len({c.sha256 for c in group}) == 1,
+        }
     return written
 
 
@@ -82,13 +86,19 @@ def run(ctx: Context, rep: SectionReport) -> str:
         rep.check(f"{name} repeats itself bit for bit", np.array_equal(first.view(np.uint32), second.view(np.uint32)))
         errors = accuracy(first, inputs)
         worst = max(errors, key=lambda k: errors[k])
-        rep.check(f"{name} is within {TOLERANCE:g} of float64 math", errors[worst] <= TOLERANCE,
-                  f"worst {worst} {errors[worst]:.2e}")
+        rep.check(
+            f"{name} is within {TOLERANCE:g} of float64 math",
+            errors[worst] <= TOLERANCE,
+            f"worst {worst} {errors[worst]:.2e}",
+        )
         rep.measure(f"cuda:{index}", {"device": backend.device, "arch": backend.arch, "errors": errors})
         if (case.id, backend.arch) in suite.arch_entries:
             r = backend.run(case)
-            rep.check(f"{name} matches the recorded {backend.arch} golden", r.passed,
-                      "" if r.passed else f"element {r.element} xor {r.xor_mask} at {r.location}")
+            rep.check(
+                f"{name} matches the recorded {backend.arch} golden",
+                r.passed,
+                "" if r.passed else f"element {r.element} xor {r.xor_mask} at {r.location}",
+            )
         cands.append(candidate(case, backend.arch, backend.device, first, model=backend.model))
         backend.close()
     written = rep.measure("candidates", record_candidates(ctx.out, cands))
@@ -98,4 +108,5 @@ def run(ctx: Context, rep: SectionReport) -> str:
     return "; ".join(
         f"{arch}: candidate from {len(w['devices'])} device(s) in {w['file']}"
         + (" (promotable now)" if w["promotable"] else " (a golden needs a second device that agrees)")
-        for arch, w in written.items())
+        for arch, w in written.items()
+    )

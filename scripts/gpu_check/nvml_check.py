@@ -56,8 +56,9 @@ with cp.cuda.Device(device):
 @contextlib.contextmanager
 def gpu_load(index: int, *, wait_s: float = 30.0) -> Iterator[int]:
     """A matmul loop on GPU ``index`` in another process, running while the block runs; yields its pid."""
-    proc = subprocess.Popen([sys.executable, "-c", _LOAD, str(LOAD_SECONDS), str(index)], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LOAD, str(LOAD_SECONDS), str(index)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout is not None
         ready, _, _ = select.select([proc.stdout], [], [], wait_s)
@@ -82,8 +83,9 @@ def nvml_probes(n: Any, h: Any) -> dict[str, str]:
 
     calls: dict[str, Callable[[], Any]] = {
         "ECC mode (current, pending)": lambda: n.nvmlDeviceGetEccMode(h),
-        "ECC error counters": lambda: n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED,
-                                                                   n.NVML_VOLATILE_ECC),
+        "ECC error counters": lambda: n.nvmlDeviceGetTotalEccErrors(
+            h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC
+        ),
         "remapped rows": lambda: n.nvmlDeviceGetRemappedRows(h),
         "XID events": xid,
         "compute processes": lambda: [p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h)],
@@ -97,22 +99,29 @@ def nvml_probes(n: Any, h: Any) -> dict[str, str]:
     return out
 
 
-def check_nvml(rep: SectionReport, index: int, cuda_device: str, start_load: Callable[[], AbstractContextManager[int]]
-               ) -> dict[str, Any]:
+def check_nvml(
+    rep: SectionReport, index: int, cuda_device: str, start_load: Callable[[], AbstractContextManager[int]]
+) -> dict[str, Any]:
     """Every check of the module docstring for the GPU CUDA calls ``index`` with device id ``cuda_device``."""
     from fleet_scan.devices.discovery import discover_gpus, nvml, select_targets
     from fleet_scan.devices.idle import IdleMonitor
     from fleet_scan.devices.telemetry import GpuTelemetry
 
     gpus = discover_gpus()
-    rep.check("NVML finds the GPUs", bool(gpus), "; ".join(f"{t.index}: {t.info.model} {t.device} pci "
-                                                           f"{t.info.pci_bus_id} driver {t.driver}" for t in gpus))
+    rep.check(
+        "NVML finds the GPUs",
+        bool(gpus),
+        "; ".join(f"{t.index}: {t.info.model} {t.device} pci {t.info.pci_bus_id} driver {t.driver}" for t in gpus),
+    )
     mine = [t for t in gpus if t.device == cuda_device]
     if not rep.check(f"cuda:{index} is an NVML GPU under the same device id", len(mine) == 1, cuda_device):
         return {"gpus": [t.to_json() for t in gpus]}
     picked = select_targets([f"cuda:{index}"])
-    rep.check(f"select_targets(['cuda:{index}']) picks it", [t.device for t in picked] == [cuda_device],
-              str([t.device for t in picked]))
+    rep.check(
+        f"select_targets(['cuda:{index}']) picks it",
+        [t.device for t in picked] == [cuda_device],
+        str([t.device for t in picked]),
+    )
     target = mine[0]
     n = nvml()
     h = n.nvmlDeviceGetHandleByIndex(target.index)
@@ -126,20 +135,34 @@ def check_nvml(rep: SectionReport, index: int, cuda_device: str, start_load: Cal
         rep.check("with a load in another process the GPU reads as busy", busy is not None, busy or "idle")
         listed = nvml_probes(n, h)["compute processes"]
         appeared = monitor.job_appeared()
-        rep.check("job_appeared() sees the load's process between cases", appeared is not None and str(pid) in
-                  appeared, f"{appeared or 'nothing'}; the load is pid {pid}, NVML lists {listed}")
+        rep.check(
+            "job_appeared() sees the load's process between cases",
+            appeared is not None and str(pid) in appeared,
+            f"{appeared or 'nothing'}; the load is pid {pid}, NVML lists {listed}",
+        )
         under_load = telemetry.snapshot()
     after = telemetry.snapshot()
     telemetry.close()
     for group, fields in REQUIRED_TELEMETRY.items():
         missing = [f for f in fields if f not in after]
-        rep.check(f"telemetry holds the {group}", not missing,
-                  f"missing {missing}" if missing else ", ".join(f"{f}={after[f]}" for f in fields))
+        rep.check(
+            f"telemetry holds the {group}",
+            not missing,
+            f"missing {missing}" if missing else ", ".join(f"{f}={after[f]}" for f in fields),
+        )
     probes = nvml_probes(n, h)
     for label, said in probes.items():
         rep.say(f"  nvml {label}: {said}")
-    return {"gpus": [t.to_json() for t in gpus], "idle_reason": idle, "busy_reason": busy, "job_appeared": appeared,
-            "telemetry_idle": before, "telemetry_under_load": under_load, "telemetry_after": after, "probes": probes}
+    return {
+        "gpus": [t.to_json() for t in gpus],
+        "idle_reason": idle,
+        "busy_reason": busy,
+        "job_appeared": appeared,
+        "telemetry_idle": before,
+        "telemetry_under_load": under_load,
+        "telemetry_after": after,
+        "probes": probes,
+    }
 
 
 def run(ctx: Context, rep: SectionReport) -> str:
@@ -150,11 +173,15 @@ def run(ctx: Context, rep: SectionReport) -> str:
     except ImportError as e:
         ok, detail = False, str(e)
     rep.check("pynvml imports", ok, detail)
-    ctx.require_gpu("discover the GPUs through NVML, check idle detection against a load in another process and "
-                    "read the XID/ECC/remapped-rows telemetry")
+    ctx.require_gpu(
+        "discover the GPUs through NVML, check idle detection against a load in another process and "
+        "read the XID/ECC/remapped-rows telemetry"
+    )
     from sdcguard.golden import CupyBackend
 
     cuda_device = CupyBackend(ctx.device).device  # the device id from the CUDA properties (no allocation)
     m = rep.measure("nvml", check_nvml(rep, ctx.device, cuda_device, lambda: gpu_load(ctx.device)))
-    return (f"{len(m['gpus'])} GPU(s) found; idle and busy told apart ({m.get('busy_reason')}); XID, ECC and "
-            f"remapped-rows telemetry read")
+    return (
+        f"{len(m['gpus'])} GPU(s) found; idle and busy told apart ({m.get('busy_reason')}); XID, ECC and "
+        f"remapped-rows telemetry read"
+    )

@@ -20,8 +20,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["Status", "STATUSES", "FORMAT", "RESULTS", "LOG", "Check", "Outcome", "SectionReport", "begin",
-           "load", "record", "summary_line", "verdict_line"]
+__all__ = [
+    "Status",
+    "STATUSES",
+    "FORMAT",
+    "RESULTS",
+    "LOG",
+    "Check",
+    "Outcome",
+    "SectionReport",
+    "begin",
+    "load",
+    "record",
+    "summary_line",
+    "verdict_line",
+]
 
 Status = Literal["PASS", "FAIL", "SKIP"]
 STATUSES: tuple[Status, ...] = ("PASS", "FAIL", "SKIP")
@@ -57,9 +70,15 @@ class Outcome:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Outcome:
         checks = [Check(**c) for c in data.get("checks", [])]
-        return cls(section=data["section"], status=data["status"], reason=data["reason"],
-                   seconds=float(data.get("seconds", 0.0)), timeout_s=data.get("timeout_s"), checks=checks,
-                   measurements=dict(data.get("measurements", {})))
+        return cls(
+            section=data["section"],
+            status=data["status"],
+            reason=data["reason"],
+            seconds=float(data.get("seconds", 0.0)),
+            timeout_s=data.get("timeout_s"),
+            checks=checks,
+            measurements=dict(data.get("measurements", {})),
+        )
 
 
 class SectionReport:
@@ -89,8 +108,15 @@ class SectionReport:
     def failed(self) -> list[Check]:
         return [c for c in self.checks if not c.ok]
 
-    def outcome(self, *, seconds: float, timeout_s: float | None, skip: str | None = None,
-                error: str | None = None, passed: str | None = None) -> Outcome:
+    def outcome(
+        self,
+        *,
+        seconds: float,
+        timeout_s: float | None,
+        skip: str | None = None,
+        error: str | None = None,
+        passed: str | None = None,
+    ) -> Outcome:
         """The section's outcome: FAIL on an error or any failed check, else SKIP when asked to, else PASS."""
         if error is not None:
             status: Status = "FAIL"
@@ -107,8 +133,15 @@ class SectionReport:
         else:
             status = "PASS"
             reason = passed or f"{len(self.checks)} checks passed"
-        return Outcome(section=self.section, status=status, reason=reason, seconds=round(seconds, 2),
-                       timeout_s=timeout_s, checks=list(self.checks), measurements=dict(self.measurements))
+        return Outcome(
+            section=self.section,
+            status=status,
+            reason=reason,
+            seconds=round(seconds, 2),
+            timeout_s=timeout_s,
+            checks=list(self.checks),
+            measurements=dict(self.measurements),
+        )
 
 
 def _write(out: Path, body: dict[str, Any]) -> None:

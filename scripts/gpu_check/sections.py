@@ -37,24 +37,62 @@ class Section:
 
 
 SECTIONS: tuple[Section, ...] = (
-    Section(name="golden-data", timeout_s=15, module="golden_data",
-            title="the golden data verifies (manifest, every sha256, every reference recomputed)"),
-    Section(name="nvml", timeout_s=35, module="nvml_check",
-            title="NVML finds the GPUs, tells an idle GPU from a busy one, and reads XID/ECC/remapped-rows telemetry"),
-    Section(name="golden-suite", timeout_s=110, module="golden_suite",
-            title="every golden family passes on every GPU, with throughput next to cupy.matmul and a device copy"),
-    Section(name="intrinsics", timeout_s=25, module="intrinsics",
-            title="the intrinsics kernel is repeatable on each GPU; its output is recorded as a golden candidate"),
-    Section(name="fingerprint", timeout_s=55, module="fingerprint_check",
-            title="the CUDA fingerprint equals the CPU reference over dtypes, shapes and strides; its bandwidth"),
-    Section(name="training", timeout_s=80, module="training",
-            title="the guard on CUDA tensors, 3 ranks over gloo: calibrate, a clean run, a sticky fault named"),
-    Section(name="scan", timeout_s=65, module="fleet", function="run_scan",
-            title="sdcguard scan --device cuda:0 --budget 30 into a fresh store with telemetry, then report"),
-    Section(name="drill", timeout_s=45, module="fleet", function="run_drill",
-            title="a fire drill on cuda:0 (--inject) finds corruption and quarantines the GPU"),
-    Section(name="gpu-tests", timeout_s=50, module="gpu_tests",
-            title="the test suite's GPU tests pass (pytest -m gpu), none skipped"),
+    Section(
+        name="golden-data",
+        timeout_s=15,
+        module="golden_data",
+        title="the golden data verifies (manifest, every sha256, every reference recomputed)",
+    ),
+    Section(
+        name="nvml",
+        timeout_s=35,
+        module="nvml_check",
+        title="NVML finds the GPUs, tells an idle GPU from a busy one, and reads XID/ECC/remapped-rows telemetry",
+    ),
+    Section(
+        name="golden-suite",
+        timeout_s=110,
+        module="golden_suite",
+        title="every golden family passes on every GPU, with throughput next to cupy.matmul and a device copy",
+    ),
+    Section(
+        name="intrinsics",
+        timeout_s=25,
+        module="intrinsics",
+        title="the intrinsics kernel is repeatable on each GPU; its output is recorded as a golden candidate",
+    ),
+    Section(
+        name="fingerprint",
+        timeout_s=55,
+        module="fingerprint_check",
+        title="the CUDA fingerprint equals the CPU reference over dtypes, shapes and strides; its bandwidth",
+    ),
+    Section(
+        name="training",
+        timeout_s=80,
+        module="training",
+        title="the guard on CUDA tensors, 3 ranks over gloo: calibrate, a clean run, a sticky fault named",
+    ),
+    Section(
+        name="scan",
+        timeout_s=65,
+        module="fleet",
+        function="run_scan",
+        title="sdcguard scan --device cuda:0 --budget 30 into a fresh store with telemetry, then report",
+    ),
+    Section(
+        name="drill",
+        timeout_s=45,
+        module="fleet",
+        function="run_drill",
+        title="a fire drill on cuda:0 (--inject) finds corruption and quarantines the GPU",
+    ),
+    Section(
+        name="gpu-tests",
+        timeout_s=50,
+        module="gpu_tests",
+        title="the test suite's GPU tests pass (pytest -m gpu), none skipped",
+    ),
 )
 
 TOTAL_LIMIT_S = sum(s.timeout_s for s in SECTIONS)

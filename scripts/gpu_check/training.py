@@ -62,13 +62,17 @@ class _Loss:
 
 def _batch(torch: Any, step: int, rank: int, device: Any) -> dict[str, Any]:
     g = torch.Generator().manual_seed(1000 * step + rank)
-    return {"x": torch.randn(8, 4, 32, generator=g).to(device),
-            "y": torch.randint(0, 16, (8, 4), generator=g).to(device)}
+    return {
+        "x": torch.randn(8, 4, 32, generator=g).to(device),
+        "y": torch.randint(0, 16, (8, 4), generator=g).to(device),
+    }
 
 
 def _incidents(found: Any) -> list[dict[str, Any]]:
-    return [{"kind": i.kind, "step": i.step, "suspect_ranks": list(i.suspect_ranks), "device": i.device,
-             "sticky": i.sticky} for i in found]
+    return [
+        {"kind": i.kind, "step": i.step, "suspect_ranks": list(i.suspect_ranks), "device": i.device, "sticky": i.sticky}
+        for i in found
+    ]
 
 
 def _one_precision(torch: Any, rank: int, device: Any, precision: str) -> dict[str, Any]:
@@ -79,8 +83,9 @@ def _one_precision(torch: Any, rank: int, device: Any, precision: str) -> dict[s
     torch.manual_seed(0)  # the same initial weights on every rank
     model = _model(torch).to(device)
     # escalate="off": the sticky fault is named and vetoed, and the run goes on to show the next step commits
-    guard = sdcguard.SDCGuard(model, _Loss(precision, device.type), replay_every=1, weight_check_every=1,
-                              on_detect="skip", escalate="off")
+    guard = sdcguard.SDCGuard(
+        model, _Loss(precision, device.type), replay_every=1, weight_check_every=1, on_detect="skip", escalate="off"
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     torch.manual_seed(100 + rank)  # each rank's dropout stream differs, as in a real job
     cal = guard.calibrate(_batch(torch, 0, rank, device))
@@ -88,8 +93,13 @@ def _one_precision(torch: Any, rank: int, device: Any, precision: str) -> dict[s
     for step in range(CLEAN_STEPS + 2):  # clean steps, the faulty step, one clean step after it
         mode = None
         if step == CLEAN_STEPS:
-            mode = OpFaultMode(Fault(pattern="bitflip", bit="high_mantissa", timing="sticky", seed=step),
-                               ops="matmul", phase="forward", rank=FAULTY_RANK, steps=[step])
+            mode = OpFaultMode(
+                Fault(pattern="bitflip", bit="high_mantissa", timing="sticky", seed=step),
+                ops="matmul",
+                phase="forward",
+                rank=FAULTY_RANK,
+                steps=[step],
+            )
             mode.step = step
         t0 = time.perf_counter()
         with mode if mode is not None else nullcontext():
@@ -100,11 +110,22 @@ def _one_precision(torch: Any, rank: int, device: Any, precision: str) -> dict[s
         weights = guard.after_optimizer_step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        steps.append({"step": step, "commit": bool(report.commit), "incidents": _incidents(report.incidents),
-                      "weight_incidents": _incidents(weights), "seconds": time.perf_counter() - t0,
-                      "injected": len(mode.records) if mode is not None else 0})
-    return {"calibration": {"deterministic": bool(cal.deterministic), "text": str(cal)}, "steps": steps,
-            "incidents": len(guard.incidents), "param_device": str(next(model.parameters()).device)}
+        steps.append(
+            {
+                "step": step,
+                "commit": bool(report.commit),
+                "incidents": _incidents(report.incidents),
+                "weight_incidents": _incidents(weights),
+                "seconds": time.perf_counter() - t0,
+                "injected": len(mode.records) if mode is not None else 0,
+            }
+        )
+    return {
+        "calibration": {"deterministic": bool(cal.deterministic), "text": str(cal)},
+        "steps": steps,
+        "incidents": len(guard.incidents),
+        "param_device": str(next(model.parameters()).device),
+    }
 
 
 def _rank_job(rank: int, world: int, device_type: str) -> dict[str, Any]:
@@ -130,38 +151,66 @@ def evaluate(rep: SectionReport, ranks: list[dict[str, Any]], *, device: str, de
     the suspect's device id starts with ``device_prefix`` (``GPU-`` on a GPU)."""
     for p in PRECISIONS:
         per = [r[p] for r in ranks]
-        rep.check(f"{p}: the model lives on {device} on every rank", all(x["param_device"] == device for x in per),
-                  ", ".join(sorted({x["param_device"] for x in per})))
-        rep.check(f"{p}: calibrate() finds replays bit-identical on every rank",
-                  all(x["calibration"]["deterministic"] for x in per), per[0]["calibration"]["text"])
+        rep.check(
+            f"{p}: the model lives on {device} on every rank",
+            all(x["param_device"] == device for x in per),
+            ", ".join(sorted({x["param_device"] for x in per})),
+        )
+        rep.check(
+            f"{p}: calibrate() finds replays bit-identical on every rank",
+            all(x["calibration"]["deterministic"] for x in per),
+            per[0]["calibration"]["text"],
+        )
         clean = [s for x in per for s in x["steps"] if s["step"] != CLEAN_STEPS]
         noisy = [s for s in clean if not s["commit"] or s["incidents"] or s["weight_incidents"]]
-        rep.check(f"{p}: {len(clean) // WORLD} clean steps commit with zero incidents on every rank", not noisy,
-                  f"first noisy: step {noisy[0]['step']} {noisy[0]['incidents'] or noisy[0]['weight_incidents']}"
-                  if noisy else "")
+        rep.check(
+            f"{p}: {len(clean) // WORLD} clean steps commit with zero incidents on every rank",
+            not noisy,
+            f"first noisy: step {noisy[0]['step']} {noisy[0]['incidents'] or noisy[0]['weight_incidents']}"
+            if noisy
+            else "",
+        )
         faulty = [next(s for s in x["steps"] if s["step"] == CLEAN_STEPS) for x in per]
-        rep.check(f"{p}: the sticky fault was injected on rank {FAULTY_RANK}", faulty[FAULTY_RANK]["injected"] > 0,
-                  f"{faulty[FAULTY_RANK]['injected']} elements changed")
+        rep.check(
+            f"{p}: the sticky fault was injected on rank {FAULTY_RANK}",
+            faulty[FAULTY_RANK]["injected"] > 0,
+            f"{faulty[FAULTY_RANK]['injected']} elements changed",
+        )
         rep.check(f"{p}: no rank commits the faulty step", not any(s["commit"] for s in faulty))
         named = [i for s in faulty for i in s["incidents"] if i["step"] == CLEAN_STEPS]
-        good = [i for i in named if i["suspect_ranks"] == [FAULTY_RANK]
-                and str(i["device"] or "").startswith(device_prefix)]
-        rep.check(f"{p}: the incident names rank {FAULTY_RANK} alone and its device", bool(named) and
-                  len(good) == len(named), f"{named[0]['kind']} suspects {named[0]['suspect_ranks']} on "
-                  f"{named[0]['device']}, sticky={named[0]['sticky']}" if named else "no incident at that step")
+        good = [
+            i for i in named if i["suspect_ranks"] == [FAULTY_RANK] and str(i["device"] or "").startswith(device_prefix)
+        ]
+        rep.check(
+            f"{p}: the incident names rank {FAULTY_RANK} alone and its device",
+            bool(named) and len(good) == len(named),
+            f"{named[0]['kind']} suspects {named[0]['suspect_ranks']} on "
+            f"{named[0]['device']}, sticky={named[0]['sticky']}"
+            if named
+            else "no incident at that step",
+        )
         step_s = sorted(s["seconds"] for x in per for s in x["steps"])
-        rep.measure(p, {"calibration": per[0]["calibration"]["text"], "incident": named[0] if named else None,
-                        "median_step_s": step_s[len(step_s) // 2]})
+        rep.measure(
+            p,
+            {
+                "calibration": per[0]["calibration"]["text"],
+                "incident": named[0] if named else None,
+                "median_step_s": step_s[len(step_s) // 2],
+            },
+        )
 
 
 def run(ctx: Context, rep: SectionReport) -> str | None:
     import torch
     import torch.distributed as dist
 
-    rep.check("torch.distributed has gloo", dist.is_available() and dist.is_gloo_available(),
-              f"torch {torch.__version__}")
-    ctx.require_gpu(f"run {WORLD} ranks over gloo on cuda:0 (fp32 and bf16 autocast): calibrate, "
-                    f"{CLEAN_STEPS} clean steps, a sticky fault on rank {FAULTY_RANK}")
+    rep.check(
+        "torch.distributed has gloo", dist.is_available() and dist.is_gloo_available(), f"torch {torch.__version__}"
+    )
+    ctx.require_gpu(
+        f"run {WORLD} ranks over gloo on cuda:0 (fp32 and bf16 autocast): calibrate, "
+        f"{CLEAN_STEPS} clean steps, a sticky fault on rank {FAULTY_RANK}"
+    )
     if not rep.check("torch sees CUDA", torch.cuda.is_available(), f"CUDA {torch.version.cuda}"):
         return None
     try:
@@ -171,5 +220,7 @@ def run(ctx: Context, rep: SectionReport) -> str | None:
         rep.say(str(e))
         return None
     evaluate(rep, ranks, device="cuda:0", device_prefix="GPU-")
-    return (f"{WORLD} ranks on one GPU: calibrated, clean steps silent, the sticky fault on rank {FAULTY_RANK} "
-            f"vetoed and named, in {' and '.join(PRECISIONS)}")
+    return (
+        f"{WORLD} ranks on one GPU: calibrated, clean steps silent, the sticky fault on rank {FAULTY_RANK} "
+        f"vetoed and named, in {' and '.join(PRECISIONS)}"
+    )

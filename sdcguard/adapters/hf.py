@@ -79,17 +79,22 @@ class SDCGuardTrainerCallback(TrainerCallback):
             self.guard.observe_loss(loss)
         elif not self._warned:
             self._warned = True
-            warnings.warn("SDCGuardTrainerCallback: the model returned no loss (pass labels), so its replays start "
-                          "from a gradient of one: with gradient accumulation or a loss scaler they will disagree",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "SDCGuardTrainerCallback: the model returned no loss (pass labels), so its replays start "
+                "from a gradient of one: with gradient accumulation or a loss scaler they will disagree",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         if self.guard is None:
             # The unwrapped model: the framework's DDP (or FSDP2) around it does the reduction; the guard's hooks on
             # its parameters see the gradients of that backward.
             self.guard = SDCGuard(model, model_output_loss, **self.guard_kwargs)
-            self._hooks = [model.register_forward_pre_hook(self._pre, with_kwargs=True),
-                           model.register_forward_hook(self._post, with_kwargs=True)]
+            self._hooks = [
+                model.register_forward_pre_hook(self._pre, with_kwargs=True),
+                model.register_forward_hook(self._post, with_kwargs=True),
+            ]
         self._micro_batches = max(1, int(args.gradient_accumulation_steps))
         if state.global_step > 0 and model is not None:  # resuming: check what the Trainer loaded
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
@@ -119,8 +124,12 @@ class SDCGuardTrainerCallback(TrainerCallback):
             return
         if not self.guard.observing:
             # Never silently unchecked: the Trainer ran no training forward of the model the guard watches.
-            warnings.warn("SDCGuardTrainerCallback saw no training forward of the model before an optimizer "
-                          "step: that step is not checked", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "SDCGuardTrainerCallback saw no training forward of the model before an optimizer "
+                "step: that step is not checked",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return
         self.last_report = self.guard.end_step()  # a vetoed step's gradients are already dropped
 

@@ -205,8 +205,7 @@ class SDCGuardModelParallelStrategy(ModelParallelStrategy):
     of fitting; ``checkpointer.settled`` lists the outcomes.
     """
 
-    def __init__(self, callback: SDCGuardCallback | None = None, *, writer: Writer = "thread",
-                 **kwargs: Any) -> None:
+    def __init__(self, callback: SDCGuardCallback | None = None, *, writer: Writer = "thread", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.callback = callback
         self.checkpointer = AsyncCheckpointer(writer=writer)
@@ -222,8 +221,7 @@ class SDCGuardModelParallelStrategy(ModelParallelStrategy):
         state.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
         guard = self.callback.guard if self.callback is not None else None
         step = int(checkpoint.get("global_step", 0)) - 1
-        self.checkpointer.save(state, checkpoint_id=path, guard=guard, step=step if step >= 0 else None,
-                               overwrite=True)
+        self.checkpointer.save(state, checkpoint_id=path, guard=guard, step=step if step >= 0 else None, overwrite=True)
         if self.global_rank == 0:
             torch.save(checkpoint, path / _LIGHTNING_META)
 

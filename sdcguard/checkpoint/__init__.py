@@ -10,5 +10,17 @@ from .dcp import CheckpointInfo, load, save
 from .layout import SIDECAR
 from .scrub import ScrubResult, latest_good, scrub, scrub_one
 
-__all__ = ["save", "load", "async_save", "async_wait", "async_poll", "AsyncCheckpointer", "CheckpointInfo",
-           "scrub", "scrub_one", "latest_good", "ScrubResult", "SIDECAR"]
+__all__ = [
+    "save",
+    "load",
+    "async_save",
+    "async_wait",
+    "async_poll",
+    "AsyncCheckpointer",
+    "CheckpointInfo",
+    "scrub",
+    "scrub_one",
+    "latest_good",
+    "ScrubResult",
+    "SIDECAR",
+]

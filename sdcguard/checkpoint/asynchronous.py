@@ -103,8 +103,7 @@ class _CheckedStager(AsyncStager):
 
     _synchronize_after_execute = False
 
-    def __init__(self, inner: Callable[[], AsyncStager], group: Any, *, owned: bool,
-                 host: HostStager | None) -> None:
+    def __init__(self, inner: Callable[[], AsyncStager], group: Any, *, owned: bool, host: HostStager | None) -> None:
         self._make_inner = inner
         self._inner: AsyncStager | None = None
         self.group = group
@@ -141,8 +140,9 @@ class _CheckedStager(AsyncStager):
             for k in keys:
                 bad.setdefault(k, []).append(rank)
         if bad:  # every rank raises alike: nobody writes
-            raise CheckpointCorrupted(str(corrupted(f"the host copy staged for {job.path}", bad)),
-                                      keys=tuple(sorted(bad)))
+            raise CheckpointCorrupted(
+                str(corrupted(f"the host copy staged for {job.path}", bad)), keys=tuple(sorted(bad))
+            )
         job.everyone = [fps for fps, _ in everyone]
         return staged
 
@@ -178,8 +178,14 @@ class AsyncCheckpointer:
     seam: a test may pass a stager that damages the copy.
     """
 
-    def __init__(self, *, process_group: Any = None, writer: Writer = "thread", stager: AsyncStager | None = None,
-                 cache_staging: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        process_group: Any = None,
+        writer: Writer = "thread",
+        stager: AsyncStager | None = None,
+        cache_staging: bool = True,
+    ) -> None:
         if writer not in ("thread", "process"):
             raise BadInput(f"writer must be 'thread' or 'process', not {writer!r}")
         self.process_group = process_group
@@ -207,11 +213,14 @@ class AsyncCheckpointer:
                 self._groups = (None, None, None)
             else:
                 if not dist.is_gloo_available():
-                    raise BadInput("async_save needs a CPU backend (gloo) for DCP's background save and this torch "
-                                   "has none: initialize with a gloo-capable build, e.g. backend 'cpu:gloo,cuda:nccl'")
+                    raise BadInput(
+                        "async_save needs a CPU backend (gloo) for DCP's background save and this torch "
+                        "has none: initialize with a gloo-capable build, e.g. backend 'cpu:gloo,cuda:nccl'"
+                    )
                 ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
-                self._groups = tuple(dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
-                                     for _ in range(3))
+                self._groups = tuple(
+                    dist.new_group(ranks, backend="gloo", use_local_synchronization=True) for _ in range(3)
+                )
         return self._groups
 
     def _checked_stager(self, group: Any) -> _CheckedStager:
@@ -222,9 +231,14 @@ class AsyncCheckpointer:
             shared = self.writer == "process"
 
             def inner() -> AsyncStager:
-                return given or DefaultStager(StagingOptions(
-                    use_pinned_memory=torch.cuda.is_available(), use_shared_memory=shared,
-                    use_async_staging=False, use_non_blocking_copy=False))
+                return given or DefaultStager(
+                    StagingOptions(
+                        use_pinned_memory=torch.cuda.is_available(),
+                        use_shared_memory=shared,
+                        use_async_staging=False,
+                        use_non_blocking_copy=False,
+                    )
+                )
 
             host = None if given is not None else HostStager(shared=shared, cache=self._cache)
             self._stager = _CheckedStager(inner, group, owned=given is None, host=host)
@@ -232,9 +246,17 @@ class AsyncCheckpointer:
 
     # ------------------------------------------------------------------------------------------ saving
 
-    def save(self, state_dict: dict[str, Any], *, checkpoint_id: str | os.PathLike[str],
-             guard: SDCGuard | None = None, step: int | None = None, overwrite: bool = False,
-             store: str | os.PathLike[str] | None = None, planner: Any = None) -> AsyncSaveResponse:
+    def save(
+        self,
+        state_dict: dict[str, Any],
+        *,
+        checkpoint_id: str | os.PathLike[str],
+        guard: SDCGuard | None = None,
+        step: int | None = None,
+        overwrite: bool = False,
+        store: str | os.PathLike[str] | None = None,
+        planner: Any = None,
+    ) -> AsyncSaveResponse:
         """Start saving ``state_dict`` (collective: every saving rank calls it, in the same order).
 
         Returns what DCP's ``async_save`` returns with a staging future: an ``AsyncSaveResponse`` whose
@@ -259,9 +281,15 @@ class AsyncCheckpointer:
         stager.job = job
         kind = AsyncCheckpointerType.PROCESS if self.writer == "process" else AsyncCheckpointerType.THREAD
         # An AsyncSaveResponse, as the stager's stage() returns a future (a torch without it: the upload future).
-        response: Any = dcp.async_save(state_dict, storage_writer=_RecordingWriter(str(path), job), planner=planner,
-                                       process_group=background, no_dist=background is None,
-                                       async_checkpointer_type=kind, async_stager=stager)
+        response: Any = dcp.async_save(
+            state_dict,
+            storage_writer=_RecordingWriter(str(path), job),
+            planner=planner,
+            process_group=background,
+            no_dist=background is None,
+            async_checkpointer_type=kind,
+            async_stager=stager,
+        )
         upload = response.upload_completion if hasattr(response, "upload_completion") else response
         store_path = os.fspath(store) if store is not None else (guard.config.store if guard is not None else None)
         self._inflight = _InFlight(job=job, response=response, upload=upload, guard=guard, store=store_path)
@@ -312,27 +340,50 @@ class AsyncCheckpointer:
             error = describe_failure(e)
         writer_rank = self._rank() == 0
         if error is not None:
-            info = CheckpointInfo(checkpoint_id=job.path, step=job.step, verified=False if guard else None,
-                                  digest="", tensors=len(job.expected), saved=False, error=error)
-            warnings.warn(f"sdcguard: the asynchronous save of {job.path} failed ({error}); it is not verified",
-                          RuntimeWarning, stacklevel=3)
+            info = CheckpointInfo(
+                checkpoint_id=job.path,
+                step=job.step,
+                verified=False if guard else None,
+                digest="",
+                tensors=len(job.expected),
+                saved=False,
+                error=error,
+            )
+            warnings.warn(
+                f"sdcguard: the asynchronous save of {job.path} failed ({error}); it is not verified",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             if current.store is not None and writer_rank:
-                self._store_write(current.store, job, self._job_id(guard), status="failed", verified=False,
-                                  digest="", detail=error)
+                self._store_write(
+                    current.store, job, self._job_id(guard), status="failed", verified=False, digest="", detail=error
+                )
         else:
             body = make_record(job.everyone, step=job.step, verified=None)
             verified: bool | None = None
             if guard is not None and job.step is not None:
                 verified = guard.record_checkpoint(job.path, job.step, body["digest"])  # also the store's record
             elif current.store is not None and writer_rank and job.step is not None:
-                self._store_write(current.store, job, self._job_id(None), status="saved", verified=False,
-                                  digest=body["digest"], detail="")
+                self._store_write(
+                    current.store,
+                    job,
+                    self._job_id(None),
+                    status="saved",
+                    verified=False,
+                    digest=body["digest"],
+                    detail="",
+                )
             if writer_rank and verified:
                 body["verified"] = True
                 body["metadata"] = file_fingerprint(Path(job.path) / METADATA)
                 write_record(Path(job.path) / SIDECAR, body)
-            info = CheckpointInfo(checkpoint_id=job.path, step=job.step, verified=verified, digest=body["digest"],
-                                  tensors=len(job.expected))
+            info = CheckpointInfo(
+                checkpoint_id=job.path,
+                step=job.step,
+                verified=verified,
+                digest=body["digest"],
+                tensors=len(job.expected),
+            )
         self.settled.append(info)
         return info
 
@@ -352,11 +403,13 @@ class AsyncCheckpointer:
             from ..fleet.store.store import Store
 
             with Store.open(Path(store)) as db:
-                db.record_checkpoint(checkpoint_id=job.path, step=job.step if job.step is not None else -1,
-                                     job=job_id, **row)
+                db.record_checkpoint(
+                    checkpoint_id=job.path, step=job.step if job.step is not None else -1, job=job_id, **row
+                )
         except Exception as e:  # never crash training over bookkeeping
-            warnings.warn(f"sdcguard: could not record checkpoint {job.path} in {store}: {e}", RuntimeWarning,
-                          stacklevel=4)
+            warnings.warn(
+                f"sdcguard: could not record checkpoint {job.path} in {store}: {e}", RuntimeWarning, stacklevel=4
+            )
 
 
 _DEFAULT: dict[int, AsyncCheckpointer] = {}
@@ -369,8 +422,14 @@ def _default(process_group: Any) -> AsyncCheckpointer:
     return _DEFAULT[key]
 
 
-def async_save(state_dict: dict[str, Any], *, checkpoint_id: str | os.PathLike[str], guard: SDCGuard | None = None,
-               process_group: Any = None, **kwargs: Any) -> AsyncSaveResponse:
+def async_save(
+    state_dict: dict[str, Any],
+    *,
+    checkpoint_id: str | os.PathLike[str],
+    guard: SDCGuard | None = None,
+    process_group: Any = None,
+    **kwargs: Any,
+) -> AsyncSaveResponse:
     """:meth:`AsyncCheckpointer.save` on the default checkpointer of ``process_group`` (thread writer, cached
     staging); the previous save settles at the next call, ``async_poll()`` or ``async_wait()``."""
     return _default(process_group).save(state_dict, checkpoint_id=checkpoint_id, guard=guard, **kwargs)

@@ -89,9 +89,16 @@ def _path(checkpoint_id: str | os.PathLike[str] | None) -> Path:
     return Path(checkpoint_id)
 
 
-def save(state_dict: dict[str, Any], *, checkpoint_id: str | os.PathLike[str], guard: SDCGuard | None = None,
-         step: int | None = None, only_verified: bool = False, overwrite: bool = False,
-         **kwargs: Any) -> CheckpointInfo:
+def save(
+    state_dict: dict[str, Any],
+    *,
+    checkpoint_id: str | os.PathLike[str],
+    guard: SDCGuard | None = None,
+    step: int | None = None,
+    only_verified: bool = False,
+    overwrite: bool = False,
+    **kwargs: Any,
+) -> CheckpointInfo:
     """Save ``state_dict`` with DCP and the fingerprint of every tensor (collective: every rank calls it).
 
     ``step`` defaults to the last step the guard saw. With ``only_verified=True`` and a state the guard's checks do
@@ -109,8 +116,9 @@ def save(state_dict: dict[str, Any], *, checkpoint_id: str | os.PathLike[str], g
         verified = last is not None and step is not None and step <= last
     fps = fingerprints(state_dict)  # on each tensor's device, before DCP copies anything
     if only_verified and not verified:
-        return CheckpointInfo(checkpoint_id=str(path), step=step, verified=verified, digest="", tensors=len(fps),
-                              saved=False)
+        return CheckpointInfo(
+            checkpoint_id=str(path), step=step, verified=verified, digest="", tensors=len(fps), saved=False
+        )
     import torch.distributed.checkpoint as dcp
 
     dcp.save(state_dict, checkpoint_id=str(path), **kwargs)
@@ -122,12 +130,20 @@ def save(state_dict: dict[str, Any], *, checkpoint_id: str | os.PathLike[str], g
         dist.barrier(group=kwargs.get("process_group"))
     if guard is not None and step is not None:
         guard.record_checkpoint(str(path), step, body["digest"])
-    return CheckpointInfo(checkpoint_id=str(path), step=step, verified=verified, digest=body["digest"],
-                          tensors=len(fps))
+    return CheckpointInfo(
+        checkpoint_id=str(path), step=step, verified=verified, digest=body["digest"], tensors=len(fps)
+    )
 
 
-def load(state_dict: dict[str, Any], *, checkpoint_id: str | os.PathLike[str], strict: bool = False,
-         fallback: bool = False, store: str | os.PathLike[str] | None = None, **kwargs: Any) -> CheckpointInfo:
+def load(
+    state_dict: dict[str, Any],
+    *,
+    checkpoint_id: str | os.PathLike[str],
+    strict: bool = False,
+    fallback: bool = False,
+    store: str | os.PathLike[str] | None = None,
+    **kwargs: Any,
+) -> CheckpointInfo:
     """Load ``state_dict`` in place with DCP, then check every tensor against its saved fingerprint (collective).
 
     Raises :class:`~sdcguard.errors.CheckpointCorrupted` on every rank when a tensor (or DCP's index file) differs
@@ -158,8 +174,9 @@ def _load_one(state_dict: dict[str, Any], path: Path, *, strict: bool, **kwargs:
     try:
         dcp.load(state_dict, checkpoint_id=str(path), **kwargs)
     except (Exception, dcp.CheckpointException) as e:  # a truncated or foreign file (DCP's is a BaseException)
-        raise CheckpointError(f"{path} could not be read ({describe_failure(e)}): a data file is truncated, "
-                              "foreign or missing") from None
+        raise CheckpointError(
+            f"{path} could not be read ({describe_failure(e)}): a data file is truncated, foreign or missing"
+        ) from None
     if body is None:
         return CheckpointInfo(checkpoint_id=str(path), step=None, verified=None, digest="", tensors=0, checked=False)
     mine = fingerprints(state_dict)
@@ -172,10 +189,20 @@ def _load_one(state_dict: dict[str, Any], path: Path, *, strict: bool, **kwargs:
         raise corrupted(f"checkpoint {path}", bad)
     missed = sorted({k for _, u in everyone for k in u})
     if missed:
-        warnings.warn(f"sdcguard: {len(missed)} tensor(s) of {path} not checked (saved under another sharding, "
-                      f"or not saved): {', '.join(missed[:5])}", RuntimeWarning, stacklevel=2)
-    return CheckpointInfo(checkpoint_id=str(path), step=body.get("step"), verified=body.get("verified"),
-                          digest=str(body.get("digest", "")), tensors=len(mine), checked=not missed)
+        warnings.warn(
+            f"sdcguard: {len(missed)} tensor(s) of {path} not checked (saved under another sharding, "
+            f"or not saved): {', '.join(missed[:5])}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return CheckpointInfo(
+        checkpoint_id=str(path),
+        step=body.get("step"),
+        verified=body.get("verified"),
+        digest=str(body.get("digest", "")),
+        tensors=len(mine),
+        checked=not missed,
+    )
 
 
 def store_candidates(store: str | os.PathLike[str], root: Path) -> list[Candidate]:
@@ -195,8 +222,9 @@ def store_candidates(store: str | os.PathLike[str], root: Path) -> list[Candidat
     return out
 
 
-def _load_fallback(state_dict: dict[str, Any], path: Path, *, strict: bool, store: str | os.PathLike[str] | None,
-                   **kwargs: Any) -> CheckpointInfo:
+def _load_fallback(
+    state_dict: dict[str, Any], path: Path, *, strict: bool, store: str | os.PathLike[str] | None, **kwargs: Any
+) -> CheckpointInfo:
     if store is not None:
         found = store_candidates(store, path)
     else:
@@ -206,8 +234,9 @@ def _load_fallback(state_dict: dict[str, Any], path: Path, *, strict: bool, stor
         found = candidates(path.parent if named else path)
         if named:  # the one named first, then its siblings that are not newer
             first = next(c for c in found if c.path == path)
-            found = [first] + [c for c in found if c.path != path and (first.step is None or c.step is None or
-                                                                       c.step <= first.step)]
+            found = [first] + [
+                c for c in found if c.path != path and (first.step is None or c.step is None or c.step <= first.step)
+            ]
     skipped: list[str] = []
     for c in found:
         if c.problem:
@@ -224,9 +253,15 @@ def _load_fallback(state_dict: dict[str, Any], path: Path, *, strict: bool, stor
             skipped.append(f"{c.path}: {e}")
             continue
         if skipped:
-            warnings.warn(f"sdcguard: loaded {c.path}, passing over {len(skipped)} newer checkpoint(s): "
-                          + "; ".join(skipped[:4]), RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"sdcguard: loaded {c.path}, passing over {len(skipped)} newer checkpoint(s): "
+                + "; ".join(skipped[:4]),
+                RuntimeWarning,
+                stacklevel=3,
+            )
         return CheckpointInfo(**{**info.__dict__, "skipped": tuple(skipped)})
     where = f"the fleet store {store}" if store is not None else str(path)
-    raise CheckpointError(f"no verified checkpoint that still verifies in {where}"
-                          + (f" ({'; '.join(skipped[:4])})" if skipped else " (none found)"))
+    raise CheckpointError(
+        f"no verified checkpoint that still verifies in {where}"
+        + (f" ({'; '.join(skipped[:4])})" if skipped else " (none found)")
+    )

@@ -66,8 +66,13 @@ def candidates(root: Path) -> list[Candidate]:
             continue
         assert body is not None
         step = body.get("step")
-        out.append(Candidate(path=path, step=step if isinstance(step, int) else None,
-                             verified=body.get("verified") if isinstance(body.get("verified"), bool) else None))
+        out.append(
+            Candidate(
+                path=path,
+                step=step if isinstance(step, int) else None,
+                verified=body.get("verified") if isinstance(body.get("verified"), bool) else None,
+            )
+        )
     return sorted(out, key=lambda c: (c.step if c.step is not None else -1, _mtime(c.path)), reverse=True)
 
 

@@ -29,8 +29,18 @@ from ..training.hooks.taps import local
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
-__all__ = ["fingerprints", "child_key", "make_record", "write_record", "read_record", "differences", "corrupted",
-           "FORMAT", "file_fingerprint", "bytes_fingerprint"]
+__all__ = [
+    "fingerprints",
+    "child_key",
+    "make_record",
+    "write_record",
+    "read_record",
+    "differences",
+    "corrupted",
+    "FORMAT",
+    "file_fingerprint",
+    "bytes_fingerprint",
+]
 
 FORMAT = "sdcguard-checkpoint/1"
 
@@ -78,11 +88,21 @@ def make_record(per_rank: Sequence[dict[str, int]], *, step: int | None, verifie
             table.setdefault(key, {}).setdefault(f"{value:016x}", []).append(rank)
     split = sorted(k for k, v in table.items() if len(v) > 1)
     if split:
-        warnings.warn(f"sdcguard: the ranks held different values of {', '.join(split[:5])} when saving: replicas "
-                      "disagree (see guard.incidents)", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"sdcguard: the ranks held different values of {', '.join(split[:5])} when saving: replicas "
+            "disagree (see guard.incidents)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     digest = f"{combine([int(min(table[k]), 16) for k in sorted(table)]):016x}"
-    return {"format": FORMAT, "step": step, "verified": verified, "digest": digest, "ranks": len(per_rank),
-            "fingerprints": table}
+    return {
+        "format": FORMAT,
+        "step": step,
+        "verified": verified,
+        "digest": digest,
+        "ranks": len(per_rank),
+        "fingerprints": table,
+    }
 
 
 def bytes_fingerprint(data: bytes) -> str:
@@ -126,8 +146,9 @@ def read_record(file: Path, what: str, *, strict: bool) -> dict[str, Any] | None
         found = body.get("format") if isinstance(body, dict) else type(body).__name__
         raise CheckpointError(f"{file} is not an sdcguard checkpoint record (format {found!r})")
     if "check" in body and body["check"] != _self_check(body):
-        raise CheckpointError(f"{file} is damaged: the fingerprint record differs from its own check; the checkpoint "
-                              "cannot be trusted")
+        raise CheckpointError(
+            f"{file} is damaged: the fingerprint record differs from its own check; the checkpoint cannot be trusted"
+        )
     return body
 
 
@@ -143,5 +164,8 @@ def corrupted(what: str, bad: dict[str, list[int]]) -> CheckpointCorrupted:
     keys = sorted(bad)
     ranks = sorted({r for rs in bad.values() for r in rs})
     listed = ", ".join(f"{k} (rank {', '.join(map(str, bad[k]))})" for k in keys[:8])
-    return CheckpointCorrupted(f"{what}: {len(keys)} tensor(s) differ from what was saved: {listed}"
-                               + (" ..." if len(keys) > 8 else ""), keys=tuple(keys), ranks=tuple(ranks))
+    return CheckpointCorrupted(
+        f"{what}: {len(keys)} tensor(s) differ from what was saved: {listed}" + (" ..." if len(keys) > 8 else ""),
+        keys=tuple(keys),
+        ranks=tuple(ranks),
+    )

@@ -92,8 +92,15 @@ def scrub_one(path: str | os.PathLike[str], *, progress: Progress | None = None)
     start = time.monotonic()
 
     def verdict(status: Any, detail: str, bad: Sequence[str] = (), tensors: int = 0, nbytes: int = 0) -> ScrubResult:
-        return ScrubResult(checkpoint_id=str(path), status=status, tensors=tensors, bytes=nbytes, bad=tuple(bad),
-                           detail=detail, seconds=time.monotonic() - start)
+        return ScrubResult(
+            checkpoint_id=str(path),
+            status=status,
+            tensors=tensors,
+            bytes=nbytes,
+            bad=tuple(bad),
+            detail=detail,
+            seconds=time.monotonic() - start,
+        )
 
     if not is_checkpoint(path):
         return verdict("unreadable", f"no checkpoint at {path} (no DCP {METADATA} file)")
@@ -127,7 +134,7 @@ def _read_at(fd: int, buf: mmap.mmap, offset: int, length: int) -> memoryview:
     view = memoryview(buf)[:length]
     got = 0
     while got < length:  # in pieces of _READ: one huge read waits for all its pages, pieces keep readahead going
-        n = os.preadv(fd, [view[got:got + _READ]], offset + got)
+        n = os.preadv(fd, [view[got : got + _READ]], offset + got)
         if not n:
             break
         got += n
@@ -164,7 +171,7 @@ class _ItemCheck:
             assert self.head is not None
             lo, hi = max(self.head.start, at), min(self.head.start + self.head.nbytes, at + len(data))
             if hi > lo:
-                self.stream.update(data[lo - at:hi - at])
+                self.stream.update(data[lo - at : hi - at])
         else:
             assert self.collected is not None
             self.collected += data
@@ -174,8 +181,7 @@ class _ItemCheck:
         values = allowed.get(self.fqn)
         if self.stream is not None:
             assert self.head is not None
-            if values is None or (self.stream.nbytes == self.head.nbytes
-                                   and f"{self.stream.value:016x}" in values):
+            if values is None or (self.stream.nbytes == self.head.nbytes and f"{self.stream.value:016x}" in values):
                 return None
             # The streamed walk is a fast path, never the proof: read the item again and decode it fully.
             with open(path / self.file, "rb") as f:
@@ -185,8 +191,64 @@ class _ItemCheck:
         return _check(memoryview(self.collected), self.fqn, allowed)
 
 
-def _read_items(path: Path, metadata: Any, storage: dict[Any, Any], allowed: dict[str, set[str]],
-                progress: Progress | None, verdict: Callable[..., ScrubResult]) -> ScrubResult:
+@dataclass
+class _Tally:
+    """What a scrub has read so far."""
+
+    bad: list[str]
+    notes: list[str]
+    checked: int = 0
+    nbytes: int = 0
+
+
+def _read_file(
+    fd: int,
+    piece: mmap.mmap,
+    path: Path,
+    name: str,
+    items: list[Any],
+    allowed: dict[str, set[str]],
+    progress: Progress | None,
+    tally: _Tally,
+) -> str | None:
+    """Read and check the items of one file, in offset order, into ``tally``; why the file cannot be read (None: it
+    could)."""
+    for index, info in sorted(items, key=lambda ii: ii[1].offset):
+        item = _ItemCheck(index.fqn, name, info.offset, info.length)
+        at = 0
+        while at < info.length:
+            want = min(_PIECE, info.length - at)
+            try:
+                data = _read_at(fd, piece, info.offset + at, want)
+            except OSError as e:
+                return f"{path / name} cannot be read ({e.strerror or e})"
+            tally.nbytes += len(data)
+            if progress is not None:
+                progress(len(data))
+            if len(data) < want:
+                tally.bad.append(item.fqn)
+                tally.notes.append(f"{name} is truncated ({item.fqn} ends past its end)")
+                data.release()
+                return None  # a truncated file: nothing after this item is there
+            item.feed(at, data)  # while the bytes are still in the CPU's cache
+            data.release()
+            at += want
+        tally.checked += 1
+        problem = item.problem(path, allowed)
+        if problem is not None:
+            tally.bad.append(item.fqn)
+            tally.notes.append(problem)
+    return None
+
+
+def _read_items(
+    path: Path,
+    metadata: Any,
+    storage: dict[Any, Any],
+    allowed: dict[str, set[str]],
+    progress: Progress | None,
+    verdict: Callable[..., ScrubResult],
+) -> ScrubResult:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     tensors = {k for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
@@ -199,63 +261,46 @@ def _read_items(path: Path, metadata: Any, storage: dict[Any, Any], allowed: dic
             notes.append(f"{index.fqn}: stored with transforms, not checked")
             continue
         per_file.setdefault(info.relative_path, []).append((index, info))
-    bad: list[str] = []
-    checked = nbytes = 0
+    tally = _Tally(bad=[], notes=notes)
     piece = mmap.mmap(-1, _PIECE)  # the one buffer: the memory a scrub needs does not grow with the checkpoint
     try:
         for name in sorted(per_file):
             try:
                 fd = os.open(path / name, os.O_RDONLY)
             except OSError as e:
-                return verdict("unreadable", f"{path / name} cannot be read ({e.strerror or e})", tensors=checked,
-                               nbytes=nbytes)
+                return verdict(
+                    "unreadable", f"{path / name} cannot be read ({e.strerror or e})", tensors=tally.checked,
+                    nbytes=tally.nbytes,
+                )  # fmt: skip
             try:
                 # Drop the file's clean cached pages first: the bytes checked come from the storage, not from a
                 # copy in memory that would hide rot on the disk. Dropped again after: the scrub leaves the cache.
                 _advise(fd, "POSIX_FADV_DONTNEED")
                 _advise(fd, "POSIX_FADV_SEQUENTIAL")
-                for index, info in sorted(per_file[name], key=lambda ii: ii[1].offset):
-                    item = _ItemCheck(index.fqn, name, info.offset, info.length)
-                    at = 0
-                    while at < info.length:
-                        want = min(_PIECE, info.length - at)
-                        try:
-                            data = _read_at(fd, piece, info.offset + at, want)
-                        except OSError as e:
-                            return verdict("unreadable", f"{path / name} cannot be read ({e.strerror or e})",
-                                           tensors=checked, nbytes=nbytes)
-                        nbytes += len(data)
-                        if progress is not None:
-                            progress(len(data))
-                        if len(data) < want:
-                            bad.append(item.fqn)
-                            notes.append(f"{name} is truncated ({item.fqn} ends past its end)")
-                            data.release()
-                            break
-                        item.feed(at, data)  # while the bytes are still in the CPU's cache
-                        data.release()
-                        at += want
-                    else:
-                        checked += 1
-                        problem = item.problem(path, allowed)
-                        if problem is not None:
-                            bad.append(item.fqn)
-                            notes.append(problem)
-                        continue
-                    break  # a truncated file: nothing after this item is there
+                failed = _read_file(fd, piece, path, name, per_file[name], allowed, progress, tally)
+                if failed is not None:
+                    return verdict("unreadable", failed, tensors=tally.checked, nbytes=tally.nbytes)
                 _advise(fd, "POSIX_FADV_DONTNEED")
             finally:
                 os.close(fd)
     finally:
         piece.close()
+    bad, checked, nbytes = tally.bad, tally.checked, tally.nbytes
     missing = sorted(set(allowed) - {i.fqn for i in storage})
     if missing:
         bad += missing
         notes.append(f"{len(missing)} fingerprinted tensor(s) absent from DCP's index: {', '.join(missing[:5])}")
     bad = sorted(set(bad))
     if bad:
-        return verdict("corrupt", f"{len(bad)} tensor(s) differ from what was saved: {', '.join(bad[:8])}"
-                       + (" ..." if len(bad) > 8 else "") + f" ({'; '.join(notes[:3])})", bad, checked, nbytes)
+        return verdict(
+            "corrupt",
+            f"{len(bad)} tensor(s) differ from what was saved: {', '.join(bad[:8])}"
+            + (" ..." if len(bad) > 8 else "")
+            + f" ({'; '.join(notes[:3])})",
+            bad,
+            checked,
+            nbytes,
+        )
     return verdict("clean", "; ".join(notes[:3]), (), checked, nbytes)
 
 
@@ -277,8 +322,9 @@ def _check(data: memoryview, fqn: str, allowed: dict[str, set[str]]) -> str | No
     return None if found in values else f"{fqn}: fingerprint {found} is not the one recorded"
 
 
-def latest_good(root: str | os.PathLike[str], *, store: str | os.PathLike[str] | None = None,
-                progress: Progress | None = None) -> tuple[Path | None, list[ScrubResult]]:
+def latest_good(
+    root: str | os.PathLike[str], *, store: str | os.PathLike[str] | None = None, progress: Progress | None = None
+) -> tuple[Path | None, list[ScrubResult]]:
     """The newest checkpoint under ``root`` (or the fleet store's record of verified checkpoints there) that is
     verified and still scrubs clean, and the verdicts of those tried (newest first). Reads every candidate it
     tries in full: call it on one process (e.g. the launcher) and pass the path to every rank's ``load``."""

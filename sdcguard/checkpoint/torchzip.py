@@ -30,7 +30,7 @@ _LOCAL = 0x04034B50
 
 def _entries(buf: memoryview) -> dict[str, tuple[int, int]] | None:
     """name -> (data start, size) of every stored entry; None for what this reader does not handle."""
-    tail = bytes(buf[max(0, len(buf) - 65557):])
+    tail = bytes(buf[max(0, len(buf) - 65557) :])
     at = tail.rfind(_EOCD)
     if at < 0:
         return None
@@ -42,10 +42,10 @@ def _entries(buf: memoryview) -> dict[str, tuple[int, int]] | None:
     for _ in range(count):
         if pos + 46 > len(buf) or struct.unpack_from("<I", buf, pos)[0] != _CENTRAL:
             return None
-        method, = struct.unpack_from("<H", buf, pos + 10)
+        (method,) = struct.unpack_from("<H", buf, pos + 10)
         csize, usize, nlen, xlen, clen = struct.unpack_from("<IIHHH", buf, pos + 20)
-        local, = struct.unpack_from("<I", buf, pos + 42)
-        name = bytes(buf[pos + 46:pos + 46 + nlen]).decode("utf-8", "replace")
+        (local,) = struct.unpack_from("<I", buf, pos + 42)
+        name = bytes(buf[pos + 46 : pos + 46 + nlen]).decode("utf-8", "replace")
         if method != 0 or csize != usize or local == 0xFFFFFFFF or csize == 0xFFFFFFFF:
             return None
         if local + 30 > len(buf) or struct.unpack_from("<I", buf, local)[0] != _LOCAL:
@@ -107,7 +107,7 @@ def head(first: memoryview) -> Head | None:
         nlen, xlen = struct.unpack_from("<HH", first, pos + 26)
         if sig != _LOCAL or method != 0:
             return None
-        name = bytes(first[pos + 30:pos + 30 + nlen]).decode("utf-8", "replace").split("/", 1)[-1]
+        name = bytes(first[pos + 30 : pos + 30 + nlen]).decode("utf-8", "replace").split("/", 1)[-1]
         data = pos + 30 + nlen + xlen
         if described is not None and name == f"data/{described[0].key}":
             spec, offset, size, stride, count = described
@@ -117,8 +117,13 @@ def head(first: memoryview) -> Head | None:
                 expected.append(step)
                 step *= n
                 numel *= n
-            in_order = (little and offset == 0 and numel == count and numel > 0
-                        and all(n == 1 or st == e for n, st, e in zip(size, stride, reversed(expected))))
+            in_order = (
+                little
+                and offset == 0
+                and numel == count
+                and numel > 0
+                and all(n == 1 or st == e for n, st, e in zip(size, stride, reversed(expected)))
+            )
             return Head(start=data, nbytes=count * itemsize, in_order=in_order)
         if name == "data.pkl":
             stream = io.BytesIO(bytes(first[data:]))
@@ -131,13 +136,13 @@ def head(first: memoryview) -> Head | None:
             described = (spec, offset, size, stride, spec.count)
             end = data + stream.tell()
         else:
-            end = bytes(first[data:data + 4096]).find(b"PK")
+            end = bytes(first[data : data + 4096]).find(b"PK")
             if end < 0:
                 return None
             if name == "byteorder":
-                little = bytes(first[data:data + end]) == b"little"
+                little = bytes(first[data : data + end]) == b"little"
             end += data
-        nxt = bytes(first[end:end + 4096]).find(b"PK\x03\x04")
+        nxt = bytes(first[end : end + 4096]).find(b"PK\x03\x04")
         if nxt < 0:
             return None
         pos = end + nxt
@@ -151,11 +156,11 @@ def view_tensor(buf: memoryview) -> torch.Tensor | None:
         return None
     if "byteorder" in entries:
         start, n = entries["byteorder"]
-        if bytes(buf[start:start + n]) != b"little":
+        if bytes(buf[start : start + n]) != b"little":
             return None
     start, n = entries["data.pkl"]
     try:
-        spec, offset, size, stride = _Unpickler(io.BytesIO(bytes(buf[start:start + n]))).load()
+        spec, offset, size, stride = _Unpickler(io.BytesIO(bytes(buf[start : start + n]))).load()
     except Exception:
         return None
     if not isinstance(spec, _Spec):
@@ -166,7 +171,7 @@ def view_tensor(buf: memoryview) -> torch.Tensor | None:
     itemsize = torch.empty((), dtype=spec.dtype).element_size()
     if n == 0 or n % itemsize:
         return None
-    flat = torch.frombuffer(buf[start:start + n], dtype=torch.uint8).view(spec.dtype)
+    flat = torch.frombuffer(buf[start : start + n], dtype=torch.uint8).view(spec.dtype)
     needed = offset + sum((s - 1) * st for s, st in zip(size, stride)) + 1 if all(size) else 0
     if needed > flat.numel():
         return None

@@ -15,8 +15,11 @@ __all__ = ["checkpoints"]
 
 @click.command("checkpoints")
 @click.option("--since", default="all", show_default=True, help="Window: a duration (12h, 7d, 2w) or 'all'.")
-@click.option("--job", default=None,
-              help="Only this job's checkpoints (its id as the guard recorded it: the launcher's, or one it made).")
+@click.option(
+    "--job",
+    default=None,
+    help="Only this job's checkpoints (its id as the guard recorded it: the launcher's, or one it made).",
+)
 @format_option("table", "json")
 def checkpoints(since: str, job: str | None, fmt: str) -> None:
     """Checkpoints saved with the training guard: id, step, verified or not (or failed), digest, job.
@@ -34,9 +37,18 @@ def checkpoints(since: str, job: str | None, fmt: str) -> None:
         click.echo(json.dumps([{**asdict(c), "time": iso_utc(c.time)} for c in found], indent=1))
         return
     print_table(
-        "checkpoints", ["time (UTC)", "checkpoint", "step", "verified", "digest", "job"],
-        [[iso_utc(c.time) or "", c.checkpoint_id, str(c.step),
-          f"failed: {c.detail}" if c.status == "failed" else "yes" if c.verified else "no", c.digest[:16] or "-",
-          c.job or "-"] for c in found],
+        "checkpoints",
+        ["time (UTC)", "checkpoint", "step", "verified", "digest", "job"],
+        [
+            [
+                iso_utc(c.time) or "",
+                c.checkpoint_id,
+                str(c.step),
+                f"failed: {c.detail}" if c.status == "failed" else "yes" if c.verified else "no",
+                c.digest[:16] or "-",
+                c.job or "-",
+            ]
+            for c in found
+        ],
         caption=None if found else "no checkpoint recorded",
     )

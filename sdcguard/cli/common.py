@@ -56,8 +56,9 @@ def status_text(status: str) -> str:
     return f"[{style}]{status}[/{style}]" if style else status
 
 
-def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]],
-                caption: str | None = None) -> None:
+def print_table(
+    title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]], caption: str | None = None
+) -> None:
     """A rich table on stdout (plain text when stdout is not a terminal)."""
     from rich.console import Console
     from rich.table import Table

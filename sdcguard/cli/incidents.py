@@ -29,11 +29,20 @@ def incidents(since: str, device: str | None, fmt: str) -> None:
         click.echo(json.dumps([{**asdict(i), "time": iso_utc(i.time)} for i in found], indent=1))
         return
     print_table(
-        "incidents", ["time (UTC)", "kind", "step", "ranks", "devices", "hosts", "job", "roll back to", "detail"],
+        "incidents",
+        ["time (UTC)", "kind", "step", "ranks", "devices", "hosts", "job", "roll back to", "detail"],
         [
-            [iso_utc(i.time) or "", i.kind, str(i.step), ",".join(map(str, i.suspect_ranks)),
-             ",".join(i.devices or ((i.device,) if i.device else ())), ",".join(i.hosts), i.job or "-",
-             i.rollback or "-", i.detail]
+            [
+                iso_utc(i.time) or "",
+                i.kind,
+                str(i.step),
+                ",".join(map(str, i.suspect_ranks)),
+                ",".join(i.devices or ((i.device,) if i.device else ())),
+                ",".join(i.hosts),
+                i.job or "-",
+                i.rollback or "-",
+                i.detail,
+            ]
             for i in found
         ],
         caption=None if found else "no incident recorded",

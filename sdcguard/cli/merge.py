@@ -14,8 +14,9 @@ __all__ = ["merge"]
 @click.command("merge")
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--full", is_flag=True,
-              help="Read every row of every input again, not only what is new since its last merge.")
+@click.option(
+    "--full", is_flag=True, help="Read every row of every input again, not only what is new since its last merge."
+)
 def merge(out: Path, inputs: tuple[Path, ...], full: bool) -> None:
     """Merge per-node stores IN.db... into OUT.db (created if missing); a directory means every *.db in it.
 
@@ -35,7 +36,11 @@ def merge(out: Path, inputs: tuple[Path, ...], full: bool) -> None:
             f"{s.source}: +{s.devices} devices, +{s.scans} scans, +{s.results} results, +{s.incidents} incidents, "
             f"+{s.quarantine_history} quarantine changes"
             + (f" ({s.skipped_scans} scans older than the retention horizon skipped)" if s.skipped_scans else "")
-            + (f"; it went backwards since the last merge (the row at the watermark of {', '.join(s.rewound)} is "
-               "gone or another: its newest rows pruned, or restored from an older backup), so those were read "
-               "in full" if s.rewound else "")
+            + (
+                f"; it went backwards since the last merge (the row at the watermark of {', '.join(s.rewound)} is "
+                "gone or another: its newest rows pruned, or restored from an older backup), so those were read "
+                "in full"
+                if s.rewound
+                else ""
+            )
         )

@@ -22,9 +22,13 @@ __all__ = ["policy"]
 @click.command("policy")
 @config_option
 @actions_option
-@click.option("--scope", type=click.Choice(POLICY_SCOPES), default="fleet", show_default=True,
-              help="fleet: every rule (the merged store sees every host); node: only what one node's store can "
-                   "decide alone.")
+@click.option(
+    "--scope",
+    type=click.Choice(POLICY_SCOPES),
+    default="fleet",
+    show_default=True,
+    help="fleet: every rule (the merged store sees every host); node: only what one node's store can decide alone.",
+)
 @click.pass_context
 def policy(ctx: click.Context, config_path: Path | None, actions: Sequence[str], scope: PolicyScope) -> None:
     """Apply the quarantine policy to the store and run the actions for newly quarantined devices.

@@ -14,8 +14,13 @@ __all__ = ["prune"]
 
 
 @click.command("prune")
-@click.option("--before", "before", required=True, metavar="DURATION",
-              help=f"Roll up scans older than this (e.g. 30d, 26w); at least {DEFAULT_WINDOW}, the policy's window.")
+@click.option(
+    "--before",
+    "before",
+    required=True,
+    metavar="DURATION",
+    help=f"Roll up scans older than this (e.g. 30d, 26w); at least {DEFAULT_WINDOW}, the policy's window.",
+)
 @click.option("--vacuum", is_flag=True, help="Then rewrite the file to return the freed space to the disk.")
 def prune(before: str, vacuum: bool) -> None:
     """Roll every scan older than DURATION into per-device, per-family daily counts and delete its rows.
@@ -29,12 +34,15 @@ def prune(before: str, vacuum: bool) -> None:
     seconds = parse_duration(before, option="--before")
     if seconds < DEFAULT_WINDOW_S:
         days = f"{DEFAULT_WINDOW_S / DAY_S:g} days"
-        raise BadInput(f"--before {before} is shorter than {days}: the policy's window needs every row of the last "
-                       f"{days}")
+        raise BadInput(
+            f"--before {before} is shorter than {days}: the policy's window needs every row of the last {days}"
+        )
     with open_store() as store:
         stats = store.prune(before=time.time() - seconds)
         if vacuum:
             store.vacuum()
 
-    click.echo(f"rolled up {stats.scans} scans ({stats.results} rows) started before {iso_utc(stats.before)} into "
-               f"{stats.rollup_rows} daily counts" + ("; file vacuumed" if vacuum else ""))
+    click.echo(
+        f"rolled up {stats.scans} scans ({stats.results} rows) started before {iso_utc(stats.before)} into "
+        f"{stats.rollup_rows} daily counts" + ("; file vacuumed" if vacuum else "")
+    )

@@ -33,12 +33,26 @@ def list_(fmt: str) -> None:
     with open_store(readonly=True) as store:
         entries = store.quarantine_list()
     if fmt == "json":
-        click.echo(json.dumps(
-            [{"device": e.device, "host": e.host, "state": e.state, "since": iso_utc(e.since), "reason": e.reason,
-              "by": e.by} for e in entries], indent=1))
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "device": e.device,
+                        "host": e.host,
+                        "state": e.state,
+                        "since": iso_utc(e.since),
+                        "reason": e.reason,
+                        "by": e.by,
+                    }
+                    for e in entries
+                ],
+                indent=1,
+            )
+        )
         return
     print_table(
-        "quarantine", ["device", "host", "state", "since (UTC)", "by", "reason"],
+        "quarantine",
+        ["device", "host", "state", "since (UTC)", "by", "reason"],
         [[e.device, e.host or "-", status_text(e.state), iso_utc(e.since) or "", e.by, e.reason] for e in entries],
         caption=None if entries else "no device is quarantined or on probation",
     )
@@ -47,9 +61,13 @@ def list_(fmt: str) -> None:
 @quarantine.command("add")
 @click.argument("device")
 @click.option("--reason", required=True, help="Why (kept in the history).")
-@click.option("--new", "new", is_flag=True,
-              help="DEVICE was never scanned here: record it and quarantine it (otherwise an unknown id is refused, "
-                   "so a typo quarantines nothing).")
+@click.option(
+    "--new",
+    "new",
+    is_flag=True,
+    help="DEVICE was never scanned here: record it and quarantine it (otherwise an unknown id is refused, "
+    "so a typo quarantines nothing).",
+)
 def add(device: str, reason: str, new: bool) -> None:
     """Quarantine DEVICE by hand.
 
@@ -62,8 +80,12 @@ def add(device: str, reason: str, new: bool) -> None:
         raise BadInput(f"cannot quarantine {device!r}: {e}") from None
     with open_store(create=new) as store:
         if not new and store.device(device) is None:
-            raise unknown_device(device, [d.id for d in store.devices()], what=f"cannot quarantine {device}",
-                                 hint="; pass --new to quarantine a device no scan has recorded yet")
+            raise unknown_device(
+                device,
+                [d.id for d in store.devices()],
+                what=f"cannot quarantine {device}",
+                hint="; pass --new to quarantine a device no scan has recorded yet",
+            )
         store.quarantine(device, reason=reason, new=new)
     click.echo(f"{device} quarantined")
 
@@ -99,7 +121,8 @@ def history(device: str | None, fmt: str) -> None:
         click.echo(json.dumps([{**r, "time": iso_utc(r["time"])} for r in rows], indent=1))
         return
     print_table(
-        "quarantine history", ["time (UTC)", "device", "action", "by", "reason"],
+        "quarantine history",
+        ["time (UTC)", "device", "action", "by", "reason"],
         [[iso_utc(r["time"]) or "", r["device"], r["action"], r["by"], r["reason"]] for r in rows],
     )
 
@@ -118,11 +141,19 @@ def decisions(since: str, fmt: str) -> None:
     with open_store(readonly=True) as store:
         rows = store.decisions(since=start)
     if fmt == "json":
-        click.echo(json.dumps([{"time": iso_utc(r.time), "device": r.device, "decision": r.decision,
-                                "reason": r.reason} for r in rows], indent=1))
+        click.echo(
+            json.dumps(
+                [
+                    {"time": iso_utc(r.time), "device": r.device, "decision": r.decision, "reason": r.reason}
+                    for r in rows
+                ],
+                indent=1,
+            )
+        )
         return
     print_table(
-        "policy decisions", ["time (UTC)", "device", "decision", "reason"],
+        "policy decisions",
+        ["time (UTC)", "device", "decision", "reason"],
         [[iso_utc(r.time) or "", r.device or "(fleet)", r.decision, r.reason] for r in rows],
         caption=None if rows else "no policy decision in the window",
     )

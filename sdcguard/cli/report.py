@@ -18,7 +18,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from fleet_scan.config import config_option, load_config, load_policy  # noqa: E402
 
 from ..durations import DEFAULT_WINDOW, iso_utc, since_timestamp  # noqa: E402
-from ..fleet.report.devices import build_report, report_csv_rows, report_json  # noqa: E402
+from ..fleet.report.devices import DeviceReport, build_report, report_csv_rows, report_json  # noqa: E402
 from .common import device_id, fmt_float, format_option, open_store, print_table, status_text  # noqa: E402
 
 
@@ -31,32 +31,129 @@ def _slow_text(row: dict[str, object]) -> str:
     how = ", ".join(str(v) for v in (row.get("slow_basis"), row.get("slow_confidence")) if v)
     return f"{figure} SLOW ({how})".strip()
 
+
 __all__ = ["report"]
 
 _TABLE_ALL_UP_TO = 50
 """A table lists every device up to this many; beyond, healthy devices are counted, not listed."""
 
 
+def _print_report(rows: list[DeviceReport], *, since: str, confidence: float, show_all: bool) -> None:
+    """The table: a row per device, its kernel families under it with ``--families``."""
+    counts = {s: sum(r.status == s for r in rows) for s in ("quarantined", "probation", "suspect", "healthy")}
+    caption = (
+        f"{len(rows)} devices, window {since}: "
+        + ", ".join(f"{n} {s}" for s, n in counts.items())
+        + f"; bounds one-sided Clopper-Pearson at {confidence:.0%}"
+    )
+    if len(rows) > _TABLE_ALL_UP_TO and not show_all:
+        # The morning view of a large fleet: what needs attention; the rest is a count (JSON/CSV list all).
+        rows = [r for r in rows if r.status != "healthy"]
+        caption += f"; {counts['healthy']} healthy devices not listed (--all lists them)"
+    print_table(
+        "sdcguard report",
+        [
+            "device",
+            "host",
+            "status",
+            "slow",
+            "executions",
+            "failures",
+            "rate",
+            "rate_low",
+            "rate_high",
+            "scans",
+            "last scan (UTC)",
+        ],
+        [line for r in rows for line in _lines(r)],
+        caption=caption,
+    )
+
+
+def _lines(r: DeviceReport) -> list[list[str]]:
+    """A device's row, and under it (``--families``) its figures per kernel family."""
+    return [
+        [
+            r.device,
+            r.host,
+            status_text(r.status),
+            _slow_text(r.as_dict()),
+            str(r.overall.executions),
+            str(r.overall.failures),
+            fmt_float(r.overall.rate),
+            fmt_float(r.overall.rate_low),
+            fmt_float(r.overall.rate_high),
+            str(r.scans),
+            iso_utc(r.last_scan) or "never",
+        ],
+        *(  # --families: the device's figures per kernel family, under its row
+            [
+                f"  {name}",
+                "",
+                "",
+                _slow_text(r.as_dict()["families"][name]),
+                str(f.executions),
+                str(f.failures),
+                fmt_float(f.rate),
+                fmt_float(f.rate_low),
+                fmt_float(f.rate_high),
+                "",
+                "",
+            ]
+            for name, f in sorted((r.families or {}).items())
+        ),
+    ]
+
+
 @click.command("report")
-@click.option("--since", default=DEFAULT_WINDOW, show_default=True,
-              help="Window: a duration (90s, 30m, 12h, 7d, 2w) or 'all'.")
+@click.option(
+    "--since", default=DEFAULT_WINDOW, show_default=True, help="Window: a duration (90s, 30m, 12h, 7d, 2w) or 'all'."
+)
 @click.option("--device", default=None, help="Only this device id.")
 @format_option("table", "json", "csv")
-@click.option("--confidence", type=click.FloatRange(0.5, 0.9999), default=0.95, show_default=True,
-              help="Confidence of each one-sided Clopper-Pearson bound.")
-@click.option("--families", is_flag=True,
-              help="Add each device's rates per kernel family (table: a row per family; csv: a family column).")
-@click.option("--all", "show_all", is_flag=True,
-              help=f"Table: list healthy devices too (they are folded away in fleets over {_TABLE_ALL_UP_TO} devices).")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write a PNG of the rate over time per device (needs matplotlib: sdcguard[plot]).")
-@click.option("--html", "html_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write FILE: one self-contained HTML page of the whole fleet (status, rates over time, hosts, "
-                   "quarantine timeline, incidents), written atomically.")
+@click.option(
+    "--confidence",
+    type=click.FloatRange(0.5, 0.9999),
+    default=0.95,
+    show_default=True,
+    help="Confidence of each one-sided Clopper-Pearson bound.",
+)
+@click.option(
+    "--families",
+    is_flag=True,
+    help="Add each device's rates per kernel family (table: a row per family; csv: a family column).",
+)
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help=f"Table: list healthy devices too (they are folded away in fleets over {_TABLE_ALL_UP_TO} devices).",
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write a PNG of the rate over time per device (needs matplotlib: sdcguard[plot]).",
+)
+@click.option(
+    "--html",
+    "html_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write FILE: one self-contained HTML page of the whole fleet (status, rates over time, hosts, "
+    "quarantine timeline, incidents), written atomically.",
+)
 @config_option
 def report(
-    since: str, device: str | None, fmt: str, confidence: float, families: bool, show_all: bool, plot: Path | None,
-    html_file: Path | None = None, config_path: Path | None = None,
+    since: str,
+    device: str | None,
+    fmt: str,
+    confidence: float,
+    families: bool,
+    show_all: bool,
+    plot: Path | None,
+    html_file: Path | None = None,
+    config_path: Path | None = None,
 ) -> None:
     """Per-device SDC rates with one-sided bounds, and each device's status.
 
@@ -88,38 +185,7 @@ def report(
     elif fmt == "csv":
         csv.writer(sys.stdout, lineterminator="\n").writerows(report_csv_rows(rows))
     else:
-        counts = {s: sum(r.status == s for r in rows) for s in ("quarantined", "probation", "suspect", "healthy")}
-        caption = (
-            f"{len(rows)} devices, window {since}: "
-            + ", ".join(f"{n} {s}" for s, n in counts.items())
-            + f"; bounds one-sided Clopper-Pearson at {confidence:.0%}"
-        )
-        if len(rows) > _TABLE_ALL_UP_TO and not show_all and device is None:
-            # The morning view of a large fleet: what needs attention; the rest is a count (JSON/CSV list all).
-            rows = [r for r in rows if r.status != "healthy"]
-            caption += f"; {counts['healthy']} healthy devices not listed (--all lists them)"
-        print_table(
-            "sdcguard report",
-            ["device", "host", "status", "slow", "executions", "failures", "rate", "rate_low", "rate_high", "scans",
-             "last scan (UTC)"],
-            [
-                line
-                for r in rows
-                for line in [
-                    [r.device, r.host, status_text(r.status), _slow_text(r.as_dict()), str(r.overall.executions),
-                     str(r.overall.failures),
-                     fmt_float(r.overall.rate), fmt_float(r.overall.rate_low), fmt_float(r.overall.rate_high),
-                     str(r.scans), iso_utc(r.last_scan) or "never"],
-                    *(  # --families: the device's figures per kernel family, under its row
-                        [f"  {name}", "", "", _slow_text(r.as_dict()["families"][name]), str(f.executions),
-                         str(f.failures), fmt_float(f.rate),
-                         fmt_float(f.rate_low), fmt_float(f.rate_high), "", ""]
-                        for name, f in sorted((r.families or {}).items())
-                    ),
-                ]
-            ],
-            caption=caption,
-        )
+        _print_report(rows, since=since, confidence=confidence, show_all=show_all or device is not None)
     if plot is not None:
         click.echo(f"plot written to {plot}", err=True)
     if html_file is not None:

@@ -27,8 +27,7 @@ __all__ = ["scrub"]
 
 @click.command("scrub")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--record/--no-record", default=True, show_default=True,
-              help="Record every verdict in the store (--db).")
+@click.option("--record/--no-record", default=True, show_default=True, help="Record every verdict in the store (--db).")
 @format_option("text", "json")
 @click.pass_context
 def scrub(ctx: click.Context, paths: tuple[Path, ...], record: bool, fmt: str) -> None:
@@ -56,13 +55,18 @@ def scrub(ctx: click.Context, paths: tuple[Path, ...], record: bool, fmt: str) -
     if record:
         with open_store(create=True) as store:
             for r in results:
-                store.record_scrub(checkpoint_id=r.checkpoint_id, status=r.status, tensors=r.tensors,
-                                   bytes=r.bytes, bad=r.bad, detail=r.detail)
+                store.record_scrub(
+                    checkpoint_id=r.checkpoint_id,
+                    status=r.status,
+                    tensors=r.tensors,
+                    bytes=r.bytes,
+                    bad=r.bad,
+                    detail=r.detail,
+                )
     if fmt == "json":
         click.echo(json.dumps([asdict(r) for r in results], indent=1))
     statuses = {r.status for r in results}
-    ctx.exit(EXIT_CORRUPTION if "corrupt" in statuses else EXIT_CANNOT_RUN if "unreadable" in statuses
-             else EXIT_OK)
+    ctx.exit(EXIT_CORRUPTION if "corrupt" in statuses else EXIT_CANNOT_RUN if "unreadable" in statuses else EXIT_OK)
 
 
 def _line(r: ScrubResult) -> str:
@@ -85,8 +89,9 @@ class _progress:
         from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
         total = sum(f.stat().st_size for t in self.targets if t.is_dir() for f in t.glob("*.distcp"))
-        self.bar = Progress("scrub", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                            console=Console(stderr=True), transient=True)
+        self.bar = Progress(
+            "scrub", BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=Console(stderr=True), transient=True
+        )
         self.bar.start()
         task = self.bar.add_task("scrub", total=total or None)
         return lambda n: self.bar.advance(task, n)

@@ -23,8 +23,18 @@ from .cuda import cupy_fingerprint_device
 from .definition import CHUNK_WORDS, combine, signed64, unsigned64
 from .tensors import check_torch, combine_on_device, fingerprint_on_device, fingerprints_on_device, is_torch_tensor
 
-__all__ = ["fingerprint", "fingerprint_many", "copy_and_fingerprint", "fingerprints_on_device", "combine",
-           "combine_on_device", "signed64", "unsigned64", "CHUNK_WORDS", "StreamingFingerprint"]
+__all__ = [
+    "fingerprint",
+    "fingerprint_many",
+    "copy_and_fingerprint",
+    "fingerprints_on_device",
+    "combine",
+    "combine_on_device",
+    "signed64",
+    "unsigned64",
+    "CHUNK_WORDS",
+    "StreamingFingerprint",
+]
 
 
 def fingerprint(x: Any) -> int:

@@ -23,8 +23,16 @@ import numpy as np
 from .blocks import stage, torch_byte_pieces, xp_byte_pieces
 from .definition import BLOCK_WORDS, CHUNK_WORDS, CHUNKS_PER_BLOCK, MASK64, PHI, mix_int, weights, xp_partial
 
-__all__ = ["cpu_fingerprints", "cpu_copy_fingerprints", "cpu_partials", "cpu_copy_partials", "StreamingFingerprint",
-           "RUN_BYTES", "c_engine_built", "numpy_loops"]
+__all__ = [
+    "cpu_fingerprints",
+    "cpu_copy_fingerprints",
+    "cpu_partials",
+    "cpu_copy_partials",
+    "StreamingFingerprint",
+    "RUN_BYTES",
+    "c_engine_built",
+    "numpy_loops",
+]
 
 try:  # the C engine (one pass, GIL released, many inputs per call); optional, numpy computes the same values
     from .. import _fpcore
@@ -91,8 +99,15 @@ def _nbytes(x: Any) -> int:
     return int(x.nbytes) if isinstance(x, np.ndarray) else x.numel() * x.element_size()
 
 
-def _np_block_sums(words: np.ndarray, t: np.ndarray, u: np.ndarray, prod: np.ndarray, high: np.ndarray,
-                   out_a: np.ndarray, out_b: np.ndarray) -> None:
+def _np_block_sums(
+    words: np.ndarray,
+    t: np.ndarray,
+    u: np.ndarray,
+    prod: np.ndarray,
+    high: np.ndarray,
+    out_a: np.ndarray,
+    out_b: np.ndarray,
+) -> None:
     """``SA``/``SB`` of the chunks of one block of words (starting on a chunk boundary) with numpy's loops;
     ``prod`` and ``high`` are flat int32 temporaries at least as long as ``words``."""
     k, r = divmod(words.size, CHUNK_WORDS)
@@ -291,7 +306,7 @@ class StreamingFingerprint:
         start = 0
         if self._held:  # complete the chunk the previous piece left open
             take = min(self._CHUNK_BYTES - self._held, piece.size)
-            self._carry[self._held:self._held + take] = piece[:take]
+            self._carry[self._held : self._held + take] = piece[:take]
             self._held += take
             start = take
             if self._held < self._CHUNK_BYTES:
@@ -300,10 +315,10 @@ class StreamingFingerprint:
             self._held = 0
         whole = (piece.size - start) // self._CHUNK_BYTES * self._CHUNK_BYTES
         if whole:
-            self._fold(piece[start:start + whole], whole)
+            self._fold(piece[start : start + whole], whole)
         rest = piece.size - start - whole
         if rest:
-            self._carry[:rest] = piece[start + whole:]
+            self._carry[:rest] = piece[start + whole :]
             self._held = rest
 
     def _fold(self, words: Any, nbytes: int) -> None:

@@ -63,9 +63,27 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CHUNK_WORDS", "CHUNKS_PER_BLOCK", "BLOCK_WORDS", "WHOLE", "GPU_BLOCK_WORDS", "MASK64", "PHI", "SEED",
-           "MIX_C1", "MIX_C2", "COMBINE_SALT", "mix_int", "mix_np", "weights", "xp_partial", "xp_finish", "signed64",
-           "unsigned64", "combine"]
+__all__ = [
+    "CHUNK_WORDS",
+    "CHUNKS_PER_BLOCK",
+    "BLOCK_WORDS",
+    "WHOLE",
+    "GPU_BLOCK_WORDS",
+    "MASK64",
+    "PHI",
+    "SEED",
+    "MIX_C1",
+    "MIX_C2",
+    "COMBINE_SALT",
+    "mix_int",
+    "mix_np",
+    "weights",
+    "xp_partial",
+    "xp_finish",
+    "signed64",
+    "unsigned64",
+    "combine",
+]
 
 _M = 14
 CHUNK_WORDS = 1 << _M

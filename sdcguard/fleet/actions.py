@@ -117,10 +117,12 @@ def run_action(template: ActionTemplate, *, device: str, host: str, reason: str)
             argv, shell=False, capture_output=True, text=True, timeout=template.timeout_s, stdin=subprocess.DEVNULL
         )
     except subprocess.TimeoutExpired:
-        return ActionResult(argv=tuple(argv), ok=False, returncode=None,
-                            output=f"timed out after {template.timeout_s} s")
+        return ActionResult(
+            argv=tuple(argv), ok=False, returncode=None, output=f"timed out after {template.timeout_s} s"
+        )
     except OSError as e:  # not found, not executable
-        return ActionResult(argv=tuple(argv), ok=False, returncode=None,
-                            output=f"cannot run {argv[0]!r}: {e.strerror or e}")
+        return ActionResult(
+            argv=tuple(argv), ok=False, returncode=None, output=f"cannot run {argv[0]!r}: {e.strerror or e}"
+        )
     output = (proc.stdout + proc.stderr)[-2000:]
     return ActionResult(argv=tuple(argv), ok=proc.returncode == 0, returncode=proc.returncode, output=output)

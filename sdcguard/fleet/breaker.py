@@ -79,8 +79,10 @@ class SuiteVerdict:
 
     def is_suspect(self, f: FailedExecution) -> bool:
         """True when this failure is blamed on the suite (never evidence against its device)."""
-        return ((f.case, f.digest or "") in self.suspect_digests
-                or (f.case, int(f.started_at // self.bucket_s)) in self.suspect_buckets)
+        return (f.case, f.digest or "") in self.suspect_digests or (
+            f.case,
+            int(f.started_at // self.bucket_s),
+        ) in self.suspect_buckets
 
 
 def judge_suite(
@@ -146,9 +148,12 @@ def judge_suite(
 def attributed(incident: Incident) -> bool:
     """True when an incident singles out one device by majority: it names a device, exactly one suspect rank,
     and is not a ``nondeterministic`` replay (which never blames hardware)."""
-    return (incident.device is not None and len(incident.suspect_ranks) == 1
-            and len({d for d in incident.devices if d} - {incident.device}) == 0
-            and incident.kind not in PASSIVE_KINDS)
+    return (
+        incident.device is not None
+        and len(incident.suspect_ranks) == 1
+        and len({d for d in incident.devices if d} - {incident.device}) == 0
+        and incident.kind not in PASSIVE_KINDS
+    )
 
 
 @dataclass
@@ -171,17 +176,21 @@ def judge_training(incidents: Sequence[Incident], policy: BreakerSettings) -> Tr
         jobs[i.job if i.job is not None else f"(no job id, incident {n})"].append(i)
     days = policy.window_s / DAY_S
     for job, found in sorted(jobs.items()):
-        scattered = sorted({x for i in found if not i.sticky for x in (i.device, *i.devices) if x}
-                           - {x for i in found if i.sticky for x in (i.device, *i.devices) if x})
+        scattered = sorted(
+            {x for i in found if not i.sticky for x in (i.device, *i.devices) if x}
+            - {x for i in found if i.sticky for x in (i.device, *i.devices) if x}
+        )
         size = max((i.job_size for i in found if i.job_size), default=None)
         if len(scattered) >= policy.incident_breaker_devices and (
-                size is None or len(scattered) >= policy.incident_breaker_share * size):
+            size is None or len(scattered) >= policy.incident_breaker_share * size
+        ):
             of = f" of its {size}" if size else ""
             verdict.tripped_jobs[job] = (
                 f"training circuit breaker: incidents of job {job} named {len(scattered)}{of} distinct devices in the "
                 f"last {days:g} days, none reproducing its fault ({', '.join(scattered[:5])}"
                 f"{', ...' if len(scattered) > 5 else ''}): software nondeterminism is suspect, not the hardware; "
-                "nobody quarantined on this job's transient incidents")
+                "nobody quarantined on this job's transient incidents"
+            )
     for job, found in jobs.items():
         for i in found:  # a tripped job's sticky incidents still count: a device reproduced its fault
             if attributed(i) and (job not in verdict.tripped_jobs or i.sticky):

@@ -154,8 +154,12 @@ def _node_candidates(store: Store, policy: QuarantinePolicy, t: float, devices: 
     found: dict[str, str] = {}
     for f in sticky:
         peers = sorted(passers[f.case] - {f.device})
-        if (not peers or f.device in found or (f.digest or "") in passes[f.case]
-                or len(shared.get((f.case, f.digest or ""), ())) > 1):
+        if (
+            not peers
+            or f.device in found
+            or (f.digest or "") in passes[f.case]
+            or len(shared.get((f.case, f.digest or ""), ())) > 1
+        ):
             continue  # the fleet's view is needed (see the module docstring)
         found[f.device] = (
             f"sticky failure: case {f.case} failed and the failure reproduced on retest, while {peers[0]} on the "
@@ -165,8 +169,13 @@ def _node_candidates(store: Store, policy: QuarantinePolicy, t: float, devices: 
 
 
 def _fleet_candidates(
-    store: Store, policy: QuarantinePolicy, t: float, devices: Sequence[str] | None,
-    evidence: list[FailedExecution], verdict: SuiteVerdict, incident_counts: dict[str, int],
+    store: Store,
+    policy: QuarantinePolicy,
+    t: float,
+    devices: Sequence[str] | None,
+    evidence: list[FailedExecution],
+    verdict: SuiteVerdict,
+    incident_counts: dict[str, int],
 ) -> dict[str, str]:
     since = t - policy.window_s
     scope = None if devices is None else set(devices)
@@ -180,8 +189,11 @@ def _fleet_candidates(
         for f in mine:
             if f.sticky:
                 shared = verdict.shared.get((f.case, f.digest or ""))
-                add(f.device, f"sticky failure: case {f.case} failed and the failure reproduced on retest"
-                    + (f" ({shared})" if shared else ""))
+                add(
+                    f.device,
+                    f"sticky failure: case {f.case} failed and the failure reproduced on retest"
+                    + (f" ({shared})" if shared else ""),
+                )
     k = Counter(f.device for f in mine)
     if k:
         tallies = store.tallies(since=since, devices=sorted(k), by="device")
@@ -191,8 +203,11 @@ def _fleet_candidates(
         for t_, lo in zip(tallies, low.tolist()):
             if lo > policy.rate_threshold:
                 assert t_.device is not None
-                add(t_.device, f"failure rate {k[t_.device]}/{t_.executions}: lower {policy.confidence:.0%} bound "
-                    f"{lo:.3g} exceeds threshold {policy.rate_threshold:.3g}")
+                add(
+                    t_.device,
+                    f"failure rate {k[t_.device]}/{t_.executions}: lower {policy.confidence:.0%} bound "
+                    f"{lo:.3g} exceeds threshold {policy.rate_threshold:.3g}",
+                )
     if policy.incident_threshold > 0:
         for dev, count in sorted(incident_counts.items()):
             if count >= policy.incident_threshold and (scope is None or dev in scope):
@@ -242,7 +257,11 @@ def apply_policy(
 
 
 def _fleet_rules(
-    store: Store, policy: QuarantinePolicy, t: float, devices: Sequence[str] | None, notes: list[Decision],
+    store: Store,
+    policy: QuarantinePolicy,
+    t: float,
+    devices: Sequence[str] | None,
+    notes: list[Decision],
     out: PolicyOutcome,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """The fleet's rules: ``(device -> why quarantine, device -> why probation ends)``; breaker notes appended."""
@@ -252,20 +271,29 @@ def _fleet_rules(
     evidence = [f for f in failures if not verdict.is_suspect(f)]
     training = judge_training(store.incidents(since=t - policy.window_s), policy)
     notes.extend(Decision(device=None, decision="breaker", reason=why) for why in verdict.trips)
-    notes.extend(Decision(device=None, decision="training_breaker", reason=why)
-                 for why in training.tripped_jobs.values())
+    notes.extend(
+        Decision(device=None, decision="training_breaker", reason=why) for why in training.tripped_jobs.values()
+    )
     out.breaker_tripped = bool(verdict.trips)
     out.training_breaker_jobs = sorted(training.tripped_jobs)
     found: dict[str, str] = {}
     slow = _slow_rule(store, policy, t, devices, notes)
     if not verdict.trips:
         states = store.quarantine_states()
-        found = {d: why for d, why in {**slow, **_fleet_candidates(store, policy, t, devices, evidence, verdict,
-                                                                   training.counts)}.items()
-                 if states.get(d) != "quarantined"}
+        found = {
+            d: why
+            for d, why in {
+                **slow,
+                **_fleet_candidates(store, policy, t, devices, evidence, verdict, training.counts),
+            }.items()
+            if states.get(d) != "quarantined"
+        }
     # Probation: any evidence failure since the release brings the device back into quarantine.
-    probation = {e.device: e.since for e in store.quarantine_list() if e.state == "probation"
-                 and (devices is None or e.device in devices)}
+    probation = {
+        e.device: e.since
+        for e in store.quarantine_list()
+        if e.state == "probation" and (devices is None or e.device in devices)
+    }
     if not verdict.trips:
         for f in evidence:
             if f.device in probation and f.started_at >= probation[f.device]:
@@ -273,18 +301,24 @@ def _fleet_rules(
     clean = store.clean_scans_since(probation)
     passed = {
         dev: f"{n} clean complete scans since the release (policy needs {policy.probation_clean_scans})"
-        for dev, n in sorted(clean.items()) if n >= policy.probation_clean_scans and dev not in found
+        for dev, n in sorted(clean.items())
+        if n >= policy.probation_clean_scans and dev not in found
     }
     return found, passed
 
 
-def _slow_rule(store: Store, policy: QuarantinePolicy, t: float, devices: Sequence[str] | None,
-               notes: list[Decision]) -> dict[str, str]:
+def _slow_rule(
+    store: Store, policy: QuarantinePolicy, t: float, devices: Sequence[str] | None, notes: list[Decision]
+) -> dict[str, str]:
     """Note a ``slow`` decision for each device newly slow in the window (not already noted in it); with
     ``slow_drain``, the devices to quarantine for it."""
     since = t - policy.window_s
-    verdicts = fleet_slowness(store, since=since, devices=devices,
-                              settings=SlowSettings(threshold=policy.slow_threshold, confidence=policy.confidence))
+    verdicts = fleet_slowness(
+        store,
+        since=since,
+        devices=devices,
+        settings=SlowSettings(threshold=policy.slow_threshold, confidence=policy.confidence),
+    )
     noted = {d.device for d in store.decisions(since=since) if d.decision == "slow"}
     drain: dict[str, str] = {}
     for device, v in sorted(verdicts.items()):
@@ -309,11 +343,20 @@ def _run_actions(store: Store, actions: Sequence[ActionTemplate], out: PolicyOut
         result = run_action(template, device=row.device, host=row.host, reason=row.reason)
         kind = "action_ok" if result.ok else "action_failed"
         why = f"{row.device}: action {template.name} " + (
-            "succeeded" if result.ok
-            else f"failed ({result.returncode}: {result.output.strip()[-200:]}); retried next run")
+            "succeeded"
+            if result.ok
+            else f"failed ({result.returncode}: {result.output.strip()[-200:]}); retried next run"
+        )
         decision = Decision(device=row.device, decision=kind, reason=why)
-        store.record_action_attempt(row.id, argv=result.argv, returncode=result.returncode, ok=result.ok,
-                                    output=result.output, now=t, decision=decision)
+        store.record_action_attempt(
+            row.id,
+            argv=result.argv,
+            returncode=result.returncode,
+            ok=result.ok,
+            output=result.output,
+            now=t,
+            decision=decision,
+        )
         out.decisions.append(decision)
         out.reasons.append(why)
         (out.actions_ok if result.ok else out.actions_failed).append((row.device, template.name))

@@ -91,8 +91,12 @@ class Rate:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "executions": self.executions, "failures": self.failures, "rate": self.rate,
-            "rate_low": self.rate_low, "rate_high": self.rate_high, "test_hours": self.test_hours,
+            "executions": self.executions,
+            "failures": self.failures,
+            "rate": self.rate,
+            "rate_low": self.rate_low,
+            "rate_high": self.rate_high,
+            "test_hours": self.test_hours,
             "failures_per_test_hour": self.failures_per_test_hour,
         }
 
@@ -127,7 +131,11 @@ def _from_tallies(tallies: Sequence[Tally], confidence: float) -> list[Rate]:
 
 
 def device_rates(
-    store: Store, *, since: float | None = None, devices: Sequence[str] | None = None, confidence: float = 0.95,
+    store: Store,
+    *,
+    since: float | None = None,
+    devices: Sequence[str] | None = None,
+    confidence: float = 0.95,
     by_family: bool = True,
 ) -> dict[str, DeviceRates]:
     """Rates of every device with executions since ``since`` (or ever), overall and (``by_family``) per kernel
@@ -135,8 +143,10 @@ def device_rates(
     _check_confidence(confidence)
     if not by_family:
         tallies = store.tallies(since=since, devices=devices, by="device")
-        return {str(t.device): DeviceRates(device=str(t.device), overall=r)
-                for t, r in zip(tallies, _from_tallies(tallies, confidence))}
+        return {
+            str(t.device): DeviceRates(device=str(t.device), overall=r)
+            for t, r in zip(tallies, _from_tallies(tallies, confidence))
+        }
     tallies = store.tallies(since=since, devices=devices, by="device_family")
     if not tallies:
         return {}
@@ -155,7 +165,8 @@ def device_rates(
         dev = names[lo]
         assert dev is not None
         out[dev] = DeviceRates(
-            device=dev, overall=overall[j],
+            device=dev,
+            overall=overall[j],
             # tallies by device and family have a family (Tally's fields are optional for other groupings)
             families={tallies[i].family: per_family[i] for i in range(lo, hi)},  # type: ignore[misc]
         )
@@ -167,7 +178,11 @@ def fleet_rates(store: Store, *, since: float | None = None, confidence: float =
     _check_confidence(confidence)
     tallies = store.tallies(since=since, by="family")
     fam = {t.family: r for t, r in zip(tallies, _from_tallies(tallies, confidence))}
-    overall = _rates(np.array([sum(t.failures for t in tallies)]), np.array([sum(t.executions for t in tallies)]),
-                     np.array([sum(t.test_s for t in tallies)]), confidence)[0]
+    overall = _rates(
+        np.array([sum(t.failures for t in tallies)]),
+        np.array([sum(t.executions for t in tallies)]),
+        np.array([sum(t.test_s for t in tallies)]),
+        confidence,
+    )[0]
     # tallies by family have a family (Tally's fields are optional for other groupings)
     return DeviceRates(device="fleet", overall=overall, families=fam)  # type: ignore[arg-type]

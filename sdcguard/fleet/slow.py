@@ -48,10 +48,7 @@ from .store.rows import CaseTimes, CaseTiming
 if TYPE_CHECKING:
     from .store.store import Store
 
-__all__ = [
-    "SlowSettings", "Slowness", "Sureness", "SlowBasis", "judge_slow", "peer_group",
-    "fleet_slowness",
-]
+__all__ = ["SlowSettings", "Slowness", "Sureness", "SlowBasis", "judge_slow", "peer_group", "fleet_slowness"]
 
 Sureness = Literal["high", "medium", "low"]
 """How sure a verdict is (see the module docstring)."""
@@ -113,22 +110,26 @@ class Slowness:
 
     def as_dict(self) -> dict[str, object]:
         """The report's ``slow*`` fields."""
-        return {"slow": self.slow, "slowdown": _round(self.slowdown), "slowdown_low": _round(self.slowdown_low),
-                "slow_basis": self.basis, "slow_confidence": self.confidence}
+        return {
+            "slow": self.slow,
+            "slowdown": _round(self.slowdown),
+            "slowdown_low": _round(self.slowdown_low),
+            "slow_basis": self.basis,
+            "slow_confidence": self.confidence,
+        }
 
 
 def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
-
-
 def _columns(timings: Iterable[CaseTiming] | CaseTimes) -> CaseTimes:
     return timings if isinstance(timings, CaseTimes) else CaseTimes.from_records(timings)
 
 
-def _means(times: CaseTimes, settings: SlowSettings) -> tuple[list[str], np.ndarray, list[str], np.ndarray,
-                                                              np.ndarray, dict[str, str]]:
+def _means(
+    times: CaseTimes, settings: SlowSettings
+) -> tuple[list[str], np.ndarray, list[str], np.ndarray, np.ndarray, dict[str, str]]:
     """Per device and case, the mean seconds per passing execution over every record (records without an execution
     or a second are left out; cases under ``min_executions`` executions are dropped after summing): the devices (every
     one with a record, sorted), and per (device, case) pair its device index, the cases, its case index, its mean;
@@ -166,8 +167,9 @@ def _per_scan(times: CaseTimes) -> dict[str, dict[int, dict[str, tuple[int, floa
     return scans
 
 
-def _history(per_scan: Mapping[int, Mapping[str, tuple[int, float]]], settings: SlowSettings,
-             ) -> tuple[float | None, float | None]:
+def _history(
+    per_scan: Mapping[int, Mapping[str, tuple[int, float]]], settings: SlowSettings
+) -> tuple[float | None, float | None]:
     """The latest scan's slowdown against the device's earlier scans (median, lower bound), None when one scan."""
     if len(per_scan) < 2:
         return None, None
@@ -178,8 +180,11 @@ def _history(per_scan: Mapping[int, Mapping[str, tuple[int, float]]], settings: 
             for c, (n, s) in cases.items():
                 before[c][0] += n
                 before[c][1] += s
-    logs = [math.log((s / n) / (before[c][1] / before[c][0])) for c, (n, s) in per_scan[latest].items()
-            if n >= settings.min_executions and before[c][0] >= settings.min_executions]
+    logs = [
+        math.log((s / n) / (before[c][1] / before[c][0]))
+        for c, (n, s) in per_scan[latest].items()
+        if n >= settings.min_executions and before[c][0] >= settings.min_executions
+    ]
     if len(logs) < settings.min_cases:
         return None, None
     low = median_lower_bound(logs, settings.confidence)
@@ -200,9 +205,13 @@ def _medians(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.n
     return (values[starts + (counts - 1) // 2] + values[starts + counts // 2]) / 2
 
 
-def judge_slow(timings: Iterable[CaseTiming] | CaseTimes, groups: Mapping[str, str],
-               settings: SlowSettings | None = None, *,
-               history: Iterable[CaseTiming] | CaseTimes | None = None) -> dict[str, Slowness]:
+def judge_slow(
+    timings: Iterable[CaseTiming] | CaseTimes,
+    groups: Mapping[str, str],
+    settings: SlowSettings | None = None,
+    *,
+    history: Iterable[CaseTiming] | CaseTimes | None = None,
+) -> dict[str, Slowness]:
     """The slowness verdict of every device in ``timings`` (see the module docstring).
 
     ``groups``: device -> its peer group (model, kind and, for an unknown model, host); devices of one group are
@@ -246,10 +255,14 @@ def judge_slow(timings: Iterable[CaseTiming] | CaseTimes, groups: Mapping[str, s
                 by_family: dict[str, list[float]] = defaultdict(list)
                 for c, x in logs.items():
                     by_family[family[c]].append(x)
-                summary = (median(xs), median_lower_bound(xs, s.confidence),
-                           {f: round(math.exp(median(v)), 4) for f, v in sorted(by_family.items())})
-            out[devices[i]] = _verdict(devices[i], len(logs), summary, scans.get(devices[i], {}), len(m) - 1,
-                                       0.0, 0.0, limit, s)
+                summary = (
+                    median(xs),
+                    median_lower_bound(xs, s.confidence),
+                    {f: round(math.exp(median(v)), 4) for f, v in sorted(by_family.items())},
+                )
+            out[devices[i]] = _verdict(
+                devices[i], len(logs), summary, scans.get(devices[i], {}), len(m) - 1, 0.0, 0.0, limit, s
+            )
     return out
 
 
@@ -261,10 +274,18 @@ def _reference(peers: Sequence[Mapping[str, float]]) -> dict[str, float]:
     return {c: median(ts) for c, ts in per_case.items()}
 
 
-def _judge_many(devices: Sequence[str], dev: np.ndarray, cases: Sequence[str], case: np.ndarray, mean: np.ndarray,
-                family: Mapping[str, str], big: Mapping[str, Sequence[int]],
-                scans: Mapping[str, Mapping[int, Mapping[str, tuple[int, float]]]], limit: float,
-                s: SlowSettings) -> dict[str, Slowness]:
+def _judge_many(
+    devices: Sequence[str],
+    dev: np.ndarray,
+    cases: Sequence[str],
+    case: np.ndarray,
+    mean: np.ndarray,
+    family: Mapping[str, str],
+    big: Mapping[str, Sequence[int]],
+    scans: Mapping[str, Mapping[int, Mapping[str, tuple[int, float]]]],
+    limit: float,
+    s: SlowSettings,
+) -> dict[str, Slowness]:
     """The verdicts of the devices of groups with ``min_peers`` or more peers each, with arrays: one reference per
     group and case (the median of its devices' means), each pair's log slowdown, each device's median and lower
     bound over its cases and per family, each group's median level and robust spread."""
@@ -305,26 +326,48 @@ def _judge_many(devices: Sequence[str], dev: np.ndarray, cases: Sequence[str], c
         sigma = 1.4826 * median(abs(x - centre) for x in level) if level else 0.0
         for i in m:
             info = (*summary[i], families[i]) if i in summary else None
-            out[devices[i]] = _verdict(devices[i], cases_of.get(i, 0), info, scans.get(devices[i], {}), len(m) - 1,
-                                       centre, sigma, limit, s)
+            out[devices[i]] = _verdict(
+                devices[i], cases_of.get(i, 0), info, scans.get(devices[i], {}), len(m) - 1, centre, sigma, limit, s
+            )
     return out
 
 
-def _verdict(device: str, cases: int, summary: tuple[float, float | None, dict[str, float]] | None,
-             per_scan: Mapping[int, Mapping[str, tuple[int, float]]], peers: int, centre: float, sigma: float,
-             limit: float, s: SlowSettings) -> Slowness:
+def _verdict(
+    device: str,
+    cases: int,
+    summary: tuple[float, float | None, dict[str, float]] | None,
+    per_scan: Mapping[int, Mapping[str, tuple[int, float]]],
+    peers: int,
+    centre: float,
+    sigma: float,
+    limit: float,
+    s: SlowSettings,
+) -> Slowness:
     """One device's verdict from its ``cases`` compared and, when there are ``min_cases`` of them, ``summary``:
     the median log slowdown, its lower bound (None: too few cases) and the slowdown per family."""
     history, history_low = _history(per_scan, s)
     if peers == 0 or summary is None:
         if history_low is None:
-            return Slowness(device=device, slow=False, peers=peers, cases=cases, history=history,
-                            reason="nothing to compare with: no peer of its model with enough executions, one scan")
+            return Slowness(
+                device=device,
+                slow=False,
+                peers=peers,
+                cases=cases,
+                history=history,
+                reason="nothing to compare with: no peer of its model with enough executions, one scan",
+            )
         slow = history_low > 1 + s.threshold
-        return Slowness(device=device, slow=slow, basis="history", confidence="low", peers=peers, history=history,
-                        threshold=s.threshold,
-                        reason=f"its latest scan against its earlier ones: {history:.2f}x (lower bound "
-                               f"{history_low:.2f}x), no peer of its model to compare with")
+        return Slowness(
+            device=device,
+            slow=slow,
+            basis="history",
+            confidence="low",
+            peers=peers,
+            history=history,
+            threshold=s.threshold,
+            reason=f"its latest scan against its earlier ones: {history:.2f}x (lower bound "
+            f"{history_low:.2f}x), no peer of its model to compare with",
+        )
     mid, low, families = summary
     many = peers >= s.min_peers
     slow = low is not None and low > limit and (not many or mid - centre > s.spread_z * sigma)
@@ -336,13 +379,26 @@ def _verdict(device: str, cases: int, summary: tuple[float, float | None, dict[s
         agrees = history_low is not None and history_low > 1 + s.threshold
         sure = "high" if slow and agrees else "medium"
     lo = None if low is None else math.exp(low)
-    reason = (f"{math.exp(mid):.2f}x the time of {peers} peer(s) of its model over {cases} cases"
-              + ("" if lo is None else f" (lower {s.confidence:.0%} bound {lo:.2f}x)")
-              + (f", {sigma:.3f} robust spread of the model's log slowdowns" if many else "")
-              + ("" if history is None else f"; its latest scan {history:.2f}x its earlier ones"))
-    return Slowness(device=device, slow=slow, slowdown=math.exp(mid), slowdown_low=lo, basis=basis, confidence=sure,
-                    peers=peers, cases=cases, history=history, families=families, threshold=s.threshold,
-                    reason=reason)
+    reason = (
+        f"{math.exp(mid):.2f}x the time of {peers} peer(s) of its model over {cases} cases"
+        + ("" if lo is None else f" (lower {s.confidence:.0%} bound {lo:.2f}x)")
+        + (f", {sigma:.3f} robust spread of the model's log slowdowns" if many else "")
+        + ("" if history is None else f"; its latest scan {history:.2f}x its earlier ones")
+    )
+    return Slowness(
+        device=device,
+        slow=slow,
+        slowdown=math.exp(mid),
+        slowdown_low=lo,
+        basis=basis,
+        confidence=sure,
+        peers=peers,
+        cases=cases,
+        history=history,
+        families=families,
+        threshold=s.threshold,
+        reason=reason,
+    )
 
 
 def peer_group(kind: str, model: str | None, host: str) -> str:
@@ -350,8 +406,9 @@ def peer_group(kind: str, model: str | None, host: str) -> str:
     return f"{kind}|{model}" if model else f"{kind}|host:{host}"
 
 
-def fleet_slowness(store: Store, *, since: float | None, settings: SlowSettings | None = None,
-                   devices: Sequence[str] | None = None) -> dict[str, Slowness]:
+def fleet_slowness(
+    store: Store, *, since: float | None, settings: SlowSettings | None = None, devices: Sequence[str] | None = None
+) -> dict[str, Slowness]:
     """Every device's verdict from the store: the golden cases' times since ``since`` (:func:`judge_slow`, the whole
     fleet as peers; :meth:`~.store.Store.case_times` says how a window reads them), and training jobs' ``slow``
     incidents (a device named by one is slow, basis ``training``)."""
@@ -369,10 +426,15 @@ def fleet_slowness(store: Store, *, since: float | None, settings: SlowSettings 
             continue
         mine = verdicts.get(i.device)
         if mine is None or not mine.slow:
-            verdicts[i.device] = Slowness(device=i.device, slow=True, basis="training", confidence="medium",
-                                          slowdown=mine.slowdown if mine else None,
-                                          slowdown_low=mine.slowdown_low if mine else None,
-                                          families=mine.families if mine else {},
-                                          reason=f"training job {i.job}, step {i.step}: {i.detail}")
+            verdicts[i.device] = Slowness(
+                device=i.device,
+                slow=True,
+                basis="training",
+                confidence="medium",
+                slowdown=mine.slowdown if mine else None,
+                slowdown_low=mine.slowdown_low if mine else None,
+                families=mine.families if mine else {},
+                reason=f"training job {i.job}, step {i.step}: {i.detail}",
+            )
     wanted = {d.id for d in known} if devices is None else set(devices)
     return {d: v for d, v in verdicts.items() if d in wanted}

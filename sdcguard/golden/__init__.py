@@ -42,7 +42,6 @@ __all__ = [
 ]
 
 
-
 def __getattr__(name: str) -> Any:
     # The GPU backend's module is only imported when asked for (cupy itself loads when a backend is created).
     if name == "CupyBackend":

@@ -30,15 +30,16 @@ from .cases import GENERATOR_VERSION, Case, case_by_id
 from .inputs import inputs_digest, make_inputs
 from .suite import record_arch_golden
 
-__all__ = ["RULE", "MIN_DEVICES", "FORMAT", "Candidate", "candidate", "write_candidates", "read_candidates",
-           "promote"]
+__all__ = ["RULE", "MIN_DEVICES", "FORMAT", "Candidate", "candidate", "write_candidates", "read_candidates", "promote"]
 
 MIN_DEVICES = 2
 """Different devices that must agree before an architecture's golden is recorded."""
 
-RULE = (f"an architecture's golden of a GPU-only case is recorded only when at least {MIN_DEVICES} different "
-        "devices of that architecture computed bit-identical outputs: a golden taken from one device's own result "
-        "would let a consistently wrong device pass (gpu-burn's blind spot)")
+RULE = (
+    f"an architecture's golden of a GPU-only case is recorded only when at least {MIN_DEVICES} different "
+    "devices of that architecture computed bit-identical outputs: a golden taken from one device's own result "
+    "would let a consistently wrong device pass (gpu-burn's blind spot)"
+)
 """The rule, as written into every candidate file."""
 
 FORMAT = "sdcguard-golden-candidates/1"
@@ -67,8 +68,9 @@ def candidate(case: Case, arch: str, device: str, output: np.ndarray, *, model: 
         raise GoldenDataError(f"{case.id} has a portable golden (`sdcguard golden generate`), not candidates")
     out = np.ascontiguousarray(output)
     if out.shape != case.shape or out.dtype != np.dtype(case.out_dtype):
-        raise GoldenDataError(f"{case.id}: output is {out.shape} {out.dtype}, the case defines {case.shape} "
-                              f"{case.out_dtype}")
+        raise GoldenDataError(
+            f"{case.id}: output is {out.shape} {out.dtype}, the case defines {case.shape} {case.out_dtype}"
+        )
     if not arch.startswith("sm_") or not arch[3:].isdigit():
         raise GoldenDataError(f"bad architecture {arch!r}: expected sm_<major><minor>, e.g. sm_90")
     return Candidate(case=case, arch=arch, device=device, output=out, model=model)
@@ -76,10 +78,19 @@ def candidate(case: Case, arch: str, device: str, output: np.ndarray, *, model: 
 
 def _entry(c: Candidate) -> dict[str, Any]:
     data = c.output.astype(c.output.dtype.newbyteorder("<")).tobytes()
-    return {"case": c.case.id, "arch": c.arch, "device": c.device, "model": c.model,
-            "shape": list(c.case.shape), "out_dtype": c.case.out_dtype, "seed": c.case.seed,
-            "generator_version": c.case.generator_version, "inputs_sha256": inputs_digest(make_inputs(c.case)),
-            "output_sha256": c.sha256, "output_base64": base64.b64encode(data).decode("ascii")}
+    return {
+        "case": c.case.id,
+        "arch": c.arch,
+        "device": c.device,
+        "model": c.model,
+        "shape": list(c.case.shape),
+        "out_dtype": c.case.out_dtype,
+        "seed": c.case.seed,
+        "generator_version": c.case.generator_version,
+        "inputs_sha256": inputs_digest(make_inputs(c.case)),
+        "output_sha256": c.sha256,
+        "output_base64": base64.b64encode(data).decode("ascii"),
+    }
 
 
 def write_candidates(path: Path, candidates: list[Candidate]) -> Path:
@@ -90,8 +101,9 @@ def write_candidates(path: Path, candidates: list[Candidate]) -> Path:
     body = {
         "format": FORMAT,
         "rule": RULE,
-        "agreement": {f"{cid}@{arch}": "agree" if len(shas) == 1 else "DISAGREE"
-                      for (cid, arch), shas in sorted(by_key.items())},
+        "agreement": {
+            f"{cid}@{arch}": "agree" if len(shas) == 1 else "DISAGREE" for (cid, arch), shas in sorted(by_key.items())
+        },
         "candidates": [_entry(c) for c in candidates],
     }
     path = Path(path)
@@ -111,8 +123,10 @@ def _parse_entry(path: Path, e: Any) -> Candidate:
     except KeyError:
         raise bad(f"unknown case {e.get('case')!r}") from None
     if e.get("generator_version") != GENERATOR_VERSION or e.get("inputs_sha256") != inputs_digest(make_inputs(case)):
-        raise bad(f"{case.id} was recorded from other inputs (generator {e.get('generator_version')!r}, this code "
-                  f"has {GENERATOR_VERSION!r}): run the GPU check again")
+        raise bad(
+            f"{case.id} was recorded from other inputs (generator {e.get('generator_version')!r}, this code "
+            f"has {GENERATOR_VERSION!r}): run the GPU check again"
+        )
     try:
         raw = base64.b64decode(str(e["output_base64"]), validate=True)
     except (KeyError, ValueError):
@@ -148,8 +162,9 @@ def read_candidates(path: Path) -> list[Candidate]:
     return [_parse_entry(path, e) for e in entries]
 
 
-def promote(candidates: list[Candidate], directory: Path | None = None, *,
-            min_devices: int = MIN_DEVICES) -> list[Path]:
+def promote(
+    candidates: list[Candidate], directory: Path | None = None, *, min_devices: int = MIN_DEVICES
+) -> list[Path]:
     """Record the golden of every (case, architecture) whose candidates come from at least ``min_devices``
     different devices that all agree bit for bit; returns the files written (commit ``golden_vectors/``).
 
@@ -165,13 +180,19 @@ def promote(candidates: list[Candidate], directory: Path | None = None, *,
     for (cid, arch), group in sorted(groups.items()):
         shas = {c.sha256 for c in group}
         if len(shas) != 1:
-            raise GoldenDataError(f"golden candidates of {cid} for {arch} disagree: " + ", ".join(
-                f"{c.device}={c.sha256[:12]}" for c in group) + " (nothing recorded)")
+            raise GoldenDataError(
+                f"golden candidates of {cid} for {arch} disagree: "
+                + ", ".join(f"{c.device}={c.sha256[:12]}" for c in group)
+                + " (nothing recorded)"
+            )
         devices = sorted({c.device for c in group})
         if len(devices) < min_devices:
-            raise GoldenDataError(f"{cid} for {arch}: {len(devices)} device(s) ({', '.join(devices)}), the rule "
-                                  f"needs {min_devices} different devices that agree (nothing recorded)")
+            raise GoldenDataError(
+                f"{cid} for {arch}: {len(devices)} device(s) ({', '.join(devices)}), the rule "
+                f"needs {min_devices} different devices that agree (nothing recorded)"
+            )
         first = {c.device: c for c in group}
         plans.append((group[0].case, arch, [(d, first[d].output) for d in devices]))
-    return [record_arch_golden(directory, case, arch, outputs, min_devices=min_devices)
-            for case, arch, outputs in plans]
+    return [
+        record_arch_golden(directory, case, arch, outputs, min_devices=min_devices) for case, arch, outputs in plans
+    ]

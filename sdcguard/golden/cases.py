@@ -37,16 +37,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = [
-    "GENERATOR_VERSION",
-    "Family",
-    "FAMILIES",
-    "Case",
-    "CASES",
-    "PORTABLE_CASES",
-    "case_by_id",
-    "output_dtype",
-]
+__all__ = ["GENERATOR_VERSION", "Family", "FAMILIES", "Case", "CASES", "PORTABLE_CASES", "case_by_id", "output_dtype"]
 
 GENERATOR_VERSION = "1"
 """Version of the input generators and reference arithmetic; recorded with every case in the manifest."""
@@ -138,6 +129,23 @@ def _gemm(dtype: str, variant: str, impl: str, *, m: int, n: int, k: int, **extr
     )
 
 
+def _case(
+    family: Family,
+    dtype: str,
+    name: str,
+    shape: tuple[int, ...],
+    params: dict[str, Any],
+    out: str,
+    gpu_only: bool = False,
+) -> Case:
+    """A case named ``family.dtype.name``, seeded from its id."""
+    cid = f"{family}.{dtype}.{name}"
+    return Case(
+        id=cid, family=family, dtype=dtype, shape=shape, seed=_seed(cid), params=params, out_dtype=out,
+        gpu_only=gpu_only,
+    )  # fmt: skip
+
+
 def _build() -> tuple[Case, ...]:
     cases: list[Case] = []
     # GEMM. Integer operands: |a|,|b| <= range, k * range**2 below 2**(accumulator bits) so sums are exact.
@@ -164,11 +172,8 @@ def _build() -> tuple[Case, ...]:
     ]
     # Integer ALU chains.
     for dtype, n in (("u32", 16384), ("u64", 8192)):
-        cid = f"alu.{dtype}.chain"
-        cases.append(
-            Case(id=cid, family="alu", dtype=dtype, shape=(n,), seed=_seed(cid), params={"n": n, "rounds": 16},
-                 out_dtype="uint32" if dtype == "u32" else "uint64")
-        )
+        out = "uint32" if dtype == "u32" else "uint64"
+        cases.append(_case("alu", dtype, "chain", (n,), {"n": n, "rounds": 16}, out))
     # Correctly rounded IEEE operations.
     n = 8192
     for dtype, op, out in (
@@ -182,27 +187,18 @@ def _build() -> tuple[Case, ...]:
         ("fp32", "cvt_bf16", "uint16"),
         ("fp64", "cvt_fp32", "float32"),
     ):
-        cid = f"ieee.{dtype}.{op}"
-        cases.append(Case(id=cid, family="ieee", dtype=dtype, shape=(n,), seed=_seed(cid),
-                          params={"n": n, "op": op}, out_dtype=out))
+        cases.append(_case("ieee", dtype, op, (n,), {"n": n, "op": op}, out))
     # Fast intrinsics: per-architecture goldens, GPU only.
-    cid = "intrinsics.fp32.fast"
-    cases.append(Case(id=cid, family="intrinsics", dtype="fp32", shape=(5, 4096), seed=_seed(cid),
-                      params={"n": 4096, "ops": ["__expf", "__logf", "__sinf", "__cosf", "__fdividef"]},
-                      out_dtype="float32", gpu_only=True))
+    ops = ["__expf", "__logf", "__sinf", "__cosf", "__fdividef"]
+    cases.append(_case("intrinsics", "fp32", "fast", (5, 4096), {"n": 4096, "ops": ops}, "float32", gpu_only=True))
     # Memory march tests (8 MiB of 32-bit words on the CPU; see CupyBackend for the GPU's share of free memory).
     words = 1 << 21
     for pattern in ("moving_inversions", "modulo20", "address", "random"):
-        cid = f"memory.u32.{pattern}"
-        cases.append(Case(id=cid, family="memory", dtype="u32", shape=(words,), seed=_seed(cid),
-                          params={"words": words, "pattern": pattern, "block": 131072}, out_dtype="uint32"))
+        params = {"words": words, "pattern": pattern, "block": 131072}
+        cases.append(_case("memory", "u32", pattern, (words,), params, "uint32"))
     # Shared memory and atomics.
-    cid = "shared.u32.reduce"
-    cases.append(Case(id=cid, family="shared", dtype="u32", shape=(3 * 256 + 2,), seed=_seed(cid),
-                      params={"n": 65536, "block": 256, "bins": 256}, out_dtype="uint32"))
-    cid = "shared.u64.bins"
-    cases.append(Case(id=cid, family="shared", dtype="u64", shape=(2 * 64 + 1,), seed=_seed(cid),
-                      params={"n": 32768, "block": 256, "bins": 64}, out_dtype="uint64"))
+    cases.append(_case("shared", "u32", "reduce", (3 * 256 + 2,), {"n": 65536, "block": 256, "bins": 256}, "uint32"))
+    cases.append(_case("shared", "u64", "bins", (2 * 64 + 1,), {"n": 32768, "block": 256, "bins": 64}, "uint64"))
     ids = [c.id for c in cases]
     assert len(set(ids)) == len(ids), "duplicate case id"
     return tuple(cases)

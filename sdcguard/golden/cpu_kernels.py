@@ -123,8 +123,9 @@ def _check(blk: np.ndarray, expect: np.ndarray, base: int, phase: str, buf: np.n
     i = int(bad[0])
     exp, actual = int(expect[i]), int(blk[i])
     second = int(buf[base + i])  # a fresh read of the same word
-    return MarchError(element=base + i, expected=exp, actual=actual, second_read=second, phase=phase,
-                      count=int(bad.size))
+    return MarchError(
+        element=base + i, expected=exp, actual=actual, second_read=second, phase=phase, count=int(bad.size)
+    )
 
 
 def march_words(kind: str, index: np.ndarray, base: int, salt: np.uint32, *, out: np.ndarray) -> np.ndarray:
@@ -192,8 +193,14 @@ def _memory(case: Case, inp: dict[str, np.ndarray], scratch: Scratch) -> tuple[n
                 expect = scratch[("p", len(view))] = np.full(len(view), p, dtype=_U32)
             err = _check(view, expect, 0, f"modulo20+{off}", view)
             if err is not None:  # indices were relative to the strided view: map back to word indices
-                err = MarchError(element=off + 20 * err.element, expected=err.expected, actual=err.actual,
-                                 second_read=err.second_read, phase=err.phase, count=err.count)
+                err = MarchError(
+                    element=off + 20 * err.element,
+                    expected=err.expected,
+                    actual=err.actual,
+                    second_read=err.second_read,
+                    phase=err.phase,
+                    count=err.count,
+                )
             note(err)
     else:
         tmp, fin = scratch["tmp"], scratch.setdefault("fin", np.empty(block, dtype=_U32))
@@ -216,12 +223,14 @@ def _shared(case: Case, inp: dict[str, np.ndarray], scratch: Scratch) -> tuple[n
     block, bins = case.params["block"], case.params["bins"]
     if case.dtype == "u32":
         blocks = x.reshape(-1, block)
-        return np.concatenate([
-            blocks.sum(axis=1, dtype=_U32),
-            np.bitwise_xor.reduce(blocks, axis=1),
-            np.bincount(x >> _U32(24), minlength=bins).astype(_U32),
-            np.array([x.sum(dtype=_U32), np.bitwise_xor.reduce(x)], dtype=_U32),
-        ]), None
+        return np.concatenate(
+            [
+                blocks.sum(axis=1, dtype=_U32),
+                np.bitwise_xor.reduce(blocks, axis=1),
+                np.bincount(x >> _U32(24), minlength=bins).astype(_U32),
+                np.array([x.sum(dtype=_U32), np.bitwise_xor.reduce(x)], dtype=_U32),
+            ]
+        ), None
     keys = (x >> _U64(58)).astype(np.intp)
     sums = np.zeros(bins, dtype=_U64)
     np.add.at(sums, keys, x)

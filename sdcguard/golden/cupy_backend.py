@@ -35,8 +35,12 @@ __all__ = ["CupyBackend", "pinned_compute_type"]
 _ALIGN = 256
 _SCALARS = {"i32": np.int32, "u32": np.uint32, "u64": np.uint64}
 # cuBLAS compute type per case dtype (names of cupy._core._routines_linalg constants)
-_COMPUTE = {"fp64": "COMPUTE_TYPE_FP64", "fp32": "COMPUTE_TYPE_PEDANTIC", "tf32": "COMPUTE_TYPE_TF32",
-            "fp16": "COMPUTE_TYPE_FP32"}
+_COMPUTE = {
+    "fp64": "COMPUTE_TYPE_FP64",
+    "fp32": "COMPUTE_TYPE_PEDANTIC",
+    "tf32": "COMPUTE_TYPE_TF32",
+    "fp16": "COMPUTE_TYPE_FP32",
+}
 
 
 @contextlib.contextmanager
@@ -207,15 +211,15 @@ class CupyBackend(BackendBase):
 
     # ------------------------------------------------------------------------------------------------ running
 
-    def _launches(self, case: Case) -> tuple[Plan, Any, dict[str, tuple[int, str, int]], int,
-                                             Callable[[], None]]:
+    def _launches(self, case: Case) -> tuple[Plan, Any, dict[str, tuple[int, str, int]], int, Callable[[], None]]:
         """``(plan, raw scratch, layout, bytes to fetch, enqueue)``: ``enqueue()`` puts every launch of the case on
         the current stream (no zeroing, no sync). Arguments are marshalled once, here."""
         plan = self._plan(case)
         inputs = self._device_inputs(case)
         raw, layout, fetch = self._scratch_for(case, plan)
-        views = {name: raw[off : off + count * np.dtype(dt).itemsize].view(dt)
-                 for name, (off, dt, count) in layout.items()}
+        views = {
+            name: raw[off : off + count * np.dtype(dt).itemsize].view(dt) for name, (off, dt, count) in layout.items()
+        }
         calls = []
         for launch in plan.launches:
             args = []
@@ -297,11 +301,19 @@ class CupyBackend(BackendBase):
             with cp.cuda.Device(self.index):
                 return int(out_view[element : element + 1].get()[0])
 
-        return kernel_case_result(case=case, plan=plan, expected=expected,
-                                  golden_digest=self.suite.entry_for(case, arch)["output_sha256"], host=host,
-                                  output_hook=output_hook, device=self.device, started=started, duration=duration,
-                                  reread=reread, detail={"backend": self.kind, "arch": self.arch,
-                                                         "words": plan.scratch[plan.output][1]})
+        return kernel_case_result(
+            case=case,
+            plan=plan,
+            expected=expected,
+            golden_digest=self.suite.entry_for(case, arch)["output_sha256"],
+            host=host,
+            output_hook=output_hook,
+            device=self.device,
+            started=started,
+            duration=duration,
+            reread=reread,
+            detail={"backend": self.kind, "arch": self.arch, "words": plan.scratch[plan.output][1]},
+        )
 
     def _run_cublas(self, case: Case, output_hook: OutputHook | None) -> CaseResult:
         cp = self._cp
@@ -319,16 +331,39 @@ class CupyBackend(BackendBase):
             output = output_hook(case.id, output)
         mismatch = compare_bits(expected, output)
         if mismatch is None:
-            return CaseResult(device=self.device, case=case.id, family=case.family, seed=case.seed, passed=True,
-                              duration_s=duration, started_at=started,
-                              output_digest=self.suite.entries[case.id]["output_sha256"])
+            return CaseResult(
+                device=self.device,
+                case=case.id,
+                family=case.family,
+                seed=case.seed,
+                passed=True,
+                duration_s=duration,
+                started_at=started,
+                output_digest=self.suite.entries[case.id]["output_sha256"],
+            )
         row, col = divmod(mismatch.element, case.shape[1])
         return CaseResult(
-            device=self.device, case=case.id, family=case.family, seed=case.seed, passed=False, duration_s=duration,
-            started_at=started, output_digest=sha256_bytes(output), mismatches=mismatch.count,
-            element=mismatch.element, expected=mismatch.expected, actual=mismatch.actual, xor_mask=mismatch.xor_mask,
+            device=self.device,
+            case=case.id,
+            family=case.family,
+            seed=case.seed,
+            passed=False,
+            duration_s=duration,
+            started_at=started,
+            output_digest=sha256_bytes(output),
+            mismatches=mismatch.count,
+            element=mismatch.element,
+            expected=mismatch.expected,
+            actual=mismatch.actual,
+            xor_mask=mismatch.xor_mask,
             # cuBLAS's kernels do not record %smid: the gemm.*.mma cases of the same dtype localize to an SM
             location="sm:unknown",
-            detail={"backend": self.kind, "arch": self.arch, "impl": "cublas", "row": row, "col": col,
-                    "compute_type": _COMPUTE[case.dtype]},
+            detail={
+                "backend": self.kind,
+                "arch": self.arch,
+                "impl": "cublas",
+                "row": row,
+                "col": col,
+                "compute_type": _COMPUTE[case.dtype],
+            },
         )

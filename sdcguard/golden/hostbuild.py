@@ -60,14 +60,30 @@ class HostBuild:
             names = entry_points(cu)
             self.kernels.update({n: cu.name for n in names})
             unit = workdir / f"unit_{cu.stem}.cpp"
-            unit.write_text(f'#include "{cu}"\n#include "sdc_host_registry.h"\n'
-                            + "".join(f"SDC_REGISTER({n})\n" for n in names))
+            unit.write_text(
+                f'#include "{cu}"\n#include "sdc_host_registry.h"\n' + "".join(f"SDC_REGISTER({n})\n" for n in names)
+            )
             units.append(unit)
         self.library = workdir / "libsdchost.so"
-        cmd = [cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared",
-               "-Wall", "-Wno-unused-function", f"-I{kdir}", f"-I{kdir / 'host'}",
-               "-include", str(kdir / "host" / "cuda_host.h"), *map(str, units), str(kdir / "host" / "harness.cpp"),
-               "-o", str(self.library)]
+        cmd = [
+            cxx,
+            "-std=c++17",
+            "-O1",
+            "-ffp-contract=off",
+            "-fno-fast-math",
+            "-fPIC",
+            "-shared",
+            "-Wall",
+            "-Wno-unused-function",
+            f"-I{kdir}",
+            f"-I{kdir / 'host'}",
+            "-include",
+            str(kdir / "host" / "cuda_host.h"),
+            *map(str, units),
+            str(kdir / "host" / "harness.cpp"),
+            "-o",
+            str(self.library),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SuiteError(f"host build failed:\n{proc.stderr[-4000:]}")
@@ -151,11 +167,19 @@ class HostBackend:
         t0 = time.perf_counter()
         plan, host = self.execute(case)
         out = host[plan.output]
-        return kernel_case_result(case=case, plan=plan, expected=expected,
-                                  golden_digest=self.suite.entry_for(case, arch)["output_sha256"], host=host,
-                                  output_hook=output_hook, device=self.device, started=started,
-                                  duration=time.perf_counter() - t0, reread=lambda e: int(out[e]),
-                                  detail={"backend": "host", "fake_sms": self.build.fake_sms})
+        return kernel_case_result(
+            case=case,
+            plan=plan,
+            expected=expected,
+            golden_digest=self.suite.entry_for(case, arch)["output_sha256"],
+            host=host,
+            output_hook=output_hook,
+            device=self.device,
+            started=started,
+            duration=time.perf_counter() - t0,
+            reread=lambda e: int(out[e]),
+            detail={"backend": "host", "fake_sms": self.build.fake_sms},
+        )
 
 
 def _inputs(case: Case) -> dict[str, np.ndarray]:

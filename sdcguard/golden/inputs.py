@@ -83,8 +83,9 @@ def _alu(case: Case) -> dict[str, np.ndarray]:
     }
 
 
-def _float_bits(seed: int, stream: int, n: int, fmt: str, emin: int, emax: int, *, signed: bool = True,
-                mant_bits: int | None = None) -> np.ndarray:
+def _float_bits(
+    seed: int, stream: int, n: int, fmt: str, emin: int, emax: int, *, signed: bool = True, mant_bits: int | None = None
+) -> np.ndarray:
     """Random normal values of ``fmt`` (fp32 or fp64) as float64: exponent in [emin, emax], full mantissa."""
     p = FORMATS[fmt][0] if mant_bits is None else mant_bits
     m = _mantissas(seed, stream, n, p)

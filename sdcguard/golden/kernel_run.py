@@ -62,41 +62,81 @@ def kernel_case_result(
     mismatch = compare_bits(expected, output)
     march = march_error(host["err"], plan) if "err" in host else None
     if mismatch is None and march is None:
-        return CaseResult(device=device, case=case.id, family=case.family, seed=case.seed, passed=True,
-                          duration_s=duration, started_at=started, output_digest=golden_digest,
-                          detail=dict(detail or {}))
+        return CaseResult(
+            device=device,
+            case=case.id,
+            family=case.family,
+            seed=case.seed,
+            passed=True,
+            duration_s=duration,
+            started_at=started,
+            output_digest=golden_digest,
+            detail=dict(detail or {}),
+        )
     size = expected.dtype.itemsize
     info: dict[str, Any] = {"dtype": case.dtype, "out_dtype": case.out_dtype, **(detail or {})}
+    element, count, exp_hex, act_hex, xor_hex, location = _where_wrong(
+        case, plan, expected, host, mismatch, march, reread, info
+    )
+    if march is not None:
+        info["march"] = {
+            **march,
+            "expected": hex_bits(march["expected"], size),
+            "actual": hex_bits(march["actual"], size),
+            "second_read": hex_bits(march["second_read"], size),
+            "stored_value_corrupt": march["second_read"] != march["expected"],
+        }
+    return CaseResult(
+        device=device,
+        case=case.id,
+        family=case.family,
+        seed=case.seed,
+        passed=False,
+        duration_s=duration,
+        started_at=started,
+        mismatches=count,
+        output_digest=failure_digest(
+            output, None if march is None else (march["element"], march["expected"], march["actual"])
+        ),
+        element=element,
+        expected=exp_hex,
+        actual=act_hex,
+        xor_mask=xor_hex,
+        location=location,
+        detail=info,
+    )
+
+
+def _where_wrong(
+    case: Case,
+    plan: Plan,
+    expected: np.ndarray,
+    host: dict[str, np.ndarray],
+    mismatch: Any,
+    march: dict[str, Any] | None,
+    reread: Callable[[int], int] | None,
+    info: dict[str, Any],
+) -> tuple[int, int, str, str, str, str]:
+    """The first wrong element of a failed case: ``(element, count, expected, actual, xor mask, location)``, with
+    what locates it added to ``info`` (its block and SM, its row and column, a memory case's second read)."""
+    size = expected.dtype.itemsize
     smids = host["smids"]
-    if mismatch is not None:
-        element, count = mismatch.element, mismatch.count
-        exp_hex, act_hex, xor_hex = mismatch.expected, mismatch.actual, mismatch.xor_mask
-        block = plan.element_block(element)
-        location = f"sm:{int(smids[block])}" if block is not None else "sm:*"
-        if block is None:
-            info["sms"] = sorted({int(s) for s in smids})  # every block contributed to this element
-        else:
-            info["block"] = block
-        if len(case.shape) == 2:
-            info["row"], info["col"] = divmod(element, case.shape[1])
-        if case.family == "memory" and reread is not None:
-            second = reread(element)
-            info["second_read"] = hex_bits(second, size)
-            info["stored_value_corrupt"] = second != int(expected.reshape(-1).view(f"u{size}")[element])
-    else:
+    if mismatch is None:
         assert march is not None
-        element, count = march["element"], march["count"]
         exp_hex, act_hex = hex_bits(march["expected"], size), hex_bits(march["actual"], size)
         xor_hex = hex_bits(march["expected"] ^ march["actual"], size)
-        location = f"sm:{march['sm']}"
-    if march is not None:
-        info["march"] = {**march, "expected": hex_bits(march["expected"], size),
-                         "actual": hex_bits(march["actual"], size),
-                         "second_read": hex_bits(march["second_read"], size),
-                         "stored_value_corrupt": march["second_read"] != march["expected"]}
-    return CaseResult(device=device, case=case.id, family=case.family, seed=case.seed, passed=False,
-                      duration_s=duration, started_at=started, mismatches=count,
-                      output_digest=failure_digest(output, None if march is None else (
-                          march["element"], march["expected"], march["actual"])),
-                      element=element, expected=exp_hex, actual=act_hex, xor_mask=xor_hex, location=location,
-                      detail=info)
+        return march["element"], march["count"], exp_hex, act_hex, xor_hex, f"sm:{march['sm']}"
+    element, count = mismatch.element, mismatch.count
+    block = plan.element_block(element)
+    location = f"sm:{int(smids[block])}" if block is not None else "sm:*"
+    if block is None:
+        info["sms"] = sorted({int(s) for s in smids})  # every block contributed to this element
+    else:
+        info["block"] = block
+    if len(case.shape) == 2:
+        info["row"], info["col"] = divmod(element, case.shape[1])
+    if case.family == "memory" and reread is not None:
+        second = reread(element)
+        info["second_read"] = hex_bits(second, size)
+        info["stored_value_corrupt"] = second != int(expected.reshape(-1).view(f"u{size}")[element])
+    return element, count, mismatch.expected, mismatch.actual, mismatch.xor_mask, location

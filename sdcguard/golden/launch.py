@@ -62,15 +62,24 @@ def _grid_stride(n: int, sm_count: int, block: int = 256, per_sm: int = 4) -> in
 def _gemm_mma(case: Case) -> Plan:
     m, n, k = (case.params[x] for x in ("m", "n", "k"))
     gx, gy = n // 32, m // 16
-    launch = Launch(kernel=f"gemm_mma_{case.dtype}", grid=(gx, gy, 1), block=(128, 1, 1),
-                    args=(_buf("a"), _buf("b"), _buf("out"), _buf("smids"), ("i32", m), ("i32", n), ("i32", k)))
+    launch = Launch(
+        kernel=f"gemm_mma_{case.dtype}",
+        grid=(gx, gy, 1),
+        block=(128, 1, 1),
+        args=(_buf("a"), _buf("b"), _buf("out"), _buf("smids"), ("i32", m), ("i32", n), ("i32", k)),
+    )
 
     def element_block(e: int) -> int:
         r, c = divmod(e, n)
         return (r // 16) * gx + c // 32
 
-    return Plan(module="gemm_mma.cu", scratch={"out": ("float32", m * n), "smids": ("uint32", gx * gy)},
-                output="out", launches=(launch,), element_block=element_block)
+    return Plan(
+        module="gemm_mma.cu",
+        scratch={"out": ("float32", m * n), "smids": ("uint32", gx * gy)},
+        output="out",
+        launches=(launch,),
+        element_block=element_block,
+    )
 
 
 def _strided(n: int, grid: int, block: int = 256) -> Callable[[int], int | None]:
@@ -82,9 +91,13 @@ def _alu(case: Case, sm_count: int) -> Plan:
     grid = _grid_stride(n, sm_count)
     t = "uint32" if case.dtype == "u32" else "uint64"
     args = tuple(_buf(x) for x in ("x", "y", "mul", "add", "s1", "s2", "out", "smids")) + (("i32", n), ("i32", rounds))
-    return Plan(module="alu.cu", scratch={"out": (t, n), "smids": ("uint32", grid)}, output="out",
-                launches=(Launch(kernel=f"alu_{case.dtype}", grid=(grid, 1, 1), block=(256, 1, 1), args=args),),
-                element_block=_strided(n, grid))
+    return Plan(
+        module="alu.cu",
+        scratch={"out": (t, n), "smids": ("uint32", grid)},
+        output="out",
+        launches=(Launch(kernel=f"alu_{case.dtype}", grid=(grid, 1, 1), block=(256, 1, 1), args=args),),
+        element_block=_strided(n, grid),
+    )
 
 
 _IEEE_OPS = {"div": 0, "sqrt": 1, "fma": 2}
@@ -97,24 +110,38 @@ def _ieee(case: Case, sm_count: int) -> Plan:
         b = "b" if op != "sqrt" else "a"
         c = "c" if op == "fma" else "a"
         kernel = f"ieee_{case.dtype}"
-        args: tuple[Arg, ...] = (_buf("a"), _buf(b), _buf(c), _buf("out"), _buf("smids"), ("i32", n),
-                                 ("i32", _IEEE_OPS[op]))
+        args: tuple[Arg, ...] = (
+            _buf("a"),
+            _buf(b),
+            _buf(c),
+            _buf("out"),
+            _buf("smids"),
+            ("i32", n),
+            ("i32", _IEEE_OPS[op]),
+        )
     else:
         kernel = {"cvt_fp16": "cvt_fp32_fp16", "cvt_bf16": "cvt_fp32_bf16", "cvt_fp32": "cvt_fp64_fp32"}[op]
         args = (_buf("a"), _buf("out"), _buf("smids"), ("i32", n))
-    return Plan(module="ieee.cu", scratch={"out": (case.out_dtype, n), "smids": ("uint32", grid)}, output="out",
-                launches=(Launch(kernel=kernel, grid=(grid, 1, 1), block=(256, 1, 1), args=args),),
-                element_block=_strided(n, grid))
+    return Plan(
+        module="ieee.cu",
+        scratch={"out": (case.out_dtype, n), "smids": ("uint32", grid)},
+        output="out",
+        launches=(Launch(kernel=kernel, grid=(grid, 1, 1), block=(256, 1, 1), args=args),),
+        element_block=_strided(n, grid),
+    )
 
 
 def _intrinsics(case: Case, sm_count: int) -> Plan:
     n = case.params["n"]
     grid = _grid_stride(n, sm_count)
     args: tuple[Arg, ...] = (_buf("x"), _buf("y"), _buf("out"), _buf("smids"), ("i32", n))
-    return Plan(module="intrinsics.cu", scratch={"out": ("float32", 5 * n), "smids": ("uint32", grid)},
-                output="out", launches=(Launch(kernel="intrinsics_fp32", grid=(grid, 1, 1), block=(256, 1, 1),
-                                               args=args),),
-                element_block=lambda e: ((e % n) // 256) % grid)
+    return Plan(
+        module="intrinsics.cu",
+        scratch={"out": ("float32", 5 * n), "smids": ("uint32", grid)},
+        output="out",
+        launches=(Launch(kernel="intrinsics_fp32", grid=(grid, 1, 1), block=(256, 1, 1), args=args),),
+        element_block=lambda e: ((e % n) // 256) % grid,
+    )
 
 
 MEMORY_PHASES = ("write", "ascending", "descending", "modulo20", "verify")
@@ -131,16 +158,47 @@ def _memory(case: Case, inputs: dict[str, np.ndarray], sm_count: int, words: int
 
     def write(offset: int, invert: int) -> None:
         i = len(launches)
-        launches.append(Launch(kernel="mem_write_u32", phase="write", **geo,
-                               args=(_buf("out"), ("u64", n), ("u32", kind), ("u32", p), ("u32", salt),
-                                     ("u32", offset), ("u32", invert), _buf("smids", i * grid))))
+        launches.append(
+            Launch(
+                kernel="mem_write_u32",
+                phase="write",
+                **geo,
+                args=(
+                    _buf("out"),
+                    ("u64", n),
+                    ("u32", kind),
+                    ("u32", p),
+                    ("u32", salt),
+                    ("u32", offset),
+                    ("u32", invert),
+                    _buf("smids", i * grid),
+                ),
+            )
+        )
 
     def check(offset: int, invert: int, rewrite: int, descending: int, phase: str) -> None:
         i = len(launches)
-        launches.append(Launch(kernel="mem_check_u32", phase=phase, **geo,
-                               args=(_buf("out"), ("u64", n), ("u32", kind), ("u32", p), ("u32", salt),
-                                     ("u32", offset), ("u32", invert), ("u32", rewrite), ("u32", descending),
-                                     ("u32", i), _buf("err"), _buf("smids", i * grid))))
+        launches.append(
+            Launch(
+                kernel="mem_check_u32",
+                phase=phase,
+                **geo,
+                args=(
+                    _buf("out"),
+                    ("u64", n),
+                    ("u32", kind),
+                    ("u32", p),
+                    ("u32", salt),
+                    ("u32", offset),
+                    ("u32", invert),
+                    ("u32", rewrite),
+                    ("u32", descending),
+                    ("u32", i),
+                    _buf("err"),
+                    _buf("smids", i * grid),
+                ),
+            )
+        )
 
     if kind == 0:
         write(0, 0)
@@ -162,25 +220,48 @@ def _memory(case: Case, inputs: dict[str, np.ndarray], sm_count: int, words: int
         j = n - 1 - e if last_writer_descending else e
         return last * grid + (j // 256) % grid
 
-    return Plan(module="memory.cu",
-                scratch={"out": ("uint32", n), "err": ("uint32", ERR_WORDS), "smids": ("uint32", grid * len(launches))},
-                output="out", launches=tuple(launches), element_block=element_block)
+    return Plan(
+        module="memory.cu",
+        scratch={"out": ("uint32", n), "err": ("uint32", ERR_WORDS), "smids": ("uint32", grid * len(launches))},
+        output="out",
+        launches=tuple(launches),
+        element_block=element_block,
+    )
 
 
 def _shared(case: Case, sm_count: int) -> Plan:
     n = case.params["n"]
     if case.dtype == "u32":
         nb = n // 256
-        return Plan(module="shared.cu", scratch={"out": ("uint32", 2 * nb + 258), "smids": ("uint32", nb)},
-                    output="out",
-                    launches=(Launch(kernel="shared_reduce_u32", grid=(nb, 1, 1), block=(256, 1, 1),
-                                     args=(_buf("x"), _buf("out"), _buf("smids"), ("i32", n))),),
-                    element_block=lambda e: e % nb if e < 2 * nb else None)
+        return Plan(
+            module="shared.cu",
+            scratch={"out": ("uint32", 2 * nb + 258), "smids": ("uint32", nb)},
+            output="out",
+            launches=(
+                Launch(
+                    kernel="shared_reduce_u32",
+                    grid=(nb, 1, 1),
+                    block=(256, 1, 1),
+                    args=(_buf("x"), _buf("out"), _buf("smids"), ("i32", n)),
+                ),
+            ),
+            element_block=lambda e: e % nb if e < 2 * nb else None,
+        )
     grid = _grid_stride(n, sm_count)
-    return Plan(module="shared.cu", scratch={"out": ("uint64", 129), "smids": ("uint32", grid)}, output="out",
-                launches=(Launch(kernel="shared_bins_u64", grid=(grid, 1, 1), block=(256, 1, 1),
-                                 args=(_buf("x"), _buf("out"), _buf("smids"), ("i32", n))),),
-                element_block=lambda e: None)
+    return Plan(
+        module="shared.cu",
+        scratch={"out": ("uint64", 129), "smids": ("uint32", grid)},
+        output="out",
+        launches=(
+            Launch(
+                kernel="shared_bins_u64",
+                grid=(grid, 1, 1),
+                block=(256, 1, 1),
+                args=(_buf("x"), _buf("out"), _buf("smids"), ("i32", n)),
+            ),
+        ),
+        element_block=lambda e: None,
+    )
 
 
 def runs_on_kernels(case: Case) -> bool:

@@ -33,6 +33,7 @@ __all__ = ["NumpyBackend"]
 # others from the next backend (a scanner checks several cores from one thread).
 _PROCESS_CPUS = frozenset(os.sched_getaffinity(0))
 
+
 @functools.cache
 def _openblas_threads() -> tuple[Callable[[], int], Callable[[int], None]] | None:
     """``(get, set)`` for the number of threads of the OpenBLAS numpy links against, if it can be found."""
@@ -143,18 +144,40 @@ class NumpyBackend(BackendBase):
             slow_down(lambda: RUNNERS[case.family](case, inputs, spare), started=t0, factor=factor)
             duration = time.thread_time() - t0
         if mismatch is None and march is None:
-            return CaseResult(device=self.device, case=case.id, family=case.family, seed=case.seed, passed=True,
-                              duration_s=duration, started_at=started, location=self.location,
-                              output_digest=suite.entries[case.id]["output_sha256"])
+            return CaseResult(
+                device=self.device,
+                case=case.id,
+                family=case.family,
+                seed=case.seed,
+                passed=True,
+                duration_s=duration,
+                started_at=started,
+                location=self.location,
+                output_digest=suite.entries[case.id]["output_sha256"],
+            )
         return self._failure(case, output, expected, mismatch, march, scratch, duration, started)
 
-    def _failure(self, case: Case, output: np.ndarray, expected: np.ndarray, mismatch: Any,
-                 march: MarchError | None, scratch: dict[str, Any], duration: float, started: float) -> CaseResult:
+    def _failure(
+        self,
+        case: Case,
+        output: np.ndarray,
+        expected: np.ndarray,
+        mismatch: Any,
+        march: MarchError | None,
+        scratch: dict[str, Any],
+        duration: float,
+        started: float,
+    ) -> CaseResult:
         size = expected.dtype.itemsize
         detail: dict[str, Any] = {"backend": self.kind, "dtype": case.dtype, "out_dtype": case.out_dtype}
         if mismatch is not None:
-            element, exp_hex, act_hex, xor_hex, count = (mismatch.element, mismatch.expected, mismatch.actual,
-                                                         mismatch.xor_mask, mismatch.count)
+            element, exp_hex, act_hex, xor_hex, count = (
+                mismatch.element,
+                mismatch.expected,
+                mismatch.actual,
+                mismatch.xor_mask,
+                mismatch.count,
+            )
             if len(case.shape) == 2:
                 detail["row"], detail["col"] = divmod(element, case.shape[1])
         else:
@@ -166,19 +189,36 @@ class NumpyBackend(BackendBase):
             buf = scratch["buf"]
             detail["address"] = hex(buf.ctypes.data + element * buf.itemsize)
             if march is not None:
-                detail["march"] = {"phase": march.phase, "element": march.element,
-                                   "expected": hex_bits(march.expected, size), "actual": hex_bits(march.actual, size),
-                                   "second_read": hex_bits(march.second_read, size), "count": march.count,
-                                   "stored_value_corrupt": march.second_read != march.expected}
+                detail["march"] = {
+                    "phase": march.phase,
+                    "element": march.element,
+                    "expected": hex_bits(march.expected, size),
+                    "actual": hex_bits(march.actual, size),
+                    "second_read": hex_bits(march.second_read, size),
+                    "count": march.count,
+                    "stored_value_corrupt": march.second_read != march.expected,
+                }
             if mismatch is not None:
                 # read the stored word again: if it is right, the wrong value was a transient read
                 second = int(buf.view(np.uint32)[element])
                 detail["second_read"] = hex_bits(second, size)
                 detail["stored_value_corrupt"] = second != int(expected.view(np.uint32)[element])
         return CaseResult(
-            device=self.device, case=case.id, family=case.family, seed=case.seed, passed=False, duration_s=duration,
-            started_at=started, mismatches=count, element=element,
-            output_digest=failure_digest(output, None if march is None else (march.element, march.expected,
-                                                                               march.actual)),
-            expected=exp_hex, actual=act_hex, xor_mask=xor_hex, location=self.location, detail=detail,
+            device=self.device,
+            case=case.id,
+            family=case.family,
+            seed=case.seed,
+            passed=False,
+            duration_s=duration,
+            started_at=started,
+            mismatches=count,
+            element=element,
+            output_digest=failure_digest(
+                output, None if march is None else (march.element, march.expected, march.actual)
+            ),
+            expected=exp_hex,
+            actual=act_hex,
+            xor_mask=xor_hex,
+            location=self.location,
+            detail=detail,
         )

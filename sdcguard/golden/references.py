@@ -80,8 +80,10 @@ def write_references(suite: Suite, directory: Path, *, cores: Sequence[int]) -> 
                     f"golden data: the reference of {case.id} built on {len(tries)} core(s) never matches "
                     f"{suite.directory / MANIFEST} (reference arithmetic or golden data changed)"
                 )
-            notes += [f"the reference of {case.id} came out wrong on core {c} and right on core {core}: core {c} "
-                      "is suspect" for c in wrong]
+            notes += [
+                f"the reference of {case.id} came out wrong on core {c} and right on core {core}: core {c} is suspect"
+                for c in wrong
+            ]
             for name, a in inputs.items():
                 np.save(directory / f"{case.id}.in.{name}.npy", np.ascontiguousarray(a), allow_pickle=False)
             np.save(directory / f"{case.id}.out.npy", np.ascontiguousarray(expected), allow_pickle=False)
@@ -102,7 +104,8 @@ def load_references(directory: Path) -> Suite:
         blobs = {rel: (directory / "golden" / rel).read_bytes() for rel in manifest["files"]}
     except (OSError, ValueError, KeyError) as e:
         raise GoldenDataError(
-            f"references in {directory} are unreadable ({e}): the scanner's parent wrote them") from None
+            f"references in {directory} are unreadable ({e}): the scanner's parent wrote them"
+        ) from None
     suite = assemble_suite(directory / "golden", manifest, blobs)
     for case in suite.cases:
         names = index["cases"].get(case.id)

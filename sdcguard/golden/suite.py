@@ -35,8 +35,18 @@ from .inputs import inputs_digest, make_inputs
 from .reference import reference_output
 
 __all__ = [
-    "FULL_LIMIT", "ROW_LEN", "MANIFEST", "Suite", "load_suite", "assemble_suite", "generate", "verify",
-    "VerifyReport", "record_arch_golden", "check_suite_files", "check_case_golden",
+    "FULL_LIMIT",
+    "ROW_LEN",
+    "MANIFEST",
+    "Suite",
+    "load_suite",
+    "assemble_suite",
+    "generate",
+    "verify",
+    "VerifyReport",
+    "record_arch_golden",
+    "check_suite_files",
+    "check_case_golden",
 ]
 
 FULL_LIMIT = 64 * 1024
@@ -116,8 +126,12 @@ def generate(directory: Path | None = None) -> list[Path]:
         inputs = make_inputs(case)
         out = reference_output(case, inputs)
         rel = _entry_file(case)
-        entry = {**_definition(case), "inputs_sha256": inputs_digest(inputs), "output_sha256": sha256_bytes(out),
-                 "file": rel}
+        entry = {
+            **_definition(case),
+            "inputs_sha256": inputs_digest(inputs),
+            "output_sha256": sha256_bytes(out),
+            "file": rel,
+        }
         if case.nbytes <= FULL_LIMIT:
             data = np.ascontiguousarray(out).astype(out.dtype.newbyteorder("<")).tobytes()
             entry["mode"] = "full"
@@ -139,10 +153,16 @@ def generate(directory: Path | None = None) -> list[Path]:
     return written
 
 
-def _write_manifest(d: Path, entries: list[dict[str, Any]], arch_entries: list[dict[str, Any]],
-                    files: dict[str, str]) -> None:
-    body = {"format": FORMAT, "generator_version": GENERATOR_VERSION, "cases": entries, "arch_cases": arch_entries,
-            "files": dict(sorted(files.items()))}
+def _write_manifest(
+    d: Path, entries: list[dict[str, Any]], arch_entries: list[dict[str, Any]], files: dict[str, str]
+) -> None:
+    body = {
+        "format": FORMAT,
+        "generator_version": GENERATOR_VERSION,
+        "cases": entries,
+        "arch_cases": arch_entries,
+        "files": dict(sorted(files.items())),
+    }
     manifest = {**body, "manifest_sha256": _sha(_canonical(body))}
     (d / MANIFEST).write_bytes(_canonical(manifest))
 
@@ -163,8 +183,9 @@ def _kept_arch_entries(d: Path, files: dict[str, str]) -> list[dict[str, Any]]:
     return kept
 
 
-def record_arch_golden(directory: Path | None, case: Case, arch: str, outputs: list[tuple[str, np.ndarray]], *,
-                       min_devices: int = 2) -> Path:
+def record_arch_golden(
+    directory: Path | None, case: Case, arch: str, outputs: list[tuple[str, np.ndarray]], *, min_devices: int = 2
+) -> Path:
     """Record the per-architecture golden of a GPU-only case from the outputs of reference devices.
 
     Every device must agree bit for bit, and at least ``min_devices`` must have run it: a golden taken from one
@@ -174,17 +195,20 @@ def record_arch_golden(directory: Path | None, case: Case, arch: str, outputs: l
         raise GoldenDataError(f"{case.id} has a portable golden: `sdcguard golden generate` computes it")
     if len(outputs) < min_devices:
         raise GoldenDataError(
-            f"recording {case.id} for {arch} needs {min_devices} reference devices, got {len(outputs)}")
+            f"recording {case.id} for {arch} needs {min_devices} reference devices, got {len(outputs)}"
+        )
     digests = {sha256_bytes(out) for _, out in outputs}
     if len(digests) != 1:
         raise GoldenDataError(
-            f"reference devices disagree on {case.id} for {arch}: " + ", ".join(
-                f"{dev}={sha256_bytes(out)[:12]}" for dev, out in outputs) + " (nothing recorded)"
+            f"reference devices disagree on {case.id} for {arch}: "
+            + ", ".join(f"{dev}={sha256_bytes(out)[:12]}" for dev, out in outputs)
+            + " (nothing recorded)"
         )
     out = np.ascontiguousarray(outputs[0][1])
     if out.shape != case.shape or out.dtype != np.dtype(case.out_dtype):
-        raise GoldenDataError(f"{case.id}: output is {out.shape} {out.dtype}, the case defines {case.shape} "
-                              f"{case.out_dtype}")
+        raise GoldenDataError(
+            f"{case.id}: output is {out.shape} {out.dtype}, the case defines {case.shape} {case.out_dtype}"
+        )
     d = Path(directory) if directory is not None else golden_dir()
     manifest = _read_manifest(d)
     files = dict(manifest["files"])
@@ -193,8 +217,15 @@ def record_arch_golden(directory: Path | None, case: Case, arch: str, outputs: l
     (d / rel).parent.mkdir(parents=True, exist_ok=True)
     (d / rel).write_bytes(data)
     files[rel] = _sha(data)
-    entry = {**_definition(case), "arch": arch, "file": rel, "mode": "full", "output_sha256": sha256_bytes(out),
-             "inputs_sha256": inputs_digest(make_inputs(case)), "recorded_on": sorted(dev for dev, _ in outputs)}
+    entry = {
+        **_definition(case),
+        "arch": arch,
+        "file": rel,
+        "mode": "full",
+        "output_sha256": sha256_bytes(out),
+        "inputs_sha256": inputs_digest(make_inputs(case)),
+        "recorded_on": sorted(dev for dev, _ in outputs),
+    }
     arch_entries = [e for e in manifest.get("arch_cases", []) if (e["id"], e["arch"]) != (case.id, arch)]
     arch_entries = sorted([*arch_entries, entry], key=lambda e: (e["id"], e["arch"]))
     _write_manifest(d, manifest["cases"], arch_entries, files)
@@ -299,7 +330,8 @@ class Suite:
         if got is None:
             got = make_inputs(case)
             entry = self.entries.get(case.id) or next(
-                (e for (cid, _), e in self.arch_entries.items() if cid == case.id), None)
+                (e for (cid, _), e in self.arch_entries.items() if cid == case.id), None
+            )
             # A GPU-only case with no golden recorded for any architecture has nothing to be checked against: that
             # is how the first one is taken (sdcguard.golden.candidates records the inputs' sha256 itself).
             unchecked = entry is None and case.gpu_only
@@ -382,8 +414,10 @@ def assemble_suite(directory: Path, manifest: dict[str, Any], blobs: dict[str, b
             raise GoldenDataError(f"golden data: {d / MANIFEST} records an unknown GPU-only case {entry.get('id')!r}")
         for key, value in _definition(case_by_id(entry["id"])).items():
             if entry.get(key) != json.loads(json.dumps(value)):
-                raise GoldenDataError(f"golden data: {d / entry['file']} was recorded for a different definition "
-                                      f"of {entry['id']} ({key}): record it again")
+                raise GoldenDataError(
+                    f"golden data: {d / entry['file']} was recorded for a different definition "
+                    f"of {entry['id']} ({key}): record it again"
+                )
         arch_entries[(entry["id"], entry["arch"])] = entry
     return Suite(directory=d, cases=cases, entries=entries, _blobs=blobs, arch_entries=arch_entries)
 

@@ -62,12 +62,7 @@ MIX_PROPORTIONS: dict[str, float] = {"zero": 0.51, "valid": 0.48, "nonfinite": 0
 """Share of corrupted values zeroed / wrong but valid (flipped bits) / NaN or Inf (integers: valid instead)."""
 MIX_FLIP_COUNTS: dict[int, float] = {1: 0.70, 2: 0.20, 3: 0.10}
 """How many bits a wrong-but-valid value has flipped."""
-MIX_CLASS_WEIGHTS: dict[BitClass, float] = {
-    "low_mantissa": 0.55,
-    "high_mantissa": 0.30,
-    "exponent": 0.10,
-    "sign": 0.05,
-}
+MIX_CLASS_WEIGHTS: dict[BitClass, float] = {"low_mantissa": 0.55, "high_mantissa": 0.30, "exponent": 0.10, "sign": 0.05}
 """Relative chance that a flipped bit falls in each class (uniform within a class)."""
 MIX_CONTROL = 0.02
 """Chance that a ``mix`` event is a control fault (a large part of one tile corrupted)."""
@@ -291,8 +286,9 @@ class FaultModel:
         for i, b in zip(index.tolist(), before.tolist(), strict=True):
             effect, after = self._corrupt_one(rng, fmt, int(b))
             records.append(
-                FaultRecord(index=i, before=int(b), after=after, effect=effect, dtype=fmt.name, call=call,
-                            control=control)
+                FaultRecord(
+                    index=i, before=int(b), after=after, effect=effect, dtype=fmt.name, call=call, control=control
+                )
             )
         self.hits += 1
         return records

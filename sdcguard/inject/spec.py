@@ -136,23 +136,7 @@ def _parse_rule(rule: str) -> InjectRule:
             raise bad(f"unknown pattern {comps[-1].strip()!r}: use one of {', '.join(PATTERNS)}") from None
         raise bad(str(e)) from None
 
-    values: dict[str, str] = {}
-    for kv in kvs:
-        key, eq, value = kv.partition("=")
-        key, value = key.strip().lower(), value.strip()
-        if not eq:
-            if key in PATTERNS:
-                raise bad(f"pattern {key!r} must follow the device (DEVICE:{key}), not a comma")
-            raise bad(f"expected KEY=VALUE, got {kv.strip()!r}")
-        if key not in _KEYS or key == "factor":
-            raise bad(f"unknown key {key!r}: use one of {', '.join(k for k in _KEYS if k != 'factor')}"
-                      + (" (factor= goes with the slow pattern)" if key == "factor" else ""))
-        if key in values:
-            raise bad(f"{key} given twice")
-        if not value:
-            raise bad(f"{key}= needs a value")
-        values[key] = value
-
+    values = _key_values(kvs, bad)
     kwargs: dict[str, Any] = {"pattern": pattern}
     try:
         rate = _number(values, "rate", float)
@@ -172,8 +156,13 @@ def _parse_rule(rule: str) -> InjectRule:
                 kwargs["bit"] = int(b)
             else:
                 raise BadInput(f"bit must be a position or one of {', '.join(BIT_CLASSES)}, got {values['bit']!r}")
-        for key, name in (("bits", "nbits"), ("elements", "elements"), ("period", "period"), ("tile", "tile"),
-                          ("seed", "seed")):
+        for key, name in (
+            ("bits", "nbits"),
+            ("elements", "elements"),
+            ("period", "period"),
+            ("tile", "tile"),
+            ("seed", "seed"),
+        ):
             v = _number(values, key, int)
             if v is not None:
                 kwargs[name] = v
@@ -186,6 +175,29 @@ def _parse_rule(rule: str) -> InjectRule:
     except BadInput as e:
         raise bad(str(e)) from None
     return InjectRule(device=device, fault=fault, cases=values.get("case"), text=rule)
+
+
+def _key_values(kvs: list[str], bad: Any) -> dict[str, str]:
+    """A rule's ``KEY=VALUE`` items of the fault keys, each once, each with a value."""
+    values: dict[str, str] = {}
+    for kv in kvs:
+        key, eq, value = kv.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if not eq:
+            if key in PATTERNS:
+                raise bad(f"pattern {key!r} must follow the device (DEVICE:{key}), not a comma")
+            raise bad(f"expected KEY=VALUE, got {kv.strip()!r}")
+        if key not in _KEYS or key == "factor":
+            raise bad(
+                f"unknown key {key!r}: use one of {', '.join(k for k in _KEYS if k != 'factor')}"
+                + (" (factor= goes with the slow pattern)" if key == "factor" else "")
+            )
+        if key in values:
+            raise bad(f"{key} given twice")
+        if not value:
+            raise bad(f"{key}= needs a value")
+        values[key] = value
+    return values
 
 
 def _slow_rule(rule: str, device_text: str, kvs: list[str], bad: Any) -> InjectRule:
@@ -207,8 +219,13 @@ def _slow_rule(rule: str, device_text: str, kvs: list[str], bad: Any) -> InjectR
     if not 1.0 < factor <= 100.0 or math.isnan(factor):
         raise bad(f"factor must be in (1, 100], got {values.get('factor')}")
     # The fault never fires (rate 0): a slow device computes right answers.
-    return InjectRule(device=device, fault=Fault(pattern="zero", timing="intermittent", rate=0.0),
-                      cases=values.get("case"), text=rule, slowdown=factor)
+    return InjectRule(
+        device=device,
+        fault=Fault(pattern="zero", timing="intermittent", rate=0.0),
+        cases=values.get("case"),
+        text=rule,
+        slowdown=factor,
+    )
 
 
 def _is_spec(text: str) -> bool:

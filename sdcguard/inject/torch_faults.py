@@ -78,15 +78,31 @@ OP_FAMILIES: dict[str, tuple[str, ...]] = {
         "_fused_rms_norm_backward",
     ),
     "activation": (
-        "gelu", "gelu_backward", "relu", "threshold_backward", "silu", "silu_backward",
-        "tanh", "tanh_backward", "sigmoid", "sigmoid_backward",
+        "gelu",
+        "gelu_backward",
+        "relu",
+        "threshold_backward",
+        "silu",
+        "silu_backward",
+        "tanh",
+        "tanh_backward",
+        "sigmoid",
+        "sigmoid_backward",
     ),
     "embedding": ("embedding", "embedding_dense_backward"),
     # cross_entropy = _log_softmax + nll_loss
     "loss": (
-        "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward",
-        "_log_softmax", "_log_softmax_backward_data", "mse_loss", "mse_loss_backward",
-        "binary_cross_entropy", "binary_cross_entropy_backward", "binary_cross_entropy_with_logits",
+        "nll_loss_forward",
+        "nll_loss_backward",
+        "nll_loss2d_forward",
+        "nll_loss2d_backward",
+        "_log_softmax",
+        "_log_softmax_backward_data",
+        "mse_loss",
+        "mse_loss_backward",
+        "binary_cross_entropy",
+        "binary_cross_entropy_backward",
+        "binary_cross_entropy_with_logits",
     ),
 }
 """Op families by name: overload packets of ``torch.ops.aten`` (both forward and backward ops)."""
@@ -212,7 +228,9 @@ def _corrupt_segments_(
     value_range = model.fault.value_range
     with torch.no_grad():
         plan = model.plan(
-            int(flat.offsets[-1]), fmt, read_bits=flat.read_bits,
+            int(flat.offsets[-1]),
+            fmt,
+            read_bits=flat.read_bits,
             eligible=(lambda: flat.eligible(value_range)) if value_range is not None else None,
             shape=tuple(flat.raws[0].shape) if len(flat.raws) == 1 else None,
         )
@@ -229,20 +247,26 @@ def _corrupt_segments_(
                 r = plan[j]
                 records.append(
                     TorchFaultRecord(
-                        target=label, rank=rank, step=step, phase=phase, occurrence=occurrence,
-                        shape=tuple(t.shape), dtype=fmt.name, index=int(li), before=r.before, after=r.after,
-                        effect=r.effect, call=r.call, control=r.control,
+                        target=label,
+                        rank=rank,
+                        step=step,
+                        phase=phase,
+                        occurrence=occurrence,
+                        shape=tuple(t.shape),
+                        dtype=fmt.name,
+                        index=int(li),
+                        before=r.before,
+                        after=r.after,
+                        effect=r.effect,
+                        call=r.call,
+                        control=r.control,
                     )
                 )
     return records
 
 
 def corrupt_tensor_(
-    t: torch.Tensor,
-    fault: Fault | FaultModel,
-    *,
-    target: str = "tensor",
-    step: int | None = None,
+    t: torch.Tensor, fault: Fault | FaultModel, *, target: str = "tensor", step: int | None = None
 ) -> list[TorchFaultRecord]:
     """One computation of the fault on ``t``, in place (any device, dtype and strides); what changed."""
     if not _supported(t):
@@ -329,12 +353,7 @@ class CorruptingCommHook:
     """
 
     def __init__(
-        self,
-        fault: Fault | FaultModel,
-        *,
-        rank: int,
-        steps: int | Iterable[int] | None = None,
-        base: Any = None,
+        self, fault: Fault | FaultModel, *, rank: int, steps: int | Iterable[int] | None = None, base: Any = None
     ) -> None:
         self.model = _as_model(fault)
         self.rank = rank
@@ -446,9 +465,7 @@ class OpFaultMode(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if func.namespace != "aten" or func.overloadpacket.__name__ not in self.ops:
             return out
-        phase: Literal["forward", "backward"] = (
-            "backward" if torch._C._current_graph_task_id() != -1 else "forward"
-        )
+        phase: Literal["forward", "backward"] = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
         if self.phase != "both" and phase != self.phase:
             return out
         rank = current_rank()
@@ -467,8 +484,12 @@ class OpFaultMode(TorchDispatchMode):
             return out
         self.records.extend(
             _corrupt_segments_(
-                [(f"aten.{func.overloadpacket.__name__}", target)], self.model,
-                rank=rank, step=self.step, phase=phase, occurrence=occurrence,
+                [(f"aten.{func.overloadpacket.__name__}", target)],
+                self.model,
+                rank=rank,
+                step=self.step,
+                phase=phase,
+                occurrence=occurrence,
             )
         )
         return out

@@ -37,7 +37,12 @@ class RankFailed(RuntimeError):
 
 
 def _child(
-    fn: Callable[..., Any], rank: int, world_size: int, store_path: str, timeout: float, args: tuple[Any, ...],
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    store_path: str,
+    timeout: float,
+    args: tuple[Any, ...],
     results: Any,
 ) -> None:
     try:
@@ -49,8 +54,13 @@ def _child(
         torch.set_num_threads(1)
         store = dist.FileStore(store_path, world_size)
         try:
-            dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                                    timeout=datetime.timedelta(seconds=max(5.0, timeout)))
+            dist.init_process_group(
+                "gloo",
+                store=store,
+                rank=rank,
+                world_size=world_size,
+                timeout=datetime.timedelta(seconds=max(5.0, timeout)),
+            )
         except Exception:
             results.put((rank, False, GROUP_NOT_FORMED + traceback.format_exc()))
             return
@@ -87,8 +97,9 @@ def run_ranks_once(fn: Callable[..., Any], world_size: int, *args: Any, timeout:
     store_path = os.path.join(tmp, "store")
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=_child, args=(fn, r, world_size, store_path, timeout, args, results), name=f"rank{r}",
-                    daemon=True)
+        ctx.Process(
+            target=_child, args=(fn, r, world_size, store_path, timeout, args, results), name=f"rank{r}", daemon=True
+        )
         for r in range(world_size)
     ]
     values: dict[int, Any] = {}

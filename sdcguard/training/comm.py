@@ -60,8 +60,11 @@ class Comm:
             self.rank = 0
         else:
             self.rank = dist.get_rank()
-            self.members = list(members) if members is not None else dist.get_process_group_ranks(
-                group if group is not None else dist.group.WORLD)
+            self.members = (
+                list(members)
+                if members is not None
+                else dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+            )
         self.size = len(self.members)
         self.index = self.members.index(self.rank) if self.rank in self.members else -1
         """This process's index in the group (-1 when it is not a member, e.g. a dedicated shadow)."""

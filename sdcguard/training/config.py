@@ -11,8 +11,16 @@ from ..errors import BadInput
 from ..records import Incident
 from .checksums.bound import DEFAULT_ROWS
 
-__all__ = ["DEFAULT_CHECKSUM_EVERY", "GuardConfig", "StepReport", "OnDetect", "Escalate", "Check",
-           "EXIT_SUSPECT_DEVICE", "EXIT_RESTART"]
+__all__ = [
+    "DEFAULT_CHECKSUM_EVERY",
+    "GuardConfig",
+    "StepReport",
+    "OnDetect",
+    "Escalate",
+    "Check",
+    "EXIT_SUSPECT_DEVICE",
+    "EXIT_RESTART",
+]
 
 OnDetect = Literal["record", "skip", "raise", "exit"]
 Escalate = Literal["raise", "exit", "off"]

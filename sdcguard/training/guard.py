@@ -76,16 +76,33 @@ __all__ = ["SDCGuard"]
 class SDCGuard:
     """Exact replay and cross-replica checks around each training step (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, loss_fn: LossFn, *, group: Any = None, replay_every: int = 50,
-                 shadows: Literal["peer"] | Sequence[int] = "peer", weight_check_every: int = 100,
-                 store: str | os.PathLike[str] | None = None, on_detect: OnDetect = "skip",
-                 escalate: Escalate = "raise", rng_hook: RngHook | None = None,
-                 slow: SlowWatch | None = SlowWatch(), checksum_every: int = DEFAULT_CHECKSUM_EVERY,
-                 checksum_rows: int = DEFAULT_ROWS) -> None:
-        self.config = GuardConfig(replay_every=replay_every, shadows="peer" if shadows == "peer" else tuple(shadows),
-                                  weight_check_every=weight_check_every, on_detect=on_detect, escalate=escalate,
-                                  store=None if store is None else os.fspath(store), checksum_every=checksum_every,
-                                  checksum_rows=checksum_rows)
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        *,
+        group: Any = None,
+        replay_every: int = 50,
+        shadows: Literal["peer"] | Sequence[int] = "peer",
+        weight_check_every: int = 100,
+        store: str | os.PathLike[str] | None = None,
+        on_detect: OnDetect = "skip",
+        escalate: Escalate = "raise",
+        rng_hook: RngHook | None = None,
+        slow: SlowWatch | None = SlowWatch(),
+        checksum_every: int = DEFAULT_CHECKSUM_EVERY,
+        checksum_rows: int = DEFAULT_ROWS,
+    ) -> None:
+        self.config = GuardConfig(
+            replay_every=replay_every,
+            shadows="peer" if shadows == "peer" else tuple(shadows),
+            weight_check_every=weight_check_every,
+            on_detect=on_detect,
+            escalate=escalate,
+            store=None if store is None else os.fspath(store),
+            checksum_every=checksum_every,
+            checksum_rows=checksum_rows,
+        )
         self.loss_fn = loss_fn
         self.rng_hook = rng_hook
         self._roles(group)
@@ -93,8 +110,15 @@ class SDCGuard:
         self.params = list(self.taps.params)
         self.device = self.params[0].device
         world = Comm() if self.shadow_ranks else self.comm
-        everyone = world.gather_objects((local_device_id(self.device), hostname(), self._replica_key(),
-                                         setup_key(self.device), launcher_job_id() or new_job_id()))
+        everyone = world.gather_objects(
+            (
+                local_device_id(self.device),
+                hostname(),
+                self._replica_key(),
+                setup_key(self.device),
+                launcher_job_id() or new_job_id(),
+            )
+        )
         self.identities: dict[int, tuple[str | None, str]] = {g: (e[0], e[1]) for g, e in zip(world.members, everyone)}
         self._keys = [e[2] for g, e in zip(world.members, everyone) if g in self.members]
         self.setups: dict[int, tuple[str, ...]] = {g: e[3] for g, e in zip(world.members, everyone)}
@@ -102,24 +126,40 @@ class SDCGuard:
         self.job = str(everyone[0][4])
         """This job's id: the launcher's when it gave a real one, else one the first rank made (shared by all)."""
         self._attr = Attributor(self.taps.unit_names, self.identities, job=self.job, job_size=len(world.members))
-        self._replica = ReplicaPhases(self.comm, self._keys, self.taps.param_names,
-                                      [(g, *self.identities.get(g, (None, ""))) for g in self.members], self.job)
-        self._responder = Responder(on_detect, self.config.store, rank=self.rank, writer=self.dp_rank == 0,
-                                    escalate=escalate, job=self.job)
+        self._replica = ReplicaPhases(
+            self.comm,
+            self._keys,
+            self.taps.param_names,
+            [(g, *self.identities.get(g, (None, ""))) for g in self.members],
+            self.job,
+        )
+        self._responder = Responder(
+            on_detect, self.config.store, rank=self.rank, writer=self.dp_rank == 0, escalate=escalate, job=self.job
+        )
         self._outcomes = Outcomes(self._attr, self.members, self.device, speaks=self.dp_rank == 0)
         self._determinism = self._outcomes.determinism
         self._verification = self._outcomes.verification
         self._observer = StepObserver(self.taps, rank=self.dp_rank, device=self.device, rng_hook=rng_hook)
         self._round: Round = (
-            DedicatedRound(self.comm, self.shadow_ranks, self.params, self._replay, self._attr) if self.shadow_ranks
-            else PeerRound(self.comm, lambda c, same: self._replay(c, same), self._attr,
-                           record_ops=not self.taps.collective_replay, collective=self.taps.collective_replay,
-                           setups=self.setups))
+            DedicatedRound(self.comm, self.shadow_ranks, self.params, self._replay, self._attr)
+            if self.shadow_ranks
+            else PeerRound(
+                self.comm,
+                lambda c, same: self._replay(c, same),
+                self._attr,
+                record_ops=not self.taps.collective_replay,
+                collective=self.taps.collective_replay,
+                setups=self.setups,
+            )
+        )
         timed = slow is not None and not self.shadow_ranks and self.role == "worker" and self.dp_size > 1
         self._clock = PhaseClock(self.device) if timed else None
         """Step phase times (:mod:`.timing`); None: not timed (off, dedicated shadows, or a single rank)."""
-        self._slow = SlowJudge(slow, self.members, self.identities, job=self.job, job_size=len(world.members)) \
-            if timed and slow is not None else None
+        self._slow = (
+            SlowJudge(slow, self.members, self.identities, job=self.job, job_size=len(world.members))
+            if timed and slow is not None
+            else None
+        )
         self._checksums = ChecksumMode(self.module, rows=checksum_rows)
         """Checksum checks of the matmuls on one step in ``checksum_every`` (:mod:`.checksums`)."""
         self._steps = self._samples = 0
@@ -129,22 +169,33 @@ class SDCGuard:
         self.replaying = False
         """True while the guard replays (a framework hook that sees a forward then is seeing the guard's own)."""
         if self.role == "worker" and (problems := setup_warnings(self.device)):
-            warnings.warn("sdcguard: replays on CUDA will not be bit-identical, so replay checks will turn "
-                          f"themselves off: {'; '.join(problems)}", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "sdcguard: replays on CUDA will not be bit-identical, so replay checks will turn "
+                f"themselves off: {'; '.join(problems)}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         if self.role == "worker" and self.dp_rank == 0 and len(set(self.setups.values())) > 1:
             kinds = sorted({", ".join(v) for v in self.setups.values()})
-            warnings.warn("sdcguard: the devices of this job run different setups (" + " | ".join(kinds) + "); "
-                          "replays between devices of different setups may differ without any fault, and such a "
-                          "disagreement is reported as the setup's, never blamed on a device", RuntimeWarning,
-                          stacklevel=2)
+            warnings.warn(
+                "sdcguard: the devices of this job run different setups (" + " | ".join(kinds) + "); "
+                "replays between devices of different setups may differ without any fault, and such a "
+                "disagreement is reported as the setup's, never blamed on a device",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     # ------------------------------------------------------------------------------------------------ setup
 
     def _roles(self, group: Any) -> None:
         self.role, self.shadow_ranks, self.comm = worker_group(self.config.shadows, group)
         self.group = self.comm.group
-        self.rank, self.members, self.dp_size, self.dp_rank = (self.comm.rank, self.comm.members, self.comm.size,
-                                                               self.comm.index)
+        self.rank, self.members, self.dp_size, self.dp_rank = (
+            self.comm.rank,
+            self.comm.members,
+            self.comm.size,
+            self.comm.index,
+        )
 
     def _wire(self, model: nn.Module) -> tuple[nn.Module, nn.Module, ParamTaps | FSDPTaps]:
         if is_fsdp(model):
@@ -173,8 +224,11 @@ class SDCGuard:
             raise RuntimeError("a dedicated shadow rank runs guard.serve(), not the training step")
         if micro_batches < 1:
             raise BadInput(f"micro_batches must be >= 1, got {micro_batches}")
-        self._sampled = (self.config.replay_every > 0 and step % self.config.replay_every == 0
-                         and self._determinism.state != "nondeterministic")
+        self._sampled = (
+            self.config.replay_every > 0
+            and step % self.config.replay_every == 0
+            and self._determinism.state != "nondeterministic"
+        )
         record = self._sampled and self._round.records(self._samples)
         self._observer.begin(step, record=record, chosen=self._samples % micro_batches)
         if self._clock is not None:
@@ -205,15 +259,18 @@ class SDCGuard:
             self._clock.end_compute(sample if sampled else None)
         reduced = self.taps.reduced()
         own = self._replica.column(reduced, self.device)  # on the device, no sync
-        extra = torch.tensor(self._round.columns(step, sample, sampled, observed) + checksum_columns(failures),
-                             dtype=torch.int64, device=self.device)
+        extra = torch.tensor(
+            self._round.columns(step, sample, sampled, observed) + checksum_columns(failures),
+            dtype=torch.int64,
+            device=self.device,
+        )
         timing = self._timing_columns()
         with self._clock.waiting() if self._clock is not None else contextlib.nullcontext():
             table = self.comm.gather_ints(torch.cat([own, extra, timing])).tolist()
         if self._clock is not None:  # the timing columns are the last ones
             timing_rows, table = [row[-TIMING_COLUMNS:] for row in table], [row[:-TIMING_COLUMNS] for row in table]
-        sums = [row[len(row) - CHECKSUM_WIDTH:] for row in table]  # then the checksums' columns
-        table = [row[:len(row) - CHECKSUM_WIDTH] for row in table]
+        sums = [row[len(row) - CHECKSUM_WIDTH :] for row in table]  # then the checksums' columns
+        table = [row[: len(row) - CHECKSUM_WIDTH] for row in table]
         found = self._replica.incidents("gradient_replica", step, reduced, [row[0] for row in table])
         replicas_differ = bool(found)  # whoever is wrong, a step whose replicas differ is not sound
         found += checksum_incidents(self.comm, self._attr, step, sums, failures)
@@ -245,9 +302,16 @@ class SDCGuard:
         if checked:
             checks.append("checksum")
         mean = loss if loss is not None else torch.full((), float("nan"))
-        return StepReport(step=step, loss=mean, commit=commit, incidents=tuple(found), replayed=sampled,
-                          checks=tuple(checks), matmuls_run=self._checksums.run if checked else 0,
-                          matmuls_checked=self._checksums.checked if checked else 0)
+        return StepReport(
+            step=step,
+            loss=mean,
+            commit=commit,
+            incidents=tuple(found),
+            replayed=sampled,
+            checks=tuple(checks),
+            matmuls_run=self._checksums.run if checked else 0,
+            matmuls_checked=self._checksums.checked if checked else 0,
+        )
 
     def step(self, step: int, batch: Batch = None, *, micro_batches: Sequence[Batch] | None = None) -> StepReport:
         """Forward, backward, checks and veto for one optimizer step of a plain loop.
@@ -291,8 +355,10 @@ class SDCGuard:
             return []
         weights = self.taps.weights()
         gathered = self.comm.gather_ints(self._replica.column(weights, self.device))[:, 0].tolist()
-        found = [self._outcomes.rollback(i, vetoed=False)
-                 for i in self._replica.incidents("weight_replica", self._last_step, weights, gathered)]
+        found = [
+            self._outcomes.rollback(i, vetoed=False)
+            for i in self._replica.incidents("weight_replica", self._last_step, weights, gathered)
+        ]
         self._verification.weights_compared(self._last_step, agreed=not found)
         self._responder.handle(found)
         return found
@@ -302,10 +368,14 @@ class SDCGuard:
     def _warn_unjudged(self) -> None:
         if not self._warned_unjudged and self.dp_rank == 0:
             self._warned_unjudged = True
-            warnings.warn("sdcguard: a sampled micro-batch's local gradients were not seen on their own (its "
-                          "backward reduced nothing, or the step accumulated micro-batches without reducing them: "
-                          "FSDP2 set_requires_gradient_sync(False)); such samples are not judged. Keep gradient "
-                          "sync on for accumulation to have them checked", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                "sdcguard: a sampled micro-batch's local gradients were not seen on their own (its "
+                "backward reduced nothing, or the step accumulated micro-batches without reducing them: "
+                "FSDP2 set_requires_gradient_sync(False)); such samples are not judged. Keep gradient "
+                "sync on for accumulation to have them checked",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def _timing_columns(self) -> torch.Tensor:
         if self._clock is None:
@@ -317,8 +387,16 @@ class SDCGuard:
         self.replaying = True
         try:
             with self._clock.replay() if self._clock is not None else contextlib.nullcontext():
-                return replay(self.taps, self.loss_fn, cap, device=self.device, rng_hook=self.rng_hook,
-                              same_process=same_process, params=self.params, param_values=values)
+                return replay(
+                    self.taps,
+                    self.loss_fn,
+                    cap,
+                    device=self.device,
+                    rng_hook=self.rng_hook,
+                    same_process=same_process,
+                    params=self.params,
+                    param_values=values,
+                )
         finally:
             self.replaying = False
 
@@ -367,8 +445,14 @@ class SDCGuard:
         if self.role != "worker":
             raise RuntimeError("calibrate() runs on the data-parallel workers")
         cap = make_capture(step=-1, rank=self.dp_rank, micro_batch=0, batch=batch, rng=capture_rng(self.rng_hook))
-        report, j = calibrate(self.comm, lambda c, same: self._replay(c, same), cap, self.device,
-                              record_ops=not self.taps.collective_replay, setups=self.setups)
+        report, j = calibrate(
+            self.comm,
+            lambda c, same: self._replay(c, same),
+            cap,
+            self.device,
+            record_ops=not self.taps.collective_replay,
+            setups=self.setups,
+        )
         found: list[Incident] = []
         if report.verdict == "deterministic":
             self._determinism.state = "deterministic"
@@ -404,10 +488,17 @@ class SDCGuard:
 
     def state_dict(self) -> dict[str, Any]:
         """Counters a resumed run needs (the sample counter drives pairings and micro-batch choice)."""
-        return {"version": 2, "steps": self._steps, "samples": self._samples, "last_step": self._last_step,
-                "slow": self._slow.state_dict() if self._slow is not None else {},
-                "determinism": self._determinism.state_dict(), "verification": self._verification.state_dict(),
-                "unresolved": sorted(self._outcomes.unresolved), "incidents": len(self.incidents)}
+        return {
+            "version": 2,
+            "steps": self._steps,
+            "samples": self._samples,
+            "last_step": self._last_step,
+            "slow": self._slow.state_dict() if self._slow is not None else {},
+            "determinism": self._determinism.state_dict(),
+            "verification": self._verification.state_dict(),
+            "unresolved": sorted(self._outcomes.unresolved),
+            "incidents": len(self.incidents),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("version") not in (1, 2):

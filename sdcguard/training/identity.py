@@ -40,6 +40,5 @@ def setup_key(device: torch.device | None = None) -> tuple[str, ...]:
         index = device.index if device.index is not None else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-        return (torch.__version__, props.name, f"sm_{props.major}{props.minor}", str(torch.version.cuda),
-                str(cudnn))
+        return (torch.__version__, props.name, f"sm_{props.major}{props.minor}", str(torch.version.cuda), str(cudnn))
     return (torch.__version__, "cpu", torch.backends.cpu.get_cpu_capability())

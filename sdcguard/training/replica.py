@@ -84,8 +84,15 @@ def minority(values: list[int]) -> list[int]:
     return list(range(len(values)))
 
 
-def vote(kind: str, step: int, rows: Sequence[Sequence[int]], keys: Sequence[object], names: Sequence[str],
-         identities: Sequence[tuple[int, str | None, str]], job: str | None = None) -> list[Incident]:
+def vote(
+    kind: str,
+    step: int,
+    rows: Sequence[Sequence[int]],
+    keys: Sequence[object],
+    names: Sequence[str],
+    identities: Sequence[tuple[int, str | None, str]],
+    job: str | None = None,
+) -> list[Incident]:
     """Incidents for the tensors that differ within replica classes.
 
     ``rows``: per rank (group order), one fingerprint per tensor (``names``); ``identities``: per rank, its global
@@ -111,20 +118,41 @@ def vote(kind: str, step: int, rows: Sequence[Sequence[int]], keys: Sequence[obj
         ranks = sorted(suspects)
         g = tuple(identities[r][0] for r in ranks)
         more = f" and {len(differing) - 1} more" if len(differing) > 1 else ""
-        settled = ("no strict majority: every disagreeing rank is a suspect" if undecided
-                   else f"outvoted by a strict majority of the {len(members)} replicas")
+        settled = (
+            "no strict majority: every disagreeing rank is a suspect"
+            if undecided
+            else f"outvoted by a strict majority of the {len(members)} replicas"
+        )
         devices = tuple(identities[r][1] or "" for r in ranks)
-        out.append(Incident(
-            kind=kind, step=step, suspect_ranks=g, device=(devices[0] or None) if len(ranks) == 1 else None,
-            detail=(f"{what} of {differing[0]}{more} differ bitwise across replicas at step {step}; suspect rank(s) "
-                    f"{', '.join(map(str, g))} ({settled})"),
-            devices=devices, hosts=tuple(identities[r][2] for r in ranks), parameter=differing[0], job=job))
+        out.append(
+            Incident(
+                kind=kind,
+                step=step,
+                suspect_ranks=g,
+                device=(devices[0] or None) if len(ranks) == 1 else None,
+                detail=(
+                    f"{what} of {differing[0]}{more} differ bitwise across replicas at step {step}; suspect rank(s) "
+                    f"{', '.join(map(str, g))} ({settled})"
+                ),
+                devices=devices,
+                hosts=tuple(identities[r][2] for r in ranks),
+                parameter=differing[0],
+                job=job,
+            )
+        )
     return out
 
 
-def replica_incidents(comm: Comm, kind: str, step: int, tensors: Sequence[torch.Tensor | None],
-                      keys: Sequence[object], names: Sequence[str], identities: Sequence[tuple[int, str | None, str]],
-                      job: str | None) -> list[Incident]:
+def replica_incidents(
+    comm: Comm,
+    kind: str,
+    step: int,
+    tensors: Sequence[torch.Tensor | None],
+    keys: Sequence[object],
+    names: Sequence[str],
+    identities: Sequence[tuple[int, str | None, str]],
+    job: str | None,
+) -> list[Incident]:
     """After a mismatch of the combined values: every rank's per-tensor fingerprints (one collective), voted within
     replica classes (collective over ``comm``: every rank calls it)."""
     device = next((local(t).device for t in tensors if t is not None), torch.device("cpu"))
@@ -141,8 +169,14 @@ class ReplicaPhases:
     rides in the gather the guard issues anyway) and :meth:`incidents` (only when the gathered values differ within
     a replica class: one more gather of every tensor's fingerprint, and the vote). Every rank calls both alike."""
 
-    def __init__(self, comm: Comm, keys: Sequence[object], names: Sequence[str],
-                 identities: Sequence[tuple[int, str | None, str]], job: str | None) -> None:
+    def __init__(
+        self,
+        comm: Comm,
+        keys: Sequence[object],
+        names: Sequence[str],
+        identities: Sequence[tuple[int, str | None, str]],
+        job: str | None,
+    ) -> None:
         self.comm = comm
         self.keys = list(keys)
         self.names = list(names)
@@ -158,8 +192,9 @@ class ReplicaPhases:
         """Phase 1: this rank's combined fingerprint of ``tensors``, shape ``(1,)`` int64 on ``device``, no sync."""
         return combine_on_device(fingerprint_column(tensors, device)).reshape(1)
 
-    def incidents(self, kind: str, step: int, tensors: Sequence[torch.Tensor | None],
-                  gathered: Sequence[int]) -> list[Incident]:
+    def incidents(
+        self, kind: str, step: int, tensors: Sequence[torch.Tensor | None], gathered: Sequence[int]
+    ) -> list[Incident]:
         """Phase 2, from every rank's phase-1 value (``gathered``, group order): nothing when the replicas agree,
         else the per-tensor vote (collective, entered by every rank alike since all hold the same values)."""
         if not odd_ranks(list(gathered), self.keys):
@@ -217,13 +252,17 @@ class ReplicaCheck:
         self.hosts: tuple[str, ...] = tuple(e[1] for e in everyone)
         # Every rank sees the same gathered list, so a mismatch raises on all ranks alike (no rank left waiting).
         if len({repr(e[2]) for e in everyone}) != 1:
-            raise RuntimeError("ReplicaCheck: the ranks hold different parameter sets (names, sizes or dtypes "
-                               "differ); they are not replicas of each other")
+            raise RuntimeError(
+                "ReplicaCheck: the ranks hold different parameter sets (names, sizes or dtypes "
+                "differ); they are not replicas of each other"
+            )
         if skipped:
             warnings.warn(
                 f"ReplicaCheck: {len(skipped)} sharded parameter(s) not compared across replicas (pass the "
                 f"replicate-dimension group to compare local shards): {', '.join(skipped[:5])}"
-                + (" ..." if len(skipped) > 5 else ""), stacklevel=2)
+                + (" ..." if len(skipped) > 5 else ""),
+                stacklevel=2,
+            )
 
     def check_gradients(self, step: int) -> list[Incident]:
         """Compare the reduced gradients across replicas; a missing gradient counts as its own value."""

@@ -27,8 +27,16 @@ __all__ = ["Responder"]
 class Responder:
     """Records and acts on incidents for one rank (``writer``: the one rank of the group that writes the store)."""
 
-    def __init__(self, on_detect: OnDetect, store: str | None, *, rank: int, writer: bool,
-                 escalate: Escalate = "raise", job: str | None = None) -> None:
+    def __init__(
+        self,
+        on_detect: OnDetect,
+        store: str | None,
+        *,
+        rank: int,
+        writer: bool,
+        escalate: Escalate = "raise",
+        job: str | None = None,
+    ) -> None:
         self.on_detect = on_detect
         self.store = store
         self.rank = rank
@@ -70,11 +78,15 @@ class Responder:
             from ..fleet.store.store import Store
 
             with Store.open(self.store) as store:
-                store.record_checkpoint(checkpoint_id=checkpoint_id, step=step, verified=verified, digest=digest,
-                                        job=self.job)
+                store.record_checkpoint(
+                    checkpoint_id=checkpoint_id, step=step, verified=verified, digest=digest, job=self.job
+                )
         except Exception as e:  # never crash training over bookkeeping
-            warnings.warn(f"sdcguard: could not record checkpoint {checkpoint_id} in {self.store}: {e}",
-                          RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"sdcguard: could not record checkpoint {checkpoint_id} in {self.store}: {e}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def _record(self, found: list[Incident]) -> None:
         if self.store is None or not self.writer:
@@ -86,5 +98,9 @@ class Responder:
                 for incident in found:
                     store.record_incident(incident)
         except Exception as e:  # never crash training over bookkeeping: the incident stays in memory
-            warnings.warn(f"sdcguard: could not record {len(found)} incident(s) in {self.store}: {e}; "
-                          "they are kept in guard.incidents", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"sdcguard: could not record {len(found)} incident(s) in {self.store}: {e}; "
+                "they are kept in guard.incidents",
+                RuntimeWarning,
+                stacklevel=4,
+            )

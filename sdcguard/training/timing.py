@@ -186,8 +186,14 @@ class PhaseClock:
         sample, compute, replay, guard_s, wait_s = spans
         c, r = compute.micros(), replay.micros()
         ok = sample is not None and c > 0 and r > 0
-        self._pending = [-1 if sample is None or not ok else sample, c if ok else 0, r if ok else 0, c,
-                         int(guard_s * 1e6), int(wait_s * 1e6)]
+        self._pending = [
+            -1 if sample is None or not ok else sample,
+            c if ok else 0,
+            r if ok else 0,
+            c,
+            int(guard_s * 1e6),
+            int(wait_s * 1e6),
+        ]
         self._pending_spans = None
 
 
@@ -210,8 +216,15 @@ def pair_slowdowns(sample: int, original: Sequence[int], replayed: Sequence[int]
 class SlowJudge:
     """Remembers each rank's recent slowdowns and names a rank consistently slower than its neighbours."""
 
-    def __init__(self, watch: SlowWatch, members: Sequence[int], identities: Mapping[int, tuple[str | None, str]],
-                 *, job: str | None, job_size: int) -> None:
+    def __init__(
+        self,
+        watch: SlowWatch,
+        members: Sequence[int],
+        identities: Mapping[int, tuple[str | None, str]],
+        *,
+        job: str | None,
+        job_size: int,
+    ) -> None:
         self.watch = watch
         self.members = list(members)
         self.identities = identities
@@ -255,24 +268,43 @@ class SlowJudge:
         """Every rank's figures (global rank -> :class:`RankSlowness`)."""
         out = {}
         for g, h in self.history.items():
-            low = median_lower_bound([math.log(v) for v in h], self.watch.confidence) \
-                if len(h) >= self.watch.min_samples else None
-            out[g] = RankSlowness(rank=g, samples=tuple(h), lower_bound=None if low is None else math.exp(low),
-                                  peak_lower_bound=self.peak.get(g), named=g in self.named)
+            low = (
+                median_lower_bound([math.log(v) for v in h], self.watch.confidence)
+                if len(h) >= self.watch.min_samples
+                else None
+            )
+            out[g] = RankSlowness(
+                rank=g,
+                samples=tuple(h),
+                lower_bound=None if low is None else math.exp(low),
+                peak_lower_bound=self.peak.get(g),
+                named=g in self.named,
+            )
         return out
 
     def _incident(self, step: int, g: int, m: float, low: float) -> Incident:
         device, host = self.identities.get(g, (None, ""))
         compute, guard, wait = self.last_phases.get(g, (0, 0, 0))
         seen = ", ".join(f"{x:.2f}x" for x in self.history[g])
-        detail = (f"rank {g}{f' ({device})' if device else ''} is slow: it took {m:.2f}x the time of the devices that "
-                  f"computed the same micro-batches (median of its last {len(self.history[g])} samples: {seen}; "
-                  f"lower {self.watch.confidence:.0%} bound {low:.2f}x); "
-                  f"its last step: forward+backward {compute / 1e3:.1f} ms, the guard's own work {guard / 1e3:.1f} ms, "
-                  f"waiting in the guard's gather {wait / 1e3:.1f} ms. Not corruption: the step was not vetoed")
-        return Incident(kind=SLOW_KIND, step=step, suspect_ranks=(g,), device=device,
-                        devices=(device,) if device else (), hosts=(host,) if host else (), detail=detail,
-                        job=self.job, job_size=self.job_size, sticky=None)
+        detail = (
+            f"rank {g}{f' ({device})' if device else ''} is slow: it took {m:.2f}x the time of the devices that "
+            f"computed the same micro-batches (median of its last {len(self.history[g])} samples: {seen}; "
+            f"lower {self.watch.confidence:.0%} bound {low:.2f}x); "
+            f"its last step: forward+backward {compute / 1e3:.1f} ms, the guard's own work {guard / 1e3:.1f} ms, "
+            f"waiting in the guard's gather {wait / 1e3:.1f} ms. Not corruption: the step was not vetoed"
+        )
+        return Incident(
+            kind=SLOW_KIND,
+            step=step,
+            suspect_ranks=(g,),
+            device=device,
+            devices=(device,) if device else (),
+            hosts=(host,) if host else (),
+            detail=detail,
+            job=self.job,
+            job_size=self.job_size,
+            sticky=None,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": {str(g): list(h) for g, h in self.history.items()}, "named": sorted(self.named)}
@@ -282,4 +314,3 @@ class SlowJudge:
             if int(g) in self.history:
                 self.history[int(g)].extend(float(x) for x in xs)
         self.named = {int(g) for g in state.get("named", ())}
-

@@ -27,8 +27,13 @@ FAULT_STEP, FAULT_RANK = 2, 1
 
 
 def _fault() -> OpFaultMode:
-    return OpFaultMode(Fault(pattern="bitflip", bit="exponent", timing="transient", seed=1), ops="gelu",
-                       phase="forward", rank=FAULT_RANK, steps=[FAULT_STEP])
+    return OpFaultMode(
+        Fault(pattern="bitflip", bit="exponent", timing="transient", seed=1),
+        ops="gelu",
+        phase="forward",
+        rank=FAULT_RANK,
+        steps=[FAULT_STEP],
+    )
 
 
 def _lightning(rank: int, world: int, strategy: str, precision: str, accumulate: int) -> Any:
@@ -88,13 +93,24 @@ def _lightning(rank: int, world: int, strategy: str, precision: str, accumulate:
 
     from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
-    strat = DDPStrategy() if strategy == "ddp" else ModelParallelStrategy(data_parallel_size=world,
-                                                                          tensor_parallel_size=1)
+    strat = (
+        DDPStrategy() if strategy == "ddp" else ModelParallelStrategy(data_parallel_size=world, tensor_parallel_size=1)
+    )
     cb = SDCGuardCallback(replay_every=1, weight_check_every=1)
     probe = Probe(cb)
-    trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=world, strategy=strat, precision=precision,
-                        accumulate_grad_batches=accumulate, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[cb, probe])
+    trainer = L.Trainer(
+        max_steps=STEPS,
+        accelerator="cpu",
+        devices=world,
+        strategy=strat,
+        precision=precision,
+        accumulate_grad_batches=accumulate,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[cb, probe],
+    )
     data = [make_batch(s, rank, seq=4) for s in range(STEPS * accumulate)]
     with mode:
         trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=None))
@@ -116,13 +132,17 @@ def _expect(results: list[dict[str, Any]]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(280)
-@pytest.mark.parametrize(("strategy", "precision", "accumulate"), [
-    ("ddp", "32-true", 1),
-    ("ddp", "bf16-mixed", 2),  # autocast captured inside the framework's forward; one of two micro-batches replayed
-    ("fsdp", "32-true", 1),  # FSDP2 through Lightning's ModelParallelStrategy
-])
+@pytest.mark.parametrize(
+    ("strategy", "precision", "accumulate"),
+    [
+        ("ddp", "32-true", 1),
+        ("ddp", "bf16-mixed", 2),  # autocast captured inside the framework's forward; one of two micro-batches replayed
+        ("fsdp", "32-true", 1),  # FSDP2 through Lightning's ModelParallelStrategy
+    ],
+)
 def test_lightning_one_off_fault_in_the_framework_forward_is_named_and_not_applied(
-        strategy: str, precision: str, accumulate: int) -> None:
+    strategy: str, precision: str, accumulate: int
+) -> None:
     pytest.importorskip("lightning.pytorch", reason="lightning is not installed")
     _expect(run_ranks(_lightning, 3, strategy, precision, accumulate, timeout=260))
 
@@ -136,10 +156,20 @@ def _hf(rank: int, world: int, out_dir: str) -> Any:
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
     # activation "gelu": GPT-2's default "gelu_new" is a tanh composite with no aten gelu op to corrupt. Dropout
     # stays on (GPT-2's 0.1): the replays must reproduce the Trainer's random state.
-    config = transformers.GPT2Config(vocab_size=61, n_positions=16, n_embd=16, n_layer=1, n_head=2,
-                                     activation_function="gelu", bos_token_id=0, eos_token_id=0)
-    rows = [{"input_ids": make_batch(s, rank)["tokens"][0], "labels": make_batch(s, rank)["tokens"][0]}
-            for s in range(2 * STEPS * 2)]
+    config = transformers.GPT2Config(
+        vocab_size=61,
+        n_positions=16,
+        n_embd=16,
+        n_layer=1,
+        n_head=2,
+        activation_function="gelu",
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    rows = [
+        {"input_ids": make_batch(s, rank)["tokens"][0], "labels": make_batch(s, rank)["tokens"][0]}
+        for s in range(2 * STEPS * 2)
+    ]
     mode = _fault()
 
     class Probe(transformers.TrainerCallback):
@@ -161,16 +191,28 @@ def _hf(rank: int, world: int, out_dir: str) -> Any:
     model = transformers.GPT2LMHeadModel(config)
     cb = SDCGuardTrainerCallback(replay_every=1, weight_check_every=1)
     probe = Probe(cb)
-    args = transformers.TrainingArguments(output_dir=out_dir, max_steps=STEPS, per_device_train_batch_size=2,
-                                          gradient_accumulation_steps=2, use_cpu=True, report_to=[],
-                                          save_strategy="no", logging_strategy="no", disable_tqdm=True,
-                                          dataloader_num_workers=0)
+    args = transformers.TrainingArguments(
+        output_dir=out_dir,
+        max_steps=STEPS,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
     trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, callbacks=[cb, probe])
     with mode:
         trainer.train()
     assert cb.guard is not None
-    return {"steps": probe.steps, "changed": len(mode.records), "samples": cb.guard.state_dict()["samples"],
-            "ddp": type(trainer.model_wrapped).__name__}
+    return {
+        "steps": probe.steps,
+        "changed": len(mode.records),
+        "samples": cb.guard.state_dict()["samples"],
+        "ddp": type(trainer.model_wrapped).__name__,
+    }
 
 
 @pytest.mark.slow

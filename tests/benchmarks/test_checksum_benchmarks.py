@@ -18,9 +18,33 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(300)
 def test_checksum_cost_runs_and_reports_its_coverage(tmp_path: Path) -> None:
     out = tmp_path / "cost.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "checksum_cost.py"), "--rounds", "2", "--rows", "8,32",
-                    "--samples", "2", "--d", "32", "--layers", "1", "--seq", "16", "--batch", "2", "--parts",
-                    "--json", str(out)], check=True, capture_output=True, text=True, timeout=280)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "checksum_cost.py"),
+            "--rounds",
+            "2",
+            "--rows",
+            "8,32",
+            "--samples",
+            "2",
+            "--d",
+            "32",
+            "--layers",
+            "1",
+            "--seq",
+            "16",
+            "--batch",
+            "2",
+            "--parts",
+            "--json",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     figures = json.loads(out.read_text(encoding="utf-8"))
     assert set(figures["checked"]) == {"8", "32"}
     assert figures["coverage"]["exponent (top bit)"]["8"] == 1.0  # a top-exponent flip is never under the bound
@@ -35,8 +59,12 @@ def test_detector_costs_derives_the_defaults_from_a_checked_step() -> None:
     finally:
         sys.path.remove(str(ROOT))
     names = ("checks", "peer10", "peer1", "sum1", "shadow1", "megatron", "same_device")
-    out: dict[str, Any] = {"step": {n: (0.0, 0.0, 0.0) for n in names}, "own": dict.fromkeys(names, 0.0),
-                           "derived_50": {"step": 0.02, "own": 0.03}, "hash_share_per_check": 0.01}
+    out: dict[str, Any] = {
+        "step": {n: (0.0, 0.0, 0.0) for n in names},
+        "own": dict.fromkeys(names, 0.0),
+        "derived_50": {"step": 0.02, "own": 0.03},
+        "hash_share_per_check": 0.01,
+    }
     out["step"]["checks"] = (0.01, 0.0, 0.02)
     out["step"]["sum1"] = (0.01 + 0.15, 0.1, 0.2)  # a checked step: +15% over the same guard without checksums
     measured = {k: dict(v) if isinstance(v, dict) else v for k, v in out.items()}

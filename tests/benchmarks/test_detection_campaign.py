@@ -54,8 +54,14 @@ def _simulate(comps: tuple[Component, ...], timing: str, horizon: int) -> list[f
     return missed
 
 
-component = st.builds(Component, period=st.sampled_from([1, 2, 3, 4, 6]), delay=st.integers(0, 2),
-                      hit=st.booleans(), state=st.booleans(), persistent=st.booleans())
+component = st.builds(
+    Component,
+    period=st.sampled_from([1, 2, 3, 4, 6]),
+    delay=st.integers(0, 2),
+    hit=st.booleans(),
+    state=st.booleans(),
+    persistent=st.booleans(),
+)
 
 
 @given(st.lists(component, min_size=1, max_size=3), st.sampled_from(["one-off", "sticky"]))

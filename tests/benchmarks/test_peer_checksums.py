@@ -70,10 +70,15 @@ def test_same_numbering_with_the_checker_and_the_fault_reaches_it(inj_mod):
 
 
 def test_a_checkers_own_matmuls_at_the_models_level_are_not_numbered(inj_mod, tmp_path):
-    checker = _load(tmp_path / "fake_checker.py", "fake_checker", (
-        "import torch\n"
-        "def hook(mod, args, out):\n"
-        "    torch.mm(out.reshape(-1, out.shape[-1]), torch.ones(out.shape[-1], 1))\n"))
+    checker = _load(
+        tmp_path / "fake_checker.py",
+        "fake_checker",
+        (
+            "import torch\n"
+            "def hook(mod, args, out):\n"
+            "    torch.mm(out.reshape(-1, out.shape[-1]), torch.ones(out.shape[-1], 1))\n"
+        ),
+    )
     torch.manual_seed(0)
     model = TinyTransformer()
     plain = inj_mod.Injector(weights=_weights(model))
@@ -98,8 +103,7 @@ def test_the_other_faults(inj_mod, kind):
     census = inj_mod.Injector(weights=_weights(model))
     _step(model, census)
     for k, op in enumerate(census.ops[:4]):
-        inj = inj_mod.Injector(target=k, fault={"kind": kind, "element": [1] * len(op["out"])},
-                               weights=_weights(model))
+        inj = inj_mod.Injector(target=k, fault={"kind": kind, "element": [1] * len(op["out"])}, weights=_weights(model))
         _step(model, inj)
         assert inj.record["changed"] >= 1 and inj.record["index"] == k and inj.record["op"] == op["op"]
         if kind == "nan":

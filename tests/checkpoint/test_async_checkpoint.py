@@ -105,7 +105,8 @@ def test_an_async_save_round_trips_and_is_verified_when_settled(tmp_path: Path) 
     assert [c[:3] for c in guard.state_dict()["verification"]["checkpoints"]] == [[str(tmp_path / "s2"), 2, True]]
     with Store.open(tmp_path / "fleet.db") as store:
         assert [(c.checkpoint_id, c.step, c.verified, c.status) for c in store.checkpoints()] == [
-            (str(tmp_path / "s2"), 2, True, "saved")]
+            (str(tmp_path / "s2"), 2, True, "saved")
+        ]
 
     fresh = TinyTransformer()
     loaded = checkpoint.load({"model": fresh.state_dict()}, checkpoint_id=tmp_path / "s2")
@@ -129,7 +130,8 @@ def test_at_most_one_save_is_in_flight(tmp_path: Path) -> None:
 
 
 def test_a_state_saved_before_its_step_was_sampled_is_verified_only_if_the_guard_vouches_when_settled(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     model, opt, guard = _setup(tmp_path, replay_every=3)
     _train(model, guard, opt, range(2))  # sampled at step 0 only
     saver = checkpoint.AsyncCheckpointer()
@@ -197,8 +199,9 @@ def test_the_module_level_async_save(tmp_path: Path) -> None:
     assert info is not None and info.verified and checkpoint.async_wait() is None
 
 
-def test_a_store_gone_wrong_in_the_one_pass_host_copy_is_caught(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_store_gone_wrong_in_the_one_pass_host_copy_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The default stager of a host-memory state copies and fingerprints in one pass; a bit that lands wrong in the
     copy (after the words were summed) is found by the background check of the staged copy."""
     from sdcguard.checkpoint import staging
@@ -264,9 +267,12 @@ def _dist_job(rank: int, world: int, root: str, fail: str | None) -> dict[str, A
         if info is not None:
             polled.append(step)
     saver.close()
-    return {"settled": [(i.step, i.verified, i.saved) for i in saver.settled],
-            "errors": [i.error for i in saver.settled if i.error], "polled": polled,
-            "notes": [c[:3] for c in guard.state_dict()["verification"]["checkpoints"]]}
+    return {
+        "settled": [(i.step, i.verified, i.saved) for i in saver.settled],
+        "errors": [i.error for i in saver.settled if i.error],
+        "polled": polled,
+        "notes": [c[:3] for c in guard.state_dict()["verification"]["checkpoints"]],
+    }
 
 
 @pytest.mark.slow
@@ -288,8 +294,10 @@ def test_ranks_agree_on_async_saves_without_touching_the_training_group(tmp_path
     assert results[0]["notes"] == [[f"{tmp_path}/step1", 1, True]] + ([[f"{tmp_path}/step3", 3, True]] if ok3 else [])
     with Store.open(tmp_path / "fleet.db") as store:
         rows = [(c.checkpoint_id, c.step, c.verified, c.status) for c in store.checkpoints()]
-    assert rows == [(f"{tmp_path}/step1", 1, True, "saved"),
-                    (f"{tmp_path}/step3", 3, ok3, "saved" if ok3 else "failed")]
+    assert rows == [
+        (f"{tmp_path}/step1", 1, True, "saved"),
+        (f"{tmp_path}/step3", 3, ok3, "saved" if ok3 else "failed"),
+    ]
     if ok3:
         fresh = TinyTransformer(d=8, heads=2, seq=4, layers=1)
         assert checkpoint.load({"model": fresh.state_dict()}, checkpoint_id=tmp_path / "step3").verified
@@ -322,8 +330,16 @@ def test_lightning_model_parallel_checkpoints_are_saved_asynchronously_and_verif
     cb = SDCGuardCallback(replay_every=1)
     strategy = SDCGuardModelParallelStrategy(cb)
     saver = L.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
-    trainer = L.Trainer(max_steps=4, accelerator="cpu", devices=1, strategy=strategy, logger=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[cb, saver])
+    trainer = L.Trainer(
+        max_steps=4,
+        accelerator="cpu",
+        devices=1,
+        strategy=strategy,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[cb, saver],
+    )
     try:
         trainer.fit(Module(), torch.utils.data.DataLoader([make_batch(s, 0) for s in range(4)], batch_size=None))
     finally:
@@ -337,16 +353,21 @@ def test_lightning_model_parallel_checkpoints_are_saved_asynchronously_and_verif
     # One process under FSDP2 reduces nothing, so no sample is judged and nothing is verified: the saves say so.
     vouched = cb.guard.last_verified_step is not None
     assert [(Path(i.checkpoint_id).name, i.step, i.saved, i.verified) for i in strategy.checkpointer.settled] == [
-        ("epoch=0-step=2.ckpt", 1, True, vouched), ("epoch=0-step=4.ckpt", 3, True, vouched)]
+        ("epoch=0-step=2.ckpt", 1, True, vouched),
+        ("epoch=0-step=4.ckpt", 3, True, vouched),
+    ]
     assert all(scrub_one(f).status == "clean" and (f / "meta.pt").exists() for f in folders)
     assert [c[:3] for c in cb.guard.state_dict()["verification"]["checkpoints"]] == [
-        [str(folders[0]), 1, vouched], [str(folders[1]), 3, vouched]]
+        [str(folders[0]), 1, vouched],
+        [str(folders[1]), 3, vouched],
+    ]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_the_process_writer_saves_through_dcps_checkpoint_process(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_process_writer_saves_through_dcps_checkpoint_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """DCP's checkpoint process needs an initialized group and a non-daemonic parent (the gloo harness's ranks are
     daemonic), so this runs one rank in the test process itself."""
     import torch.distributed as dist
@@ -359,8 +380,7 @@ def test_the_process_writer_saves_through_dcps_checkpoint_process(tmp_path: Path
         model, opt, guard = _setup(tmp_path)
         _train(model, guard, opt, range(2))
         saver = checkpoint.AsyncCheckpointer(writer="process")
-        saver.save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=tmp_path / "p",
-                   guard=guard)
+        saver.save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=tmp_path / "p", guard=guard)
         info = saver.close()
         assert info is not None and info.saved and info.verified, info
         assert scrub_one(tmp_path / "p").status == "clean"

@@ -145,8 +145,13 @@ def _dist_job(rank: int, world: int, kind: str, root: str) -> dict[str, Any]:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     saved: dict[int, Any] = {}
     incidents: list[Any] = []
-    fault = OpFaultMode(Fault(pattern="bitflip", bit="exponent", timing="sticky"), ops="gelu", phase="forward",
-                        rank=1, steps=range(7, 100))
+    fault = OpFaultMode(
+        Fault(pattern="bitflip", bit="exponent", timing="sticky"),
+        ops="gelu",
+        phase="forward",
+        rank=1,
+        steps=range(7, 100),
+    )
     for step in range(10):
         fault.step = step
         with fault if step >= 7 else nullcontext():
@@ -168,9 +173,13 @@ def _dist_job(rank: int, world: int, kind: str, root: str) -> dict[str, Any]:
     target = {"model": other.state_dict()}
     info = checkpoint.load(target, checkpoint_id=f"{root}/step6")
     reference = {k: v.to_local() if hasattr(v, "to_local") else v for k, v in target["model"].items()}
-    return {"saved": saved, "incidents": incidents, "last_verified": guard.last_verified_step,
-            "loaded": (info.checked, info.step, info.verified), "local": {k: v.sum().item() for k, v in
-                                                                     reference.items()}}
+    return {
+        "saved": saved,
+        "incidents": incidents,
+        "last_verified": guard.last_verified_step,
+        "loaded": (info.checked, info.step, info.verified),
+        "local": {k: v.sum().item() for k, v in reference.items()},
+    }
 
 
 @pytest.mark.slow
@@ -193,13 +202,19 @@ def test_a_fault_between_samples_names_the_checkpoint_before_it(tmp_path: Path, 
         recorded = store.checkpoints()
         stored = [i for i in store.incidents() if i.kind == "replay"]
     assert [(c.checkpoint_id, c.step, c.verified, c.digest) for c in recorded] == [
-        (f"{tmp_path}/step{s}", s, v, d) for s, (v, d) in sorted(results[0]["saved"].items())]
+        (f"{tmp_path}/step{s}", s, v, d) for s, (v, d) in sorted(results[0]["saved"].items())
+    ]
     assert stored and all(i.rollback == f"{tmp_path}/step6" for i in stored)
     shown = CliRunner().invoke(cli, ["--db", str(tmp_path / "fleet.db"), "incidents", "--format", "json"])
     assert shown.exit_code == 0 and {i["rollback"] for i in json.loads(shown.output)} >= {f"{tmp_path}/step6"}
     shown = CliRunner().invoke(cli, ["--db", str(tmp_path / "fleet.db"), "checkpoints", "--format", "json"])
-    assert shown.exit_code == 0 and [c["verified"] for c in json.loads(shown.output)] == [True, False, False, True,
-                                                                                          False]
+    assert shown.exit_code == 0 and [c["verified"] for c in json.loads(shown.output)] == [
+        True,
+        False,
+        False,
+        True,
+        False,
+    ]
     if kind == "ddp":
         assert results[0]["local"] == results[1]["local"] == results[2]["local"]
 
@@ -247,7 +262,7 @@ def _flip_in_zip(file: Path) -> None:
 
     blob = bytearray(file.read_bytes())
     entry = next(z for z in zipfile.ZipFile(file).infolist() if "/data/" in z.filename and z.file_size > 64)
-    name_len, extra_len = struct.unpack("<HH", blob[entry.header_offset + 26:entry.header_offset + 30])
+    name_len, extra_len = struct.unpack("<HH", blob[entry.header_offset + 26 : entry.header_offset + 30])
     blob[entry.header_offset + 30 + name_len + extra_len + 17] ^= 0x10
     file.write_bytes(bytes(blob))
 
@@ -271,8 +286,16 @@ def test_lightning_checkpoints_are_recorded_and_a_rotted_file_is_refused(tmp_pat
     cb = SDCGuardCallback(replay_every=2)
     io = SDCGuardCheckpointIO(cb)
     saver = L.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
-    trainer = L.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, callbacks=[cb, saver], plugins=[io])
+    trainer = L.Trainer(
+        max_steps=4,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[cb, saver],
+        plugins=[io],
+    )
     trainer.fit(Module(), torch.utils.data.DataLoader([make_batch(s, 0) for s in range(4)], batch_size=None))
     files = sorted(tmp_path.glob("*.ckpt"))
     assert len(files) == 2 and all(io.record_path(f).exists() for f in files)
@@ -293,18 +316,28 @@ def test_hf_trainer_checkpoints_are_recorded_and_a_rotted_one_is_refused_on_resu
     pytest.importorskip("accelerate", reason="accelerate (the Trainer needs it) is not installed")
     from sdcguard.adapters.hf import RECORD, SDCGuardTrainerCallback
 
-    config = transformers.GPT2Config(vocab_size=61, n_positions=16, n_embd=16, n_layer=1, n_head=2,
-                                     bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(
+        vocab_size=61, n_positions=16, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0
+    )
     rows = [{"input_ids": make_batch(s, 0)["tokens"][0], "labels": make_batch(s, 0)["tokens"][0]} for s in range(16)]
 
     def train(resume: str | None) -> SDCGuardTrainerCallback:
         torch.manual_seed(0)
         cb = SDCGuardTrainerCallback(replay_every=2)
-        args = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=2,
-                                              use_cpu=True, report_to=[], save_strategy="steps", save_steps=2,
-                                              logging_strategy="no", disable_tqdm=True)
-        trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=rows,
-                                       callbacks=[cb])
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path),
+            max_steps=4,
+            per_device_train_batch_size=2,
+            use_cpu=True,
+            report_to=[],
+            save_strategy="steps",
+            save_steps=2,
+            logging_strategy="no",
+            disable_tqdm=True,
+        )
+        trainer = transformers.Trainer(
+            model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=rows, callbacks=[cb]
+        )
         trainer.train(resume_from_checkpoint=resume)
         return cb
 
@@ -314,7 +347,9 @@ def test_hf_trainer_checkpoints_are_recorded_and_a_rotted_one_is_refused_on_resu
     assert all((f / RECORD).exists() for f in folders)
     assert cb.guard is not None
     assert [c[:2] for c in cb.guard.state_dict()["verification"]["checkpoints"]] == [
-        [str(folders[0]), 1], [str(folders[1]), 3]]
+        [str(folders[0]), 1],
+        [str(folders[1]), 3],
+    ]
     train(str(folders[0]))  # a clean resume passes the check
     weights = folders[0] / "model.safetensors"
     blob = bytearray(weights.read_bytes())

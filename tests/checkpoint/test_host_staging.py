@@ -20,8 +20,11 @@ def _state() -> dict[str, Any]:
     opt = torch.optim.AdamW(model.parameters())
     model(torch.randn(2, 5)).sum().backward()
     opt.step()
-    return {"model": model.state_dict(), "optim": opt.state_dict(), "extra": [torch.arange(6).view(2, 3).t(), 4,
-                                                                            ("tag", torch.tensor(2.5))]}
+    return {
+        "model": model.state_dict(),
+        "optim": opt.state_dict(),
+        "extra": [torch.arange(6).view(2, 3).t(), 4, ("tag", torch.tensor(2.5))],
+    }
 
 
 def _bits(t: torch.Tensor) -> bytes:
@@ -36,8 +39,11 @@ def test_the_staged_copy_is_the_state_and_its_fingerprints_are_the_records() -> 
     assert staged["optim"]["param_groups"] == state["optim"]["param_groups"]
     assert staged["optim"]["param_groups"] is not state["optim"]["param_groups"]  # deep-copied: later edits stay out
     assert staged["extra"][1] == 4 and staged["extra"][2][0] == "tag" and isinstance(staged["extra"][2], tuple)
-    pairs = [(state["model"]["0.weight"], staged["model"]["0.weight"]), (state["extra"][0], staged["extra"][0]),
-             (state["optim"]["state"][0]["exp_avg"], staged["optim"]["state"][0]["exp_avg"])]
+    pairs = [
+        (state["model"]["0.weight"], staged["model"]["0.weight"]),
+        (state["extra"][0], staged["extra"][0]),
+        (state["optim"]["state"][0]["exp_avg"], staged["optim"]["state"][0]["exp_avg"]),
+    ]
     for src, dst in pairs:
         assert dst.is_contiguous() and dst.shape == src.shape and dst.dtype == src.dtype
         assert _bits(dst) == _bits(src) and dst.data_ptr() != src.data_ptr()

@@ -29,8 +29,7 @@ from tests._checkpoints import flip_byte_of, trained
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
 
-def _trained(steps: int = 2,
-             store: Path | None = None) -> tuple[TinyTransformer, torch.optim.Optimizer, SDCGuard]:
+def _trained(steps: int = 2, store: Path | None = None) -> tuple[TinyTransformer, torch.optim.Optimizer, SDCGuard]:
     return trained(steps, store)
 
 
@@ -49,8 +48,10 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int
     from sdcguard.checkpoint.record import fingerprints
 
     meta = FileSystemReader(str(root / "c")).read_metadata().state_dict_metadata
-    sizes = {k: math.prod(meta[k].size) * torch.empty((), dtype=meta[k].properties.dtype).element_size()
-             for k in fingerprints(_state(model, opt))}
+    sizes = {
+        k: math.prod(meta[k].size) * torch.empty((), dtype=meta[k].properties.dtype).element_size()
+        for k in fingerprints(_state(model, opt))
+    }
     sizes = {k: n for k, n in sizes.items() if n}
     return root / "c", sizes
 
@@ -64,9 +65,9 @@ def test_a_clean_checkpoint_scrubs_clean(saved: tuple[Path, dict[str, int]]) -> 
 
 @settings(max_examples=20, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_a_flipped_bit_in_any_tensor_is_named_by_scrub_and_load(saved: tuple[Path, dict[str, int]],
-                                                                tmp_path_factory: pytest.TempPathFactory,
-                                                                data: st.DataObject) -> None:
+def test_a_flipped_bit_in_any_tensor_is_named_by_scrub_and_load(
+    saved: tuple[Path, dict[str, int]], tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+) -> None:
     path, sizes = saved
     key = data.draw(st.sampled_from(sorted(sizes)), label="key")
     at = data.draw(st.integers(0, sizes[key] - 1), label="byte")
@@ -81,8 +82,9 @@ def test_a_flipped_bit_in_any_tensor_is_named_by_scrub_and_load(saved: tuple[Pat
     assert e.value.keys == (key,)
 
 
-def test_damaged_index_record_and_data_files_are_named_as_such(saved: tuple[Path, dict[str, int]],
-                                                              tmp_path: Path) -> None:
+def test_damaged_index_record_and_data_files_are_named_as_such(
+    saved: tuple[Path, dict[str, int]], tmp_path: Path
+) -> None:
     path, _ = saved
     model, opt, _ = _trained(1)
 
@@ -124,8 +126,9 @@ def test_damaged_index_record_and_data_files_are_named_as_such(saved: tuple[Path
     assert scrub_one(tmp_path / "nothing").status == "unreadable"
 
 
-def test_the_cli_exit_codes_name_the_tensor_and_record_verdicts(saved: tuple[Path, dict[str, int]],
-                                                                tmp_path: Path) -> None:
+def test_the_cli_exit_codes_name_the_tensor_and_record_verdicts(
+    saved: tuple[Path, dict[str, int]], tmp_path: Path
+) -> None:
     path, _ = saved
     root = tmp_path / "run"
     shutil.copytree(path, root / "a")
@@ -147,8 +150,14 @@ def test_the_cli_exit_codes_name_the_tensor_and_record_verdicts(saved: tuple[Pat
 
     with Store.open(db) as store:
         rows = [(Path(s.checkpoint_id).name, s.status, s.bad) for s in store.scrubs()]
-    assert rows == [("a", "clean", ()), ("b", "clean", ()), ("a", "clean", ()),
-                    ("b", "corrupt", ("model.head.weight",)), ("a", "clean", ()), ("gone", "unreadable", ())]
+    assert rows == [
+        ("a", "clean", ()),
+        ("b", "clean", ()),
+        ("a", "clean", ()),
+        ("b", "corrupt", ("model.head.weight",)),
+        ("a", "clean", ()),
+        ("gone", "unreadable", ()),
+    ]
     none = CliRunner().invoke(cli, ["scrub"])
     assert none.exit_code == 2
 
@@ -181,7 +190,11 @@ def test_fallback_loads_the_newest_checkpoint_that_is_verified_and_still_verifie
     # from the fleet store's record (as after a merge on another node)
     with Store.open(db) as store:
         assert [(Path(c.checkpoint_id).name, c.verified) for c in store.checkpoints()] == [
-            ("step0", True), ("step1", True), ("step2", True), ("step9", False)]
+            ("step0", True),
+            ("step1", True),
+            ("step2", True),
+            ("step9", False),
+        ]
     with pytest.warns(RuntimeWarning):
         info = checkpoint.load(_state(target_model, target_opt), checkpoint_id=root, store=db)
     assert Path(info.checkpoint_id) == root / "step1"
@@ -200,10 +213,15 @@ def test_odd_layouts_scrub_clean_and_a_flip_in_one_is_found(tmp_path: Path) -> N
     """Tensors whose stored bytes are not in logical order (transposed, channels-last), float8, bf16, 0-d and empty
     ones take the slow path or the streamed one, and each is checked."""
     torch.manual_seed(0)
-    state = {"t": torch.randn(64, 96).t().contiguous().t(),
-             "cl": torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
-             "f8": torch.randn(64).to(torch.float8_e4m3fn), "bf": torch.randn(33).bfloat16(),
-             "zero_d": torch.tensor(2.5), "empty": torch.empty(0), "big": torch.randn(3_000_000)}
+    state = {
+        "t": torch.randn(64, 96).t().contiguous().t(),
+        "cl": torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+        "f8": torch.randn(64).to(torch.float8_e4m3fn),
+        "bf": torch.randn(33).bfloat16(),
+        "zero_d": torch.tensor(2.5),
+        "empty": torch.empty(0),
+        "big": torch.randn(3_000_000),
+    }
     assert not state["t"].is_contiguous()
     checkpoint.save(state, checkpoint_id=tmp_path / "c")
     result = scrub_one(tmp_path / "c")

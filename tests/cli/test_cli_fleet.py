@@ -37,8 +37,17 @@ def db(tmp_path: Path) -> Path:
         scan(store, "sim:2", clean("sim:2", 30, t=t, family="alu"), t=t)
         scan(store, "sim:3", clean("sim:3", 5, t=t), t=t)
         store.quarantine("sim:3", reason="MCE", by="alice@ops")
-        store.record_incident(Incident(kind="replay", step=12, suspect_ranks=(1,), device="sim:1",
-                                       detail="local grads differ", devices=("sim:1",), hosts=("node1",)))
+        store.record_incident(
+            Incident(
+                kind="replay",
+                step=12,
+                suspect_ranks=(1,),
+                device="sim:1",
+                detail="local grads differ",
+                devices=("sim:1",),
+                hosts=("node1",),
+            )
+        )
     return path
 
 
@@ -48,8 +57,18 @@ def test_report_json_has_the_design_fields(db: Path) -> None:
     rows = {r["device"]: r for r in json.loads(out)}
     assert set(rows) == {"sim:1", "sim:2", "sim:3"}
     for r in rows.values():
-        assert {"device", "host", "kind", "executions", "failures", "rate", "rate_low", "rate_high", "status",
-                "last_scan"} <= set(r)
+        assert {
+            "device",
+            "host",
+            "kind",
+            "executions",
+            "failures",
+            "rate",
+            "rate_low",
+            "rate_high",
+            "status",
+            "last_scan",
+        } <= set(r)
         assert r["rate_low"] <= r["rate"] <= r["rate_high"]
     assert (rows["sim:1"]["executions"], rows["sim:1"]["failures"], rows["sim:1"]["status"]) == (21, 1, "suspect")
     assert rows["sim:2"]["status"] == "healthy" and rows["sim:2"]["families"]["alu"]["executions"] == 30
@@ -120,8 +139,13 @@ def test_bad_store_paths_from_a_real_shell(tmp_path: Path, kind: str) -> None:
     before = snapshot(path) if path.exists() else None
     listing = sorted(p.name for p in tmp_path.iterdir())
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "sdcguard", "--db", str(path), "report"], capture_output=True,
-                       text=True, env=env, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "sdcguard", "--db", str(path), "report"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert p.returncode == 2
     assert p.stdout == "" and p.stderr.count("\n") == 1 and p.stderr.startswith("sdcguard: error: ")
     assert (snapshot(path) if path.exists() else None) == before
@@ -135,7 +159,11 @@ def test_quarantine_add_list_release_history_round_trip(tmp_path: Path) -> None:
     code, out, _ = _run("--db", str(db), "quarantine", "list", "--format", "json")
     (row,) = json.loads(out)
     assert (row["device"], row["state"], row["reason"], row["host"]) == (
-        "cpu:node7:3", "quarantined", "MCE in dmesg", "node7")
+        "cpu:node7:3",
+        "quarantined",
+        "MCE in dmesg",
+        "node7",
+    )
     assert _run("--db", str(db), "quarantine", "release", "cpu:node7:3", "--reason", "core disabled")[0] == 0
     (row,) = json.loads(_run("--db", str(db), "quarantine", "list", "--format", "json")[1])
     assert row["state"] == "probation"
@@ -182,9 +210,18 @@ def test_merge_is_idempotent(tmp_path: Path, db: Path) -> None:
 
     def counts() -> tuple[int, ...]:
         with sqlite3.connect(out) as c:
-            return tuple(c.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in
-                         ("devices", "scans", "results", "incidents", "incident_devices", "quarantine_history",
-                          "quarantine"))
+            return tuple(
+                c.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+                for t in (
+                    "devices",
+                    "scans",
+                    "results",
+                    "incidents",
+                    "incident_devices",
+                    "quarantine_history",
+                    "quarantine",
+                )
+            )
 
     first = counts()
     # results: one row per device's passing case, plus sim:1's failed execution
@@ -223,8 +260,12 @@ def test_export_prometheus_parses(db: Path, tmp_path: Path) -> None:
     code, out, err = _run("--db", str(db), "export", "prometheus", str(prom))
     assert code == 0, err
     families = {f.name: f for f in text_string_to_metric_families(prom.read_text())}
-    assert {"sdcguard_executions", "sdcguard_failures", "sdcguard_failure_ratio_upper",
-            "sdcguard_device_status"} <= set(families)
+    assert {
+        "sdcguard_executions",
+        "sdcguard_failures",
+        "sdcguard_failure_ratio_upper",
+        "sdcguard_device_status",
+    } <= set(families)
     ex = {s.labels["UUID"]: s for s in families["sdcguard_executions"].samples}
     assert ex["sim:1"].value == 21 and ex["sim:1"].labels["Hostname"] == "node1" and ex["sim:1"].labels["gpu"] == "1"
     status = {(s.labels["device"], s.labels["status"]): s.value for s in families["sdcguard_device_status"].samples}
@@ -236,8 +277,14 @@ def test_export_prometheus_parses(db: Path, tmp_path: Path) -> None:
 
 def test_reading_commands_leave_the_store_untouched(db: Path, tmp_path: Path) -> None:
     before = snapshot(db)
-    for args in (["report", "--format", "json"], ["report"], ["quarantine", "list"], ["quarantine", "history"],
-                 ["incidents"], ["export", "prometheus", str(tmp_path / "m.prom")]):
+    for args in (
+        ["report", "--format", "json"],
+        ["report"],
+        ["quarantine", "list"],
+        ["quarantine", "history"],
+        ["incidents"],
+        ["export", "prometheus", str(tmp_path / "m.prom")],
+    ):
         assert _run("--db", str(db), *args)[0] == 0, args
     assert snapshot(db) == before
 

@@ -114,8 +114,9 @@ def _as_tensor(raw: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 
 @given(raw_tensors(), st.data())
-def test_any_single_flipped_bit_changes_the_fingerprint(case: tuple[np.ndarray, torch.dtype],
-                                                       data: st.DataObject) -> None:
+def test_any_single_flipped_bit_changes_the_fingerprint(
+    case: tuple[np.ndarray, torch.dtype], data: st.DataObject
+) -> None:
     raw, dtype = case
     x = _as_tensor(raw, dtype)
     bit = data.draw(st.integers(0, raw.size * 8 - 1))
@@ -155,18 +156,14 @@ def test_a_copy_agrees_and_torch_equals_numpy(case: tuple[np.ndarray, torch.dtyp
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow])
-@given(
-    st.sampled_from(DTYPES),
-    st.lists(st.integers(1, 9), min_size=1, max_size=4),
-    st.data(),
-)
-def test_a_strided_view_agrees_with_its_contiguous_copy(dtype: torch.dtype, shape: list[int],
-                                                        data: st.DataObject) -> None:
+@given(st.sampled_from(DTYPES), st.lists(st.integers(1, 9), min_size=1, max_size=4), st.data())
+def test_a_strided_view_agrees_with_its_contiguous_copy(
+    dtype: torch.dtype, shape: list[int], data: st.DataObject
+) -> None:
     seed = data.draw(st.integers(0, 2**32 - 1))
     nbytes = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
     base = _as_tensor(
-        np.random.default_rng(seed).integers(0, 2 if dtype == torch.bool else 256, nbytes, dtype=np.uint8),
-        dtype,
+        np.random.default_rng(seed).integers(0, 2 if dtype == torch.bool else 256, nbytes, dtype=np.uint8), dtype
     ).reshape(shape)
     view = base
     for d in range(view.dim()):
@@ -265,8 +262,13 @@ def test_any_two_flipped_bits_within_a_chunk_change_the_fingerprint(
 
 
 def test_fingerprint_many_equals_one_by_one() -> None:
-    xs = [torch.randn(5, 7), np.arange(9, dtype=np.int16), torch.randn(4, 4).t(), torch.zeros(0),
-          torch.ones(3, dtype=torch.bfloat16)]
+    xs = [
+        torch.randn(5, 7),
+        np.arange(9, dtype=np.int16),
+        torch.randn(4, 4).t(),
+        torch.zeros(0),
+        torch.ones(3, dtype=torch.bfloat16),
+    ]
     assert fingerprint_many(xs) == [fingerprint(x) for x in xs]
     assert fingerprint_many([]) == []
 
@@ -379,7 +381,8 @@ def test_sdcguard_fingerprint_stays_the_function_once_the_training_side_is_loade
 @settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(raw_tensors(max_elems=3 * CHUNK_WORDS + 5), st.integers(0, 3), st.booleans(), st.booleans())
 def test_copy_and_fingerprint_copies_exactly_and_returns_the_sources_fingerprints(
-        case: tuple[np.ndarray, torch.dtype], offset: int, strided: bool, numpy_loops_only: bool) -> None:
+    case: tuple[np.ndarray, torch.dtype], offset: int, strided: bool, numpy_loops_only: bool
+) -> None:
     """Any dtype and length (chunk boundaries, partial last words), misaligned sources, strided sources, with the C
     engine and with numpy's loops: the destination holds the source's bytes and the values are fingerprint's."""
     from sdcguard.fingerprints import copy_and_fingerprint
@@ -399,8 +402,10 @@ def test_copy_and_fingerprint_copies_exactly_and_returns_the_sources_fingerprint
     else:
         got = copy_and_fingerprint(srcs, dsts)
     assert got == fingerprint_many(srcs)
-    assert all(torch.equal(d.reshape(-1).view(torch.uint8), torch.empty_like(d).copy_(s).reshape(-1).view(torch.uint8))
-               for s, d in zip(srcs, dsts))  # bit for bit (NaNs included)
+    assert all(
+        torch.equal(d.reshape(-1).view(torch.uint8), torch.empty_like(d).copy_(s).reshape(-1).view(torch.uint8))
+        for s, d in zip(srcs, dsts)
+    )  # bit for bit (NaNs included)
 
 
 def test_copy_and_fingerprint_of_large_inputs_split_across_threads_and_numpy_arrays() -> None:
@@ -408,8 +413,12 @@ def test_copy_and_fingerprint_of_large_inputs_split_across_threads_and_numpy_arr
 
     b = torch.randint(0, 256, (9 * (1 << 20) + 6,), dtype=torch.uint8)
     srcs: list[object] = [b[1:], torch.randn(3, 700, 300), np.arange(1001, dtype=np.int16), torch.randn(3, 5).t()]
-    dsts: list[object] = [torch.empty_like(b[1:]), torch.empty(3, 700, 300), np.empty(1001, np.int16),
-                          torch.empty(5, 3)]
+    dsts: list[object] = [
+        torch.empty_like(b[1:]),
+        torch.empty(3, 700, 300),
+        np.empty(1001, np.int16),
+        torch.empty(5, 3),
+    ]
     assert copy_and_fingerprint(srcs, dsts) == fingerprint_many(srcs)
     assert torch.equal(dsts[0], b[1:]) and np.array_equal(dsts[2], srcs[2]) and torch.equal(dsts[3], srcs[3])
 

@@ -36,14 +36,22 @@ def test_store_report_policy_import_neither_torch_nor_cupy() -> None:
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'cupy', 'matplotlib'))\n"
         "print(bad)\n"
     )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "[]"
 
 
-_SQL = re.compile(r"\b(SELECT\s+\S+.*\bFROM|INSERT\s+(OR\s+\w+\s+)?INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|CREATE\s+"
-                  r"(TEMP\s+)?(TABLE|INDEX)|PRAGMA\s+\w+)\b", re.IGNORECASE)
+_SQL = re.compile(
+    r"\b(SELECT\s+\S+.*\bFROM|INSERT\s+(OR\s+\w+\s+)?INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|CREATE\s+"
+    r"(TEMP\s+)?(TABLE|INDEX)|PRAGMA\s+\w+)\b",
+    re.IGNORECASE,
+)
 
 
 def test_only_the_store_holds_sql() -> None:
@@ -69,6 +77,7 @@ def test_no_private_name_crosses_a_module() -> None:
     for path in [*SIDE, *sorted((ROOT / "sdcguard").rglob("*.py"))]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (
-                    node.level or (node.module or "").startswith(("sdcguard", "fleet_scan"))):
+                node.level or (node.module or "").startswith(("sdcguard", "fleet_scan"))
+            ):
                 private = [a.name for a in node.names if a.name.startswith("_") and a.name not in _OWN_EXTENSIONS]
                 assert not private, f"{path.relative_to(ROOT)} imports private {private} from {node.module}"

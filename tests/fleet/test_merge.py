@@ -30,13 +30,27 @@ def _fill(path: Path, spec: tuple[list, list, list], tag: str) -> None:
         for i, (dev, passes, finished) in enumerate(scans):
             d = f"sim:{dev}"
             sid = store.begin_scan(device=d, host=tag, budget_s=10.0, started_at=NOW - 1000 + i)
-            store.record_results(sid, [result(d, passed=p, t=NOW - 900 + j) for j, p in enumerate(passes)],
-                                 finish="complete" if finished else None)
+            store.record_results(
+                sid,
+                [result(d, passed=p, t=NOW - 900 + j) for j, p in enumerate(passes)],
+                finish="complete" if finished else None,
+            )
         for k, dev in enumerate(incidents):
-            store.record_incident(Incident(kind="replay", step=k, suspect_ranks=(dev,), device=f"sim:{dev}",
-                                           detail=tag, devices=(f"sim:{dev}",), hosts=(tag,), time=NOW - 50 + k))
-            store.record_checkpoint(checkpoint_id=f"{tag}/step{k}", step=k, verified=k % 2 == 0, job=tag,
-                                    now=NOW - 40 + k)
+            store.record_incident(
+                Incident(
+                    kind="replay",
+                    step=k,
+                    suspect_ranks=(dev,),
+                    device=f"sim:{dev}",
+                    detail=tag,
+                    devices=(f"sim:{dev}",),
+                    hosts=(tag,),
+                    time=NOW - 50 + k,
+                )
+            )
+            store.record_checkpoint(
+                checkpoint_id=f"{tag}/step{k}", step=k, verified=k % 2 == 0, job=tag, now=NOW - 40 + k
+            )
         for dev in quarantined:
             store.quarantine(f"sim:{dev}", reason=f"by {tag}", by=tag, now=NOW)
 
@@ -44,12 +58,18 @@ def _fill(path: Path, spec: tuple[list, list, list], tag: str) -> None:
 def _content(path: Path) -> dict[str, list[tuple]]:
     with sqlite3.connect(path) as c:
         return {
-            "results": sorted(c.execute(
-                "SELECT sc.uuid, r.seq, r.device, r.passed, r.executions FROM results r "
-                "JOIN scans sc ON sc.id = r.scan").fetchall()),
+            "results": sorted(
+                c.execute(
+                    "SELECT sc.uuid, r.seq, r.device, r.passed, r.executions FROM results r "
+                    "JOIN scans sc ON sc.id = r.scan"
+                ).fetchall()
+            ),
             "scans": sorted(c.execute("SELECT uuid, status, executions, failures FROM scans").fetchall()),
-            "incidents": sorted(c.execute(
-                "SELECT i.uuid, d.device FROM incidents i JOIN incident_devices d ON d.incident = i.id").fetchall()),
+            "incidents": sorted(
+                c.execute(
+                    "SELECT i.uuid, d.device FROM incidents i JOIN incident_devices d ON d.incident = i.id"
+                ).fetchall()
+            ),
             "history": sorted(c.execute("SELECT uuid FROM quarantine_history").fetchall()),
             "quarantine": sorted(c.execute("SELECT device, state FROM quarantine").fetchall()),
             "checkpoints": sorted(c.execute("SELECT uuid, checkpoint_id, step, verified FROM checkpoints").fetchall()),
@@ -116,10 +136,13 @@ def test_a_version_1_store_migrates_forward_keeping_its_rows(tmp_path: Path) -> 
     MIGRATIONS[1](conn)
     conn.execute("PRAGMA user_version = 1")
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-    conn.execute("INSERT INTO scans(uuid, device, host, started_at, status) "
-                 "VALUES ('u1', 'sim:1', 'h', 1.0, 'complete')")
-    conn.execute("INSERT INTO results(scan, seq, device, case_id, family, seed, passed, duration_s, started_at) "
-                 "VALUES (1, 0, 'sim:1', 'alu.a', 'alu', 1, 0, 0.1, 2.0)")
+    conn.execute(
+        "INSERT INTO scans(uuid, device, host, started_at, status) VALUES ('u1', 'sim:1', 'h', 1.0, 'complete')"
+    )
+    conn.execute(
+        "INSERT INTO results(scan, seq, device, case_id, family, seed, passed, duration_s, started_at) "
+        "VALUES (1, 0, 'sim:1', 'alu.a', 'alu', 1, 0, 0.1, 2.0)"
+    )
     conn.execute("COMMIT")
     conn.close()
     with Store.open(p) as store:
@@ -145,9 +168,12 @@ _step = st.tuples(
 def _full_content(path: Path) -> dict[str, list[tuple]]:
     content = _content(path)
     with sqlite3.connect(path) as c:
-        content["rows"] = sorted(c.execute(
-            "SELECT sc.uuid, r.seq, r.executions, r.duration_s, r.started_at, r.last_started_at FROM results r "
-            "JOIN scans sc ON sc.id = r.scan").fetchall())
+        content["rows"] = sorted(
+            c.execute(
+                "SELECT sc.uuid, r.seq, r.executions, r.duration_s, r.started_at, r.last_started_at FROM results r "
+                "JOIN scans sc ON sc.id = r.scan"
+            ).fetchall()
+        )
         content["scans"] = sorted(c.execute("SELECT uuid, status, executions, failures, total FROM scans").fetchall())
     return content
 
@@ -182,8 +208,18 @@ def test_incremental_merges_end_where_one_full_merge_does(tmp_path_factory: pyte
                 s.finish_scan(sid, "complete" if arg else "preempted", finished_at=tick())
             elif kind == "incident":
                 dev = f"sim:{n}{arg}"
-                s.record_incident(Incident(kind="replay", step=int(tick()), suspect_ranks=(arg,), device=dev,
-                                           detail="x", devices=(dev,), hosts=(f"node{n}",), time=clock[0]))
+                s.record_incident(
+                    Incident(
+                        kind="replay",
+                        step=int(tick()),
+                        suspect_ranks=(arg,),
+                        device=dev,
+                        detail="x",
+                        devices=(dev,),
+                        hosts=(f"node{n}",),
+                        time=clock[0],
+                    )
+                )
             elif kind == "quarantine":
                 dev = f"sim:{n}{arg}"
                 if dev not in {e.device for e in s.quarantine_list()}:

@@ -29,8 +29,12 @@ def _scan(path: Path, device: str, n: int, t: float) -> str:
     """One complete scan of ``n`` passing executions at ``t``; returns its uuid."""
     with Store.open(path) as s:
         sid = s.begin_scan(device=device, host=path.stem, budget_s=60.0, started_at=t)
-        s.record_results(sid, [result(device, t=t + i, case=f"alu.{i}", family="alu") for i in range(n)],
-                         finish="complete", finished_at=t + 60)
+        s.record_results(
+            sid,
+            [result(device, t=t + i, case=f"alu.{i}", family="alu") for i in range(n)],
+            finish="complete",
+            finished_at=t + 60,
+        )
         (row,) = [r for r in s.scans() if r["id"] == sid]
         return str(row["uuid"])
 
@@ -186,9 +190,19 @@ def test_the_fleet_holds_every_count_the_nodes_recorded(tmp_path_factory: pytest
             m.scans[u] = (f"sim:{n}{dev}", size, clock[0])
         elif kind == "incident":
             with Store.open(path) as s:
-                iid = s.record_incident(Incident(kind="replay", step=int(clock[0]), suspect_ranks=(dev,),
-                                                 device=f"sim:{n}{dev}", detail="x", devices=(f"sim:{n}{dev}",),
-                                                 hosts=(f"node{n}",), job=f"job{dev}", time=clock[0]))
+                iid = s.record_incident(
+                    Incident(
+                        kind="replay",
+                        step=int(clock[0]),
+                        suspect_ranks=(dev,),
+                        device=f"sim:{n}{dev}",
+                        detail="x",
+                        devices=(f"sim:{n}{dev}",),
+                        hosts=(f"node{n}",),
+                        job=f"job{dev}",
+                        time=clock[0],
+                    )
+                )
             with closing(sqlite3.connect(path)) as c:  # closed: a restore must not pull files from under it
                 m.incidents.add(c.execute("SELECT uuid FROM incidents WHERE id = ?", (iid,)).fetchone()[0])
         elif kind == "prune" and path.exists():
@@ -231,8 +245,19 @@ def _job(path: Path, job: str, node: str, incidents: int, start: float) -> None:
     with Store.open(path) as s:
         for k in range(incidents):
             dev = f"sim:{node}{k % 2}"
-            s.record_incident(Incident(kind="replay", step=k, suspect_ranks=(k % 2,), device=dev, detail=job,
-                                       devices=(dev,), hosts=(node,), job=job, time=start + k))
+            s.record_incident(
+                Incident(
+                    kind="replay",
+                    step=k,
+                    suspect_ranks=(k % 2,),
+                    device=dev,
+                    detail=job,
+                    devices=(dev,),
+                    hosts=(node,),
+                    job=job,
+                    time=start + k,
+                )
+            )
             s.record_checkpoint(checkpoint_id=f"{job}/step{k}", step=k, verified=True, job=job, now=start + k)
 
 

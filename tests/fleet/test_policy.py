@@ -60,12 +60,42 @@ def test_rate_lower_bound_above_threshold_quarantines(store: Store) -> None:
 
 def test_repeated_training_incidents_quarantine(store: Store) -> None:
     for step in (10, 20):
-        store.record_incident(Incident(kind="replay", step=step, suspect_ranks=(3,), device="sim:3", detail="x",
-                                       devices=("sim:3",), hosts=("node3",), time=NOW - 100))
-    store.record_incident(Incident(kind="replay", step=5, suspect_ranks=(4,), device="sim:4", detail="x",
-                                   devices=("sim:4",), hosts=("node4",), time=NOW - 100))
-    store.record_incident(Incident(kind="replay", step=1, suspect_ranks=(4,), device="sim:4", detail="old",
-                                   devices=("sim:4",), hosts=("node4",), time=NOW - 30 * 86400))
+        store.record_incident(
+            Incident(
+                kind="replay",
+                step=step,
+                suspect_ranks=(3,),
+                device="sim:3",
+                detail="x",
+                devices=("sim:3",),
+                hosts=("node3",),
+                time=NOW - 100,
+            )
+        )
+    store.record_incident(
+        Incident(
+            kind="replay",
+            step=5,
+            suspect_ranks=(4,),
+            device="sim:4",
+            detail="x",
+            devices=("sim:4",),
+            hosts=("node4",),
+            time=NOW - 100,
+        )
+    )
+    store.record_incident(
+        Incident(
+            kind="replay",
+            step=1,
+            suspect_ranks=(4,),
+            device="sim:4",
+            detail="old",
+            devices=("sim:4",),
+            hosts=("node4",),
+            time=NOW - 30 * 86400,
+        )
+    )
     out = apply_policy(store, now=NOW)
     assert out.quarantined == ["sim:3"]
     assert "2 training incidents" in out.reasons[0]
@@ -84,8 +114,9 @@ def test_same_wrong_digest_on_two_devices_trips_the_breaker(store: Store) -> Non
 
     from sdcguard.cli import cli
 
-    r = CliRunner().invoke(cli, ["--db", str(store.path), "quarantine", "decisions", "--since", "all",
-                                 "--format", "json"])
+    r = CliRunner().invoke(
+        cli, ["--db", str(store.path), "quarantine", "decisions", "--since", "all", "--format", "json"]
+    )
     assert r.exit_code == 0 and json.loads(r.stdout)[0]["decision"] == "breaker"
 
 
@@ -190,8 +221,9 @@ def test_actions_get_argv_without_a_shell_and_failures_are_retried(store: Store,
     actions = [
         ActionTemplate(name="broken", argv=(str(broken), "{device}")),
         ActionTemplate(name="missing", argv=(str(tmp_path / "no-such-program"), "{host}")),
-        ActionTemplate(name="drain",
-                       argv=(str(drain), "NodeName={host}", "--dev", "{device}", "Reason={reason}; rm -rf /")),
+        ActionTemplate(
+            name="drain", argv=(str(drain), "NodeName={host}", "--dev", "{device}", "Reason={reason}; rm -rf /")
+        ),
     ]
     out = apply_policy(store, now=NOW, actions=actions)
     assert out.quarantined == ["sim:1"]
@@ -203,7 +235,10 @@ def test_actions_get_argv_without_a_shell_and_failures_are_retried(store: Store,
     assert out.actions_ok == [("sim:1", "drain")]
     attempts = store.action_attempts()
     assert sorted((r["action"], r["ok"], r["returncode"]) for r in attempts) == [
-        ("broken", 0, 3), ("drain", 1, 0), ("missing", 0, None)]
+        ("broken", 0, 3),
+        ("drain", 1, 0),
+        ("missing", 0, None),
+    ]
     # Next run: the failures are retried, the success is not repeated.
     out2 = apply_policy(store, now=NOW + 60, actions=actions)
     assert len(_calls(tmp_path, "drain")) == 1 and len(_calls(tmp_path, "broken")) == 2
@@ -226,7 +261,10 @@ def test_action_template_validation() -> None:
     with pytest.raises(BadInput, match="argv"):
         ActionTemplate(name="x", argv=())
     assert ActionTemplate.slurm_drain().render(device="GPU-1", host="n1", reason="r")[:3] == [
-        "scontrol", "update", "NodeName=n1"]
+        "scontrol",
+        "update",
+        "NodeName=n1",
+    ]
     assert "n1" in ActionTemplate.kubernetes_taint().render(device="GPU-1", host="n1", reason="r")
 
 
@@ -245,8 +283,11 @@ def test_policy_invariants(tmp_path_factory: pytest.TempPathFactory, fleet) -> N
         for i, (n_clean, fails) in enumerate(fleet):
             d = f"sim:{i}"
             rows = clean(d, n_clean, t=NOW - 5000)
-            rows += [result(d, passed=False, case=c, digest=(dg * 32) if dg else None, sticky=s, t=NOW - 100)
-                     for _, c, dg, s in fails if _]
+            rows += [
+                result(d, passed=False, case=c, digest=(dg * 32) if dg else None, sticky=s, t=NOW - 100)
+                for _, c, dg, s in fails
+                if _
+            ]
             scan(store, d, rows)
         out = apply_policy(store, now=NOW)
         if out.breaker_tripped:

@@ -105,8 +105,17 @@ def test_a_bad_golden_file_on_a_few_hosts_trips_the_breaker(store: Store) -> Non
 # ---------------------------------------------------------------------------------------------- training incidents
 def _incident(ranks: tuple[int, ...], *, step: int, kind: str = "replay", job: str = "job-1") -> Incident:
     devices = tuple(f"sim:{r}" for r in ranks)
-    return Incident(kind=kind, step=step, suspect_ranks=ranks, device=devices[0], detail="local grads differ",
-                    devices=devices, hosts=tuple("node" for _ in ranks), job=job, time=NOW - 600 + step)
+    return Incident(
+        kind=kind,
+        step=step,
+        suspect_ranks=ranks,
+        device=devices[0],
+        detail="local grads differ",
+        devices=devices,
+        hosts=tuple("node" for _ in ranks),
+        job=job,
+        time=NOW - 600 + step,
+    )
 
 
 def test_incidents_naming_two_of_three_devices_quarantine_nobody(store: Store) -> None:
@@ -135,8 +144,9 @@ def test_unattributed_and_nondeterministic_incidents_never_count(store: Store) -
     for step in range(5):
         store.record_incident(_incident((0, 1), step=step, job="a"))  # two suspects: no majority
         store.record_incident(_incident((0,), step=step, kind="nondeterministic", job="b"))
-        store.record_incident(Incident(kind="replay", step=step, suspect_ranks=(0,), device=None, detail="x",
-                                       job="c", time=NOW - 100))
+        store.record_incident(
+            Incident(kind="replay", step=step, suspect_ranks=(0,), device=None, detail="x", job="c", time=NOW - 100)
+        )
     assert apply_policy(store, now=NOW).quarantined == []
 
 
@@ -176,8 +186,12 @@ def test_the_policy_command_says_what_it_decided_in_its_exit_code(tmp_path: Path
     now = time.time()
     db = tmp_path / "fleet.db"
     with Store.open(db) as s:
-        scan(s, "sim:1", [*clean("sim:1", 10, t=now - 600), result("sim:1", passed=False, sticky=True, t=now - 60)],
-             t=now - 600)
+        scan(
+            s,
+            "sim:1",
+            [*clean("sim:1", 10, t=now - 600), result("sim:1", passed=False, sticky=True, t=now - 60)],
+            t=now - 600,
+        )
         scan(s, "sim:2", clean("sim:2", 10, t=now - 600), t=now - 600)
     run = CliRunner().invoke(cli, ["--db", str(db), "policy"])
     assert run.exit_code == 1 and "sim:1: sticky failure" in run.stdout and "1 quarantined" in run.stdout

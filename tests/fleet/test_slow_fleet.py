@@ -32,16 +32,25 @@ CASES = [(f"c{i}", ("gemm", "alu", "ieee")[i % 3], 0.001 * (1 + i)) for i in ran
 """(case, family, base seconds per execution)."""
 
 
-def timings(speeds: dict[str, float], *, executions: int = 10, scan: int = 1,
-            jitter: Sequence[float] | None = None) -> list[CaseTiming]:
+def timings(
+    speeds: dict[str, float], *, executions: int = 10, scan: int = 1, jitter: Sequence[float] | None = None
+) -> list[CaseTiming]:
     """Every device runs every case ``executions`` times, ``speeds[d]`` times slower than the base (times a
     per-case jitter)."""
     out = []
     for n, d in enumerate(sorted(speeds)):
         for i, (case, family, base) in enumerate(CASES):
             j = 1.0 if jitter is None else jitter[(i + 7 * n) % len(jitter)]
-            out.append(CaseTiming(device=d, case=case, family=family, scan=scan + n, executions=executions,
-                                  seconds=executions * base * speeds[d] * j))
+            out.append(
+                CaseTiming(
+                    device=d,
+                    case=case,
+                    family=family,
+                    scan=scan + n,
+                    executions=executions,
+                    seconds=executions * base * speeds[d] * j,
+                )
+            )
     return out
 
 
@@ -50,6 +59,7 @@ def one_model(devices: Sequence[str]) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------------------------- the statistic
+
 
 def test_a_core_twice_as_slow_as_its_one_peer_is_slow_with_medium_confidence() -> None:
     v = judge_slow(timings({"a": 1.0, "b": 2.0}), one_model("ab"))
@@ -95,10 +105,14 @@ _speed = st.floats(0.2, 5.0, allow_nan=False)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(_speed, min_size=2, max_size=7), st.floats(0.01, 100.0),
-       st.lists(st.floats(0.9, 1.1), min_size=5, max_size=5))
-def test_scaling_every_device_equally_changes_no_verdict(speeds: list[float], scale: float,
-                                                         jitter: list[float]) -> None:
+@given(
+    st.lists(_speed, min_size=2, max_size=7),
+    st.floats(0.01, 100.0),
+    st.lists(st.floats(0.9, 1.1), min_size=5, max_size=5),
+)
+def test_scaling_every_device_equally_changes_no_verdict(
+    speeds: list[float], scale: float, jitter: list[float]
+) -> None:
     named = {f"d{i}": s for i, s in enumerate(speeds)}
     base = judge_slow(timings(named, jitter=jitter), one_model(named))
     scaled = judge_slow(timings({d: s * scale for d, s in named.items()}, jitter=jitter), one_model(named))
@@ -108,17 +122,26 @@ def test_scaling_every_device_equally_changes_no_verdict(speeds: list[float], sc
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(_speed, min_size=1, max_size=6), st.floats(0.0, 0.2),
-       st.lists(st.floats(0.5, 1.0), min_size=12, max_size=12), st.floats(0.05, 1.0))
-def test_a_device_within_the_threshold_of_its_peers_is_never_slow(peers: list[float], over: float,
-                                                                  shrink: list[float], threshold: float) -> None:
+@given(
+    st.lists(_speed, min_size=1, max_size=6),
+    st.floats(0.0, 0.2),
+    st.lists(st.floats(0.5, 1.0), min_size=12, max_size=12),
+    st.floats(0.05, 1.0),
+)
+def test_a_device_within_the_threshold_of_its_peers_is_never_slow(
+    peers: list[float], over: float, shrink: list[float], threshold: float
+) -> None:
     # "x" is at most (1 + threshold) times its peers' median on every case (often less): never slow
     named = {f"p{i}": s for i, s in enumerate(peers)}
     rows = timings(named)
     worst = {c: statistics.median(t.seconds for t in rows if t.case == c) for c, _, _ in CASES}
     cap = 1 + threshold * over / 0.2
-    rows += [CaseTiming(device="x", case=c, family=f, scan=99, executions=10,
-                        seconds=worst[c] * min(cap, 1 + threshold) * shrink[i]) for i, (c, f, _) in enumerate(CASES)]
+    rows += [
+        CaseTiming(
+            device="x", case=c, family=f, scan=99, executions=10, seconds=worst[c] * min(cap, 1 + threshold) * shrink[i]
+        )
+        for i, (c, f, _) in enumerate(CASES)
+    ]
     v = judge_slow(rows, one_model([*named, "x"]), SlowSettings(threshold=threshold))
     assert not v["x"].slow
 
@@ -134,19 +157,32 @@ def test_the_median_lower_bound_is_an_order_statistic_at_or_below_the_median(xs:
 
 # ---------------------------------------------------------------------------------- the store and what reads it
 
+
 def _fill(store: Store, speeds: dict[str, float], *, t: float = NOW - 3600) -> None:
     for n, (d, s) in enumerate(sorted(speeds.items())):
         store.upsert_device(DeviceInfo(id=d, host="vm", kind="cpu", model="Xeon", index=n), now=t)
         sid = store.begin_scan(device=d, host="vm", budget_s=60.0, started_at=t)
-        rows = [CaseResult(device=d, case=c, family=f, seed=1, passed=True, duration_s=base * s, started_at=t + k)
-                for c, f, base in CASES for k in range(5)]
+        rows = [
+            CaseResult(device=d, case=c, family=f, seed=1, passed=True, duration_s=base * s, started_at=t + k)
+            for c, f, base in CASES
+            for k in range(5)
+        ]
         store.record_results(sid, rows, finish="complete", finished_at=t + 60)
 
 
 def _slow_incident(device: str, *, t: float = NOW - 600) -> Incident:
-    return Incident(kind="slow", step=12, suspect_ranks=(1,), device=device, devices=(device,), hosts=("vm",),
-                    detail="rank 1 took 1.50x its peer's time for the same micro-batches", job="j1", time=t,
-                    job_size=2)
+    return Incident(
+        kind="slow",
+        step=12,
+        suspect_ranks=(1,),
+        device=device,
+        devices=(device,),
+        hosts=("vm",),
+        detail="rank 1 took 1.50x its peer's time for the same micro-batches",
+        job="j1",
+        time=t,
+        job_size=2,
+    )
 
 
 def test_the_report_puts_slow_beside_status_in_json_csv_families_html_and_prometheus(tmp_path: Path) -> None:
@@ -157,8 +193,9 @@ def test_the_report_puts_slow_beside_status_in_json_csv_families_html_and_promet
         assert d["status"] == "healthy" and d["slow"] is True and d["slow_basis"] == "pair"
         assert d["slowdown"] == pytest.approx(2.0) and d["families"]["gemm"]["slow"] is True
         assert rows["cpu:vm:0"].as_dict()["slow"] is False
-        table = list(csv.reader(io.StringIO("\n".join(",".join(map(str, r)) for r in report_csv_rows(list(
-            rows.values()))))))
+        table = list(
+            csv.reader(io.StringIO("\n".join(",".join(map(str, r)) for r in report_csv_rows(list(rows.values())))))
+        )
         head = table[0]
         assert {"slow", "slowdown", "slow_basis", "slow_confidence", "family"} <= set(head)
         slow_rows = [r for r in table[1:] if r[head.index("device")] == "cpu:vm:1"]
@@ -218,12 +255,15 @@ def test_the_table_shows_the_slow_column(tmp_path: Path) -> None:
     assert [x["device"] for x in j if x["slow"]] == ["cpu:vm:1"]
 
 
-@pytest.mark.parametrize("spec, words", [
-    ("cpu:1:slow,factor=1", "factor must be in (1, 100]"),
-    ("cpu:1:slow,rate=0.5", "takes factor=F and case=GLOB only"),
-    ("cpu:1:bitflip,factor=2", "factor= goes with the slow pattern"),
-    ("cpu:1:slow,factor=abc", "factor must be a number"),
-])
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("cpu:1:slow,factor=1", "factor must be in (1, 100]"),
+        ("cpu:1:slow,rate=0.5", "takes factor=F and case=GLOB only"),
+        ("cpu:1:bitflip,factor=2", "factor= goes with the slow pattern"),
+        ("cpu:1:slow,factor=abc", "factor must be a number"),
+    ],
+)
 def test_a_bad_slow_drill_is_one_line_exit_2(tmp_path: Path, spec: str, words: str) -> None:
     r = CliRunner().invoke(cli, ["--db", str(tmp_path / "f.db"), "scan", "--inject", spec])
     assert r.exit_code == 2 and words in r.output and len(r.output.strip().splitlines()) == 1, r.output
@@ -242,35 +282,56 @@ def test_the_report_flags_at_the_config_files_slow_threshold(tmp_path: Path) -> 
         _fill(store, {"cpu:vm:0": 1.0, "cpu:vm:1": 2.0}, t=time.time() - 600)
     config = tmp_path / "sdcguard.toml"
     config.write_text("[policy]\nslow_threshold = 1.5\n")
-    j = json.loads(CliRunner().invoke(cli, ["--db", str(db), "report", "--format", "json", "--config",
-                                            str(config)]).output)
+    j = json.loads(
+        CliRunner().invoke(cli, ["--db", str(db), "report", "--format", "json", "--config", str(config)]).output
+    )
     assert not any(x["slow"] for x in j) and {round(x["slowdown"], 2) for x in j} == {0.5, 2.0}
     config.write_text("[policy]\nslow_threshold = -1\n")
     r = CliRunner().invoke(cli, ["--db", str(db), "report", "--config", str(config)])
     assert r.exit_code == 2 and "slow_threshold" in r.output and len(r.output.strip().splitlines()) == 1
 
 
-_record = st.tuples(st.integers(0, 9), st.integers(0, 11), st.integers(1, 3), st.integers(0, 6),
-                    st.floats(0.9, 1.1))
+_record = st.tuples(st.integers(0, 9), st.integers(0, 11), st.integers(1, 3), st.integers(0, 6), st.floats(0.9, 1.1))
 """(device, case, scan, executions, jitter): an execution takes the case's base time x the device's speed x jitter."""
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(_record, max_size=300), st.lists(st.integers(0, 3), min_size=10, max_size=10),
-       st.lists(st.floats(0.5, 3.0), min_size=10, max_size=10), st.integers(1, 4), st.integers(1, 4),
-       st.integers(1, 3), st.booleans())
+@given(
+    st.lists(_record, max_size=300),
+    st.lists(st.integers(0, 3), min_size=10, max_size=10),
+    st.lists(st.floats(0.5, 3.0), min_size=10, max_size=10),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.integers(1, 3),
+    st.booleans(),
+)
 def test_the_array_rule_gives_the_verdicts_of_the_rule_device_by_device(
-        records, group_of, speed, min_executions, min_cases, min_peers, separate_history) -> None:
+    records, group_of, speed, min_executions, min_cases, min_peers, separate_history
+) -> None:
     # the statistic computed with arrays (a fleet's bulk) equals the reference, record for record, bit for bit
-    timings = [CaseTiming(device=f"d{d}", case=f"c{c}", family=("gemm", "alu", "ieee")[c % 3], scan=sc,
-                          executions=n, seconds=n * CASES[c][2] * speed[d] * j) for d, c, sc, n, j in records]
+    timings = [
+        CaseTiming(
+            device=f"d{d}",
+            case=f"c{c}",
+            family=("gemm", "alu", "ieee")[c % 3],
+            scan=sc,
+            executions=n,
+            seconds=n * CASES[c][2] * speed[d] * j,
+        )
+        for d, c, sc, n, j in records
+    ]
     groups = {f"d{d}": f"g{group_of[d]}" for d in range(10) if d != 9}  # d9: a group of its own
-    s = SlowSettings(min_executions=min_executions, min_cases=min_cases, min_peers=min_peers, spread_z=1.0,
-                     confidence=0.8)
+    s = SlowSettings(
+        min_executions=min_executions, min_cases=min_cases, min_peers=min_peers, spread_z=1.0, confidence=0.8
+    )
 
     if separate_history:  # means from records without scans, history from the per-scan ones (the store's way)
-        per_device = [CaseTiming(device=t.device, case=t.case, family=t.family, scan=0, executions=t.executions,
-                                 seconds=t.seconds) for t in timings]
+        per_device = [
+            CaseTiming(
+                device=t.device, case=t.case, family=t.family, scan=0, executions=t.executions, seconds=t.seconds
+            )
+            for t in timings
+        ]
         got = judge_slow(CaseTimes.from_records(per_device), groups, s, history=timings)
         reference = reference_judge_slow(timings, groups, s)
         # the reference reads means from the per-scan records: the same sums in the same order

@@ -27,11 +27,20 @@ class NVMLError(Exception):
 def _fake_nvml(*, processes: dict[int, list[int]] | None = None, util: int = 0, xids: list[int] | None = None) -> Any:
     m = types.ModuleType("pynvml")
     m.NVMLError = NVMLError
-    for i, name in enumerate(["NVML_TEMPERATURE_GPU", "NVML_CLOCK_SM", "NVML_CLOCK_MEM",
-                              "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED",
-                              "NVML_VOLATILE_ECC", "NVML_AGGREGATE_ECC",
-                              "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS",
-                              "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", "nvmlEventTypeXidCriticalError"]):
+    for i, name in enumerate(
+        [
+            "NVML_TEMPERATURE_GPU",
+            "NVML_CLOCK_SM",
+            "NVML_CLOCK_MEM",
+            "NVML_MEMORY_ERROR_TYPE_CORRECTED",
+            "NVML_MEMORY_ERROR_TYPE_UNCORRECTED",
+            "NVML_VOLATILE_ECC",
+            "NVML_AGGREGATE_ECC",
+            "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS",
+            "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR",
+            "nvmlEventTypeXidCriticalError",
+        ]
+    ):
         setattr(m, name, i)
     pending = list(xids or [])
     m.nvmlInit = lambda: None
@@ -139,8 +148,13 @@ def test_a_busy_gpu_without_processes_is_busy_by_utilization(monkeypatch: pytest
 
 
 # --- fail safe: a device is idle only when it was measured idle ---------------------------------------------------
-_IDLE_CALLS = ["nvmlInit", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetComputeRunningProcesses",
-               "nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetUtilizationRates"]
+_IDLE_CALLS = [
+    "nvmlInit",
+    "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetUtilizationRates",
+]
 
 
 def _raising(message: str) -> Any:
@@ -151,8 +165,9 @@ def _raising(message: str) -> Any:
 
 
 @pytest.mark.parametrize("call", _IDLE_CALLS)
-def test_each_nvml_call_that_raises_makes_the_gpu_busy_with_the_error(monkeypatch: pytest.MonkeyPatch,
-                                                                       call: str) -> None:
+def test_each_nvml_call_that_raises_makes_the_gpu_busy_with_the_error(
+    monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
     _install(monkeypatch, _fake_nvml())
     gpu = discover_gpus()[0]
     setattr(__import__("sys").modules["pynvml"], call, _raising("Insufficient Permissions"))
@@ -211,8 +226,7 @@ def test_a_gpu_that_cannot_be_measured_is_skipped_with_the_error_in_the_summary(
     fake.nvmlDeviceGetComputeRunningProcesses = _raising("Driver/library version mismatch")
     _install(monkeypatch, fake)
     gpu = discover_gpus()[0]
-    options = ScanOptions(db=str(tmp_path / "s.db"), budget_s=1.0, lock_dir=str(tmp_path / "locks"),
-                          idle_window_s=0.05)
+    options = ScanOptions(db=str(tmp_path / "s.db"), budget_s=1.0, lock_dir=str(tmp_path / "locks"), idle_window_s=0.05)
     events: list[dict[str, Any]] = []
     summary = scan_device(gpu, options, events.append)
     assert summary.status == "busy" and summary.idle_error is not None and "version mismatch" in summary.idle_error

@@ -99,7 +99,8 @@ def test_lock_keeps_a_second_scanner_out_and_dies_with_its_holder(tmp_path: Path
     )
     holder = subprocess.Popen(
         [sys.executable, "-c", code, str(Path(__file__).resolve().parents[2]), str(tmp_path)],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
@@ -114,9 +115,7 @@ def test_lock_keeps_a_second_scanner_out_and_dies_with_its_holder(tmp_path: Path
 
 def test_a_busy_core_is_not_idle() -> None:
     core = sorted(os.sched_getaffinity(0))[0]
-    spin = subprocess.Popen(
-        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"]
-    )
+    spin = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
     try:
         time.sleep(0.3)
         monitor = IdleMonitor(_cpu(core), window_s=0.6, cpu_busy_max=50.0)
@@ -128,8 +127,15 @@ def test_a_busy_core_is_not_idle() -> None:
 
 
 def _result(device: str, i: int, passed: bool = True) -> CaseResult:
-    return CaseResult(device=device, case=f"alu.{i % 3}", family="alu", seed=i % 3, passed=passed, duration_s=0.001,
-                      started_at=1000.0 + i)
+    return CaseResult(
+        device=device,
+        case=f"alu.{i % 3}",
+        family="alu",
+        seed=i % 3,
+        passed=passed,
+        duration_s=0.001,
+        started_at=1000.0 + i,
+    )
 
 
 @settings(max_examples=25)
@@ -163,9 +169,7 @@ def test_a_job_appearing_between_cases_is_seen() -> None:
     core = sorted(os.sched_getaffinity(0))[0]
     monitor = IdleMonitor(_cpu(core), window_s=0.0, cpu_busy_max=50.0)
     assert monitor.job_appeared() is None  # first reading: nothing to compare with yet
-    spin = subprocess.Popen(
-        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"]
-    )
+    spin = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
     try:
         reason = None
         deadline = time.monotonic() + 10
@@ -243,16 +247,30 @@ def _summaries(draw: st.DrawFn) -> DeviceSummary:
     if variant == "busy":
         return DeviceSummary(device=device, kind=kind, status="busy", reason=draw(_text), idle_error=draw(_opt_text))
     if variant == "error":  # before a scan began: the worker may not know the kind
-        return DeviceSummary(device=device, kind=draw(st.none() | st.just(kind)), status="error", error=draw(_text),
-                             error_type=draw(_opt_text))
+        return DeviceSummary(
+            device=device,
+            kind=draw(st.none() | st.just(kind)),
+            status="error",
+            error=draw(_text),
+            error_type=draw(_opt_text),
+        )
     counts = st.integers(0, 10**6)
     return DeviceSummary(
-        device=device, kind=kind, status=draw(st.sampled_from(["complete", "preempted", "interrupted", "error"])),
-        scan=draw(st.integers(1, 10**6)), executions=draw(counts), failures=draw(counts),
-        retest_runs=draw(counts), failing_cases=draw(st.dictionaries(_text, counts, max_size=3)),
-        sticky_cases=tuple(draw(st.lists(_text, max_size=3))), elapsed_s=draw(st.floats(0, 1e4)),
-        budget_s=draw(st.none() | st.floats(0.1, 1e4)), reason=draw(_opt_text), idle_error=draw(_opt_text),
-        error=draw(_opt_text), telemetry_after=draw(st.none() | st.just({"temperature_c": 41})),
+        device=device,
+        kind=kind,
+        status=draw(st.sampled_from(["complete", "preempted", "interrupted", "error"])),
+        scan=draw(st.integers(1, 10**6)),
+        executions=draw(counts),
+        failures=draw(counts),
+        retest_runs=draw(counts),
+        failing_cases=draw(st.dictionaries(_text, counts, max_size=3)),
+        sticky_cases=tuple(draw(st.lists(_text, max_size=3))),
+        elapsed_s=draw(st.floats(0, 1e4)),
+        budget_s=draw(st.none() | st.floats(0.1, 1e4)),
+        reason=draw(_opt_text),
+        idle_error=draw(_opt_text),
+        error=draw(_opt_text),
+        telemetry_after=draw(st.none() | st.just({"temperature_c": 41})),
     )
 
 

@@ -79,8 +79,7 @@ def test_inject_quarantines_that_core_only_and_runs_the_action(tmp_path: Path) -
     # the failure is localized and was reproduced on retest in a fresh process
     failed = store_rows(
         db,
-        "SELECT location, xor_mask, element, sticky, attempt FROM results WHERE passed = 0 AND device = ? "
-        "ORDER BY id",
+        "SELECT location, xor_mask, element, sticky, attempt FROM results WHERE passed = 0 AND device = ? ORDER BY id",
         (cpu_id(bad),),
     )
     assert failed and all(loc == f"core:{bad}" and xor and el is not None for loc, xor, el, _, _ in failed)
@@ -93,15 +92,26 @@ def test_an_intermittent_fire_drill_keeps_every_failure_and_its_rate(tmp_path: P
     right (bounds at 99.9% contain the injected 5%: a miss here is a one-in-500 event, not noise)."""
     db = tmp_path / "fleet.db"
     core = cores()[0]
-    proc = scan(db, tmp_path / "locks", "--device", f"cpu:{core}", "--inject",
-                f"cpu:{core}:bitflip,rate=0.05,timing=intermittent", budget=3.0)
+    proc = scan(
+        db,
+        tmp_path / "locks",
+        "--device",
+        f"cpu:{core}",
+        "--inject",
+        f"cpu:{core}:bitflip,rate=0.05,timing=intermittent",
+        budget=3.0,
+    )
     assert proc.returncode == 1, proc.stderr
     (done,) = [e for e in events(proc) if e["event"] == "done"]
     ((failed_rows,),) = store_rows(db, "SELECT COUNT(*) FROM results WHERE passed = 0 AND attempt = 0")
     ((passing_rows, passing),) = store_rows(
-        db, "SELECT COUNT(*), SUM(executions) FROM results WHERE passed = 1 AND attempt = 0")
+        db, "SELECT COUNT(*), SUM(executions) FROM results WHERE passed = 1 AND attempt = 0"
+    )
     assert failed_rows == done["failures"] > 0 and passing == done["executions"] - done["failures"], (
-        failed_rows, passing, done)
+        failed_rows,
+        passing,
+        done,
+    )
     assert passing_rows <= 31  # one per case
     r = sdcguard(db, "report", "--format", "json", "--confidence", "0.999")
     (row,) = json.loads(r.stdout)
@@ -141,8 +151,9 @@ def test_identical_failures_on_two_devices_trip_the_breaker(tmp_path: Path) -> N
     # every element of one case zeroed: both cores produce the same wrong output, as a bad golden file would
     rule = "zero,rate=1.0,elements=100000000,case=alu.u32.*"
     spec = f"cpu:{a}:{rule};cpu:{b}:{rule}"
-    proc = scan(db, tmp_path / "locks", "--device", f"cpu:{a}", "--device", f"cpu:{b}", "--inject", spec,
-                "--action", template)
+    proc = scan(
+        db, tmp_path / "locks", "--device", f"cpu:{a}", "--device", f"cpu:{b}", "--inject", spec, "--action", template
+    )
     assert proc.returncode == 2, proc.stderr
     assert "circuit breaker" in proc.stderr and "nobody quarantined" in proc.stderr
     assert store_rows(db, "SELECT COUNT(*) FROM quarantine") == [(0,)]
@@ -187,8 +198,19 @@ def test_a_scan_that_found_every_device_busy_says_so_and_how_to_force_it(tmp_pat
     )
     try:
         time.sleep(0.5)
-        proc = sdcguard(db, "scan", "--json", "--budget", "1", "--device", f"cpu:{core}", "--cpu-busy-max", "20",
-                        "--lock-dir", str(locks))
+        proc = sdcguard(
+            db,
+            "scan",
+            "--json",
+            "--budget",
+            "1",
+            "--device",
+            f"cpu:{core}",
+            "--cpu-busy-max",
+            "20",
+            "--lock-dir",
+            str(locks),
+        )
     finally:
         spin.kill()
         spin.wait()
@@ -238,7 +260,10 @@ def test_sigkill_at_any_moment_leaves_the_store_consistent(tmp_path: Path) -> No
             args += ["--inject", f"cpu:{bad}:bitflip,rate=0.5"]
         return subprocess.Popen(
             [sys.executable, "-m", "sdcguard", "--db", str(db), *args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(), start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env(),
+            start_new_session=True,
         )
 
     # One whole scan first: its length (startup, workers, retests, policy) spans the moments to kill at.
@@ -287,8 +312,10 @@ def test_sigkill_at_any_moment_leaves_the_store_consistent(tmp_path: Path) -> No
     # and the references a killed scanner left in /dev/shm are gone (kept only by scanners still running)
     import tempfile
 
-    for left in [*Path("/dev/shm").glob("sdcguard-references-*"),
-                 *Path(tempfile.gettempdir()).glob("sdcguard-references-*")]:
+    for left in [
+        *Path("/dev/shm").glob("sdcguard-references-*"),
+        *Path(tempfile.gettempdir()).glob("sdcguard-references-*"),
+    ]:
         pid = int(left.name.split("-")[2])
         assert pid not in killed, f"{left} of killed scanner {pid} was not removed"
 
@@ -300,9 +327,26 @@ def test_a_signal_records_what_was_done_as_interrupted_and_exits_non_zero(
     db = tmp_path / "fleet.db"
     core = cores()[0]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sdcguard", "--db", str(db), "scan", "--all", "--json", "--budget", "30",
-         "--device", f"cpu:{core}", "--lock-dir", str(tmp_path / "locks")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+        [
+            sys.executable,
+            "-m",
+            "sdcguard",
+            "--db",
+            str(db),
+            "scan",
+            "--all",
+            "--json",
+            "--budget",
+            "30",
+            "--device",
+            f"cpu:{core}",
+            "--lock-dir",
+            str(tmp_path / "locks"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
     )
     assert proc.stdout is not None
     for line in proc.stdout:  # wait until the device's scan has begun, and a little more
@@ -347,8 +391,9 @@ def test_python_m_fleet_scan_is_sdcguard_scan(tmp_path: Path) -> None:
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], words: str) -> None:
-    result = CliRunner().invoke(cli, ["--db", str(tmp_path / "x.db"), "scan", "--all", "--lock-dir",
-                                      str(tmp_path / "locks"), *args])
+    result = CliRunner().invoke(
+        cli, ["--db", str(tmp_path / "x.db"), "scan", "--all", "--lock-dir", str(tmp_path / "locks"), *args]
+    )
     assert result.exit_code == 2, result.output
     assert words in result.output and result.output.strip().count("\n") == 0, result.output
     assert not (tmp_path / "x.db").exists() or store_rows(tmp_path / "x.db", "SELECT COUNT(*) FROM scans") == [(0,)]
@@ -365,7 +410,9 @@ def test_actions_are_argument_lists_never_a_shell() -> None:
 
 
 def test_no_torch_in_the_scanner() -> None:
-    code = ("import sys; import fleet_scan.device_scan.worker, fleet_scan.runner, fleet_scan.command; "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys; import fleet_scan.device_scan.worker, fleet_scan.runner, fleet_scan.command; "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr

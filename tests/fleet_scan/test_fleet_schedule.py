@@ -46,11 +46,7 @@ class _FakeClock:
         return self.t
 
 
-@given(
-    st.floats(0.5, 20.0),
-    st.lists(st.floats(0.001, UNKNOWN_CASE_S), min_size=1, max_size=12),
-    st.floats(0.0, 0.2),
-)
+@given(st.floats(0.5, 20.0), st.lists(st.floats(0.001, UNKNOWN_CASE_S), min_size=1, max_size=12), st.floats(0.0, 0.2))
 def test_budget_is_never_overrun_when_cases_keep_their_times(budget_s: float, times: list[float], flush: float) -> None:
     """The scan loop starts a case only when its (observed) time still fits: it never runs past the deadline."""
     cases = [_Case(id=f"c{i}", family=f"f{i % 3}") for i in range(len(times))]

@@ -21,8 +21,17 @@ EQUAL = 1.10  # cores within this ratio on the probe are equal devices for the c
 def test_a_core_slowed_by_a_factor_of_2_is_flagged_after_one_budgeted_scan(tmp_path: Path) -> None:
     db, locks = tmp_path / "s.db", tmp_path / "locks"
     slowed, other, _ = core_speeds()
-    proc = scan(db, locks, "--inject", f"cpu:{slowed}:slow,factor=2", "--device", f"cpu:{other}",
-                "--device", f"cpu:{slowed}", budget=2.0)
+    proc = scan(
+        db,
+        locks,
+        "--inject",
+        f"cpu:{slowed}:slow,factor=2",
+        "--device",
+        f"cpu:{other}",
+        "--device",
+        f"cpu:{slowed}",
+        budget=2.0,
+    )
     assert proc.returncode == 0, proc.stderr  # right answers, slowly: not corruption
     policy = [e for e in events(proc) if e["event"] == "policy"][0]
     assert policy["quarantined"] == [] and any(r.startswith("slow (pair") for r in policy["reasons"])
@@ -38,10 +47,19 @@ def test_a_clean_scan_of_both_cores_flags_neither(tmp_path: Path) -> None:
     # one run; benchmarks/slow_scan.py repeats it 20 times on a loaded machine (README: "Slow devices")
     slower, _, ratio = core_speeds()
     if ratio > EQUAL:
-        pytest.skip(f"this machine's cores are not equal devices: core {slower} took {ratio:.2f}x the other's "
-                    f"thread time for the same work (flagging it is the feature; the claim is about equal cores)")
-    proc = scan(tmp_path / "s.db", tmp_path / "locks", "--device", f"cpu:{cores()[0]}", "--device",
-                f"cpu:{cores()[1]}", budget=2.0)
+        pytest.skip(
+            f"this machine's cores are not equal devices: core {slower} took {ratio:.2f}x the other's "
+            f"thread time for the same work (flagging it is the feature; the claim is about equal cores)"
+        )
+    proc = scan(
+        tmp_path / "s.db",
+        tmp_path / "locks",
+        "--device",
+        f"cpu:{cores()[0]}",
+        "--device",
+        f"cpu:{cores()[1]}",
+        budget=2.0,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = report(tmp_path / "s.db")
     assert not any(r["slow"] for r in rows.values()), rows

@@ -66,16 +66,18 @@ def test_devices_that_disagree_record_nothing(tmp_path: Path) -> None:
     assert (d / "manifest.json").read_bytes() == before
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda b: b["candidates"][0].update(output_sha256="0" * 64), "does not match its output_sha256"),
-    (lambda b: b["candidates"][0].update(output_base64="!!"), "not base64"),
-    (lambda b: b["candidates"][0].update(inputs_sha256="0" * 64), "recorded from other inputs"),
-    (lambda b: b["candidates"][0].update(case="intrinsics.fp64.nope"), "unknown case"),
-    (lambda b: b["candidates"][0].update(arch="hopper"), "bad architecture"),
-    (lambda b: b.update(format="something/9"), "not a candidates file"),
-])
-def test_a_damaged_candidate_file_is_one_clear_error_naming_it(
-        tmp_path: Path, edit, message: str) -> None:
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda b: b["candidates"][0].update(output_sha256="0" * 64), "does not match its output_sha256"),
+        (lambda b: b["candidates"][0].update(output_base64="!!"), "not base64"),
+        (lambda b: b["candidates"][0].update(inputs_sha256="0" * 64), "recorded from other inputs"),
+        (lambda b: b["candidates"][0].update(case="intrinsics.fp64.nope"), "unknown case"),
+        (lambda b: b["candidates"][0].update(arch="hopper"), "bad architecture"),
+        (lambda b: b.update(format="something/9"), "not a candidates file"),
+    ],
+)
+def test_a_damaged_candidate_file_is_one_clear_error_naming_it(tmp_path: Path, edit, message: str) -> None:
     path = write_candidates(tmp_path / "c.json", [candidate(CASE, "sm_90", "GPU-a", _output())])
     body = json.loads(path.read_text())
     edit(body)

@@ -28,8 +28,9 @@ def test_every_case_passes_on_gpu0(gpu) -> None:
     assert not failures, failures
 
 
-@pytest.mark.parametrize("case_id", ["gemm.bf16.perm.mma", "alu.u32.chain", "ieee.fp64.div", "memory.u32.random",
-                                     "shared.u32.reduce"])
+@pytest.mark.parametrize(
+    "case_id", ["gemm.bf16.perm.mma", "alu.u32.chain", "ieee.fp64.div", "memory.u32.random", "shared.u32.reduce"]
+)
 def test_injected_flip_names_the_sm(gpu, case_id: str) -> None:
     case = case_by_id(case_id)
     r = gpu.run(case, output_hook=bit_flip_hook(case_id, 5, 7))

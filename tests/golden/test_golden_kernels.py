@@ -102,8 +102,16 @@ def test_host_build_reproduces_the_golden(host: HostBackend, case_id: str) -> No
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "case_id",
-    ["gemm.fp16.perm.mma", "gemm.tf32.int.mma", "alu.u64.chain", "ieee.fp32.fma", "ieee.fp32.cvt_bf16",
-     "memory.u32.address", "shared.u32.reduce", "shared.u64.bins"],
+    [
+        "gemm.fp16.perm.mma",
+        "gemm.tf32.int.mma",
+        "alu.u64.chain",
+        "ieee.fp32.fma",
+        "ieee.fp32.cvt_bf16",
+        "memory.u32.address",
+        "shared.u32.reduce",
+        "shared.u64.bins",
+    ],
 )
 def test_host_build_reports_an_injected_flip_with_its_sm(host: HostBackend, case_id: str) -> None:
     case = case_by_id(case_id)
@@ -132,8 +140,17 @@ def test_host_build_march_catches_a_stored_fault_with_a_second_read(host: HostBa
     buffers["out"][777] ^= np.uint32(0x10)  # a cell that lost its value
     for launch in plan.launches[1:]:
         host.build.launch(launch, buffers)
-    r = kernel_case_result(case=case, plan=plan, expected=default_suite().expected(case), golden_digest="",
-                           host=buffers, output_hook=None, device="host-build", started=0.0, duration=0.0)
+    r = kernel_case_result(
+        case=case,
+        plan=plan,
+        expected=default_suite().expected(case),
+        golden_digest="",
+        host=buffers,
+        output_hook=None,
+        device="host-build",
+        started=0.0,
+        duration=0.0,
+    )
     assert not r.passed and r.element == 777 and r.xor_mask == "0x00000010"
     march = r.detail["march"]
     assert march["phase"] == "ascending" and march["count"] == 1
@@ -195,9 +212,19 @@ def test_per_architecture_goldens_record_verify_and_run(host: HostBackend, tmp_p
 
 # ------------------------------------------------------------------- CupyBackend's own code, on the host build
 
-FAKE_GPU_CASES = ["gemm.fp64.int.cublas", "gemm.fp32.perm.cublas", "gemm.tf32.int.cublas", "gemm.fp16.int.cublas",
-                  "gemm.bf16.int.mma", "alu.u32.chain", "ieee.fp64.fma", "ieee.fp32.cvt_fp16",
-                  "memory.u32.modulo20", "memory.u32.random", "shared.u64.bins"]
+FAKE_GPU_CASES = [
+    "gemm.fp64.int.cublas",
+    "gemm.fp32.perm.cublas",
+    "gemm.tf32.int.cublas",
+    "gemm.fp16.int.cublas",
+    "gemm.bf16.int.mma",
+    "alu.u32.chain",
+    "ieee.fp64.fma",
+    "ieee.fp32.cvt_fp16",
+    "memory.u32.modulo20",
+    "memory.u32.random",
+    "shared.u64.bins",
+]
 
 
 @pytest.fixture()

@@ -18,9 +18,20 @@ from tests._golden import bit_flip_hook
 CORE = min(os.sched_getaffinity(0))
 # one case per family (plus the odd dtypes): the injection tests cover every family and output width
 FAMILY_CASES = [
-    "gemm.fp32.int.cublas", "gemm.bf16.perm.mma", "gemm.fp64.perm.cublas", "alu.u32.chain", "alu.u64.chain",
-    "ieee.fp32.cvt_fp16", "ieee.fp32.cvt_bf16", "ieee.fp64.div", "memory.u32.moving_inversions",
-    "memory.u32.modulo20", "memory.u32.address", "memory.u32.random", "shared.u32.reduce", "shared.u64.bins",
+    "gemm.fp32.int.cublas",
+    "gemm.bf16.perm.mma",
+    "gemm.fp64.perm.cublas",
+    "alu.u32.chain",
+    "alu.u64.chain",
+    "ieee.fp32.cvt_fp16",
+    "ieee.fp32.cvt_bf16",
+    "ieee.fp64.div",
+    "memory.u32.moving_inversions",
+    "memory.u32.modulo20",
+    "memory.u32.address",
+    "memory.u32.random",
+    "shared.u32.reduce",
+    "shared.u64.bins",
 ]
 
 
@@ -119,8 +130,9 @@ def test_unavailable_core_is_no_device() -> None:
         NumpyBackend(10_000)
 
 
-def test_march_read_failure_is_reported_with_its_second_read(backend: NumpyBackend,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_march_read_failure_is_reported_with_its_second_read(
+    backend: NumpyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from sdcguard.golden import cpu_kernels
 
     real = cpu_kernels.same_bytes

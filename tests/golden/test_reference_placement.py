@@ -53,13 +53,23 @@ def _worker(tmp: Path, refs: Path | None) -> dict:
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(_CORRUPTING_CORE)
     target = [t for t in discover_cpus() if t.index == CORES[0]][0]
-    options = ScanOptions(db=str(tmp / "fleet.db"), budget_s=1.0, only_idle=False, lock_dir=str(tmp / "locks"),
-                          retests=0)
-    payload = {"target": target.to_json(), "options": options.to_json(),
-               "references": None if refs is None else str(refs)}
+    options = ScanOptions(
+        db=str(tmp / "fleet.db"), budget_s=1.0, only_idle=False, lock_dir=str(tmp / "locks"), retests=0
+    )
+    payload = {
+        "target": target.to_json(),
+        "options": options.to_json(),
+        "references": None if refs is None else str(refs),
+    }
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}
-    proc = subprocess.run([sys.executable, "-m", "fleet_scan.device_scan.worker"], input=json.dumps(payload), text=True,
-                          capture_output=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fleet_scan.device_scan.worker"],
+        input=json.dumps(payload),
+        text=True,
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return [e for e in events if e["event"] == "done"][0]
 

@@ -30,7 +30,6 @@ faults = st.builds(
 )
 
 
-
 @st.composite
 def timed_faults(draw: st.DrawFn) -> Fault:
     """Faults of every timing (and value ranges), for properties that hold whether or not a computation is hit."""
@@ -261,8 +260,10 @@ def test_same_seed_repeats_the_same_faults(data, fault):
 
 def test_different_seeds_give_different_faults():
     a = np.zeros(10_000, dtype=np.float32)
-    seen = {tuple((r.index, r.after) for r in FaultModel(Fault(pattern="bitflip", seed=s)).corrupt_array(a)[1])
-            for s in range(20)}
+    seen = {
+        tuple((r.index, r.after) for r in FaultModel(Fault(pattern="bitflip", seed=s)).corrupt_array(a)[1])
+        for s in range(20)
+    }
     assert len(seen) > 15
 
 
@@ -301,8 +302,13 @@ def test_intermittent_fires_at_roughly_its_rate(rate):
     assert model.calls == n and model.hits == hits
 
 
-@given(arrays(), st.floats(-1e3, 1e3), st.floats(0.01, 1e3), st.sampled_from(["zero", "bitflip", "mix"]),
-       st.integers(0, 99))
+@given(
+    arrays(),
+    st.floats(-1e3, 1e3),
+    st.floats(0.01, 1e3),
+    st.sampled_from(["zero", "bitflip", "mix"]),
+    st.integers(0, 99),
+)
 def test_value_range_triggers_only_inside_the_range(data, lo, width, pattern, seed):
     a, name = data
     fmt = formats.get(name)

@@ -65,8 +65,16 @@ def test_spec_round_trip(pattern, timing, rate, bit, elements, period, seed, lo)
     if pattern in ("zero", "nan", "inf", "mix") or (pattern == "multibit" and isinstance(bit, int)):
         bit = None
     hi = lo + abs(lo) + 1.0
-    fault = Fault(pattern=pattern, timing=timing, rate=rate, bit=bit, elements=elements, period=period, seed=seed,
-                  value_range=(lo, hi))
+    fault = Fault(
+        pattern=pattern,
+        timing=timing,
+        rate=rate,
+        bit=bit,
+        elements=elements,
+        period=period,
+        seed=seed,
+        value_range=(lo, hi),
+    )
     text = f"cpu:0:{pattern},timing={timing},rate={rate!r},elements={elements},seed={seed},range={lo!r}..{hi!r}"
     if bit is not None:
         text += f",bit={bit}"

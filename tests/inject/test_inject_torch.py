@@ -14,13 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from sdcguard.errors import BadInput  # noqa: E402
 from sdcguard.inject import Fault, FaultModel, formats  # noqa: E402
-from sdcguard.inject.torch_faults import (  # noqa: E402
-    OP_FAMILIES,
-    OpFaultMode,
-    corrupt_gradients_,
-    corrupt_tensor_,
-    corrupt_weights_,
-)
+from sdcguard.inject.torch_faults import OP_FAMILIES, OpFaultMode, corrupt_gradients_, corrupt_tensor_, corrupt_weights_  # noqa: E402  # noqa: E402
 
 _INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -181,8 +175,19 @@ def test_op_mode_rejects_bad_arguments():
     assert "mm" in OpFaultMode(Fault(), ops=["aten.mm", "gelu"]).ops
 
 
-TORCH_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn,
-                torch.float8_e5m2, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8]
+TORCH_DTYPES = [
+    torch.float64,
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+]
 faults = st.builds(
     Fault,
     pattern=st.sampled_from(["bitflip", "multibit", "zero", "stuck0", "stuck1", "mix"]),
@@ -195,8 +200,9 @@ faults = st.builds(
 )
 
 
-@given(st.sampled_from(TORCH_DTYPES), st.integers(1, 40), st.integers(1, 6), st.booleans(), faults,
-       st.integers(0, 2**32))
+@given(
+    st.sampled_from(TORCH_DTYPES), st.integers(1, 40), st.integers(1, 6), st.booleans(), faults, st.integers(0, 2**32)
+)
 @settings(max_examples=100)
 def test_torch_applies_exactly_the_numpy_plan(dtype, rows, cols, transpose, fault, seed):
     """The same fault on the same bits gives the same result through torch (any strides) as through numpy."""
@@ -255,8 +261,9 @@ def test_gradients_on_another_rank_are_untouched():
 def test_weights_change_exactly_where_recorded():
     model = _model()
     clean = {n: bits(p) for n, p in model.named_parameters()}
-    records = corrupt_weights_(model, Fault(pattern="stuck1", bit="exponent", elements=6, period=0, seed=1),
-                               names="emb.weight")
+    records = corrupt_weights_(
+        model, Fault(pattern="stuck1", bit="exponent", elements=6, period=0, seed=1), names="emb.weight"
+    )
     assert records and {r.target for r in records} == {"weight:emb.weight"}
     for n, p in model.named_parameters():
         hit = sorted(r.index for r in records if r.target == f"weight:{n}" and r.changed)

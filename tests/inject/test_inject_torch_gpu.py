@@ -29,8 +29,9 @@ def test_cuda_tensor_gets_exactly_the_host_plan(dtype, value_range):
     fault = Fault(pattern="mix", elements=9, control=0.3, value_range=value_range, seed=5)
     host = torch.randn(67, 45).to(dtype)
     dev = host.cuda().t()  # non-contiguous on the device
-    expected, np_records = FaultModel(fault).corrupt_array(_bits(host.t()).astype(f"u{host.element_size()}")
-                                                           .reshape(45, 67), dtype=str(dtype)[6:])
+    expected, np_records = FaultModel(fault).corrupt_array(
+        _bits(host.t()).astype(f"u{host.element_size()}").reshape(45, 67), dtype=str(dtype)[6:]
+    )
     records = corrupt_tensor_(dev, FaultModel(fault))
     assert [(r.index, r.before, r.after) for r in records] == [(r.index, r.before, r.after) for r in np_records]
     assert np.array_equal(_bits(dev), expected.reshape(-1).astype(np.uint64))

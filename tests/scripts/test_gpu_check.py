@@ -42,8 +42,9 @@ def _gpu_check(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[
 def _module(*args: str) -> subprocess.CompletedProcess[str]:
     env = _env()
     env["PYTHONPATH"] = f"{ROOT}:{ROOT / 'scripts'}"
-    return subprocess.run([sys.executable, "-m", "gpu_check", *args], capture_output=True, text=True, env=env,
-                          timeout=120, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "gpu_check", *args], capture_output=True, text=True, env=env, timeout=120, cwd=ROOT
+    )
 
 
 # ------------------------------------------------------------------------------------------- the script itself
@@ -77,12 +78,15 @@ def test_only_runs_the_named_sections(tmp_path: Path) -> None:
     assert re.findall(r"^\[([a-z-]+)\]", done.stdout, re.M) == ["golden-data", "drill"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--bogus"], "unknown argument --bogus"),
-    (["--only", "nosuch"], "no section 'nosuch'"),
-    (["--out"], "--out needs a folder"),
-    (["--promote"], "--promote needs candidate files"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--bogus"], "unknown argument --bogus"),
+        (["--only", "nosuch"], "no section 'nosuch'"),
+        (["--out"], "--out needs a folder"),
+        (["--promote"], "--promote needs candidate files"),
+    ],
+)
 def test_bad_arguments_are_one_line_and_exit_2(args: list[str], message: str) -> None:
     done = _gpu_check(*args)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
@@ -190,8 +194,14 @@ def fake_cupy(host_build: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]
     cuda_unavailable_reason.cache_clear()
 
 
-FAMILY_SAMPLE = ("gemm.fp32.int.cublas", "gemm.bf16.perm.mma", "alu.u32.chain", "ieee.fp32.div",
-                 "memory.u32.moving_inversions", "shared.u32.reduce")
+FAMILY_SAMPLE = (
+    "gemm.fp32.int.cublas",
+    "gemm.bf16.perm.mma",
+    "alu.u32.chain",
+    "ieee.fp32.div",
+    "memory.u32.moving_inversions",
+    "shared.u32.reduce",
+)
 
 
 @pytest.mark.slow
@@ -207,14 +217,25 @@ def test_golden_suite_measures_every_family_on_the_host_build(fake_cupy: Any, tm
     assert info["memory"]["gib_marched"] == pytest.approx(16 / 1024)  # a quarter of the fake's 64 MiB free
     assert info["memory"]["suite_gbps"] > 0 and info["alu"]["gelem_s"] > 0
     assert [line.split()[0] for line in table_lines(info)] == [
-        "family", "gemm.fp32", "gemm.bf16", "memory", "alu", "ieee", "shared"]
+        "family",
+        "gemm.fp32",
+        "gemm.bf16",
+        "memory",
+        "alu",
+        "ieee",
+        "shared",
+    ]
     # benchmarks/suite_gpu.py prints the same table from a recorded run
     from gpu_check.results import Outcome, begin, record
 
     begin(tmp_path, {})
     record(tmp_path, Outcome(section="golden-suite", status="PASS", reason="", measurements={"gpus": {"cuda:0": info}}))
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite_gpu.py"), "--from",
-                           str(tmp_path / "results.json")], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "suite_gpu.py"), "--from", str(tmp_path / "results.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0 and "6 cases, all passed" in done.stdout and "gemm.bf16" in done.stdout, done.stderr
 
 
@@ -225,8 +246,11 @@ def test_golden_suite_names_a_failing_case(fake_cupy: Any, monkeypatch: pytest.M
     from tests._golden import bit_flip_hook
 
     real = CupyBackend.run
-    monkeypatch.setattr(CupyBackend, "run", lambda self, case, output_hook=None: real(
-        self, case, output_hook=bit_flip_hook("alu.u32.chain", 17, 3)))
+    monkeypatch.setattr(
+        CupyBackend,
+        "run",
+        lambda self, case, output_hook=None: real(self, case, output_hook=bit_flip_hook("alu.u32.chain", 17, 3)),
+    )
     rep = SectionReport("golden-suite", stream=open(os.devnull, "w"))
     measure_gpu(fake_cupy, 0, rep, runs=1, repeats=1, peak_n=64, case_ids=("alu.u32.chain", "ieee.fp32.div"))
     (bad,) = rep.failed
@@ -255,8 +279,9 @@ def test_intrinsics_section_writes_a_candidate_and_two_devices_promote_it(fake_c
     (cand,) = read_candidates(tmp_path / "intrinsics-sm_90.json")
     assert cand.device == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f" and cand.arch == "sm_90"
     assert rep.measurements["candidates"]["sm_90"]["promotable"] is False
-    other = write_candidates(tmp_path / "other.json", [type(cand)(case=cand.case, arch="sm_90", device="GPU-b",
-                                                                  output=cand.output.copy())])
+    other = write_candidates(
+        tmp_path / "other.json", [type(cand)(case=cand.case, arch="sm_90", device="GPU-b", output=cand.output.copy())]
+    )
     golden = copy_golden(tmp_path / "golden")
     alone = _module("promote", str(tmp_path / "intrinsics-sm_90.json"), "--golden-dir", str(golden))
     assert alone.returncode == 2 and "needs 2 different devices" in alone.stderr and alone.stderr.count("\n") == 1
@@ -295,8 +320,9 @@ def test_fingerprint_sweep_agrees_on_cpu_and_names_what_differs(monkeypatch: pyt
     real = fc.reference
     monkeypatch.setattr(fc, "reference", lambda v: real(v) ^ (1 if v.dtype == torch.int16 else 0))
     rep = SectionReport("fingerprint", stream=open(os.devnull, "w"))
-    fc.check_sweep(rep, torch.device("cpu"), [c for c in cases if c.name.startswith(("int16", "float32"))],
-                   with_cupy=False)
+    fc.check_sweep(
+        rep, torch.device("cpu"), [c for c in cases if c.name.startswith(("int16", "float32"))], with_cupy=False
+    )
     assert len(rep.failed) == 3 and all("differ: int16[" in c.detail for c in rep.failed)
 
 
@@ -317,17 +343,31 @@ def test_training_checks_fail_when_the_fault_goes_unnamed() -> None:
     from gpu_check import training
 
     def rank(r: int) -> dict[str, Any]:
-        steps = [{"step": s, "commit": True, "incidents": [], "weight_incidents": [], "seconds": 0.1,
-                  "injected": 3 if (s == training.CLEAN_STEPS and r == training.FAULTY_RANK) else 0}
-                 for s in range(training.CLEAN_STEPS + 2)]
-        one = {"calibration": {"deterministic": True, "text": "ok"}, "steps": steps, "incidents": 0,
-               "param_device": "cuda:0"}
+        steps = [
+            {
+                "step": s,
+                "commit": True,
+                "incidents": [],
+                "weight_incidents": [],
+                "seconds": 0.1,
+                "injected": 3 if (s == training.CLEAN_STEPS and r == training.FAULTY_RANK) else 0,
+            }
+            for s in range(training.CLEAN_STEPS + 2)
+        ]
+        one = {
+            "calibration": {"deterministic": True, "text": "ok"},
+            "steps": steps,
+            "incidents": 0,
+            "param_device": "cuda:0",
+        }
         return {p: one for p in training.PRECISIONS}
 
     rep = SectionReport("training", stream=open(os.devnull, "w"))
     training.evaluate(rep, [rank(r) for r in range(training.WORLD)], device="cuda:0", device_prefix="GPU-")
     assert {c.name.split(": ", 1)[1] for c in rep.failed} == {
-        "no rank commits the faulty step", f"the incident names rank {training.FAULTY_RANK} alone and its device"}
+        "no rank commits the faulty step",
+        f"the incident names rank {training.FAULTY_RANK} alone and its device",
+    }
 
 
 @pytest.mark.slow
@@ -335,8 +375,9 @@ def test_scan_and_fire_drill_on_a_cpu_core(tmp_path: Path) -> None:
     from gpu_check import fleet
 
     rep = SectionReport("scan", stream=open(os.devnull, "w"))
-    scan = fleet.scan_checks(rep, "cpu:0", tmp_path / "scan.db", budget=2, timeout=120, telemetry=("time",),
-                             only_idle=False)
+    scan = fleet.scan_checks(
+        rep, "cpu:0", tmp_path / "scan.db", budget=2, timeout=120, telemetry=("time",), only_idle=False
+    )
     drill = fleet.drill_checks(rep, "cpu:0", tmp_path / "drill.db", budget=3, timeout=120, only_idle=False)
     assert not rep.failed, rep.failed
     assert scan["executions"] > 0 and scan["report"]["status"] == "healthy"
@@ -354,10 +395,18 @@ class _NVMLError(Exception):
 
 def _nvml(state: dict[str, Any], *, remapped: bool = True, xid: bool = True) -> Any:
     m = types.ModuleType("pynvml")
-    names = ["NVML_TEMPERATURE_GPU", "NVML_CLOCK_SM", "NVML_CLOCK_MEM", "NVML_MEMORY_ERROR_TYPE_CORRECTED",
-             "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC", "NVML_AGGREGATE_ECC",
-             "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS",
-             "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", "nvmlEventTypeXidCriticalError"]
+    names = [
+        "NVML_TEMPERATURE_GPU",
+        "NVML_CLOCK_SM",
+        "NVML_CLOCK_MEM",
+        "NVML_MEMORY_ERROR_TYPE_CORRECTED",
+        "NVML_MEMORY_ERROR_TYPE_UNCORRECTED",
+        "NVML_VOLATILE_ECC",
+        "NVML_AGGREGATE_ECC",
+        "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS",
+        "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR",
+        "nvmlEventTypeXidCriticalError",
+    ]
     for i, name in enumerate(names):
         setattr(m, name, i)
 

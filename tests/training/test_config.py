@@ -29,10 +29,26 @@ def _toml(value: object) -> str:
 
 
 BAD_SCAN = [
-    ("budget", "abc"), ("budget", 0), ("budget", -5), ("budget", math.inf), ("budget", True), ("budget", [60]),
-    ("retests", 1.5), ("retests", -1), ("retests", "3"), ("only_idle", "yes"), ("only_idle", 1),
-    ("actions", "slurm-drain"), ("actions", [1]), ("lock_dir", 5), ("idle_window", -1), ("gpu_util_max", 101),
-    ("cpu_busy_max", "50%"), ("devices", "cuda:0"), ("policy_scope", "cluster"), ("golden_dir", ""),
+    ("budget", "abc"),
+    ("budget", 0),
+    ("budget", -5),
+    ("budget", math.inf),
+    ("budget", True),
+    ("budget", [60]),
+    ("retests", 1.5),
+    ("retests", -1),
+    ("retests", "3"),
+    ("only_idle", "yes"),
+    ("only_idle", 1),
+    ("actions", "slurm-drain"),
+    ("actions", [1]),
+    ("lock_dir", 5),
+    ("idle_window", -1),
+    ("gpu_util_max", 101),
+    ("cpu_busy_max", "50%"),
+    ("devices", "cuda:0"),
+    ("policy_scope", "cluster"),
+    ("golden_dir", ""),
 ]
 
 
@@ -51,9 +67,9 @@ def test_a_bad_scan_value_is_one_line_naming_file_key_and_expectation(tmp_path: 
 @pytest.mark.parametrize(
     ("text", "words"),
     [
-        ("[policy]\nrate_threshold = \"abc\"\n", "[policy] rate_threshold = 'abc': expected a number"),
+        ('[policy]\nrate_threshold = "abc"\n', "[policy] rate_threshold = 'abc': expected a number"),
         ("[policy]\nconfidence = 2\n", "confidence must be in (0, 1)"),
-        ("[policy]\nquarantine_on_sticky = \"no\"\n", "expected true or false"),
+        ('[policy]\nquarantine_on_sticky = "no"\n', "expected true or false"),
         ("[policy]\nprobation_clean_scans = 2.5\n", "expected a whole number"),
         ("[policy]\nrate_treshold = 1e-4\n", "rate_treshold"),
         ("scan = 3\n", "must be a [scan] section"),
@@ -71,8 +87,11 @@ def test_a_bad_policy_value_is_one_line_for_scan_and_policy(tmp_path: Path, text
 
 _text = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=8)
 _values = st.one_of(
-    _text, st.booleans(), st.integers(-10**6, 10**6),
-    st.floats(allow_nan=True, allow_infinity=True), st.lists(st.integers(-3, 3), max_size=3),
+    _text,
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.lists(st.integers(-3, 3), max_size=3),
     st.lists(_text, max_size=3),
 )
 

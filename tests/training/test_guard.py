@@ -166,8 +166,9 @@ def test_replay_at_other_parameter_values_differs_and_restores_live_values() -> 
     live = [p.detach().clone() for p in params]
     base = replay(taps, lm_loss, cap, device=torch.device("cpu"), same_process=True)
     shifted = [p.detach() + 1e-3 for p in params]
-    other = replay(taps, lm_loss, cap, device=torch.device("cpu"), same_process=True, params=params,
-                   param_values=shifted)
+    other = replay(
+        taps, lm_loss, cap, device=torch.device("cpu"), same_process=True, params=params, param_values=shifted
+    )
     assert other != base and other.first_difference(base) is not None
     assert all(torch.equal(p, v) for p, v in zip(params, live))
 
@@ -225,8 +226,9 @@ def test_bf16_autocast_is_replayed_under_the_same_precision() -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         report = outer.step(0, make_batch(0, 0))
     assert report.commit and not report.incidents
-    fault = OpFaultMode(Fault(pattern="bitflip", bit="exponent", timing="transient", seed=4), ops="matmul",
-                        phase="forward")
+    fault = OpFaultMode(
+        Fault(pattern="bitflip", bit="exponent", timing="transient", seed=4), ops="matmul", phase="forward"
+    )
     with fault:
         report = guard.step(5, make_batch(5, 0))
     assert fault.records and [i.kind for i in report.incidents] == ["replay"] and not report.commit
@@ -236,8 +238,9 @@ def test_bf16_autocast_is_replayed_under_the_same_precision() -> None:
 def test_a_flipped_bit_is_caught_by_a_same_device_replay(on_detect: str) -> None:
     model = _model()
     guard = SDCGuard(model, lm_loss, replay_every=1, on_detect=on_detect)
-    fault = OpFaultMode(Fault(pattern="bitflip", bit="high_mantissa", timing="transient", seed=1), ops="gelu",
-                        phase="forward")
+    fault = OpFaultMode(
+        Fault(pattern="bitflip", bit="high_mantissa", timing="transient", seed=1), ops="gelu", phase="forward"
+    )
     with fault:
         if on_detect == "raise":
             with pytest.raises(CorruptionDetected) as e:
@@ -376,5 +379,6 @@ def test_importing_sdcguard_stays_light_and_exposes_the_guard() -> None:
 
     assert sdcguard.SDCGuard is SDCGuard and {"SDCGuard", "StepReport", "CalibrationReport"} <= set(sdcguard.__all__)
     code = "import sys, sdcguard; assert 'torch' not in sys.modules, 'importing sdcguard imported torch'"
-    subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": _pythonpath()}, check=True,
-                   timeout=120)
+    subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": _pythonpath()}, check=True, timeout=120
+    )

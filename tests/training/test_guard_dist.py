@@ -63,10 +63,12 @@ def _job(rank: int, world: int, kind: str, plan: dict[str, Any], steps: int, sto
     collective = plan.get("collective")
     comm_hook = None
     if collective and kind == "ddp":
-        comm_hook = CorruptingCommHook(Fault(pattern="bitflip", bit="low_mantissa", timing="transient"),
-                                       rank=collective[1], steps=[collective[0]])
+        comm_hook = CorruptingCommHook(
+            Fault(pattern="bitflip", bit="low_mantissa", timing="transient"), rank=collective[1], steps=[collective[0]]
+        )
         model.register_comm_hook(None, comm_hook)
     elif collective:  # FSDP2's public all-reduce hook sees each reduced shard: a faulty link on one rank
+
         def corrupt_reduced(t: torch.Tensor) -> None:
             if (box["step"], rank) == collective and not box.get("done"):
                 _flip(t)
@@ -76,8 +78,9 @@ def _job(rank: int, world: int, kind: str, plan: dict[str, Any], steps: int, sto
             m.set_all_reduce_hook(corrupt_reduced)
     # replay and the cross-replica checks on their own (tests/training/checksums/test_checksums.py covers the
     # matmul checksums)
-    guard = SDCGuard(model, lm_loss, replay_every=1, weight_check_every=1, store=store, escalate="off",
-                     checksum_every=0)
+    guard = SDCGuard(
+        model, lm_loss, replay_every=1, weight_check_every=1, store=store, escalate="off", checksum_every=0
+    )
     opt = torch.optim.SGD(inner.parameters(), lr=0.05)
     torch.manual_seed(100 + rank)  # each rank's dropout stream differs, as in a real job
     out: dict[int, Any] = {}
@@ -89,8 +92,9 @@ def _job(rank: int, world: int, kind: str, plan: dict[str, Any], steps: int, sto
         mode = None
         if step in plan.get("ops", {}):
             r, op, bit, timing, phase = plan["ops"][step]
-            mode = OpFaultMode(Fault(pattern="bitflip", bit=bit, timing=timing, seed=step), ops=op, phase=phase,
-                               rank=r, steps=[step])
+            mode = OpFaultMode(
+                Fault(pattern="bitflip", bit=bit, timing=timing, seed=step), ops=op, phase=phase, rank=r, steps=[step]
+            )
             mode.step = step
         with mode if mode is not None else nullcontext():
             report = guard.step(step, make_batch(step, rank, seq=SEQ))
@@ -102,20 +106,30 @@ def _job(rank: int, world: int, kind: str, plan: dict[str, Any], steps: int, sto
         if plan.get("weights") == (step, rank):
             _flip(next(p for p in inner.parameters()).to_local() if kind != "ddp" else next(inner.parameters()))
         weights = guard.after_optimizer_step()
-        out[step] = (report.commit, [(i.kind, i.step, i.suspect_ranks, i.sticky) for i in report.incidents],
-                     [(i.kind, i.suspect_ranks) for i in weights], report.checks)
+        out[step] = (
+            report.commit,
+            [(i.kind, i.step, i.suspect_ranks, i.sticky) for i in report.incidents],
+            [(i.kind, i.suspect_ranks) for i in weights],
+            report.checks,
+        )
     guard.close()
-    return {"steps": out, "changed": changed, "total": len(guard.incidents),
-            "devices": [i.device for i in guard.incidents]}
+    return {
+        "steps": out,
+        "changed": changed,
+        "total": len(guard.incidents),
+        "devices": [i.device for i in guard.incidents],
+    }
 
 
 def _plan(kind: str) -> tuple[dict[str, Any], int]:
     a, b, c = 2, 2 + SPACING, 2 + 2 * SPACING
-    plan: dict[str, Any] = {"ops": {
-        a: (1, "gelu", "exponent", "transient", "forward"),  # one-off, inside the original forward
-        b: (0, "mm", "high_mantissa", "transient", "backward"),  # one-off, inside the framework's own backward
-        c: (2, "matmul", "sign", "sticky", "forward"),  # a broken unit: every computation on rank 2
-    }}
+    plan: dict[str, Any] = {
+        "ops": {
+            a: (1, "gelu", "exponent", "transient", "forward"),  # one-off, inside the original forward
+            b: (0, "mm", "high_mantissa", "transient", "backward"),  # one-off, inside the framework's own backward
+            c: (2, "matmul", "sign", "sticky", "forward"),  # a broken unit: every computation on rank 2
+        }
+    }
     if kind != "fsdp":  # plain FSDP holds every shard once: nothing to compare across replicas
         plan["collective"] = (c + 2, 0)
         # the last step: diverged weights stay diverged (a restart from a checkpoint repairs them, not a veto)
@@ -215,8 +229,9 @@ def _shadow_job(rank: int, world: int, plans: dict[int, tuple[int, str]], steps:
     model = TinyTransformer(d=8, heads=2, seq=SEQ)
     roles = plan_roles(1)
     wrapped = DDP(model, process_group=roles.dp_group) if roles.role == "worker" else model
-    guard = SDCGuard(wrapped, lm_loss, group=roles.dp_group, replay_every=1, shadows=list(roles.shadows),
-                     escalate="off")
+    guard = SDCGuard(
+        wrapped, lm_loss, group=roles.dp_group, replay_every=1, shadows=list(roles.shadows), escalate="off"
+    )
     if roles.role == "shadow":
         return {"served": guard.serve()}
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -225,8 +240,13 @@ def _shadow_job(rank: int, world: int, plans: dict[int, tuple[int, str]], steps:
     for step in range(steps):
         mode = None
         if step in plans and plans[step][0] == rank:
-            mode = OpFaultMode(Fault(pattern="bitflip", bit="exponent", timing=plans[step][1], seed=step),
-                               ops="gelu", phase="forward", rank=rank, steps=[step])
+            mode = OpFaultMode(
+                Fault(pattern="bitflip", bit="exponent", timing=plans[step][1], seed=step),
+                ops="gelu",
+                phase="forward",
+                rank=rank,
+                steps=[step],
+            )
             mode.step = step
         with mode if mode is not None else nullcontext():
             report = guard.step(step, make_batch(step, rank, seq=SEQ))
@@ -276,8 +296,11 @@ def _fsdp_no_sync_job(rank: int, world: int) -> dict[str, Any]:
             report = guard.end_step()
             out.append((report.commit, [i.kind for i in report.incidents]))
             model.zero_grad(set_to_none=True)
-    return {"steps": out, "warned": any("not seen on their own" in str(w.message) for w in caught),
-            "verified": guard.last_verified_step}
+    return {
+        "steps": out,
+        "warned": any("not seen on their own" in str(w.message) for w in caught),
+        "verified": guard.last_verified_step,
+    }
 
 
 @pytest.mark.slow

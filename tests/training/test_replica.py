@@ -98,10 +98,7 @@ def ddp_job() -> list[Any]:
 def test_a_flipped_gradient_bit_and_a_flipped_weight_bit_are_attributed_to_their_rank_and_parameter(
     ddp_job: list[Any],
 ) -> None:
-    expected = [
-        ("gradient_replica", 2, (1,), "2.weight", 1),
-        ("weight_replica", 4, (2,), "0.bias", 1),
-    ]
+    expected = [("gradient_replica", 2, (1,), "2.weight", 1), ("weight_replica", 4, (2,), "0.bias", 1)]
     for _, found, devices, hosts in ddp_job:  # every rank reached the same verdict
         assert found == expected
         assert len(devices) == len(hosts) == 3  # one device id per rank, each checked by its own rank

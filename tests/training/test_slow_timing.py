@@ -29,8 +29,9 @@ def _figures(speeds: list[float], sizes: list[float], replay_cost: float, sample
 
 @settings(max_examples=80, deadline=None)
 @given(st.lists(_pos, min_size=2, max_size=6), st.lists(_pos, min_size=6, max_size=6), _pos, st.integers(0, 50))
-def test_micro_batch_sizes_and_the_replay_overhead_cancel(speeds: list[float], sizes: list[float], cost: float,
-                                                          sample: int) -> None:
+def test_micro_batch_sizes_and_the_replay_overhead_cancel(
+    speeds: list[float], sizes: list[float], cost: float, sample: int
+) -> None:
     W = len(speeds)
     original, replayed = _figures(speeds, sizes[:W], cost, sample)
     got = pair_slowdowns(sample, original, replayed)
@@ -54,8 +55,9 @@ def test_a_consistently_slower_rank_is_named_once_with_its_figures() -> None:
     found = []
     for sample in range(12):
         o, r = _figures([1.0, 1.5], [1.0, 1.0], 1.1, sample)
-        found += judge.observe(2 * sample + 1, [[sample, o[0], r[0], 9000, 300, 50], [sample, o[1], r[1], 13000,
-                                                                                          400, 10]])
+        found += judge.observe(
+            2 * sample + 1, [[sample, o[0], r[0], 9000, 300, 50], [sample, o[1], r[1], 13000, 400, 10]]
+        )
     (i,) = found
     assert i.kind == "slow" and i.suspect_ranks == (1,) and i.device == "cpu:h:1" and i.step == 9
     assert "1.50x" in i.detail and "forward+backward 13.0 ms" in i.detail and "not vetoed" in i.detail
@@ -64,8 +66,17 @@ def test_a_consistently_slower_rank_is_named_once_with_its_figures() -> None:
 
 
 def _slow() -> Incident:
-    return Incident(kind="slow", step=3, suspect_ranks=(1,), device="cpu:h:1", devices=("cpu:h:1",), hosts=("h",),
-                    detail="rank 1 is slow", job="j", job_size=2)
+    return Incident(
+        kind="slow",
+        step=3,
+        suspect_ranks=(1,),
+        device="cpu:h:1",
+        devices=("cpu:h:1",),
+        hosts=("h",),
+        detail="rank 1 is slow",
+        job="j",
+        job_size=2,
+    )
 
 
 @pytest.mark.parametrize("on_detect", ["record", "skip", "raise", "exit"])
@@ -78,8 +89,19 @@ def test_a_slow_incident_never_raises_or_exits(on_detect: str, escalate: str) ->
 
 def test_a_slow_incident_is_never_evidence_of_corruption() -> None:
     assert not attributed(_slow())
-    many = [Incident(kind="slow", step=k, suspect_ranks=(k,), device=f"cpu:h:{k}", devices=(f"cpu:h:{k}",),
-                     detail="slow", job="j", job_size=4) for k in range(4)]
+    many = [
+        Incident(
+            kind="slow",
+            step=k,
+            suspect_ranks=(k,),
+            device=f"cpu:h:{k}",
+            devices=(f"cpu:h:{k}",),
+            detail="slow",
+            job="j",
+            job_size=4,
+        )
+        for k in range(4)
+    ]
     verdict = judge_training(many, QuarantinePolicy())
     assert verdict.counts == {} and verdict.tripped_jobs == {}
 

@@ -54,9 +54,14 @@ def _job(rank: int, world: int, steps: int, slowed: int | None, factor: float, s
             named_at = step
     slow = [i for i in guard.incidents if i.kind == "slow"]
     peaks = [s.peak_lower_bound for s in guard.slowness.values()]
-    return {"peaks": peaks, "named_at": named_at, "ranks": [i.suspect_ranks for i in slow],
-            "details": [i.detail for i in slow], "commits": commits,
-            "other": [i.kind for i in guard.incidents if i.kind != "slow"]}
+    return {
+        "peaks": peaks,
+        "named_at": named_at,
+        "ranks": [i.suspect_ranks for i in slow],
+        "details": [i.detail for i in slow],
+        "commits": commits,
+        "other": [i.kind for i in guard.incidents if i.kind != "slow"],
+    }
 
 
 @pytest.mark.timeout(200)

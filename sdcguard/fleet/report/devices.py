@@ -31,9 +31,27 @@ from ..store.store import Store
 __all__ = ["DeviceReport", "build_report", "report_json", "report_csv_rows", "REPORT_FIELDS"]
 
 REPORT_FIELDS = (
-    "device", "host", "kind", "model", "index", "executions", "failures", "rate", "rate_low", "rate_high",
-    "confidence", "test_hours", "failures_per_test_hour", "scans", "status", "last_scan",
-    "slow", "slowdown", "slowdown_low", "slow_basis", "slow_confidence",
+    "device",
+    "host",
+    "kind",
+    "model",
+    "index",
+    "executions",
+    "failures",
+    "rate",
+    "rate_low",
+    "rate_high",
+    "confidence",
+    "test_hours",
+    "failures_per_test_hour",
+    "scans",
+    "status",
+    "last_scan",
+    "slow",
+    "slowdown",
+    "slowdown_low",
+    "slow_basis",
+    "slow_confidence",
 )
 """The flat fields of a report row, in CSV column order (JSON adds ``families`` when asked for)."""
 
@@ -64,16 +82,31 @@ class DeviceReport:
         """The JSON object of this row (``last_scan`` as ISO 8601 UTC)."""
         o = self.overall
         return {
-            "device": self.device, "host": self.host, "kind": self.kind, "model": self.model, "index": self.index,
-            "executions": o.executions, "failures": o.failures, "rate": o.rate, "rate_low": o.rate_low,
-            "rate_high": o.rate_high, "confidence": self.confidence, "test_hours": o.test_hours,
-            "failures_per_test_hour": o.failures_per_test_hour, "scans": self.scans, "status": self.status,
+            "device": self.device,
+            "host": self.host,
+            "kind": self.kind,
+            "model": self.model,
+            "index": self.index,
+            "executions": o.executions,
+            "failures": o.failures,
+            "rate": o.rate,
+            "rate_low": o.rate_low,
+            "rate_high": o.rate_high,
+            "confidence": self.confidence,
+            "test_hours": o.test_hours,
+            "failures_per_test_hour": o.failures_per_test_hour,
+            "scans": self.scans,
+            "status": self.status,
             "last_scan": iso_utc(self.last_scan),
             **(self.slowness or Slowness(device=self.device, slow=False)).as_dict(),
             **(
-                {"families": {name: {**r.as_dict(), **self._family_slow(name)}
-                              for name, r in sorted(self.families.items())}}
-                if self.families is not None else {}
+                {
+                    "families": {
+                        name: {**r.as_dict(), **self._family_slow(name)} for name, r in sorted(self.families.items())
+                    }
+                }
+                if self.families is not None
+                else {}
             ),
         }
 
@@ -82,9 +115,13 @@ class DeviceReport:
         family that is over the threshold)."""
         s = self.slowness
         x = s.families.get(family) if s is not None else None
-        return {"slow": bool(s and s.slow and x is not None and x > 1 + s.threshold),
-                "slowdown": x, "slowdown_low": None, "slow_basis": s.basis if s and x is not None else "none",
-                "slow_confidence": None}
+        return {
+            "slow": bool(s and s.slow and x is not None and x > 1 + s.threshold),
+            "slowdown": x,
+            "slowdown_low": None,
+            "slow_basis": s.basis if s and x is not None else "none",
+            "slow_confidence": None,
+        }
 
 
 def _local_index(device: str) -> int | None:
@@ -96,8 +133,14 @@ def _local_index(device: str) -> int | None:
 
 
 def build_report(
-    store: Store, *, since: float | None, device: str | None = None, confidence: float = 0.95,
-    suspect_since: float | None = None, families: bool = False, slow: SlowSettings | None = None,
+    store: Store,
+    *,
+    since: float | None,
+    device: str | None = None,
+    confidence: float = 0.95,
+    suspect_since: float | None = None,
+    families: bool = False,
+    slow: SlowSettings | None = None,
 ) -> list[DeviceReport]:
     """The report rows, ordered quarantined first, then by failures (most first) and device id.
 
@@ -120,10 +163,17 @@ def build_report(
         failing: set[str] | None = {d for d, r in rates.items() if r.overall.failures > 0}
     else:
         failing = None
-    statuses = store.statuses(suspect_since=suspect_since if suspect_since is not None else since,
-                              devices=[d.id for d in devices], failing=failing)
-    slowness = fleet_slowness(store, since=suspect_since if suspect_since is not None else since, settings=slow,
-                              devices=[d.id for d in devices])
+    statuses = store.statuses(
+        suspect_since=suspect_since if suspect_since is not None else since,
+        devices=[d.id for d in devices],
+        failing=failing,
+    )
+    slowness = fleet_slowness(
+        store,
+        since=suspect_since if suspect_since is not None else since,
+        settings=slow,
+        devices=[d.id for d in devices],
+    )
     lo0, hi0 = clopper_pearson(0, 0, confidence)
     empty = Rate(executions=0, failures=0, rate=0.0, rate_low=lo0, rate_high=hi0, test_hours=0.0)
     none = ScanCounts(0, None)
@@ -133,10 +183,17 @@ def build_report(
         counts = scans.get(d.id, none)
         rows.append(
             DeviceReport(
-                device=d.id, host=d.host, kind=d.kind, model=d.model,
+                device=d.id,
+                host=d.host,
+                kind=d.kind,
+                model=d.model,
                 index=d.index if d.index is not None else _local_index(d.id),
-                overall=r.overall if r else empty, families=(dict(r.families) if r else {}) if families else None,
-                confidence=confidence, scans=counts.complete, status=statuses[d.id], last_scan=counts.last_complete,
+                overall=r.overall if r else empty,
+                families=(dict(r.families) if r else {}) if families else None,
+                confidence=confidence,
+                scans=counts.complete,
+                status=statuses[d.id],
+                last_scan=counts.last_complete,
                 slowness=slowness.get(d.id),
             )
         )

@@ -16,8 +16,7 @@ kilobytes. Every string from the store is escaped. Data come from the store's na
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,116 +26,51 @@ from ...errors import BadInput
 from ...records import Incident
 from ..rates import clopper_pearson, clopper_pearson_arrays
 from ..slow import SlowSettings
-from ..store.rows import CheckpointEntry, SeriesPoint
+from ..store.rows import SeriesPoint
 from ..store.store import Store
 from .devices import DeviceReport, build_report
 from .files import write_atomic
 from .html_assets import PAGE_CSS, SORT_JS
-from .svg import (
-    BinRate,
-    Bins,
-    Segment,
-    TimelineRow,
-    bin_rates,
-    choose_bins,
-    esc,
-    rate_chart,
-    shared_decades,
-    sparkline,
-    status_bar,
-    timeline,
+from .html_parts import (
+    STATUSES,
+    HtmlLimits,
+    checkpoints_section,
+    fmt,
+    incidents_section,
+    quarantine_section,
+    quarantine_segments,
+    slow_cell,
+    status,
+    table,
+    td,
+    time_cell,
 )
+from .svg import BinRate, Bins, bin_rates, choose_bins, esc, rate_chart, shared_decades, sparkline, status_bar
 
 __all__ = ["HtmlLimits", "build_html", "write_html", "quarantine_segments"]
-
-_STATUSES = ("quarantined", "probation", "suspect", "healthy")
-
-
-@dataclass(frozen=True, kw_only=True)
-class HtmlLimits:
-    """How much of each list the page shows; what is left out is counted on the page."""
-
-    table_rows: int = 1000
-    """Rows of the device table: quarantined, probation and suspect devices first, then healthy ones."""
-    sparklines: int = 40
-    """Devices that are not healthy with a rate-over-time sparkline (in the table's order)."""
-    hosts: int = 30
-    """Hosts in the ranking (only hosts with a device that is not healthy are ranked)."""
-    timeline_devices: int = 40
-    """Devices on the quarantine timeline (most recent change first)."""
-    events: int = 200
-    """Rows of the quarantine history, the incident and the checkpoint lists (newest first)."""
-
-    def __post_init__(self) -> None:
-        for name in ("table_rows", "sparklines", "hosts", "timeline_devices", "events"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"HtmlLimits.{name} must be >= 0")
-
-
-def _fmt(v: float | None) -> str:
-    return "-" if v is None else f"{v:.3g}"
-
-
-def _td(text: object, *, n: bool = False, v: object = None, cls: str = "") -> str:
-    """One cell; ``v``: its sort key (numbers, Unix times) when it differs from the text."""
-    classes = " ".join(c for c in ("n" if n else "", cls) if c)
-    attrs = (f' class="{classes}"' if classes else "") + ("" if v is None else f' data-v="{esc(v)}"')
-    return f"<td{attrs}>{esc(text)}</td>"
-
-
-def _th(name: str, kind: bool | str) -> str:
-    """A header: ``kind`` True for a number (right-aligned, sorted as a number), ``"time"`` for a time (sorted by
-    its cells' Unix times), False for text."""
-    attrs = " class=n" if kind is True else ' data-sort="num"' if kind == "time" else ""
-    return f'<th{attrs} scope="col">{esc(name)}</th>'
-
-
-def _table(columns: Sequence[tuple[str, bool | str]], rows: Iterable[str], *, sortable: bool, caption: str = "",
-           scroll: bool = False) -> str:
-    """A table: ``columns`` are (name, kind, see :func:`_th`); ``rows`` ready ``<tr>`` markup."""
-    head = "".join(_th(name, kind) for name, kind in columns)
-    cls = ' class="sortable"' if sortable else ""
-    cap = f"<caption>{esc(caption)}</caption>" if caption else ""
-    table = f"<table{cls}>{cap}<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-    return f'<div class="scroll">{table}</div>' if scroll else table
-
-
-def _status(status: str) -> str:
-    return f'<td class="st {esc(status)}" data-v="{_STATUSES.index(status) if status in _STATUSES else 9}">' \
-           f"{esc(status)}</td>"
-
-
-def _slow(r: DeviceReport) -> str:
-    """The device table's ``slow`` cell: its slowdown against its peers, highlighted when it is slow."""
-    s = r.slowness
-    if s is None or (s.slowdown is None and not s.slow):
-        return '<td class="n" data-v="-1">-</td>'
-    text = "slow" if s.slowdown is None else f"{s.slowdown:.2f}x"
-    title = esc(f"{s.reason} (basis {s.basis}, confidence {s.confidence})")
-    cls = "n slow" if s.slow else "n"
-    return f'<td class="{cls}" data-v="{s.slowdown or 0}" title="{title}">{esc(text)}{" slow" if s.slow else ""}</td>'
-
-
-def _time(t: float | None) -> str:
-    return _td((iso_utc(t) or "never").replace("T", " ").rstrip("Z"), v=-1 if t is None else f"{t:.0f}")
 
 
 # ---------------------------------------------------------------------- sections
 def _cards(rows: Sequence[DeviceReport], confidence: float) -> str:
-    counts = {s: sum(r.status == s for r in rows) for s in _STATUSES}
-    cards = "".join(f'<div class="card {s}"><b>{counts[s]:,}</b>{s}</div>'
-                    for s in ("healthy", "suspect", "quarantined", "probation"))
+    counts = {s: sum(r.status == s for r in rows) for s in STATUSES}
+    cards = "".join(
+        f'<div class="card {s}"><b>{counts[s]:,}</b>{s}</div>'
+        for s in ("healthy", "suspect", "quarantined", "probation")
+    )
     n = sum(r.overall.executions for r in rows)
     k = sum(r.overall.failures for r in rows)
     lo, hi = clopper_pearson(k, n, confidence)
     hosts = len({r.host for r in rows})
     rate = f"fleet rate {k / n:.3g} (bounds {lo:.3g} .. {hi:.3g})" if n else "no executions in the window"
-    return (f'<div class="cards">{cards}</div><p class="totals">{len(rows):,} devices on {hosts:,} hosts; '
-            f"{n:,} executions, {k:,} failed; {rate}.</p>")
+    return (
+        f'<div class="cards">{cards}</div><p class="totals">{len(rows):,} devices on {hosts:,} hosts; '
+        f"{n:,} executions, {k:,} failed; {rate}.</p>"
+    )
 
 
-def _series(store: Store, bins: Bins, devices: Sequence[str] | None,
-            confidence: float) -> dict[str | None, list[BinRate]]:
+def _series(
+    store: Store, bins: Bins, devices: Sequence[str] | None, confidence: float
+) -> dict[str | None, list[BinRate]]:
     """Per-bin rates with bounds: per device (``devices``) or for the fleet (None)."""
     points = store.rate_series(start=bins.origin, width_s=bins.width, devices=devices)
     lows, highs = clopper_pearson_arrays([p.failures for p in points], [p.executions for p in points], confidence)
@@ -153,14 +87,22 @@ def _fleet_chart(store: Store, bins: Bins | None, confidence: float) -> str:
     rates = _series(store, bins, None, confidence).get(None, [])
     if not rates:
         return head + '<p class="note">No executions recorded in this window: nothing to plot yet.</p>'
-    return (head + f"<figure>{rate_chart(rates, bins, label='fleet failure rate over time')}<figcaption>Failed "
-            f"executions / executions per {esc(bins.label)} bin (log scale), whole fleet. Grey band: one-sided "
-            f"Clopper-Pearson bounds at {confidence:.0%} of each bin; red dot: the observed rate of a bin with a "
-            "failure (a bin without one has no dot). Hover a bin for its counts.</figcaption></figure>")
+    return (
+        head + f"<figure>{rate_chart(rates, bins, label='fleet failure rate over time')}<figcaption>Failed "
+        f"executions / executions per {esc(bins.label)} bin (log scale), whole fleet. Grey band: one-sided "
+        f"Clopper-Pearson bounds at {confidence:.0%} of each bin; red dot: the observed rate of a bin with a "
+        "failure (a bin without one has no dot). Hover a bin for its counts.</figcaption></figure>"
+    )
 
 
-def _sparklines(store: Store, rows: Sequence[DeviceReport], bins: Bins | None, marks: dict[str, list[float]],
-                confidence: float, limit: int) -> str:
+def _sparklines(
+    store: Store,
+    rows: Sequence[DeviceReport],
+    bins: Bins | None,
+    marks: dict[str, list[float]],
+    confidence: float,
+    limit: int,
+) -> str:
     head = "<h2>Devices that are not healthy: failure rate over time</h2>"
     bad = [r for r in rows if r.status != "healthy"]
     if not bad:
@@ -170,19 +112,40 @@ def _sparklines(store: Store, rows: Sequence[DeviceReport], bins: Bins | None, m
     decades = shared_decades(list(series.values()))
     body = []
     for r in picked:
-        spark = sparkline(series.get(r.device, []), bins, decades, marks=marks.get(r.device, ())) \
-            if bins is not None else ""
-        body.append(f"<tr>{_td(r.device)}{_td(r.host)}{_status(r.status)}"
-                    f"{_td(f'{r.overall.failures:,} / {r.overall.executions:,}', n=True)}"
-                    f"{_td(_fmt(r.overall.rate), n=True)}{_td(_fmt(r.overall.rate_low), n=True)}"
-                    f"{_td(_fmt(r.overall.rate_high), n=True)}<td>{spark}</td></tr>")
+        spark = (
+            sparkline(series.get(r.device, []), bins, decades, marks=marks.get(r.device, ()))
+            if bins is not None
+            else ""
+        )
+        body.append(
+            f"<tr>{td(r.device)}{td(r.host)}{status(r.status)}"
+            f"{td(f'{r.overall.failures:,} / {r.overall.executions:,}', n=True)}"
+            f"{td(fmt(r.overall.rate), n=True)}{td(fmt(r.overall.rate_low), n=True)}"
+            f"{td(fmt(r.overall.rate_high), n=True)}<td>{spark}</td></tr>"
+        )
     more = f"; {len(bad) - len(picked):,} more in the table below" if len(bad) > len(picked) else ""
     scale = f"10^{decades[0] + 1} .. 10^{decades[1]}, 0 at the bottom"
-    caption = (f"Per {bins.label} bin, one log scale for all ({scale}): grey band the bounds, red dot the rate, "
-               f"red tick when the device was quarantined{more}." if bins is not None else "")
-    return head + _table([("device", False), ("host", False), ("status", False), ("failed / executions", True),
-                          ("rate", True), ("rate_low", True), ("rate_high", True), ("over time", False)],
-                         body, sortable=False, caption=caption)
+    caption = (
+        f"Per {bins.label} bin, one log scale for all ({scale}): grey band the bounds, red dot the rate, "
+        f"red tick when the device was quarantined{more}."
+        if bins is not None
+        else ""
+    )
+    return head + table(
+        [
+            ("device", False),
+            ("host", False),
+            ("status", False),
+            ("failed / executions", True),
+            ("rate", True),
+            ("rate_low", True),
+            ("rate_high", True),
+            ("over time", False),
+        ],
+        body,
+        sortable=False,
+        caption=caption,
+    )
 
 
 def _hosts(rows: Sequence[DeviceReport], confidence: float, limit: int) -> str:
@@ -192,7 +155,7 @@ def _hosts(rows: Sequence[DeviceReport], confidence: float, limit: int) -> str:
         by_host.setdefault(r.host, []).append(r)
     stats = []
     for host, devs in by_host.items():
-        counts = {s: sum(d.status == s for d in devs) for s in _STATUSES}
+        counts = {s: sum(d.status == s for d in devs) for s in STATUSES}
         bad = len(devs) - counts["healthy"]
         slow = sum(bool(d.slowness and d.slowness.slow) for d in devs)
         if bad or slow:
@@ -209,140 +172,98 @@ def _hosts(rows: Sequence[DeviceReport], confidence: float, limit: int) -> str:
         lo, hi = clopper_pearson(k, n, confidence)
         badge = '<span class="badge">lemon?</span>' if lemon else ""
         body.append(
-            f'<tr{" class=lemon" if lemon else ""}><td>{esc(host)}{badge}</td>{_td(len(devs), n=True)}'
-            f"{_td(counts['quarantined'], n=True)}{_td(counts['probation'], n=True)}{_td(counts['suspect'], n=True)}"
-            f"{_td(slow, n=True, cls='slow' if slow else '')}"
-            f"{_td(f'{k:,}', n=True, v=k)}{_td(f'{n:,}', n=True, v=n)}"
-            f"{_td(_fmt(k / n if n else None), n=True, v=k / n if n else -1)}"
-            f"{_td(_fmt(lo), n=True)}{_td(_fmt(hi), n=True)}<td>{status_bar(counts, scale=widest)}</td></tr>"
+            f"<tr{' class=lemon' if lemon else ''}><td>{esc(host)}{badge}</td>{td(len(devs), n=True)}"
+            f"{td(counts['quarantined'], n=True)}{td(counts['probation'], n=True)}{td(counts['suspect'], n=True)}"
+            f"{td(slow, n=True, cls='slow' if slow else '')}"
+            f"{td(f'{k:,}', n=True, v=k)}{td(f'{n:,}', n=True, v=n)}"
+            f"{td(fmt(k / n if n else None), n=True, v=k / n if n else -1)}"
+            f"{td(fmt(lo), n=True)}{td(fmt(hi), n=True)}<td>{status_bar(counts, scale=widest)}</td></tr>"
         )
     left = len(stats) - min(len(stats), limit)
-    caption = (f"{len(stats):,} of {len(by_host):,} hosts have a device that is not healthy or slow, ranked by "
-               "quarantined devices, then devices not healthy, then failures, then slow devices"
-               + (f" ({left:,} more not shown)" if left else "")
-               + ". Two or more bad devices on one host point at the host (board, power, cooling), not the devices.")
-    return head + _table([("host", False), ("devices", True), ("quarantined", True), ("probation", True),
-                          ("suspect", True), ("slow", True), ("failures", True), ("executions", True), ("rate", True),
-                          ("rate_low", True), ("rate_high", True), ("devices by status", False)],
-                         body, sortable=True, caption=caption)
+    caption = (
+        f"{len(stats):,} of {len(by_host):,} hosts have a device that is not healthy or slow, ranked by "
+        "quarantined devices, then devices not healthy, then failures, then slow devices"
+        + (f" ({left:,} more not shown)" if left else "")
+        + ". Two or more bad devices on one host point at the host (board, power, cooling), not the devices."
+    )
+    return head + table(
+        [
+            ("host", False),
+            ("devices", True),
+            ("quarantined", True),
+            ("probation", True),
+            ("suspect", True),
+            ("slow", True),
+            ("failures", True),
+            ("executions", True),
+            ("rate", True),
+            ("rate_low", True),
+            ("rate_high", True),
+            ("devices by status", False),
+        ],
+        body,
+        sortable=True,
+        caption=caption,
+    )
 
 
 def _device_table(rows: Sequence[DeviceReport], limit: int) -> str:
     shown = rows[:limit]
     body = [
-        f"<tr>{_td(r.device)}{_td(r.host)}{_td(r.kind)}{_td(r.model or '-')}"
-        f"{_td(f'{r.overall.executions:,}', n=True, v=r.overall.executions)}"
-        f"{_td(f'{r.overall.failures:,}', n=True, v=r.overall.failures)}"
-        f"{_td(_fmt(r.overall.rate), n=True, v=r.overall.rate)}"
-        f"{_td(_fmt(r.overall.rate_low), n=True, v=r.overall.rate_low)}"
-        f"{_td(_fmt(r.overall.rate_high), n=True, v=r.overall.rate_high)}{_status(r.status)}{_slow(r)}"
-        f"{_td(r.scans, n=True)}"
-        f"{_time(r.last_scan)}</tr>"
+        f"<tr>{td(r.device)}{td(r.host)}{td(r.kind)}{td(r.model or '-')}"
+        f"{td(f'{r.overall.executions:,}', n=True, v=r.overall.executions)}"
+        f"{td(f'{r.overall.failures:,}', n=True, v=r.overall.failures)}"
+        f"{td(fmt(r.overall.rate), n=True, v=r.overall.rate)}"
+        f"{td(fmt(r.overall.rate_low), n=True, v=r.overall.rate_low)}"
+        f"{td(fmt(r.overall.rate_high), n=True, v=r.overall.rate_high)}{status(r.status)}{slow_cell(r)}"
+        f"{td(r.scans, n=True)}"
+        f"{time_cell(r.last_scan)}</tr>"
         for r in shown
     ]
     caption = "Click a header to sort; again to reverse."
     if len(rows) > len(shown):
-        caption += (f" {len(rows) - len(shown):,} healthy devices not listed (the first {len(shown):,} in report "
-                    "order are); `sdcguard report --format json` lists every device.")
-    return "<h2>Devices</h2>" + _table(
-        [("device", False), ("host", False), ("kind", False), ("model", False), ("executions", True),
-         ("failures", True), ("rate", True), ("rate_low", True), ("rate_high", True), ("status", False),
-         ("slow", True), ("scans", True), ("last scan (UTC)", "time")],
-        body, sortable=True, caption=caption, scroll=True)
-
-
-def quarantine_segments(history: Sequence[dict[str, Any]]) -> dict[str, list[Segment]]:
-    """Each device's quarantined and probation stretches, from its quarantine history (oldest first)."""
-    out: dict[str, list[Segment]] = {}
-    open_: dict[str, Segment] = {}
-    for h in history:
-        device, action, t, reason = h["device"], h["action"], float(h["time"]), str(h["reason"])
-        prev = open_.pop(device, None)
-        if prev is not None:
-            out.setdefault(device, []).append(Segment(state=prev.state, start=prev.start, end=t, reason=prev.reason))
-        if action in ("quarantine", "release"):
-            state = "quarantined" if action == "quarantine" else "probation"
-            open_[device] = Segment(state=state, start=t, end=None, reason=reason)
-        else:
-            out.setdefault(device, [])
-    for device, seg in open_.items():
-        out.setdefault(device, []).append(seg)
-    return out
-
-
-def _quarantine(history: Sequence[dict[str, Any]], hosts: dict[str, str], bins: Bins | None,
-                since: float | None, limits: HtmlLimits) -> str:
-    head = "<h2>Quarantine history</h2>"
-    if not history:
-        return head + '<p class="note">No device has ever been quarantined.</p>'
-    segments = quarantine_segments(history)
-    last_change = {h["device"]: float(h["time"]) for h in history}
-    parts = [head]
-    if bins is not None:
-        visible = [d for d, segs in segments.items()
-                   if any(s.end is None or s.end >= bins.origin for s in segs)]
-        visible.sort(key=lambda d: -last_change[d])
-        rows = [TimelineRow(device=d, host=hosts.get(d, "?"), segments=tuple(segments[d]))
-                for d in visible[: limits.timeline_devices]]
-        if rows:
-            more = len(visible) - len(rows)
-            parts.append(f"<figure>{timeline(rows, bins)}<figcaption>Red: quarantined; purple: on probation "
-                         "(released by hand, watched until clean scans); hover for the reason. Most recent change "
-                         f"first{f'; {more:,} more devices not drawn' if more else ''}.</figcaption></figure>")
-    recent = [h for h in history if since is None or float(h["time"]) >= since][::-1][: limits.events]
-    body = [f"<tr>{_time(float(h['time']))}{_td(h['device'])}{_td(hosts.get(h['device'], '?'))}{_td(h['action'])}"
-            f"{_td(h['by'])}{_td(h['reason'], cls='wrap')}</tr>" for h in recent]
-    if body:
-        parts.append(_table([("time (UTC)", "time"), ("device", False), ("host", False), ("change", False),
-                             ("by", False), ("reason", False)], body, sortable=True,
-                            caption=f"The last {len(body):,} changes in the window, newest first."))
-    else:
-        parts.append('<p class="note">No quarantine change in this window.</p>')
-    return "".join(parts)
-
-
-def _incidents(found: Sequence[Incident], limit: int) -> str:
-    head = "<h2>Training incidents</h2>"
-    if not found:
-        return head + '<p class="note">No training incident recorded in this window.</p>'
-    shown = list(found)[::-1][:limit]
-    body = [
-        f"<tr>{_time(i.time)}{_td(i.kind)}{_td(i.step, n=True)}{_td(i.job or '-')}"
-        f"{_td(','.join(map(str, i.suspect_ranks)) or '-')}"
-        f"{_td(', '.join(i.devices or ((i.device,) if i.device else ())) or '-')}{_td(', '.join(i.hosts) or '-')}"
-        f"{_td(i.rollback or '-')}{_td(i.detail, cls='wrap')}</tr>"
-        for i in shown
-    ]
-    more = f" ({len(found) - len(shown):,} older not shown)" if len(found) > len(shown) else ""
-    return head + _table([("time (UTC)", "time"), ("kind", False), ("step", True), ("job", False), ("ranks", False),
-                          ("devices", False), ("hosts", False), ("roll back to", False), ("detail", False)],
-                         body, sortable=True,
-                         caption="Newest first. Roll back to: the newest verified checkpoint older than the first "
-                                 f"step the fault could have touched{more}.")
-
-
-def _checkpoints(found: Sequence[CheckpointEntry], limit: int) -> str:
-    head = "<h2>Checkpoints</h2>"
-    if not found:
-        return head + '<p class="note">No checkpoint recorded in this window.</p>'
-    shown = list(found)[::-1][:limit]
-    body = [f"<tr>{_time(c.time)}{_td(c.job or '-')}{_td(c.checkpoint_id)}{_td(c.step, n=True)}"
-            f"{_td('verified' if c.verified else 'not verified', cls='st ' + ('healthy' if c.verified else 'suspect'))}"
-            f"<td><code>{esc(c.digest[:16] or '-')}</code></td></tr>" for c in shown]
-    more = f" ({len(found) - len(shown):,} older not shown)" if len(found) > len(shown) else ""
-    return head + _table([("time (UTC)", "time"), ("job", False), ("checkpoint", False), ("step", True),
-                          ("verified", False), ("digest", False)], body, sortable=True,
-                         caption=f"Checkpoints the training guard saved, newest first{more}.")
+        caption += (
+            f" {len(rows) - len(shown):,} healthy devices not listed (the first {len(shown):,} in report "
+            "order are); `sdcguard report --format json` lists every device."
+        )
+    return "<h2>Devices</h2>" + table(
+        [
+            ("device", False),
+            ("host", False),
+            ("kind", False),
+            ("model", False),
+            ("executions", True),
+            ("failures", True),
+            ("rate", True),
+            ("rate_low", True),
+            ("rate_high", True),
+            ("status", False),
+            ("slow", True),
+            ("scans", True),
+            ("last scan (UTC)", "time"),
+        ],
+        body,
+        sortable=True,
+        caption=caption,
+        scroll=True,
+    )
 
 
 # ---------------------------------------------------------------------- the page
-def _page_bins(store: Store, since: float | None, now: float, history: Sequence[dict[str, Any]],
-               incidents: Sequence[Incident]) -> Bins | None:
+def _page_bins(
+    store: Store, since: float | None, now: float, history: Sequence[dict[str, Any]], incidents: Sequence[Incident]
+) -> Bins | None:
     """The time axis every chart shares: from the window's start, or from the first thing recorded when that is
     later (an hour of data gets an hour's axis, not a week's), to now. None when nothing was recorded."""
-    first = [t for t in (store.first_execution_time(),
-                         min((float(h["time"]) for h in history), default=None),
-                         min((i.time for i in incidents), default=None)) if t is not None]
+    first = [
+        t
+        for t in (
+            store.first_execution_time(),
+            min((float(h["time"]) for h in history), default=None),
+            min((i.time for i in incidents), default=None),
+        )
+        if t is not None
+    ]
     if not first:
         return None
     start = max(min(first), since) if since is not None else min(first)
@@ -351,8 +272,16 @@ def _page_bins(store: Store, since: float | None, now: float, history: Sequence[
     return choose_bins(start, now, whole_days_before=store.pruned_before)
 
 
-def build_html(store: Store, *, since: float | None, window: str, now: float | None = None,
-               confidence: float = 0.95, limits: HtmlLimits = HtmlLimits(), slow: SlowSettings | None = None) -> str:
+def build_html(
+    store: Store,
+    *,
+    since: float | None,
+    window: str,
+    now: float | None = None,
+    confidence: float = 0.95,
+    limits: HtmlLimits = HtmlLimits(),
+    slow: SlowSettings | None = None,
+) -> str:
     """The whole page as one string. ``since``: start of the window (None: all time); ``window``: how the
     operator wrote it (``7d``, ``all``), for the heading."""
     t = time.time() if now is None else now
@@ -371,14 +300,16 @@ def build_html(store: Store, *, since: float | None, window: str, now: float | N
         _sparklines(store, rows, bins, marks, confidence, limits.sparklines),
         _hosts(rows, confidence, limits.hosts),
         _device_table(rows, limits.table_rows),
-        _quarantine(history, hosts, bins, since, limits),
-        _incidents(incidents, limits.events),
-        _checkpoints(store.checkpoints(since=since), limits.events),
+        quarantine_section(history, hosts, bins, since, limits),
+        incidents_section(incidents, limits.events),
+        checkpoints_section(store.checkpoints(since=since), limits.events),
     ]
     title = f"sdcguard fleet report, {iso_utc(t)}"
-    meta = (f"Store <code>{esc(store.path)}</code>; window {esc(window)}"
-            f"{'' if since is None else f' (since {esc(iso_utc(since))})'}; generated {esc(iso_utc(t))} by "
-            f"sdcguard {esc(__version__)}; bounds one-sided Clopper-Pearson at {confidence:.0%}.")
+    meta = (
+        f"Store <code>{esc(store.path)}</code>; window {esc(window)}"
+        f"{'' if since is None else f' (since {esc(iso_utc(since))})'}; generated {esc(iso_utc(t))} by "
+        f"sdcguard {esc(__version__)}; bounds one-sided Clopper-Pearson at {confidence:.0%}."
+    )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -390,8 +321,17 @@ def build_html(store: Store, *, since: float | None, window: str, now: float | N
     )
 
 
-def write_html(store: Store, path: Path, *, since: float | None, window: str, now: float | None = None,
-               confidence: float = 0.95, limits: HtmlLimits = HtmlLimits(), slow: SlowSettings | None = None) -> int:
+def write_html(
+    store: Store,
+    path: Path,
+    *,
+    since: float | None,
+    window: str,
+    now: float | None = None,
+    confidence: float = 0.95,
+    limits: HtmlLimits = HtmlLimits(),
+    slow: SlowSettings | None = None,
+) -> int:
     """Build the page and write it to ``path`` atomically (temporary file in the same directory, then a rename);
     returns its size in bytes. ``BadInput`` for a path that cannot be written, checked before the page is built."""
     directory = path.parent if str(path.parent) else Path(".")

@@ -91,7 +91,7 @@ def plot_rates(
             xs, ys = series.get(dev, ([], []))
             state = states.get(dev)
             if state == "quarantined":
-                line, = ax.plot(xs, ys, "x--", color="red", label=f"{dev} (quarantined)")
+                (line,) = ax.plot(xs, ys, "x--", color="red", label=f"{dev} (quarantined)")
                 if since_q.get(dev, start - 1) >= start:  # when it was taken out of service
                     ax.axvline((since_q[dev] - t) / unit_s, color=line.get_color(), alpha=0.4, linestyle=":")
             elif state == "probation":
@@ -101,8 +101,12 @@ def plot_rates(
         title = "SDC failure rate per device"
     else:
         points = store.rate_series(start=start, width_s=width, devices=None)
-        ax.plot([(start + (p.bin + 0.5) * width - t) / unit_s for p in points],
-                [p.failures / p.executions if p.executions else 0.0 for p in points], "o-", label="fleet")
+        ax.plot(
+            [(start + (p.bin + 0.5) * width - t) / unit_s for p in points],
+            [p.failures / p.executions if p.executions else 0.0 for p in points],
+            "o-",
+            label="fleet",
+        )
         title = "SDC failure rate, whole fleet (no device failed)"
     ax.set_xlim((start - t) / unit_s, 0.0)
     ax.set_ylim(bottom=0.0)

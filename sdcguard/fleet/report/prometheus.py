@@ -27,9 +27,16 @@ __all__ = ["render_textfile", "write_textfile", "LABELS", "METRICS"]
 LABELS = ("gpu", "UUID", "Hostname", "modelName", "device", "kind")
 """The labels of every series, in this order."""
 METRICS = (
-    "sdcguard_executions_total", "sdcguard_failures_total", "sdcguard_test_seconds_total", "sdcguard_failure_ratio",
-    "sdcguard_failure_ratio_lower", "sdcguard_failure_ratio_upper", "sdcguard_last_scan_timestamp_seconds",
-    "sdcguard_device_status", "sdcguard_device_slow", "sdcguard_slowdown_ratio",
+    "sdcguard_executions_total",
+    "sdcguard_failures_total",
+    "sdcguard_test_seconds_total",
+    "sdcguard_failure_ratio",
+    "sdcguard_failure_ratio_lower",
+    "sdcguard_failure_ratio_upper",
+    "sdcguard_last_scan_timestamp_seconds",
+    "sdcguard_device_status",
+    "sdcguard_device_slow",
+    "sdcguard_slowdown_ratio",
 )
 """Every metric the textfile holds."""
 
@@ -55,28 +62,67 @@ def render_textfile(store: Store, *, now: float | None = None, suspect_window_s:
     t = time.time() if now is None else now
     rows = build_report(store, since=None, suspect_since=t - suspect_window_s)
     metrics: list[tuple[str, str, str, list[tuple[str, float | int | None]]]] = [
-        ("sdcguard_executions_total", "counter", "Golden-case executions (first attempts) on the device.",
-         [(_labels(r), r.overall.executions) for r in rows]),
-        ("sdcguard_failures_total", "counter", "Executions whose output differed from the golden in at least one bit.",
-         [(_labels(r), r.overall.failures) for r in rows]),
-        ("sdcguard_test_seconds_total", "counter", "Seconds of golden-case testing on the device.",
-         [(_labels(r), r.overall.test_hours * 3600.0) for r in rows]),
-        ("sdcguard_failure_ratio", "gauge", "Failed executions / executions.",
-         [(_labels(r), r.overall.rate) for r in rows]),
-        ("sdcguard_failure_ratio_lower", "gauge", "One-sided Clopper-Pearson lower bound of the failure ratio (95%).",
-         [(_labels(r), r.overall.rate_low) for r in rows]),
-        ("sdcguard_failure_ratio_upper", "gauge", "One-sided Clopper-Pearson upper bound of the failure ratio (95%).",
-         [(_labels(r), r.overall.rate_high) for r in rows]),
-        ("sdcguard_last_scan_timestamp_seconds", "gauge", "Unix time the device's last complete scan finished.",
-         [(_labels(r), r.last_scan) for r in rows if r.last_scan is not None]),
-        ("sdcguard_device_status", "gauge",
-         "1 for the device's current status (healthy, suspect, quarantined, probation).",
-         [(_labels(r, status=s), int(r.status == s)) for r in rows for s in _STATUSES]),
-        ("sdcguard_device_slow", "gauge", "1 when the device is slower than its peers on the same golden cases "
-         "(beside its status: a slow device can be healthy).",
-         [(_labels(r), int(bool(r.slowness and r.slowness.slow))) for r in rows]),
-        ("sdcguard_slowdown_ratio", "gauge", "The device's time for the golden cases / its peers' median time.",
-         [(_labels(r), r.slowness.slowdown) for r in rows if r.slowness and r.slowness.slowdown is not None]),
+        (
+            "sdcguard_executions_total",
+            "counter",
+            "Golden-case executions (first attempts) on the device.",
+            [(_labels(r), r.overall.executions) for r in rows],
+        ),
+        (
+            "sdcguard_failures_total",
+            "counter",
+            "Executions whose output differed from the golden in at least one bit.",
+            [(_labels(r), r.overall.failures) for r in rows],
+        ),
+        (
+            "sdcguard_test_seconds_total",
+            "counter",
+            "Seconds of golden-case testing on the device.",
+            [(_labels(r), r.overall.test_hours * 3600.0) for r in rows],
+        ),
+        (
+            "sdcguard_failure_ratio",
+            "gauge",
+            "Failed executions / executions.",
+            [(_labels(r), r.overall.rate) for r in rows],
+        ),
+        (
+            "sdcguard_failure_ratio_lower",
+            "gauge",
+            "One-sided Clopper-Pearson lower bound of the failure ratio (95%).",
+            [(_labels(r), r.overall.rate_low) for r in rows],
+        ),
+        (
+            "sdcguard_failure_ratio_upper",
+            "gauge",
+            "One-sided Clopper-Pearson upper bound of the failure ratio (95%).",
+            [(_labels(r), r.overall.rate_high) for r in rows],
+        ),
+        (
+            "sdcguard_last_scan_timestamp_seconds",
+            "gauge",
+            "Unix time the device's last complete scan finished.",
+            [(_labels(r), r.last_scan) for r in rows if r.last_scan is not None],
+        ),
+        (
+            "sdcguard_device_status",
+            "gauge",
+            "1 for the device's current status (healthy, suspect, quarantined, probation).",
+            [(_labels(r, status=s), int(r.status == s)) for r in rows for s in _STATUSES],
+        ),
+        (
+            "sdcguard_device_slow",
+            "gauge",
+            "1 when the device is slower than its peers on the same golden cases "
+            "(beside its status: a slow device can be healthy).",
+            [(_labels(r), int(bool(r.slowness and r.slowness.slow))) for r in rows],
+        ),
+        (
+            "sdcguard_slowdown_ratio",
+            "gauge",
+            "The device's time for the golden cases / its peers' median time.",
+            [(_labels(r), r.slowness.slowdown) for r in rows if r.slowness and r.slowness.slowdown is not None],
+        ),
     ]
     lines = []
     for name, kind, help_text, samples in metrics:

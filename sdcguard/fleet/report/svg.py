@@ -18,8 +18,19 @@ from ...durations import DAY_S
 from ..store.rows import SeriesPoint
 
 __all__ = [
-    "STATUS_COLOURS", "Bins", "BinRate", "Segment", "TimelineRow", "esc", "choose_bins", "bin_rates",
-    "rate_chart", "sparkline", "shared_decades", "status_bar", "timeline",
+    "STATUS_COLOURS",
+    "Bins",
+    "BinRate",
+    "Segment",
+    "TimelineRow",
+    "esc",
+    "choose_bins",
+    "bin_rates",
+    "rate_chart",
+    "sparkline",
+    "shared_decades",
+    "status_bar",
+    "timeline",
 ]
 
 STATUS_COLOURS = {"healthy": "#2e7d32", "suspect": "#e08e00", "quarantined": "#c62828", "probation": "#7b1fa2"}
@@ -82,8 +93,14 @@ class BinRate:
 def bin_rates(points: Sequence[SeriesPoint], lows: Sequence[float], highs: Sequence[float]) -> list[BinRate]:
     """Zip a series with its bounds (computed by the caller, vectorised)."""
     return [
-        BinRate(bin=p.bin, executions=p.executions, failures=p.failures,
-                rate=p.failures / p.executions if p.executions else 0.0, low=lo, high=hi)
+        BinRate(
+            bin=p.bin,
+            executions=p.executions,
+            failures=p.failures,
+            rate=p.failures / p.executions if p.executions else 0.0,
+            low=lo,
+            high=hi,
+        )
         for p, lo, hi in zip(points, lows, highs, strict=True)
         if p.executions > 0
     ]
@@ -131,10 +148,14 @@ class _Frame:
             top, bottom = self.y(r.high), self.y(r.low)
             tip = ""
             if titles:
-                tip = (f"<title>{esc(_time_label(t0, w))}: {r.failures:,} failed of {r.executions:,}, rate "
-                       f"{r.rate:.3g} (bounds {r.low:.3g} .. {r.high:.3g})</title>")
-            out.append(f'<rect class="band" x="{xa:.1f}" y="{top:.1f}" width="{max(xb - xa - 0.5, 0.8):.1f}" '
-                       f'height="{max(bottom - top, 1.0):.1f}">{tip}</rect>')
+                tip = (
+                    f"<title>{esc(_time_label(t0, w))}: {r.failures:,} failed of {r.executions:,}, rate "
+                    f"{r.rate:.3g} (bounds {r.low:.3g} .. {r.high:.3g})</title>"
+                )
+            out.append(
+                f'<rect class="band" x="{xa:.1f}" y="{top:.1f}" width="{max(xb - xa - 0.5, 0.8):.1f}" '
+                f'height="{max(bottom - top, 1.0):.1f}">{tip}</rect>'
+            )
             if r.failures:
                 out.append(f'<circle class="dot" cx="{(xa + xb) / 2:.1f}" cy="{self.y(r.rate):.1f}" r="2.5"/>')
         return out
@@ -144,35 +165,50 @@ def rate_chart(rates: Sequence[BinRate], bins: Bins, *, label: str, width: int =
     """A failure-rate chart with axes: per bin, the band between the bounds and the observed rate (a dot, for bins
     with a failure). ``label``: the chart's accessible name."""
     f = _Frame(bins, _decades(rates), 64.0, width - 12.0, 10.0, height - 28.0)
-    parts = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
-             f'aria-label="{esc(label)}">']
+    parts = [
+        f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+        f'aria-label="{esc(label)}">'
+    ]
     lo, hi = f.decades
     step = max(1, (hi - lo) // 6)
     for d in (lo, *range(lo + 1, hi + 1, step)):
         y = f.y(10.0**d)
         text = "0" if d == lo else "1" if d == 0 else f"1e{d}"
-        parts.append(f'<line class="grid" x1="{f.x0}" x2="{f.x1}" y1="{y:.1f}" y2="{y:.1f}"/>'
-                     f'<text class="tick" x="{f.x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{text}</text>')
+        parts.append(
+            f'<line class="grid" x1="{f.x0}" x2="{f.x1}" y1="{y:.1f}" y2="{y:.1f}"/>'
+            f'<text class="tick" x="{f.x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{text}</text>'
+        )
     every = max(1, math.ceil(bins.count / 8))
     for b in range(0, bins.count + 1, every):
         t = bins.origin + b * bins.width
         x = f.x(t)
-        parts.append(f'<line class="grid" x1="{x:.1f}" x2="{x:.1f}" y1="{f.y0}" y2="{f.y1}"/>'
-                     f'<text class="tick" x="{x:.1f}" y="{height - 10}" text-anchor="middle">'
-                     f'{esc(_time_label(t, bins.width))}</text>')
+        parts.append(
+            f'<line class="grid" x1="{x:.1f}" x2="{x:.1f}" y1="{f.y0}" y2="{f.y1}"/>'
+            f'<text class="tick" x="{x:.1f}" y="{height - 10}" text-anchor="middle">'
+            f"{esc(_time_label(t, bins.width))}</text>"
+        )
     parts.extend(f.bars(rates, titles=True))
     parts.append(f'<line class="axis" x1="{f.x0}" x2="{f.x1}" y1="{f.y1}" y2="{f.y1}"/></svg>')
     return "".join(parts)
 
 
-def sparkline(rates: Sequence[BinRate], bins: Bins, decades: tuple[int, int], *, marks: Sequence[float] = (),
-              width: int = 300, height: int = 36) -> str:
+def sparkline(
+    rates: Sequence[BinRate],
+    bins: Bins,
+    decades: tuple[int, int],
+    *,
+    marks: Sequence[float] = (),
+    width: int = 300,
+    height: int = 36,
+) -> str:
     """A small rate chart on a shared log scale (``decades``, see :func:`shared_decades`); ``marks``: times
     drawn as red ticks (when the device was quarantined)."""
     f = _Frame(bins, decades, 1.0, width - 1.0, 2.0, height - 2.0)
-    parts = [f'<svg class="spark" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
-             f'aria-label="failure rate over time">',
-             f'<line class="axis" x1="0" x2="{width}" y1="{height - 1}" y2="{height - 1}"/>']
+    parts = [
+        f'<svg class="spark" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+        f'aria-label="failure rate over time">',
+        f'<line class="axis" x1="0" x2="{width}" y1="{height - 1}" y2="{height - 1}"/>',
+    ]
     parts.extend(f.bars(rates, titles=False))
     for t in marks:
         if bins.origin <= t <= bins.end:
@@ -187,19 +223,21 @@ def shared_decades(series: Sequence[Sequence[BinRate]]) -> tuple[int, int]:
     return _decades([r for s in series for r in s])
 
 
-
 def status_bar(counts: dict[str, int], *, scale: int, width: int = 160, height: int = 12) -> str:
     """A host's devices as one stacked bar, a segment per status (quarantined first); ``scale``: the device
     count of the largest host, so bars compare."""
     x = 0.0
     unit = width / max(scale, 1)
-    parts = [f'<svg class="bar" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
-             f'aria-label="{esc(", ".join(f"{n} {s}" for s, n in counts.items() if n))}">']
+    parts = [
+        f'<svg class="bar" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+        f'aria-label="{esc(", ".join(f"{n} {s}" for s, n in counts.items() if n))}">'
+    ]
     for status in ("quarantined", "probation", "suspect", "healthy"):
         n = counts.get(status, 0)
         if n:
-            parts.append(f'<rect x="{x:.1f}" y="0" width="{n * unit:.1f}" height="{height}" '
-                         f'fill="{STATUS_COLOURS[status]}"/>')
+            parts.append(
+                f'<rect x="{x:.1f}" y="0" width="{n * unit:.1f}" height="{height}" fill="{STATUS_COLOURS[status]}"/>'
+            )
             x += n * unit
     parts.append("</svg>")
     return "".join(parts)
@@ -230,26 +268,32 @@ def timeline(rows: Sequence[TimelineRow], bins: Bins, *, width: int = 1180, row_
     label_w, pad = 230.0, 24.0
     height = int(len(rows) * row_h + pad + 6)
     f = _Frame(bins, (-1, 0), label_w, width - 12.0, 0.0, 1.0)
-    parts = [f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
-             f'aria-label="quarantine timeline">']
+    parts = [
+        f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+        f'aria-label="quarantine timeline">'
+    ]
     every = max(1, math.ceil(bins.count / 8))
     for b in range(0, bins.count + 1, every):
         t = bins.origin + b * bins.width
         x = f.x(t)
-        parts.append(f'<line class="grid" x1="{x:.1f}" x2="{x:.1f}" y1="0" y2="{height - pad}"/>'
-                     f'<text class="tick" x="{x:.1f}" y="{height - 8}" text-anchor="middle">'
-                     f'{esc(_time_label(t, bins.width))}</text>')
+        parts.append(
+            f'<line class="grid" x1="{x:.1f}" x2="{x:.1f}" y1="0" y2="{height - pad}"/>'
+            f'<text class="tick" x="{x:.1f}" y="{height - 8}" text-anchor="middle">'
+            f"{esc(_time_label(t, bins.width))}</text>"
+        )
     for i, row in enumerate(rows):
         y = i * row_h + 2
-        parts.append(f'<text class="lab" x="{label_w - 8}" y="{y + row_h - 6}" text-anchor="end">'
-                     f'{esc(row.device)}<title>{esc(row.device)} on {esc(row.host)}</title></text>')
+        parts.append(
+            f'<text class="lab" x="{label_w - 8}" y="{y + row_h - 6}" text-anchor="end">'
+            f"{esc(row.device)}<title>{esc(row.device)} on {esc(row.host)}</title></text>"
+        )
         for s in row.segments:
             xa, xb = f.x(s.start), f.x(bins.end if s.end is None else s.end)
             until = "now" if s.end is None else _time_label(s.end, 0.0)
             parts.append(
                 f'<rect x="{xa:.1f}" y="{y + 2}" width="{max(xb - xa, 2.0):.1f}" height="{row_h - 6}" '
                 f'fill="{STATUS_COLOURS.get(s.state, "#777")}"><title>{esc(s.state)} '
-                f'{esc(_time_label(s.start, 0.0))} .. {esc(until)}: {esc(s.reason)}</title></rect>'
+                f"{esc(_time_label(s.start, 0.0))} .. {esc(until)}: {esc(s.reason)}</title></rect>"
             )
     parts.append("</svg>")
     return "".join(parts)

@@ -42,38 +42,57 @@ class CaseQueries(StoreBase):
         counts from the horizon (all time, ``since=None``, counts every execution)."""
         scope, sp = in_devices(devices, "t.device")
         if since is None:
-            return CaseTimes.from_rows(self._rows(
-                f"SELECT device, case_id, family, executions, seconds FROM case_totals t WHERE 1{scope}", sp), scan=0)
+            return CaseTimes.from_rows(
+                self._rows(
+                    f"SELECT device, case_id, family, executions, seconds FROM case_totals t WHERE 1{scope}", sp
+                ),
+                scan=0,
+            )
         horizon = self.pruned_before
         start = since if horizon is None or since >= horizon else horizon
         day = math.ceil(start / DAY_S)
-        params: dict[str, Any] = {"day": day, "devices": sp[0] if sp else None, "lo": start, "hi": day * DAY_S,
-                                  "sign": 1}
+        params: dict[str, Any] = {
+            "day": day,
+            "devices": sp[0] if sp else None,
+            "lo": start,
+            "hi": day * DAY_S,
+            "sign": 1,
+        }
         if day * DAY_S > start:  # the day's rows before the start, or after it: whichever are fewer
-            count = ("SELECT COUNT(*) FROM (SELECT 1 FROM results INDEXED BY results_time WHERE started_at >= ? AND "
-                     "started_at < ? LIMIT ?)")
-            after, before = (self._one(count, (lo, hi, 1000)) for lo, hi in ((start, day * DAY_S),
-                                                                             ((day - 1) * DAY_S, start)))
+            count = (
+                "SELECT COUNT(*) FROM (SELECT 1 FROM results INDEXED BY results_time WHERE started_at >= ? AND "
+                "started_at < ? LIMIT ?)"
+            )
+            after, before = (
+                self._one(count, (lo, hi, 1000)) for lo, hi in ((start, day * DAY_S), ((day - 1) * DAY_S, start))
+            )
             if after == before == 1000:
-                after, before = (self._one(count, (lo, hi, -1)) for lo, hi in ((start, day * DAY_S),
-                                                                                ((day - 1) * DAY_S, start)))
+                after, before = (
+                    self._one(count, (lo, hi, -1)) for lo, hi in ((start, day * DAY_S), ((day - 1) * DAY_S, start))
+                )
             if before < after:
                 params.update(day=day - 1, lo=(day - 1) * DAY_S, hi=start, sign=-1)
         # a key's running total on the eve: none when its first tally is later, else that day's row, else (a key
         # not changed that day) its latest before
-        floor = ("CASE WHEN t.first >= :day THEN 0 ELSE COALESCE(f.{0}, (SELECT x.{0} FROM case_tallies x WHERE "
-                 "x.device = t.device AND x.case_id = t.case_id AND x.day < :day ORDER BY x.day DESC LIMIT 1), 0) END")
+        floor = (
+            "CASE WHEN t.first >= :day THEN 0 ELSE COALESCE(f.{0}, (SELECT x.{0} FROM case_tallies x WHERE "
+            "x.device = t.device AND x.case_id = t.case_id AND x.day < :day ORDER BY x.day DESC LIMIT 1), 0) END"
+        )
         rows = self._rows(  # keys changed on the eve or later (those changed before have nothing in the window)
             f"SELECT t.device, t.case_id, t.family, t.executions - {floor.format('executions')}, "
             f"t.seconds - {floor.format('seconds')} FROM case_totals t LEFT JOIN case_tallies f ON f.device = t.device "
             f"AND f.day = :day - 1 AND f.case_id = t.case_id WHERE t.day >= :day - 1{scope.replace('?', ':devices')} "
-            "ORDER BY t.device, t.case_id", params)
+            "ORDER BY t.device, t.case_id",
+            params,
+        )
         if params["lo"] < params["hi"]:  # the partial day's rows, added (sign 1) or taken away (-1), key by key
             part, pp = in_devices(devices)
             for d, c, n, secs in self._rows(
-                    "SELECT device, case_id, TOTAL(executions), TOTAL(duration_s) FROM results INDEXED BY results_time "
-                    f"WHERE started_at >= ? AND started_at < ? AND passed = 1 AND attempt = 0{part} "
-                    "GROUP BY device, case_id", [params["lo"], params["hi"], *pp]):
+                "SELECT device, case_id, TOTAL(executions), TOTAL(duration_s) FROM results INDEXED BY results_time "
+                f"WHERE started_at >= ? AND started_at < ? AND passed = 1 AND attempt = 0{part} "
+                "GROUP BY device, case_id",
+                [params["lo"], params["hi"], *pp],
+            ):
                 i = bisect.bisect_left(rows, (d, c), key=itemgetter(0, 1))  # every such key has a row: a tally that day
                 r = rows[i]
                 rows[i] = (d, c, r[2], r[3] + params["sign"] * int(n), r[4] + params["sign"] * secs)
@@ -91,6 +110,10 @@ class CaseQueries(StoreBase):
             "SELECT r.device, r.scan, r.case_id, MIN(r.family), TOTAL(r.executions), TOTAL(r.duration_s) "
             "FROM scans s INDEXED BY scans_device JOIN results r ON r.scan = s.id "
             f"WHERE r.device = s.device AND r.passed = 1 AND r.attempt = 0{scope}{window} "
-            "GROUP BY r.device, r.scan, r.case_id", [*sp, *wp])
-        return [CaseTiming(device=d, scan=int(s), case=c, family=f, executions=int(n), seconds=float(t))
-                for d, s, c, f, n, t in rows]
+            "GROUP BY r.device, r.scan, r.case_id",
+            [*sp, *wp],
+        )
+        return [
+            CaseTiming(device=d, scan=int(s), case=c, family=f, executions=int(n), seconds=float(t))
+            for d, s, c, f, n, t in rows
+        ]

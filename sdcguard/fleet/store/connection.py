@@ -148,7 +148,11 @@ class StoreBase:
 
     @classmethod
     def open(
-        cls, path: str | os.PathLike[str], *, create: bool = True, timeout_s: float = BUSY_TIMEOUT_S,
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        timeout_s: float = BUSY_TIMEOUT_S,
         readonly: bool = False,
     ) -> Self:
         """Open (and with ``create``, create or migrate) the store at ``path``.
@@ -171,8 +175,9 @@ class StoreBase:
             raise StoreError(f"fleet store {p} {what}: {problem}; this command writes to it (pass a writable --db)")
         try:
             if problem:
-                conn = sqlite3.connect(read_only_uri(p), uri=True, timeout=timeout_s, isolation_level=None,
-                                       check_same_thread=False)
+                conn = sqlite3.connect(
+                    read_only_uri(p), uri=True, timeout=timeout_s, isolation_level=None, check_same_thread=False
+                )
             else:
                 conn = sqlite3.connect(str(p), timeout=timeout_s, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as e:

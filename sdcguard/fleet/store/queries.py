@@ -20,7 +20,6 @@ millions of rows. The slowness statistic's times per device and case come the sa
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -34,13 +33,12 @@ from .rows import (
     DeviceStatus,
     FailedExecution,
     QuarantineEntry,
-    ScanCounts,
     ScrubEntry,
     SeriesPoint,
-    Tally,
     device_status,
 )
 from .schema import COUNTED_SCAN
+from .tally_queries import TallyQueries, first_day
 
 __all__ = ["StoreQueries"]
 _INCIDENT_FIELDS = frozenset(Incident.__dataclass_fields__)
@@ -56,11 +54,6 @@ def _where(*conditions: tuple[str, Any]) -> tuple[str, list[Any]]:
     return "WHERE " + " AND ".join(sql for sql, _ in kept), [value for sql, value in kept if "?" in sql]
 
 
-def _first_day(since: float | None) -> int | None:
-    """The first roll-up day that counts in a window starting at ``since``."""
-    return None if since is None else math.ceil(since / DAY_S)
-
-
 def incident_from_json(text: str) -> Incident:
     """An :class:`Incident` from its stored record; fields this version does not know are left out."""
     data = {k: v for k, v in json.loads(text).items() if k in _INCIDENT_FIELDS}
@@ -72,16 +65,29 @@ def incident_from_json(text: str) -> Incident:
 
 def _row_result(r: dict[str, Any]) -> CaseResult:
     return CaseResult(
-        device=r["device"], case=r["case_id"], family=r["family"], seed=r["seed"], passed=bool(r["passed"]),
-        duration_s=r["duration_s"], started_at=r["started_at"], output_digest=r["output_digest"],
-        mismatches=r["mismatches"], element=r["element"], expected=r["expected"], actual=r["actual"],
-        xor_mask=r["xor_mask"], location=r["location"], attempt=r["attempt"],
-        sticky=None if r["sticky"] is None else bool(r["sticky"]), detail=json.loads(r["detail"]),
-        executions=r["executions"], last_started_at=r["last_started_at"],
+        device=r["device"],
+        case=r["case_id"],
+        family=r["family"],
+        seed=r["seed"],
+        passed=bool(r["passed"]),
+        duration_s=r["duration_s"],
+        started_at=r["started_at"],
+        output_digest=r["output_digest"],
+        mismatches=r["mismatches"],
+        element=r["element"],
+        expected=r["expected"],
+        actual=r["actual"],
+        xor_mask=r["xor_mask"],
+        location=r["location"],
+        attempt=r["attempt"],
+        sticky=None if r["sticky"] is None else bool(r["sticky"]),
+        detail=json.loads(r["detail"]),
+        executions=r["executions"],
+        last_started_at=r["last_started_at"],
     )
 
 
-class StoreQueries(CaseQueries):
+class StoreQueries(CaseQueries, TallyQueries):
     """Named read queries of the fleet store (part of :class:`sdcguard.fleet.store.store.Store`)."""
 
     # ------------------------------------------------------------------ devices, scans, results, incidents
@@ -94,8 +100,12 @@ class StoreQueries(CaseQueries):
 
     def device(self, device: str) -> DeviceInfo | None:
         """One device, or None if the store does not know it."""
-        found = [d for d in self._rows(
-            "SELECT id, host, kind, model, serial, pci_bus_id, idx FROM devices WHERE id = ?", (device,))]
+        found = [
+            d
+            for d in self._rows(
+                "SELECT id, host, kind, model, serial, pci_bus_id, idx FROM devices WHERE id = ?", (device,)
+            )
+        ]
         if not found:
             return None
         r = found[0]
@@ -113,18 +123,27 @@ class StoreQueries(CaseQueries):
         return self._dicts(f"SELECT * FROM scans {where} ORDER BY started_at DESC, id DESC", params)
 
     def results(
-        self, *, device: str | None = None, since: float | None = None, failed_only: bool = False,
+        self,
+        *,
+        device: str | None = None,
+        since: float | None = None,
+        failed_only: bool = False,
         scan_id: int | None = None,
     ) -> list[CaseResult]:
         """Recorded rows as :class:`CaseResult` (a passing row may stand for several executions), oldest first."""
-        where, params = _where(("device = ?", device), ("started_at >= ?", since),
-                               ("passed = 0", True if failed_only else None), ("scan = ?", scan_id))
+        where, params = _where(
+            ("device = ?", device),
+            ("started_at >= ?", since),
+            ("passed = 0", True if failed_only else None),
+            ("scan = ?", scan_id),
+        )
         return [_row_result(r) for r in self._dicts(f"SELECT * FROM results {where} ORDER BY started_at, id", params)]
 
     def incidents(self, *, since: float | None = None, device: str | None = None) -> list[Incident]:
         """Recorded incidents, oldest first; with ``device``, those naming it."""
-        where, params = _where(("i.time >= ?", since),
-                               ("i.id IN (SELECT incident FROM incident_devices WHERE device = ?)", device))
+        where, params = _where(
+            ("i.time >= ?", since), ("i.id IN (SELECT incident FROM incident_devices WHERE device = ?)", device)
+        )
         rows = self._rows(f"SELECT i.record FROM incidents i {where} ORDER BY i.time, i.id", params)
         return [incident_from_json(r[0]) for r in rows]
 
@@ -132,9 +151,16 @@ class StoreQueries(CaseQueries):
         """Recorded checkpoints, oldest first; with ``job``, that job's."""
         where, params = _where(("time >= ?", since), ("job = ?", job))
         return [
-            CheckpointEntry(checkpoint_id=r["checkpoint_id"], step=int(r["step"]), verified=bool(r["verified"]),
-                            digest=r["digest"], job=r["job"], time=float(r["time"]), status=r["status"],
-                            detail=r["detail"])
+            CheckpointEntry(
+                checkpoint_id=r["checkpoint_id"],
+                step=int(r["step"]),
+                verified=bool(r["verified"]),
+                digest=r["digest"],
+                job=r["job"],
+                time=float(r["time"]),
+                status=r["status"],
+                detail=r["detail"],
+            )
             for r in self._dicts(f"SELECT * FROM checkpoints {where} ORDER BY time, id", params)
         ]
 
@@ -142,78 +168,18 @@ class StoreQueries(CaseQueries):
         """Checkpoints re-read at rest (``sdcguard scrub``), oldest first; with ``checkpoint_id``, that one's."""
         where, params = _where(("time >= ?", since), ("checkpoint_id = ?", checkpoint_id))
         return [
-            ScrubEntry(checkpoint_id=r["checkpoint_id"], status=r["status"], tensors=int(r["tensors"]),
-                       bytes=int(r["bytes"]), bad=tuple(json.loads(r["bad"])), detail=r["detail"], host=r["host"],
-                       time=float(r["time"]))
+            ScrubEntry(
+                checkpoint_id=r["checkpoint_id"],
+                status=r["status"],
+                tensors=int(r["tensors"]),
+                bytes=int(r["bytes"]),
+                bad=tuple(json.loads(r["bad"])),
+                detail=r["detail"],
+                host=r["host"],
+                time=float(r["time"]),
+            )
             for r in self._dicts(f"SELECT * FROM checkpoint_scrubs {where} ORDER BY time, id", params)
         ]
-
-    # ------------------------------------------------------------------ rates
-    def tallies(
-        self, *, since: float | None = None, devices: Sequence[str] | None = None,
-        by: Literal["device", "device_family", "family"] = "device_family",
-    ) -> list[Tally]:
-        """Executions, failures and testing seconds grouped ``by`` device, device and family, or family; rows of
-        the retention horizon's roll-ups included. Ordered by the grouping keys."""
-        keys = {"device": "device", "device_family": "device, family", "family": "family"}[by]
-        width = keys.count(",") + 1
-        scope, sp = in_devices(devices)
-        groups: dict[tuple[Any, ...], list[float]] = {}
-
-        def add(rows: list[tuple[Any, ...]]) -> None:
-            for r in rows:
-                g = groups.setdefault(tuple(r[:width]), [0.0, 0.0, 0.0])
-                g[0] += r[width]
-                g[1] += r[width + 1]
-                g[2] += r[width + 2]
-
-        # Whole days from the day tallies (the rows held) and the roll-ups (the days pruned); rows only for the
-        # partial first day of the window, from its start to the next UTC midnight.
-        day = _first_day(since)
-        window, wp = ("", []) if day is None else (" AND day >= ?", [day])
-        add(self._rows(f"SELECT {keys}, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM day_tallies "
-                       f"WHERE 1{window}{scope} GROUP BY {keys}", [*wp, *sp]))
-        if since is not None and day is not None and day * DAY_S > since:
-            add(self._partial_day(keys, since, day * DAY_S, scope, sp))
-        if self._has_rollups(since):
-            table, window, wp = ("rollup_totals", "", []) if day is None else ("rollups", " AND day >= ?", [day])
-            add(self._rows(f"SELECT {keys}, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM {table} "
-                           f"WHERE 1{window}{scope} GROUP BY {keys}", [*wp, *sp]))
-        out = []
-        for key in sorted(groups):
-            n, k, s = groups[key]
-            if n == 0 and k == 0 and abs(s) < 1e-6:
-                continue  # what a day tally keeps of rows that moved or went: nothing
-            device = key[0] if by != "family" else None
-            family = key[-1] if by != "device" else None
-            out.append(Tally(device, family, int(n), int(k), s))
-        return out
-
-    def _partial_day(self, keys: str, lo: float, hi: float, scope: str, sp: list[Any]) -> list[tuple[Any, ...]]:
-        """``(keys..., executions, failures, seconds)`` of the rows that started in ``[lo, hi)``, over the
-        time-led covering index; failures and retests are rare and come from their partial indexes. A retest is
-        always one execution (only passing first attempts are folded together), so first-attempt executions =
-        TOTAL(executions) - retests."""
-        width = keys.count(",") + 1
-        where, params = f"WHERE started_at >= ? AND started_at < ?{scope}", [lo, hi, *sp]
-        groups: dict[tuple[Any, ...], list[float]] = {}
-        for r in self._rows(f"SELECT {keys}, TOTAL(executions), TOTAL(duration_s) FROM results "
-                            f"INDEXED BY results_time {where} GROUP BY {keys}", params):
-            groups[tuple(r[:width])] = [r[width], 0.0, r[width + 1]]
-        for r in self._rows(f"SELECT {keys}, COUNT(*) FROM results INDEXED BY results_retests {where} "
-                            f"AND attempt > 0 GROUP BY {keys}", params):
-            groups[tuple(r[:width])][0] -= r[width]
-        for r in self._rows(f"SELECT {keys}, COUNT(*) FROM results INDEXED BY results_failures {where} "
-                            f"AND passed = 0 AND attempt = 0 GROUP BY {keys}", params):
-            groups[tuple(r[:width])][1] += r[width]
-        return [(*key, n, k, secs) for key, (n, k, secs) in groups.items()]
-
-    def _has_rollups(self, since: float | None) -> bool:
-        last = self._meta("rollup_last_day")
-        if last is None:
-            return False
-        day = _first_day(since)
-        return day is None or int(last) >= day
 
     # ------------------------------------------------------------------ what the policy weighs
     def failed_executions(self, *, since: float, devices: Sequence[str] | None = None) -> list[FailedExecution]:
@@ -226,8 +192,9 @@ class StoreQueries(CaseQueries):
             [since, *sp],
         )
         return [
-            FailedExecution(device=d, host=h, case=c, family=f, digest=g, sticky=None if s is None else bool(s),
-                            started_at=t)
+            FailedExecution(
+                device=d, host=h, case=c, family=f, digest=g, sticky=None if s is None else bool(s), started_at=t
+            )
             for d, h, c, f, g, s, t in rows
         ]
 
@@ -286,22 +253,32 @@ class StoreQueries(CaseQueries):
         """Devices with at least one failed first attempt since ``since`` (roll-ups included)."""
         scope, sp = in_devices(devices)
         window, wp = (" AND started_at >= ?", [since]) if since is not None else ("", [])
-        found = {r[0] for r in self._rows(
-            f"SELECT DISTINCT device FROM results INDEXED BY results_failures WHERE passed = 0 AND attempt = 0"
-            f"{window}{scope}", [*wp, *sp])}
+        found = {
+            r[0]
+            for r in self._rows(
+                f"SELECT DISTINCT device FROM results INDEXED BY results_failures WHERE passed = 0 AND attempt = 0"
+                f"{window}{scope}",
+                [*wp, *sp],
+            )
+        }
         if self._has_rollups(since):
-            day = _first_day(since)
+            day = first_day(since)
             table, window, wp = ("rollup_totals", "", []) if day is None else ("rollups", " AND day >= ?", [day])
-            found |= {r[0] for r in self._rows(
-                f"SELECT DISTINCT device FROM {table} WHERE failures > 0{window}{scope}", [*wp, *sp])}
+            found |= {
+                r[0]
+                for r in self._rows(
+                    f"SELECT DISTINCT device FROM {table} WHERE failures > 0{window}{scope}", [*wp, *sp]
+                )
+            }
         return found
 
     def quarantine_states(self) -> dict[str, str]:
         """``device -> "quarantined" | "probation"`` for every device with a quarantine row."""
         return {d: s for d, s in self._rows("SELECT device, state FROM quarantine")}
 
-    def statuses(self, *, suspect_since: float | None, devices: Sequence[str] | None = None,
-                 failing: set[str] | None = None) -> dict[str, DeviceStatus]:
+    def statuses(
+        self, *, suspect_since: float | None, devices: Sequence[str] | None = None, failing: set[str] | None = None
+    ) -> dict[str, DeviceStatus]:
         """The status of every known device (or of ``devices``), by :func:`device_status`.
 
         ``failing``: the devices that failed in the window, when the caller already knows them (the report
@@ -318,51 +295,23 @@ class StoreQueries(CaseQueries):
         """Devices a training incident named as a suspect since ``since`` (alone, or among the suspects of an
         unresolved one); ``nondeterministic`` incidents name nobody."""
         where, params = ("AND i.time >= ?", [since]) if since is not None else ("", [])
-        return {r[0] for r in self._rows(
-            "SELECT DISTINCT d.device FROM incident_devices d JOIN incidents i ON i.id = d.incident "
-            f"WHERE i.kind NOT IN ('nondeterministic', 'slow') {where}", params)}
+        return {
+            r[0]
+            for r in self._rows(
+                "SELECT DISTINCT d.device FROM incident_devices d JOIN incidents i ON i.id = d.incident "
+                f"WHERE i.kind NOT IN ('nondeterministic', 'slow') {where}",
+                params,
+            )
+        }
 
-    def quarantine_status(self, device: str, *, window_s: float = DEFAULT_WINDOW_S,
-                          now: float | None = None) -> DeviceStatus:
+    def quarantine_status(
+        self, device: str, *, window_s: float = DEFAULT_WINDOW_S, now: float | None = None
+    ) -> DeviceStatus:
         """One device's status (see :func:`sdcguard.fleet.store.rows.device_status`); suspect over ``window_s``."""
         import time
 
         t = time.time() if now is None else now
         return self.statuses(suspect_since=t - window_s, devices=[device])[device]
-
-    def scan_counts(self, *, since: float | None, device: str | None = None) -> dict[str, ScanCounts]:
-        """Per device: complete scans started in the window, and the end of its latest complete scan ever (a scan
-        counts when :data:`~.schema.COUNTED_SCAN`)."""
-        dev, dp = (" AND device = ?", [device]) if device is not None else ("", [])
-        window, wp = (" AND started_at >= ?", [since]) if since is not None else ("", [])
-        complete: dict[str, int] = {d: int(n) for d, n in self._rows(
-            f"SELECT device, COUNT(*) FROM scans INDEXED BY scans_device WHERE {COUNTED_SCAN}{window}{dev} "
-            "GROUP BY device", [*wp, *dp])}
-        # One index probe per device (scans_device, named: with executions in the condition the planner would
-        # otherwise pick scans_status and read every complete scan per device): a device's scans never overlap
-        # (the scanner locks it), so its latest complete scan is the one started last. The counts read the same
-        # index whole, in device order, without the table.
-        one, op = (" AND d.id = ?", [device]) if device is not None else ("", [])
-        last: dict[str, float] = {d: t for d, t in self._rows(
-            "SELECT d.id, (SELECT COALESCE(s.finished_at, s.started_at) FROM scans s INDEXED BY scans_device "
-            "WHERE s.device = d.id AND "
-            f"{COUNTED_SCAN} ORDER BY s.started_at DESC, s.id DESC LIMIT 1) AS t FROM devices d "
-            f"WHERE 1{one}", op) if t is not None}
-        if self._meta("rollup_last_day") is not None:
-            day = _first_day(since)
-            if day is None:
-                rolled = self._rows(f"SELECT device, complete FROM scan_rollup_totals WHERE 1{dev}", dp)
-            elif self._has_rollups(since):
-                rolled = self._rows(f"SELECT device, TOTAL(complete) FROM scan_rollups WHERE day >= ?{dev} "
-                                    "GROUP BY device", [day, *dp])
-            else:
-                rolled = []
-            for d, n in rolled:
-                complete[d] = complete.get(d, 0) + int(n)
-            for d, t in self._rows(f"SELECT device, last_complete FROM scan_rollup_totals WHERE 1{dev}", dp):
-                if t is not None and (d not in last or t > last[d]):
-                    last[d] = t
-        return {d: ScanCounts(complete.get(d, 0), last.get(d)) for d in {*complete, *last}}
 
     # ------------------------------------------------------------------ quarantine
     def quarantine_list(self) -> list[QuarantineEntry]:
@@ -398,9 +347,14 @@ class StoreQueries(CaseQueries):
 
     def most_failing(self, *, since: float, limit: int) -> list[str]:
         """Up to ``limit`` devices with failed first attempts since ``since``, most failures first."""
-        return [r[0] for r in self._rows(
-            "SELECT device, COUNT(*) AS n FROM results INDEXED BY results_failures WHERE passed = 0 AND attempt = 0 "
-            "AND started_at >= ? GROUP BY device ORDER BY n DESC, device LIMIT ?", (since, limit))]
+        return [
+            r[0]
+            for r in self._rows(
+                "SELECT device, COUNT(*) AS n FROM results INDEXED BY results_failures "
+                "WHERE passed = 0 AND attempt = 0 AND started_at >= ? GROUP BY device ORDER BY n DESC, device LIMIT ?",
+                (since, limit),
+            )
+        ]
 
     def rate_series(self, *, start: float, width_s: float, devices: Sequence[str] | None) -> list[SeriesPoint]:
         """Executions and failures per ``width_s`` bin from ``start``, per device (``devices``) or for the fleet
@@ -412,7 +366,8 @@ class StoreQueries(CaseQueries):
         for r in self._rows(
             f"SELECT {keys}, TOTAL((attempt = 0) * executions), TOTAL(attempt = 0 AND passed = 0) FROM "
             f"(SELECT *, CAST((started_at - ?) / ? AS INTEGER) AS b FROM results WHERE started_at >= ?{scope}) "
-            f"GROUP BY {keys}", [start, width_s, start, *sp],
+            f"GROUP BY {keys}",
+            [start, width_s, start, *sp],
         ):
             key = (r[0], int(r[1])) if per_device else (None, int(r[0]))
             sums[key] = [int(r[-2]), int(r[-1])]
@@ -421,11 +376,13 @@ class StoreQueries(CaseQueries):
             for r in self._rows(
                 f"SELECT {keys}, TOTAL(executions), TOTAL(failures) FROM (SELECT *, CAST((day * {DAY_S} - ?) / ? "
                 f"AS INTEGER) AS b FROM {table} WHERE day >= ?{scope}) GROUP BY {keys}",
-                [start, width_s, _first_day(start), *sp],
+                [start, width_s, first_day(start), *sp],
             ):
                 key = (r[0], int(r[1])) if per_device else (None, int(r[0]))
                 s = sums.setdefault(key, [0, 0])
                 s[0] += int(r[-2])
                 s[1] += int(r[-1])
-        return [SeriesPoint(d, b, n, k)
-                for (d, b), (n, k) in sorted(sums.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]
+        return [
+            SeriesPoint(d, b, n, k)
+            for (d, b), (n, k) in sorted(sums.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))
+        ]

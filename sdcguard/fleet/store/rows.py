@@ -12,9 +12,24 @@ from operator import itemgetter
 from typing import Any, Literal
 
 __all__ = [
-    "DeviceStatus", "device_status", "Tally", "FailedExecution", "CaseCoverage", "ScanCounts", "QuarantineEntry",
-    "Decision", "PendingAction", "SeriesPoint", "MergeStats", "PruneStats", "CheckpointEntry",
-    "ScrubEntry", "CheckpointStatus", "ScrubStatus", "CaseTiming", "CaseTimes",
+    "DeviceStatus",
+    "device_status",
+    "Tally",
+    "FailedExecution",
+    "CaseCoverage",
+    "ScanCounts",
+    "QuarantineEntry",
+    "Decision",
+    "PendingAction",
+    "SeriesPoint",
+    "MergeStats",
+    "PruneStats",
+    "CheckpointEntry",
+    "ScrubEntry",
+    "CheckpointStatus",
+    "ScrubStatus",
+    "CaseTiming",
+    "CaseTimes",
 ]
 
 DeviceStatus = Literal["healthy", "suspect", "quarantined", "probation"]
@@ -237,10 +252,14 @@ class CaseTimes:
         return len(self.device)
 
     def __add__(self, other: CaseTimes) -> CaseTimes:
-        return CaseTimes(tuple(self.device) + tuple(other.device), tuple(self.case) + tuple(other.case),
-                         tuple(self.family) + tuple(other.family), tuple(self.scan) + tuple(other.scan),
-                         tuple(self.executions) + tuple(other.executions),
-                         tuple(self.seconds) + tuple(other.seconds))
+        return CaseTimes(
+            tuple(self.device) + tuple(other.device),
+            tuple(self.case) + tuple(other.case),
+            tuple(self.family) + tuple(other.family),
+            tuple(self.scan) + tuple(other.scan),
+            tuple(self.executions) + tuple(other.executions),
+            tuple(self.seconds) + tuple(other.seconds),
+        )
 
     def records(self) -> Iterator[CaseTiming]:
         for d, c, f, s, n, t in zip(self.device, self.case, self.family, self.scan, self.executions, self.seconds):

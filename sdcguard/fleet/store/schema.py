@@ -18,7 +18,13 @@ import sqlite3
 from collections.abc import Callable
 
 __all__ = [
-    "SCHEMA_VERSION", "APPLICATION_ID", "SQLITE_MAGIC", "MIGRATIONS", "migrate", "COUNTED_SCAN", "MIN_EXECUTIONS",
+    "SCHEMA_VERSION",
+    "APPLICATION_ID",
+    "SQLITE_MAGIC",
+    "MIGRATIONS",
+    "migrate",
+    "COUNTED_SCAN",
+    "MIN_EXECUTIONS",
 ]
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -390,8 +396,10 @@ CREATE INDEX IF NOT EXISTS checkpoint_scrubs_checkpoint ON checkpoint_scrubs(che
 def _v9(conn: sqlite3.Connection) -> None:
     columns = {r[1] for r in conn.execute("PRAGMA table_info(checkpoints)")}
     if "status" not in columns:  # (a store stamped back to an older version by hand still has them)
-        conn.execute("ALTER TABLE checkpoints ADD COLUMN status TEXT NOT NULL DEFAULT 'saved' "
-                     "CHECK (status IN ('saved','failed'))")
+        conn.execute(
+            "ALTER TABLE checkpoints ADD COLUMN status TEXT NOT NULL DEFAULT 'saved' "
+            "CHECK (status IN ('saved','failed'))"
+        )
     if "detail" not in columns:
         conn.execute("ALTER TABLE checkpoints ADD COLUMN detail TEXT NOT NULL DEFAULT ''")
     _script(_V9_TABLES)(conn)
@@ -453,8 +461,16 @@ CREATE INDEX results_time ON results(started_at, device, family, executions, dur
 
 
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
-    1: _script(_V1), 2: _script(_V2), 3: _script(_V3), 4: _script(_V4), 5: _script(_V5), 6: _script(_V6),
-    7: _v7, 8: _script(_V8), 9: _v9, 10: _script(_V10),
+    1: _script(_V1),
+    2: _script(_V2),
+    3: _script(_V3),
+    4: _script(_V4),
+    5: _script(_V5),
+    6: _script(_V6),
+    7: _v7,
+    8: _script(_V8),
+    9: _v9,
+    10: _script(_V10),
 }
 """``version -> function`` bringing a store from ``version - 1`` to ``version``; run in one transaction."""
 

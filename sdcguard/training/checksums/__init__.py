@@ -5,5 +5,14 @@ checks conclude on every rank). ``check_matmul`` and ``ChecksumMode`` are import
 from .bound import DEFAULT_ROWS, Precision, c_engine_available, check_matmul, precision_for
 from .mode import ChecksumFailure, ChecksumMode, MatmulCall, Pass
 
-__all__ = ["check_matmul", "precision_for", "Precision", "DEFAULT_ROWS", "c_engine_available", "ChecksumMode",
-           "ChecksumFailure", "MatmulCall", "Pass"]
+__all__ = [
+    "check_matmul",
+    "precision_for",
+    "Precision",
+    "DEFAULT_ROWS",
+    "c_engine_available",
+    "ChecksumMode",
+    "ChecksumFailure",
+    "MatmulCall",
+    "Pass",
+]

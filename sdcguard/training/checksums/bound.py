@@ -98,8 +98,8 @@ __all__ = ["Precision", "precision_for", "check_matmul", "DEFAULT_ROWS", "c_engi
 DEFAULT_ROWS = 32
 """Rows of the result summed per checksum (``b``): the check costs ``2/b`` of the matmul's multiply-adds."""
 
-_SLACK = 1.0 + 2.0 ** -10
-_UNITS = {torch.float64: 2.0 ** -53, torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+_SLACK = 1.0 + 2.0**-10
+_UNITS = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
 
 @dataclass(frozen=True)
@@ -136,8 +136,11 @@ def precision_for(dtype: torch.dtype, device: torch.device) -> Precision | None:
     reduced = False
     if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
         matmul = torch.backends.cuda.matmul
-        reduced = (matmul.allow_bf16_reduced_precision_reduction if dtype == torch.bfloat16
-                   else matmul.allow_fp16_reduced_precision_reduction)
+        reduced = (
+            matmul.allow_bf16_reduced_precision_reduction
+            if dtype == torch.bfloat16
+            else matmul.allow_fp16_reduced_precision_reduction
+        )
     return _precision(dtype, _fp32_internal(device.type), reduced)
 
 
@@ -147,13 +150,25 @@ def _precision(dtype: torch.dtype, mode: str, reduced: bool) -> Precision | None
     not 2**-11); bf16 internal precision keeps 7. ``reduced``: reduced-precision reductions of bf16/fp16."""
     if dtype not in _UNITS:
         return None
-    ref = {"highest": 0.0, "high": 2.0 ** -10}.get(mode, 2.0 ** -7)
+    ref = {"highest": 0.0, "high": 2.0**-10}.get(mode, 2.0**-7)
     tiny = torch.finfo(dtype).tiny
     if dtype in (torch.float32, torch.float64):
-        return Precision(u_in=ref if dtype == torch.float32 else 0.0, u_acc=_UNITS[dtype], u_out=0.0, u_ref=ref,
-                         tiny_out=tiny, tiny_in=tiny)
-    return Precision(u_in=0.0, u_acc=_UNITS[dtype] if reduced else _UNITS[torch.float32], u_out=_UNITS[dtype],
-                     u_ref=ref, tiny_out=tiny, tiny_in=tiny)
+        return Precision(
+            u_in=ref if dtype == torch.float32 else 0.0,
+            u_acc=_UNITS[dtype],
+            u_out=0.0,
+            u_ref=ref,
+            tiny_out=tiny,
+            tiny_in=tiny,
+        )
+    return Precision(
+        u_in=0.0,
+        u_acc=_UNITS[dtype] if reduced else _UNITS[torch.float32],
+        u_out=_UNITS[dtype],
+        u_ref=ref,
+        tiny_out=tiny,
+        tiny_in=tiny,
+    )
 
 
 def _gamma(n: int, u: float) -> float:
@@ -166,7 +181,7 @@ def _coefficients(p: Precision, b: int, k: int, w: torch.dtype) -> tuple[float, 
     checksum and ``k`` terms per entry; ``beta`` is inf when the bound is vacuous. ``c_R`` and ``c_V`` are the
     screen's factors (proof step (8))."""
     uw = _UNITS[w]
-    th_in, theta = 2 * p.u_in + p.u_in ** 2, 2 * p.u_ref + p.u_ref ** 2
+    th_in, theta = 2 * p.u_in + p.u_in**2, 2 * p.u_ref + p.u_ref**2
     g_acc, gb, gk = _gamma(k, p.u_acc), _gamma(b + 1, uw), _gamma(k + 1, uw)
     alpha = (1 + p.u_out) * (g_acc + th_in * (1 + g_acc)) + p.u_out
     beta = alpha + gb * (2 + alpha) + (gk + theta * (1 + gk)) * (1 + gb)
@@ -174,13 +189,18 @@ def _coefficients(p: Precision, b: int, k: int, w: torch.dtype) -> tuple[float, 
     if not math.isfinite(beta) or alpha >= 1 or lower <= 0:
         return math.inf, math.inf, 0.0, 0.0
     eta = torch.finfo(w).tiny * (2 * b * k + 4 * k + 4 * b) + 2 * b * p.tiny_out
-    margin = 1 - 2.0 ** -10
-    return (beta / lower * _SLACK, eta * _SLACK, beta * margin ** 2 / (1 + beta),
-            beta * margin ** 2 / ((1 + gb) * (1 + gk)))
+    margin = 1 - 2.0**-10
+    return (
+        beta / lower * _SLACK,
+        eta * _SLACK,
+        beta * margin**2 / (1 + beta),
+        beta * margin**2 / ((1 + gb) * (1 + gk)),
+    )
 
 
-def _block_reduce(x: torch.Tensor, rows: int,
-                  reduce: Callable[[torch.Tensor, int, bool], torch.Tensor]) -> torch.Tensor:
+def _block_reduce(
+    x: torch.Tensor, rows: int, reduce: Callable[[torch.Tensor, int, bool], torch.Tensor]
+) -> torch.Tensor:
     """``reduce(view, dim, keepdim)`` over the rows of each block of ``rows`` consecutive rows of ``x`` (..., m, k) ->
     (..., ceil(m / rows), k). A transposed ``x`` (its rows adjacent in memory, as ``A^T`` of a weight gradient) is
     reduced along its memory order, which on the CPU is several times faster than across it."""
@@ -204,12 +224,12 @@ def _block_reduce(x: torch.Tensor, rows: int,
 def _block_sums(x: torch.Tensor, rows: int, w: torch.dtype, *, absolute: bool = False) -> torch.Tensor:
     """Sums over blocks of ``rows`` consecutive rows of ``x`` (..., m, k) -> (..., ceil(m / rows), k), in ``w``."""
     # abs() then sum: linalg.vector_norm(ord=1) over a non-last dim is many times slower on the CPU
-    return _block_reduce(x, rows, lambda v, dim, keep: (v.abs() if absolute else v).sum(dim=dim, keepdim=keep,
-                                                                                         dtype=w))
+    return _block_reduce(x, rows, lambda v, dim, keep: (v.abs() if absolute else v).sum(dim=dim, keepdim=keep, dtype=w))
 
 
-def _gathered_magnitudes(v: torch.Tensor, bw: torch.Tensor, where: torch.Tensor,
-                         bias_mag: torch.Tensor | None) -> torch.Tensor:
+def _gathered_magnitudes(
+    v: torch.Tensor, bw: torch.Tensor, where: torch.Tensor, bias_mag: torch.Tensor | None
+) -> torch.Tensor:
     """``sum_l |v_gl| |B_lj|`` (+ the block sums of the added term's magnitude, ``bias_mag``) for the block
     columns ``(batch,) g, j`` listed in ``where`` (``nonzero()`` of a block-column mask), ``k`` products each and
     nothing else read: with the signed block sums ``V^`` of ``A`` a lower bound of their magnitudes, with the block
@@ -257,8 +277,12 @@ def c_engine_available() -> bool:
 
 def _plain(x: torch.Tensor) -> bool:
     """Whether the engine may read ``x`` at its address: a dense host tensor (no subclass, no lazy negation)."""
-    return (type(x) in (torch.Tensor, torch.nn.Parameter) and x.device.type == "cpu" and x.layout == torch.strided
-            and not x.is_neg())
+    return (
+        type(x) in (torch.Tensor, torch.nn.Parameter)
+        and x.device.type == "cpu"
+        and x.layout == torch.strided
+        and not x.is_neg()
+    )
 
 
 def _addr(x: torch.Tensor) -> tuple[int, int, int]:
@@ -271,8 +295,12 @@ def _c_bias(bias: torch.Tensor | None, n: int) -> torch.Tensor | None | Literal[
     not a row (a full matrix, a column: the torch path sums it)."""
     if bias is None:
         return None
-    if (bias.dtype not in _CODES or not _plain(bias) or not all(d == 1 for d in bias.shape[:-1])
-            or bias.numel() not in (1, n)):
+    if (
+        bias.dtype not in _CODES
+        or not _plain(bias)
+        or not all(d == 1 for d in bias.shape[:-1])
+        or bias.numel() not in (1, n)
+    ):
         return False
     return bias.reshape(-1).contiguous()
 
@@ -280,22 +308,52 @@ def _c_bias(bias: torch.Tensor | None, n: int) -> torch.Tensor | None | Literal[
 def _c_sums(a: torch.Tensor, c: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The block sums of ``A`` and of ``C`` in fp32 from the C engine, each read once; None where it cannot take
     them (not built, not the CPU, another dtype or layout)."""
-    if (_checksum_core is None or not _plain(a) or not _plain(c) or c.dtype not in _CODES or a.dtype != c.dtype
-            or a.dim() != c.dim() or a.dim() not in (2, 3) or min(a.shape) == 0 or min(c.shape) == 0):
+    if (
+        _checksum_core is None
+        or not _plain(a)
+        or not _plain(c)
+        or c.dtype not in _CODES
+        or a.dtype != c.dtype
+        or a.dim() != c.dim()
+        or a.dim() not in (2, 3)
+        or min(a.shape) == 0
+        or min(c.shape) == 0
+    ):
         return None
     batch = a.shape[0] if a.dim() == 3 else 1
     m, k, n = a.shape[-2], a.shape[-1], c.shape[-1]
     groups = (m + rows - 1) // rows
     v = torch.empty((batch, groups, k) if a.dim() == 3 else (groups, k), dtype=torch.float32)
     s = torch.empty((batch, groups, n) if a.dim() == 3 else (groups, n), dtype=torch.float32)
-    _checksum_core.block_sums(a.data_ptr(), c.data_ptr(), _CODES[c.dtype], batch, m, k, n, _addr(a), _addr(c), rows,
-                              v.data_ptr(), s.data_ptr())
+    _checksum_core.block_sums(
+        a.data_ptr(),
+        c.data_ptr(),
+        _CODES[c.dtype],
+        batch,
+        m,
+        k,
+        n,
+        _addr(a),
+        _addr(c),
+        rows,
+        v.data_ptr(),
+        s.data_ptr(),
+    )
     return v, s
 
 
-def _cleared_by_engine(s: torch.Tensor, r: torch.Tensor, v: torch.Tensor, va: torch.Tensor | None,
-                       bw: torch.Tensor, bias: torch.Tensor | None, rows: int, m: int, by_reference: float,
-                       by_sums: float) -> bool | None:
+def _cleared_by_engine(
+    s: torch.Tensor,
+    r: torch.Tensor,
+    v: torch.Tensor,
+    va: torch.Tensor | None,
+    bw: torch.Tensor,
+    bias: torch.Tensor | None,
+    rows: int,
+    m: int,
+    by_reference: float,
+    by_sums: float,
+) -> bool | None:
     """The screen (8) in one C pass over the block columns: tiers (a) and (b), and (c) when ``va`` (the block sums
     of ``|A|``) is given. True when every column is cleared; None where the engine cannot take the added term (a
     full matrix, a column) or these tensors."""
@@ -306,9 +364,27 @@ def _cleared_by_engine(s: torch.Tensor, r: torch.Tensor, v: torch.Tensor, va: to
         return None
     groups, k = v.shape[-2], v.shape[-1]
     code, length, address = (0, 0, 0) if flat is None else (_CODES[flat.dtype], flat.numel(), flat.data_ptr())
-    return bool(_checksum_core.cleared(s.data_ptr(), r.data_ptr(), v.data_ptr(), 0 if va is None else va.data_ptr(),
-                                       bw.data_ptr(), v.numel() // (groups * k), groups, k, n, _addr(bw), address,
-                                       code, length, rows, m, by_reference, by_sums))
+    return bool(
+        _checksum_core.cleared(
+            s.data_ptr(),
+            r.data_ptr(),
+            v.data_ptr(),
+            0 if va is None else va.data_ptr(),
+            bw.data_ptr(),
+            v.numel() // (groups * k),
+            groups,
+            k,
+            n,
+            _addr(bw),
+            address,
+            code,
+            length,
+            rows,
+            m,
+            by_reference,
+            by_sums,
+        )
+    )
 
 
 def _c_magnitudes(a: torch.Tensor, v: torch.Tensor, rows: int) -> torch.Tensor:
@@ -316,13 +392,22 @@ def _c_magnitudes(a: torch.Tensor, v: torch.Tensor, rows: int) -> torch.Tensor:
     assert _checksum_core is not None
     va = torch.empty_like(v)
     batch = a.shape[0] if a.dim() == 3 else 1
-    _checksum_core.magnitude_sums(a.data_ptr(), _CODES[a.dtype], batch, a.shape[-2], a.shape[-1], _addr(a), rows,
-                                  va.data_ptr())
+    _checksum_core.magnitude_sums(
+        a.data_ptr(), _CODES[a.dtype], batch, a.shape[-2], a.shape[-1], _addr(a), rows, va.data_ptr()
+    )
     return va
 
 
-def check_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, bias: torch.Tensor | None = None,
-                 precision: Precision, rows: int = DEFAULT_ROWS, screen: bool | None = None) -> torch.Tensor:
+def check_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    precision: Precision,
+    rows: int = DEFAULT_ROWS,
+    screen: bool | None = None,
+) -> torch.Tensor:
     """The number of block columns of ``c = [bias +] a @ b`` (2-D, or batched 3-D) whose checksum differs from the
     operands' by more than the bound (a 0-d int64 tensor on ``c``'s device).
 

@@ -39,11 +39,20 @@ __all__ = ["ChecksumMode", "ChecksumFailure", "MatmulCall", "Pass"]
 Pass = Literal["forward", "dX", "dW"]
 
 _CHECKED = {"mm", "addmm", "bmm", "baddbmm"}
-_UNCHECKED = {"_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
-              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-              "_flash_attention_forward", "_efficient_attention_forward", "_scaled_mm", "_int_mm",
-              "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
-              "_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_cudnn_attention_backward"}
+_UNCHECKED = {
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_flash_attention_forward",
+    "_efficient_attention_forward",
+    "_scaled_mm",
+    "_int_mm",
+    "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_flash_attention_for_cpu_backward",
+    "_scaled_dot_product_cudnn_attention_backward",
+}
 
 
 _KINDS: dict[Any, str] = {}
@@ -169,8 +178,10 @@ class ChecksumMode(TorchDispatchMode):
         self.active = False
         self.close()
         if _get_current_dispatch_mode() is not self:
-            raise RuntimeError("sdcguard: another TorchDispatchMode was entered during the step and is still "
-                               "active at end_step; the checksum mode cannot be removed under it")
+            raise RuntimeError(
+                "sdcguard: another TorchDispatchMode was entered during the step and is still "
+                "active at end_step; the checksum mode cannot be removed under it"
+            )
         self.__exit__(None, None, None)
         counts = torch.stack(self._counts).tolist() if self._counts else []
         failures = self._failures + [self._recheck(call, int(n)) for call, n in zip(self.calls, counts) if n]
@@ -224,8 +235,11 @@ class ChecksumMode(TorchDispatchMode):
         except RuntimeError as e:  # a call the check cannot take must not break the training step: run, not checked
             if name not in self._refused:
                 self._refused.add(name)
-                warnings.warn(f"sdcguard: could not check aten.{name} ({e}); such calls count as run, not checked",
-                              RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"sdcguard: could not check aten.{name} ({e}); such calls count as run, not checked",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             return
         self.checked += 1
         if out.device.type == "cpu":  # reading the count costs no sync here: recompute now, while operands live
@@ -239,8 +253,14 @@ class ChecksumMode(TorchDispatchMode):
         """What ran, where, and its operands' versions (called while the op's autograd context is current)."""
         phase, where = self._phase(a, b, out)
         tensors = tuple(t for t in args if isinstance(t, torch.Tensor))
-        return MatmulCall(op=f"aten.{name}", where=where, phase=phase, func=func, args=tuple(args),
-                          versions=tuple(t._version for t in tensors))
+        return MatmulCall(
+            op=f"aten.{name}",
+            where=where,
+            phase=phase,
+            func=func,
+            args=tuple(args),
+            versions=tuple(t._version for t in tensors),
+        )
 
     def _recheck(self, call: MatmulCall, blocks: int) -> ChecksumFailure:
         tensors = tuple(t for t in call.args if isinstance(t, torch.Tensor))

@@ -29,15 +29,17 @@ def columns(failures: Sequence[ChecksumFailure]) -> list[int]:
 
 
 def _describe(f: ChecksumFailure) -> str:
-    verdict = {True: "the same-device recompute failed again (sticky)",
-               False: "the same-device recompute passed (transient: the first result or its check was wrong once)",
-               None: "its operands changed in place since, so it could not be recomputed"}[f.sticky]
-    return (f"{f.op} ({f.phase}) in {f.where}: {f.blocks} checksum block column(s) over the rounding bound; "
-            f"{verdict}")
+    verdict = {
+        True: "the same-device recompute failed again (sticky)",
+        False: "the same-device recompute passed (transient: the first result or its check was wrong once)",
+        None: "its operands changed in place since, so it could not be recomputed",
+    }[f.sticky]
+    return f"{f.op} ({f.phase}) in {f.where}: {f.blocks} checksum block column(s) over the rounding bound; {verdict}"
 
 
-def checksum_incidents(comm: Comm, attr: Attributor, step: int, table: Sequence[Sequence[int]],
-                       failures: Sequence[ChecksumFailure]) -> list[Incident]:
+def checksum_incidents(
+    comm: Comm, attr: Attributor, step: int, table: Sequence[Sequence[int]], failures: Sequence[ChecksumFailure]
+) -> list[Incident]:
     """The incidents of a step whose gathered checksum ``table`` (one row of :data:`WIDTH` per member) shows a
     failure; [] otherwise. Collective (every rank calls it with the same table)."""
     if not any(row[0] for row in table):
@@ -49,9 +51,15 @@ def checksum_incidents(comm: Comm, attr: Attributor, step: int, table: Sequence[
             continue
         identity = attr.identities.get(rank, (None, ""))
         where = f"rank {rank} ({identity[0] or 'device unknown'}, host {identity[1] or 'unknown'})"
-        detail = (f"step {step}: a matmul result failed its checksum on {where}: " + "; ".join(r[3] for r in rows)
-                  + ". The check is local: the rank that computed is the suspect.")
+        detail = (
+            f"step {step}: a matmul result failed its checksum on {where}: "
+            + "; ".join(r[3] for r in rows)
+            + ". The check is local: the rank that computed is the suspect."
+        )
         sticky = True if any(r[4] for r in rows) else (None if any(r[4] is None for r in rows) else False)
-        out.append(attr.incident("checksum", step, (rank,), detail, parameter=f"{rows[0][1]} [{rows[0][0]}, "
-                                 f"{rows[0][2]}]", sticky=sticky))
+        out.append(
+            attr.incident(
+                "checksum", step, (rank,), detail, parameter=f"{rows[0][1]} [{rows[0][0]}, {rows[0][2]}]", sticky=sticky
+            )
+        )
     return out

@@ -89,8 +89,9 @@ class _TapReduceScatter:
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
 
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any,
-                 async_op: bool = False) -> Any:
+    def __call__(
+        self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any, async_op: bool = False
+    ) -> Any:
         return self.taps.reduce_scatter(self.index, output_tensor, input_tensor, group, op, async_op)
 
 
@@ -129,8 +130,9 @@ class FSDPTaps:
 
     # ------------------------------------------------------------------------------------------- the hook
 
-    def reduce_scatter(self, index: int, output: torch.Tensor, input: torch.Tensor, group: Any, op: Any,
-                       async_op: bool) -> Any:
+    def reduce_scatter(
+        self, index: int, output: torch.Tensor, input: torch.Tensor, group: Any, op: Any, async_op: bool
+    ) -> Any:
         record = self._record
         if record is not None:
             record.add(index, input)

@@ -116,7 +116,8 @@ class AutocastProbe:
     def __init__(self) -> None:
         self.state: AutocastState | None = None
         self._handle: torch.utils.hooks.RemovableHandle | None = (
-            torch.nn.modules.module.register_module_forward_pre_hook(self._pre))
+            torch.nn.modules.module.register_module_forward_pre_hook(self._pre)
+        )
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
         if self.state is None:
@@ -222,27 +223,13 @@ def rng_replayed(state: RngState, hook: RngHook | None = None, *, same_process: 
         restore_rng(saved, hook, same_process=True)
 
 
-def make_capture(
-    *,
-    step: int,
-    rank: int,
-    micro_batch: int,
-    batch: Batch,
-    rng: RngState,
-) -> Capture:
+def make_capture(*, step: int, rank: int, micro_batch: int, batch: Batch, rng: RngState) -> Capture:
     """A portable capture: tensors copied to the CPU (detached), accelerator leaves remembered."""
     leaves = _leaves(batch)
     on_device = tuple(t.device.type != "cpu" for t in leaves)
     # clone(): the caller may reuse or modify its batch buffers after the step.
     portable = map_tensors(batch, lambda t: t.detach().to("cpu", copy=True))
-    return Capture(
-        step=step,
-        rank=rank,
-        micro_batch=micro_batch,
-        batch=portable,
-        rng=rng,
-        on_device=on_device,
-    )
+    return Capture(step=step, rank=rank, micro_batch=micro_batch, batch=portable, rng=rng, on_device=on_device)
 
 
 def batch_for_replay(capture: Capture, device: torch.device) -> Batch:

@@ -68,8 +68,9 @@ class StepObserver:
         self._disarm()
         self._tally()
         if self._record_here and self._index == self._chosen:
-            self._capture = make_capture(step=self.step, rank=self.rank, micro_batch=self._index, batch=batch,
-                                         rng=capture_rng(self.rng_hook))
+            self._capture = make_capture(
+                step=self.step, rank=self.rank, micro_batch=self._index, batch=batch, rng=capture_rng(self.rng_hook)
+            )
             self._record = LocalRecord(len(self.taps.unit_names), self.device)
             self._probe = AutocastProbe()
             self.taps.arm(self._record)

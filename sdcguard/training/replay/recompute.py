@@ -29,8 +29,10 @@ LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 def check_loss(loss: object) -> torch.Tensor:
     """``loss`` if it is a scalar tensor, else a clear error (a user's ``loss_fn`` returned something else)."""
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        raise ValueError(f"loss_fn(model, batch) must return a scalar tensor, got {type(loss).__name__}"
-                         + (f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else ""))
+        raise ValueError(
+            f"loss_fn(model, batch) must return a scalar tensor, got {type(loss).__name__}"
+            + (f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else "")
+        )
     return loss
 
 

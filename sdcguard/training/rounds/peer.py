@@ -56,8 +56,16 @@ def _same(orig: Sequence[int], rep: Sequence[int]) -> bool:
 class PeerRound:
     """Round 1 and the settling of one sampled step in peer mode (or in one process)."""
 
-    def __init__(self, comm: Comm, replay_fn: ReplayFn, attributor: Attributor, *, record_ops: bool,
-                 collective: bool, setups: Mapping[int, Hashable] | None = None) -> None:
+    def __init__(
+        self,
+        comm: Comm,
+        replay_fn: ReplayFn,
+        attributor: Attributor,
+        *,
+        record_ops: bool,
+        collective: bool,
+        setups: Mapping[int, Hashable] | None = None,
+    ) -> None:
         self.comm = comm
         self.replay_fn = replay_fn
         self.attr = attributor
@@ -110,8 +118,9 @@ class PeerRound:
             settled.append((self.comm.members[p], j))
             if j.verdict == "software":
                 break
-        conclude(step, settled, self.attr, devices=max(W, 1), shared_cause_at=2 if self.collective else 3,
-                 result=result)
+        conclude(
+            step, settled, self.attr, devices=max(W, 1), shared_cause_at=2 if self.collective else 3, result=result
+        )
         if not result.software:
             result.clean = seen - result.blamed - result.suspects
         return [result]

@@ -88,8 +88,9 @@ class ShadowServer:
             self._kept[sample.sample] = (sample.capture, mine, [f.clone() for f in self._flats])
         first = None if matched else sample.original.first_difference(mine)
         loss_differs = not matched and mine.loss is not None and sample.original.loss not in (None, mine.loss)
-        verdict = Verdict(sample=sample.sample, step=sample.step, matched=matched, first_unit=first,
-                          loss_differs=loss_differs)
+        verdict = Verdict(
+            sample=sample.sample, step=sample.step, matched=matched, first_unit=first, loss_differs=loss_differs
+        )
         dist.send(verdict.to_tensor(comm_device(None)), sender)
         self.replays += 1
 
@@ -142,8 +143,14 @@ class _Pending:
 class DedicatedRound:
     """The workers' side of dedicated shadows (see the module docstring)."""
 
-    def __init__(self, comm: Comm, shadows: Sequence[int], params: Sequence[nn.Parameter], replay_fn: ReplayAt,
-                 attributor: Attributor) -> None:
+    def __init__(
+        self,
+        comm: Comm,
+        shadows: Sequence[int],
+        params: Sequence[nn.Parameter],
+        replay_fn: ReplayAt,
+        attributor: Attributor,
+    ) -> None:
         self.comm = comm
         self.shadows = tuple(shadows)
         self.params = list(params)
@@ -257,10 +264,10 @@ class DedicatedRound:
         reruns = [self.replay_fn(cap, me == owner, values) for _ in range(2)]
         everyone = self.comm.gather_objects({"reruns": reruns, "original": pending.original})
         others = [Opinion(pending.shadow, shadow_digest)] + [
-            Opinion(g[q], d) for q in range(self.comm.size) for d in everyone[q]["reruns"]]
+            Opinion(g[q], d) for q in range(self.comm.size) for d in everyone[q]["reruns"]
+        ]
         j = judge(Opinion(g[owner], everyone[owner]["original"]), others, contemporary=False)
-        conclude(pending.step, [(g[owner], j)], self.attr, devices=self.comm.size + 1, shared_cause_at=3,
-                 result=result)
+        conclude(pending.step, [(g[owner], j)], self.attr, devices=self.comm.size + 1, shared_cause_at=3, result=result)
 
     def close(self) -> list[RoundResult]:
         """End of training: collect every outstanding verdict, then release the shadows."""

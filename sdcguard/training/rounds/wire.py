@@ -46,14 +46,16 @@ class Verdict:
 
     def to_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
         first = -1 if self.first_unit is None else self.first_unit
-        return torch.tensor([self.sample, self.step, int(self.matched), first, int(self.loss_differs)],
-                            dtype=torch.int64, device=device)
+        return torch.tensor(
+            [self.sample, self.step, int(self.matched), first, int(self.loss_differs)], dtype=torch.int64, device=device
+        )
 
     @classmethod
     def from_tensor(cls, t: torch.Tensor) -> Verdict:
         v = [int(x) for x in t.cpu().tolist()]
-        return cls(sample=v[0], step=v[1], matched=bool(v[2]), first_unit=None if v[3] < 0 else v[3],
-                   loss_differs=bool(v[4]))
+        return cls(
+            sample=v[0], step=v[1], matched=bool(v[2]), first_unit=None if v[3] < 0 else v[3], loss_differs=bool(v[4])
+        )
 
 
 def flat_buffers(params: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
@@ -80,6 +82,6 @@ def flat_views(flats: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) ->
             flat, offset = next(it, None), 0
         if flat is None or offset + p.numel() > flat.numel():
             raise ValueError("parameter layout does not match the flat buffers")
-        out.append(flat[offset:offset + p.numel()].view(p.shape))
+        out.append(flat[offset : offset + p.numel()].view(p.shape))
         offset += p.numel()
     return out

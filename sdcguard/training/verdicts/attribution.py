@@ -124,31 +124,46 @@ def settle(computations: Mapping[int, Sequence[Digest]], setups: Mapping[int, Ha
     if len(devices) == 1:
         return _one_device(devices[0], computations[devices[0]])
     if len(inconsistent) >= 2:
-        return Judgement(verdict="software", inconsistent=inconsistent,
-                         how=f"{len(inconsistent)} devices (ranks {_ranks(inconsistent)}) each computed the same "
-                             "micro-batch differently on a second try: the setup does not replay bit for bit")
+        return Judgement(
+            verdict="software",
+            inconsistent=inconsistent,
+            how=f"{len(inconsistent)} devices (ranks {_ranks(inconsistent)}) each computed the same "
+            "micro-batch differently on a second try: the setup does not replay bit for bit",
+        )
     values = _values(computations)
     consistent = [d for d in devices if d not in inconsistent]
     if setups is not None and _split_by_setup(values, consistent, setups):
-        return Judgement(verdict="software", how="the devices that disagree run different setups (device model, "
-                         "driver or library versions) and each setup reproduces its own result: the setups compute "
-                         "differently; no device is at fault")
+        return Judgement(
+            verdict="software",
+            how="the devices that disagree run different setups (device model, "
+            "driver or library versions) and each setup reproduces its own result: the setups compute "
+            "differently; no device is at fault",
+        )
     agreed = next((v for v, devs in values if len(devs) >= 2 and 2 * len(devs) > len(devices)), None)
     how = ""
     if agreed is not None:
         n = next(len(devs) for v, devs in values if v == agreed)
         how = f"{n} of {len(devices)} devices computed the same result"
-    elif (len(inconsistent) == 1 and len({_index(values, computations[d][0]) for d in consistent}) == 1
-          and any(len(computations[d]) >= 2 for d in consistent)):
+    elif (
+        len(inconsistent) == 1
+        and len({_index(values, computations[d][0]) for d in consistent}) == 1
+        and any(len(computations[d]) >= 2 for d in consistent)
+    ):
         agreed = computations[consistent[0]][0]
-        how = (f"rank {inconsistent[0]} did not reproduce its own result while every other device computed one "
-               "result, and reproduced it")
+        how = (
+            f"rank {inconsistent[0]} did not reproduce its own result while every other device computed one "
+            "result, and reproduced it"
+        )
     if agreed is None:
-        return Judgement(verdict="unresolved", suspects=tuple(devices), inconsistent=inconsistent,
-                         original_corrupt=True,
-                         how=f"the {len(devices)} devices (ranks {_ranks(devices)}) disagree, "
-                             + ("each reproducing its own result, " if not inconsistent else "")
-                             + "and no majority decides between them")
+        return Judgement(
+            verdict="unresolved",
+            suspects=tuple(devices),
+            inconsistent=inconsistent,
+            original_corrupt=True,
+            how=f"the {len(devices)} devices (ranks {_ranks(devices)}) disagree, "
+            + ("each reproducing its own result, " if not inconsistent else "")
+            + "and no majority decides between them",
+        )
     blamed: dict[int, bool] = {}
     first: int | None = None
     for d in devices:
@@ -156,8 +171,9 @@ def settle(computations: Mapping[int, Sequence[Digest]], setups: Mapping[int, Ha
         if wrong:
             blamed[d] = len(wrong) == len(computations[d]) >= 2 and d not in inconsistent
             first = first if first is not None else agreed.first_difference(wrong[0])
-    return Judgement(verdict="hardware", agreed=agreed, blamed=blamed, inconsistent=inconsistent, how=how,
-                     first_unit=first)
+    return Judgement(
+        verdict="hardware", agreed=agreed, blamed=blamed, inconsistent=inconsistent, how=how, first_unit=first
+    )
 
 
 def _one_device(dev: int, digests: Sequence[Digest]) -> Judgement:
@@ -166,20 +182,27 @@ def _one_device(dev: int, digests: Sequence[Digest]) -> Judgement:
     if best[1] >= 2 and 2 * best[1] > len(digests):
         agreed = best[0]
         wrong = [d for d in digests if d != agreed]
-        return Judgement(verdict="hardware", agreed=agreed, blamed={dev: False} if wrong else {},
-                         first_unit=agreed.first_difference(wrong[0]) if wrong else None,
-                         how=f"{best[1]} of {len(digests)} computations on the one device agree")
-    return Judgement(verdict="software", inconsistent=(dev,),
-                     how=f"no two of the {len(digests)} computations on the one device agree: software "
-                         "nondeterminism, not hardware")
+        return Judgement(
+            verdict="hardware",
+            agreed=agreed,
+            blamed={dev: False} if wrong else {},
+            first_unit=agreed.first_difference(wrong[0]) if wrong else None,
+            how=f"{best[1]} of {len(digests)} computations on the one device agree",
+        )
+    return Judgement(
+        verdict="software",
+        inconsistent=(dev,),
+        how=f"no two of the {len(digests)} computations on the one device agree: software nondeterminism, not hardware",
+    )
 
 
 def _index(values: list[tuple[Digest, set[int]]], d: Digest) -> int:
     return next(i for i, (v, _) in enumerate(values) if v == d)
 
 
-def _split_by_setup(values: list[tuple[Digest, set[int]]], consistent: list[int],
-                    setups: Mapping[int, Hashable]) -> bool:
+def _split_by_setup(
+    values: list[tuple[Digest, set[int]]], consistent: list[int], setups: Mapping[int, Hashable]
+) -> bool:
     """True when the self-consistent devices form two or more value groups whose setups never mix."""
     groups: dict[int, set[Hashable]] = {}
     for d in consistent:
@@ -187,15 +210,20 @@ def _split_by_setup(values: list[tuple[Digest, set[int]]], consistent: list[int]
     if len(groups) < 2:
         return False
     kinds = list(groups.values())
-    return all(len(k) >= 1 and not (k & other) for i, k in enumerate(kinds) for other in kinds[i + 1:])
+    return all(len(k) >= 1 and not (k & other) for i, k in enumerate(kinds) for other in kinds[i + 1 :])
 
 
 def _ranks(ranks: Sequence[int]) -> str:
     return ", ".join(map(str, ranks))
 
 
-def judge(original: Opinion, others: Sequence[Opinion], setups: Mapping[int, Hashable] | None = None, *,
-          contemporary: bool = True) -> Judgement:
+def judge(
+    original: Opinion,
+    others: Sequence[Opinion],
+    setups: Mapping[int, Hashable] | None = None,
+    *,
+    contemporary: bool = True,
+) -> Judgement:
     """Settle a disagreement between ``original`` (the owner's computation of the step) and ``others`` (every
     other computation of the same micro-batch: the replay, the reruns, the owner's own rerun), by
     :func:`settle`; the owner's original decides whether the step is corrupt.
@@ -217,19 +245,34 @@ def judge(original: Opinion, others: Sequence[Opinion], setups: Mapping[int, Has
     parts = []
     for rank, sticky in sorted(blamed.items()):
         what = "original" if rank == original.rank and corrupt else "computation"
-        parts.append(f"rank {rank}'s {what} differs from the agreed result"
-                     + (" and it reproduced that (sticky)" if sticky else " (transient)"))
+        parts.append(
+            f"rank {rank}'s {what} differs from the agreed result"
+            + (" and it reproduced that (sticky)" if sticky else " (transient)")
+        )
     how = "; ".join(parts) + f" ({j.how})"
     first = j.agreed.first_difference(original.digest) if corrupt else j.first_unit
-    return Judgement(verdict="hardware", agreed=j.agreed, blamed=blamed, inconsistent=j.inconsistent,
-                     original_corrupt=corrupt, how=how, first_unit=first)
+    return Judgement(
+        verdict="hardware",
+        agreed=j.agreed,
+        blamed=blamed,
+        inconsistent=j.inconsistent,
+        original_corrupt=corrupt,
+        how=how,
+        first_unit=first,
+    )
 
 
 class Attributor:
     """Turns judgements into incidents that name the suspects' devices and hosts."""
 
-    def __init__(self, unit_names: Sequence[str], identities: dict[int, tuple[str | None, str]], *,
-                 job: str | None = None, job_size: int | None = None) -> None:
+    def __init__(
+        self,
+        unit_names: Sequence[str],
+        identities: dict[int, tuple[str | None, str]],
+        *,
+        job: str | None = None,
+        job_size: int | None = None,
+    ) -> None:
         self.unit_names = list(unit_names)
         self.identities = identities
         """Global rank -> (device id, hostname)."""
@@ -238,8 +281,9 @@ class Attributor:
         self.job_size = job_size
         """How many devices the job's guard watches (the breaker weighs the devices named against it)."""
 
-    def replay_incidents(self, step: int, settled: Sequence[tuple[int, Judgement]], *,
-                         kind: str = "replay") -> list[Incident]:
+    def replay_incidents(
+        self, step: int, settled: Sequence[tuple[int, Judgement]], *, kind: str = "replay"
+    ) -> list[Incident]:
         """One incident per blamed rank (hardware verdicts), from the ``(owner's global rank, judgement)`` of every
         disagreement settled at ``step`` (a sticky device spoils its own micro-batch and the one it replays: one
         incident says both)."""
@@ -250,34 +294,63 @@ class Attributor:
         out = []
         for rank, items in sorted(by_rank.items()):
             first = next((j.first_unit for _, j, _ in items if j.first_unit is not None), None)
-            detail = f"step {step}: " + ". ".join(f"rank {owner}'s micro-batch computed differently "
-                                                  f"{self._where(j)}: {j.how}" for owner, j, _ in items)
-            out.append(self.incident(kind, step, (rank,), detail, parameter=self._unit(first),
-                                     sticky=any(s for _, _, s in items)))
+            detail = f"step {step}: " + ". ".join(
+                f"rank {owner}'s micro-batch computed differently {self._where(j)}: {j.how}" for owner, j, _ in items
+            )
+            out.append(
+                self.incident(
+                    kind, step, (rank,), detail, parameter=self._unit(first), sticky=any(s for _, _, s in items)
+                )
+            )
         return out
 
     def unresolved(self, step: int, owner: int, j: Judgement, *, alone: bool) -> Incident:
         """Evidence that cannot pick the device: both (all) devices are suspects, the step is treated as corrupt."""
-        more = (" No third device exists in this job to decide; on_detect decides what happens (restarting "
-                "elsewhere settles it)." if alone else " A repeat of this escalates.")
-        detail = (f"step {step}: rank {owner}'s micro-batch computed differently {self._where(j)}: {j.how}; "
-                  f"unresolved: every one of them is a suspect and the step is treated as corrupt.{more}")
+        more = (
+            " No third device exists in this job to decide; on_detect decides what happens (restarting "
+            "elsewhere settles it)."
+            if alone
+            else " A repeat of this escalates."
+        )
+        detail = (
+            f"step {step}: rank {owner}'s micro-batch computed differently {self._where(j)}: {j.how}; "
+            f"unresolved: every one of them is a suspect and the step is treated as corrupt.{more}"
+        )
         return self.incident("unresolved", step, j.suspects, detail, parameter=self._unit(j.first_unit))
 
     def nondeterministic(self, step: int, what: str, causes: Sequence[str]) -> Incident:
         """The setup was found not to replay bit for bit: reported once, blamed on no device."""
-        detail = (f"step {step}: {what}; replay checks are off for this run (cross-replica checks stay on). "
-                  f"Likely causes: {'; '.join(causes)}")
+        detail = (
+            f"step {step}: {what}; replay checks are off for this run (cross-replica checks stay on). "
+            f"Likely causes: {'; '.join(causes)}"
+        )
         return self.incident("nondeterministic", step, (), detail)
 
-    def incident(self, kind: str, step: int, suspects: tuple[int, ...], detail: str, *,
-                 parameter: str | None = None, sticky: bool | None = None) -> Incident:
+    def incident(
+        self,
+        kind: str,
+        step: int,
+        suspects: tuple[int, ...],
+        detail: str,
+        *,
+        parameter: str | None = None,
+        sticky: bool | None = None,
+    ) -> Incident:
         devices = tuple(self.identities.get(r, (None, ""))[0] or "" for r in suspects)
         hosts = tuple(self.identities.get(r, (None, ""))[1] for r in suspects)
-        return Incident(kind=kind, step=step, suspect_ranks=suspects,
-                        device=(devices[0] or None) if len(suspects) == 1 else None,
-                        detail=detail, devices=devices, hosts=hosts, parameter=parameter, sticky=sticky,
-                        job=self.job, job_size=self.job_size)
+        return Incident(
+            kind=kind,
+            step=step,
+            suspect_ranks=suspects,
+            device=(devices[0] or None) if len(suspects) == 1 else None,
+            detail=detail,
+            devices=devices,
+            hosts=hosts,
+            parameter=parameter,
+            sticky=sticky,
+            job=self.job,
+            job_size=self.job_size,
+        )
 
     def _unit(self, index: int | None) -> str | None:
         return self.unit_names[index] if index is not None and index < len(self.unit_names) else None

@@ -78,11 +78,15 @@ class CalibrationReport:
         if self.verdict == "deterministic":
             return "replays are bit-identical on each rank and across ranks"
         if self.verdict == "software":
-            return (f"replays are NOT bit-identical on the same device (ranks {list(self.ranks_differing)}); "
-                    f"likely causes: {'; '.join(self.causes) or 'unknown'}")
+            return (
+                f"replays are NOT bit-identical on the same device (ranks {list(self.ranks_differing)}); "
+                f"likely causes: {'; '.join(self.causes) or 'unknown'}"
+            )
         if self.verdict == "hardware":
-            return (f"the setup replays bit for bit, but ranks {list(self.ranks_differing)} computed wrong results "
-                    f"({self.how})")
+            return (
+                f"the setup replays bit for bit, but ranks {list(self.ranks_differing)} computed wrong results "
+                f"({self.how})"
+            )
         return f"ranks {list(self.ranks_differing)} disagree and nothing decides between them ({self.how})"
 
 
@@ -106,8 +110,10 @@ def likely_causes(ops_seen: set[str], device: torch.device) -> list[str]:
     causes: list[str] = []
     ops = sorted(op for op in ops_seen if op.rstrip("_") in NONDETERMINISTIC_OPS or op in NONDETERMINISTIC_OPS)
     if _GENERATOR in ops_seen:
-        causes.append("random numbers were drawn from a torch.Generator of the model's own, which the guard does "
-                      "not capture (capture its state with SDCGuard(rng_hook=sdcguard.RngHook(get=..., set=...)))")
+        causes.append(
+            "random numbers were drawn from a torch.Generator of the model's own, which the guard does "
+            "not capture (capture its state with SDCGuard(rng_hook=sdcguard.RngHook(get=..., set=...)))"
+        )
     if ops:
         causes.append("order-dependent ops ran: " + ", ".join(ops) + " (their GPU kernels sum with atomics)")
     if not torch.are_deterministic_algorithms_enabled():
@@ -118,8 +124,10 @@ def likely_causes(ops_seen: set[str], device: torch.device) -> list[str]:
         if torch.backends.cudnn.benchmark:
             causes.append("torch.backends.cudnn.benchmark is on")
     if _GENERATOR not in ops_seen:
-        causes.append("randomness the guard does not capture (a generator of the model's own, or a custom op whose "
-                      "result depends on timing or order; pass rng_hook= for extra random state)")
+        causes.append(
+            "randomness the guard does not capture (a generator of the model's own, or a custom op whose "
+            "result depends on timing or order; pass rng_hook= for extra random state)"
+        )
     return causes
 
 
@@ -160,9 +168,11 @@ class Determinism:
         return first
 
     def warn(self) -> None:
-        msg = (f"sdcguard: replays on this setup are not bit-identical ({self.reason}). No device is blamed for it "
-               "and no step is vetoed for it; replay checks are off for this run, cross-replica checks stay on. "
-               f"Likely causes: {'; '.join(self.causes)}")
+        msg = (
+            f"sdcguard: replays on this setup are not bit-identical ({self.reason}). No device is blamed for it "
+            "and no step is vetoed for it; replay checks are off for this run, cross-replica checks stay on. "
+            f"Likely causes: {'; '.join(self.causes)}"
+        )
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
     def state_dict(self) -> dict[str, Any]:
@@ -174,8 +184,15 @@ class Determinism:
         self.reason = state.get("reason")
 
 
-def calibrate(comm: Comm, replay_fn: Any, cap: Capture, device: torch.device, *, record_ops: bool,
-              setups: Mapping[int, Hashable] | None = None) -> tuple[CalibrationReport, Judgement | None]:
+def calibrate(
+    comm: Comm,
+    replay_fn: Any,
+    cap: Capture,
+    device: torch.device,
+    *,
+    record_ops: bool,
+    setups: Mapping[int, Hashable] | None = None,
+) -> tuple[CalibrationReport, Judgement | None]:
     """Every rank computes the group's first rank's micro-batch twice (collective over ``comm``); the report, and
     the judgement when the computations disagree (None when all agree)."""
     cap = comm.broadcast_object(cap if comm.index == 0 else None, src=0)
@@ -192,7 +209,14 @@ def calibrate(comm: Comm, replay_fn: Any, cap: Capture, device: torch.device, *,
         differing, causes = j.inconsistent, likely_causes({op for e in gathered for op in e[2]}, device)
     else:
         differing, causes = (tuple(sorted(j.blamed)) if j.verdict == "hardware" else j.suspects), []
-    report = CalibrationReport(deterministic=j.verdict != "software", same_device=not j.inconsistent,
-                               cross_rank=False, causes=tuple(causes), ranks_differing=differing,
-                               inconsistent=j.inconsistent, verdict=j.verdict, how=j.how)
+    report = CalibrationReport(
+        deterministic=j.verdict != "software",
+        same_device=not j.inconsistent,
+        cross_rank=False,
+        causes=tuple(causes),
+        ranks_differing=differing,
+        inconsistent=j.inconsistent,
+        verdict=j.verdict,
+        how=j.how,
+    )
     return report, j

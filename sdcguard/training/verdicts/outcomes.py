@@ -51,8 +51,15 @@ class RoundResult:
     """Some original could not be seen on its own (accumulation without reduction), so it was not judged."""
 
 
-def conclude(step: int, settled: Sequence[tuple[int, Judgement]], attr: Attributor, *, devices: int,
-             shared_cause_at: int, result: RoundResult) -> RoundResult:
+def conclude(
+    step: int,
+    settled: Sequence[tuple[int, Judgement]],
+    attr: Attributor,
+    *,
+    devices: int,
+    shared_cause_at: int,
+    result: RoundResult,
+) -> RoundResult:
     """Fill ``result`` from the judgements of one round (``(owner's global rank, judgement)`` each).
 
     Any software verdict makes the whole round software (no device named: the setup does not replay). Owners whose
@@ -69,10 +76,14 @@ def conclude(step: int, settled: Sequence[tuple[int, Judgement]], attr: Attribut
     if len(one_offs) >= shared_cause_at:
         hardware = [(o, j) for o, j in hardware if (o, j) not in one_offs]
         owners = tuple(sorted(o for o, _ in one_offs))
-        j = Judgement(verdict="unresolved", suspects=owners, original_corrupt=True,
-                      first_unit=one_offs[0][1].first_unit,
-                      how=f"the originals of {len(owners)} ranks ({', '.join(map(str, owners))}) were each wrong once "
-                          "and right on a rerun: a cause they share (a collective), not one device")
+        j = Judgement(
+            verdict="unresolved",
+            suspects=owners,
+            original_corrupt=True,
+            first_unit=one_offs[0][1].first_unit,
+            how=f"the originals of {len(owners)} ranks ({', '.join(map(str, owners))}) were each wrong once "
+            "and right on a rerun: a cause they share (a collective), not one device",
+        )
         unresolved.append((owners[0], j))
     for _, j in hardware:
         result.corrupt |= j.original_corrupt

@@ -105,9 +105,12 @@ class Verification:
         return max(good, key=lambda c: c.step) if good else None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": {str(r): h[-64:] for r, h in self._history.items()}, "tainted_from": self.tainted_from,
-                "weights_clean": self.weights_clean,
-                "checkpoints": [[c.checkpoint_id, c.step, c.verified] for c in self.checkpoints[-64:]]}
+        return {
+            "history": {str(r): h[-64:] for r, h in self._history.items()},
+            "tainted_from": self.tainted_from,
+            "weights_clean": self.weights_clean,
+            "checkpoints": [[c.checkpoint_id, c.step, c.verified] for c in self.checkpoints[-64:]],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._history = {int(r): list(h) for r, h in state.get("history", {}).items()}

@@ -113,8 +113,9 @@ def test_a_large_fleet_gives_a_bounded_page(store: Store) -> None:
             scan(store, dev, [*clean(dev, 10, t=t), result(dev, passed=False, t=t + 20)], host=hosts[n + k], t=t)
         store.quarantine(f"sim:{n}", reason="sticky", now=t + 100)
     for i in range(300):
-        store.record_incident(Incident(kind="replay", step=i, suspect_ranks=(0,), device="sim:0", detail="d" * 80,
-                                       time=NOW - 3000 + i))
+        store.record_incident(
+            Incident(kind="replay", step=i, suspect_ranks=(0,), device="sim:0", detail="d" * 80, time=NOW - 3000 + i)
+        )
     page = _page(store)
     assert len(page.encode()) < 1_000_000
     assert "9,000 healthy devices not listed" in page
@@ -137,10 +138,12 @@ def test_bins_follow_the_window_and_whole_days_before_the_horizon() -> None:
 
 
 def test_quarantine_segments_follow_the_history() -> None:
-    h = [{"device": "a", "action": "quarantine", "time": 10.0, "reason": "r1"},
-         {"device": "a", "action": "release", "time": 20.0, "reason": "r2"},
-         {"device": "a", "action": "probation_passed", "time": 30.0, "reason": "r3"},
-         {"device": "b", "action": "quarantine", "time": 25.0, "reason": "r4"}]
+    h = [
+        {"device": "a", "action": "quarantine", "time": 10.0, "reason": "r1"},
+        {"device": "a", "action": "release", "time": 20.0, "reason": "r2"},
+        {"device": "a", "action": "probation_passed", "time": 30.0, "reason": "r3"},
+        {"device": "b", "action": "quarantine", "time": 25.0, "reason": "r4"},
+    ]
     segs = quarantine_segments(h)
     assert [(s.state, s.start, s.end) for s in segs["a"]] == [("quarantined", 10.0, 20.0), ("probation", 20.0, 30.0)]
     assert [(s.state, s.end) for s in segs["b"]] == [("quarantined", None)]

@@ -31,12 +31,25 @@ pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="browser test: no chromium on PATH (apt-get install chromium)"),
 ]
 
-_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-          "--host-resolver-rules=MAP * ~NOTFOUND", "--enable-logging=stderr", "--v=0")
+_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+    "--enable-logging=stderr",
+    "--v=0",
+)
 
-_HARNESS_HEAD = "<script>window.__errors = []; window.addEventListener('error', function (e) " \
-                "{ window.__errors.push(String(e.message)); });</script>"
+_HARNESS_HEAD = (
+    "<script>window.__errors = []; window.addEventListener('error', function (e) "
+    "{ window.__errors.push(String(e.message)); });</script>"
+)
 _HARNESS_TAIL = """<script>
 (function () {
   var out = {};
@@ -64,8 +77,13 @@ _HARNESS_TAIL = """<script>
 
 def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     assert CHROMIUM is not None
-    return subprocess.run([CHROMIUM, *_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args],
-                          capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [CHROMIUM, *_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 @pytest.fixture()
@@ -102,13 +120,16 @@ def test_the_page_renders_without_console_errors(page: Path, tmp_path: Path) -> 
 def test_clicking_a_header_sorts_the_device_table(page: Path, tmp_path: Path) -> None:
     text = page.read_text(encoding="utf-8")
     harnessed = tmp_path / "harnessed.html"
-    harnessed.write_text(text.replace("<head>", "<head>" + _HARNESS_HEAD, 1)
-                         .replace("</body>", _HARNESS_TAIL + "</body>", 1), encoding="utf-8")
+    harnessed.write_text(
+        text.replace("<head>", "<head>" + _HARNESS_HEAD, 1).replace("</body>", _HARNESS_TAIL + "</body>", 1),
+        encoding="utf-8",
+    )
     run = _chromium(tmp_path, "--dump-dom", harnessed.as_uri())
     found = re.search(r'<pre id="harness">(.*?)</pre>', run.stdout, re.S)
     assert found is not None, run.stderr[-2000:]
-    out = json.loads(found.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">")
-                     .replace("&amp;", "&"))
+    out = json.loads(
+        found.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    )
     assert out["errors"] == []
     assert out["before"][:2] == ["sim:2", "sim:1"]  # the report's order: quarantined first
     as_numbers = [int(x.replace(",", "")) for x in out["failures_up"]]

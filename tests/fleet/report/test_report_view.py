@@ -25,8 +25,12 @@ def db(tmp_path: Path) -> Path:
     path = tmp_path / "fleet.db"
     t = NOW - 3600
     with Store.open(path) as store:
-        scan(store, "sim:1", [*clean("sim:1", 20, t=t), *clean("sim:1", 10, t=t, family="alu"),
-                              result("sim:1", passed=False, t=t + 30)], t=t)
+        scan(
+            store,
+            "sim:1",
+            [*clean("sim:1", 20, t=t), *clean("sim:1", 10, t=t, family="alu"), result("sim:1", passed=False, t=t + 30)],
+            t=t,
+        )
         scan(store, "sim:2", clean("sim:2", 30, t=t, family="alu"), t=t)
     return path
 
@@ -41,8 +45,13 @@ def test_families_in_csv_are_rows_with_a_family_column(db: Path) -> None:
     assert code == 0, err
     rows = list(csv.DictReader(io.StringIO(out)))
     got = {(r["device"], r["family"]): (int(r["executions"]), int(r["failures"])) for r in rows}
-    assert got == {("sim:1", "all"): (31, 1), ("sim:1", "gemm"): (21, 1), ("sim:1", "alu"): (10, 0),
-                   ("sim:2", "all"): (30, 0), ("sim:2", "alu"): (30, 0)}
+    assert got == {
+        ("sim:1", "all"): (31, 1),
+        ("sim:1", "gemm"): (21, 1),
+        ("sim:1", "alu"): (10, 0),
+        ("sim:2", "all"): (30, 0),
+        ("sim:2", "alu"): (30, 0),
+    }
     code, out, _ = _run("--db", str(db), "report", "--format", "csv")
     assert "family" not in out.splitlines()[0]  # without --families: the columns as before
 

@@ -32,8 +32,10 @@ Ledger = dict[str, list[tuple[str, str, int, str, float, int, float]]]
 """Per store: the passing first-attempt rows its prunes deleted (device, case, scan, family, start, executions,
 seconds)."""
 
-_ROWS = ("SELECT r.device, r.case_id, r.scan, r.family, r.started_at, r.executions, r.duration_s FROM results r "
-         "JOIN scans s ON s.id = r.scan WHERE r.passed = 1 AND r.attempt = 0")
+_ROWS = (
+    "SELECT r.device, r.case_id, r.scan, r.family, r.started_at, r.executions, r.duration_s FROM results r "
+    "JOIN scans s ON s.id = r.scan WHERE r.passed = 1 AND r.attempt = 0"
+)
 
 
 def _held(path: Path, where: str = "", params: tuple[object, ...] = ()) -> list[tuple]:
@@ -44,8 +46,7 @@ def _held(path: Path, where: str = "", params: tuple[object, ...] = ()) -> list[
 def _prune(path: Path, before: float, ledger: Ledger) -> None:
     """Prune, remembering the rows it deletes (finished scans started before the horizon)."""
     horizon = math.floor(before / DAY) * DAY
-    ledger.setdefault(str(path), []).extend(_held(path, " AND s.started_at < ? AND s.status != 'running'",
-                                                  (horizon,)))
+    ledger.setdefault(str(path), []).extend(_held(path, " AND s.started_at < ? AND s.status != 'running'", (horizon,)))
     with Store.open(path) as s:
         s.prune(before=before)
 
@@ -98,8 +99,12 @@ def _assert_running_totals(path: Path, ledger: Ledger) -> None:
     recorded up to its day, and the totals are each key's latest running total, bit for bit."""
     with closing(sqlite3.connect(path)) as c:
         tallies = c.execute("SELECT device, case_id, day, executions, seconds FROM case_tallies").fetchall()
-        totals = {(d, k): (first, day, n, s) for d, k, first, day, n, s in c.execute(
-            "SELECT device, case_id, first, day, executions, seconds FROM case_totals")}
+        totals = {
+            (d, k): (first, day, n, s)
+            for d, k, first, day, n, s in c.execute(
+                "SELECT device, case_id, first, day, executions, seconds FROM case_totals"
+            )
+        }
         horizon = c.execute("SELECT value FROM meta WHERE key = 'pruned_before'").fetchone()
     eve = None if horizon is None else int(float(horizon[0]) // DAY) - 1
     by_key: dict[tuple[str, str], list[tuple[int, int, float]]] = defaultdict(list)
@@ -131,29 +136,35 @@ def _expected_slowness(path: Path, ledger: Ledger, since: float | None):  # type
     sizes = {g: sum(1 for x in groups.values() if x == g) for g in groups.values()}
     family = {r[1]: r[3] for r in _recorded(path, ledger)}
     window = _expected_window(path, ledger, since)
-    means = [CaseTiming(device=d, case=c, family=family[c], scan=0, executions=n, seconds=t)
-             for (d, c), (n, t) in sorted(window.items())]
+    means = [
+        CaseTiming(device=d, case=c, family=family[c], scan=0, executions=n, seconds=t)
+        for (d, c), (n, t) in sorted(window.items())
+    ]
     per_scan: dict[tuple[str, int, str], list[float]] = defaultdict(lambda: [0, 0.0])
     for d, c, scan, _f, t, n, secs in _held(path):
         if sizes[groups[d]] <= SETTINGS.min_peers and (since is None or t >= since):
             per_scan[(d, scan, c)][0] += n
             per_scan[(d, scan, c)][1] += secs
-    history = [CaseTiming(device=d, case=c, family=family[c], scan=scan, executions=int(n), seconds=t)
-               for (d, scan, c), (n, t) in per_scan.items()]
+    history = [
+        CaseTiming(device=d, case=c, family=family[c], scan=scan, executions=int(n), seconds=t)
+        for (d, scan, c), (n, t) in per_scan.items()
+    ]
     return judge_slow(means, groups, SETTINGS, history=history)
 
 
 # ("scan", node, device, [(hour offset, passed, case, attempt)...] batches, finish?), ("more", node, ...): another
 # batch (and maybe the end) of the node's latest scan still running, now; ("merge",), ("prune", node or 2 = the
 # fleet, days kept)
-_batch = st.lists(st.tuples(st.integers(0, 60), st.booleans(), st.integers(0, 3), st.integers(0, 1)),
-                  min_size=1, max_size=6)
-_scan = st.tuples(st.just("scan"), st.integers(0, 1), st.integers(0, 3), st.lists(_batch, min_size=1, max_size=3),
-                  st.booleans())
+_batch = st.lists(
+    st.tuples(st.integers(0, 60), st.booleans(), st.integers(0, 3), st.integers(0, 1)), min_size=1, max_size=6
+)
+_scan = st.tuples(
+    st.just("scan"), st.integers(0, 1), st.integers(0, 3), st.lists(_batch, min_size=1, max_size=3), st.booleans()
+)
 _op = st.one_of(
-    _scan, _scan,
-    st.tuples(st.just("more"), st.integers(0, 1), st.just(0), st.lists(_batch, min_size=1, max_size=1),
-              st.booleans()),
+    _scan,
+    _scan,
+    st.tuples(st.just("more"), st.integers(0, 1), st.just(0), st.lists(_batch, min_size=1, max_size=1), st.booleans()),
     st.tuples(st.just("merge"), st.just(0), st.just(0), st.just([]), st.just(False)),
     st.tuples(st.just("prune"), st.sampled_from([0, 1, 2, 2]), st.integers(1, 3), st.just([]), st.just(False)),
 )
@@ -163,16 +174,31 @@ def _batch_results(device: str, clock: float, batch: list[tuple[int, bool, int, 
     """Every case passing once at the batch's first hour, then the batch's own executions; dyadic times (the
     device's speed x the case's), so that sums are exact in any order."""
     first = [(batch[0][0], True, c, 0) for c in range(4)]
-    return [result(device, passed=p, t=clock + h * 3600.0, case=f"c{c}", family=f"f{c % 2}", attempt=a,
-                   duration_s=speed * (c + 1) / 64) for h, p, c, a in first + batch]
+    return [
+        result(
+            device,
+            passed=p,
+            t=clock + h * 3600.0,
+            case=f"c{c}",
+            family=f"f{c % 2}",
+            attempt=a,
+            duration_s=speed * (c + 1) / 64,
+        )
+        for h, p, c, a in first + batch
+    ]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
-@given(st.lists(_op, min_size=6, max_size=18), st.lists(st.floats(0, 6 * DAY), min_size=2, max_size=2),
-       st.lists(st.sampled_from([1, 2, 3]), min_size=8, max_size=8))
-def test_the_slowness_from_tallies_equals_the_slowness_from_rows(tmp_path_factory: pytest.TempPathFactory, ops,
-                                                                  since_offsets, speed) -> None:
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@given(
+    st.lists(_op, min_size=6, max_size=18),
+    st.lists(st.floats(0, 6 * DAY), min_size=2, max_size=2),
+    st.lists(st.sampled_from([1, 2, 3]), min_size=8, max_size=8),
+)
+def test_the_slowness_from_tallies_equals_the_slowness_from_rows(
+    tmp_path_factory: pytest.TempPathFactory, ops, since_offsets, speed
+) -> None:
     d = tmp_path_factory.mktemp("cases")
     nodes = [d / "n0.db", d / "n1.db"]
     fleet = d / "fleet.db"
@@ -183,8 +209,9 @@ def test_the_slowness_from_tallies_equals_the_slowness_from_rows(tmp_path_factor
         if kind == "scan":
             with Store.open(nodes[n]) as s:
                 device = f"cpu:n{n}:{dev}"
-                s.upsert_device(DeviceInfo(id=device, host=f"n{n}", kind="cpu", model="Xeon" if dev else None),
-                                now=clock)
+                s.upsert_device(
+                    DeviceInfo(id=device, host=f"n{n}", kind="cpu", model="Xeon" if dev else None), now=clock
+                )
                 sid = s.begin_scan(device=device, host=f"n{n}", budget_s=60.0, started_at=clock)
                 for batch in batches:  # hours apart: a case's folded row grows across midnight
                     s.record_results(sid, _batch_results(device, clock, batch, speed[4 * n + dev]))
@@ -192,13 +219,18 @@ def test_the_slowness_from_tallies_equals_the_slowness_from_rows(tmp_path_factor
                     s.finish_scan(sid, "complete", finished_at=clock + 61 * 3600.0)
         elif kind == "more" and nodes[n].exists():
             with closing(sqlite3.connect(nodes[n])) as c:
-                running = c.execute("SELECT id, device FROM scans WHERE status = 'running' ORDER BY id DESC "
-                                    "LIMIT 1").fetchone()
+                running = c.execute(
+                    "SELECT id, device FROM scans WHERE status = 'running' ORDER BY id DESC LIMIT 1"
+                ).fetchone()
             if running is not None:  # its rows of a case grow, days after they started (a prune between)
                 sid, device = running
                 with Store.open(nodes[n]) as s:
-                    s.record_results(sid, _batch_results(device, clock, batches[0], speed[4 * n + int(device[-1])]),
-                                     finish="complete" if finish else None, finished_at=clock + DAY)
+                    s.record_results(
+                        sid,
+                        _batch_results(device, clock, batches[0], speed[4 * n + int(device[-1])]),
+                        finish="complete" if finish else None,
+                        finished_at=clock + DAY,
+                    )
         elif kind == "merge":
             existing = [p for p in nodes if p.exists()]
             if existing:
@@ -233,12 +265,17 @@ def test_a_scan_running_across_the_horizon_changes_the_running_total_on_the_hori
     ledger: Ledger = {}
     _prune(fleet, START + 3 * DAY, ledger)  # the short scans go (days 1 and 2), the long one (running) stays
     with Store.open(node) as s:  # the long scan's row of day 0 grows, three days on
-        s.record_results(long, [result(device, t=START + 3.5 * DAY, case="c0", duration_s=1 / 2)],
-                         finish="complete", finished_at=START + 3.6 * DAY)
+        s.record_results(
+            long,
+            [result(device, t=START + 3.5 * DAY, case="c0", duration_s=1 / 2)],
+            finish="complete",
+            finished_at=START + 3.6 * DAY,
+        )
     merge_stores(fleet, [node])
     with closing(sqlite3.connect(fleet)) as c:
-        days = c.execute("SELECT day, executions, seconds FROM case_tallies WHERE device = ? ORDER BY day",
-                         (device,)).fetchall()
+        days = c.execute(
+            "SELECT day, executions, seconds FROM case_tallies WHERE device = ? ORDER BY day", (device,)
+        ).fetchall()
     assert days == [(20_002, 3, 1 / 4 + 1 / 8 + 1 / 2)]  # day 1's running total moved to the eve, and the change
     _assert_running_totals(fleet, ledger)
     with Store.open(fleet) as s:
@@ -253,9 +290,20 @@ def _fill(path: Path) -> None:
                 device = f"cpu:h:{dev}"
                 s.upsert_device(DeviceInfo(id=device, host="h", kind="cpu", model="Xeon"), now=START)
                 sid = s.begin_scan(device=device, host="h", budget_s=60.0, started_at=START + i * DAY + dev)
-                s.record_results(sid, [result(device, t=START + i * DAY + dev + j, case=f"c{j % 5}",
-                                              passed=j != 7, duration_s=(1 + dev) * (1 + j % 5) / 64)
-                                       for j in range(12)], finish="complete")
+                s.record_results(
+                    sid,
+                    [
+                        result(
+                            device,
+                            t=START + i * DAY + dev + j,
+                            case=f"c{j % 5}",
+                            passed=j != 7,
+                            duration_s=(1 + dev) * (1 + j % 5) / 64,
+                        )
+                        for j in range(12)
+                    ],
+                    finish="complete",
+                )
 
 
 def test_an_older_store_gains_its_case_tallies_and_the_migration_can_run_again(tmp_path: Path) -> None:
@@ -277,8 +325,9 @@ def test_an_older_store_gains_its_case_tallies_and_the_migration_can_run_again(t
     with closing(sqlite3.connect(path)) as c, c:  # once more over a schema-10 store: the same tallies
         before = [c.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall() for t in ("case_tallies", "case_totals")]
         MIGRATIONS[10](c)
-        assert [c.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall()
-                for t in ("case_tallies", "case_totals")] == before
+        assert [
+            c.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall() for t in ("case_tallies", "case_totals")
+        ] == before
     _assert_running_totals(path, {})
 
 

@@ -20,11 +20,13 @@ DAY = 86400.0
 START = 20_000 * DAY  # a UTC midnight
 
 # (node, device, [(hour offset, passed, case, attempt)...] batches, finish?) or ("merge",) or ("prune", days)
-_batch = st.lists(st.tuples(st.integers(0, 60), st.booleans(), st.integers(0, 2), st.integers(0, 1)),
-                  min_size=1, max_size=4)
+_batch = st.lists(
+    st.tuples(st.integers(0, 60), st.booleans(), st.integers(0, 2), st.integers(0, 1)), min_size=1, max_size=4
+)
 _op = st.one_of(
-    st.tuples(st.just("scan"), st.integers(0, 1), st.integers(0, 2), st.lists(_batch, min_size=1, max_size=3),
-              st.booleans()),
+    st.tuples(
+        st.just("scan"), st.integers(0, 1), st.integers(0, 2), st.lists(_batch, min_size=1, max_size=3), st.booleans()
+    ),
     st.tuples(st.just("merge"), st.just(0), st.just(0), st.just([]), st.just(False)),
     st.tuples(st.just("prune"), st.integers(0, 1), st.integers(1, 3), st.just([]), st.just(False)),
 )
@@ -34,8 +36,11 @@ def _window_from_rows(path: Path, since: float) -> dict[str, tuple[int, int]]:
     """Executions and failures per device since ``since``, straight from the rows (no roll-ups in these stores:
     only called on stores never pruned)."""
     with closing(sqlite3.connect(path)) as c:
-        rows = c.execute("SELECT device, TOTAL((attempt = 0) * executions), TOTAL(attempt = 0 AND passed = 0) "
-                         "FROM results WHERE started_at >= ? GROUP BY device", (since,)).fetchall()
+        rows = c.execute(
+            "SELECT device, TOTAL((attempt = 0) * executions), TOTAL(attempt = 0 AND passed = 0) "
+            "FROM results WHERE started_at >= ? GROUP BY device",
+            (since,),
+        ).fetchall()
     return {d: (int(n), int(k)) for d, n, k in rows}
 
 
@@ -54,9 +59,21 @@ def test_day_tallies_follow_every_write(tmp_path_factory: pytest.TempPathFactory
                 device = f"sim:{n}{dev}"
                 sid = s.begin_scan(device=device, host=f"n{n}", budget_s=60.0, started_at=clock)
                 for batch in batches:  # hours apart: a case's folded row grows across midnight
-                    s.record_results(sid, [result(device, passed=p, t=clock + h * 3600.0, case=f"c{c}",
-                                                  family=f"f{c % 2}", attempt=a, duration_s=(h + 1) / 64)
-                                           for h, p, c, a in batch])
+                    s.record_results(
+                        sid,
+                        [
+                            result(
+                                device,
+                                passed=p,
+                                t=clock + h * 3600.0,
+                                case=f"c{c}",
+                                family=f"f{c % 2}",
+                                attempt=a,
+                                duration_s=(h + 1) / 64,
+                            )
+                            for h, p, c, a in batch
+                        ],
+                    )
                 if finish:
                     s.finish_scan(sid, "complete", finished_at=clock + 61 * 3600.0)
         elif kind == "merge":
@@ -85,8 +102,9 @@ def test_an_older_store_gains_its_day_tallies(tmp_path: Path) -> None:
     with Store.open(path) as s:
         for i in range(3):
             sid = s.begin_scan(device="sim:1", host="n", budget_s=60.0, started_at=START + i * DAY)
-            s.record_results(sid, [result("sim:1", t=START + i * DAY + j, passed=j != 2) for j in range(4)],
-                             finish="complete")
+            s.record_results(
+                sid, [result("sim:1", t=START + i * DAY + j, passed=j != 2) for j in range(4)], finish="complete"
+            )
         before = s.tallies(since=START + 0.5 * DAY, by="device")
     with closing(sqlite3.connect(path)) as c, c:  # as schema 7 left it
         c.execute("DROP TABLE day_tallies")

@@ -26,8 +26,16 @@ def _history(path: Path, days: int = 40, seed: int = 1) -> None:
             for dev in ("sim:1", "sim:2", "sim:3"):
                 t = START + day * DAY + rng.uniform(0, DAY - 200)
                 sid = store.begin_scan(device=dev, host="node", budget_s=60.0, started_at=t)
-                rows = [result(dev, t=t + i, case=f"alu.{i % 3}", family="alu" if i % 2 else "gemm",
-                               duration_s=rng.randint(1, 64) / 64) for i in range(20)]
+                rows = [
+                    result(
+                        dev,
+                        t=t + i,
+                        case=f"alu.{i % 3}",
+                        family="alu" if i % 2 else "gemm",
+                        duration_s=rng.randint(1, 64) / 64,
+                    )
+                    for i in range(20)
+                ]
                 if dev == "sim:3" and rng.random() < 0.3:
                     rows.append(result(dev, passed=False, t=t + 30, sticky=False))
                     rows.append(result(dev, passed=True, attempt=1, t=t + 31))
@@ -39,10 +47,13 @@ def _history(path: Path, days: int = 40, seed: int = 1) -> None:
 def _figures(store: Store, since: float | None) -> tuple:
     tallies = tuple(store.tallies(since=since, by="device_family"))
     counts = {d: (c.complete, c.last_complete) for d, c in store.scan_counts(since=since).items()}
-    report = tuple((r.device, r.overall.executions, r.overall.failures, r.overall.test_hours, r.scans, r.status,
-                    r.last_scan) for r in build_report(store, since=since, families=True))
-    series = tuple(store.rate_series(start=since or START, width_s=DAY, devices=devices)
-                   for devices in (None, ["sim:1", "sim:3"]))  # day bins: the fleet's read from rollup_days
+    report = tuple(
+        (r.device, r.overall.executions, r.overall.failures, r.overall.test_hours, r.scans, r.status, r.last_scan)
+        for r in build_report(store, since=since, families=True)
+    )
+    series = tuple(
+        store.rate_series(start=since or START, width_s=DAY, devices=devices) for devices in (None, ["sim:1", "sim:3"])
+    )  # day bins: the fleet's read from rollup_days
     return tallies, counts, report, store.failing_devices(since=since), series
 
 

@@ -86,13 +86,26 @@ def test_results_round_trip(tmp_path_factory: pytest.TempPathFactory, results: l
     job=st.none() | st.text(max_size=10),
 )
 def test_incident_round_trip(
-    tmp_path_factory: pytest.TempPathFactory, kind: str, step: int, ranks: list[int], detail: str,
-    sticky: bool | None, job: str | None,
+    tmp_path_factory: pytest.TempPathFactory,
+    kind: str,
+    step: int,
+    ranks: list[int],
+    detail: str,
+    sticky: bool | None,
+    job: str | None,
 ) -> None:
     devices = tuple(f"sim:{r}" for r in ranks)
     inc = Incident(
-        kind=kind, step=step, suspect_ranks=tuple(ranks), device=devices[0] if devices else None, detail=detail,
-        devices=devices, hosts=tuple(f"h{r}" for r in ranks), parameter="layer.0.weight", sticky=sticky, job=job,
+        kind=kind,
+        step=step,
+        suspect_ranks=tuple(ranks),
+        device=devices[0] if devices else None,
+        detail=detail,
+        devices=devices,
+        hosts=tuple(f"h{r}" for r in ranks),
+        parameter="layer.0.weight",
+        sticky=sticky,
+        job=job,
         time=NOW,
     )
     with Store.open(tmp_path_factory.mktemp("inc") / "s.db") as store:
@@ -227,8 +240,9 @@ def test_directory_is_refused(tmp_path: Path) -> None:
         Store.open(tmp_path)
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() == 0,
-                    reason="root reads any file")
+@pytest.mark.skipif(
+    not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() == 0, reason="root reads any file"
+)
 def test_unreadable_file_is_refused(tmp_path: Path) -> None:
     p = tmp_path / "s.db"
     Store.open(p).close()
@@ -239,8 +253,8 @@ def test_unreadable_file_is_refused(tmp_path: Path) -> None:
 
 def test_a_result_row_names_every_column_of_the_insert() -> None:
     # rows are bound by column name: a column added to the table or reordered cannot shift the others
-    from sdcguard.fleet.store import store as store_module
+    from sdcguard.fleet.store import results as results_module
 
-    row = store_module._result_row(1, 0, result("sim:0"))
-    assert set(row) == set(store_module._RESULT_COLUMNS)
-    assert all(f":{c}" in store_module._INSERT_RESULT for c in store_module._RESULT_COLUMNS)
+    row = results_module.result_row(1, 0, result("sim:0"))
+    assert set(row) == set(results_module.RESULT_COLUMNS)
+    assert all(f":{c}" in results_module.INSERT_RESULT for c in results_module.RESULT_COLUMNS)

@@ -37,10 +37,17 @@ class Execution:
 
     def result(self) -> CaseResult:
         return CaseResult(
-            device=self.device, case=self.case, family=CASES[self.case], seed=len(self.case), passed=self.passed,
-            duration_s=self.duration_s, started_at=self.started_at, attempt=self.attempt,
+            device=self.device,
+            case=self.case,
+            family=CASES[self.case],
+            seed=len(self.case),
+            passed=self.passed,
+            duration_s=self.duration_s,
+            started_at=self.started_at,
+            attempt=self.attempt,
             output_digest="ok" if self.passed else f"bad-{self.device}-{self.started_at}",
-            element=None if self.passed else 1, sticky=None,
+            element=None if self.passed else 1,
+            sticky=None,
         )
 
 
@@ -102,8 +109,10 @@ def test_folded_rows_give_the_per_execution_rates_bounds_and_test_hours(
     since = None if window == 0 else T0 + 1000.0 * (window - 1)  # a window boundary between two scans
     with Store.open(path, create=False) as store:
         for by in ("device", "device_family", "family"):
-            got = {tuple(x for x in (t.device, t.family) if x is not None): (t.executions, t.failures, t.test_s)
-                   for t in store.tallies(since=since, by=by)}
+            got = {
+                tuple(x for x in (t.device, t.family) if x is not None): (t.executions, t.failures, t.test_s)
+                for t in store.tallies(since=since, by=by)
+            }
             assert got == _reference(runs, since, by)
         rates = device_rates(store, since=since, confidence=0.9)
         for (device,), (n, k, secs) in _reference(runs, since, "device").items():
@@ -124,8 +133,13 @@ def test_a_scan_grows_the_store_by_its_cases_not_its_executions(tmp_path: Path) 
     with Store.open(tmp_path / "s.db") as store:
         sid = store.begin_scan(device="sim:0", host="h", budget_s=60.0, started_at=T0)
         for batch in range(40):  # 40 flushes of 250 executions over 3 cases
-            store.record_results(sid, [Execution("sim:0", 0, sorted(CASES)[i % 3], True, 0, 0.015625,
-                                                 T0 + batch * 250 + i).result() for i in range(250)])
+            store.record_results(
+                sid,
+                [
+                    Execution("sim:0", 0, sorted(CASES)[i % 3], True, 0, 0.015625, T0 + batch * 250 + i).result()
+                    for i in range(250)
+                ],
+            )
         store.finish_scan(sid, "complete")
         rows = store.results()
         assert len(rows) == 3 and sum(r.executions for r in rows) == 10_000
@@ -143,25 +157,44 @@ def _v3_store(path: Path, runs: list[Execution]) -> None:
     conn.execute("PRAGMA user_version = 3")
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     for d in ("sim:0", "sim:1"):
-        conn.execute("INSERT INTO devices(id, host, kind, first_seen, last_seen) VALUES (?, 'h', 'sim', ?, ?)",
-                     (d, T0, T0))
+        conn.execute(
+            "INSERT INTO devices(id, host, kind, first_seen, last_seen) VALUES (?, 'h', 'sim', ?, ?)", (d, T0, T0)
+        )
     scans = sorted({(e.scan, e.device) for e in runs})
     for s, d in scans:
-        conn.execute("INSERT INTO scans(id, uuid, device, host, started_at, finished_at, budget_s, status) "
-                     "VALUES (?, ?, ?, 'h', ?, ?, 60, 'complete')",
-                     (s + 1, f"u{s}", d, T0 + 1000 * s, T0 + 1000 * s + 99))
+        conn.execute(
+            "INSERT INTO scans(id, uuid, device, host, started_at, finished_at, budget_s, status) "
+            "VALUES (?, ?, ?, 'h', ?, ?, 60, 'complete')",
+            (s + 1, f"u{s}", d, T0 + 1000 * s, T0 + 1000 * s + 99),
+        )
     for seq, e in enumerate(runs):
         r = e.result()
         conn.execute(
             "INSERT INTO results(scan, seq, device, case_id, family, seed, passed, duration_s, started_at, "
             "output_digest, attempt, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '{}')",
-            (e.scan + 1, seq, e.device, e.case, r.family, r.seed, int(e.passed), e.duration_s, e.started_at,
-             r.output_digest, e.attempt))
-    conn.execute("UPDATE scans SET executions = (SELECT COUNT(*) FROM results r WHERE r.scan = scans.id), "
-                 "failures = (SELECT COUNT(*) FROM results r WHERE r.scan = scans.id AND r.passed = 0)")
-    conn.execute("INSERT INTO incidents(uuid, kind, step, suspect_ranks, device, devices, hosts, detail, sticky, "
-                 "job, time) VALUES ('i1', 'replay', 7, '[1]', 'sim:1', '[\"sim:1\"]', '[\"h\"]', 'x', 1, 'j', ?)",
-                 (T0,))
+            (
+                e.scan + 1,
+                seq,
+                e.device,
+                e.case,
+                r.family,
+                r.seed,
+                int(e.passed),
+                e.duration_s,
+                e.started_at,
+                r.output_digest,
+                e.attempt,
+            ),
+        )
+    conn.execute(
+        "UPDATE scans SET executions = (SELECT COUNT(*) FROM results r WHERE r.scan = scans.id), "
+        "failures = (SELECT COUNT(*) FROM results r WHERE r.scan = scans.id AND r.passed = 0)"
+    )
+    conn.execute(
+        "INSERT INTO incidents(uuid, kind, step, suspect_ranks, device, devices, hosts, detail, sticky, "
+        "job, time) VALUES ('i1', 'replay', 7, '[1]', 'sim:1', '[\"sim:1\"]', '[\"h\"]', 'x', 1, 'j', ?)",
+        (T0,),
+    )
     conn.execute("INSERT INTO incident_devices(incident, device) VALUES (1, 'sim:1')")
     conn.execute("COMMIT")
     conn.close()
@@ -177,8 +210,10 @@ def test_a_schema_3_store_migrates_with_every_number_unchanged(
     _v3_store(path, runs)
     with Store.open(path) as store:  # migrates
         for by in ("device", "device_family", "family"):
-            got = {tuple(x for x in (t.device, t.family) if x is not None): (t.executions, t.failures, t.test_s)
-                   for t in store.tallies(by=by)}
+            got = {
+                tuple(x for x in (t.device, t.family) if x is not None): (t.executions, t.failures, t.test_s)
+                for t in store.tallies(by=by)
+            }
             assert got == _reference(runs, None, by)
         report = {r.device: r for r in build_report(store, since=None)}
         for (device,), (n, k, secs) in _reference(runs, None, "device").items():
@@ -196,17 +231,34 @@ def test_a_schema_3_store_migrates_with_every_number_unchanged(
         assert len(store.results()) == len(passing) + sum(1 for e in runs if not e.passed or e.attempt)
         (inc,) = store.incidents()
         assert (inc.kind, inc.step, inc.suspect_ranks, inc.device, inc.sticky, inc.job) == (
-            "replay", 7, (1,), "sim:1", True, "j")
+            "replay",
+            7,
+            (1,),
+            "sim:1",
+            True,
+            "j",
+        )
         # the migrated store takes new scans like a fresh one
         sid = store.begin_scan(device="sim:0", host="h", budget_s=1.0, started_at=T0 + 10_000)
-        store.record_results(sid, [Execution("sim:0", 99, "alu.a", True, 0, 0.5, T0 + 10_000).result()],
-                             finish="complete")
+        store.record_results(
+            sid, [Execution("sim:0", 99, "alu.a", True, 0, 0.5, T0 + 10_000).result()], finish="complete"
+        )
 
 
 def test_an_incident_with_a_field_this_version_does_not_know_still_reads(tmp_path: Path) -> None:
     with Store.open(tmp_path / "s.db") as store:
-        store.record_incident(Incident(kind="replay", step=3, suspect_ranks=(0,), device="sim:0", detail="d",
-                                       devices=("sim:0",), hosts=("h",), time=T0))
+        store.record_incident(
+            Incident(
+                kind="replay",
+                step=3,
+                suspect_ranks=(0,),
+                device="sim:0",
+                detail="d",
+                devices=("sim:0",),
+                hosts=("h",),
+                time=T0,
+            )
+        )
     conn = sqlite3.connect(tmp_path / "s.db")
     record = json.loads(conn.execute("SELECT record FROM incidents").fetchone()[0])
     conn.execute("UPDATE incidents SET record = ?", (json.dumps({**record, "opinions": [1, 2, 3]}),))

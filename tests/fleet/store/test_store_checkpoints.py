@@ -13,8 +13,13 @@ from sdcguard.errors import BadInput
 from sdcguard.fleet.store.store import Store
 
 entries = st.lists(
-    st.tuples(st.text(min_size=1, max_size=40), st.integers(0, 2**40), st.booleans(),
-              st.text(alphabet="0123456789abcdef", max_size=16), st.one_of(st.none(), st.text(max_size=10))),
+    st.tuples(
+        st.text(min_size=1, max_size=40),
+        st.integers(0, 2**40),
+        st.booleans(),
+        st.text(alphabet="0123456789abcdef", max_size=16),
+        st.one_of(st.none(), st.text(max_size=10)),
+    ),
     max_size=6,
 )
 
@@ -25,12 +30,14 @@ def test_checkpoints_round_trip_in_order(tmp_path_factory: pytest.TempPathFactor
     path = tmp_path_factory.mktemp("ckpt") / "fleet.db"
     with Store.open(path) as store:
         for k, (cid, step, verified, digest, job) in enumerate(rows):
-            store.record_checkpoint(checkpoint_id=cid, step=step, verified=verified, digest=digest, job=job,
-                                    now=1000.0 + k)
+            store.record_checkpoint(
+                checkpoint_id=cid, step=step, verified=verified, digest=digest, job=job, now=1000.0 + k
+            )
     with Store.open(path, create=False) as store:
         back = store.checkpoints()
         assert [(c.checkpoint_id, c.step, c.verified, c.digest, c.job, c.time) for c in back] == [
-            (cid, step, verified, digest, job, 1000.0 + k) for k, (cid, step, verified, digest, job) in enumerate(rows)]
+            (cid, step, verified, digest, job, 1000.0 + k) for k, (cid, step, verified, digest, job) in enumerate(rows)
+        ]
         for job in {r[4] for r in rows if r[4] is not None}:
             assert [c.job for c in store.checkpoints(job=job)] == [r[4] for r in rows if r[4] == job]
         assert len(store.checkpoints(since=1000.0 + len(rows) - 1)) == min(1, len(rows))

@@ -47,7 +47,10 @@ def test_eight_writers_lose_nothing_and_never_see_locked(tmp_path: Path) -> None
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _WRITER, str(path), str(w), str(scans), str(per_scan)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         )
         for w in range(workers)
     ]
@@ -65,7 +68,11 @@ def test_eight_writers_lose_nothing_and_never_see_locked(tmp_path: Path) -> None
         assert c.execute("SELECT COUNT(*) FROM scans WHERE status = 'complete'").fetchone()[0] == workers * scans
         # Per scan, rows are numbered 0..n-1 without gaps or duplicates (the two batches never interleaved badly),
         # and they hold every execution of the scan.
-        assert c.execute(
-            "SELECT COUNT(*) FROM (SELECT scan FROM results GROUP BY scan HAVING SUM(executions) != ? "
-            "OR MAX(seq) != COUNT(*) - 1)", (per_scan,),
-        ).fetchone()[0] == 0
+        assert (
+            c.execute(
+                "SELECT COUNT(*) FROM (SELECT scan FROM results GROUP BY scan HAVING SUM(executions) != ? "
+                "OR MAX(seq) != COUNT(*) - 1)",
+                (per_scan,),
+            ).fetchone()[0]
+            == 0
+        )

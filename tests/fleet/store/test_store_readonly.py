@@ -68,10 +68,20 @@ def _warm_up() -> None:
     d = Path(tempfile.mkdtemp())
     db = _store(d / "w.db")
     other = _store(d / "o.db")
-    for args in (["report"], ["report", "--format", "json"], ["quarantine", "list"], ["quarantine", "history"],
-                 ["quarantine", "decisions"], ["incidents"], ["checkpoints"], ["export", "prometheus", str(d / "p")],
-                 ["quarantine", "add", "sim:2", "--reason", "x"], ["prune", "--before", "30d"], ["policy"],
-                 ["quarantine", "add", "sim:9", "--reason", "x"]):
+    for args in (
+        ["report"],
+        ["report", "--format", "json"],
+        ["quarantine", "list"],
+        ["quarantine", "history"],
+        ["quarantine", "decisions"],
+        ["incidents"],
+        ["checkpoints"],
+        ["export", "prometheus", str(d / "p")],
+        ["quarantine", "add", "sim:2", "--reason", "x"],
+        ["prune", "--before", "30d"],
+        ["policy"],
+        ["quarantine", "add", "sim:9", "--reason", "x"],
+    ):
         _invoke("--db", str(db), *args)
     _invoke("merge", str(db), str(other))
     _invoke("--db", str(d / "missing" / "x.db"), "report")
@@ -129,8 +139,14 @@ def test_reading_commands_read_a_store_they_may_not_write(place: Path, make: obj
     out_dir.mkdir()
     if ROOT_USER:
         os.chown(out_dir, NOBODY, NOBODY)
-    for args in (["quarantine", "list"], ["quarantine", "history"], ["quarantine", "decisions"], ["incidents"],
-                 ["checkpoints"], ["export", "prometheus", str(out_dir / "sdcguard.prom")]):
+    for args in (
+        ["quarantine", "list"],
+        ["quarantine", "history"],
+        ["quarantine", "decisions"],
+        ["incidents"],
+        ["checkpoints"],
+        ["export", "prometheus", str(out_dir / "sdcguard.prom")],
+    ):
         code, _, err = as_user("--db", str(db), *args)
         assert code == 0, (args, err)
     assert snapshot(db) == before

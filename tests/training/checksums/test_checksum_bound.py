@@ -26,6 +26,8 @@ def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     if request.param == "torch":
         monkeypatch.setattr(checksum_bound, "_checksum_core", None)
     return str(request.param)
+
+
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 
 
@@ -62,12 +64,21 @@ def _product(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor | None) -> torch.
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2 ** 31), m=st.integers(1, 96), k=st.integers(1, 300), n=st.integers(1, 64),
-       dtype=st.sampled_from(DTYPES), scale=st.sampled_from([1e-30, 1e-6, 1.0, 1e6, 1e30]),
-       kind=st.sampled_from(["normal", "positive", "spread"]), batch=st.sampled_from([0, 0, 3]),
-       rows=st.sampled_from([1, 7, 32, 1000]), bias=st.sampled_from(BIASES))
-def test_a_clean_matmul_never_exceeds_the_bound(seed: int, m: int, k: int, n: int, dtype: torch.dtype, scale: float,
-                                                kind: str, batch: int, rows: int, bias: str) -> None:
+@given(
+    seed=st.integers(0, 2**31),
+    m=st.integers(1, 96),
+    k=st.integers(1, 300),
+    n=st.integers(1, 64),
+    dtype=st.sampled_from(DTYPES),
+    scale=st.sampled_from([1e-30, 1e-6, 1.0, 1e6, 1e30]),
+    kind=st.sampled_from(["normal", "positive", "spread"]),
+    batch=st.sampled_from([0, 0, 3]),
+    rows=st.sampled_from([1, 7, 32, 1000]),
+    bias=st.sampled_from(BIASES),
+)
+def test_a_clean_matmul_never_exceeds_the_bound(
+    seed: int, m: int, k: int, n: int, dtype: torch.dtype, scale: float, kind: str, batch: int, rows: int, bias: str
+) -> None:
     if dtype in (torch.float16, torch.bfloat16) and scale in (1e-30, 1e30):
         scale = 1e-3 if scale < 1 else 1e3  # outside their range the operands are zeros or infinities
     a, b = _operands(seed, m, k, n, dtype, scale, kind, batch)
@@ -87,10 +98,18 @@ def _flip(x: torch.Tensor, index: int, bit: int) -> torch.Tensor:
 
 
 @settings(max_examples=80, deadline=None)
-@given(seed=st.integers(0, 2 ** 31), m=st.integers(1, 64), k=st.integers(1, 256), n=st.integers(1, 48),
-       bit=st.integers(23, 31), where=st.integers(0, 10 ** 6), rows=st.sampled_from([1, 32, 64]))
-def test_every_sign_and_exponent_flip_of_an_fp32_result_is_caught(seed: int, m: int, k: int, n: int, bit: int,
-                                                                  where: int, rows: int) -> None:
+@given(
+    seed=st.integers(0, 2**31),
+    m=st.integers(1, 64),
+    k=st.integers(1, 256),
+    n=st.integers(1, 48),
+    bit=st.integers(23, 31),
+    where=st.integers(0, 10**6),
+    rows=st.sampled_from([1, 32, 64]),
+)
+def test_every_sign_and_exponent_flip_of_an_fp32_result_is_caught(
+    seed: int, m: int, k: int, n: int, bit: int, where: int, rows: int
+) -> None:
     # well-scaled operands (no cancellation): every entry is near its column's magnitude, and an exponent or sign
     # flip changes it by at least half of itself
     a, b = _operands(seed, m, k, n, torch.float32, 1.0, "positive", 0)
@@ -121,7 +140,7 @@ def test_the_hardest_case_output_rounding_all_one_way_sits_at_the_bound() -> Non
     # error output rounding can make, on every entry, all with the same sign; the block sums add them coherently
     m, n = 64, 16
     a = torch.ones(m, 2, dtype=torch.bfloat16)
-    b = torch.stack([torch.ones(n), torch.full((n,), 2.0 ** -8)]).to(torch.bfloat16)
+    b = torch.stack([torch.ones(n), torch.full((n,), 2.0**-8)]).to(torch.bfloat16)
     c = a @ b
     assert torch.all(c == 1)  # the rounding happened as described
     p = precision_for(torch.bfloat16, CPU)
@@ -143,9 +162,9 @@ def test_precision_follows_the_fp32_matmul_setting() -> None:
     before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("high")
-        assert precision_for(torch.float32, CPU).u_in == 2.0 ** -10
+        assert precision_for(torch.float32, CPU).u_in == 2.0**-10
         torch.set_float32_matmul_precision("medium")
-        assert precision_for(torch.float32, CPU).u_in == 2.0 ** -7
+        assert precision_for(torch.float32, CPU).u_in == 2.0**-7
     finally:
         torch.set_float32_matmul_precision(before)
     assert precision_for(torch.float32, CPU).u_in == 0.0
@@ -153,14 +172,36 @@ def test_precision_follows_the_fp32_matmul_setting() -> None:
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2 ** 31), m=st.integers(1, 80), k=st.integers(1, 200), n=st.integers(1, 40),
-       dtype=st.sampled_from(DTYPES), kind=st.sampled_from(["normal", "positive", "spread"]),
-       batch=st.sampled_from([0, 0, 2]), rows=st.sampled_from([1, 7, 32, 1000]), bias=st.sampled_from(BIASES),
-       transposed=st.sampled_from(["", "a", "b", "ab"]), fault=st.sampled_from(["none", "bit", "nan", "inf", "zero"]),
-       bit=st.integers(0, 31), where=st.integers(0, 10 ** 6))
-def test_the_screen_never_changes_the_count(seed: int, m: int, k: int, n: int, dtype: torch.dtype, kind: str,
-                                            batch: int, rows: int, bias: str, transposed: str, fault: str,
-                                            bit: int, where: int) -> None:
+@given(
+    seed=st.integers(0, 2**31),
+    m=st.integers(1, 80),
+    k=st.integers(1, 200),
+    n=st.integers(1, 40),
+    dtype=st.sampled_from(DTYPES),
+    kind=st.sampled_from(["normal", "positive", "spread"]),
+    batch=st.sampled_from([0, 0, 2]),
+    rows=st.sampled_from([1, 7, 32, 1000]),
+    bias=st.sampled_from(BIASES),
+    transposed=st.sampled_from(["", "a", "b", "ab"]),
+    fault=st.sampled_from(["none", "bit", "nan", "inf", "zero"]),
+    bit=st.integers(0, 31),
+    where=st.integers(0, 10**6),
+)
+def test_the_screen_never_changes_the_count(
+    seed: int,
+    m: int,
+    k: int,
+    n: int,
+    dtype: torch.dtype,
+    kind: str,
+    batch: int,
+    rows: int,
+    bias: str,
+    transposed: str,
+    fault: str,
+    bit: int,
+    where: int,
+) -> None:
     # proof step (8): clearing columns by lower bounds of their magnitudes taken from the operands gives the full
     # check's count, clean or corrupted, whatever the operands' layout (transposed operands take another reduction
     # path) and whatever the added term's shape
@@ -189,14 +230,16 @@ def test_the_screen_falls_back_where_it_cannot_clear_a_column() -> None:
     # entry alone cannot clear; the full check (with the magnitudes) must run, and pass it
     m, n = 64, 16
     a = torch.ones(m, 2, dtype=torch.bfloat16)
-    b = torch.stack([torch.ones(n), torch.full((n,), 2.0 ** -8)]).to(torch.bfloat16)
+    b = torch.stack([torch.ones(n), torch.full((n,), 2.0**-8)]).to(torch.bfloat16)
     p = precision_for(torch.bfloat16, CPU)
     assert p is not None
     assert int(check_matmul(a, b, a @ b, precision=p, rows=m, screen=True)) == 0
 
 
-@pytest.mark.parametrize("dtype, setting", [(torch.float32, "high"), (torch.float32, "medium"),
-                                            (torch.float32, "highest"), (torch.bfloat16, "highest")])
+@pytest.mark.parametrize(
+    "dtype, setting",
+    [(torch.float32, "high"), (torch.float32, "medium"), (torch.float32, "highest"), (torch.bfloat16, "highest")],
+)
 def test_the_screen_agrees_on_faults_placed_across_the_bound(dtype: torch.dtype, setting: str) -> None:
     """A single fault swept across the bound on the column where the old screen's threshold was highest (its
     magnitude in one entry, the fault on that entry, 0 to 1.5 times the bound, both signs): the screen's count equals
@@ -267,13 +310,20 @@ def _gamma(n: int, u: float) -> float:
 
 @pytest.mark.parametrize("engine", ["c"], indirect=True)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 2 ** 31), m=st.integers(1, 90), k=st.integers(1, 40), n=st.integers(1, 30),
-       batch=st.sampled_from([0, 1, 3]), rows=st.sampled_from([1, 5, 8, 32, 100]),
-       layout=st.sampled_from(["rows", "transposed", "strided"]),
-       dtype=st.sampled_from([torch.float32, torch.bfloat16]), spread=st.booleans())
+@given(
+    seed=st.integers(0, 2**31),
+    m=st.integers(1, 90),
+    k=st.integers(1, 40),
+    n=st.integers(1, 30),
+    batch=st.sampled_from([0, 1, 3]),
+    rows=st.sampled_from([1, 5, 8, 32, 100]),
+    layout=st.sampled_from(["rows", "transposed", "strided"]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    spread=st.booleans(),
+)
 def test_the_engine_block_sums_and_magnitude_sums_are_within_the_proofs_rounding_of_the_exact_sums(
-        engine: str, seed: int, m: int, k: int, n: int, batch: int, rows: int, layout: str, dtype: torch.dtype,
-        spread: bool) -> None:
+    engine: str, seed: int, m: int, k: int, n: int, batch: int, rows: int, layout: str, dtype: torch.dtype, spread: bool
+) -> None:
     # proof steps (2)-(3) assume only that each block sum errs by at most gamma_w(b) times the sum of its terms'
     # magnitudes (any order): the engine's row-major, transposed (8 lanes) and general-stride loops, in fp32 and
     # from bf16, over batches and a short last block
@@ -303,11 +353,12 @@ def test_the_engine_block_sums_and_magnitude_sums_are_within_the_proofs_rounding
         full = m // b * b
         parts = [d[..., :full, :].reshape(*lead, full // b, b, x.shape[-1])] if full else []
         exact = [p.sum(dim=-2) for p in parts] + ([d[..., full:, :].sum(dim=-2, keepdim=True)] if m > full else [])
-        mags = [p.abs().sum(dim=-2) for p in parts] + ([d[..., full:, :].abs().sum(dim=-2, keepdim=True)]
-                                                       if m > full else [])
+        mags = [p.abs().sum(dim=-2) for p in parts] + (
+            [d[..., full:, :].abs().sum(dim=-2, keepdim=True)] if m > full else []
+        )
         e, mag = torch.cat(exact, dim=-2), torch.cat(mags, dim=-2)
         assert s.dtype == torch.float32 and s.shape == e.shape
-        assert torch.all((s.double() - e).abs() <= _gamma(b + 1, 2.0 ** -24) * mag), (layout, dtype, b)
+        assert torch.all((s.double() - e).abs() <= _gamma(b + 1, 2.0**-24) * mag), (layout, dtype, b)
 
 
 @pytest.mark.parametrize("engine", ["c"], indirect=True)
@@ -335,7 +386,8 @@ def test_the_engine_refuses_what_it_cannot_read(engine: str) -> None:
 @pytest.mark.parametrize("engine", ["c"], indirect=True)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_engine_clears_a_block_whose_operand_rows_cancel_by_the_columns_own_magnitudes(
-        engine: str, dtype: torch.dtype) -> None:
+    engine: str, dtype: torch.dtype
+) -> None:
     # every block of A holds rows x, y and -(x + y) (the gradient of a softmax's input sums to zero over a row
     # alike): the block sums V cancel to rounding residue, so |R| and L are that small and clear nothing, and only
     # tier (c), the column's magnitudes from |A|, clears the rounding noise of the computed C; a fault still counts

@@ -29,10 +29,12 @@ def _model() -> TinyTransformer:
 
 
 def _fault(timing: str, phase: str, occurrence: int | None, bits: str = "exponent", rank: int | None = None) -> Any:
-    fault = (Fault(pattern="nan", timing=timing, seed=3) if bits == "nan"
-             else Fault(pattern="bitflip", bit=bits, timing=timing, seed=3))
-    return OpFaultMode(FaultModel(fault), ops="matmul", phase=phase, occurrence=occurrence,
-                       rank=rank)
+    fault = (
+        Fault(pattern="nan", timing=timing, seed=3)
+        if bits == "nan"
+        else Fault(pattern="bitflip", bit=bits, timing=timing, seed=3)
+    )
+    return OpFaultMode(FaultModel(fault), ops="matmul", phase=phase, occurrence=occurrence, rank=rank)
 
 
 def test_every_matmul_of_a_step_is_checked_and_a_clean_step_commits() -> None:
@@ -44,10 +46,12 @@ def test_every_matmul_of_a_step_is_checked_and_a_clean_step_commits() -> None:
         assert r.matmuls_checked == r.matmuls_run > 0
 
 
-@pytest.mark.parametrize(("phase", "occurrence", "expect"), [
-    ("forward", 2, "forward"), ("backward", 0, None), ("backward", 5, None)])
+@pytest.mark.parametrize(
+    ("phase", "occurrence", "expect"), [("forward", 2, "forward"), ("backward", 0, None), ("backward", 5, None)]
+)
 def test_a_one_off_matmul_fault_is_caught_on_its_step_vetoed_and_named_transient(
-        phase: str, occurrence: int, expect: str | None) -> None:
+    phase: str, occurrence: int, expect: str | None
+) -> None:
     guard = SDCGuard(_model(), lm_loss, replay_every=0, checksum_every=1)
     mode = _fault("transient", phase, occurrence)
     with mode:
@@ -103,11 +107,13 @@ def test_unchecked_steps_run_without_the_mode() -> None:
 def test_gpt2_conv1d_and_multihead_attention_matmuls_are_seen() -> None:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=61, n_positions=16, n_embd=16, n_layer=2, n_head=2,
-                                     attn_implementation="eager")
+    config = transformers.GPT2Config(
+        vocab_size=61, n_positions=16, n_embd=16, n_layer=2, n_head=2, attn_implementation="eager"
+    )
     gpt2 = transformers.GPT2LMHeadModel(config)
-    guard = SDCGuard(gpt2, lambda m, b: m(input_ids=b["tokens"], labels=b["tokens"]).loss, replay_every=0,
-                     checksum_every=1)
+    guard = SDCGuard(
+        gpt2, lambda m, b: m(input_ids=b["tokens"], labels=b["tokens"]).loss, replay_every=0, checksum_every=1
+    )
     r = guard.step(0, make_batch(0, 0))
     assert r.commit and r.matmuls_checked == r.matmuls_run >= 2 * 4 * 3  # 4 Conv1D per layer, fwd + dX + dW
     mha = nn.MultiheadAttention(16, 2, batch_first=True)
@@ -166,9 +172,17 @@ def _lightning_job(precision: str) -> list[tuple[int, bool, int, list[str]]]:
     cb = SDCGuardCallback(replay_every=0, checksum_every=1)
     mode = _fault("transient", "backward", 3)
     warnings.filterwarnings("ignore")
-    trainer = L.Trainer(max_steps=6, accelerator="cpu", devices=1, precision=precision, callbacks=[cb, Probe()],
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+    trainer = L.Trainer(
+        max_steps=6,
+        accelerator="cpu",
+        devices=1,
+        precision=precision,
+        callbacks=[cb, Probe()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
 
     class Faulty(L.Callback):
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
@@ -207,9 +221,17 @@ def test_hf_trainer_callback_checks_gpt2_matmuls(tmp_path: Any) -> None:
         def on_optimizer_step(self, *a: Any, **k: Any) -> None:
             reports.append(cb.last_report)
 
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=2,
-                                          use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
-                                          disable_tqdm=True, dataloader_num_workers=0)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=4,
+        per_device_train_batch_size=2,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
     transformers.Trainer(model=model, args=args, train_dataset=rows, callbacks=[cb, Probe()]).train()
     assert len(reports) == 4 and all(r.commit and not r.incidents and r.matmuls_checked >= 12 for r in reports)
 
@@ -307,7 +329,8 @@ def test_matmuls_that_add_a_matrix_column_or_scalar_are_checked_and_faults_caugh
 
 
 def test_a_call_the_check_cannot_take_is_counted_unchecked_and_the_step_goes_on(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from sdcguard.training.checksums import mode as checksums
 
     def refuse(*args: Any, **kwargs: Any) -> Any:

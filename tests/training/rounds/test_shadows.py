@@ -31,6 +31,5 @@ def test_shadow_assignment_rotates_over_workers_and_shadows(workers: int, shadow
 
 @given(st.integers(0, 2**40), st.integers(-1, 500), st.booleans(), st.booleans(), st.integers(0, 2**40))
 def test_verdict_tensor_round_trip(sample: int, first: int, matched: bool, loss: bool, step: int) -> None:
-    v = Verdict(sample=sample, step=step, matched=matched, first_unit=None if first < 0 else first,
-                loss_differs=loss)
+    v = Verdict(sample=sample, step=step, matched=matched, first_unit=None if first < 0 else first, loss_differs=loss)
     assert Verdict.from_tensor(v.to_tensor()) == v

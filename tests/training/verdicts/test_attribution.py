@@ -38,6 +38,7 @@ def peer(owner_orig: Digest, owner_rerun: Digest, replay: Digest, replay_rerun: 
 
 # ------------------------------------------------------------------------------------------- the rule's rows
 
+
 def test_two_devices_sticky_fault_is_unresolved_never_software() -> None:
     """The issue's first row: 2 ranks, a sticky fault on one. Both reproduce themselves: unresolved, both suspects,
     the step corrupt."""
@@ -98,11 +99,14 @@ def test_devices_of_different_setups_computing_differently_is_the_setups_doing()
     assert j.verdict == "hardware" and j.blamed == {2: True}
 
 
-@pytest.mark.parametrize(("r1", "r2", "verdict", "corrupt"), [
-    (GOOD, GOOD, "hardware", True),  # the original was a one-off: both reruns agree against it
-    (BAD, GOOD, "hardware", False),  # the first rerun was the odd one: the original stands
-    (OTHER, d(7), "software", False),  # all three differ on the one device
-])
+@pytest.mark.parametrize(
+    ("r1", "r2", "verdict", "corrupt"),
+    [
+        (GOOD, GOOD, "hardware", True),  # the original was a one-off: both reruns agree against it
+        (BAD, GOOD, "hardware", False),  # the first rerun was the odd one: the original stands
+        (OTHER, d(7), "software", False),  # all three differ on the one device
+    ],
+)
 def test_in_one_process_the_original_and_two_reruns_vote(r1: Digest, r2: Digest, verdict: str, corrupt: bool) -> None:
     original = BAD if corrupt else GOOD
     j = judge(Opinion(0, original), [Opinion(0, r1), Opinion(0, r2)])
@@ -118,6 +122,7 @@ def test_dedicated_shadow_with_two_workers_the_shadow_is_a_voter() -> None:
 
 
 # -------------------------------------------------------------------------------------------- properties
+
 
 @st.composite
 def settlements(draw: st.DrawFn) -> tuple[dict[int, list[Digest]], set[int], bool]:
@@ -175,8 +180,9 @@ def test_software_never_names_a_device_and_a_fault_is_never_software(case: tuple
 
 
 @given(st.integers(3, 12), st.integers(0, 11), st.booleans(), st.integers(1, 11))
-def test_one_faulty_device_among_three_or_more_is_always_named_alone(world: int, faulty: int, sticky: bool,
-                                                                     offset: int) -> None:
+def test_one_faulty_device_among_three_or_more_is_always_named_alone(
+    world: int, faulty: int, sticky: bool, offset: int
+) -> None:
     faulty, replayer = faulty % world, offset % (world - 1) + 1
     comps = {r: [GOOD] for r in range(world)}
     comps[0] = [BAD if faulty == 0 else GOOD, BAD if faulty == 0 and sticky else GOOD]
@@ -188,8 +194,9 @@ def test_one_faulty_device_among_three_or_more_is_always_named_alone(world: int,
 
 
 @given(st.integers(4, 12), st.data())
-def test_two_faulty_devices_at_once_are_both_named_when_the_others_are_a_majority(world: int,
-                                                                                data: st.DataObject) -> None:
+def test_two_faulty_devices_at_once_are_both_named_when_the_others_are_a_majority(
+    world: int, data: st.DataObject
+) -> None:
     a, b = data.draw(st.lists(st.integers(0, world - 1), min_size=2, max_size=2, unique=True))
     comps = {r: [d(100 + r) if r in (a, b) else GOOD] * (2 if r < 2 else 1) for r in range(world)}
     j = settle(comps)
@@ -201,12 +208,15 @@ def test_two_faulty_devices_at_once_are_both_named_when_the_others_are_a_majorit
 
 # ------------------------------------------------------------------------------------ rounds and escalation
 
+
 def test_a_round_whose_originals_were_all_one_offs_on_several_devices_is_unresolved() -> None:
     """FSDP2: one rank's corrupt contribution to an all-gather spoils every rank's original; each owner's rerun is
     right. No single device explains it: one unresolved incident naming them all, the step vetoed."""
     attr = Attributor(["a", "b"], IDS)
-    settled = [(r, judge(Opinion(r, BAD), [Opinion(r, GOOD)] + [Opinion(q, GOOD) for q in range(3) if q != r]))
-               for r in range(2)]
+    settled = [
+        (r, judge(Opinion(r, BAD), [Opinion(r, GOOD)] + [Opinion(q, GOOD) for q in range(3) if q != r]))
+        for r in range(2)
+    ]
     res = conclude(5, settled, attr, devices=3, shared_cause_at=2, result=RoundResult(step=5))
     assert res.corrupt and not res.blamed and res.suspects == {0, 1}
     assert [i.kind for i in res.incidents] == ["unresolved"]
@@ -226,8 +236,9 @@ def test_sticky_escalates_at_once_and_unresolved_on_a_repeat() -> None:
 def test_software_round_names_nobody_and_vetoes_nothing() -> None:
     attr = Attributor(["a", "b"], IDS)
     out = Outcomes(attr, [0, 1], torch.device("cpu"), speaks=False)
-    res = conclude(2, [(0, peer(d(1), d(2), d(3), d(4)))], attr, devices=2, shared_cause_at=3,
-                   result=RoundResult(step=2))
+    res = conclude(
+        2, [(0, peer(d(1), d(2), d(3), d(4)))], attr, devices=2, shared_cause_at=3, result=RoundResult(step=2)
+    )
     found = out.settled(res)
     assert [i.kind for i in found] == ["nondeterministic"] and not found[0].suspect_ranks and not res.corrupt
     assert out.determinism.state == "nondeterministic"
@@ -253,21 +264,32 @@ def test_likely_causes_name_order_dependent_ops_and_uncaptured_generators() -> N
     causes = likely_causes({"index_add_", "mm", "<generator>"}, torch.device("cpu"))
     assert any("index_add" in c for c in causes) and any("torch.Generator" in c for c in causes)
     assert likely_causes(set(), torch.device("cpu"))  # never empty
-    report = CalibrationReport(deterministic=False, same_device=False, cross_rank=False, causes=("x",),
-                               verdict="software", ranks_differing=(0, 1))
+    report = CalibrationReport(
+        deterministic=False,
+        same_device=False,
+        cross_rank=False,
+        causes=("x",),
+        verdict="software",
+        ranks_differing=(0, 1),
+    )
     assert "NOT bit-identical on the same device" in str(report)
 
 
 # ---------------------------------------------------------------------------------------------- job ids
 
-@pytest.mark.parametrize(("env", "expected"), [
-    ({"TORCHELASTIC_RUN_ID": "none"}, None),
-    ({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "42"}, "42"),
-    ({"TORCHELASTIC_RUN_ID": "abc-123"}, "abc-123"),
-    ({}, None),
-])
-def test_torchruns_placeholder_is_not_a_job_id(monkeypatch: pytest.MonkeyPatch, env: dict,
-                                               expected: str | None) -> None:
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"TORCHELASTIC_RUN_ID": "none"}, None),
+        ({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "42"}, "42"),
+        ({"TORCHELASTIC_RUN_ID": "abc-123"}, "abc-123"),
+        ({}, None),
+    ],
+)
+def test_torchruns_placeholder_is_not_a_job_id(
+    monkeypatch: pytest.MonkeyPatch, env: dict, expected: str | None
+) -> None:
     for k in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
@@ -276,8 +298,17 @@ def test_torchruns_placeholder_is_not_a_job_id(monkeypatch: pytest.MonkeyPatch, 
 
 
 def _named(job: str | None, device: str, size: int | None, sticky: bool = False) -> Incident:
-    return Incident(kind="replay", step=1, suspect_ranks=(0,), device=device, devices=(device,), detail="x",
-                    job=job, job_size=size, sticky=sticky)
+    return Incident(
+        kind="replay",
+        step=1,
+        suspect_ranks=(0,),
+        device=device,
+        devices=(device,),
+        detail="x",
+        job=job,
+        job_size=size,
+        sticky=sticky,
+    )
 
 
 def test_the_training_breaker_never_pools_jobs_and_weighs_devices_against_the_jobs_size() -> None:

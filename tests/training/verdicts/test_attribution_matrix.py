@@ -91,21 +91,32 @@ def _run(kind: str, dp: int, deterministic: bool, calibrate: bool) -> None:
 
 # One cell per row of the README's rule table (CI).
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("kind", "dp", "deterministic", "calibrate"), [
-    ("peer", 2, True, True),  # two devices: unresolved at calibrate and for sticky faults; one-offs named
-    ("peer", 3, True, False),  # a majority names every faulty device: one-off, sticky, two at different times
-    ("fsdp", 2, True, False),  # FSDP2's collective replay
-    ("shadow", 2, True, False),  # 2 workers + 1 shadow: the shadow is a voter
-    ("peer", 3, False, True),  # software: devices disagree with themselves
-])
+@pytest.mark.parametrize(
+    ("kind", "dp", "deterministic", "calibrate"),
+    [
+        ("peer", 2, True, True),  # two devices: unresolved at calibrate and for sticky faults; one-offs named
+        ("peer", 3, True, False),  # a majority names every faulty device: one-off, sticky, two at different times
+        ("fsdp", 2, True, False),  # FSDP2's collective replay
+        ("shadow", 2, True, False),  # 2 workers + 1 shadow: the shadow is a voter
+        ("peer", 3, False, True),  # software: devices disagree with themselves
+    ],
+)
 def test_rule_table_rows(kind: str, dp: int, deterministic: bool, calibrate: bool) -> None:
     _run(kind, dp, deterministic, calibrate)
 
 
-CI_CELLS = {("peer", 2, True, True), ("peer", 3, True, False), ("fsdp", 2, True, False), ("shadow", 2, True, False),
-            ("peer", 3, False, True)}
-MATRIX = [c for c in itertools.product(("peer", "shadow", "fsdp"), (2, 3, 4), (True, False), (True, False))
-          if c not in CI_CELLS]
+CI_CELLS = {
+    ("peer", 2, True, True),
+    ("peer", 3, True, False),
+    ("fsdp", 2, True, False),
+    ("shadow", 2, True, False),
+    ("peer", 3, False, True),
+}
+MATRIX = [
+    c
+    for c in itertools.product(("peer", "shadow", "fsdp"), (2, 3, 4), (True, False), (True, False))
+    if c not in CI_CELLS
+]
 
 
 @pytest.mark.matrix

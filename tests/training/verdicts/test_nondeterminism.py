@@ -48,8 +48,13 @@ def _job(rank: int, world: int, which: str, deterministic: bool, store: str, fau
         for step in range(STEPS):
             mode = None
             if fault is not None and fault == (step, rank):
-                mode = OpFaultMode(Fault(pattern="bitflip", bit="exponent", timing="sticky"), ops="gelu",
-                                   phase="forward", rank=rank, steps=[step])
+                mode = OpFaultMode(
+                    Fault(pattern="bitflip", bit="exponent", timing="sticky"),
+                    ops="gelu",
+                    phase="forward",
+                    rank=rank,
+                    steps=[step],
+                )
                 mode.step = step
             with mode if mode is not None else nullcontext():
                 report = guard.step(step, make_batch(step, rank, seq=4))

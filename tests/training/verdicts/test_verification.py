@@ -54,8 +54,9 @@ def test_diverged_weights_taint_from_the_last_comparison_that_agreed() -> None:
     assert v.tainted_from == 11 and v.last_verified_step == 10 and v.rollback(11).checkpoint_id == "c10"
 
 
-@given(st.lists(st.tuples(st.integers(0, 200), st.sets(st.integers(0, 3), max_size=4)), max_size=30),
-       st.integers(0, 200))
+@given(
+    st.lists(st.tuples(st.integers(0, 200), st.sets(st.integers(0, 3), max_size=4)), max_size=30), st.integers(0, 200)
+)
 def test_the_verified_step_never_lies_after_a_taint(samples: list[tuple[int, set[int]]], taint: int) -> None:
     v = Verification([0, 1, 2, 3])
     for step, ranks in sorted(samples, key=lambda s: s[0]):

@@ -1,0 +1,160 @@
+"""The store's counts over a window, from its running totals: executions, failures and testing time (the day
+tallies for whole UTC days held as rows, the roll-ups for pruned days, rows only for a window's partial first day)
+and complete scans per device (see :mod:`.queries` for which executions count)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from ...durations import DAY_S
+from .case_queries import in_devices
+from .connection import StoreBase
+from .rows import ScanCounts, Tally
+from .schema import COUNTED_SCAN
+
+__all__ = ["TallyQueries", "first_day"]
+
+
+def first_day(since: float | None) -> int | None:
+    """The first roll-up day that counts in a window starting at ``since``."""
+    return None if since is None else math.ceil(since / DAY_S)
+
+
+class TallyQueries(StoreBase):
+    """Counts over a window (part of :class:`sdcguard.fleet.store.store.Store`)."""
+
+    # ------------------------------------------------------------------ rates
+    def tallies(
+        self,
+        *,
+        since: float | None = None,
+        devices: Sequence[str] | None = None,
+        by: Literal["device", "device_family", "family"] = "device_family",
+    ) -> list[Tally]:
+        """Executions, failures and testing seconds grouped ``by`` device, device and family, or family; rows of
+        the retention horizon's roll-ups included. Ordered by the grouping keys."""
+        keys = {"device": "device", "device_family": "device, family", "family": "family"}[by]
+        width = keys.count(",") + 1
+        scope, sp = in_devices(devices)
+        groups: dict[tuple[Any, ...], list[float]] = {}
+
+        def add(rows: list[tuple[Any, ...]]) -> None:
+            for r in rows:
+                g = groups.setdefault(tuple(r[:width]), [0.0, 0.0, 0.0])
+                g[0] += r[width]
+                g[1] += r[width + 1]
+                g[2] += r[width + 2]
+
+        # Whole days from the day tallies (the rows held) and the roll-ups (the days pruned); rows only for the
+        # partial first day of the window, from its start to the next UTC midnight.
+        day = first_day(since)
+        window, wp = ("", []) if day is None else (" AND day >= ?", [day])
+        add(
+            self._rows(
+                f"SELECT {keys}, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM day_tallies "
+                f"WHERE 1{window}{scope} GROUP BY {keys}",
+                [*wp, *sp],
+            )
+        )
+        if since is not None and day is not None and day * DAY_S > since:
+            add(self._partial_day(keys, since, day * DAY_S, scope, sp))
+        if self._has_rollups(since):
+            table, window, wp = ("rollup_totals", "", []) if day is None else ("rollups", " AND day >= ?", [day])
+            add(
+                self._rows(
+                    f"SELECT {keys}, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM {table} "
+                    f"WHERE 1{window}{scope} GROUP BY {keys}",
+                    [*wp, *sp],
+                )
+            )
+        out = []
+        for key in sorted(groups):
+            n, k, s = groups[key]
+            if n == 0 and k == 0 and abs(s) < 1e-6:
+                continue  # what a day tally keeps of rows that moved or went: nothing
+            device = key[0] if by != "family" else None
+            family = key[-1] if by != "device" else None
+            out.append(Tally(device, family, int(n), int(k), s))
+        return out
+
+    def _partial_day(self, keys: str, lo: float, hi: float, scope: str, sp: list[Any]) -> list[tuple[Any, ...]]:
+        """``(keys..., executions, failures, seconds)`` of the rows that started in ``[lo, hi)``, over the
+        time-led covering index; failures and retests are rare and come from their partial indexes. A retest is
+        always one execution (only passing first attempts are folded together), so first-attempt executions =
+        TOTAL(executions) - retests."""
+        width = keys.count(",") + 1
+        where, params = f"WHERE started_at >= ? AND started_at < ?{scope}", [lo, hi, *sp]
+        groups: dict[tuple[Any, ...], list[float]] = {}
+        for r in self._rows(
+            f"SELECT {keys}, TOTAL(executions), TOTAL(duration_s) FROM results "
+            f"INDEXED BY results_time {where} GROUP BY {keys}",
+            params,
+        ):
+            groups[tuple(r[:width])] = [r[width], 0.0, r[width + 1]]
+        for r in self._rows(
+            f"SELECT {keys}, COUNT(*) FROM results INDEXED BY results_retests {where} AND attempt > 0 GROUP BY {keys}",
+            params,
+        ):
+            groups[tuple(r[:width])][0] -= r[width]
+        for r in self._rows(
+            f"SELECT {keys}, COUNT(*) FROM results INDEXED BY results_failures {where} "
+            f"AND passed = 0 AND attempt = 0 GROUP BY {keys}",
+            params,
+        ):
+            groups[tuple(r[:width])][1] += r[width]
+        return [(*key, n, k, secs) for key, (n, k, secs) in groups.items()]
+
+    def _has_rollups(self, since: float | None) -> bool:
+        last = self._meta("rollup_last_day")
+        if last is None:
+            return False
+        day = first_day(since)
+        return day is None or int(last) >= day
+
+    def scan_counts(self, *, since: float | None, device: str | None = None) -> dict[str, ScanCounts]:
+        """Per device: complete scans started in the window, and the end of its latest complete scan ever (a scan
+        counts when :data:`~.schema.COUNTED_SCAN`)."""
+        dev, dp = (" AND device = ?", [device]) if device is not None else ("", [])
+        window, wp = (" AND started_at >= ?", [since]) if since is not None else ("", [])
+        complete: dict[str, int] = {
+            d: int(n)
+            for d, n in self._rows(
+                f"SELECT device, COUNT(*) FROM scans INDEXED BY scans_device WHERE {COUNTED_SCAN}{window}{dev} "
+                "GROUP BY device",
+                [*wp, *dp],
+            )
+        }
+        # One index probe per device (scans_device, named: with executions in the condition the planner would
+        # otherwise pick scans_status and read every complete scan per device): a device's scans never overlap
+        # (the scanner locks it), so its latest complete scan is the one started last. The counts read the same
+        # index whole, in device order, without the table.
+        one, op = (" AND d.id = ?", [device]) if device is not None else ("", [])
+        last: dict[str, float] = {
+            d: t
+            for d, t in self._rows(
+                "SELECT d.id, (SELECT COALESCE(s.finished_at, s.started_at) FROM scans s INDEXED BY scans_device "
+                "WHERE s.device = d.id AND "
+                f"{COUNTED_SCAN} ORDER BY s.started_at DESC, s.id DESC LIMIT 1) AS t FROM devices d "
+                f"WHERE 1{one}",
+                op,
+            )
+            if t is not None
+        }
+        if self._meta("rollup_last_day") is not None:
+            day = first_day(since)
+            if day is None:
+                rolled = self._rows(f"SELECT device, complete FROM scan_rollup_totals WHERE 1{dev}", dp)
+            elif self._has_rollups(since):
+                rolled = self._rows(
+                    f"SELECT device, TOTAL(complete) FROM scan_rollups WHERE day >= ?{dev} GROUP BY device", [day, *dp]
+                )
+            else:
+                rolled = []
+            for d, n in rolled:
+                complete[d] = complete.get(d, 0) + int(n)
+            for d, t in self._rows(f"SELECT device, last_complete FROM scan_rollup_totals WHERE 1{dev}", dp):
+                if t is not None and (d not in last or t > last[d]):
+                    last[d] = t
+        return {d: ScanCounts(complete.get(d, 0), last.get(d)) for d in {*complete, *last}}
