@@ -12,6 +12,7 @@ __all__ = [
     "BadInput",
     "StoreError",
     "SchemaTooNew",
+    "StoreUnreachable",
     "GoldenDataError",
     "SuiteError",
     "NoDevice",
@@ -35,6 +36,11 @@ class StoreError(SdcguardError):
 
 class SchemaTooNew(StoreError):
     """The store was written by a newer sdcguard; it is left untouched."""
+
+
+class StoreUnreachable(StoreError):
+    """The store's server could not be reached, or did not answer in time (a PostgreSQL store): a writer with a
+    spool writes there instead."""
 
 
 class GoldenDataError(SdcguardError):

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import functools
+import os
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import settings
+
+if TYPE_CHECKING:
+    from sdcguard.testing.postgres import PostgresServer
 
 # Shared 2-core machines: timing noise must never fail a property test.
 settings.register_profile("sdcguard", deadline=None)
@@ -48,3 +54,49 @@ def _no_process_group_left_behind() -> object:
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    """A throwaway PostgreSQL server for the whole session (:mod:`sdcguard.testing.postgres`), started the first
+    time a test asks. Where none can be started the tests that need one skip, saying why; in CI (``$CI``) they fail
+    instead: CI must run them."""
+    from sdcguard.testing.postgres import PostgresServer, ServerUnavailable
+
+    try:
+        server = PostgresServer()
+        server.start()
+    except (ServerUnavailable, OSError, ImportError) as e:
+        message = f"no PostgreSQL server could be started for the PostgreSQL store tests: {e}"
+        if os.environ.get("CI"):
+            pytest.fail(message + " (CI must run them: .ci/run installs the postgresql package)", pytrace=False)
+        pytest.skip(message)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+BACKENDS = ("sqlite", "postgresql")
+"""The store's backends, for ``pytest.mark.parametrize("backend", BACKENDS)``."""
+
+
+@pytest.fixture(scope="session")
+def new_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
+    """``new_store(backend)``: a fleet store that does not exist yet, on ``backend``: a SQLite file, or an empty
+    schema of the session's PostgreSQL server (its ``postgresql://`` URL). Session-scoped, so property tests may
+    make one per example."""
+
+    def make(backend: str) -> str:
+        if backend == "sqlite":
+            return str(tmp_path_factory.mktemp("store") / "s.db")
+        server: PostgresServer = request.getfixturevalue("pg_server")
+        return server.fresh_url()
+
+    return make
+
+
+@pytest.fixture(params=BACKENDS)
+def store_db(request: pytest.FixtureRequest, new_store: Callable[[str], str]) -> str:
+    """A fleet store that does not exist yet, on each backend in turn (:func:`new_store`)."""
+    return new_store(str(request.param))

@@ -44,7 +44,7 @@ class CaseQueries(StoreBase):
         if since is None:
             return CaseTimes.from_rows(
                 self._rows(
-                    f"SELECT device, case_id, family, executions, seconds FROM case_totals t WHERE 1{scope}", sp
+                    f"SELECT device, case_id, family, executions, seconds FROM case_totals t WHERE true{scope}", sp
                 ),
                 scan=0,
             )
@@ -61,14 +61,14 @@ class CaseQueries(StoreBase):
         if day * DAY_S > start:  # the day's rows before the start, or after it: whichever are fewer
             count = (
                 "SELECT COUNT(*) FROM (SELECT 1 FROM results INDEXED BY results_time WHERE started_at >= ? AND "
-                "started_at < ? LIMIT ?)"
+                "started_at < ? LIMIT ?) AS day_rows"
             )
             after, before = (
                 self._one(count, (lo, hi, 1000)) for lo, hi in ((start, day * DAY_S), ((day - 1) * DAY_S, start))
             )
             if after == before == 1000:
                 after, before = (
-                    self._one(count, (lo, hi, -1)) for lo, hi in ((start, day * DAY_S), ((day - 1) * DAY_S, start))
+                    self._one(count, (lo, hi, 2**62)) for lo, hi in ((start, day * DAY_S), ((day - 1) * DAY_S, start))
                 )
             if before < after:
                 params.update(day=day - 1, lo=(day - 1) * DAY_S, hi=start, sign=-1)

@@ -1,4 +1,5 @@
-"""Opening the fleet store's SQLite file with care, and its transactions.
+"""Opening the fleet store with care, and its transactions: a SQLite file here (:class:`SqliteBackend`), a
+PostgreSQL server in :mod:`.postgres` (:class:`Backend` is what both offer :class:`StoreBase`).
 
 The file header is read *before* SQLite opens the file, so a text file, a foreign SQLite database or a store
 written by a newer sdcguard is refused with one sentence and left byte-for-byte untouched. Every write runs in
@@ -15,17 +16,30 @@ import os
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Literal, Protocol, Self
 
 from ...errors import SchemaTooNew, StoreError
-from .schema import APPLICATION_ID, SCHEMA_VERSION, SQLITE_MAGIC, migrate
+from .schema import APPLICATION_ID, SCHEMA_VERSION, SQLITE_MAGIC, creator, migrate
 
-__all__ = ["StoreBase", "check_header", "check_merge_input", "read_only_uri", "writable_problem", "BUSY_TIMEOUT_S"]
+__all__ = [
+    "StoreBase",
+    "Backend",
+    "SqliteBackend",
+    "is_server_url",
+    "check_header",
+    "check_merge_input",
+    "read_only_uri",
+    "writable_problem",
+    "BUSY_TIMEOUT_S",
+    "SERVER_SCHEMES",
+]
 
 BUSY_TIMEOUT_S = 30.0
+SERVER_SCHEMES = ("postgresql://", "postgres://")
+"""How a ``--db`` that names a PostgreSQL server begins (libpq's URI schemes)."""
 
 
 def check_header(path: Path) -> int:
@@ -132,40 +146,52 @@ def check_merge_input(path: Path) -> None:
         )
 
 
-class StoreBase:
-    """The connection, its opening and its transactions. One belongs to one thread: open one per process."""
+def is_server_url(db: str | os.PathLike[str]) -> bool:
+    """Whether ``db`` names a PostgreSQL server (``postgresql://...``) rather than a SQLite file."""
+    return str(db).startswith(SERVER_SCHEMES)
 
-    def __init__(self, conn: sqlite3.Connection, path: Path, timeout_s: float = BUSY_TIMEOUT_S) -> None:
-        self._conn = conn
-        self._timeout_s = timeout_s
+
+class Backend(Protocol):
+    """What :class:`StoreBase` needs of a database: SQLite's file (:class:`SqliteBackend`) or a PostgreSQL server
+    (:class:`~.postgres.connection.PostgresBackend`). ``conn`` runs the store's SQL text in both (``execute``,
+    ``executemany``, cursors with ``fetchone``/``fetchall``/``rowcount``)."""
+
+    @property
+    def kind(self) -> Literal["sqlite", "postgresql"]: ...
+
+    conn: Any
+    name: str
+    read_only_reason: str | None
+
+    def write(self) -> AbstractContextManager[Any]: ...
+
+    def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> Any: ...
+
+    def lock(self, scope: str, keys: Iterable[str] = ("",), *, shared: bool = False) -> None: ...
+
+    def vacuum(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class SqliteBackend:
+    """One SQLite connection to the store's file: opened with care (:meth:`open`), one ``BEGIN IMMEDIATE``
+    transaction per write. One belongs to one thread."""
+
+    kind: Literal["sqlite"] = "sqlite"
+
+    def __init__(self, conn: sqlite3.Connection, path: Path, timeout_s: float) -> None:
+        self.conn = conn
         self.path = path
-        self._known_digests: set[tuple[str, str]] = set()
-        """``(case, digest)`` pairs this connection knows ``pass_digests`` holds (rows are never deleted)."""
-        self._known_devices: set[str] = set()
-        """Devices this connection knows the ``devices`` table holds (rows are never deleted)."""
+        self.name = str(path)
+        self._timeout_s = timeout_s
         self.read_only_reason: str | None = None
         """Why this store was opened read-only (None: opened for writing)."""
 
     @classmethod
-    def open(
-        cls,
-        path: str | os.PathLike[str],
-        *,
-        create: bool = True,
-        timeout_s: float = BUSY_TIMEOUT_S,
-        readonly: bool = False,
-    ) -> Self:
-        """Open (and with ``create``, create or migrate) the store at ``path``.
-
-        ``readonly``: the caller only reads. A store this process may write is opened as usual (an older one is
-        migrated); one it may not (a read-only file or directory) is opened read-only (:func:`read_only_uri`).
-        Without ``readonly``, a store this process may not write is refused with one line saying so.
-
-        Raises :class:`StoreError` (not SQLite, unreadable, read-only for a writer, missing directory, missing
-        file without ``create``) or :class:`SchemaTooNew`; in every such case the file is left untouched. An older
-        store is migrated forward in one transaction.
-        """
-        p = Path(path)
+    def open(cls, path: Path, *, create: bool, timeout_s: float, readonly: bool) -> SqliteBackend:
+        """The checks and the opening of :meth:`StoreBase.open` for a file."""
+        p = path
         size = check_header(p)
         if size < 0 and not create:
             raise StoreError(f"no fleet store at {p} (run `sdcguard scan` first, or pass --db / $SDCGUARD_DB)")
@@ -184,25 +210,25 @@ class StoreBase:
             raise StoreError(f"cannot open fleet store {p}: {e}") from None
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
-            store = cls(conn, p, timeout_s)
-            store.read_only_reason = problem
-            store._prepare(create=create)
+            backend = cls(conn, p, timeout_s)
+            backend.read_only_reason = problem
+            backend._prepare(create=create)
         except BaseException:
             conn.close()
             raise
-        return store
+        return backend
 
     def _prepare(self, *, create: bool) -> None:
         p = self.path
         try:
             # One read transaction: a consistent snapshot even while another process creates the store.
-            self._retry(lambda: self._conn.execute("BEGIN"))
+            self.retry(lambda: self.conn.execute("BEGIN"))
             try:
-                version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-                app = self._conn.execute("PRAGMA application_id").fetchone()[0]
-                tables = self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+                version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+                app = self.conn.execute("PRAGMA application_id").fetchone()[0]
+                tables = self.conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
             finally:
-                self._conn.execute("ROLLBACK")
+                self.conn.execute("ROLLBACK")
             if version > SCHEMA_VERSION:
                 raise SchemaTooNew(_too_new(p, version))
             if app != APPLICATION_ID:
@@ -220,21 +246,23 @@ class StoreBase:
                 )
             return  # read-only: nothing to set up, nothing to migrate
         # Only now (the file is ours, or empty) may SQLite write to it.
-        self._retry(lambda: self._conn.execute("PRAGMA journal_mode = WAL").fetchone())
-        self._conn.execute("PRAGMA synchronous = NORMAL")
-        self._conn.execute("PRAGMA foreign_keys = ON")
+        self.retry(lambda: self.conn.execute("PRAGMA journal_mode = WAL").fetchone())
+        self.conn.execute("PRAGMA synchronous = NORMAL")
+        self.conn.execute("PRAGMA foreign_keys = ON")
         if version < SCHEMA_VERSION:
-            with self._write() as conn:
+            with self.write() as conn:
                 current = conn.execute("PRAGMA user_version").fetchone()[0]  # another process may have won
                 if current > SCHEMA_VERSION:
                     raise SchemaTooNew(_too_new(p, current))
                 if current < SCHEMA_VERSION:
                     migrate(conn, current)
                     conn.execute(
-                        "INSERT OR REPLACE INTO meta(key, value) VALUES ('created_by', ?)", (f"sdcguard {_version()}",)
+                        "INSERT INTO meta(key, value) VALUES ('created_by', ?) "
+                        "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                        (creator(),),
                     )
 
-    def _retry(self, fn: Any) -> Any:
+    def retry(self, fn: Any) -> Any:
         # The busy timeout covers ordinary lock waits; a few operations (switching to WAL, the first read of a
         # fresh WAL file while another process creates it) can report "locked" at once under contention, so
         # retry those with backoff, but never wait longer than the busy timeout in all.
@@ -254,12 +282,102 @@ class StoreBase:
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
 
-    def close(self) -> None:
-        """Close the connection (idempotent)."""
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``); rolled back if the body raises."""
+        if self.read_only_reason is not None:
+            raise StoreError(f"fleet store {self.path} is read-only ({self.read_only_reason}): cannot write to it")
+        self.retry(lambda: self.conn.execute("BEGIN IMMEDIATE"))
         try:
-            self._conn.close()
+            yield self.conn
+        except sqlite3.OperationalError as e:
+            self.conn.execute("ROLLBACK")
+            if "readonly" in str(e):  # a read-only mount, or permissions changed since the store was opened
+                raise StoreError(f"fleet store {self.path} is read-only: {e}") from None
+            raise
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        try:
+            self.retry(lambda: self.conn.execute("COMMIT"))
+        except BaseException:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            raise
+
+    def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> sqlite3.Cursor:
+        try:
+            return self.conn.execute(sql, params)
+        except sqlite3.OperationalError as e:
+            raise StoreError(f"fleet store {self.path}: {e}") from None
+
+    def lock(self, scope: str, keys: Iterable[str] = ("",), *, shared: bool = False) -> None:
+        """Nothing to do: ``BEGIN IMMEDIATE`` already makes every write transaction the only one."""
+
+    def vacuum(self) -> None:
+        self.retry(lambda: self.conn.execute("VACUUM"))
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
         except sqlite3.Error:
             pass
+
+
+class StoreBase:
+    """The connection, its opening and its transactions. One belongs to one thread: open one per process."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._conn = backend.conn
+        self.path: str | Path = getattr(backend, "path", backend.name)
+        """The store's file, or (a server) its URL without credentials: what messages name."""
+        self._known_digests: set[tuple[str, str]] = set()
+        """``(case, digest)`` pairs this connection knows ``pass_digests`` holds (rows are never deleted)."""
+        self._known_devices: set[str] = set()
+        """Devices this connection knows the ``devices`` table holds (rows are never deleted)."""
+
+    @property
+    def backend(self) -> Literal["sqlite", "postgresql"]:
+        """Which database holds this store: a SQLite file or a PostgreSQL server."""
+        return self._backend.kind
+
+    @property
+    def read_only_reason(self) -> str | None:
+        """Why this store was opened read-only (None: opened for writing)."""
+        return self._backend.read_only_reason
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        timeout_s: float = BUSY_TIMEOUT_S,
+        readonly: bool = False,
+    ) -> Self:
+        """Open (and with ``create``, create or migrate) the store at ``path``: a SQLite file, or a PostgreSQL
+        server's ``postgresql://`` URL (:mod:`.postgres`; credentials come from libpq's environment or service
+        file, never from the URL).
+
+        ``readonly``: the caller only reads. A store this process may write is opened as usual (an older one is
+        migrated); one it may not (a read-only file or directory) is opened read-only (:func:`read_only_uri`).
+        Without ``readonly``, a store this process may not write is refused with one line saying so.
+
+        Raises :class:`StoreError` (not SQLite, unreadable, read-only for a writer, missing directory, missing
+        file without ``create``; a server that cannot be reached: :class:`~sdcguard.errors.StoreUnreachable`) or
+        :class:`SchemaTooNew`; in every such case the store is left untouched. An older store is migrated forward
+        in one transaction.
+        """
+        if is_server_url(path):
+            from .postgres.connection import PostgresBackend
+
+            return cls(PostgresBackend.open(str(path), create=create, timeout_s=timeout_s, readonly=readonly))
+        return cls(SqliteBackend.open(Path(path), create=create, timeout_s=timeout_s, readonly=readonly))
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        self._backend.close()
 
     def __enter__(self) -> Self:
         return self
@@ -267,49 +385,31 @@ class StoreBase:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``); rolled back if the body raises."""
-        if self.read_only_reason is not None:
-            raise StoreError(f"fleet store {self.path} is read-only ({self.read_only_reason}): cannot write to it")
-        self._retry(lambda: self._conn.execute("BEGIN IMMEDIATE"))
-        try:
-            yield self._conn
-        except sqlite3.OperationalError as e:
-            self._conn.execute("ROLLBACK")
-            if "readonly" in str(e):  # a read-only mount, or permissions changed since the store was opened
-                raise StoreError(f"fleet store {self.path} is read-only: {e}") from None
-            raise
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        try:
-            self._retry(lambda: self._conn.execute("COMMIT"))
-        except BaseException:
-            if self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
-            raise
+    def _write(self) -> AbstractContextManager[Any]:
+        """One write transaction; rolled back if the body raises."""
+        return self._backend.write()
+
+    def _lock_devices(self, devices: Iterable[str]) -> None:
+        """Inside a write: make this transaction the only one changing these devices' rows and tallies (a
+        PostgreSQL store's concurrent writers; in SQLite every write is the only one)."""
+        self._backend.lock("tallies", (), shared=True)
+        self._backend.lock("device", sorted(set(devices)))
 
     def _rows(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[tuple[Any, ...]]:
-        try:
-            return self._conn.execute(sql, params).fetchall()
-        except sqlite3.OperationalError as e:
-            raise StoreError(f"fleet store {self.path}: {e}") from None
+        return list(self._backend.query(sql, params).fetchall())
 
     def _dicts(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
-        try:
-            cur = self._conn.execute(sql, params)
-        except sqlite3.OperationalError as e:
-            raise StoreError(f"fleet store {self.path}: {e}") from None
+        cur = self._backend.query(sql, params)
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row)) for row in cur.fetchall()]
 
     def _one(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        row = self._conn.execute(sql, params).fetchone()
+        row = self._backend.query(sql, params).fetchone()
         return None if row is None else row[0]
 
     def _meta(self, key: str) -> str | None:
-        return self._one("SELECT value FROM meta WHERE key = ?", (key,))
+        value = self._one("SELECT value FROM meta WHERE key = ?", (key,))
+        return None if value is None else str(value)
 
     @property
     def store_id(self) -> str:
@@ -324,9 +424,3 @@ class StoreBase:
         pruned)."""
         value = self._meta("pruned_before")
         return None if value is None else float(value)
-
-
-def _version() -> str:
-    from ... import __version__
-
-    return __version__

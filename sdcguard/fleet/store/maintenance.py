@@ -35,14 +35,13 @@ deletes none, and keeps of the days before the horizon each key's latest; a late
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from ...durations import DAY_S as _DAY_S
 from .connection import StoreBase, read_only_uri
-from .merging import WATERMARKED, check_marks, merge_appended, merge_devices, merge_scans, remember, set_meta
+from .merging import check_marks, merge_appended, merge_devices, merge_scans, read_mark, remember, set_meta
 from .rows import MergeStats, PruneStats
 from .schema import COUNTED_SCAN
 from .tallies import ADD_TALLIES, thin_case_tallies
@@ -54,7 +53,15 @@ class StoreMaintenance(StoreBase):
     """Merge and prune (part of :class:`sdcguard.fleet.store.store.Store`)."""
 
     def merge_from(self, path: Path, *, full: bool = False) -> MergeStats:
-        """Merge the store at ``path`` (checked by :func:`~.connection.check_merge_input`) into this one."""
+        """Merge the store at ``path`` (a SQLite file, checked by :func:`~.connection.check_merge_input`) into this
+        one: read through ``ATTACH`` into a SQLite store, copied into temporary tables of the same transaction
+        (:mod:`.postgres.transfer`: only what the watermarks let through) into a PostgreSQL store."""
+        if self.backend == "postgresql":
+            from .postgres.transfer import copy_merge_input
+
+            with self._write() as conn:
+                copy_merge_input(conn, Path(path), full=full, lock=self._backend.lock)
+                return self._merge_attached(str(path), full=full)
         conn = self._conn
         conn.execute("ATTACH DATABASE ? AS src", (read_only_uri(Path(path)),))
         try:
@@ -66,21 +73,13 @@ class StoreMaintenance(StoreBase):
     def _merge_attached(self, path: str, *, full: bool) -> MergeStats:
         conn = self._conn
         source = conn.execute("SELECT value FROM src.meta WHERE key = 'store_id'").fetchone()[0]
-        mark = (
-            None
-            if full
-            else conn.execute(
-                "SELECT scans, incidents, history, decisions, attempts, open_scans, marks FROM main.merge_sources "
-                "WHERE source = ?",
-                (source,),
-            ).fetchone()
-        )
-        after = dict(zip(WATERMARKED, mark[:5] if mark else (0,) * len(WATERMARKED)))
-        rewound = check_marks(conn, after, json.loads(mark[6]) if mark else {})
-        reopened = json.loads(mark[5]) if mark else []
+        self._backend.lock("source", [source])  # one merge of an input at a time (a spool forwarded twice at once)
+        after, remembered, reopened = read_mark(conn, source, full=full)
+        rewound = check_marks(conn, after, remembered)
         horizon = self.pruned_before or float("-inf")
         devices = merge_devices(conn)
-        new_scans, results, skipped = merge_scans(conn, after["scans"], reopened, horizon)
+        new_scans, results, skipped = merge_scans(conn, after["scans"], reopened, horizon, self._lock_devices)
+        self._backend.lock("quarantine")  # the merged history replays the quarantine state
         incidents, history = merge_appended(
             conn, after["incidents"], after["quarantine_history"], after["policy_decisions"], after["action_attempts"]
         )
@@ -114,6 +113,7 @@ class StoreMaintenance(StoreBase):
         for day in days:
             lo, hi = day * _DAY_S, min((day + 1) * _DAY_S, horizon)
             with self._write() as conn:
+                self._backend.lock("tallies")  # every other writer waits (they take it shared)
                 s, r, n = _prune_day(conn, lo, hi)
                 scans, results, rollup_rows = scans + s, results + r, rollup_rows + n
                 last = conn.execute("SELECT MAX(day) FROM rollups").fetchone()[0]
@@ -121,6 +121,7 @@ class StoreMaintenance(StoreBase):
                     set_meta(conn, "rollup_last_day", int(last))
                 set_meta(conn, "pruned_before", max(hi, float(self._meta("pruned_before") or hi)))
         with self._write() as conn:
+            self._backend.lock("tallies")
             if not days:
                 set_meta(conn, "pruned_before", max(horizon, float(self._meta("pruned_before") or horizon)))
             thin_case_tallies(conn, float(self._meta("pruned_before") or horizon))
@@ -128,7 +129,7 @@ class StoreMaintenance(StoreBase):
 
     def vacuum(self) -> None:
         """Rewrite the file without its free pages (after a prune or a migration that folded many rows)."""
-        self._retry(lambda: self._conn.execute("VACUUM"))
+        self._backend.vacuum()
 
 
 def _prune_day(conn: Any, lo: float, hi: float) -> tuple[int, int, int]:
@@ -149,51 +150,37 @@ def _prune_day(conn: Any, lo: float, hi: float) -> tuple[int, int, int]:
     conn.execute("DROP TABLE IF EXISTS temp.prune_agg")
     conn.execute(
         f"""CREATE TEMP TABLE prune_agg AS SELECT CAST(started_at / {_DAY_S} AS INTEGER) AS day, device, family,
-              TOTAL((attempt = 0) * executions) AS executions, TOTAL(attempt = 0 AND passed = 0) AS failures,
+              TOTAL(CASE WHEN attempt = 0 THEN executions ELSE 0 END) AS executions,
+              TOTAL(CASE WHEN attempt = 0 AND passed = 0 THEN 1 ELSE 0 END) AS failures,
               TOTAL(duration_s) AS test_s
             FROM results WHERE scan IN (SELECT id FROM temp.prune_scans) GROUP BY day, device, family"""
     )
     rollup_rows = conn.execute(
         """INSERT INTO rollups(day, device, family, executions, failures, test_s)
            SELECT day, device, family, executions, failures, test_s FROM temp.prune_agg WHERE true
-           ON CONFLICT(day, device, family) DO UPDATE SET executions = executions + excluded.executions,
-             failures = failures + excluded.failures, test_s = test_s + excluded.test_s"""
+           ON CONFLICT(day, device, family) DO UPDATE SET executions = rollups.executions + excluded.executions,
+             failures = rollups.failures + excluded.failures, test_s = rollups.test_s + excluded.test_s"""
     ).rowcount
     conn.execute(
         """INSERT INTO rollup_totals(device, family, executions, failures, test_s)
            SELECT device, family, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM temp.prune_agg
            GROUP BY device, family
-           ON CONFLICT(device, family) DO UPDATE SET executions = executions + excluded.executions,
-             failures = failures + excluded.failures, test_s = test_s + excluded.test_s"""
+           ON CONFLICT(device, family) DO UPDATE SET executions = rollup_totals.executions + excluded.executions,
+             failures = rollup_totals.failures + excluded.failures, test_s = rollup_totals.test_s + excluded.test_s"""
     )
     conn.execute(
-        """INSERT OR REPLACE INTO rollup_days(day, executions, failures, test_s)
+        """INSERT INTO rollup_days(day, executions, failures, test_s)
            SELECT day, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM rollups
-           WHERE day IN (SELECT DISTINCT day FROM temp.prune_agg) GROUP BY day"""
+           WHERE day IN (SELECT DISTINCT day FROM temp.prune_agg) GROUP BY day
+           ON CONFLICT(day) DO UPDATE SET executions = excluded.executions, failures = excluded.failures,
+             test_s = excluded.test_s"""
     )
     conn.execute(
         ADD_TALLIES.format(
             select=("SELECT device, family, day, -executions, -failures, -test_s FROM temp.prune_agg WHERE true")
         )
     )
-    conn.execute(
-        f"""INSERT INTO scan_rollups(day, device, complete, last_complete)
-            SELECT CAST(started_at / {_DAY_S} AS INTEGER) AS d, device, TOTAL({COUNTED_SCAN}),
-              MAX(CASE WHEN {COUNTED_SCAN} THEN COALESCE(finished_at, started_at) END)
-            FROM scans WHERE id IN (SELECT id FROM temp.prune_scans) GROUP BY d, device
-            ON CONFLICT(day, device) DO UPDATE SET complete = complete + excluded.complete,
-              last_complete = MAX(COALESCE(last_complete, excluded.last_complete),
-                                  COALESCE(excluded.last_complete, last_complete))"""
-    )
-    conn.execute(
-        f"""INSERT INTO scan_rollup_totals(device, complete, last_complete)
-           SELECT device, TOTAL({COUNTED_SCAN}),
-             MAX(CASE WHEN {COUNTED_SCAN} THEN COALESCE(finished_at, started_at) END)
-           FROM scans WHERE id IN (SELECT id FROM temp.prune_scans) GROUP BY device
-           ON CONFLICT(device) DO UPDATE SET complete = complete + excluded.complete,
-             last_complete = MAX(COALESCE(last_complete, excluded.last_complete),
-                                 COALESCE(excluded.last_complete, last_complete))"""
-    )
+    _roll_scans(conn)
     results = conn.execute("DELETE FROM results WHERE scan IN (SELECT id FROM temp.prune_scans)").rowcount
     scans = conn.execute("DELETE FROM scans WHERE id IN (SELECT id FROM temp.prune_scans)").rowcount
     conn.execute("""DELETE FROM day_tallies WHERE executions = 0 AND failures = 0 AND abs(test_s) < 1e-6
@@ -208,3 +195,26 @@ def _prune_day(conn: Any, lo: float, hi: float) -> tuple[int, int, int]:
         ):
             conn.execute("DELETE FROM day_tallies WHERE day = ?", (day,))
     return scans, results, rollup_rows
+
+
+def _roll_scans(conn: Any) -> None:
+    """The complete scans among ``temp.prune_scans``, per day and device and in all, into the scan roll-ups."""
+    conn.execute(
+        f"""INSERT INTO scan_rollups(day, device, complete, last_complete)
+            SELECT CAST(started_at / {_DAY_S} AS INTEGER) AS d, device,
+              TOTAL(CASE WHEN {COUNTED_SCAN} THEN 1 ELSE 0 END),
+              MAX(CASE WHEN {COUNTED_SCAN} THEN COALESCE(finished_at, started_at) END)
+            FROM scans WHERE id IN (SELECT id FROM temp.prune_scans) GROUP BY d, device
+            ON CONFLICT(day, device) DO UPDATE SET complete = scan_rollups.complete + excluded.complete,
+              last_complete = MAX(COALESCE(scan_rollups.last_complete, excluded.last_complete),
+                                  COALESCE(excluded.last_complete, scan_rollups.last_complete))"""
+    )
+    conn.execute(
+        f"""INSERT INTO scan_rollup_totals(device, complete, last_complete)
+           SELECT device, TOTAL(CASE WHEN {COUNTED_SCAN} THEN 1 ELSE 0 END),
+             MAX(CASE WHEN {COUNTED_SCAN} THEN COALESCE(finished_at, started_at) END)
+           FROM scans WHERE id IN (SELECT id FROM temp.prune_scans) GROUP BY device
+           ON CONFLICT(device) DO UPDATE SET complete = scan_rollup_totals.complete + excluded.complete,
+             last_complete = MAX(COALESCE(scan_rollup_totals.last_complete, excluded.last_complete),
+                                 COALESCE(excluded.last_complete, scan_rollup_totals.last_complete))"""
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ...durations import DAY_S as _DAY_S
@@ -18,6 +19,7 @@ __all__ = [
     "merge_scans",
     "merge_appended",
     "check_marks",
+    "read_mark",
     "remember",
     "set_meta",
     "replay_quarantine",
@@ -52,13 +54,17 @@ def merge_devices(conn: Any) -> int:
     return int(conn.execute("SELECT COUNT(*) FROM main.devices").fetchone()[0]) - int(before_devices)
 
 
-def merge_scans(conn: Any, scans_after: int, reopened: list[int], horizon: float) -> tuple[int, int, int]:
-    """New scans and those still open at the last merge, with their rows; ``(new scans, new rows, skipped)``."""
+def merge_scans(
+    conn: Any, scans_after: int, reopened: list[int], horizon: float, lock: Callable[[Iterable[str]], None]
+) -> tuple[int, int, int]:
+    """New scans and those still open at the last merge, with their rows; ``(new scans, new rows, skipped)``.
+    ``lock``: takes the devices' locks (:meth:`~.connection.StoreBase._lock_devices`) before their tallies
+    change."""
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS merge_scans(src_id INTEGER PRIMARY KEY, uuid TEXT, dst_id INTEGER)")
     conn.execute("DELETE FROM temp.merge_scans")
     conn.execute(
         "INSERT INTO temp.merge_scans(src_id, uuid) SELECT id, uuid FROM src.scans "
-        "WHERE (id > ? OR id IN (SELECT value FROM json_each(?)))",
+        "WHERE (id > ? OR id IN (SELECT CAST(value AS INTEGER) FROM json_each(?)))",
         (scans_after, json.dumps(reopened)),
     )
     # Scans older than our retention horizon are in our roll-ups already, except those we still hold open
@@ -69,6 +75,13 @@ def merge_scans(conn: Any, scans_after: int, reopened: list[int], horizon: float
     )
     skipped = conn.execute(f"SELECT COUNT(*) FROM temp.merge_scans WHERE {old}", (horizon,)).fetchone()[0]
     conn.execute(f"DELETE FROM temp.merge_scans WHERE {old}", (horizon,))
+    lock(
+        r[0]
+        for r in conn.execute(
+            "SELECT s.device FROM src.scans s JOIN temp.merge_scans m ON m.src_id = s.id UNION "
+            "SELECT r.device FROM src.results r JOIN temp.merge_scans m ON r.scan = m.src_id"
+        ).fetchall()
+    )
     new_scans = conn.execute(
         "SELECT COUNT(*) FROM temp.merge_scans m WHERE NOT EXISTS (SELECT 1 FROM main.scans s WHERE s.uuid = m.uuid)"
     ).fetchone()[0]
@@ -149,11 +162,19 @@ def merge_appended(conn: Any, inc_after: int, hist_after: int, dec_after: int, a
            SELECT uuid, time, device, decision, reason FROM src.policy_decisions WHERE id > ?""",
         (dec_after,),
     )
+    # An action is the same by its uuid or by (device, action, quarantined_since): new ones are added, and one
+    # known by either key is done once either copy is.
     conn.execute(
-        """INSERT INTO main.actions(uuid, device, action, quarantined_since, created, done, attempts)
-           SELECT uuid, device, action, quarantined_since, created, done, attempts FROM src.actions WHERE true
-           ON CONFLICT(device, action, quarantined_since) DO UPDATE SET done = MAX(actions.done, excluded.done)
-           ON CONFLICT(uuid) DO UPDATE SET done = MAX(actions.done, excluded.done)"""
+        """INSERT OR IGNORE INTO main.actions(uuid, device, action, quarantined_since, created, done, attempts)
+           SELECT uuid, device, action, quarantined_since, created, done, attempts FROM src.actions"""
+    )
+    same = (
+        "FROM src.actions a WHERE (a.device = actions.device AND a.action = actions.action "
+        "AND a.quarantined_since = actions.quarantined_since) OR a.uuid = actions.uuid"
+    )
+    conn.execute(
+        f"UPDATE main.actions SET done = MAX(actions.done, (SELECT MAX(a.done) {same})) "
+        f"WHERE EXISTS (SELECT 1 {same}) AND actions.done < (SELECT MAX(a.done) {same})"
     )
     conn.execute(
         """INSERT OR IGNORE INTO main.action_attempts(uuid, action_id, time, argv, returncode, ok, output)
@@ -183,6 +204,22 @@ def merge_appended(conn: Any, inc_after: int, hist_after: int, dec_after: int, a
     )
     replay_quarantine(conn, hist_after)
     return incidents, history
+
+
+def read_mark(conn: Any, source: str, *, full: bool) -> tuple[dict[str, int], dict[str, str], list[int]]:
+    """The output's watermark of input ``source``: ``(after, remembered uuids, scans still open)``; nothing (read
+    the input in full) with ``full`` or for an input never merged."""
+    mark = (
+        None
+        if full
+        else conn.execute(
+            "SELECT scans, incidents, history, decisions, attempts, open_scans, marks FROM main.merge_sources "
+            "WHERE source = ?",
+            (source,),
+        ).fetchone()
+    )
+    after = dict(zip(WATERMARKED, [int(v) for v in mark[:5]] if mark else (0,) * len(WATERMARKED)))
+    return after, json.loads(mark[6]) if mark else {}, json.loads(mark[5]) if mark else []
 
 
 def check_marks(conn: Any, after: dict[str, int], remembered: dict[str, str]) -> list[str]:

@@ -243,7 +243,7 @@ class StoreQueries(CaseQueries, TallyQueries):
             return {}
         rows = self._rows(
             "SELECT s.device, COUNT(*) FROM scans s JOIN json_each(?) j ON j.key = s.device "
-            f"WHERE s.started_at >= j.value AND {COUNTED_SCAN} AND s.failures = 0 GROUP BY s.device",
+            f"WHERE s.started_at >= CAST(j.value AS REAL) AND {COUNTED_SCAN} AND s.failures = 0 GROUP BY s.device",
             (json.dumps(dict(since)),),
         )
         return {d: int(n) for d, n in rows}
@@ -364,9 +364,10 @@ class StoreQueries(CaseQueries, TallyQueries):
         scope, sp = in_devices(devices)
         sums: dict[tuple[str | None, int], list[int]] = {}
         for r in self._rows(
-            f"SELECT {keys}, TOTAL((attempt = 0) * executions), TOTAL(attempt = 0 AND passed = 0) FROM "
+            f"SELECT {keys}, TOTAL(CASE WHEN attempt = 0 THEN executions ELSE 0 END), "
+            "TOTAL(CASE WHEN attempt = 0 AND passed = 0 THEN 1 ELSE 0 END) FROM "
             f"(SELECT *, CAST((started_at - ?) / ? AS INTEGER) AS b FROM results WHERE started_at >= ?{scope}) "
-            f"GROUP BY {keys}",
+            f"AS binned GROUP BY {keys}",
             [start, width_s, start, *sp],
         ):
             key = (r[0], int(r[1])) if per_device else (None, int(r[0]))
@@ -375,7 +376,7 @@ class StoreQueries(CaseQueries, TallyQueries):
             table = "rollups" if per_device else "rollup_days"  # the fleet's: one row a day
             for r in self._rows(
                 f"SELECT {keys}, TOTAL(executions), TOTAL(failures) FROM (SELECT *, CAST((day * {DAY_S} - ?) / ? "
-                f"AS INTEGER) AS b FROM {table} WHERE day >= ?{scope}) GROUP BY {keys}",
+                f"AS INTEGER) AS b FROM {table} WHERE day >= ?{scope}) AS binned GROUP BY {keys}",
                 [start, width_s, first_day(start), *sp],
             ):
                 key = (r[0], int(r[1])) if per_device else (None, int(r[0]))

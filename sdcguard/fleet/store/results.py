@@ -13,7 +13,7 @@ from ...errors import BadInput
 from ...records import CaseResult
 from .tallies import DayTallies, day_of
 
-__all__ = ["RESULT_COLUMNS", "INSERT_RESULT", "append_results", "result_row", "ensure_device", "jdump"]
+__all__ = ["RESULT_COLUMNS", "INSERT_RESULT", "append_results", "result_row", "ensure_device", "jdump", "merge_patch"]
 
 RESULT_COLUMNS = (
     "scan",
@@ -47,6 +47,20 @@ INSERT_RESULT = (
 def jdump(value: Any) -> str:
     """JSON as the store keeps it (keys sorted, anything else as its string)."""
     return json.dumps(value, sort_keys=True, default=str)
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """``target`` with the JSON merge patch ``patch`` applied (RFC 7396, what SQLite's ``json_patch`` does): objects
+    merge key by key, a ``null`` removes its key, anything else replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
 
 
 def append_results(
@@ -83,15 +97,15 @@ def append_results(
     if grown:
         conn.executemany(
             "UPDATE results SET executions = executions + ?, duration_s = duration_s + ?, "
-            "started_at = MIN(started_at, ?), last_started_at = MAX(COALESCE(last_started_at, started_at), ?) "
-            "WHERE id = ?",
+            "started_at = MIN(started_at, CAST(? AS REAL)), "
+            "last_started_at = MAX(COALESCE(last_started_at, started_at), CAST(? AS REAL)) WHERE id = ?",
             grown,
         )
     digests = {(case, p[0].output_digest): p[3] for (case, _), p in passes.items() if p[0].output_digest}
     new_digests = [(c, d, t) for (c, d), t in digests.items() if (c, d) not in known]
-    if new_digests:
+    if new_digests:  # sorted: concurrent writers of one server take these keys' row locks in one order
         conn.executemany(
-            "INSERT OR IGNORE INTO pass_digests(case_id, digest, first_seen) VALUES (?, ?, ?)", new_digests
+            "INSERT OR IGNORE INTO pass_digests(case_id, digest, first_seen) VALUES (?, ?, ?)", sorted(new_digests)
         )
         known.update((c, d) for c, d, _ in new_digests)
     first = [r for r in results if r.attempt == 0]
@@ -214,6 +228,6 @@ def ensure_device(conn: Any, device: str, host: str, t: float) -> None:
         kind = "gpu" if device.startswith("GPU") else "sim"  # an odd id from elsewhere is still recorded
     conn.execute(
         "INSERT INTO devices(id, host, kind, first_seen, last_seen) VALUES (?, ?, ?, ?, ?) "
-        "ON CONFLICT(id) DO UPDATE SET last_seen = MAX(last_seen, excluded.last_seen)",
+        "ON CONFLICT(id) DO UPDATE SET last_seen = MAX(devices.last_seen, excluded.last_seen)",
         (device, host, kind, t, t),
     )

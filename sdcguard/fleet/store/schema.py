@@ -25,6 +25,7 @@ __all__ = [
     "migrate",
     "COUNTED_SCAN",
     "MIN_EXECUTIONS",
+    "creator",
 ]
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -475,9 +476,17 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
 """``version -> function`` bringing a store from ``version - 1`` to ``version``; run in one transaction."""
 
 
-def migrate(conn: sqlite3.Connection, current: int) -> None:
-    """Apply every migration after ``current`` inside the caller's transaction, then stamp the version."""
-    for version in range(current + 1, SCHEMA_VERSION + 1):
+def migrate(conn: sqlite3.Connection, current: int, *, upto: int = SCHEMA_VERSION) -> None:
+    """Apply every migration after ``current`` (up to ``upto``) inside the caller's transaction, then stamp the
+    version."""
+    for version in range(current + 1, upto + 1):
         MIGRATIONS[version](conn)
-    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    conn.execute(f"PRAGMA user_version = {upto}")
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+
+
+def creator() -> str:
+    """``sdcguard <version>``: what a new store records as having created it (``meta.created_by``)."""
+    from ... import __version__
+
+    return f"sdcguard {__version__}"

@@ -27,7 +27,7 @@ from ...records import CaseResult, DeviceInfo, Incident, ScanStatus
 from .maintenance import StoreMaintenance
 from .quarantine import add_decision, add_history, end_probation, need_reason, quarantine_device
 from .queries import StoreQueries
-from .results import append_results, ensure_device, jdump
+from .results import append_results, ensure_device, jdump, merge_patch
 from .rows import Decision, PendingAction, QuarantineEntry
 
 __all__ = ["Store", "QuarantineEntry", "default_actor"]
@@ -62,10 +62,11 @@ class Store(StoreQueries, StoreMaintenance):
             conn.executemany(
                 "INSERT INTO devices(id, host, kind, model, serial, pci_bus_id, idx, first_seen, last_seen) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET host = excluded.host, "
-                "kind = excluded.kind, model = COALESCE(excluded.model, model), "
-                "serial = COALESCE(excluded.serial, serial), pci_bus_id = COALESCE(excluded.pci_bus_id, pci_bus_id), "
-                "idx = COALESCE(excluded.idx, idx), first_seen = MIN(first_seen, excluded.first_seen), "
-                "last_seen = MAX(last_seen, excluded.last_seen)",
+                "kind = excluded.kind, model = COALESCE(excluded.model, devices.model), "
+                "serial = COALESCE(excluded.serial, devices.serial), "
+                "pci_bus_id = COALESCE(excluded.pci_bus_id, devices.pci_bus_id), "
+                "idx = COALESCE(excluded.idx, devices.idx), first_seen = MIN(devices.first_seen, excluded.first_seen), "
+                "last_seen = MAX(devices.last_seen, excluded.last_seen)",
                 [(i.id, i.host, i.kind, i.model, i.serial, i.pci_bus_id, i.index, t, t) for i in infos],
             )
 
@@ -78,18 +79,20 @@ class Store(StoreQueries, StoreMaintenance):
         budget_s: float | None,
         meta: dict[str, Any] | None = None,
         started_at: float | None = None,
+        uuid: str | None = None,
     ) -> int:
-        """Start one device's scan (status ``running``); returns its id for :meth:`record_results`."""
+        """Start one device's scan (status ``running``); returns its id for :meth:`record_results`. ``uuid``: the
+        scan's natural key (default: a new one), which a spool's copy of a scan keeps."""
         t = time.time() if started_at is None else started_at
         with self._write() as conn:
             if device not in self._known_devices:  # known: record_results keeps its last_seen
                 ensure_device(conn, device, host, t)
             cur = conn.execute(
                 "INSERT INTO scans(uuid, device, host, started_at, budget_s, status, meta) "
-                "VALUES (?, ?, ?, ?, ?, 'running', ?)",
-                (_uuid.uuid4().hex, device, host, t, budget_s, jdump(meta or {})),
+                "VALUES (?, ?, ?, ?, ?, 'running', ?) RETURNING id",
+                (uuid or _uuid.uuid4().hex, device, host, t, budget_s, jdump(meta or {})),
             )
-            scan_id = int(cur.lastrowid or 0)
+            scan_id = int(cur.fetchone()[0])
         self._known_devices.add(device)
         return scan_id
 
@@ -114,13 +117,14 @@ class Store(StoreQueries, StoreMaintenance):
             raise BadInput(f"finish must be one of {sorted(_TERMINAL)}, got {finish!r}")
         with self._write() as conn:
             row = conn.execute(
-                "SELECT device, host, status, (SELECT COALESCE(MAX(seq), -1) + 1 FROM results WHERE scan = ?) "
+                "SELECT device, host, status, (SELECT COALESCE(MAX(seq), -1) + 1 FROM results WHERE scan = ?), meta "
                 "FROM scans WHERE id = ?",
                 (scan_id, scan_id),
             ).fetchone()
             if row is None:
                 raise StoreError(f"no scan {scan_id} in {self.path}")
-            scan_device, scan_host, status, seq = row
+            scan_device, scan_host, status, seq, old_meta = row
+            self._lock_devices({scan_device, *(r.device for r in results)})
             if status not in ("running", "interrupted"):
                 raise StoreError(f"scan {scan_id} is already {status}; start a new scan")
             executions, failures = append_results(
@@ -133,15 +137,19 @@ class Store(StoreQueries, StoreMaintenance):
             )
             end = None if finish is None else time.time() if finished_at is None else finished_at
             conn.execute(
-                "UPDATE scans SET executions = executions + ?, failures = failures + ?, status = COALESCE(?, status), "
+                "UPDATE scans SET executions = executions + ?, failures = failures + ?, "
+                "status = COALESCE(CAST(? AS TEXT), status), "
                 "finished_at = COALESCE(?, finished_at), total = COALESCE(?, total) WHERE id = ?",
                 (executions, failures, finish, end, total if finish is not None else None, scan_id),
             )
             if meta:
-                conn.execute("UPDATE scans SET meta = json_patch(meta, ?) WHERE id = ?", (jdump(dict(meta)), scan_id))
+                patched = merge_patch(json.loads(old_meta), json.loads(jdump(dict(meta))))
+                conn.execute("UPDATE scans SET meta = ? WHERE id = ?", (jdump(patched), scan_id))
             if seen is not None:
                 # Simulated fleets pass their own clock: "seen" is the latest time this write speaks of.
-                conn.execute("UPDATE devices SET last_seen = MAX(last_seen, ?) WHERE id = ?", (seen, scan_device))
+                conn.execute(
+                    "UPDATE devices SET last_seen = MAX(last_seen, ?) WHERE id = ?", (float(seen), scan_device)
+                )
 
     def finish_scan(self, scan_id: int, status: ScanStatus, *, finished_at: float | None = None) -> None:
         """Set a scan's final status without adding results."""
@@ -180,20 +188,23 @@ class Store(StoreQueries, StoreMaintenance):
             return cur.rowcount
 
     # ------------------------------------------------------------------ incidents
-    def record_incident(self, incident: Incident) -> int:
+    def record_incident(self, incident: Incident, *, uuid: str | None = None) -> int:
         """Record a training incident; returns its id. The whole record is kept as JSON next to the indexed
-        columns, so an optional field added to :class:`Incident` later needs no change here."""
+        columns, so an optional field added to :class:`Incident` later needs no change here. ``uuid``: its
+        natural key (default: a new one); an incident whose uuid the store holds is not recorded again."""
         named = {d for d in (incident.device, *incident.devices) if d}
         record = jdump(dataclasses.asdict(incident))
         with self._write() as conn:
             host = incident.hosts[0] if incident.hosts else "unknown"
+            self._lock_devices(named)
             for i, d in enumerate(incident.devices or ((incident.device,) if incident.device else ())):
                 ensure_device(conn, d, incident.hosts[i] if i < len(incident.hosts) else host, incident.time)
             cur = conn.execute(
                 "INSERT INTO incidents(uuid, kind, step, suspect_ranks, device, devices, hosts, detail, parameter, "
-                "sticky, job, time, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "sticky, job, time, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(uuid) DO UPDATE SET uuid = excluded.uuid RETURNING id",
                 (
-                    _uuid.uuid4().hex,
+                    uuid or _uuid.uuid4().hex,
                     incident.kind,
                     incident.step,
                     jdump(list(incident.suspect_ranks)),
@@ -208,8 +219,11 @@ class Store(StoreQueries, StoreMaintenance):
                     record,
                 ),
             )
-            iid = int(cur.lastrowid or 0)
-            conn.executemany("INSERT INTO incident_devices(incident, device) VALUES (?, ?)", [(iid, d) for d in named])
+            iid = int(cur.fetchone()[0])  # (the row already there when its uuid was: a spool's copy)
+            conn.executemany(
+                "INSERT OR IGNORE INTO incident_devices(incident, device) VALUES (?, ?)",
+                [(iid, d) for d in sorted(named)],
+            )
             return iid
 
     def record_checkpoint(
@@ -223,9 +237,10 @@ class Store(StoreQueries, StoreMaintenance):
         now: float | None = None,
         status: str = "saved",
         detail: str = "",
+        uuid: str | None = None,
     ) -> int:
         """Record a checkpoint the training guard saved (``status="failed"``: its write failed, with ``detail``;
-        never verified); returns its row id."""
+        never verified); returns its row id. ``uuid``: its natural key (default: a new one), recorded once."""
         if not checkpoint_id:
             raise BadInput("a checkpoint needs an id")
         if status not in ("saved", "failed"):
@@ -233,9 +248,9 @@ class Store(StoreQueries, StoreMaintenance):
         with self._write() as conn:
             cur = conn.execute(
                 "INSERT INTO checkpoints(uuid, checkpoint_id, step, verified, digest, job, time, status, detail) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(uuid) DO UPDATE SET uuid = excluded.uuid RETURNING id",
                 (
-                    _uuid.uuid4().hex,
+                    uuid or _uuid.uuid4().hex,
                     str(checkpoint_id),
                     int(step),
                     int(bool(verified) and status == "saved"),
@@ -246,7 +261,7 @@ class Store(StoreQueries, StoreMaintenance):
                     detail,
                 ),
             )
-            return int(cur.lastrowid or 0)
+            return int(cur.fetchone()[0])
 
     def record_scrub(
         self,
@@ -258,16 +273,18 @@ class Store(StoreQueries, StoreMaintenance):
         bad: Sequence[str] = (),
         detail: str = "",
         now: float | None = None,
+        uuid: str | None = None,
     ) -> int:
-        """Record one checkpoint re-read at rest (``sdcguard scrub``); returns its row id."""
+        """Record one checkpoint re-read at rest (``sdcguard scrub``); returns its row id. ``uuid``: its natural key
+        (default: a new one), recorded once."""
         if status not in ("clean", "corrupt", "unreadable"):
             raise BadInput(f"scrub status must be clean, corrupt or unreadable, not {status!r}")
         with self._write() as conn:
             cur = conn.execute(
                 "INSERT INTO checkpoint_scrubs(uuid, checkpoint_id, status, tensors, bytes, bad, detail, host, time) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(uuid) DO UPDATE SET uuid = excluded.uuid RETURNING id",
                 (
-                    _uuid.uuid4().hex,
+                    uuid or _uuid.uuid4().hex,
                     str(checkpoint_id),
                     status,
                     int(tensors),
@@ -278,7 +295,7 @@ class Store(StoreQueries, StoreMaintenance):
                     time.time() if now is None else now,
                 ),
             )
-            return int(cur.lastrowid or 0)
+            return int(cur.fetchone()[0])
 
     # ------------------------------------------------------------------ quarantine by hand
     def quarantine(
@@ -291,6 +308,7 @@ class Store(StoreQueries, StoreMaintenance):
         """
         t = time.time() if now is None else now
         with self._write() as conn:
+            self._backend.lock("quarantine")  # two policy runs at once decide once
             if not new and conn.execute("SELECT 1 FROM devices WHERE id = ?", (device,)).fetchone() is None:
                 known = [r[0] for r in conn.execute("SELECT id FROM devices ORDER BY id")]
                 raise unknown_device(
@@ -309,6 +327,7 @@ class Store(StoreQueries, StoreMaintenance):
         need_reason(reason)
         t = time.time() if now is None else now
         with self._write() as conn:
+            self._backend.lock("quarantine")  # two policy runs at once decide once
             state = conn.execute("SELECT state FROM quarantine WHERE device = ?", (device,)).fetchone()
             if state is None or state[0] != "quarantined":
                 known = conn.execute("SELECT 1 FROM devices WHERE id = ?", (device,)).fetchone()
@@ -325,6 +344,7 @@ class Store(StoreQueries, StoreMaintenance):
         """A device on probation passed it: back to healthy (no quarantine row)."""
         t = time.time() if now is None else now
         with self._write() as conn:
+            self._backend.lock("quarantine")  # two policy runs at once decide once
             end_probation(conn, device, reason=reason, by=by, now=t)
 
     # ------------------------------------------------------------------ what a policy run decided
@@ -341,6 +361,7 @@ class Store(StoreQueries, StoreMaintenance):
         Returns the decisions recorded, in order."""
         out: list[Decision] = []
         with self._write() as conn:
+            self._backend.lock("quarantine")  # two policy runs at once decide once
             for d in notes:
                 add_decision(conn, d, now)
                 out.append(d)

@@ -15,8 +15,8 @@ __all__ = ["ADD_TALLIES", "day_of", "DayTallies", "tally_rows", "case_tables", "
 
 ADD_TALLIES = (
     "INSERT INTO main.day_tallies(device, family, day, executions, failures, test_s) {select} "
-    "ON CONFLICT(device, family, day) DO UPDATE SET executions = executions + excluded.executions, "
-    "failures = failures + excluded.failures, test_s = test_s + excluded.test_s"
+    "ON CONFLICT(device, family, day) DO UPDATE SET executions = day_tallies.executions + excluded.executions, "
+    "failures = day_tallies.failures + excluded.failures, test_s = day_tallies.test_s + excluded.test_s"
 )
 """Adds to ``day_tallies`` what ``{select}`` yields (VALUES or a SELECT of device, family, day and the three counts)."""
 
@@ -57,9 +57,9 @@ class DayTallies:
 
     def write(self, conn: Any) -> None:
         if self._delta:
-            conn.executemany(
+            conn.executemany(  # in key order: concurrent writers of one server lock rows in one order
                 ADD_TALLIES.format(select="VALUES (?, ?, ?, ?, ?, ?)"),
-                [(*key, int(n), int(k), s) for key, (n, k, s) in self._delta.items()],
+                [(*key, int(n), int(k), float(s)) for key, (n, k, s) in sorted(self._delta.items())],
             )
             self._delta.clear()
         if self._cases:
@@ -67,7 +67,7 @@ class DayTallies:
             conn.executemany(
                 "INSERT INTO temp.case_delta(device, case_id, day, family, executions, seconds) VALUES "
                 "(?, ?, ?, ?, ?, ?)",
-                [(*k, f, int(n), s) for k, (f, n, s) in self._cases.items()],
+                [(*k, f, int(n), float(s)) for k, (f, n, s) in self._cases.items()],
             )
             self._cases.clear()
             apply_case_deltas(conn)
@@ -80,7 +80,8 @@ def tally_rows(conn: Any, scans: str, sign: int) -> None:
         ADD_TALLIES.format(
             select=(
                 f"SELECT r.device, r.family, CAST(r.started_at / {_DAY_S} AS INTEGER) AS d, "
-                f"{sign} * TOTAL((r.attempt = 0) * r.executions), {sign} * TOTAL(r.attempt = 0 AND r.passed = 0), "
+                f"{sign} * TOTAL(CASE WHEN r.attempt = 0 THEN r.executions ELSE 0 END), "
+                f"{sign} * TOTAL(CASE WHEN r.attempt = 0 AND r.passed = 0 THEN 1 ELSE 0 END), "
                 f"{sign} * TOTAL(r.duration_s) FROM main.results r WHERE r.scan IN ({scans}) "
                 "GROUP BY r.device, r.family, d "
                 "HAVING true"
@@ -123,25 +124,26 @@ def apply_case_deltas(conn: Any) -> None:
     conn.execute(
         "INSERT INTO temp.case_run(device, case_id, day, family, executions, seconds) "
         "SELECT device, case_id, day, family, SUM(n) OVER w, SUM(s) OVER w FROM ("
-        "  SELECT device, case_id, MAX(day, ?) AS day, MIN(family) AS family, SUM(executions) AS n, "
-        "    TOTAL(seconds) AS s FROM temp.case_delta GROUP BY device, case_id, MAX(day, ?) HAVING n != 0 OR s != 0) "
+        "  SELECT device, case_id, day, MIN(family) AS family, SUM(executions) AS n, TOTAL(seconds) AS s FROM ("
+        "    SELECT device, case_id, MAX(day, ?) AS day, family, executions, seconds FROM temp.case_delta) AS c "
+        "  GROUP BY device, case_id, day HAVING SUM(executions) != 0 OR TOTAL(seconds) != 0) AS g "
         "WINDOW w AS (PARTITION BY device, case_id ORDER BY day)",
-        (eve, eve),
+        (eve,),
     )
     conn.execute("DELETE FROM temp.case_delta")
-    conn.execute(  # the last day's row per key (MAX's bare columns: family, the whole change), and its first day
+    conn.execute(  # the last day's row per key (its family, the whole change), and its first day
         "INSERT INTO temp.case_keys(device, case_id, family, first, last, executions, seconds, append) "
-        "SELECT device, case_id, family, first, last, executions, seconds, COALESCE((SELECT t.day "
-        "  FROM main.case_totals t WHERE t.device = k.device AND t.case_id = k.case_id) < first, 1) FROM ("
-        "  SELECT device, case_id, family, (SELECT MIN(x.day) FROM temp.case_run x WHERE x.device = r.device "
-        "    AND x.case_id = r.case_id) AS first, MAX(day) AS last, executions, seconds "
-        "  FROM temp.case_run r GROUP BY device, case_id) k"
+        "SELECT r.device, r.case_id, r.family, m.first, r.day, r.executions, r.seconds, CASE WHEN COALESCE(("
+        "  SELECT t.day FROM main.case_totals t WHERE t.device = r.device AND t.case_id = r.case_id) < m.first, "
+        "  true) THEN 1 ELSE 0 END FROM (SELECT device, case_id, MIN(day) AS first, MAX(day) AS last "
+        "  FROM temp.case_run GROUP BY device, case_id) AS m "
+        "JOIN temp.case_run r ON r.device = m.device AND r.case_id = m.case_id AND r.day = m.last"
     )
     keyed = "FROM temp.case_keys k JOIN temp.case_run r USING (device, case_id)"
     conn.execute(
         "INSERT INTO main.case_tallies(device, day, case_id, executions, seconds) SELECT r.device, r.day, r.case_id, "
         f"COALESCE(t.executions, 0) + r.executions, COALESCE(t.seconds, 0.0) + r.seconds {keyed} "
-        "LEFT JOIN main.case_totals t USING (device, case_id) WHERE k.append"
+        "LEFT JOIN main.case_totals t USING (device, case_id) WHERE k.append = 1"
     )
     floor = (
         "COALESCE((SELECT x.{0} FROM main.case_tallies x WHERE x.device = r.device AND x.case_id = r.case_id "
@@ -150,7 +152,7 @@ def apply_case_deltas(conn: Any) -> None:
     conn.execute(
         "INSERT OR IGNORE INTO main.case_tallies(device, day, case_id, executions, seconds) SELECT "
         f"r.device, r.day, r.case_id, {floor.format('executions')}, {floor.format('seconds')} {keyed} "
-        "WHERE NOT k.append"
+        "WHERE k.append = 0"
     )
     run = (
         "(SELECT r.{0} FROM temp.case_run r WHERE r.device = case_tallies.device AND r.case_id = "
@@ -160,13 +162,14 @@ def apply_case_deltas(conn: Any) -> None:
         f"UPDATE main.case_tallies SET executions = executions + {run.format('executions')}, seconds = seconds + "
         f"{run.format('seconds')} WHERE (device, day, case_id) IN (SELECT x.device, x.day, x.case_id FROM "
         "  temp.case_keys k CROSS JOIN main.case_tallies x ON x.device = k.device AND x.day >= k.first "
-        "  AND x.case_id = k.case_id WHERE NOT k.append)"
+        "  AND x.case_id = k.case_id WHERE k.append = 0)"
     )
     conn.execute(
         "INSERT INTO main.case_totals(device, case_id, family, first, day, executions, seconds) SELECT device, "
         "case_id, family, first, last, executions, seconds FROM temp.case_keys WHERE true ON CONFLICT(device, case_id) "
-        "DO UPDATE SET executions = executions + excluded.executions, seconds = seconds + excluded.seconds, "
-        "first = MIN(first, excluded.first), day = MAX(day, excluded.day)"
+        "DO UPDATE SET executions = case_totals.executions + excluded.executions, "
+        "seconds = case_totals.seconds + excluded.seconds, first = MIN(case_totals.first, excluded.first), "
+        "day = MAX(case_totals.day, excluded.day)"
     )
 
 
@@ -175,10 +178,11 @@ def thin_case_tallies(conn: Any, horizon: float) -> None:
     between), reading only those days, device by device."""
     eve, devices = int(horizon // _DAY_S) - 1, "device IN (SELECT DISTINCT device FROM main.case_totals)"
     conn.execute(
-        "INSERT OR REPLACE INTO main.case_tallies(device, day, case_id, executions, seconds) SELECT device, "
+        "INSERT INTO main.case_tallies(device, day, case_id, executions, seconds) SELECT device, "
         "?, case_id, executions, seconds FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY device, case_id "
-        f"ORDER BY day DESC) AS k FROM main.case_tallies WHERE {devices} AND day <= ?) "
-        "WHERE k = 1 AND day < ?",
+        f"ORDER BY day DESC) AS k FROM main.case_tallies WHERE {devices} AND day <= ?) AS latest "
+        "WHERE k = 1 AND day < ? ON CONFLICT(device, day, case_id) DO UPDATE SET executions = excluded.executions, "
+        "seconds = excluded.seconds",
         (eve, eve, eve),
     )
     conn.execute(f"DELETE FROM main.case_tallies WHERE {devices} AND day < ?", (eve,))

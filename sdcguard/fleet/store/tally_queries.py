@@ -54,7 +54,7 @@ class TallyQueries(StoreBase):
         add(
             self._rows(
                 f"SELECT {keys}, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM day_tallies "
-                f"WHERE 1{window}{scope} GROUP BY {keys}",
+                f"WHERE true{window}{scope} GROUP BY {keys}",
                 [*wp, *sp],
             )
         )
@@ -65,7 +65,7 @@ class TallyQueries(StoreBase):
             add(
                 self._rows(
                     f"SELECT {keys}, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM {table} "
-                    f"WHERE 1{window}{scope} GROUP BY {keys}",
+                    f"WHERE true{window}{scope} GROUP BY {keys}",
                     [*wp, *sp],
                 )
             )
@@ -137,7 +137,7 @@ class TallyQueries(StoreBase):
                 "SELECT d.id, (SELECT COALESCE(s.finished_at, s.started_at) FROM scans s INDEXED BY scans_device "
                 "WHERE s.device = d.id AND "
                 f"{COUNTED_SCAN} ORDER BY s.started_at DESC, s.id DESC LIMIT 1) AS t FROM devices d "
-                f"WHERE 1{one}",
+                f"WHERE true{one}",
                 op,
             )
             if t is not None
@@ -145,7 +145,7 @@ class TallyQueries(StoreBase):
         if self._meta("rollup_last_day") is not None:
             day = first_day(since)
             if day is None:
-                rolled = self._rows(f"SELECT device, complete FROM scan_rollup_totals WHERE 1{dev}", dp)
+                rolled = self._rows(f"SELECT device, complete FROM scan_rollup_totals WHERE true{dev}", dp)
             elif self._has_rollups(since):
                 rolled = self._rows(
                     f"SELECT device, TOTAL(complete) FROM scan_rollups WHERE day >= ?{dev} GROUP BY device", [day, *dp]
@@ -154,7 +154,7 @@ class TallyQueries(StoreBase):
                 rolled = []
             for d, n in rolled:
                 complete[d] = complete.get(d, 0) + int(n)
-            for d, t in self._rows(f"SELECT device, last_complete FROM scan_rollup_totals WHERE 1{dev}", dp):
+            for d, t in self._rows(f"SELECT device, last_complete FROM scan_rollup_totals WHERE true{dev}", dp):
                 if t is not None and (d not in last or t > last[d]):
                     last[d] = t
         return {d: ScanCounts(complete.get(d, 0), last.get(d)) for d in {*complete, *last}}

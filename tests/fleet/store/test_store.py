@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,12 +16,16 @@ from sdcguard.fleet.store.schema import SCHEMA_VERSION
 from sdcguard.fleet.store.store import Store
 from sdcguard.records import CaseResult, DeviceInfo, Incident
 from tests._fleet import NOW, result, scan, snapshot
+from tests.conftest import BACKENDS
 
+# PostgreSQL's text holds no NUL character and its UTF-8 no lone surrogate (the store's ids and texts never have
+# either): neither backend gets one.
+_CHARS = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")
 hexes = st.text("0123456789abcdef", min_size=1, max_size=16).map(lambda s: "0x" + s)
 results_st = st.builds(
     CaseResult,
     device=st.sampled_from(["sim:0", "sim:1", "cpu:h:3"]),
-    case=st.text(min_size=1, max_size=30),
+    case=st.text(_CHARS, min_size=1, max_size=30),
     family=st.sampled_from(["gemm", "alu", "ieee", "memory"]),
     seed=st.integers(-(2**63), 2**63 - 1),
     passed=st.booleans(),
@@ -35,7 +40,9 @@ results_st = st.builds(
     location=st.none() | st.sampled_from(["sm:12", "core:3", "addr:0x7f00"]),
     attempt=st.integers(0, 5),
     sticky=st.none() | st.booleans(),
-    detail=st.dictionaries(st.text(max_size=8), st.integers() | st.text(max_size=8) | st.booleans(), max_size=3),
+    detail=st.dictionaries(
+        st.text(_CHARS, max_size=8), st.integers() | st.text(_CHARS, max_size=8) | st.booleans(), max_size=3
+    ),
 )
 
 
@@ -46,12 +53,13 @@ def _order(r: CaseResult) -> str:
     return repr(replace(r, detail=dict(sorted(r.detail.items()))))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=40)
 @given(st.lists(results_st, max_size=12), st.integers(0, 12))
-def test_results_round_trip(tmp_path_factory: pytest.TempPathFactory, results: list[CaseResult], cut: int) -> None:
+def test_results_round_trip(new_store: Callable[[str], str], backend: str, results: list[CaseResult], cut: int) -> None:
     """Failed executions and retests come back as they went in; the passing first attempts of one case come back
     as one row holding their count, summed time and first and last start, however the batches were cut."""
-    path = tmp_path_factory.mktemp("rt") / "s.db"
+    path = new_store(backend)
     with Store.open(path) as store:
         sid = store.begin_scan(device="sim:0", host="h", budget_s=None)
         store.record_results(sid, results[:cut])
@@ -76,17 +84,19 @@ def test_results_round_trip(tmp_path_factory: pytest.TempPathFactory, results: l
         assert row["failures"] == sum(not r.passed and not r.attempt for r in results)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=30)
 @given(
-    kind=st.text(min_size=1, max_size=20),
+    kind=st.text(_CHARS, min_size=1, max_size=20),
     step=st.integers(0, 2**40),
     ranks=st.lists(st.integers(0, 1023), max_size=4),
-    detail=st.text(max_size=60),
+    detail=st.text(_CHARS, max_size=60),
     sticky=st.none() | st.booleans(),
-    job=st.none() | st.text(max_size=10),
+    job=st.none() | st.text(_CHARS, max_size=10),
 )
 def test_incident_round_trip(
-    tmp_path_factory: pytest.TempPathFactory,
+    new_store: Callable[[str], str],
+    backend: str,
     kind: str,
     step: int,
     ranks: list[int],
@@ -108,7 +118,7 @@ def test_incident_round_trip(
         job=job,
         time=NOW,
     )
-    with Store.open(tmp_path_factory.mktemp("inc") / "s.db") as store:
+    with Store.open(new_store(backend)) as store:
         iid = store.record_incident(inc)
         assert iid > 0
         assert store.incidents() == [inc]
@@ -116,16 +126,16 @@ def test_incident_round_trip(
             assert store.incidents(device=d) == [inc]
 
 
-def test_device_upsert_keeps_known_facts(tmp_path: Path) -> None:
-    with Store.open(tmp_path / "s.db") as store:
+def test_device_upsert_keeps_known_facts(store_db: str) -> None:
+    with Store.open(store_db) as store:
         store.upsert_device(DeviceInfo(id="sim:1", host="a", kind="sim", model="H100", index=1), now=NOW)
         store.upsert_device(DeviceInfo(id="sim:1", host="b", kind="sim"), now=NOW + 5)
         (d,) = store.devices()
         assert (d.host, d.model, d.index) == ("b", "H100", 1)
 
 
-def test_finish_lands_with_results_and_finished_scan_refuses_more(tmp_path: Path) -> None:
-    with Store.open(tmp_path / "s.db") as store:
+def test_finish_lands_with_results_and_finished_scan_refuses_more(store_db: str) -> None:
+    with Store.open(store_db) as store:
         sid = scan(store, "sim:1", [result("sim:1")])
         with pytest.raises(StoreError, match="already complete"):
             store.record_results(sid, [result("sim:1")])
@@ -134,19 +144,19 @@ def test_finish_lands_with_results_and_finished_scan_refuses_more(tmp_path: Path
         assert len(store.results()) == 1
 
 
-def test_a_failed_write_leaves_nothing(tmp_path: Path) -> None:
-    with Store.open(tmp_path / "s.db") as store:
+def test_a_failed_write_leaves_nothing(store_db: str) -> None:
+    with Store.open(store_db) as store:
         sid = store.begin_scan(device="sim:1", host="h", budget_s=10)
         bad = result("sim:1", passed=False)
         object.__setattr__(bad, "seed", object())  # not storable: the batch must fail as a whole
-        with pytest.raises(sqlite3.Error):
+        with pytest.raises((sqlite3.Error, StoreError)):
             store.record_results(sid, [result("sim:1"), bad], finish="complete")
         assert store.results() == []
         assert store.scans()[0]["status"] == "running"
 
 
-def test_reap_marks_stale_running_scans_interrupted(tmp_path: Path) -> None:
-    with Store.open(tmp_path / "s.db") as store:
+def test_reap_marks_stale_running_scans_interrupted(store_db: str) -> None:
+    with Store.open(store_db) as store:
         old = store.begin_scan(device="sim:1", host="h", budget_s=60, started_at=NOW - 7200)
         fresh = store.begin_scan(device="sim:2", host="h", budget_s=60, started_at=NOW - 30)
         store.record_results(old, [result("sim:1", passed=False)])
@@ -157,8 +167,8 @@ def test_reap_marks_stale_running_scans_interrupted(tmp_path: Path) -> None:
         assert store.quarantine_status("sim:1", now=NOW) == "suspect"
 
 
-def test_quarantine_round_trip_with_history(tmp_path: Path) -> None:
-    with Store.open(tmp_path / "s.db") as store:
+def test_quarantine_round_trip_with_history(store_db: str) -> None:
+    with Store.open(store_db) as store:
         scan(store, "sim:1", [result("sim:1")])
         assert store.quarantine_status("sim:1", now=NOW) == "healthy"
         store.quarantine("sim:1", reason="MCE in dmesg", by="alice@ops", now=NOW)
