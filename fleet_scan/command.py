@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from sdcguard.entry import OneLineErrors, default_db
+from sdcguard.entry import STORE, OneLineErrors, default_db
 from sdcguard.inject.spec import INJECT_SPEC_HELP
 
 from .config import POLICY_SCOPES, actions_option, config_option, load_config, load_policy, parse_actions
@@ -45,11 +45,7 @@ def _given(ctx: click.Context) -> dict[str, Any]:
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
 )
 @click.option(
-    "--db",
-    "db_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Fleet store (overrides the top-level --db / $SDCGUARD_DB).",
+    "--db", "db_path", type=STORE, default=None, help="Fleet store (overrides the top-level --db / $SDCGUARD_DB)."
 )
 @click.option(
     "--device",
@@ -171,7 +167,7 @@ def scan(
     section = dict(config.get("scan", {}))  # every value checked by load_config
     # `sdcguard --db` (or $SDCGUARD_DB) when run as `sdcguard scan`; the same default as `python -m fleet_scan`
     root_db = getattr(ctx.obj, "db", None)
-    db = db_path if db_path is not None else root_db if root_db is not None else Path(default_db())
+    db = db_path if db_path is not None else root_db if root_db is not None else STORE.convert(default_db(), None, None)
     templates = parse_actions(actions, section)
     policy = load_policy(config)
     scope: PolicyScope = policy_scope or section.get("policy_scope", "fleet")  # both checked: click, load_config

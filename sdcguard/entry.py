@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import click
@@ -18,12 +19,44 @@ import click
 from .errors import SdcguardError
 from .exit_codes import EXIT_CANNOT_RUN, exit_code_for_signal
 
-__all__ = ["OneLineErrors", "DB_ENV", "DEFAULT_DB", "default_db"]
+__all__ = ["OneLineErrors", "DB_ENV", "DEFAULT_DB", "default_db", "SERVER_SCHEMES", "is_server_url", "STORE"]
 
 DB_ENV = "SDCGUARD_DB"
 """The environment variable naming the fleet store."""
 DEFAULT_DB = "sdcguard.db"
 """The fleet store without ``--db`` or ``$SDCGUARD_DB``: this file in the working directory."""
+
+
+SERVER_SCHEMES = ("postgresql://", "postgres://")
+"""How a ``--db`` that names a PostgreSQL server begins (libpq's URI schemes); anything else is a SQLite file."""
+
+
+def is_server_url(db: str | os.PathLike[str]) -> bool:
+    """Whether ``db`` names a PostgreSQL server (``postgresql://...``) rather than a SQLite file."""
+    return str(db).startswith(SERVER_SCHEMES)
+
+
+class _StoreParam(click.ParamType[str | Path]):
+    """A fleet store on the command line: a SQLite file (a ``Path``) or a ``postgresql://`` URL (kept a ``str``:
+    a path would fold its ``//``)."""
+
+    name = "PATH|URL"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str | Path:
+        if isinstance(value, Path):
+            return value
+        text = str(value)
+        if is_server_url(text):
+            return text
+        if not text:
+            self.fail("an empty name is no fleet store", param, ctx)
+        if Path(text).is_dir():
+            self.fail(f"{text} is a directory, not a fleet store file", param, ctx)
+        return Path(text)
+
+
+STORE = _StoreParam()
+"""The click type of every ``--db`` (and of ``merge``'s OUT)."""
 
 
 def default_db() -> str:

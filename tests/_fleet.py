@@ -71,30 +71,44 @@ def snapshot(path: Path) -> tuple[bytes, int]:
     return path.read_bytes(), os.stat(path).st_mtime_ns
 
 
-def tallies_from_rows(path: Path) -> dict[tuple[str, str, int], tuple[int, int, float]]:
-    """``day_tallies`` as the rows of ``results`` add them up (what the store must keep it equal to)."""
-    import sqlite3
+def query(db: str | Path, sql: str, params: Sequence[object] = ()) -> list[tuple]:
+    """The rows of one statement of the store's SQL text, read straight from a store on either backend (a SQLite
+    file, or a ``postgresql://`` URL: the text as :func:`~sdcguard.fleet.store.postgres.dialect.to_postgres` spells
+    it), without the store's API: what a test checks the API against."""
     from contextlib import closing
 
-    with closing(sqlite3.connect(path)) as c:
-        rows = c.execute(
-            "SELECT device, family, CAST(started_at / 86400.0 AS INTEGER) AS d, TOTAL((attempt = 0) * executions), "
-            "TOTAL(attempt = 0 AND passed = 0), TOTAL(duration_s) FROM results GROUP BY device, family, d"
-        ).fetchall()
+    if str(db).startswith("postgresql://"):
+        import psycopg
+
+        from sdcguard.fleet.store.postgres.dialect import to_postgres
+
+        with psycopg.connect(str(db), autocommit=True) as c:
+            return [tuple(r) for r in c.execute(to_postgres(sql), params or None).fetchall()]
+    import sqlite3
+
+    with closing(sqlite3.connect(db)) as c:
+        return c.execute(sql, params).fetchall()
+
+
+def tallies_from_rows(path: str | Path) -> dict[tuple[str, str, int], tuple[int, int, float]]:
+    """``day_tallies`` as the rows of ``results`` add them up (what the store must keep it equal to)."""
+    rows = query(
+        path,
+        "SELECT device, family, CAST(started_at / 86400.0 AS INTEGER) AS d, "
+        "TOTAL(CASE WHEN attempt = 0 THEN executions ELSE 0 END), "
+        "TOTAL(CASE WHEN attempt = 0 AND passed = 0 THEN 1 ELSE 0 END), TOTAL(duration_s) FROM results "
+        "GROUP BY device, family, d",
+    )
     return {(d, f, day): (int(n), int(k), s) for d, f, day, n, k, s in rows}
 
 
-def stored_tallies(path: Path) -> dict[tuple[str, str, int], tuple[int, int, float]]:
+def stored_tallies(path: str | Path) -> dict[tuple[str, str, int], tuple[int, int, float]]:
     """``day_tallies`` as stored, without the empty entries a moved or deleted row may leave."""
-    import sqlite3
-    from contextlib import closing
-
-    with closing(sqlite3.connect(path)) as c:
-        rows = c.execute("SELECT device, family, day, executions, failures, test_s FROM day_tallies").fetchall()
+    rows = query(path, "SELECT device, family, day, executions, failures, test_s FROM day_tallies")
     return {(d, f, day): (n, k, s) for d, f, day, n, k, s in rows if (n, k) != (0, 0) or abs(s) >= 1e-6}
 
 
-def assert_tallies_match_rows(path: Path) -> None:
+def assert_tallies_match_rows(path: str | Path) -> None:
     want, got = tallies_from_rows(path), stored_tallies(path)
     assert got.keys() == want.keys()
     for key, (n, k, s) in want.items():

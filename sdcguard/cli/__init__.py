@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from ..entry import DB_ENV, DEFAULT_DB, OneLineErrors
+from ..entry import DB_ENV, DEFAULT_DB, STORE, OneLineErrors
 
 __all__ = ["cli", "main", "CliState"]
 
@@ -37,7 +37,8 @@ _COMMANDS: dict[str, str] = {
 class CliState:
     """What the top-level options hand to every command (``ctx.obj``)."""
 
-    db: Path
+    db: str | Path
+    """A SQLite file, or a PostgreSQL server's ``postgresql://`` URL."""
 
 
 class _LazyGroup(OneLineErrors, click.Group):
@@ -59,15 +60,16 @@ class _LazyGroup(OneLineErrors, click.Group):
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--db",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=STORE,
     envvar=DB_ENV,
     default=DEFAULT_DB,
     show_default=True,
-    help="Fleet store (SQLite). Default: $SDCGUARD_DB, else ./sdcguard.db.",
+    help="Fleet store: a SQLite file, or a PostgreSQL server's postgresql://HOST/DB URL (credentials from libpq: "
+    "~/.pgpass, a service file, $PGPASSWORD; never in the URL). Default: $SDCGUARD_DB, else ./sdcguard.db.",
 )
 @click.version_option(package_name="sdcguard")
 @click.pass_context
-def cli(ctx: click.Context, db: Path) -> None:
+def cli(ctx: click.Context, db: str | Path) -> None:
     """sdcguard: find GPUs and CPU cores that corrupt data silently.
 
     Exit codes: 0 every checked device passed; 1 corruption found; 2 could not run.

@@ -6,19 +6,21 @@ from pathlib import Path
 
 import click
 
+from ..entry import STORE
 from ..fleet.merge import merge_stores
 
 __all__ = ["merge"]
 
 
 @click.command("merge")
-@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("out", type=STORE)
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--full", is_flag=True, help="Read every row of every input again, not only what is new since its last merge."
 )
-def merge(out: Path, inputs: tuple[Path, ...], full: bool) -> None:
-    """Merge per-node stores IN.db... into OUT.db (created if missing); a directory means every *.db in it.
+def merge(out: str | Path, inputs: tuple[Path, ...], full: bool) -> None:
+    """Merge per-node stores IN.db... into OUT (created if missing: a SQLite file, or a PostgreSQL server's
+    postgresql:// URL); a directory means every *.db in it.
 
     Each input brings only what is new since its last merge into OUT.db; merging an input twice adds nothing.
     An input that went backwards (its newest scans pruned, restored from a backup) is noticed and read in full.

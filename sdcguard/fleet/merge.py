@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..entry import is_server_url
 from ..errors import BadInput
 from .store.connection import check_merge_input
 from .store.rows import MergeStats
@@ -29,8 +30,9 @@ def expand_inputs(inputs: Sequence[Path]) -> list[Path]:
     return out
 
 
-def merge_stores(out: Path, inputs: Sequence[Path], *, full: bool = False) -> list[MergeStats]:
-    """Merge ``inputs`` into the store at ``out`` (created if missing); returns what each input added.
+def merge_stores(out: str | Path, inputs: Sequence[Path], *, full: bool = False) -> list[MergeStats]:
+    """Merge ``inputs`` (SQLite stores) into the store at ``out`` (created if missing: a SQLite file, or a
+    PostgreSQL server's ``postgresql://`` URL); returns what each input added.
 
     ``full``: take every row of every input again instead of what is new since its last merge (natural keys
     still make it count nothing twice).
@@ -38,8 +40,10 @@ def merge_stores(out: Path, inputs: Sequence[Path], *, full: bool = False) -> li
     if not inputs:
         raise BadInput("merge needs at least one input store")
     inputs = expand_inputs(inputs)
-    out_resolved = Path(out).resolve()
+    out_resolved = None if is_server_url(out) else Path(out).resolve()
     for p in inputs:
+        if is_server_url(p):
+            raise BadInput(f"merge reads SQLite stores (node stores, spools), not {p}: merge into the server instead")
         if Path(p).resolve() == out_resolved:
             raise BadInput(f"cannot merge {p} into itself")
         check_merge_input(Path(p))

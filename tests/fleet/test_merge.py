@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from sdcguard.fleet.merge import merge_stores
 from sdcguard.fleet.store.schema import APPLICATION_ID, SCHEMA_VERSION
 from sdcguard.fleet.store.store import Store
 from sdcguard.records import Incident
-from tests._fleet import NOW, result
+from tests._fleet import NOW, query, result
 
 # One node's history: scans of (device number, [passed...], finished?) and incidents naming device numbers.
 node = st.tuples(
@@ -55,41 +56,56 @@ def _fill(path: Path, spec: tuple[list, list, list], tag: str) -> None:
             store.quarantine(f"sim:{dev}", reason=f"by {tag}", by=tag, now=NOW)
 
 
-def _content(path: Path) -> dict[str, list[tuple]]:
-    with sqlite3.connect(path) as c:
-        return {
-            "results": sorted(
-                c.execute(
-                    "SELECT sc.uuid, r.seq, r.device, r.passed, r.executions FROM results r "
-                    "JOIN scans sc ON sc.id = r.scan"
-                ).fetchall()
-            ),
-            "scans": sorted(c.execute("SELECT uuid, status, executions, failures FROM scans").fetchall()),
-            "incidents": sorted(
-                c.execute(
-                    "SELECT i.uuid, d.device FROM incidents i JOIN incident_devices d ON d.incident = i.id"
-                ).fetchall()
-            ),
-            "history": sorted(c.execute("SELECT uuid FROM quarantine_history").fetchall()),
-            "quarantine": sorted(c.execute("SELECT device, state FROM quarantine").fetchall()),
-            "checkpoints": sorted(c.execute("SELECT uuid, checkpoint_id, step, verified FROM checkpoints").fetchall()),
-        }
+def _content(path: str | Path) -> dict[str, list[tuple]]:
+    """What a merge must carry, read from a store on either backend."""
+    return {
+        "results": sorted(
+            query(
+                path,
+                "SELECT sc.uuid, r.seq, r.device, r.passed, r.executions FROM results r "
+                "JOIN scans sc ON sc.id = r.scan",
+            )
+        ),
+        "scans": sorted(query(path, "SELECT uuid, status, executions, failures FROM scans")),
+        "incidents": sorted(
+            query(path, "SELECT i.uuid, d.device FROM incidents i JOIN incident_devices d ON d.incident = i.id")
+        ),
+        "history": sorted(query(path, "SELECT uuid FROM quarantine_history")),
+        "quarantine": sorted(query(path, "SELECT device, state FROM quarantine")),
+        "checkpoints": sorted(query(path, "SELECT uuid, checkpoint_id, step, verified FROM checkpoints")),
+    }
 
 
 @settings(max_examples=15)
 @given(node, node)
-def test_merge_is_idempotent_and_order_independent(tmp_path_factory: pytest.TempPathFactory, a, b) -> None:
+def test_merge_is_idempotent_and_order_independent(
+    tmp_path_factory: pytest.TempPathFactory, new_store: Callable[[str], str], a, b
+) -> None:
+    _idempotent(tmp_path_factory, new_store, "sqlite", a, b)
+
+
+@settings(max_examples=8)
+@given(node, node)
+def test_merge_into_a_server_is_idempotent_and_order_independent(
+    tmp_path_factory: pytest.TempPathFactory, new_store: Callable[[str], str], a, b
+) -> None:
+    _idempotent(tmp_path_factory, new_store, "postgresql", a, b)
+
+
+def _idempotent(tmp_path_factory: pytest.TempPathFactory, new_store: Callable[[str], str], backend: str, a, b) -> None:
+    """(``backend``: the merge's output; the inputs are node stores, SQLite files.)"""
     d = tmp_path_factory.mktemp("merge")
     pa, pb = d / "a.db", d / "b.db"
+    ab, ba_out = new_store(backend), new_store(backend)
     _fill(pa, a, "node-a")
     _fill(pb, b, "node-b")
-    merge_stores(d / "ab.db", [pa, pb])
-    once = _content(d / "ab.db")
-    stats = merge_stores(d / "ab.db", [pb, pa, pa])
+    merge_stores(ab, [pa, pb])
+    once = _content(ab)
+    stats = merge_stores(ab, [pb, pa, pa])
     assert all(s.results == s.scans == s.incidents == s.quarantine_history == 0 for s in stats)
-    assert _content(d / "ab.db") == once
-    merge_stores(d / "ba.db", [pb, pa])
-    ba = _content(d / "ba.db")
+    assert _content(ab) == once
+    merge_stores(ba_out, [pb, pa])
+    ba = _content(ba_out)
     assert {k: v for k, v in ba.items() if k != "quarantine"} == {k: v for k, v in once.items() if k != "quarantine"}
     # Nothing lost: every input row is in the merge.
     for p in (pa, pb):
@@ -165,26 +181,46 @@ _step = st.tuples(
 )
 
 
-def _full_content(path: Path) -> dict[str, list[tuple]]:
+def _full_content(path: str | Path) -> dict[str, list[tuple]]:
     content = _content(path)
-    with sqlite3.connect(path) as c:
-        content["rows"] = sorted(
-            c.execute(
-                "SELECT sc.uuid, r.seq, r.executions, r.duration_s, r.started_at, r.last_started_at FROM results r "
-                "JOIN scans sc ON sc.id = r.scan"
-            ).fetchall()
-        )
-        content["scans"] = sorted(c.execute("SELECT uuid, status, executions, failures, total FROM scans").fetchall())
+    content["rows"] = sorted(
+        query(
+            path,
+            "SELECT sc.uuid, r.seq, r.executions, r.duration_s, r.started_at, r.last_started_at FROM results r "
+            "JOIN scans sc ON sc.id = r.scan",
+        ),
+        key=repr,
+    )
+    content["scans"] = sorted(query(path, "SELECT uuid, status, executions, failures, total FROM scans"), key=repr)
     return content
 
 
 @settings(max_examples=30)
 @given(st.lists(_step, max_size=20))
-def test_incremental_merges_end_where_one_full_merge_does(tmp_path_factory: pytest.TempPathFactory, steps) -> None:
+def test_incremental_merges_end_where_one_full_merge_does(
+    tmp_path_factory: pytest.TempPathFactory, new_store: Callable[[str], str], steps
+) -> None:
     """Whatever happened on the nodes between merges (scans left running and finished later, passing rows that
     kept growing), merging only what is new each time gives the same store as one merge of everything; and one
     more merge adds nothing."""
+    _incremental(tmp_path_factory, new_store, "sqlite", steps)
+
+
+@settings(max_examples=10)  # a merge into the server costs ~100 round trips: fewer examples, the same property
+@given(st.lists(_step, max_size=20))
+def test_incremental_merges_into_a_server_end_where_one_full_merge_does(
+    tmp_path_factory: pytest.TempPathFactory, new_store: Callable[[str], str], steps
+) -> None:
+    """The same, merging into a PostgreSQL store."""
+    _incremental(tmp_path_factory, new_store, "postgresql", steps)
+
+
+def _incremental(
+    tmp_path_factory: pytest.TempPathFactory, new_store: Callable[[str], str], backend: str, steps: list
+) -> None:
+    """(``backend``: the merges' outputs; the nodes are SQLite files.)"""
     d = tmp_path_factory.mktemp("inc")
+    inc, full_out = new_store(backend), new_store(backend)
     nodes = [d / "n0.db", d / "n1.db"]
     stores = [Store.open(p) for p in nodes]
     open_scans: list[list[tuple[int, str]]] = [[], []]
@@ -225,20 +261,20 @@ def test_incremental_merges_end_where_one_full_merge_does(tmp_path_factory: pyte
                 if dev not in {e.device for e in s.quarantine_list()}:
                     s.quarantine(dev, reason="by hand", by="ops", now=tick())
             if merge_after:
-                merge_stores(d / "inc.db", nodes)
-        merge_stores(d / "inc.db", nodes)
+                merge_stores(inc, nodes)
+        merge_stores(inc, nodes)
     finally:
         for s in stores:
             s.close()
-    merge_stores(d / "full.db", nodes)
-    assert _full_content(d / "inc.db") == _full_content(d / "full.db")
-    again = merge_stores(d / "inc.db", nodes)
+    merge_stores(full_out, nodes)
+    assert _full_content(inc) == _full_content(full_out)
+    again = merge_stores(inc, nodes)
     assert all(x.scans == x.results == x.incidents == x.quarantine_history == x.devices == 0 for x in again)
-    assert _full_content(d / "inc.db") == _full_content(d / "full.db")
-    assert _full_content(d / "inc.db") == _full_content(d / "full.db")
+    assert _full_content(inc) == _full_content(full_out)
+    assert _full_content(inc) == _full_content(full_out)
     # --full reads everything again and still counts nothing twice
-    merge_stores(d / "inc.db", nodes, full=True)
-    assert _full_content(d / "inc.db") == _full_content(d / "full.db")
+    merge_stores(inc, nodes, full=True)
+    assert _full_content(inc) == _full_content(full_out)
 
 
 def test_a_merge_reads_only_what_is_new(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Literal, Protocol, Self
 
+from ...entry import is_server_url
 from ...errors import SchemaTooNew, StoreError
 from .schema import APPLICATION_ID, SCHEMA_VERSION, SQLITE_MAGIC, creator, migrate
 
@@ -28,18 +29,14 @@ __all__ = [
     "StoreBase",
     "Backend",
     "SqliteBackend",
-    "is_server_url",
     "check_header",
     "check_merge_input",
     "read_only_uri",
     "writable_problem",
     "BUSY_TIMEOUT_S",
-    "SERVER_SCHEMES",
 ]
 
 BUSY_TIMEOUT_S = 30.0
-SERVER_SCHEMES = ("postgresql://", "postgres://")
-"""How a ``--db`` that names a PostgreSQL server begins (libpq's URI schemes)."""
 
 
 def check_header(path: Path) -> int:
@@ -144,11 +141,6 @@ def check_merge_input(path: Path) -> None:
             f"merge input {path} has the older schema {version}: open it once with this sdcguard "
             f"(`sdcguard --db {path} report`) to migrate it, then merge"
         )
-
-
-def is_server_url(db: str | os.PathLike[str]) -> bool:
-    """Whether ``db`` names a PostgreSQL server (``postgresql://...``) rather than a SQLite file."""
-    return str(db).startswith(SERVER_SCHEMES)
 
 
 class Backend(Protocol):

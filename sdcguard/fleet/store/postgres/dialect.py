@@ -11,8 +11,8 @@ common spelling is rewritten here, statement by statement (cached), outside stri
 3. the scalar ``MIN(a, b, ...)`` and ``MAX(a, b, ...)`` (two or more arguments) become ``LEAST`` and ``GREATEST``
    (where the store uses them no argument is NULL, where the two differ);
 4. ``CAST(x AS INTEGER)`` truncates toward zero in SQLite and rounds in PostgreSQL: it becomes
-   ``CAST(trunc(x) AS BIGINT)``; the types ``INTEGER`` and ``REAL`` become ``BIGINT`` and ``DOUBLE PRECISION``
-   (PostgreSQL's ``REAL`` has 24 bits of mantissa);
+   ``CAST(trunc(CAST(x AS DOUBLE PRECISION)) AS BIGINT)`` (``x`` may be a text); the types ``INTEGER`` and
+   ``REAL`` become ``BIGINT`` and ``DOUBLE PRECISION`` (PostgreSQL's ``REAL`` has 24 bits of mantissa);
 5. ``INDEXED BY name`` and ``CROSS JOIN ... ON`` (SQLite's planner hints: that index, that join order) become
    nothing and ``JOIN ... ON``; ``WITHOUT ROWID`` (a SQLite table layout) goes;
 6. schema names: ``main.t`` is the store's ``t``, ``temp.t`` the connection's ``pg_temp.t``, and ``src.t`` (a merge
@@ -94,7 +94,7 @@ def _rewrite_calls(sql: str) -> str:
             inner = _rewrite_calls(sql[after + 1 : close])
             if upper == "CAST" and re.search(r"\s+AS\s+INTEGER\s*$", inner, re.IGNORECASE):
                 expr = re.sub(r"\s+AS\s+INTEGER\s*$", "", inner, flags=re.IGNORECASE)
-                out.append(f"CAST(trunc({expr}) AS BIGINT)")
+                out.append(f"CAST(trunc(CAST({expr} AS DOUBLE PRECISION)) AS BIGINT)")
             elif upper in ("MIN", "MAX") and _top_level_commas(inner):
                 out.append(("LEAST(" if upper == "MIN" else "GREATEST(") + inner + ")")
             else:

@@ -3,7 +3,7 @@ one SQL text (:mod:`..merging`, which reads the input as ``src.<table>``) runs o
 
 SQLite ATTACHes the input; a server cannot open a file on the node, so the input is read here (one read
 transaction: a consistent snapshot while its scanner keeps writing) and what the merge will read of it is copied
-(``COPY``) into temporary tables ``pg_temp.src_<table>`` that end with the transaction: of the watermarked tables
+(``COPY``) into this connection's temporary tables ``pg_temp.src_<table>`` (emptied first): of the watermarked tables
 the rows from the watermark on (the row *at* the watermark too, whose uuid :func:`~..merging.check_marks` checks),
 of the scans those past the watermark and those still open at the last merge with their results, of the small
 tables (devices, digests, actions, checkpoints, scrubs, meta) every row. When the watermark does not hold
@@ -23,6 +23,8 @@ from ..connection import read_only_uri
 from ..merging import WATERMARKED, check_marks, read_mark
 
 __all__ = ["copy_merge_input", "COPIED"]
+
+_ANALYZE_ROWS = 1000
 
 COPIED = (
     "meta",
@@ -79,15 +81,18 @@ def _copy(conn: Any, src: sqlite3.Connection, table: str, after: dict[str, int],
     columns = [r[1] for r in src.execute(f"PRAGMA src.table_info({table})")]
     names = ", ".join(columns)
     raw = conn.raw
-    raw.execute(f"DROP TABLE IF EXISTS pg_temp.src_{table}")
-    raw.execute(f"CREATE TEMP TABLE src_{table} (LIKE {table}) ON COMMIT DROP")
+    # One temporary table per input table and connection, emptied for each merge (cheaper than creating it).
+    raw.execute(f"CREATE TEMP TABLE IF NOT EXISTS src_{table} (LIKE {table})")
+    raw.execute(f"DELETE FROM pg_temp.src_{table}")
     where, params = _where(table, after, reopened)
     rows: Iterable[tuple[Any, ...]] = src.execute(f"SELECT {names} FROM src.{table} {where}", params)
+    n = 0
     with raw.cursor().copy(f"COPY pg_temp.src_{table} ({names}) FROM STDIN") as copy:
         for row in rows:
             copy.write_row(row)
-    if table == "results":
-        raw.execute("CREATE INDEX ON pg_temp.src_results(scan, seq)")
-    elif "id" in columns:
-        raw.execute(f"CREATE UNIQUE INDEX ON pg_temp.src_{table}(id)")
-    raw.execute(f"ANALYZE pg_temp.src_{table}")
+            n += 1
+    key = "scan, seq" if table == "results" else "id" if "id" in columns else None
+    if key:
+        raw.execute(f"CREATE INDEX IF NOT EXISTS src_{table}_key ON pg_temp.src_{table}({key})")
+    if n > _ANALYZE_ROWS:  # the planner's guess for a temporary table it never analyzed is of a small one
+        raw.execute(f"ANALYZE pg_temp.src_{table}")
