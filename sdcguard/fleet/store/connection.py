@@ -347,6 +347,7 @@ class StoreBase:
         create: bool = True,
         timeout_s: float = BUSY_TIMEOUT_S,
         readonly: bool = False,
+        answer_within_s: float | None = None,
     ) -> Self:
         """Open (and with ``create``, create or migrate) the store at ``path``: a SQLite file, or a PostgreSQL
         server's ``postgresql://`` URL (:mod:`.postgres`; credentials come from libpq's environment or service
@@ -360,11 +361,18 @@ class StoreBase:
         file without ``create``; a server that cannot be reached: :class:`~sdcguard.errors.StoreUnreachable`) or
         :class:`SchemaTooNew`; in every such case the store is left untouched. An older store is migrated forward
         in one transaction.
+
+        ``timeout_s``: how long to wait for a lock (SQLite's busy timeout) or to connect (a server).
+        ``answer_within_s``: a server's statements that take longer are cancelled
+        (:class:`~sdcguard.errors.StoreUnreachable`): what a writer with a spool waits at most.
         """
         if is_server_url(path):
             from .postgres.connection import PostgresBackend
 
-            return cls(PostgresBackend.open(str(path), create=create, timeout_s=timeout_s, readonly=readonly))
+            backend = PostgresBackend.open(
+                str(path), create=create, timeout_s=timeout_s, readonly=readonly, answer_within_s=answer_within_s
+            )
+            return cls(backend)
         return cls(SqliteBackend.open(Path(path), create=create, timeout_s=timeout_s, readonly=readonly))
 
     def close(self) -> None:

@@ -21,8 +21,9 @@ in ``rollup_days``, summed from those; complete scans per day and device in ``sc
 over all days in ``rollup_totals`` and ``scan_rollup_totals``, what an all-time report reads) and their rows
 deleted, one day per transaction and one pass over the day's rows, so a store killed while pruning is
 consistent. Every execution is counted once, in a row or in a roll-up; what is lost is the detail of each old
-failure and the time resolution below a day. A later merge skips input scans older than the horizon: they are
-already in the roll-ups.
+failure and the time resolution below a day. A later merge skips input scans older than the horizon that an
+earlier merge took: they are already in the roll-ups; those past the watermark (an input away longer than the
+retention, a spool forwarded after a long outage) are merged and rolled up in the same transaction.
 
 **Day tallies.** ``day_tallies`` equals, at every commit, what the rows of ``results`` add up to per UTC day (of a
 row's start), device and family: :class:`DayTallies` for a scan's batch (the store's write path), minus and plus
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ...durations import DAY_S as _DAY_S
+from ...errors import BadInput
 from .connection import StoreBase, read_only_uri
 from .merging import check_marks, merge_appended, merge_devices, merge_scans, read_mark, remember, set_meta
 from .rows import MergeStats, PruneStats
@@ -78,7 +80,14 @@ class StoreMaintenance(StoreBase):
         rewound = check_marks(conn, after, remembered)
         horizon = self.pruned_before or float("-inf")
         devices = merge_devices(conn)
-        new_scans, results, skipped = merge_scans(conn, after["scans"], reopened, horizon, self._lock_devices)
+        new_scans, results, skipped, late = merge_scans(
+            conn, after["scans"], reopened, horizon, self._lock_devices, late_ok=not full and "scans" not in rewound
+        )
+        for day in late:  # what the merge brought from before the horizon goes to the roll-ups at once
+            _prune_day(conn, day * _DAY_S, min((day + 1) * _DAY_S, horizon))
+        if late:
+            set_meta(conn, "rollup_last_day", int(conn.execute("SELECT MAX(day) FROM rollups").fetchone()[0]))
+            thin_case_tallies(conn, horizon)
         self._backend.lock("quarantine")  # the merged history replays the quarantine state
         incidents, history = merge_appended(
             conn, after["incidents"], after["quarantine_history"], after["policy_decisions"], after["action_attempts"]
@@ -100,6 +109,12 @@ class StoreMaintenance(StoreBase):
         daily roll-ups and delete its rows; returns what was done. Scans still ``running`` are left alone;
         ``interrupted`` ones are final by then and go like the others (their executions count, as everywhere).
         The case tallies still count the rows deleted (:func:`thin_case_tallies`)."""
+        spool_for = self._meta("spool_for")
+        if spool_for is not None:
+            raise BadInput(
+                f"{self.path} is the spool of {spool_for}: it holds what an outage kept from the server and is "
+                "never pruned; send it with `sdcguard forward` (the server is where old scans are pruned)"
+            )
         horizon = math.floor(before / _DAY_S) * _DAY_S
         days = [
             int(r[0])

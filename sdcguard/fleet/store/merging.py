@@ -55,11 +55,22 @@ def merge_devices(conn: Any) -> int:
 
 
 def merge_scans(
-    conn: Any, scans_after: int, reopened: list[int], horizon: float, lock: Callable[[Iterable[str]], None]
-) -> tuple[int, int, int]:
-    """New scans and those still open at the last merge, with their rows; ``(new scans, new rows, skipped)``.
-    ``lock``: takes the devices' locks (:meth:`~.connection.StoreBase._lock_devices`) before their tallies
-    change."""
+    conn: Any,
+    scans_after: int,
+    reopened: list[int],
+    horizon: float,
+    lock: Callable[[Iterable[str]], None],
+    *,
+    late_ok: bool,
+) -> tuple[int, int, int, list[int]]:
+    """New scans and those still open at the last merge, with their rows; ``(new scans, new rows, skipped, late
+    days)``. ``lock``: takes the devices' locks (:meth:`~.connection.StoreBase._lock_devices`) before their
+    tallies change.
+
+    A scan older than the output's retention horizon is in its roll-ups already when an earlier merge took it;
+    one past the watermark never was (an input that was away longer than the retention: a spool forwarded after
+    a long outage), so with ``late_ok`` (the watermark holds: not ``full``, not rewound) it is merged like the
+    others, and the days it started on (``late days``) are for the caller to roll up at once."""
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS merge_scans(src_id INTEGER PRIMARY KEY, uuid TEXT, dst_id INTEGER)")
     conn.execute("DELETE FROM temp.merge_scans")
     conn.execute(
@@ -73,8 +84,20 @@ def merge_scans(
         "src_id IN (SELECT id FROM src.scans WHERE started_at < ?) "
         f"AND uuid NOT IN (SELECT uuid FROM main.scans WHERE status IN {_OPEN})"
     )
-    skipped = conn.execute(f"SELECT COUNT(*) FROM temp.merge_scans WHERE {old}", (horizon,)).fetchone()[0]
-    conn.execute(f"DELETE FROM temp.merge_scans WHERE {old}", (horizon,))
+    if late_ok:
+        old += " AND src_id <= ?"
+    bounds = (horizon, scans_after) if late_ok else (horizon,)
+    skipped = conn.execute(f"SELECT COUNT(*) FROM temp.merge_scans WHERE {old}", bounds).fetchone()[0]
+    conn.execute(f"DELETE FROM temp.merge_scans WHERE {old}", bounds)
+    late_days = [
+        int(r[0])
+        for r in conn.execute(
+            f"SELECT DISTINCT CAST(s.started_at / {_DAY_S} AS INTEGER) FROM src.scans s JOIN temp.merge_scans m "
+            "ON m.src_id = s.id WHERE s.started_at < ? AND s.status != 'running' "
+            "AND m.uuid NOT IN (SELECT uuid FROM main.scans) ORDER BY 1",
+            (horizon,),
+        ).fetchall()
+    ]
     lock(
         r[0]
         for r in conn.execute(
@@ -128,7 +151,7 @@ def merge_scans(
                          AND r.passed = 0)
            WHERE id IN (SELECT dst_id FROM temp.merge_scans)"""
     )
-    return new_scans, results, skipped
+    return new_scans, results, skipped, late_days
 
 
 def merge_appended(conn: Any, inc_after: int, hist_after: int, dec_after: int, att_after: int) -> tuple[int, int]:

@@ -187,6 +187,23 @@ class Store(StoreQueries, StoreMaintenance):
                 )
             return cur.rowcount
 
+    # ------------------------------------------------------------------ a server's spool
+    def mark_spool(self, server: str) -> None:
+        """Mark this (SQLite) store as the spool of the server store ``server`` (its URL, which holds no
+        password): :meth:`prune` then refuses it (:mod:`.spool`)."""
+        if self.spool_for != server:
+            with self._write() as conn:
+                conn.execute(
+                    "INSERT INTO meta(key, value) VALUES ('spool_for', ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (server,),
+                )
+
+    @property
+    def spool_for(self) -> str | None:
+        """The server store this store is the spool of (None: it is none)."""
+        return self._meta("spool_for")
+
     # ------------------------------------------------------------------ incidents
     def record_incident(self, incident: Incident, *, uuid: str | None = None) -> int:
         """Record a training incident; returns its id. The whole record is kept as JSON next to the indexed

@@ -102,8 +102,12 @@ class PostgresBackend:
         self.read_only_reason: str | None = None
 
     @classmethod
-    def open(cls, url: str, *, create: bool, timeout_s: float, readonly: bool) -> PostgresBackend:
-        """Connect (libpq's settings), check it is a store (or create one), migrate an older one."""
+    def open(
+        cls, url: str, *, create: bool, timeout_s: float, readonly: bool, answer_within_s: float | None = None
+    ) -> PostgresBackend:
+        """Connect (libpq's settings), check it is a store (or create one), migrate an older one. ``timeout_s``:
+        libpq's connect timeout (unless the URL or ``$PGCONNECT_TIMEOUT`` sets one); ``answer_within_s``: the
+        session's ``statement_timeout``."""
         try:
             params = psycopg.conninfo.conninfo_to_dict(url)
         except psycopg.ProgrammingError as e:
@@ -127,6 +131,8 @@ class PostgresBackend:
         raw.adapters.register_loader("numeric", _NumericLoader)
         backend = cls(raw, url)
         try:
+            if answer_within_s is not None:
+                raw.execute("SELECT set_config('statement_timeout', %s, false)", (f"{int(answer_within_s * 1000)}",))
             backend._prepare(create=create, readonly=readonly)
         except BaseException:
             raw.close()
