@@ -71,33 +71,7 @@ def merge_scans(
     one past the watermark never was (an input that was away longer than the retention: a spool forwarded after
     a long outage), so with ``late_ok`` (the watermark holds: not ``full``, not rewound) it is merged like the
     others, and the days it started on (``late days``) are for the caller to roll up at once."""
-    conn.execute("CREATE TEMP TABLE IF NOT EXISTS merge_scans(src_id INTEGER PRIMARY KEY, uuid TEXT, dst_id INTEGER)")
-    conn.execute("DELETE FROM temp.merge_scans")
-    conn.execute(
-        "INSERT INTO temp.merge_scans(src_id, uuid) SELECT id, uuid FROM src.scans "
-        "WHERE (id > ? OR id IN (SELECT CAST(value AS INTEGER) FROM json_each(?)))",
-        (scans_after, json.dumps(reopened)),
-    )
-    # Scans older than our retention horizon are in our roll-ups already, except those we still hold open
-    # (prune leaves a running scan alone): those take their final state from the input as usual.
-    old = (
-        "src_id IN (SELECT id FROM src.scans WHERE started_at < ?) "
-        f"AND uuid NOT IN (SELECT uuid FROM main.scans WHERE status IN {_OPEN})"
-    )
-    if late_ok:
-        old += " AND src_id <= ?"
-    bounds = (horizon, scans_after) if late_ok else (horizon,)
-    skipped = conn.execute(f"SELECT COUNT(*) FROM temp.merge_scans WHERE {old}", bounds).fetchone()[0]
-    conn.execute(f"DELETE FROM temp.merge_scans WHERE {old}", bounds)
-    late_days = [
-        int(r[0])
-        for r in conn.execute(
-            f"SELECT DISTINCT CAST(s.started_at / {_DAY_S} AS INTEGER) FROM src.scans s JOIN temp.merge_scans m "
-            "ON m.src_id = s.id WHERE s.started_at < ? AND s.status != 'running' "
-            "AND m.uuid NOT IN (SELECT uuid FROM main.scans) ORDER BY 1",
-            (horizon,),
-        ).fetchall()
-    ]
+    skipped, late_days = _select_scans(conn, scans_after, reopened, horizon, late_ok=late_ok)
     lock(
         r[0]
         for r in conn.execute(
@@ -152,6 +126,40 @@ def merge_scans(
            WHERE id IN (SELECT dst_id FROM temp.merge_scans)"""
     )
     return new_scans, results, skipped, late_days
+
+
+def _select_scans(
+    conn: Any, scans_after: int, reopened: list[int], horizon: float, *, late_ok: bool
+) -> tuple[int, list[int]]:
+    """Fill ``temp.merge_scans`` with the input's scans this merge takes; ``(skipped, late days)``."""
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS merge_scans(src_id INTEGER PRIMARY KEY, uuid TEXT, dst_id INTEGER)")
+    conn.execute("DELETE FROM temp.merge_scans")
+    conn.execute(
+        "INSERT INTO temp.merge_scans(src_id, uuid) SELECT id, uuid FROM src.scans "
+        "WHERE (id > ? OR id IN (SELECT CAST(value AS INTEGER) FROM json_each(?)))",
+        (scans_after, json.dumps(reopened)),
+    )
+    # Scans older than our retention horizon are in our roll-ups already, except those we still hold open
+    # (prune leaves a running scan alone): those take their final state from the input as usual.
+    old = (
+        "src_id IN (SELECT id FROM src.scans WHERE started_at < ?) "
+        f"AND uuid NOT IN (SELECT uuid FROM main.scans WHERE status IN {_OPEN})"
+    )
+    if late_ok:
+        old += " AND src_id <= ?"
+    bounds = (horizon, scans_after) if late_ok else (horizon,)
+    skipped = conn.execute(f"SELECT COUNT(*) FROM temp.merge_scans WHERE {old}", bounds).fetchone()[0]
+    conn.execute(f"DELETE FROM temp.merge_scans WHERE {old}", bounds)
+    late_days = [
+        int(r[0])
+        for r in conn.execute(
+            f"SELECT DISTINCT CAST(s.started_at / {_DAY_S} AS INTEGER) FROM src.scans s JOIN temp.merge_scans m "
+            "ON m.src_id = s.id WHERE s.started_at < ? AND s.status != 'running' "
+            "AND m.uuid NOT IN (SELECT uuid FROM main.scans) ORDER BY 1",
+            (horizon,),
+        ).fetchall()
+    ]
+    return skipped, late_days
 
 
 def merge_appended(conn: Any, inc_after: int, hist_after: int, dec_after: int, att_after: int) -> tuple[int, int]:
