@@ -213,11 +213,9 @@ def run_scan(
     """
     chosen = list(targets) if targets is not None else select_targets(specs)
     suite = _check_inputs(options, chosen)
-    from sdcguard.fleet.store.store import Store
     from sdcguard.golden.references import write_references
 
-    with Store.open(options.db):
-        pass  # created (schema, WAL) once here, before the workers open it concurrently
+    _prepare_store(options.db, reporter)
     references = _references_dir()
     try:
         # Inputs and expected outputs are built here, off the devices under test, and checked against the
@@ -227,6 +225,26 @@ def run_scan(
         return _scan_all(options, chosen, reporter, policy, actions, policy_scope, references)
     finally:
         shutil.rmtree(references, ignore_errors=True)
+
+
+def _prepare_store(db: str, reporter: Reporter) -> None:
+    """Create the store (schema, WAL) once here, before the workers open it concurrently; a server store's spool
+    is forwarded first (what an earlier outage kept), and a server that cannot be reached is only said (the
+    workers write to the spool)."""
+    from sdcguard.entry import is_server_url
+    from sdcguard.errors import StoreUnreachable
+    from sdcguard.fleet.store.spool import default_spool, forward_spool
+    from sdcguard.fleet.store.store import Store
+
+    try:
+        with Store.open(db):
+            pass
+    except StoreUnreachable as e:
+        reporter.event({"event": "message", "text": f"{e}; the scan writes to the spool {default_spool()}"})
+        return
+    sent = forward_spool(db) if is_server_url(db) else None
+    if sent is not None and (sent.scans or sent.incidents):
+        reporter.event({"event": "message", "text": f"spool forwarded: +{sent.scans} scans, +{sent.results} results"})
 
 
 def _scan_all(
@@ -281,29 +299,7 @@ def _conclude(
 
     outcome = ScanOutcome(devices=summaries, exit_code=EXIT_OK, message="")
     if scanned:
-        from sdcguard.fleet.policy import QuarantinePolicy, apply_policy
-        from sdcguard.fleet.store.store import Store
-
-        with Store.open(options.db) as store:
-            result = apply_policy(
-                store,
-                policy if policy is not None else QuarantinePolicy(),
-                devices=scanned,
-                actions=actions,
-                scope=policy_scope,
-            )
-        outcome.quarantined = list(result.quarantined)
-        outcome.breaker_tripped = bool(result.breaker_tripped)
-        outcome.policy_reasons = list(result.reasons)
-        reporter.event(
-            {
-                "event": "policy",
-                "scope": policy_scope,
-                "quarantined": outcome.quarantined,
-                "breaker_tripped": outcome.breaker_tripped,
-                "reasons": outcome.policy_reasons,
-            }
-        )
+        _apply_policy(options, outcome, scanned, reporter, policy, actions, policy_scope)
 
     skipped = [s for s in summaries if s.status in SKIPPED]
     if outcome.breaker_tripped:
@@ -331,6 +327,50 @@ def _conclude(
         }
     )
     return outcome
+
+
+def _apply_policy(
+    options: ScanOptions,
+    outcome: ScanOutcome,
+    scanned: list[str],
+    reporter: Reporter,
+    policy: Any,
+    actions: Sequence[Any],
+    policy_scope: PolicyScope,
+) -> None:
+    """The quarantine policy over the scanned devices, into ``outcome``. A server store's spool (what the
+    workers wrote while the server could not be reached) is forwarded first; while the server stays away the
+    policy waits for the next run, which weighs the forwarded results."""
+    from sdcguard.errors import StoreUnreachable
+    from sdcguard.fleet.policy import QuarantinePolicy, apply_policy
+    from sdcguard.fleet.store.spool import forward_spool
+    from sdcguard.fleet.store.store import Store
+
+    try:
+        forward_spool(options.db)
+        with Store.open(options.db) as store:
+            result = apply_policy(
+                store,
+                policy if policy is not None else QuarantinePolicy(),
+                devices=scanned,
+                actions=actions,
+                scope=policy_scope,
+            )
+    except StoreUnreachable as e:
+        reporter.event({"event": "message", "text": f"policy not applied (the results wait in the spool): {e}"})
+        return
+    outcome.quarantined = list(result.quarantined)
+    outcome.breaker_tripped = bool(result.breaker_tripped)
+    outcome.policy_reasons = list(result.reasons)
+    reporter.event(
+        {
+            "event": "policy",
+            "scope": policy_scope,
+            "quarantined": outcome.quarantined,
+            "breaker_tripped": outcome.breaker_tripped,
+            "reasons": outcome.policy_reasons,
+        }
+    )
 
 
 def _stopped_message(signum: int, summaries: list[DeviceSummary]) -> str:

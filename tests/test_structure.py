@@ -63,17 +63,17 @@ documented import paths)."""
 
 CROSSING_ALLOWED = {
     (
-        "sdcguard.training.response",
-        "sdcguard.fleet.store.store",
-    ): "DESIGN.md: training records incidents through the store's public API (Store), imported when it writes",
-    (
         "sdcguard.checkpoint.dcp",
         "sdcguard.fleet.store.store",
     ): "DESIGN.md: training records verified checkpoints through the store's public API",
     (
+        "sdcguard.training.response",
+        "sdcguard.fleet.store.spool",
+    ): "DESIGN.md: training records incidents through the store's public API (a server store: with its spool)",
+    (
         "sdcguard.checkpoint.asynchronous",
-        "sdcguard.fleet.store.store",
-    ): "DESIGN.md: training records checkpoints through the store's public API",
+        "sdcguard.fleet.store.spool",
+    ): "DESIGN.md: checkpoints are recorded the same way, through the store's public API",
 }
 """Imports from one wing into another, each with its reason: nothing else may cross."""
 

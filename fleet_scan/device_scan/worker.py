@@ -232,10 +232,10 @@ def _scan_locked(
     target: ScanTarget, options: ScanOptions, emit: Emit, monitor: IdleMonitor, references: str | None
 ) -> DeviceSummary:
     """The scan of a device whose lock we hold: prepare, open, loop, finish."""
-    from sdcguard.fleet.store.store import Store
+    from sdcguard.fleet.store.spool import open_writer
 
     scan = _DeviceScan(target, options, emit, monitor, references)
-    with Store.open(options.db) as store:
+    with open_writer(options.db) as store:  # a server store: its spool while the server cannot be reached
         scan.open(store)
         scan.loop()
         scan.finish()

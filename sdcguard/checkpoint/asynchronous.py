@@ -400,9 +400,9 @@ class AsyncCheckpointer:
 
     def _store_write(self, store: str, job: _Job, job_id: str | None, **row: Any) -> None:
         try:
-            from ..fleet.store.store import Store
+            from ..fleet.store.spool import open_writer
 
-            with Store.open(Path(store)) as db:
+            with open_writer(store) as db:  # a server's outage: its spool (never blocks past the timeout)
                 db.record_checkpoint(
                     checkpoint_id=job.path, step=job.step if job.step is not None else -1, job=job_id, **row
                 )

@@ -30,6 +30,8 @@ _COMMANDS: dict[str, str] = {
     "export": "sdcguard.cli.export:export",
     "scan": "fleet_scan.command:scan",
     "golden": "sdcguard.cli.golden:golden",
+    "forward": "sdcguard.cli.forward:forward",
+    "db": "sdcguard.cli.db:db",
 }
 
 

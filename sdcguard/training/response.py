@@ -75,9 +75,9 @@ class Responder:
         if self.store is None or not self.writer:
             return
         try:
-            from ..fleet.store.store import Store
+            from ..fleet.store.spool import open_writer
 
-            with Store.open(self.store) as store:
+            with open_writer(self.store) as store:  # a server's outage: its spool, and a warning once
                 store.record_checkpoint(
                     checkpoint_id=checkpoint_id, step=step, verified=verified, digest=digest, job=self.job
                 )
@@ -92,9 +92,9 @@ class Responder:
         if self.store is None or not self.writer:
             return
         try:
-            from ..fleet.store.store import Store
+            from ..fleet.store.spool import open_writer
 
-            with Store.open(self.store) as store:
+            with open_writer(self.store) as store:  # a server's outage: its spool, and a warning once
                 for incident in found:
                     store.record_incident(incident)
         except Exception as e:  # never crash training over bookkeeping: the incident stays in memory

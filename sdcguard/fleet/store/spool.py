@@ -29,20 +29,30 @@ from typing import Any
 
 from ...devices import hostname
 from ...entry import is_server_url
-from ...errors import StoreUnreachable
+from ...errors import StoreError, StoreUnreachable
 from ...logs import get_logger
 from ...records import CaseResult, DeviceInfo, Incident, ScanStatus
 from .connection import check_merge_input
 from .rows import MergeStats
 from .store import Store
 
-__all__ = ["SpooledStore", "open_writer", "default_spool", "forward", "SPOOL_ENV", "WRITE_TIMEOUT_S"]
+__all__ = [
+    "SpooledStore",
+    "open_writer",
+    "default_spool",
+    "forward",
+    "forward_spool",
+    "SPOOL_ENV",
+    "WRITE_TIMEOUT_S",
+    "RETRY_AFTER_S",
+]
 
 SPOOL_ENV = "SDCGUARD_SPOOL"
 """The environment variable naming the spool of a server store."""
 WRITE_TIMEOUT_S = 10.0
 """How long a writer waits for the server (to connect, and for each statement) before it spools."""
-_RETRY_AFTER_S = 60.0
+RETRY_AFTER_S = 60.0
+"""After losing the server, how long a process writes to the spool without trying the server again."""
 _down: dict[str, float] = {}
 """Server URL -> when (monotonic) this process tries it again: a writer waits out a timeout once, not per write."""
 _warned: set[str] = set()
@@ -78,6 +88,14 @@ def forward(url: str, spool: str | os.PathLike[str], *, timeout_s: float = WRITE
     check_merge_input(path)
     with Store.open(url, timeout_s=timeout_s) as server:
         return server.merge_from(path)
+
+
+def forward_spool(db: str | os.PathLike[str], spool: str | os.PathLike[str] | None = None) -> MergeStats | None:
+    """For a server store, send ``spool`` (default :func:`default_spool`) if there is one; None when there is none
+    or the server cannot be reached (said once through the logger)."""
+    if not is_server_url(db):
+        return None
+    return SpooledStore(str(db), Path(spool) if spool is not None else default_spool()).forward()
 
 
 @dataclass
@@ -146,10 +164,13 @@ class SpooledStore:
         url: the server's ``postgresql://`` URL.
         spool: the local SQLite store that holds what the server could not take.
         timeout_s: how long to wait for the server, to connect and for each statement, before spooling.
+        retry_after_s: after losing the server, how long this process writes to the spool without trying it.
     """
 
-    def __init__(self, url: str, spool: Path, *, timeout_s: float = WRITE_TIMEOUT_S) -> None:
-        self.url, self.spool_path, self.timeout_s = url, spool, timeout_s
+    def __init__(
+        self, url: str, spool: Path, *, timeout_s: float = WRITE_TIMEOUT_S, retry_after_s: float = RETRY_AFTER_S
+    ) -> None:
+        self.url, self.spool_path, self.timeout_s, self.retry_after_s = url, spool, timeout_s, retry_after_s
         self._server: Store | None = None
         self._spool: Store | None = None
         self._scans: dict[int, _ScanLog] = {}
@@ -166,7 +187,7 @@ class SpooledStore:
         return self._server
 
     def _lost(self, e: StoreUnreachable) -> None:
-        _down[self.url] = time.monotonic() + _RETRY_AFTER_S
+        _down[self.url] = time.monotonic() + self.retry_after_s
         if self._server is not None:
             self._server.close()
             self._server = None
@@ -287,7 +308,9 @@ class SpooledStore:
 
     # ------------------------------------------------------------------ the end
     def forward(self) -> MergeStats | None:
-        """Send the spool to the server now (None: no spool, or the server still cannot be reached)."""
+        """Send the spool to the server now (None: no spool, the server still cannot be reached, or it refused
+        the forward: said through the logger, the spool stays for `sdcguard forward`). Never raises a store
+        error: a scan or a job must not fail over its bookkeeping."""
         if self._spool is not None:
             self._spool.close()
             self._spool = None
@@ -295,7 +318,9 @@ class SpooledStore:
             return forward(self.url, self.spool_path, timeout_s=self.timeout_s)
         except StoreUnreachable as e:
             self._lost(e)
-            return None
+        except StoreError as e:  # e.g. a writer role may not roll up scans older than the server's retention
+            _log.warning("could not forward the spool %s to %s: %s", self.spool_path, self.url, e)
+        return None
 
     def close(self) -> None:
         """Close both stores; a spool written by this process is forwarded when the server is back."""

@@ -204,6 +204,17 @@ class Store(StoreQueries, StoreMaintenance):
         """The server store this store is the spool of (None: it is none)."""
         return self._meta("spool_for")
 
+    # ------------------------------------------------------------------ roles (a server store)
+    def grant(self, role: str, kind: str = "writer", *, run: bool = True) -> list[str]:
+        """Grant the server role ``role`` what a scan node or job (``writer``) or a reader needs on this store
+        (:mod:`.postgres.roles`); ``run`` False only says how. Returns the SQL statements."""
+        if self.backend != "postgresql":
+            raise BadInput(f"{self.path} is a SQLite file: its access is the file's permissions, not roles")
+        from .postgres.roles import grant
+
+        with self._write() as conn:
+            return grant(conn, role, kind, run=run)  # type: ignore[arg-type]  # checked there
+
     # ------------------------------------------------------------------ incidents
     def record_incident(self, incident: Incident, *, uuid: str | None = None) -> int:
         """Record a training incident; returns its id. The whole record is kept as JSON next to the indexed
