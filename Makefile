@@ -28,7 +28,10 @@ run: setup-run
 	$(RUN_VENV)/bin/sdcguard scan $(RUN_SCAN_ARGS); rc=$$?; \
 	echo "==> sdcguard report" >&2; $(RUN_VENV)/bin/sdcguard report; exit $$rc
 
+# The store's tests also run against a throwaway PostgreSQL server: scripts/ensure_postgres.sh installs the
+# distribution's server package when missing (as root), or says how.
 test: setup
+	bash scripts/ensure_postgres.sh
 	$(PY) -m pytest
 
 # ruff (lint and format check) over the whole tree, mypy over sdcguard/ and fleet_scan/ (settings in pyproject.toml). mypy keeps its cache in

@@ -33,7 +33,7 @@ from ...errors import StoreError, StoreUnreachable
 from ...logs import get_logger
 from ...records import CaseResult, DeviceInfo, Incident, ScanStatus
 from .connection import check_merge_input
-from .rows import MergeStats
+from .rows import MergeStats, Tally
 from .store import Store
 
 __all__ = [
@@ -217,6 +217,12 @@ class SpooledStore:
             except StoreUnreachable as e:
                 self._lost(e)
         return getattr(self.spool(), name)(*args, **kwargs)
+
+    # ------------------------------------------------------------------ what a scan reads
+    def tallies(self, **kwargs: Any) -> list[Tally]:
+        """As :meth:`~.store.Store.tallies`, from the server (from the spool while it cannot be reached: this
+        node's history there, which is what a scan orders its cases by)."""
+        return list(self._either("tallies", **kwargs))
 
     # ------------------------------------------------------------------ the writes
     def upsert_device(self, info: DeviceInfo, *, now: float | None = None) -> None:
