@@ -22,6 +22,11 @@ by an earlier run (migrating it first, timed, if an older sdcguard wrote it). A 
     python benchmarks/report_scale.py --devices 1000 --days 60 --merge-days 7      # a minute or two
     python benchmarks/report_scale.py --dir /dev/shm/year
     python benchmarks/report_scale.py --measure /dev/shm/year/fleet.db
+    python benchmarks/report_scale.py --backend postgresql --devices 10000 --days 31 --merge-days 30
+
+``--backend postgresql``: the fleet store is a PostgreSQL server's (a throwaway one from the distribution's
+package, :mod:`sdcguard.testing.postgres`, durable settings: ``fsync`` and ``synchronous_commit`` on; its tuning
+is printed): the node stores merged into it, the later days' scans written to it directly, the same measurements.
 """
 
 from __future__ import annotations
@@ -140,6 +145,7 @@ def main() -> None:
         help="only measure (step 3) a fleet store an earlier run kept with --dir, on the same day",
     )
     ap.add_argument("--cli-only", action="store_true", help="with --measure: only the CLI report's runs")
+    ap.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite", help="the fleet store's backend")
     args = ap.parse_args()
     if args.measure is not None:
         print(f"3. {args.measure}, recorded by an earlier run that ended today:")
@@ -155,7 +161,14 @@ def main() -> None:
     base = args.dir or Path(tmp.name)
     nodes_dir = base / "nodes"
     nodes_dir.mkdir(parents=True, exist_ok=True)
-    fleet_db = base / "fleet.db"
+    fleet_db: Any = base / "fleet.db"
+    if args.backend == "postgresql":
+        from sdcguard.testing.postgres import PostgresServer
+
+        server = PostgresServer(settings=SERVER_SETTINGS)
+        server.start()
+        fleet_db = server.url()
+        print(f"PostgreSQL {server.admin('SHOW server_version')[0][0]}, settings {SERVER_SETTINGS}")
     fleet = SimFleet(devices=args.devices, seed=0)
     hosts = sorted({fleet.host(n) for n in range(fleet.devices)})
     start = (time.time() // DAY - args.days) * DAY  # the simulated year ends today, so the CLI's windows hold it
@@ -223,8 +236,29 @@ def main() -> None:
         _measure(fleet_db, now, keep)
 
 
-def _measure(fleet_db: Path, now: float, keep: int) -> None:
-    size = fleet_db.stat().st_size
+SERVER_SETTINGS = {
+    "fsync": "on",
+    "full_page_writes": "on",
+    "synchronous_commit": "on",
+    "shared_buffers": "1GB",
+    "work_mem": "64MB",
+    "max_wal_size": "4GB",
+    "max_parallel_workers_per_gather": "2",
+}
+"""The benchmark server's settings (what docs/postgresql.md's sizing starts from)."""
+
+
+def _size(fleet_db: Any) -> int:
+    if isinstance(fleet_db, Path):
+        return fleet_db.stat().st_size
+    import psycopg
+
+    with psycopg.connect(fleet_db) as c:
+        return int(c.execute("SELECT pg_database_size(current_database())").fetchone()[0])
+
+
+def _measure(fleet_db: Any, now: float, keep: int) -> None:
+    size = _size(fleet_db)
     with Store.open(fleet_db, create=False) as store:
         rows, t_count, c_count = _timed(lambda: store.row_count("results"))
         print(
