@@ -159,16 +159,20 @@ def main() -> None:
         raise SystemExit("--days must be at least --merge-days")
     tmp = tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     base = args.dir or Path(tmp.name)
-    nodes_dir = base / "nodes"
-    nodes_dir.mkdir(parents=True, exist_ok=True)
-    fleet_db: Any = base / "fleet.db"
+    (base / "nodes").mkdir(parents=True, exist_ok=True)
     if args.backend == "postgresql":
         from sdcguard.testing.postgres import PostgresServer
 
-        server = PostgresServer(settings=SERVER_SETTINGS)
-        server.start()
-        fleet_db = server.url()
-        print(f"PostgreSQL {server.admin('SHOW server_version')[0][0]}, settings {SERVER_SETTINGS}")
+        with PostgresServer(settings=SERVER_SETTINGS) as server:  # stopped and deleted at the end
+            print(f"PostgreSQL {server.admin('SHOW server_version')[0][0]}, settings {SERVER_SETTINGS}")
+            _run(args, base, server.url())
+    else:
+        _run(args, base, base / "fleet.db")
+
+
+def _run(args: argparse.Namespace, base: Path, fleet_db: Any) -> None:
+    """Steps 1 to 3 (the module docstring) with the fleet store at ``fleet_db``."""
+    nodes_dir = base / "nodes"
     fleet = SimFleet(devices=args.devices, seed=0)
     hosts = sorted({fleet.host(n) for n in range(fleet.devices)})
     start = (time.time() // DAY - args.days) * DAY  # the simulated year ends today, so the CLI's windows hold it

@@ -183,7 +183,11 @@ class PostgresServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> Self:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.close()  # a server that started but could not be set up must not outlive us
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

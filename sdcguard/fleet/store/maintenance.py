@@ -79,6 +79,8 @@ class StoreMaintenance(StoreBase):
         after, remembered, reopened = read_mark(conn, source, full=full)
         rewound = check_marks(conn, after, remembered)
         horizon = self.pruned_before or float("-inf")
+        # the input's devices before their rows: a scan writing one of them directly waits here, not in a circle
+        self._lock_devices(r[0] for r in conn.execute("SELECT id FROM src.devices").fetchall())
         devices = merge_devices(conn)
         new_scans, results, skipped, late = merge_scans(
             conn, after["scans"], reopened, horizon, self._lock_devices, late_ok=not full and "scans" not in rewound

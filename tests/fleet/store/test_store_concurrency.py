@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sdcguard.fleet.store.store import Store
+from tests._fleet import assert_tallies_match_rows, query
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -40,8 +40,9 @@ print("ok")
 
 
 @pytest.mark.slow
-def test_eight_writers_lose_nothing_and_never_see_locked(tmp_path: Path) -> None:
-    path = tmp_path / "fleet.db"
+def test_eight_writers_lose_nothing_and_never_see_locked(store_db: str) -> None:
+    """On a PostgreSQL server the writers run side by side (a connection each, a device lock each): the same."""
+    path = store_db
     workers, scans, per_scan = 8, 10, 40
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [
@@ -64,15 +65,14 @@ def test_eight_writers_lose_nothing_and_never_see_locked(tmp_path: Path) -> None
         assert [t.executions for t in tallies] == [scans * per_scan] * workers
         assert [t.failures for t in tallies] == [scans * len(range(0, per_scan, 7))] * workers
         assert len(store.incidents()) == workers * len(range(0, scans, 5))
-    with sqlite3.connect(path) as c:
-        assert c.execute("SELECT COUNT(*) FROM scans WHERE status = 'complete'").fetchone()[0] == workers * scans
-        # Per scan, rows are numbered 0..n-1 without gaps or duplicates (the two batches never interleaved badly),
-        # and they hold every execution of the scan.
-        assert (
-            c.execute(
-                "SELECT COUNT(*) FROM (SELECT scan FROM results GROUP BY scan HAVING SUM(executions) != ? "
-                "OR MAX(seq) != COUNT(*) - 1)",
-                (per_scan,),
-            ).fetchone()[0]
-            == 0
-        )
+    assert query(path, "SELECT COUNT(*) FROM scans WHERE status = 'complete'")[0][0] == workers * scans
+    # Per scan, rows are numbered 0..n-1 without gaps or duplicates (the two batches never interleaved badly),
+    # and they hold every execution of the scan.
+    bad = query(
+        path,
+        "SELECT COUNT(*) FROM (SELECT scan FROM results GROUP BY scan HAVING SUM(executions) != ? "
+        "OR MAX(seq) != COUNT(*) - 1) AS wrong",
+        (per_scan,),
+    )
+    assert bad[0][0] == 0
+    assert_tallies_match_rows(path)
