@@ -1,0 +1,113 @@
+"""The PostgreSQL backend's two sources of difference held in place: the dialect's rewriting (each rule of
+:mod:`sdcguard.fleet.store.postgres.dialect` on the store's own spellings) and the schema (the same tables, columns,
+nullability and keys as SQLite's at the same version); psycopg stays an optional dependency."""
+
+from __future__ import annotations
+
+import ast
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sdcguard.fleet.store.postgres.dialect import to_postgres
+from sdcguard.fleet.store.postgres.schema import BASE_VERSION, MIGRATIONS
+from sdcguard.fleet.store.schema import MIGRATIONS as SQLITE_MIGRATIONS
+from sdcguard.fleet.store.schema import SCHEMA_VERSION, migrate
+from sdcguard.fleet.store.store import Store
+from sdcguard.testing.postgres import PostgresServer
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize(
+    ("sqlite", "postgres"),
+    [
+        ("SELECT a FROM t WHERE b = ? AND c = :c", "SELECT a FROM t WHERE b = %s AND c = %(c)s"),
+        ("INSERT OR IGNORE INTO t(a) VALUES (?)", "INSERT INTO t(a) VALUES (%s) ON CONFLICT DO NOTHING"),
+        (
+            "UPDATE t SET a = MIN(a, ?), b = MAX(b, MAX(c, d)) WHERE e = MAX(f)",
+            "UPDATE t SET a = LEAST(a, %s), b = GREATEST(b, GREATEST(c, d)) WHERE e = MAX(f)",
+        ),
+        ("SELECT CAST(t / 86400.0 AS INTEGER)", "SELECT CAST(trunc(CAST(t / 86400.0 AS DOUBLE PRECISION)) AS BIGINT)"),
+        (
+            "SELECT 1 FROM results INDEXED BY results_time CROSS JOIN s ON s.a = 1",
+            "SELECT 1 FROM results  JOIN s ON s.a = 1",
+        ),
+        (
+            "CREATE TEMP TABLE x(a INTEGER, b REAL, PRIMARY KEY (a)) WITHOUT ROWID",
+            "CREATE TEMP TABLE x(a BIGINT, b DOUBLE PRECISION, PRIMARY KEY (a)) ",
+        ),
+        ("SELECT 1 FROM main.t JOIN temp.u JOIN src.v", "SELECT 1 FROM t JOIN pg_temp.u JOIN pg_temp.src_v"),
+        ("SELECT value FROM json_each(?) WHERE x = 'a?%'", "SELECT value FROM sdcguard_json_each(%s) WHERE x = 'a?%%'"),
+    ],
+)
+def test_each_rule_of_the_dialect(sqlite: str, postgres: str) -> None:
+    assert to_postgres(sqlite) == postgres
+
+
+def test_insert_or_replace_has_no_spelling_and_says_so() -> None:
+    with pytest.raises(ValueError, match="ON CONFLICT"):
+        to_postgres("INSERT OR REPLACE INTO t(a) VALUES (1)")
+
+
+def _sqlite_columns() -> dict[str, list[tuple[str, bool, bool]]]:
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    conn.execute("BEGIN")
+    migrate(conn, 0)
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    out = {
+        t: [
+            (name, bool(notnull) or bool(pk), bool(pk))
+            for _, name, _, notnull, _, pk in conn.execute(f"PRAGMA table_info({t})")
+        ]
+        for t in tables
+    }
+    conn.close()
+    return out
+
+
+def test_both_backends_have_the_same_tables_columns_and_keys(pg_server: PostgresServer) -> None:
+    url = pg_server.fresh_url()
+    Store.open(url).close()
+    schema = url.split("search_path%3D")[1]
+    rows = pg_server.admin(
+        "SELECT c.table_name, c.column_name, c.is_nullable = 'NO', EXISTS (SELECT 1 FROM "
+        "information_schema.key_column_usage k JOIN information_schema.table_constraints tc ON "
+        "tc.constraint_name = k.constraint_name AND tc.table_schema = k.table_schema WHERE tc.constraint_type = "
+        "'PRIMARY KEY' AND k.table_schema = c.table_schema AND k.table_name = c.table_name AND k.column_name = "
+        "c.column_name) FROM information_schema.columns c WHERE c.table_schema = %s ORDER BY c.table_name, "
+        "c.ordinal_position",
+        params=(schema,),
+    )
+    pg: dict[str, list[tuple[str, bool, bool]]] = {}
+    for table, column, notnull, pk in rows:
+        pg.setdefault(table, []).append((column, notnull, pk))
+    assert pg == _sqlite_columns()
+
+
+def test_every_version_past_the_base_has_both_migrations() -> None:
+    assert set(MIGRATIONS) == {v for v in SQLITE_MIGRATIONS if v > BASE_VERSION}
+    assert max([BASE_VERSION, *MIGRATIONS]) == SCHEMA_VERSION
+
+
+def test_psycopg_is_the_postgresql_backends_alone_and_a_sqlite_store_never_imports_it(tmp_path: Path) -> None:
+    for path in sorted((ROOT / "sdcguard").rglob("*.py")) + sorted((ROOT / "fleet_scan").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(("sdcguard/fleet/store/postgres/", "sdcguard/testing/")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not [n for n in names if n.split(".")[0] == "psycopg"], rel
+    code = (
+        "import sys\nfrom sdcguard.fleet.store.spool import open_writer\nfrom sdcguard.fleet.report.devices import "
+        f"build_report\nwith open_writer({str(tmp_path / 's.db')!r}) as s:\n    build_report(s, since=None)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('psycopg')))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]"
