@@ -33,6 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sdcguard.durations import DAY_S  # noqa: E402
 from sdcguard.fleet.report.devices import build_report  # noqa: E402
 from sdcguard.fleet.store.store import Store  # noqa: E402
 from sdcguard.records import CaseResult  # noqa: E402
@@ -100,7 +101,7 @@ def _visible(db: str) -> tuple[float, float]:
         sid = writer.begin_scan(device="sim:fresh", host="node-x", budget_s=60.0, started_at=time.time() - 60)
         writer.record_results(sid, _batch("sim:fresh", time.time() - 59, 0), finish="complete")
         t0 = time.perf_counter()
-        rows = build_report(reader, since=time.time() - 86400, device="sim:fresh")
+        rows = build_report(reader, since=time.time() - DAY_S, device="sim:fresh")
         assert rows and rows[0].scans == 1
         in_process = time.perf_counter() - t0
     t0 = time.perf_counter()

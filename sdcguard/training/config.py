@@ -48,7 +48,9 @@ class GuardConfig:
     weight_check_every: int = 100
     """Compare the weights across replicas every N steps in ``after_optimizer_step`` (0: never)."""
     store: str | None = None
-    """Path of the fleet store that incidents are recorded in (by the group's first rank)."""
+    """The fleet store that incidents are recorded in (by the group's first rank): a SQLite file, or a PostgreSQL
+    server's ``postgresql://`` URL (written with a local spool while it cannot be reached, see
+    :mod:`sdcguard.fleet.store.spool`)."""
     on_detect: OnDetect = "skip"
     """``record``: only record; ``skip``: no rank commits a corrupted step; ``raise``: raise
     ``CorruptionDetected`` on every rank; ``exit``: every rank exits (see the exit-code contract)."""

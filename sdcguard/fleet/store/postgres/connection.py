@@ -140,7 +140,9 @@ class PostgresBackend:
         return backend
 
     def _prepare(self, *, create: bool, readonly: bool) -> None:
-        raw, name = self.conn.raw, self.name
+        """As SQLite's: refuse what is not a store, create or migrate. ``readonly`` changes nothing here: on a
+        server, what a command may write is its role's (``sdcguard db grant ROLE --reader``)."""
+        name = self.name
         state = self._state()
         if state == "foreign":
             raise StoreError(
@@ -167,7 +169,6 @@ class PostgresBackend:
                 current = int(self._state())
                 if current < SCHEMA_VERSION:
                     pg_schema.upgrade(self.conn, current)
-        del raw, readonly
 
     def _state(self) -> str:
         """``empty`` (no table in the schema), ``foreign`` (tables, but no sdcguard ``meta``), or the version."""
