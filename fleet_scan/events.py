@@ -26,7 +26,6 @@ __all__ = [
     "Message",
     "PolicyApplied",
     "ScanSummary",
-    "DeviceSummary",
     "event_from_json",
 ]
 
