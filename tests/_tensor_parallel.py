@@ -153,3 +153,82 @@ class _nothing:
 
 def _said(incidents: Sequence[Any]) -> list[tuple[str, int, tuple[int, ...]]]:
     return [(i.kind, i.step, tuple(i.suspect_ranks)) for i in incidents]
+
+
+class SPBlock(nn.Module):
+    """A residual MLP block over a sequence, for SequenceParallel norms and a loss_parallel head."""
+
+    def __init__(self, d: int = 16, h: int = 32, vocab: int = 12) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.n1 = nn.LayerNorm(d)
+        self.up = nn.Linear(d, h)
+        self.down = nn.Linear(h, d)
+        self.n2 = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.emb(tokens)
+        x = x + self.down(F.gelu(self.up(self.n1(x))))
+        return self.head(self.n2(x))
+
+
+def sp_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    tokens, labels = batch
+    return F.cross_entropy(model(tokens).flatten(0, 1), labels.flatten())
+
+
+def sequence_parallel_job(rank: int, world: int, guarded: bool, fault_step: int | None, steps: int) -> dict[str, Any]:
+    """TP=2 with SequenceParallel norms, a vocabulary-parallel head and ``loss_parallel`` (torchtitan's plan for a
+    block), trained with ``guard.step`` and ``train_context=loss_parallel``; a one-off fault in rank 1's forward
+    matmul at ``fault_step``."""
+    warnings.filterwarnings("ignore")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        loss_parallel,
+        parallelize_module,
+    )  # fmt: skip
+
+    from sdcguard import SDCGuard
+    from sdcguard.fingerprints import fingerprint
+    from sdcguard.inject import Fault
+    from sdcguard.inject.torch_faults import OpFaultMode
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    torch.manual_seed(0)
+    model = SPBlock()
+    parallelize_module(model, mesh, {
+        "emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "n1": SequenceParallel(),
+        "up": ColwiseParallel(input_layouts=Shard(1)),
+        "down": RowwiseParallel(output_layouts=Shard(1)),
+        "n2": SequenceParallel(),
+        "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    })  # fmt: skip
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = SDCGuard(model, sp_loss, replay_every=1, checksum_every=1, escalate="off", train_context=loss_parallel) \
+        if guarded else None  # fmt: skip
+    mode = OpFaultMode(Fault(pattern="bitflip", bit="exponent", timing="transient"), ops="addmm", phase="forward",
+                       rank=1, steps=[fault_step]) if fault_step is not None else None  # fmt: skip
+    seen = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(step)
+        batch = (torch.randint(0, 12, (2, 8), generator=g), torch.randint(0, 12, (2, 8), generator=g))
+        if mode is not None:
+            mode.step = step
+        with mode if mode is not None else _nothing():
+            if guard is not None:
+                report = guard.step(step, batch)
+                seen.append((report.commit, report.checks, report.matmuls_run == report.matmuls_checked > 0,
+                             _said(report.incidents)))  # fmt: skip
+            else:
+                with loss_parallel():
+                    sp_loss(model, batch).backward()
+        if guard is None or report.commit:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {"seen": seen, "fingerprints": [fingerprint(p) for p in model.parameters()]}

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -92,6 +92,9 @@ class SDCGuard:
         slow: when a rank is named slow (:class:`~.timing.SlowWatch`); None turns timing off.
         checksum_every: check every matmul of one step in N against its checksum (0: never).
         checksum_rows: rows of a matmul's result summed per checksum.
+        train_context: the context the training step's forward and backward run in (torchtitan's
+            ``train_context``; ``torch.distributed.tensor.parallel.loss_parallel`` for a parallel loss): every
+            replay runs in it too, and so does :meth:`step`.
     """
 
     def __init__(
@@ -111,6 +114,7 @@ class SDCGuard:
         slow: SlowWatch | None = SlowWatch(),
         checksum_every: int = DEFAULT_CHECKSUM_EVERY,
         checksum_rows: int = DEFAULT_ROWS,
+        train_context: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> None:
         self.config = GuardConfig(
             replay_every=replay_every, shadows="peer" if shadows == "peer" else tuple(shadows),
@@ -138,9 +142,11 @@ class SDCGuard:
         self._observer = StepObserver(self.taps, rank=self.dp_rank, device=self.device, rng_hook=rng_hook)
         timed = slow is not None and not self.shadow_ranks and self.role == "worker" and self.layout.width > 1
         self._clock = PhaseClock(self.device) if timed else IdleClock()
+        self._train_context = train_context
         self._replayer = Replayer(
-            self.taps, loss_fn, device=self.device, params=self.params, rng_hook=rng_hook, timed=self._clock.replay
-        )
+            self.taps, loss_fn, device=self.device, params=self.params, rng_hook=rng_hook, timed=self._clock.replay,
+            context=train_context,
+        )  # fmt: skip
         self._rng_hook = rng_hook
         self._checks = self._make_checks(view, classes, slow, checksum_rows)
         self._steps = self._samples = 0
@@ -349,7 +355,8 @@ class SDCGuard:
         try:
             for i, mb in enumerate(mbs):
                 last = i == len(mbs) - 1
-                with self.model.no_sync() if is_ddp(self.model) and not last else contextlib.nullcontext():
+                no_sync = self.model.no_sync() if is_ddp(self.model) and not last else contextlib.nullcontext()
+                with no_sync, self._train_context():
                     self.before_forward(mb)
                     loss = check_loss(self.loss_fn(self.model, mb))
                     self.observe_loss(loss)

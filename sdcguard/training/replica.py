@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ..devices import hostname
-from ..fingerprints import combine_on_device, fingerprints_on_device, local_tensor
+from ..fingerprints import combine_on_device, fingerprints_on_device, is_dtensor_type, local_tensor
 from ..records import Incident
 from .comm import Comm
 from .hooks.ddp import unwrap
@@ -51,6 +51,13 @@ NO_GRADIENT = 0
 """The value standing for a missing tensor (a parameter without gradient)."""
 NOT_DENSE = 1
 """The value standing for a tensor without raw bits to fingerprint (a sparse gradient)."""
+PARTIAL = 2
+"""The value standing for a ``DTensor`` still ``Partial`` (a SequenceParallel norm's gradient, whose reduction the
+optimizer's own DTensor op makes): a rank's local part is a partial sum, no replica's value. Replay checks it."""
+
+
+def _partial(t: torch.Tensor) -> bool:
+    return is_dtensor_type(type(t)) and any(pl.is_partial() for pl in getattr(t, "placements", ()))
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -59,10 +66,12 @@ def _dense(t: torch.Tensor) -> bool:
 
 def fingerprint_column(tensors: Sequence[torch.Tensor | None], device: torch.device) -> torch.Tensor:
     """One int64 per tensor on ``device`` (no host synchronisation): its fingerprint, :data:`NO_GRADIENT` for None,
-    :data:`NOT_DENSE` for a tensor that has no raw bits (raising on one rank would leave the others waiting)."""
-    items = [None if t is None else local_tensor(t) for t in tensors]
+    :data:`NOT_DENSE` for a tensor that has no raw bits (raising on one rank would leave the others waiting),
+    :data:`PARTIAL` for a ``DTensor`` not yet reduced."""
+    marks = [NO_GRADIENT if t is None else PARTIAL if _partial(t) else NOT_DENSE for t in tensors]
+    items = [None if t is None or m == PARTIAL else local_tensor(t) for t, m in zip(tensors, marks)]
     dense = [t is not None and _dense(t) for t in items]
-    out = torch.tensor([NO_GRADIENT if t is None else NOT_DENSE for t in items], dtype=torch.int64, device=device)
+    out = torch.tensor(marks, dtype=torch.int64, device=device)
     present = [t for t, d in zip(items, dense) if d]
     if present:
         out[torch.tensor(dense, device=device)] = fingerprints_on_device(present).to(device)

@@ -107,3 +107,46 @@ def test_tensor_parallel_alone_the_checksums_name_the_rank_of_a_sticky_matmul_fa
     assert not steps[AT]["commit"]
     named = [(k, s) for k, st, s in steps[AT]["incidents"] if st == AT]
     assert ("checksum", (FAULTY,)) in named and all(FAULTY in s for _, s in named), named
+
+
+def _without_fsdp(rank: int, world: int) -> str:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from sdcguard import SDCGuard
+    from sdcguard.errors import BadInput
+    from tests._tensor_parallel import TPNet, loss_fn
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    model = TPNet()
+    parallelize_module(model, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    try:
+        SDCGuard(model, loss_fn)
+    except BadInput as e:
+        return str(e)
+    return "accepted"
+
+
+@pytest.mark.timeout(200)
+def test_a_tensor_parallel_model_with_data_parallelism_but_no_fsdp_is_refused_in_one_line() -> None:
+    """The guard used to wrap it in DDP, which cannot broadcast DTensor parameters: refused on every rank alike."""
+    said = run_ranks(_without_fsdp, 4, timeout=180)
+    assert len(set(said)) == 1 and "needs FSDP2 over the data-parallel dimension" in said[0] and "\n" not in said[0]
+
+
+@pytest.mark.timeout(300)
+def test_sequence_parallel_norms_and_loss_parallel_train_as_unguarded_and_a_fault_names_the_tp_group() -> None:
+    """torchtitan's block plan (SequenceParallel norms, a vocabulary-parallel head under ``loss_parallel``): with
+    ``train_context=loss_parallel`` the replays run where the step does; the norms' gradients stay ``Partial`` until
+    the optimizer reduces them, so they are left to replay; clean steps commit, bit-identical to the unguarded run,
+    and a one-off fault in rank 1's forward is vetoed, naming the TP group (it crossed the TP collectives)."""
+    from tests._tensor_parallel import sequence_parallel_job
+
+    guarded = run_ranks(sequence_parallel_job, 2, True, None, 3, timeout=280)
+    plain = run_ranks(sequence_parallel_job, 2, False, None, 3, timeout=280)
+    assert all(commit and checked and not incidents for r in guarded for commit, _, checked, incidents in r["seen"])
+    assert [r["fingerprints"] for r in guarded] == [r["fingerprints"] for r in plain]
+    faulty = run_ranks(sequence_parallel_job, 2, True, 1, 3, timeout=280)
+    assert faulty[0]["seen"] == faulty[1]["seen"]
+    commit, _, _, incidents = faulty[0]["seen"][1]
+    assert not commit and incidents and all(1 in s for _, _, s in incidents), incidents

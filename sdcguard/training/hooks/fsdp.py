@@ -14,7 +14,7 @@ replay produces is dropped unit by unit as the next one arrives and put back as 
 replicate-dimension all-reduce of those zeros still runs (FSDP2 issues it itself).
 
 Cross-replica checks compare the local shards of the reduced gradients and of the weights between ranks that hold
-the same shard (:func:`sdcguard.training.mesh.replica_key`, from every parameter's placements): under HSDP the
+the same shard (:func:`sdcguard.training.mesh.replica_classes`, from every parameter's placements): under HSDP the
 replicate dimension; under plain FSDP every shard exists once, so there is nothing to compare (the replay covers
 each rank's computation).
 """
