@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs.blocks import Block, all_blocks
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p for p in (ROOT / "examples").iterdir() if p.suffix in (".py", ".sh"))
 
@@ -82,3 +84,12 @@ def test_the_example_runs_as_its_first_line_says(path: Path, tmp_path: Path) -> 
     assert p.returncode == 0, out[-4000:]
     missing = [pattern for pattern in EXPECTED.get(path.name, []) if not re.search(pattern, p.stdout)]
     assert not missing, f"not printed: {missing}\n{p.stdout[-4000:]}"
+    printed = p.stdout.splitlines()
+    for block in _outputs_shown(path):  # what the docs show it printing, it prints
+        for line in block.text.splitlines():
+            prefix = line[:-3] if line.endswith("...") else line
+            assert any(out.startswith(prefix) for out in printed), f"{block.where}: not printed: {line}"
+
+
+def _outputs_shown(path: Path) -> list[Block]:
+    return [b for b in all_blocks() if b.mark == "output of" and b.target == f"examples/{path.name}"]
