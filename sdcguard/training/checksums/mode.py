@@ -23,7 +23,6 @@ the dispatcher); replay and the cross-replica checks still cover them.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -32,9 +31,12 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, _get_current_dispatch_mode
 
+from ...logs import get_logger
 from .bound import DEFAULT_ROWS, check_matmul, precision_for
 
 __all__ = ["ChecksumMode", "ChecksumFailure", "MatmulCall", "Pass"]
+
+_log = get_logger("training")
 
 Pass = Literal["forward", "dX", "dW"]
 
@@ -235,11 +237,7 @@ class ChecksumMode(TorchDispatchMode):
         except RuntimeError as e:  # a call the check cannot take must not break the training step: run, not checked
             if name not in self._refused:
                 self._refused.add(name)
-                warnings.warn(
-                    f"sdcguard: could not check aten.{name} ({e}); such calls count as run, not checked",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+                _log.warning("could not check aten.%s (%s); such calls count as run, not checked", name, e)
             return
         self.checked += 1
         if out.device.type == "cpu":  # reading the count costs no sync here: recompute now, while operands live
