@@ -51,8 +51,8 @@ class Responder:
 
     def _check_store(self) -> str | None:
         """Open the store once at construction on the writer rank, so a path that cannot be written is told now,
-        not at the first incident. It only warns (the other ranks go on with the same collectives; the incidents
-        stay in ``guard.incidents``)."""
+        not at the first incident. It only logs a warning (the other ranks go on with the same collectives; the
+        incidents stay in ``guard.incidents``)."""
         if self.store is None or not self.writer:
             return None
         try:
@@ -61,11 +61,10 @@ class Responder:
             Store.open(self.store).close()
         except Exception as e:  # a bad path, a read-only or damaged store: training goes on, records in memory
             problem = " ".join(str(e).split())
-            warnings.warn(
-                f"sdcguard: SDCGuard(store={self.store!r}) cannot record incidents there: {problem}; they will be "
-                "kept in guard.incidents only",
-                RuntimeWarning,
-                stacklevel=4,
+            _log.warning(
+                "SDCGuard(store=%r) cannot record incidents there: %s; they will be kept in guard.incidents only",
+                self.store,
+                problem,
             )
             return problem
         return None
