@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "SdcguardError",
     "BadInput",
+    "Unfingerprintable",
     "StoreError",
     "SchemaTooNew",
     "GoldenDataError",
@@ -32,6 +33,11 @@ class SdcguardError(Exception):
 
 class BadInput(SdcguardError):
     """An argument or a spec could not be understood."""
+
+
+class Unfingerprintable(BadInput, TypeError):
+    """A value whose raw bits cannot be read for a fingerprint (a sparse, quantized or meta tensor, a tensor subclass
+    that holds no data of its own, an object array). Also a ``TypeError``: the value is of the wrong kind."""
 
 
 class StoreError(SdcguardError):

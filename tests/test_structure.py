@@ -79,7 +79,7 @@ CROSSING_ALLOWED = {
 
 FOLDER_LAYERS: dict[str, list[set[str]]] = {
     "sdcguard.training": [
-        {"digest", "comm", "identity"},
+        {"digest", "comm", "identity", "mesh"},
         {"hooks"},
         {"replay"},
         {"verdicts", "step_check"},
