@@ -73,6 +73,24 @@ _RUNNER = textwrap.dedent(
 )
 
 
+def _demo_store(path: Path) -> None:
+    """The ``fleet.db`` a page's blocks may open: three simulated devices scanned an hour ago, one failure, one
+    device quarantined, one training incident."""
+    from sdcguard.fleet.store.store import Store
+    from sdcguard.records import Incident
+    from tests._fleet import clean, result, scan
+
+    t = __import__("time").time() - 3600
+    with Store.open(path) as store:
+        for n in (1, 2, 3):
+            dev = f"sim:{n}"
+            scan(store, dev, [*clean(dev, 5, t=t), *([result(dev, passed=False, t=t + 9)] if n == 2 else [])], t=t)
+        store.quarantine("sim:2", reason="sticky failure", by="policy")
+        store.record_incident(
+            Incident(kind="replay", step=7, suspect_ranks=(1,), device="sim:2", detail="grads differ", time=t)
+        )
+
+
 def _python_pages() -> list[Path]:
     return [p for p in PAGES if any(b.lang == "python" and b.mark is None for b in blocks(p))]
 
@@ -81,9 +99,10 @@ def _python_pages() -> list[Path]:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("page", _python_pages(), ids=lambda p: p.name)
 def test_the_python_blocks_of_a_page_run_as_written(page: Path, tmp_path: Path) -> None:
-    """Each block in a fresh namespace (a block stands alone, as a reader copies it), one process per page, in an
-    empty directory; one intra-op thread, as the other tests' processes."""
+    """Each block in a fresh namespace (a block stands alone, as a reader copies it), one process per page, in a
+    directory holding only a small fleet store, ``fleet.db``; one intra-op thread, as the other tests' processes."""
     code = [(b.where, b.text) for b in blocks(page) if b.lang == "python" and b.mark is None]
+    _demo_store(tmp_path / "fleet.db")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     env.pop("SDCGUARD_DB", None)
     p = subprocess.run(
@@ -104,22 +123,32 @@ def test_the_python_blocks_of_a_page_run_as_written(page: Path, tmp_path: Path) 
 
 
 def _commands(text: str) -> list[str]:
-    """The command lines of a shell block: continuation lines joined, comments dropped."""
+    """The command lines of a shell block: continuation lines and lines inside an open quote joined, comments
+    dropped."""
     out: list[str] = []
     pending = ""
     for raw in text.splitlines():
-        line = raw.split(" #", 1)[0].rstrip() if not raw.lstrip().startswith("#") else ""
-        if raw.lstrip().startswith("#") or not line.strip():
-            if pending:
-                out.append(pending)
-                pending = ""
+        if not pending and (raw.lstrip().startswith("#") or not raw.strip()):
             continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
+        line = raw if pending and not _closed(pending) else raw.split(" #", 1)[0].rstrip()
+        joined = (pending + " " + line.strip()) if pending else line.strip()
+        if joined.endswith("\\"):
+            pending = joined[:-1].rstrip()
             continue
-        out.append(pending + line.strip())
+        if not _closed(joined):
+            pending = joined
+            continue
+        out.append(joined)
         pending = ""
-    return [c.strip() for c in out + ([pending] if pending else []) if c.strip()]
+    return [c for c in out + ([pending] if pending else []) if c]
+
+
+def _closed(command: str) -> bool:
+    try:
+        shlex.split(command)
+    except ValueError:  # "No closing quotation": the quoted text goes on on the next line
+        return False
+    return True
 
 
 def _parses(argv: list[str]) -> None:
@@ -162,9 +191,14 @@ def check_command(command: str) -> None:
         assert command in _launch_lines(), f"not an example's launch line: {command}"
     elif head in ("pip", "export"):
         return  # tests/test_distribution.py checks every pip line of the docs
+    elif head in OTHER_PROGRAMS:
+        return  # another program's command line (the store's SQLite tools): not ours to parse
     else:
         raise AssertionError(f"an sh block runs {head!r}, which the docs test cannot check: {command}")
 
+
+OTHER_PROGRAMS = {"sqlite3", "sqlite-utils", "datasette", "psql"}
+"""Programs whose commands the docs show (reading the store with SQLite's own tools) and this test does not check."""
 
 SH = [b for b in BLOCKS if b.lang == "sh" and b.mark is None]
 
