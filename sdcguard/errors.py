@@ -19,7 +19,12 @@ __all__ = [
     "CorruptionDetected",
     "CheckpointError",
     "CheckpointCorrupted",
+    "DISTRIBUTION",
+    "needs_extra",
 ]
+
+DISTRIBUTION = "sdcguard-fleet"
+"""What pip calls this project (PyPI's ``sdcguard`` is another project): its extras add the optional parts."""
 
 
 class SdcguardError(Exception):
@@ -78,3 +83,9 @@ class CorruptionDetected(RuntimeError):
     def __init__(self, message: str, incidents: tuple[object, ...] = ()) -> None:
         super().__init__(message)
         self.incidents = incidents
+
+
+def needs_extra(what: str, module: str, extra: str) -> BadInput:
+    """The one-line error for ``what`` when ``module``, an optional dependency from the ``extra`` extra, is absent
+    (the scan-node install has no torch and no matplotlib)."""
+    return BadInput(f"{what} needs {module}, which is not installed here: pip install '{DISTRIBUTION}[{extra}]'")

@@ -10,7 +10,9 @@ chose, and writes the planned bits back with torch indexing (on the tensor's own
 - :func:`corrupt_weights_`: one rank's weights in memory.
 - :func:`corrupt_all_reduce` and :class:`CorruptingCommHook`: a collective's result on one rank.
 
-Each returns (and the mode / hook keeps in ``records``) a :class:`TorchFaultRecord` per changed element.
+Each returns (and the mode / hook keeps in ``records``) a :class:`TorchFaultRecord` per changed element; the mode
+and the hook also keep a :class:`~sdcguard.inject.drills.DrillLog` (``.drill``) that says by the end of the run
+when they injected nothing, and why (``.drill.summary()`` says what they did).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..errors import BadInput
 from ..fingerprints import is_dtensor_type, is_wrapper_type, local_tensor
 from . import formats as _formats
+from .drills import DrillLog
 from .faults import Fault, FaultModel, FaultRecord
 from .ops import OP_FAMILIES, resolve_ops
 
@@ -302,6 +305,7 @@ class CorruptingCommHook:
         self.steps = _steps(steps)
         self.step: int | None = None
         self.records: list[TorchFaultRecord] = []
+        self.drill = DrillLog(self, rank=rank, steps=self.steps)
         if base is None:
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
@@ -311,9 +315,7 @@ class CorruptingCommHook:
         self.__name__ = self.__qualname__ = "CorruptingCommHook"
 
     def _active(self) -> bool:
-        if current_rank() != self.rank:
-            return False
-        return self.steps is None or (self.step is not None and self.step in self.steps)
+        return self.drill.gate(current_rank(), self.step)
 
     def __call__(self, state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
         fut = self.base(state, bucket)
@@ -324,7 +326,7 @@ class CorruptingCommHook:
         def corrupt(f: torch.futures.Future[Any]) -> torch.Tensor:
             value = f.value()
             t = value[0] if isinstance(value, (list, tuple)) else value
-            self.records.extend(_corrupt_segments_([(label, t)], self.model, rank=self.rank, step=step))
+            self.drill.add(self.records, _corrupt_segments_([(label, t)], self.model, rank=self.rank, step=step))
             return t
 
         return fut.then(corrupt)
@@ -385,6 +387,7 @@ class OpFaultMode(TorchDispatchMode):
         self.step: int | None = None
         """The caller's training step; set it before each step."""
         self.records: list[TorchFaultRecord] = []
+        self.drill = DrillLog(self, rank=rank, steps=self.steps, ops=ops, phase=phase)
         self._count_step: int | None = None
         self._count = 0
 
@@ -400,9 +403,7 @@ class OpFaultMode(TorchDispatchMode):
         if self.phase != "both" and phase != self.phase:
             return out
         rank = current_rank()
-        if self.rank is not None and rank != self.rank:
-            return out
-        if self.steps is not None and (self.step is None or self.step not in self.steps):
+        if not self.drill.gate(rank, self.step):
             return out
         target = out[self.output] if isinstance(out, (tuple, list)) else out
         if not _supported(target) or is_wrapper_type(type(target)):
@@ -413,7 +414,8 @@ class OpFaultMode(TorchDispatchMode):
         self._count += 1
         if self.occurrence is not None and occurrence != self.occurrence:
             return out
-        self.records.extend(
+        self.drill.add(
+            self.records,
             _corrupt_segments_(
                 [(f"aten.{func.overloadpacket.__name__}", target)],
                 self.model,
@@ -421,6 +423,6 @@ class OpFaultMode(TorchDispatchMode):
                 step=self.step,
                 phase=phase,
                 occurrence=occurrence,
-            )
+            ),
         )
         return out

@@ -64,7 +64,7 @@ class SlowWatch:
 
     threshold: float = 0.25
     """Named when the lower bound of its median slowdown exceeds ``1 + threshold`` (25% slower than its
-    neighbours; the README says why not 20%: ``benchmarks/slow_training.py``)."""
+    neighbours; docs/guard.md says why not 20%: ``benchmarks/slow_training.py``)."""
     confidence: float = 0.9
     """Confidence of that lower bound."""
     window: int = 9

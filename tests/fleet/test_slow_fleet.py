@@ -199,7 +199,7 @@ def test_the_report_puts_slow_beside_status_in_json_csv_families_html_and_promet
         head = table[0]
         assert {"slow", "slowdown", "slow_basis", "slow_confidence", "family"} <= set(head)
         slow_rows = [r for r in table[1:] if r[head.index("device")] == "cpu:vm:1"]
-        assert all(r[head.index("slow")] == "True" for r in slow_rows)
+        assert all(r[head.index("slow")] == "true" for r in slow_rows)
         prom = render_textfile(store, now=NOW)
         assert 'sdcguard_device_slow{gpu="1",UUID="cpu:vm:1"' in prom and prom.count("sdcguard_slowdown_ratio{") == 2
         page = build_html(store, since=NOW - 86400, window="1d", now=NOW)
