@@ -184,7 +184,7 @@ def _run(args: argparse.Namespace, base: Path, fleet_db: Any) -> None:
     node_paths = [nodes_dir / f"{h}.db" for h in hosts]
 
     stats, t_merge, c_merge = _timed(lambda: merge_stores(fleet_db, node_paths))
-    with Store.open(fleet_db, create=False) as store:
+    with Store.open(fleet_db, create=False, readonly=True) as store:
         merged_rows, t_count0, c_count0 = _timed(lambda: store.row_count("results"))
     print(
         f"1. {len(node_paths):,} node stores of {args.merge_days} days ({scans:,} scans of {len(DEFAULT_CASES)} "
@@ -263,7 +263,7 @@ def _size(fleet_db: Any) -> int:
 
 def _measure(fleet_db: Any, now: float, keep: int) -> None:
     size = _size(fleet_db)
-    with Store.open(fleet_db, create=False) as store:
+    with Store.open(fleet_db, create=False, readonly=True) as store:
         rows, t_count, c_count = _timed(lambda: store.row_count("results"))
         print(
             f"store: {size / 1e6:.0f} MB; {rows:,} result rows (the last {keep} days), "

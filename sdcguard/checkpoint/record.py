@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from ..errors import CheckpointCorrupted, CheckpointError
-from ..fingerprints import combine, fingerprint_many
-from ..training.hooks.taps import local
+from ..fingerprints import combine, fingerprint_many, local_tensor
+from ..logs import get_logger
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
@@ -41,6 +41,8 @@ __all__ = [
     "file_fingerprint",
     "bytes_fingerprint",
 ]
+
+_log = get_logger("checkpoint")
 
 FORMAT = "sdcguard-checkpoint/1"
 
@@ -65,7 +67,7 @@ def _entries(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 def _local(key: str, t: torch.Tensor) -> tuple[str, torch.Tensor]:
     """This rank's part of ``t``, keyed by the shard's coordinates in its mesh when ``t`` is sharded."""
-    shard = local(t)
+    shard = local_tensor(t)
     if shard is t:
         return key, t
     coords: Sequence[int] = cast("DTensor", t).device_mesh.get_coordinate() or []  # a DTensor: it has to_local
@@ -88,11 +90,9 @@ def make_record(per_rank: Sequence[dict[str, int]], *, step: int | None, verifie
             table.setdefault(key, {}).setdefault(f"{value:016x}", []).append(rank)
     split = sorted(k for k, v in table.items() if len(v) > 1)
     if split:
-        warnings.warn(
-            f"sdcguard: the ranks held different values of {', '.join(split[:5])} when saving: replicas "
-            "disagree (see guard.incidents)",
-            RuntimeWarning,
-            stacklevel=3,
+        _log.warning(
+            "the ranks held different values of %s when saving: replicas disagree (see guard.incidents)",
+            ", ".join(split[:5]),
         )
     digest = f"{combine([int(min(table[k]), 16) for k in sorted(table)]):016x}"
     return {

@@ -20,7 +20,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["Comm", "comm_device", "send_object", "recv_object", "send_stop", "send_tensors", "recv_tensors_", "STOP"]
+__all__ = [
+    "Comm", "comm_device", "send_object", "recv_object", "send_stop", "send_tensors", "recv_tensors_", "send_tensor",
+    "irecv_tensor", "STOP",
+]  # fmt: skip
 
 STOP = -1
 """Length field of the stop message that :func:`send_stop` sends and :func:`recv_object` returns as ``None``."""
@@ -119,6 +122,34 @@ class Comm:
             if buf is not t:
                 t.copy_(buf)
 
+    def all_true(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on every member (one small all-reduce)."""
+        if self.alone:
+            return flag
+        box = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
+        dist.all_reduce(box, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(box.item())
+
+    def barrier(self) -> None:
+        """Wait until every member is here."""
+        if not self.alone:
+            dist.barrier(group=self.group)
+
+    @classmethod
+    def of(cls, ranks: Sequence[int]) -> Comm:
+        """The group of these global ranks (the world when they are all of it); only they call it."""
+        if not (dist.is_available() and dist.is_initialized()) or sorted(ranks) == list(range(dist.get_world_size())):
+            return cls()
+        return cls(dist.new_group(sorted(ranks), use_local_synchronization=True))
+
+    def split(self, groups: Sequence[Sequence[int]]) -> Comm:
+        """This member's group among ``groups`` (global ranks; every member of this group is in exactly one of
+        them), created collectively: every member calls it with the same ``groups``."""
+        if self.alone or len(groups) == 1:
+            return self
+        group, _ = dist.new_subgroups_by_enumeration([sorted(g) for g in groups])
+        return Comm(group)
+
     def exchange_objects(self, obj: Any, dst: int, src: int) -> Any:
         """Send ``obj`` to member ``dst`` and receive one object from member ``src`` (a ring step: no deadlock)."""
         if self.alone or (dst == src == self.index):
@@ -185,3 +216,15 @@ def recv_tensors_(tensors: Sequence[torch.Tensor], src: int) -> None:
         dist.recv(buf, src=src)
         if buf is not t:
             t.copy_(buf)
+
+
+def send_tensor(tensor: torch.Tensor, dst: int) -> None:
+    """Send one tensor to global rank ``dst`` (blocking), from the communication device."""
+    device = comm_device(None)
+    dist.send(tensor if tensor.device == device else tensor.to(device), dst)
+
+
+def irecv_tensor(tensor: torch.Tensor, src: int) -> Any:
+    """Post a non-blocking receive into ``tensor`` (on the communication device) from global rank ``src``; the
+    returned work completes when it has arrived."""
+    return dist.irecv(tensor, src=src)

@@ -5,13 +5,16 @@ micro-batch differently without any fault)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from ..devices import cpu_id, gpu_id
+from ..devices import cpu_id, gpu_id, hostname
+from .comm import Comm
 
-__all__ = ["local_device_id", "setup_key"]
+__all__ = ["local_device_id", "setup_key", "RankIdentity", "JobView", "introduce"]
 
 
 def local_device_id(device: torch.device | None = None) -> str:
@@ -42,3 +45,71 @@ def setup_key(device: torch.device | None = None) -> tuple[str, ...]:
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
         return (torch.__version__, props.name, f"sm_{props.major}{props.minor}", str(torch.version.cuda), str(cudnn))
     return (torch.__version__, "cpu", torch.backends.cpu.get_cpu_capability())
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankIdentity:
+    """What a rank tells the others when the guard starts (its part of the guard's first gather)."""
+
+    device: str | None
+    """Its device id (:func:`local_device_id`)."""
+    host: str
+    replica_key: Hashable
+    """Its key in each replica class of the parameters (:func:`~.mesh.replica_classes`): ranks with equal keys in a
+    class hold the same data of that class."""
+    setup: tuple[str, ...]
+    """What decides its kernels (:func:`setup_key`)."""
+    coords: tuple[tuple[str, int], ...] = ()
+    """Its coordinate on each named dimension of the job's device mesh (:mod:`.mesh`); empty without one."""
+    job: str
+    """The job id it would give the job (the first rank's is the job's)."""
+
+
+@dataclass(frozen=True)
+class JobView:
+    """Every rank's identity, by global rank, as every rank holds it after :func:`introduce`."""
+
+    ranks: dict[int, RankIdentity]
+    order: tuple[int, ...]
+    """The global ranks in the order of the gather's group."""
+
+    @property
+    def job(self) -> str:
+        """The job's id: the one the group's first rank gave."""
+        return self.ranks[self.order[0]].job
+
+    @property
+    def identities(self) -> dict[int, tuple[str | None, str]]:
+        """Global rank -> (device id, host)."""
+        return {g: (r.device, r.host) for g, r in self.ranks.items()}
+
+    @property
+    def coordinates(self) -> dict[int, tuple[tuple[str, int], ...]]:
+        """Global rank -> its mesh coordinates."""
+        return {g: r.coords for g, r in self.ranks.items()}
+
+    @property
+    def setups(self) -> dict[int, tuple[str, ...]]:
+        """Global rank -> what its device runs."""
+        return {g: r.setup for g, r in self.ranks.items()}
+
+    def keys(self, members: Sequence[int]) -> list[tuple[Hashable, ...]]:
+        """The replica keys (one per class) of ``members`` (global ranks), in their order; a rank without any (a
+        dedicated shadow) has none."""
+        out: list[tuple[Hashable, ...]] = []
+        for g in members:
+            key = self.ranks[g].replica_key
+            out.append(tuple(key) if isinstance(key, tuple) else (key,))
+        return out
+
+
+def introduce(
+    comm: Comm, device: torch.device, replica_key: Hashable, job: str, coords: tuple[tuple[str, int], ...] = ()
+) -> JobView:
+    """Every member's identity (collective over ``comm``: one gather, when the guard starts)."""
+    me = RankIdentity(
+        device=local_device_id(device), host=hostname(), replica_key=replica_key, setup=setup_key(device), job=job,
+        coords=coords,
+    )  # fmt: skip
+    everyone: list[RankIdentity] = comm.gather_objects(me)
+    return JobView(ranks=dict(zip(comm.members, everyone)), order=tuple(comm.members))

@@ -14,14 +14,16 @@ import contextlib
 import json
 import os
 import sys
-import warnings
 from dataclasses import asdict
 
 from ..errors import CorruptionDetected
+from ..logs import get_logger
 from ..records import PASSIVE_KINDS, Incident
 from .config import EXIT_RESTART, EXIT_SUSPECT_DEVICE, Escalate, OnDetect
 
 __all__ = ["Responder"]
+
+_log = get_logger("training")
 
 
 class Responder:
@@ -44,6 +46,28 @@ class Responder:
         self.escalate = escalate
         self.job = job
         self.incidents: list[Incident] = []
+        self.store_problem: str | None = self._check_store()
+        """Why ``store`` cannot take this job's records (None: it can, or there is none, or not this rank's)."""
+
+    def _check_store(self) -> str | None:
+        """Open the store once at construction on the writer rank, so a path that cannot be written is told now,
+        not at the first incident. It only logs a warning (the other ranks go on with the same collectives; the
+        incidents stay in ``guard.incidents``)."""
+        if self.store is None or not self.writer:
+            return None
+        try:
+            from ..fleet.store.spool import open_writer
+
+            open_writer(self.store).close()  # a server's store is not reached here: while it is away, its spool
+        except Exception as e:  # a bad path, a read-only or damaged store: training goes on, records in memory
+            problem = " ".join(str(e).split())
+            _log.warning(
+                "SDCGuard(store=%r) cannot record incidents there: %s; they will be kept in guard.incidents only",
+                self.store,
+                problem,
+            )
+            return problem
+        return None
 
     def handle(self, found: list[Incident], *, escalate: list[Incident] | None = None) -> None:
         """Keep and record ``found``; raise or exit when ``on_detect`` says so and something names a device, or
@@ -82,11 +106,7 @@ class Responder:
                     checkpoint_id=checkpoint_id, step=step, verified=verified, digest=digest, job=self.job
                 )
         except Exception as e:  # never crash training over bookkeeping
-            warnings.warn(
-                f"sdcguard: could not record checkpoint {checkpoint_id} in {self.store}: {e}",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+            _log.warning("could not record checkpoint %s in %s: %s", checkpoint_id, self.store, e)
 
     def _record(self, found: list[Incident]) -> None:
         if self.store is None or not self.writer:
@@ -98,9 +118,6 @@ class Responder:
                 for incident in found:
                     store.record_incident(incident)
         except Exception as e:  # never crash training over bookkeeping: the incident stays in memory
-            warnings.warn(
-                f"sdcguard: could not record {len(found)} incident(s) in {self.store}: {e}; "
-                "they are kept in guard.incidents",
-                RuntimeWarning,
-                stacklevel=4,
+            _log.warning(
+                "could not record %d incident(s) in %s: %s; they are kept in guard.incidents", len(found), self.store, e
             )

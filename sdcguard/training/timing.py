@@ -40,8 +40,18 @@ import torch
 from ..medians import median_lower_bound
 from ..records import SLOW_KIND, Incident
 from .rounds.pairing import peer_source, peer_target
+from .step_check import CheckResult, StepState
 
-__all__ = ["SlowWatch", "RankSlowness", "PhaseClock", "SlowJudge", "pair_slowdowns", "COLUMNS"]
+__all__ = [
+    "SlowWatch",
+    "RankSlowness",
+    "PhaseClock",
+    "IdleClock",
+    "TimingCheck",
+    "SlowJudge",
+    "pair_slowdowns",
+    "COLUMNS",
+]
 
 COLUMNS = 6
 """int64 columns every rank adds to every step's gather: the sample the figures belong to (-1: none), original and
@@ -54,7 +64,7 @@ class SlowWatch:
 
     threshold: float = 0.25
     """Named when the lower bound of its median slowdown exceeds ``1 + threshold`` (25% slower than its
-    neighbours; the README says why not 20%: ``benchmarks/slow_training.py``)."""
+    neighbours; docs/guard.md says why not 20%: ``benchmarks/slow_training.py``)."""
     confidence: float = 0.9
     """Confidence of that lower bound."""
     window: int = 9
@@ -197,6 +207,50 @@ class PhaseClock:
         self._pending_spans = None
 
 
+class IdleClock(PhaseClock):
+    """The clock of a guard that does not time (``slow=None``, dedicated shadows, one rank): every call does
+    nothing, so the guard calls the clock alike either way."""
+
+    def __init__(self) -> None:
+        super().__init__(torch.device("cpu"))
+
+    def begin_step(self) -> None:
+        pass
+
+    def end_compute(self, sample: int | None) -> None:
+        pass
+
+    @contextmanager
+    def replay(self) -> Iterator[None]:
+        yield
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        yield
+
+    def end_step(self) -> None:
+        pass
+
+
+class TimingCheck:
+    """Slowness as a step check (:mod:`sdcguard.training.step_check`, slice ``"timing"``): the previous step's
+    figures ride this step's gather; a ``slow`` incident never vetoes."""
+
+    name = "timing"
+
+    def __init__(self, clock: PhaseClock, judge: SlowJudge, device: torch.device) -> None:
+        self.clock = clock
+        self.judge = judge
+        self.device = device
+
+    def columns(self, state: StepState) -> torch.Tensor:
+        self.clock.settle()
+        return torch.tensor(self.clock.columns(), dtype=torch.int64, device=self.device)
+
+    def conclude(self, state: StepState, rows: Sequence[Sequence[int]]) -> CheckResult:
+        return CheckResult(incidents=tuple(self.judge.observe(state.step, rows)))
+
+
 def pair_slowdowns(sample: int, original: Sequence[int], replayed: Sequence[int]) -> list[float | None]:
     """Per rank: its speed against the ranks that computed the same micro-batches at this sample (see the module
     docstring); None where a figure is missing."""
@@ -224,9 +278,14 @@ class SlowJudge:
         *,
         job: str | None,
         job_size: int,
+        slices: Sequence[Sequence[int]] | None = None,
     ) -> None:
         self.watch = watch
         self.members = list(members)
+        """The ranks whose rows the gathered table holds, in its order."""
+        self.slices = [list(s) for s in slices] if slices is not None else [self.members]
+        """The data-parallel groups whose ranks computed each other's micro-batches (tensor parallelism: one per
+        shard); without one, every member."""
         self.identities = identities
         self.job = job
         self.job_size = job_size
@@ -239,15 +298,19 @@ class SlowJudge:
     def observe(self, step: int, table: Sequence[Sequence[int]]) -> list[Incident]:
         """The timing columns of one gather (one row per rank, :data:`COLUMNS` each): incidents for newly slow
         ranks."""
-        for g, row in zip(self.members, table):
+        rows = dict(zip(self.members, table))
+        for g, row in rows.items():
             self.last_phases[g] = (int(row[3]), int(row[4]), int(row[5]))
         samples = {int(row[0]) for row in table}
         if len(samples) != 1 or -1 in samples or len(table) < 2:
             return []
         (sample,) = samples
-        ratios = pair_slowdowns(sample, [int(r[1]) for r in table], [int(r[2]) for r in table])
+        ratios: list[tuple[int, float | None]] = []
+        for s in self.slices:
+            got = pair_slowdowns(sample, [int(rows[g][1]) for g in s], [int(rows[g][2]) for g in s])
+            ratios += list(zip(s, got))
         found = []
-        for g, x in zip(self.members, ratios):
+        for g, x in ratios:
             if x is None:
                 continue
             h = self.history[g]

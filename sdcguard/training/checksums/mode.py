@@ -23,7 +23,6 @@ the dispatcher); replay and the cross-replica checks still cover them.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -32,9 +31,13 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, _get_current_dispatch_mode
 
+from ...fingerprints import is_dtensor_type, is_wrapper_type
+from ...logs import get_logger
 from .bound import DEFAULT_ROWS, check_matmul, precision_for
 
 __all__ = ["ChecksumMode", "ChecksumFailure", "MatmulCall", "Pass"]
+
+_log = get_logger("training")
 
 Pass = Literal["forward", "dX", "dW"]
 
@@ -195,7 +198,13 @@ class ChecksumMode(TorchDispatchMode):
         self._hooks = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if any(is_dtensor_type(t) for t in types):
+            # A DTensor op: let DTensor dispatch, with this mode still active, to the plain ops it runs on this rank's
+            # shards, which are the matmuls this rank computes and the ones checked.
+            return NotImplemented
         kwargs = kwargs or {}
+        if any(is_wrapper_type(t) for t in types):  # fake tensors of DTensor's sharding propagation: no data
+            return func(*args, **kwargs)
         out = func(*args, **kwargs)
         kind = _KINDS.get(func)
         if kind is None:  # most ops of a step: nothing to do, decided once per op
@@ -235,11 +244,7 @@ class ChecksumMode(TorchDispatchMode):
         except RuntimeError as e:  # a call the check cannot take must not break the training step: run, not checked
             if name not in self._refused:
                 self._refused.add(name)
-                warnings.warn(
-                    f"sdcguard: could not check aten.{name} ({e}); such calls count as run, not checked",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+                _log.warning("could not check aten.%s (%s); such calls count as run, not checked", name, e)
             return
         self.checked += 1
         if out.device.type == "cpu":  # reading the count costs no sync here: recompute now, while operands live

@@ -202,9 +202,10 @@ class PostgresBackend:
         except psycopg.Error as e:
             raise StoreError(f"fleet store {self.name}: {_first_line(e)}") from None
 
-    def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> psycopg.Cursor[Any]:
+    def fetch(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple[list[str], list[tuple[Any, ...]]]:
         try:
-            return self.conn.execute(sql, params)
+            cur = self.conn.execute(sql, params)
+            return [c.name for c in cur.description or ()], cur.fetchall()
         except psycopg.OperationalError as e:
             raise StoreUnreachable(f"fleet store {self.name}: {_first_line(e)}") from None
         except psycopg.Error as e:
