@@ -146,6 +146,11 @@ def main() -> None:
     )
     ap.add_argument("--cli-only", action="store_true", help="with --measure: only the CLI report's runs")
     ap.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite", help="the fleet store's backend")
+    ap.add_argument(
+        "--via-file",
+        action="store_true",
+        help="the node stores merged into a fleet file, the file into the server once (then no day carried on)",
+    )
     args = ap.parse_args()
     if args.measure is not None:
         print(f"3. {args.measure}, recorded by an earlier run that ended today:")
@@ -183,6 +188,9 @@ def _run(args: argparse.Namespace, base: Path, fleet_db: Any) -> None:
     build_nodes = time.perf_counter() - t0
     node_paths = [nodes_dir / f"{h}.db" for h in hosts]
 
+    if args.via_file:
+        _via_file(base / "fleet.db", fleet_db, node_paths, scans, build_nodes, args)
+        return
     stats, t_merge, c_merge = _timed(lambda: merge_stores(fleet_db, node_paths))
     with Store.open(fleet_db, create=False, readonly=True) as store:
         merged_rows, t_count0, c_count0 = _timed(lambda: store.row_count("results"))
@@ -238,6 +246,29 @@ def _run(args: argparse.Namespace, base: Path, fleet_db: Any) -> None:
             store.vacuum()
         print(f"\n3. the same store pruned further, to {keep} days of rows:")
         _measure(fleet_db, now, keep)
+
+
+def _via_file(file_db: Path, fleet_db: Any, node_paths: list[Path], scans: int, build_s: float, args: Any) -> None:
+    """``--via-file``: the node stores merged into a SQLite fleet file, that file merged into the server in one
+    transaction (what a fleet moving from files to a server does once), then the measurements."""
+    stats, t_merge, c_merge = _timed(lambda: merge_stores(file_db, node_paths))
+    (load,), t_load, c_load = _timed(lambda: merge_stores(fleet_db, [file_db]))
+    with Store.open(fleet_db, create=False, readonly=True) as store:
+        rows, t_count, c_count = _timed(lambda: store.row_count("results"))
+    print(
+        f"1. {len(node_paths):,} node stores of {args.merge_days} days ({scans:,} scans of {len(DEFAULT_CASES)} "
+        f"cases, recorded in {build_s:.0f} s on {args.workers} processes), merged into a fleet file, the file "
+        "merged into the server:"
+    )
+    print(f"{'':48}{'wall':>9}{'CPU':>9}")
+    _row(f"SELECT COUNT(*) FROM results ({rows:,} rows)", t_count, c_count)
+    _row(f"merge {len(node_paths):,} node stores into the file", t_merge, c_merge)
+    _row(f"merge the file into the server ({load.results:,} rows)", t_load, c_load, t_count)
+    print(
+        f"\n2. measured at {args.merge_days} days of {args.devices:,} devices ({sum(s.scans for s in stats):,} scans):"
+    )
+    now = time.time()
+    _measure(fleet_db, now, args.keep_days)
 
 
 SERVER_SETTINGS = {
