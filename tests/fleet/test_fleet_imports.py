@@ -1,5 +1,6 @@
-"""The fleet side stays light and in shape: no torch or cupy, SQL only in the store, no import cycles, no private
-names borrowed across modules, and the public names load lazily from ``sdcguard``."""
+"""The fleet side stays light and in shape: no torch or cupy, SQL only in the store (psycopg only in its PostgreSQL
+backend), no import cycles, no private names borrowed across modules, and the public names load lazily from
+``sdcguard``."""
 
 from __future__ import annotations
 
@@ -81,3 +82,23 @@ def test_no_private_name_crosses_a_module() -> None:
             ):
                 private = [a.name for a in node.names if a.name.startswith("_") and a.name not in _OWN_EXTENSIONS]
                 assert not private, f"{path.relative_to(ROOT)} imports private {private} from {node.module}"
+
+
+def test_psycopg_is_the_postgresql_backends_alone_and_a_sqlite_store_never_imports_it(tmp_path: Path) -> None:
+    for path in sorted((ROOT / "sdcguard").rglob("*.py")) + sorted((ROOT / "fleet_scan").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(("sdcguard/fleet/store/postgres/", "sdcguard/testing/")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not [n for n in names if n.split(".")[0] == "psycopg"], rel
+    code = (
+        "import sys\nfrom sdcguard.fleet.store.spool import open_writer\nfrom sdcguard.fleet.report.devices import "
+        f"build_report\nwith open_writer({str(tmp_path / 's.db')!r}) as s:\n    build_report(s, since=None)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('psycopg')))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]"
