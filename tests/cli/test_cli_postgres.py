@@ -107,3 +107,17 @@ def test_a_scan_while_the_server_is_away_is_spooled_then_forwarded(tmp_path: Pat
             assert f"+{expected} scans" in q.stdout
         with Store.open(url) as s:
             assert [(t.device, t.executions) for t in s.tallies(by="device")] == [(device, executions)]
+
+
+def test_libpq_settings_pass_through_tls_among_them(pg_server: PostgresServer) -> None:
+    """The URL's libpq settings reach libpq as they are: sslmode=require against this server (which has no TLS)
+    is refused by libpq, where the same URL without it reads the store; and PG* variables work as well."""
+    schema = pg_server.fresh_url().split("search_path%3D")[1]
+    url = pg_server.url(schema=schema, tcp=True)
+    Store.open(url).close()
+    code, _, err = _run("--db", url + "&sslmode=require", "report")
+    assert code == 2 and "SSL" in err and err.count("\n") == 1
+    code, _, err = _run("--db", url + "&sslmode=disable", "report", "--format", "json")
+    assert code == 0, err
+    code, _, err = _run("--db", url, "report", env={"PGSSLMODE": "require"})
+    assert code == 2 and "SSL" in err
