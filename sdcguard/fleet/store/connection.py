@@ -197,6 +197,14 @@ class Backend(Protocol):
 
     def vacuum(self) -> None: ...
 
+    def analyze(self, temp_table: str) -> None:
+        """Inside a transaction: give the planner the statistics of a temporary table just filled."""
+        ...
+
+    def refresh_statistics(self) -> None:
+        """After a merge: the planner's statistics of the tables it changed much."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -358,6 +366,12 @@ class SqliteBackend:
 
     def vacuum(self) -> None:
         self.retry(lambda: self.conn.execute("VACUUM"))
+
+    def analyze(self, temp_table: str) -> None:
+        """Nothing: SQLite's plans of the store's temporary tables need no statistics."""
+
+    def refresh_statistics(self) -> None:
+        """Nothing: SQLite's plans follow its indexes (and ``INDEXED BY``)."""
 
     def close(self) -> None:
         try:

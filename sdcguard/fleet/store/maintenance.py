@@ -63,7 +63,9 @@ class StoreMaintenance(StoreBase):
 
             with self._write() as conn:
                 copy_merge_input(conn, Path(path), full=full, lock=self._backend.lock)
-                return self._merge_attached(str(path), full=full)
+                stats = self._merge_attached(str(path), full=full)
+            self._backend.refresh_statistics()
+            return stats
         conn = self._conn
         conn.execute("ATTACH DATABASE ? AS src", (read_only_uri(Path(path)),))
         try:
@@ -83,7 +85,13 @@ class StoreMaintenance(StoreBase):
         self._lock_devices(r[0] for r in conn.execute("SELECT id FROM src.devices").fetchall())
         devices = merge_devices(conn)
         new_scans, results, skipped, late = merge_scans(
-            conn, after["scans"], reopened, horizon, self._lock_devices, late_ok=not full and "scans" not in rewound
+            conn,
+            after["scans"],
+            reopened,
+            horizon,
+            self._lock_devices,
+            late_ok=not full and "scans" not in rewound,
+            analyze=self._backend.analyze,
         )
         for day in late:  # what the merge brought from before the horizon goes to the roll-ups at once
             _prune_day(conn, day * _DAY_S, min((day + 1) * _DAY_S, horizon))

@@ -62,16 +62,19 @@ def merge_scans(
     lock: Callable[[Iterable[str]], None],
     *,
     late_ok: bool,
+    analyze: Callable[[str], None] = lambda table: None,
 ) -> tuple[int, int, int, list[int]]:
     """New scans and those still open at the last merge, with their rows; ``(new scans, new rows, skipped, late
     days)``. ``lock``: takes the devices' locks (:meth:`~.connection.StoreBase._lock_devices`) before their
-    tallies change.
+    tallies change. ``analyze``: gives the planner the size of a temporary table just filled (a server's planner
+    otherwise takes it for a large one and reads the store's results whole).
 
     A scan older than the output's retention horizon is in its roll-ups already when an earlier merge took it;
     one past the watermark never was (an input that was away longer than the retention: a spool forwarded after
     a long outage), so with ``late_ok`` (the watermark holds: not ``full``, not rewound) it is merged like the
     others, and the days it started on (``late days``) are for the caller to roll up at once."""
     skipped, late_days = _select_scans(conn, scans_after, reopened, horizon, late_ok=late_ok)
+    analyze("merge_scans")
     lock(
         r[0]
         for r in conn.execute(
