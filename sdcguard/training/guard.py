@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ..errors import BadInput
+from ..fingerprints import is_dtensor_type
 from ..logs import RankLogger, get_logger
 from ..records import Incident
 from .checksums.bound import DEFAULT_ROWS
@@ -40,14 +41,17 @@ from .checksums.mode import ChecksumMode
 from .checksums.round import ChecksumCheck
 from .comm import Comm
 from .config import DEFAULT_CHECKSUM_EVERY, Escalate, GuardConfig, OnDetect, StepReport
-from .hooks.ddp import ParamTaps, is_ddp, wrap_ddp
-from .hooks.fsdp import FSDPTaps, is_fsdp
-from .hooks.wrappers import has_compiled_regions, peel, refuse_unsupported, unwrap_to_ddp
+from .hooks.choice import choose_taps
+from .hooks.ddp import wrap_ddp
+from .hooks.fsdp import is_fsdp
+from .hooks.wrappers import has_compiled_regions
 from .identity import JobView, introduce, parameter_signature
-from .mesh import Layout, build_layout, mesh_coordinates, mesh_ranks, replica_classes
+from .mesh import STAGE_DIMS, Layout, build_layout, mesh_coordinates, mesh_ranks, replica_classes
+from .notices import construction_notices
 from .replay.capture import Batch, RngHook, capture_rng, make_capture
 from .replay.observe import StepObserver
 from .replay.recompute import LossFn, Replayer, check_loss
+from .replay.stage import StageObserver
 from .replica import GradientReplicaCheck, ReplicaPhases, WeightCheck
 from .response import Responder
 from .rounds.peer import PeerRound
@@ -124,7 +128,8 @@ class SDCGuard:
             checksum_rows=checksum_rows,
         )  # fmt: skip
         self.loss_fn = loss_fn
-        self.model, self.module, self.taps = self._wire(model)
+        wiring = choose_taps(model, dedicated_shadows=self.config.shadows != "peer")
+        self.model, self.module, self.taps, self._ddp = model, wiring.core, wiring.taps, wiring.ddp
         self.params = list(self.taps.params)
         self.device = self.params[0].device
         self._step: int | None = None
@@ -140,7 +145,8 @@ class SDCGuard:
         self._responder = Responder(
             on_detect, self.config.store, rank=self.rank, writer=speaks, escalate=escalate, job=self.job
         )
-        self._observer = StepObserver(self.taps, rank=self.dp_rank, device=self.device, rng_hook=rng_hook)
+        observer = StageObserver if self.layout.stages else StepObserver
+        self._observer = observer(self.taps, rank=self.dp_rank, device=self.device, rng_hook=rng_hook)
         timed = slow is not None and not self.shadow_ranks and self.role == "worker" and self.layout.width > 1
         self._clock = PhaseClock(self.device) if timed else IdleClock()
         self._train_context = train_context
@@ -178,6 +184,8 @@ class SDCGuard:
         self._frozen = [(n, p) for n, p in self.module.named_parameters() if not p.requires_grad]
         """Parameters nothing trains (a LoRA job's base): in the weight check (:class:`~.replica.WeightCheck`)."""
         classes, keys = replica_classes([*self.params, *(p for _, p in self._frozen)])
+        stage = tuple((d, c) for d, c in coords if d in STAGE_DIMS)
+        keys = tuple(tuple(sorted((*k, *stage))) for k in keys)  # a pipeline stage's replicas hold the same layers
         world = Comm() if self.shadow_ranks else self.job_comm
         signature = parameter_signature(list(zip(self.taps.param_names, self.params)))
         view = introduce(world, self.device, keys, launcher_job_id() or new_job_id(), coords, signature)
@@ -245,35 +253,13 @@ class SDCGuard:
                 f"group holds ranks {sorted(Comm(group).members)}, but this rank's data-parallel replicas in the "
                 f"device mesh are {sorted(self.members)}: pass the mesh's data-parallel group, or none"
             )
-        if self.layout.width > 1 and not is_fsdp(self.module) and self._ddp is None:
+        dtensors = any(is_dtensor_type(type(p)) for p in self.params)
+        if dtensors and self.layout.width > 1 and not is_fsdp(self.module) and self._ddp is None:
             raise BadInput(
                 f"a tensor-parallel model with {self.layout.width} data-parallel replicas needs FSDP2 over the "
                 "data-parallel dimension (fully_shard(model, mesh=mesh['dp'])) to reduce its gradients; the guard "
                 "does not wrap DTensor parameters in DDP"
             )
-
-    def _wire(self, model: nn.Module) -> tuple[nn.Module, nn.Module, ParamTaps | FSDPTaps]:
-        """``(the model as the loop calls it, the module inside its wrappers, the hooks)``; a compiled model is
-        unwrapped to find what it wraps, and replays through its compiled code (:mod:`.hooks.wrappers`)."""
-        refuse_unsupported(model)
-        core, layers = peel(model)
-        compiled_outside = layers[:1] == ("compiled",)
-        self._ddp = unwrap_to_ddp(model) if "ddp" in layers else None
-        """The model's own DDP wrapper, when it has one (also inside ``torch.compile``)."""
-        if is_fsdp(core):
-            if self.config.shadows != "peer":
-                raise BadInput("dedicated shadows replay a whole model on one device: use peer mode with FSDP2")
-            return model, core, FSDPTaps(core, replay_module=model if compiled_outside else None)
-        named = [(n, p) for n, p in core.named_parameters() if p.requires_grad]
-        if not named:
-            raise BadInput("the model has no parameter that requires a gradient")
-        if "ddp" in layers and compiled_outside:  # torch.compile(DDP(m)): replay the compiled code, DDP quiet
-            assert self._ddp is not None
-            return model, core, ParamTaps(core, named, replay_module=model, replay_context=self._ddp.no_sync)
-        inner = model
-        while is_ddp(inner):  # replays skip DDP's reducer: what DDP wraps (compiled, when it is)
-            inner = inner.module
-        return model, core, ParamTaps(core, named, replay_module=inner)
 
     def _may_record_ops(self) -> bool:
         """Whether settling reruns may run under the op recorder (a dispatch mode): not when they run collectives
@@ -290,25 +276,13 @@ class SDCGuard:
         )  # fmt: skip
 
     def _warn_setup(self) -> None:
-        if self.role == "worker" and self.job_comm.index == 0 and self.job_comm.size > 1 and not self._replica.active:
-            self.log.warning(
-                "no two ranks hold the same shard of any parameter (FSDP2 over every rank, or FSDP2 x TP without a "
-                "replicate dimension): the cross-replica checks have nothing to compare; replay and the matmul "
-                "checksums check the computation, and a weight shard corrupted in memory is seen only by replay"
-            )
-        if self.role == "worker" and (problems := setup_warnings(self.device)):
-            self.log.warning(
-                "replays on CUDA will not be bit-identical, so replay checks will turn themselves off: %s",
-                "; ".join(problems),
-            )
-        if self.role == "worker" and self.dp_rank == 0 and len(set(self.setups.values())) > 1:
-            kinds = sorted({", ".join(v) for v in self.setups.values()})
-            self.log.warning(
-                "the devices of this job run different setups (%s); replays between devices of different setups may "
-                "differ without any fault, and such a disagreement is reported as the setup's, never blamed on a "
-                "device",
-                " | ".join(kinds),
-            )
+        if self.role != "worker":
+            return
+        for notice in construction_notices(
+            speaks=self.job_comm.index == 0, replicas=self._replica.active, job_size=self.job_comm.size,
+            cuda_problems=setup_warnings(self.device), setups=self.setups,
+        ):  # fmt: skip
+            self.log.warning("%s", notice)
 
     # ------------------------------------------------------------------------------------------- the step
 
@@ -468,15 +442,12 @@ class SDCGuard:
         report, j = calibrate(
             self.comm, self._replayer, cap, self.device, record_ops=self._may_record_ops(), setups=self.setups
         )  # every slice at once: a tensor-parallel group computes its micro-batch together
-        slices = [(report, j, self.members[0])]
+        runs = [(report, j, self.members[0])]
         if self.layout.meshed:  # every rank concludes from every slice's calibration, alike
-            slices = [(r, jj, first) for r, jj, first in self.job_comm.gather_objects(slices[0])]
-            order = ("deterministic", "hardware", "unresolved", "software")  # software last: it turns replay off
-            slices = sorted({first: (r, jj, first) for r, jj, first in slices}.values(), key=lambda s: (
-                order.index(s[0].verdict), s[2]))  # fmt: skip
-        found = [i for r, jj, first in slices for i in self._outcomes.calibrated(r, jj, first, self.dp_size)]
+            runs = self.job_comm.gather_objects(runs[0])
+        report, found = self._outcomes.calibrated_runs(runs, self.dp_size)
         self._responder.handle(found, escalate=self._outcomes.escalating(found))
-        return next((r for r, _, _ in slices if r.verdict == "software"), report)
+        return report
 
     def serve(self) -> int:
         """On a dedicated shadow rank: replay the samples workers send until every worker calls ``close()``."""

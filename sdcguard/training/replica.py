@@ -185,10 +185,23 @@ def replica_incidents(
     """After a mismatch of the combined values: every rank's per-tensor fingerprints (one collective), voted within
     replica classes (collective over ``comm``: every rank calls it; ``tensor_keys`` as :func:`vote` takes them)."""
     device = next((local_tensor(t).device for t in tensors if t is not None), torch.device("cpu"))
-    rows = comm.gather_objects(fingerprint_column(tensors, device).tolist())
-    found = vote(kind, step, rows, keys, names, identities, job, tensor_keys)
+    gathered: list[tuple[tuple[str, ...], list[int]]] = comm.gather_objects(
+        (tuple(names), fingerprint_column(tensors, device).tolist())
+    )
+    # Ranks holding other tensors (other pipeline stages) are voted apart, each set with its own names.
+    sets: dict[tuple[str, ...], list[int]] = {}
+    for i, (their_names, _) in enumerate(gathered):
+        sets.setdefault(their_names, []).append(i)
+    found: list[Incident] = []
+    for their_names, ranks in sets.items():
+        rows = [gathered[i][1] for i in ranks]
+        ks, ids = [keys[i] for i in ranks], [identities[i] for i in ranks]
+        tks = (
+            None if tensor_keys is None or their_names != tuple(names) else [[k[i] for i in ranks] for k in tensor_keys]
+        )
+        found += vote(kind, step, rows, ks, their_names, ids, job, tks)
     if not found:  # the combined values differed but no single tensor does: a tensor changed between the reads
-        combined = [[hash(tuple(r))] for r in rows]
+        combined = [[hash(tuple(r))] for _, r in gathered]
         widest = keys if tensor_keys is None else tensor_keys[0]
         found = vote(kind, step, combined, widest, ["<the tensors, read twice>"], identities, job)
     return found

@@ -152,6 +152,18 @@ class Outcomes:
             return self.attr.replay_incidents(-1, [(first, j)], kind="calibration")
         return [self.attr.unresolved(-1, first, j, alone=len(j.suspects) >= devices)]
 
+    def calibrated_runs(
+        self, runs: Sequence[tuple[CalibrationReport, Judgement | None, int]], devices: int
+    ) -> tuple[CalibrationReport, list[Incident]]:
+        """What the calibrations of every slice of a job conclude (``(report, judgement, first rank)`` each, one per
+        slice, in any order and repeated by each of its ranks): the job's report (software if any slice's is) and
+        the incidents, each slice's once, software last (it turns replay off for the run)."""
+        order = ("deterministic", "hardware", "unresolved", "software")
+        unique = sorted({first: (r, j, first) for r, j, first in runs}.values(), key=lambda s: (
+            order.index(s[0].verdict), s[2]))  # fmt: skip
+        found = [i for r, j, first in unique for i in self.calibrated(r, j, first, devices)]
+        return unique[-1][0] if unique[-1][0].verdict == "software" else runs[0][0], found
+
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run keeps of these conclusions."""
         return {
