@@ -413,9 +413,10 @@ class WorkerState:
         else:
             import sdcguard.training.checksums.bound as cb
             import sdcguard.training.checksums.mode as cs
+            import sdcguard.training.checksums.precision as cp
 
             self.skip_files = tuple(
-                sorted({str(p) for m in (cb, cs) for p in (Path(m.__file__), Path(m.__file__).resolve())})
+                sorted({str(p) for m in (cb, cs, cp) for p in (Path(m.__file__), Path(m.__file__).resolve())})
             )
 
     # -------------------------------------------------------------------------------------------- pieces

@@ -46,6 +46,7 @@ from ..errors import BadInput
 from ..records import Incident
 from .checksums.bound import DEFAULT_ROWS
 from .checksums.mode import ChecksumMode
+from .checksums.precision import DEFAULT_SPLITS
 from .checksums.round import WIDTH as CHECKSUM_WIDTH
 from .checksums.round import checksum_incidents
 from .checksums.round import columns as checksum_columns
@@ -92,6 +93,7 @@ class SDCGuard:
         slow: SlowWatch | None = SlowWatch(),
         checksum_every: int = DEFAULT_CHECKSUM_EVERY,
         checksum_rows: int = DEFAULT_ROWS,
+        checksum_splits: int = DEFAULT_SPLITS,
     ) -> None:
         self.config = GuardConfig(
             replay_every=replay_every,
@@ -102,6 +104,7 @@ class SDCGuard:
             store=None if store is None else os.fspath(store),
             checksum_every=checksum_every,
             checksum_rows=checksum_rows,
+            checksum_splits=checksum_splits,
         )
         self.loss_fn = loss_fn
         self.rng_hook = rng_hook
@@ -160,7 +163,7 @@ class SDCGuard:
             if timed and slow is not None
             else None
         )
-        self._checksums = ChecksumMode(self.module, rows=checksum_rows)
+        self._checksums = ChecksumMode(self.module, rows=checksum_rows, splits=checksum_splits)
         """Checksum checks of the matmuls on one step in ``checksum_every`` (:mod:`.checksums`)."""
         self._steps = self._samples = 0
         self._last_step: int | None = None
@@ -311,6 +314,8 @@ class SDCGuard:
             checks=tuple(checks),
             matmuls_run=self._checksums.run if checked else 0,
             matmuls_checked=self._checksums.checked if checked else 0,
+            matmuls_unverifiable=self._checksums.unverifiable if checked else 0,
+            unverifiable=self._checksums.named() if checked else (),
         )
 
     def step(self, step: int, batch: Batch = None, *, micro_batches: Sequence[Batch] | None = None) -> StepReport:
