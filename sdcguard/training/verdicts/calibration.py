@@ -194,19 +194,26 @@ def calibrate(
     setups: Mapping[int, Hashable] | None = None,
 ) -> tuple[CalibrationReport, Judgement | None]:
     """Every rank computes the group's first rank's micro-batch twice (collective over ``comm``); the report, and
-    the judgement when the computations disagree (None when all agree)."""
+    the judgement when the computations disagree (None when all agree).
+
+    A single process has one device, whose two computations cannot outvote each other: when they differ it computes
+    a third time, and the three vote as :func:`~.attribution.settle` says (two agreeing name the odd one a
+    transient fault; all three differing is software), so one differing computation is never called software."""
     cap = comm.broadcast_object(cap if comm.index == 0 else None, src=0)
     recorder = OpRecorder() if record_ops else None
     with recorder if recorder is not None else contextlib.nullcontext():
         first: Digest = replay_fn(cap, comm.index == 0)
     again: Digest = replay_fn(cap, comm.index == 0)
-    gathered = comm.gather_objects((first, again, sorted(recorder.seen) if recorder else []))
-    computations = {g: [e[0], e[1]] for g, e in zip(comm.members, gathered)}
-    if all(d == first for e in gathered for d in e[:2]):
+    mine = [first, again]
+    if comm.size == 1 and again != first:  # one process: no collective, so no rank can decide otherwise
+        mine.append(replay_fn(cap, True))
+    gathered = comm.gather_objects((mine, sorted(recorder.seen) if recorder else []))
+    computations = {g: list(e[0]) for g, e in zip(comm.members, gathered)}
+    if all(d == first for e in gathered for d in e[0]):
         return CalibrationReport(deterministic=True, same_device=True, cross_rank=True, verdict="deterministic"), None
     j = settle(computations, setups)
     if j.verdict == "software":
-        differing, causes = j.inconsistent, likely_causes({op for e in gathered for op in e[2]}, device)
+        differing, causes = j.inconsistent, likely_causes({op for e in gathered for op in e[1]}, device)
     else:
         differing, causes = (tuple(sorted(j.blamed)) if j.verdict == "hardware" else j.suspects), []
     report = CalibrationReport(
