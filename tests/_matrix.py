@@ -174,6 +174,44 @@ def escalation(rank: int, world: int, escalate: str, steps: int) -> dict[str, An
     return {"raised": None}
 
 
+def shadow_escalation(rank: int, world: int, escalate: str) -> dict[str, Any]:
+    """2 workers and 1 dedicated shadow (``plan_roles(1)``), a sticky fault on worker 1 from step 0, ``escalate``
+    as given: every rank, the shadow included, raises or exits, and at the same point of the job."""
+    from sdcguard import CorruptionDetected
+
+    roles = plan_roles(1)
+    torch.manual_seed(0)
+    inner = TinyTransformer(d=8, heads=2, seq=SEQ, layers=1)
+    try:
+        if roles.role == "shadow":
+            guard = SDCGuard(inner, lm_loss, group=roles.dp_group, replay_every=1, shadows=list(roles.shadows))
+            return {"served": guard.serve()}
+        guard = SDCGuard(
+            DDP(inner, process_group=roles.dp_group),
+            lm_loss,
+            group=roles.dp_group,
+            replay_every=1,
+            shadows=list(roles.shadows),
+            escalate=escalate,  # type: ignore[arg-type]
+        )
+        opt = torch.optim.SGD(inner.parameters(), lr=0.05)
+        fault = OpFaultMode(
+            Fault(pattern="bitflip", bit="high_mantissa", timing="sticky", seed=5), ops="gelu", phase="forward", rank=1
+        )
+        with fault:
+            for step in range(20):
+                fault.step = step
+                if guard.step(step, make_batch(step, rank, seq=SEQ)).commit:
+                    opt.step()
+                opt.zero_grad(set_to_none=True)
+        guard.close()
+    except CorruptionDetected as e:
+        return {"raised": [(i.kind, i.suspect_ranks, i.sticky) for i in e.incidents]}
+    except SystemExit as e:
+        return {"exit": e.code}
+    return {"raised": None}
+
+
 def fsdp_sync_kept(rank: int, world: int) -> list[bool]:
     """A sampled step of an FSDP2 loop whose user turned gradient sync off (accumulating) after the step: the
     replay turns it on for itself and puts the user's setting back."""

@@ -60,7 +60,7 @@ from .replay.capture import Batch, Capture, RngHook, capture_rng, make_capture
 from .replay.observe import StepObserver
 from .replay.recompute import LossFn, check_loss, replay
 from .replica import ReplicaPhases
-from .response import Responder
+from .response import Responder, exit_status
 from .rounds.peer import PeerRound
 from .rounds.roles import worker_group
 from .rounds.round import Round
@@ -155,6 +155,10 @@ class SDCGuard:
                 setups=self.setups,
             )
         )
+        if self.shadow_ranks:  # an escalation reaches the dedicated shadows too (they raise or exit alike)
+            self._responder.before_acting = lambda action, found: self._round.escalate(
+                action, found, lambda rank: exit_status(rank, found)
+            )
         timed = slow is not None and not self.shadow_ranks and self.role == "worker" and self.dp_size > 1
         self._clock = PhaseClock(self.device) if timed else None
         """Step phase times (:mod:`.timing`); None: not timed (off, dedicated shadows, or a single rank)."""

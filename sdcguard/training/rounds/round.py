@@ -9,8 +9,9 @@ of round (:func:`~sdcguard.training.verdicts.outcomes.conclude`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
+from ...records import Incident
 from ..digest import Digest
 from ..replay.capture import Capture
 from ..replay.observe import Observed
@@ -35,6 +36,12 @@ class Round(Protocol):
 
     def finish(self, step: int, sample: int, sampled: bool, table: Sequence[Sequence[int]]) -> list[RoundResult]:
         """What this step's gathered columns (one row per rank, this round's columns only) settle."""
+
+    def escalate(
+        self, action: Literal["raise", "exit"], incidents: Sequence[Incident], status: Callable[[int], int]
+    ) -> None:
+        """Every rank raises or exits at this step: tell the ranks that do not take part in the step (dedicated
+        shadows) to do the same; ``status(rank)``: such a rank's exit status."""
 
     def close(self) -> list[RoundResult]:
         """End of training: settle what is outstanding."""

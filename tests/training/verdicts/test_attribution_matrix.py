@@ -147,6 +147,23 @@ def test_escalate_exit_leaves_by_the_exit_code_contract() -> None:
     assert [r["exit"] for r in results] == [85, 86, 85] and all(r["at"] == 50 for r in results)
 
 
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("escalate", ["raise", "exit"])
+def test_an_escalation_reaches_the_dedicated_shadow_too(escalate: str) -> None:
+    """2 workers + 1 dedicated shadow, a sticky fault on a worker: the workers raised as designed while the shadow
+    was never told and waited in ``guard.serve()``'s receive until the timeout, so a job that catches the exception
+    to checkpoint and leave hung instead of ending. Now the shadow raises (or exits) too."""
+    from tests._matrix import shadow_escalation
+
+    results = run_ranks(shadow_escalation, 3, escalate, timeout=150)
+    if escalate == "raise":
+        named = {tuple(map(tuple, r["raised"])) for r in results}
+        assert len(named) == 1  # every rank, the shadow included, raised for the same incidents
+        assert any(kind == "replay" and suspects == (1,) and sticky for kind, suspects, sticky in next(iter(named)))
+    else:
+        assert [r["exit"] for r in results] == [85, 86, 85]  # the suspect worker 86, the other worker and the shadow 85
+
+
 @pytest.mark.timeout(120)
 def test_an_fsdp2_replay_puts_the_users_gradient_sync_setting_back() -> None:
     from tests._matrix import fsdp_sync_kept
