@@ -55,7 +55,7 @@ from .config import DEFAULT_CHECKSUM_EVERY, Check, Escalate, GuardConfig, OnDete
 from .digest import Digest
 from .hooks.ddp import ParamTaps, is_ddp, unwrap, wrap_ddp
 from .hooks.fsdp import FSDPTaps, is_fsdp
-from .identity import local_device_id, setup_key
+from .identity import launcher_job_id, local_device_id, new_job_id, setup_key
 from .replay.capture import Batch, Capture, RngHook, capture_rng, make_capture
 from .replay.observe import StepObserver
 from .replay.recompute import LossFn, check_loss, replay
@@ -67,7 +67,7 @@ from .rounds.round import Round
 from .rounds.shadows import DedicatedRound, ShadowServer
 from .timing import COLUMNS as TIMING_COLUMNS
 from .timing import PhaseClock, RankSlowness, SlowJudge, SlowWatch
-from .verdicts.attribution import Attributor, launcher_job_id, new_job_id
+from .verdicts.attribution import Attributor
 from .verdicts.calibration import CalibrationReport, calibrate, setup_warnings
 from .verdicts.outcomes import Outcomes
 

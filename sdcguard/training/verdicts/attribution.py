@@ -37,8 +37,6 @@ identical wrong results would be taken for the truth).
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -46,23 +44,9 @@ from typing import Literal
 from ...records import Incident
 from ..digest import Digest
 
-__all__ = ["Opinion", "Judgement", "Verdict", "settle", "judge", "Attributor", "launcher_job_id", "new_job_id"]
+__all__ = ["Opinion", "Judgement", "Verdict", "settle", "judge", "Attributor"]
 
 Verdict = Literal["hardware", "unresolved", "software"]
-
-
-def launcher_job_id() -> str | None:
-    """The launcher's job id when it is a real one: torchelastic's run id (torchrun sets the placeholder ``"none"``
-    on a multi-node launch without ``--rdzv-id``, which is no id), else Slurm's job id. None when neither is set."""
-    run = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run and run.strip().lower() not in ("none", ""):
-        return run
-    return os.environ.get("SLURM_JOB_ID") or None
-
-
-def new_job_id() -> str:
-    """An id for a job whose launcher gave none (made on one rank and shared in the guard's first gather)."""
-    return f"sdcguard-{uuid.uuid4().hex[:16]}"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from sdcguard.fleet.breaker import judge_training
 from sdcguard.fleet.policy import QuarantinePolicy
 from sdcguard.records import Incident
 from sdcguard.training.digest import Digest
-from sdcguard.training.verdicts.attribution import Attributor, Opinion, judge, launcher_job_id, settle
+from sdcguard.training.identity import launcher_job_id
+from sdcguard.training.verdicts.attribution import Attributor, Opinion, judge, settle
 from sdcguard.training.verdicts.calibration import CalibrationReport, likely_causes
 from sdcguard.training.verdicts.outcomes import Outcomes, RoundResult, conclude
 
