@@ -192,7 +192,7 @@ def shadow_escalation(rank: int, world: int, escalate: str) -> dict[str, Any]:
             group=roles.dp_group,
             replay_every=1,
             shadows=list(roles.shadows),
-            escalate=escalate,  # type: ignore[arg-type]
+            escalate=escalate,
         )
         opt = torch.optim.SGD(inner.parameters(), lr=0.05)
         fault = OpFaultMode(
