@@ -40,6 +40,7 @@ priority here); on a real cluster it has its own device, and NCCL's latency is t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -272,6 +273,13 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=None, help="default: 8 (transformer), 64 (--comm)")
     parser.add_argument("--only", nargs="*", default=None, help="run only these configurations (with plain, checks)")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="also write the figures (per-round step times, "
+        "time inside the guard's calls) to this file, for benchmarks/compare_commits.py",
+    )
     args = parser.parse_args()
     args.layers = args.layers or (8 if args.comm else 4)
     args.batch = args.batch or (64 if args.comm else 8)
@@ -293,6 +301,8 @@ def main() -> None:
             p.join(60)
 
     med = {n: statistics.median(v) for n, v in times.items()}
+    if args.json is not None:
+        args.json.write_text(json.dumps({"times": times, "inside": inside}))
 
     def ratio(name: str, ref: str) -> tuple[float, float, float]:
         r = sorted(a / b - 1 for a, b in zip(times[name], times[ref]))

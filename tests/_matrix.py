@@ -186,10 +186,9 @@ def mixed_setup_cell(rank: int, world: int) -> dict[str, Any]:
     """Peer replay (DDP) on devices of two setups, A on rank 0 and B on the others (as mixed device models or
     drivers would give), with faults on the A device and on B devices: a strict majority of one setup against a
     lone device of the other names that device; nothing is software."""
-    import sdcguard.training.guard as guard_module
+    import sdcguard.training.identity as identity
 
-    warnings.filterwarnings("ignore", message=".*different setups.*")
-    guard_module.setup_key = lambda device=None: ("setup-A",) if rank == 0 else ("setup-B",)  # what each reports
+    identity.setup_key = lambda device=None: ("setup-A",) if rank == 0 else ("setup-B",)  # what each reports
     torch.manual_seed(0)
     inner = TinyTransformer(d=8, heads=2, seq=SEQ, layers=2)
     model = DDP(inner)

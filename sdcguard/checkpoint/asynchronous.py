@@ -36,7 +36,6 @@ verified and never named as a rollback.
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -51,6 +50,8 @@ from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, Sta
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from ..errors import BadInput, CheckpointCorrupted
+from ..logs import get_logger
+from ..training.comm import Comm
 from ..training.identity import launcher_job_id
 from .dcp import CheckpointInfo
 from .layout import METADATA, SIDECAR, describe_failure
@@ -63,6 +64,8 @@ if TYPE_CHECKING:
     from ..training.guard import SDCGuard
 
 __all__ = ["AsyncCheckpointer", "async_save", "async_wait", "async_poll", "Writer"]
+
+_log = get_logger("checkpoint")
 
 Writer = Literal["thread", "process"]
 """Where DCP writes: a thread of the training process, or DCP's own checkpoint process."""
@@ -130,12 +133,10 @@ class _CheckedStager(AsyncStager):
     def _check(self, staged: Any, job: _Job) -> Any:
         mine = fingerprints(staged)
         differ = sorted(k for k, v in job.expected.items() if mine.get(k) != v)
-        everyone: list[Any]  # (expected fingerprints, keys that differ) of each rank
-        if self.group is None:
-            everyone = [(job.expected, differ)]
-        else:
-            everyone = [None] * dist.get_world_size(self.group)
-            dist.all_gather_object(everyone, (job.expected, differ), group=self.group)
+        # (expected fingerprints, keys that differ) of each rank
+        everyone: list[Any] = (
+            [(job.expected, differ)] if self.group is None else Comm(self.group).gather_objects((job.expected, differ))
+        )
         bad: dict[str, list[int]] = {}
         for rank, (_, keys) in enumerate(everyone):
             for k in keys:
@@ -315,9 +316,7 @@ class AsyncCheckpointer:
         _, _, settling = self._own_groups()
         done = current is not None and current.upload.done()
         if settling is not None:
-            flag = torch.tensor([1 if done else 0], dtype=torch.int32)
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=settling)
-            done = bool(flag.item())
+            done = Comm(settling).all_true(done)
         return self.wait() if done else None
 
     def close(self) -> CheckpointInfo | None:
@@ -350,11 +349,7 @@ class AsyncCheckpointer:
                 saved=False,
                 error=error,
             )
-            warnings.warn(
-                f"sdcguard: the asynchronous save of {job.path} failed ({error}); it is not verified",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            _log.warning("the asynchronous save of %s failed (%s); it is not verified", job.path, error)
             if current.store is not None and writer_rank:
                 self._store_write(
                     current.store, job, self._job_id(guard), status="failed", verified=False, digest="", detail=error
@@ -409,9 +404,7 @@ class AsyncCheckpointer:
                     checkpoint_id=job.path, step=job.step if job.step is not None else -1, job=job_id, **row
                 )
         except Exception as e:  # never crash training over bookkeeping
-            warnings.warn(
-                f"sdcguard: could not record checkpoint {job.path} in {store}: {e}", RuntimeWarning, stacklevel=4
-            )
+            _log.warning("could not record checkpoint %s in %s: %s", job.path, store, e)
 
 
 _DEFAULT: dict[int, AsyncCheckpointer] = {}

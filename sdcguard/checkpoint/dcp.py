@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from ..errors import BadInput, CheckpointCorrupted, CheckpointError
+from ..logs import get_logger
+from ..training.comm import Comm
 from .layout import METADATA, SIDECAR, Candidate, candidates, describe_failure, is_checkpoint, metadata_damage
 from .record import corrupted, differences, file_fingerprint, fingerprints, make_record, read_record, write_record
 
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
     from ..training.guard import SDCGuard
 
 __all__ = ["save", "load", "CheckpointInfo", "SIDECAR", "store_candidates"]
+
+_log = get_logger("checkpoint")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,12 +75,7 @@ def _distributed(kwargs: dict[str, Any]) -> bool:
 
 
 def _gather(obj: Any, kwargs: dict[str, Any]) -> list[Any]:
-    if not _distributed(kwargs):
-        return [obj]
-    group = kwargs.get("process_group")
-    out: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, obj, group=group)
-    return out
+    return Comm(kwargs.get("process_group")).gather_objects(obj) if _distributed(kwargs) else [obj]
 
 
 def _rank(kwargs: dict[str, Any]) -> int:
@@ -127,7 +126,7 @@ def save(
         body["metadata"] = file_fingerprint(path / METADATA)
         write_record(path / SIDECAR, body)  # last and atomic: a record means the checkpoint is complete
     if _distributed(kwargs):
-        dist.barrier(group=kwargs.get("process_group"))
+        Comm(kwargs.get("process_group")).barrier()
     if guard is not None and step is not None:
         guard.record_checkpoint(str(path), step, body["digest"])
     return CheckpointInfo(
@@ -253,11 +252,8 @@ def _load_fallback(
             skipped.append(f"{c.path}: {e}")
             continue
         if skipped:
-            warnings.warn(
-                f"sdcguard: loaded {c.path}, passing over {len(skipped)} newer checkpoint(s): "
-                + "; ".join(skipped[:4]),
-                RuntimeWarning,
-                stacklevel=3,
+            _log.warning(
+                "loaded %s, passing over %d newer checkpoint(s): %s", c.path, len(skipped), "; ".join(skipped[:4])
             )
         return CheckpointInfo(**{**info.__dict__, "skipped": tuple(skipped)})
     where = f"the fleet store {store}" if store is not None else str(path)

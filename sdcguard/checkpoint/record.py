@@ -24,6 +24,7 @@ import torch
 
 from ..errors import CheckpointCorrupted, CheckpointError
 from ..fingerprints import combine, fingerprint_many
+from ..logs import get_logger
 from ..training.hooks.taps import local
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ __all__ = [
     "file_fingerprint",
     "bytes_fingerprint",
 ]
+
+_log = get_logger("checkpoint")
 
 FORMAT = "sdcguard-checkpoint/1"
 
@@ -88,11 +91,9 @@ def make_record(per_rank: Sequence[dict[str, int]], *, step: int | None, verifie
             table.setdefault(key, {}).setdefault(f"{value:016x}", []).append(rank)
     split = sorted(k for k, v in table.items() if len(v) > 1)
     if split:
-        warnings.warn(
-            f"sdcguard: the ranks held different values of {', '.join(split[:5])} when saving: replicas "
-            "disagree (see guard.incidents)",
-            RuntimeWarning,
-            stacklevel=3,
+        _log.warning(
+            "the ranks held different values of %s when saving: replicas disagree (see guard.incidents)",
+            ", ".join(split[:5]),
         )
     digest = f"{combine([int(min(table[k]), 16) for k in sorted(table)]):016x}"
     return {

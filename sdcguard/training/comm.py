@@ -20,7 +20,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["Comm", "comm_device", "send_object", "recv_object", "send_stop", "send_tensors", "recv_tensors_", "STOP"]
+__all__ = [
+    "Comm", "comm_device", "send_object", "recv_object", "send_stop", "send_tensors", "recv_tensors_", "send_tensor",
+    "irecv_tensor", "STOP",
+]  # fmt: skip
 
 STOP = -1
 """Length field of the stop message that :func:`send_stop` sends and :func:`recv_object` returns as ``None``."""
@@ -119,6 +122,19 @@ class Comm:
             if buf is not t:
                 t.copy_(buf)
 
+    def all_true(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on every member (one small all-reduce)."""
+        if self.alone:
+            return flag
+        box = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
+        dist.all_reduce(box, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(box.item())
+
+    def barrier(self) -> None:
+        """Wait until every member is here."""
+        if not self.alone:
+            dist.barrier(group=self.group)
+
     def exchange_objects(self, obj: Any, dst: int, src: int) -> Any:
         """Send ``obj`` to member ``dst`` and receive one object from member ``src`` (a ring step: no deadlock)."""
         if self.alone or (dst == src == self.index):
@@ -185,3 +201,15 @@ def recv_tensors_(tensors: Sequence[torch.Tensor], src: int) -> None:
         dist.recv(buf, src=src)
         if buf is not t:
             t.copy_(buf)
+
+
+def send_tensor(tensor: torch.Tensor, dst: int) -> None:
+    """Send one tensor to global rank ``dst`` (blocking), from the communication device."""
+    device = comm_device(None)
+    dist.send(tensor if tensor.device == device else tensor.to(device), dst)
+
+
+def irecv_tensor(tensor: torch.Tensor, src: int) -> Any:
+    """Post a non-blocking receive into ``tensor`` (on the communication device) from global rank ``src``; the
+    returned work completes when it has arrived."""
+    return dist.irecv(tensor, src=src)

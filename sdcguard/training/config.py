@@ -11,6 +11,7 @@ from ..errors import BadInput
 from ..records import Incident
 from .checksums.bound import DEFAULT_ROWS
 from .checksums.precision import DEFAULT_SPLITS
+from .step_check import Check
 
 __all__ = [
     "DEFAULT_CHECKSUM_EVERY",
@@ -25,7 +26,6 @@ __all__ = [
 
 OnDetect = Literal["record", "skip", "raise", "exit"]
 Escalate = Literal["raise", "exit", "off"]
-Check = Literal["gradient_replica", "weight_replica", "replay", "checksum"]
 
 DEFAULT_CHECKSUM_EVERY = 4
 """Checksum-check the matmuls of one step in 4 by default: the least frequent setting at which one-off matmul faults

@@ -5,68 +5,56 @@ Every entry point is the same four calls around the framework's own forward and 
 the optimizer). ``guard.step`` makes them for a plain loop; the Lightning and Hugging Face callbacks make them from
 the framework's hooks. What happens on every data-parallel rank:
 
-1. The framework runs its forward and backward, its gradient reduction and its overlap (DDP, FSDP2/HSDP); the guard adds
-   hooks only (:mod:`.hooks.ddp`: a tensor hook per parameter; :mod:`.hooks.fsdp`: a custom reduce-scatter). On the
-   sampled micro-batch of a sampled step (one step in ``replay_every``) they fingerprint its local gradients on the
-   device as the framework hands them over; the micro-batch, random states, autocast state and seed are captured.
-2. ``end_step``: the gradients the optimizer is about to read are fingerprinted in place and folded into one value; on a
-   sampled step the :class:`~.rounds.round.Round` runs: each rank replays another rank's micro-batch
-   (:mod:`.rounds.peer`) or sends it to a dedicated shadow (:mod:`.rounds.shadows`). Everything the veto needs rides in
-   one all-gather.
-3. Replicas holding the same data must agree bit for bit (:mod:`.replica`); an original and its replay must agree
-   too, and a disagreement is settled by the rule of evidence (:mod:`.verdicts.attribution`): a device that others
-   contradict while it reproduces itself is hardware, devices that do not reproduce themselves are software
-   (:mod:`.verdicts.calibration`), and evidence that cannot pick the device is unresolved, vetoed all the same. A
-   sticky verdict escalates (:mod:`.verdicts.outcomes`).
-4. The veto: with ``on_detect="skip"`` no rank commits a corrupted step, and its gradients are dropped (``.grad`` is
-   set to None, so an optimizer step changes nothing). Every rank decides alike with no collective of its own,
-   because every input of the decision came out of the gathers above. ``after_optimizer_step`` compares the weights.
-5. Slowness (:mod:`.timing`): each rank's phase times ride the next step's gather; a rank consistently slower than
-   the devices that computed the same micro-batches is named in a ``slow`` incident, after the veto and never
-   deciding it.
-
-On one step in ``checksum_every`` every matmul of the forward and backward is also checked against its checksum as
-it runs (:mod:`.checksums`); a failure is this rank's own, recomputed on its device before it is reported, and its
-count rides in the same all-gather (:mod:`.checksums.round`).
+1. The framework runs its forward and backward, its gradient reduction and its overlap (DDP, FSDP2/HSDP); the guard
+   adds hooks only (:mod:`.hooks`). On the sampled micro-batch of a sampled step (one step in ``replay_every``) they
+   fingerprint its local gradients on the device as the framework hands them over; the micro-batch, random states,
+   autocast state and seed are captured (:mod:`.replay`). On one step in ``checksum_every`` every matmul of the
+   forward and backward is also checked against its checksum as it runs (:mod:`.checksums`).
+2. ``end_step``: each step check (:mod:`.step_check`) adds its slice to the step's one all-gather and concludes from
+   every rank's slice: the matmul checksums (a failure is the computing rank's own, recomputed on its device first),
+   the reduced gradients compared across replicas (:mod:`.replica`), the sampled round (each rank replays another
+   rank's micro-batch, :mod:`.rounds.peer`, or sends it to a dedicated shadow, :mod:`.rounds.shadows`; a
+   disagreement is settled by the rule of evidence, :mod:`.verdicts`), and slow ranks (:mod:`.timing`, the previous
+   step's phase times: a ``slow`` incident never vetoes).
+3. The veto, by one rule (:func:`~.step_check.decide`): with ``on_detect="skip"`` no rank commits a step a check
+   vetoed, and its gradients are dropped (``.grad`` is set to None, so an optimizer step changes nothing). Every rank
+   decides alike with no collective of its own, because every input of the decision came out of the gather. A sticky
+   verdict escalates (:mod:`.verdicts.outcomes`); ``after_optimizer_step`` compares the weights.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from ..devices import hostname
 from ..errors import BadInput
+from ..logs import RankLogger, get_logger
 from ..records import Incident
 from .checksums.bound import DEFAULT_ROWS
 from .checksums.mode import ChecksumMode
 from .checksums.precision import DEFAULT_SPLITS
-from .checksums.round import WIDTH as CHECKSUM_WIDTH
-from .checksums.round import checksum_incidents
-from .checksums.round import columns as checksum_columns
+from .checksums.round import ChecksumCheck
 from .comm import Comm
-from .config import DEFAULT_CHECKSUM_EVERY, Check, Escalate, GuardConfig, OnDetect, StepReport
-from .digest import Digest
+from .config import DEFAULT_CHECKSUM_EVERY, Escalate, GuardConfig, OnDetect, StepReport
 from .hooks.ddp import ParamTaps, is_ddp, unwrap, wrap_ddp
 from .hooks.fsdp import FSDPTaps, is_fsdp
-from .identity import launcher_job_id, local_device_id, new_job_id, setup_key
-from .replay.capture import Batch, Capture, RngHook, capture_rng, make_capture
+from .identity import introduce, launcher_job_id, new_job_id
+from .replay.capture import Batch, RngHook, capture_rng, make_capture
 from .replay.observe import StepObserver
-from .replay.recompute import LossFn, check_loss, replay
-from .replica import ReplicaPhases
+from .replay.recompute import LossFn, Replayer, check_loss
+from .replica import GradientReplicaCheck, ReplicaPhases
 from .response import Responder, exit_status
 from .rounds.peer import PeerRound
 from .rounds.roles import worker_group
-from .rounds.round import Round
+from .rounds.round import Round, RoundCheck
 from .rounds.shadows import DedicatedRound, ShadowServer
-from .timing import COLUMNS as TIMING_COLUMNS
-from .timing import PhaseClock, RankSlowness, SlowJudge, SlowWatch
+from .step_check import StepCheck, StepState, decide, gather_step
+from .timing import IdleClock, PhaseClock, RankSlowness, SlowJudge, SlowWatch, TimingCheck
 from .verdicts.attribution import Attributor
 from .verdicts.calibration import CalibrationReport, calibrate, setup_warnings
 from .verdicts.outcomes import Outcomes
@@ -75,7 +63,33 @@ __all__ = ["SDCGuard"]
 
 
 class SDCGuard:
-    """Exact replay and cross-replica checks around each training step (see the module docstring)."""
+    """Exact replay and cross-replica checks around each training step (see the module docstring).
+
+    Constructing one is a collective over the job (every rank calls it; with dedicated shadows, shadows too).
+
+    Args:
+        model: the model as the loop trains it: a plain module, a DDP-wrapped one, or an FSDP2 (``fully_shard``)
+            model. A plain module of a distributed job is wrapped in DDP by :meth:`step`.
+        loss_fn: ``loss_fn(model, batch) -> scalar loss``; the guard runs it for the step (:meth:`step`) and for
+            every replay, with the same batch.
+        group: the data-parallel process group (default: the world).
+        replay_every: replay one step in N on another device (0: never).
+        shadows: ``"peer"`` (data-parallel ranks replay each other's micro-batch) or the global ranks of dedicated
+            shadows (see :func:`sdcguard.plan_roles`).
+        weight_check_every: compare the weights across replicas every N steps in :meth:`after_optimizer_step`
+            (0: never).
+        store: path of the fleet store incidents and checkpoints are recorded in (by the group's first rank).
+        on_detect: ``"record"``, ``"skip"`` (no rank commits a corrupted step), ``"raise"``
+            (:class:`~sdcguard.errors.CorruptionDetected` on every rank) or ``"exit"`` (the exit-code contract).
+        escalate: what a sticky or repeated unresolved verdict does under ``on_detect="skip"``: ``"raise"``,
+            ``"exit"`` or ``"off"`` (:class:`~.config.GuardConfig` says more).
+        rng_hook: saves and restores random states the guard does not know (a data loader's own generator).
+        slow: when a rank is named slow (:class:`~.timing.SlowWatch`); None turns timing off.
+        checksum_every: check every matmul of one step in N against its checksum (0: never).
+        checksum_rows: rows of a matmul's result summed per checksum.
+        checksum_splits: the most partial sums a split-K bf16/fp16 matmul adds in its output type where cuBLAS's
+            reduced-precision reductions are allowed (the bound's assumption: :mod:`.checksums.precision`).
+    """
 
     def __init__(
         self,
@@ -96,113 +110,67 @@ class SDCGuard:
         checksum_splits: int = DEFAULT_SPLITS,
     ) -> None:
         self.config = GuardConfig(
-            replay_every=replay_every,
-            shadows="peer" if shadows == "peer" else tuple(shadows),
-            weight_check_every=weight_check_every,
-            on_detect=on_detect,
-            escalate=escalate,
-            store=None if store is None else os.fspath(store),
-            checksum_every=checksum_every,
-            checksum_rows=checksum_rows,
-            checksum_splits=checksum_splits,
-        )
+            replay_every=replay_every, shadows="peer" if shadows == "peer" else tuple(shadows),
+            weight_check_every=weight_check_every, on_detect=on_detect, escalate=escalate,
+            store=None if store is None else os.fspath(store), checksum_every=checksum_every,
+            checksum_rows=checksum_rows, checksum_splits=checksum_splits,
+        )  # fmt: skip
         self.loss_fn = loss_fn
-        self.rng_hook = rng_hook
-        self._roles(group)
-        self.model, self.module, self.taps = self._wire(model)
-        self.params = list(self.taps.params)
-        self.device = self.params[0].device
-        world = Comm() if self.shadow_ranks else self.comm
-        everyone = world.gather_objects(
-            (
-                local_device_id(self.device),
-                hostname(),
-                self._replica_key(),
-                setup_key(self.device),
-                launcher_job_id() or new_job_id(),
-            )
-        )
-        self.identities: dict[int, tuple[str | None, str]] = {g: (e[0], e[1]) for g, e in zip(world.members, everyone)}
-        self._keys = [e[2] for g, e in zip(world.members, everyone) if g in self.members]
-        self.setups: dict[int, tuple[str, ...]] = {g: e[3] for g, e in zip(world.members, everyone)}
-        """Global rank -> what its device runs (:func:`~.identity.setup_key`)."""
-        self.job = str(everyone[0][4])
-        """This job's id: the launcher's when it gave a real one, else one the first rank made (shared by all)."""
-        self._attr = Attributor(self.taps.unit_names, self.identities, job=self.job, job_size=len(world.members))
-        self._replica = ReplicaPhases(
-            self.comm,
-            self._keys,
-            self.taps.param_names,
-            [(g, *self.identities.get(g, (None, ""))) for g in self.members],
-            self.job,
-        )
-        self._responder = Responder(
-            on_detect, self.config.store, rank=self.rank, writer=self.dp_rank == 0, escalate=escalate, job=self.job
-        )
-        self._outcomes = Outcomes(self._attr, self.members, self.device, speaks=self.dp_rank == 0)
-        self._determinism = self._outcomes.determinism
-        self._verification = self._outcomes.verification
-        self._observer = StepObserver(self.taps, rank=self.dp_rank, device=self.device, rng_hook=rng_hook)
-        self._round: Round = (
-            DedicatedRound(self.comm, self.shadow_ranks, self.params, self._replay, self._attr)
-            if self.shadow_ranks
-            else PeerRound(
-                self.comm,
-                lambda c, same: self._replay(c, same),
-                self._attr,
-                record_ops=not self.taps.collective_replay,
-                collective=self.taps.collective_replay,
-                setups=self.setups,
-            )
-        )
-        if self.shadow_ranks:  # an escalation reaches the dedicated shadows too (they raise or exit alike)
-            self._responder.before_acting = lambda action, found: self._round.escalate(
-                action, found, lambda rank: exit_status(rank, found)
-            )
-        timed = slow is not None and not self.shadow_ranks and self.role == "worker" and self.dp_size > 1
-        self._clock = PhaseClock(self.device) if timed else None
-        """Step phase times (:mod:`.timing`); None: not timed (off, dedicated shadows, or a single rank)."""
-        self._slow = (
-            SlowJudge(slow, self.members, self.identities, job=self.job, job_size=len(world.members))
-            if timed and slow is not None
-            else None
-        )
-        self._checksums = ChecksumMode(self.module, rows=checksum_rows, splits=checksum_splits)
-        """Checksum checks of the matmuls on one step in ``checksum_every`` (:mod:`.checksums`)."""
-        self._steps = self._samples = 0
-        self._last_step: int | None = None
-        self._sampled = self._closed = False
-        self._warned_unjudged = False
-        self.replaying = False
-        """True while the guard replays (a framework hook that sees a forward then is seeing the guard's own)."""
-        if self.role == "worker" and (problems := setup_warnings(self.device)):
-            warnings.warn(
-                "sdcguard: replays on CUDA will not be bit-identical, so replay checks will turn "
-                f"themselves off: {'; '.join(problems)}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        if self.role == "worker" and self.dp_rank == 0 and len(set(self.setups.values())) > 1:
-            kinds = sorted({", ".join(v) for v in self.setups.values()})
-            warnings.warn(
-                "sdcguard: the devices of this job run different setups (" + " | ".join(kinds) + "); "
-                "replays between devices of different setups may differ without any fault, and such a "
-                "disagreement is reported as the setup's, never blamed on a device",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-
-    # ------------------------------------------------------------------------------------------------ setup
-
-    def _roles(self, group: Any) -> None:
         self.role, self.shadow_ranks, self.comm = worker_group(self.config.shadows, group)
         self.group = self.comm.group
         self.rank, self.members, self.dp_size, self.dp_rank = (
-            self.comm.rank,
-            self.comm.members,
-            self.comm.size,
-            self.comm.index,
+            self.comm.rank, self.comm.members, self.comm.size, self.comm.index,
+        )  # fmt: skip
+        self.model, self.module, self.taps = self._wire(model)
+        self.params = list(self.taps.params)
+        self.device = self.params[0].device
+        self._step: int | None = None
+        self.log = RankLogger(get_logger("training"), self.rank, lambda: self._step)
+        world = Comm() if self.shadow_ranks else self.comm
+        view = introduce(world, self.device, self._replica_key(), launcher_job_id() or new_job_id())
+        self.identities: dict[int, tuple[str | None, str]] = view.identities
+        self.setups: dict[int, tuple[str, ...]] = view.setups
+        """Global rank -> what its device runs (:func:`~.identity.setup_key`)."""
+        self.job = view.job
+        """This job's id: the launcher's when it gave a real one, else one the first rank made (shared by all)."""
+        self._attr = Attributor(self.taps.unit_names, self.identities, job=self.job, job_size=len(world.members))
+        speaks = self.dp_rank == 0
+        self._outcomes = Outcomes(self._attr, self.members, self.device, speaks=speaks)
+        self._responder = Responder(
+            on_detect, self.config.store, rank=self.rank, writer=speaks, escalate=escalate, job=self.job
         )
+        self._observer = StepObserver(self.taps, rank=self.dp_rank, device=self.device, rng_hook=rng_hook)
+        timed = slow is not None and not self.shadow_ranks and self.role == "worker" and self.dp_size > 1
+        self._clock = PhaseClock(self.device) if timed else IdleClock()
+        self._replayer = Replayer(
+            self.taps, loss_fn, device=self.device, params=self.params, rng_hook=rng_hook, timed=self._clock.replay
+        )
+        self._rng_hook = rng_hook
+        self._replica = ReplicaPhases(
+            self.comm, view.keys(self.members), self.taps.param_names,
+            [(g, *self.identities.get(g, (None, ""))) for g in self.members], self.job,
+        )  # fmt: skip
+        self._round = RoundCheck(self._make_round(), self._outcomes, self.device, self.log, speaks=speaks)
+        if self.shadow_ranks:  # an escalation reaches the dedicated shadows too (they raise or exit alike)
+            self._responder.before_acting = lambda action, found: self._round.round.escalate(
+                action, found, lambda rank: exit_status(rank, found)
+            )
+        self._checksums = ChecksumCheck(
+            ChecksumMode(self.module, rows=checksum_rows, splits=checksum_splits), self.comm, self._attr, self.device
+        )
+        self._slow = SlowJudge(slow, self.members, self.identities, job=self.job, job_size=len(world.members)) \
+            if timed and slow is not None else None  # fmt: skip
+        self._checks: list[StepCheck] = [
+            self._checksums, GradientReplicaCheck(self._replica, self.taps.reduced, self.device), self._round,
+        ]  # fmt: skip
+        if self._slow is not None:
+            self._checks.append(TimingCheck(self._clock, self._slow, self.device))
+        self._steps = self._samples = 0
+        self._last_step: int | None = None
+        self._sampled = self._closed = False
+        self._warn_setup()
+
+    # ------------------------------------------------------------------------------------------------ setup
 
     def _wire(self, model: nn.Module) -> tuple[nn.Module, nn.Module, ParamTaps | FSDPTaps]:
         if is_fsdp(model):
@@ -215,8 +183,31 @@ class SDCGuard:
             raise BadInput("the model has no parameter that requires a gradient")
         return model, module, ParamTaps(module, named)
 
-    def _replica_key(self) -> object:
+    def _replica_key(self) -> Any:
         return self.taps.replica_key() if isinstance(self.taps, FSDPTaps) else ()
+
+    def _make_round(self) -> Round:
+        if self.shadow_ranks:
+            return DedicatedRound(self.comm, self.shadow_ranks, self.params, self._replayer, self._attr)
+        collective = self.taps.collective_replay
+        return PeerRound(
+            self.comm, self._replayer, self._attr, record_ops=not collective, collective=collective, setups=self.setups
+        )
+
+    def _warn_setup(self) -> None:
+        if self.role == "worker" and (problems := setup_warnings(self.device)):
+            self.log.warning(
+                "replays on CUDA will not be bit-identical, so replay checks will turn themselves off: %s",
+                "; ".join(problems),
+            )
+        if self.role == "worker" and self.dp_rank == 0 and len(set(self.setups.values())) > 1:
+            kinds = sorted({", ".join(v) for v in self.setups.values()})
+            self.log.warning(
+                "the devices of this job run different setups (%s); replays between devices of different setups may "
+                "differ without any fault, and such a disagreement is reported as the setup's, never blamed on a "
+                "device",
+                " | ".join(kinds),
+            )
 
     # ------------------------------------------------------------------------------------------- the step
 
@@ -225,23 +216,25 @@ class SDCGuard:
         """Between ``begin_step`` and ``end_step``."""
         return self._observer.active
 
+    @property
+    def replaying(self) -> bool:
+        """True while the guard replays (a framework hook that sees a forward then is seeing the guard's own)."""
+        return self._replayer.replaying
+
     def begin_step(self, step: int, *, micro_batches: int = 1) -> None:
         """Start observing optimizer step ``step`` (``micro_batches``: how many forwards it accumulates)."""
         if self.role != "worker":
             raise RuntimeError("a dedicated shadow rank runs guard.serve(), not the training step")
         if micro_batches < 1:
             raise BadInput(f"micro_batches must be >= 1, got {micro_batches}")
-        self._sampled = (
-            self.config.replay_every > 0
-            and step % self.config.replay_every == 0
-            and self._determinism.state != "nondeterministic"
-        )
-        record = self._sampled and self._round.records(self._samples)
+        self._step = step
+        every = self.config.replay_every
+        self._sampled = every > 0 and step % every == 0 and self._outcomes.replay_on
+        record = self._sampled and self._round.round.records(self._samples)
         self._observer.begin(step, record=record, chosen=self._samples % micro_batches)
-        if self._clock is not None:
-            self._clock.begin_step()
+        self._clock.begin_step()
         if self.config.checksum_every and step % self.config.checksum_every == 0:
-            self._checksums.begin()
+            self._checksums.mode.begin()
 
     def before_forward(self, batch: Batch) -> None:
         """Call right before each micro-batch's forward, with that micro-batch."""
@@ -258,69 +251,29 @@ class SDCGuard:
         step = self._observer.step
         if step is None:
             raise RuntimeError("end_step() without begin_step()")
-        observed = self._observer.finish()
-        checked = self._checksums.active
-        failures = self._checksums.end()  # recomputes a failed matmul on this device before anyone is blamed
-        sampled, sample = self._sampled, self._samples
-        if self._clock is not None:
-            self._clock.end_compute(sample if sampled else None)
-        reduced = self.taps.reduced()
-        own = self._replica.column(reduced, self.device)  # on the device, no sync
-        extra = torch.tensor(
-            self._round.columns(step, sample, sampled, observed) + checksum_columns(failures),
-            dtype=torch.int64,
-            device=self.device,
-        )
-        timing = self._timing_columns()
-        with self._clock.waiting() if self._clock is not None else contextlib.nullcontext():
-            table = self.comm.gather_ints(torch.cat([own, extra, timing])).tolist()
-        if self._clock is not None:  # the timing columns are the last ones
-            timing_rows, table = [row[-TIMING_COLUMNS:] for row in table], [row[:-TIMING_COLUMNS] for row in table]
-        sums = [row[len(row) - CHECKSUM_WIDTH :] for row in table]  # then the checksums' columns
-        table = [row[: len(row) - CHECKSUM_WIDTH] for row in table]
-        found = self._replica.incidents("gradient_replica", step, reduced, [row[0] for row in table])
-        replicas_differ = bool(found)  # whoever is wrong, a step whose replicas differ is not sound
-        found += checksum_incidents(self.comm, self._attr, step, sums, failures)
-        results = self._round.finish(step, sample, sampled, [row[1:] for row in table])
-        if sampled:
+        state = StepState(step=step, sample=self._samples, sampled=self._sampled, observed=self._observer.finish())
+        self._clock.end_compute(state.sample if state.sampled else None)
+        parts = [(c.name, c.columns(state)) for c in self._checks]
+        with self._clock.waiting():
+            table = gather_step(self.comm, parts, self.device)
+        results = [c.conclude(state, table.rows(c.name)) for c in self._checks]
+        if state.sampled:
             self._samples += 1
-        if any(r.unjudged for r in results):
-            self._warn_unjudged()
-        for result in results:
-            found += self._outcomes.settled(result)
-        corrupt = any(r.corrupt and r.vetoable and r.step == step for r in results) or any(row[0] for row in sums)
-        commit = not ((replicas_differ or corrupt) and self.config.on_detect != "record")
-        found = [self._outcomes.rollback(i, vetoed=not commit and i.step == step) for i in found]
-        if self._slow is not None:  # after the veto: slowness never decides a commit
-            found += self._slow.observe(step, timing_rows)
-        if not commit:
+        decision = decide(results, record_only=self.config.on_detect == "record")
+        found = [self._outcomes.rollback(i, vetoed=not decision.commit and i.step == step) for i in decision.incidents]
+        if not decision.commit:
             for p in self.params:
                 p.grad = None  # the optimizer skips parameters without gradients: the step changes nothing
         self._steps += 1
         self._last_step = step
-        if self._clock is not None:
-            self._clock.end_step()
+        self._clock.end_step()
         self._responder.handle(found, escalate=self._outcomes.escalating(found))
-        checks: list[Check] = []
-        if self._replica.active:
-            checks.append("gradient_replica")
-        if sampled:
-            checks.append("replay")
-        if checked:
-            checks.append("checksum")
-        mean = loss if loss is not None else torch.full((), float("nan"))
         return StepReport(
-            step=step,
-            loss=mean,
-            commit=commit,
-            incidents=tuple(found),
-            replayed=sampled,
-            checks=tuple(checks),
-            matmuls_run=self._checksums.run if checked else 0,
-            matmuls_checked=self._checksums.checked if checked else 0,
-            matmuls_unverifiable=self._checksums.unverifiable if checked else 0,
-            unverifiable=self._checksums.named() if checked else (),
-        )
+            step=step, loss=loss if loss is not None else torch.full((), float("nan")), commit=decision.commit,
+            incidents=tuple(found), replayed=state.sampled, checks=decision.checks,
+            matmuls_run=self._checksums.run, matmuls_checked=self._checksums.checked,
+            matmuls_unverifiable=self._checksums.unverifiable, unverifiable=self._checksums.named,
+        )  # fmt: skip
 
     def step(self, step: int, batch: Batch = None, *, micro_batches: Sequence[Batch] | None = None) -> StepReport:
         """Forward, backward, checks and veto for one optimizer step of a plain loop.
@@ -350,8 +303,7 @@ class SDCGuard:
                 losses.append(loss.detach())
         except BaseException:
             self._observer.finish()
-            if self._checksums.active:
-                self._checksums.end()
+            self._checksums.mode.end()
             raise
         return self.end_step(loss=losses[0] if len(losses) == 1 else torch.stack(losses).mean())
 
@@ -368,46 +320,9 @@ class SDCGuard:
             self._outcomes.rollback(i, vetoed=False)
             for i in self._replica.incidents("weight_replica", self._last_step, weights, gathered)
         ]
-        self._verification.weights_compared(self._last_step, agreed=not found)
+        self._outcomes.verification.weights_compared(self._last_step, agreed=not found)
         self._responder.handle(found)
         return found
-
-    # ---------------------------------------------------------------------------------------- internals
-
-    def _warn_unjudged(self) -> None:
-        if not self._warned_unjudged and self.dp_rank == 0:
-            self._warned_unjudged = True
-            warnings.warn(
-                "sdcguard: a sampled micro-batch's local gradients were not seen on their own (its "
-                "backward reduced nothing, or the step accumulated micro-batches without reducing them: "
-                "FSDP2 set_requires_gradient_sync(False)); such samples are not judged. Keep gradient "
-                "sync on for accumulation to have them checked",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-
-    def _timing_columns(self) -> torch.Tensor:
-        if self._clock is None:
-            return torch.zeros(0, dtype=torch.int64, device=self.device)
-        self._clock.settle()
-        return torch.tensor(self._clock.columns(), dtype=torch.int64, device=self.device)
-
-    def _replay(self, cap: Capture, same_process: bool, values: Sequence[torch.Tensor] | None = None) -> Digest:
-        self.replaying = True
-        try:
-            with self._clock.replay() if self._clock is not None else contextlib.nullcontext():
-                return replay(
-                    self.taps,
-                    self.loss_fn,
-                    cap,
-                    device=self.device,
-                    rng_hook=self.rng_hook,
-                    same_process=same_process,
-                    params=self.params,
-                    param_values=values,
-                )
-        finally:
-            self.replaying = False
 
     # ----------------------------------------------------------------------------------- other entry points
 
@@ -425,23 +340,23 @@ class SDCGuard:
 
     @property
     def last_verified_step(self) -> int | None:
-        """The last step every rank's checks vouched for: every rank's latest clean sample is at or after it, and no
-        incident since then may have reached the weights (see :mod:`.verdicts.verification`). None before every rank was
-        sampled cleanly, or when replay is off."""
-        return self._verification.last_verified_step
+        """The last step every rank's checks vouch for: every rank's latest clean sample is at or after it, and no
+        incident since then may have reached the weights (see :mod:`.verdicts.verification`). None before every
+        rank was sampled cleanly, or when replay is off."""
+        return self._outcomes.verification.last_verified_step
 
     def record_checkpoint(self, checkpoint_id: str, step: int, digest: str = "") -> bool:
         """Remember a checkpoint of the state after ``step`` (``sdcguard.checkpoint.save`` calls it on every rank);
         whether that state is verified. Later incidents name the newest verified checkpoint to restart from; with a
         fleet store, the group's first rank records it there."""
-        verified = self._verification.note_checkpoint(checkpoint_id, step).verified
+        verified = self._outcomes.verification.note_checkpoint(checkpoint_id, step).verified
         self._responder.record_checkpoint(checkpoint_id, step, verified, digest)
         return verified
 
     @property
     def nondeterministic(self) -> bool:
         """True once replays on this setup proved not bit-identical (replay checks are then off)."""
-        return self._determinism.state == "nondeterministic"
+        return not self._outcomes.replay_on
 
     def calibrate(self, batch: Batch) -> CalibrationReport:
         """Compute one clean micro-batch (the first rank's ``batch``) twice on every rank: does the setup replay bit
@@ -453,24 +368,11 @@ class SDCGuard:
         handled like any other; a disagreement nobody can settle is ``unresolved``."""
         if self.role != "worker":
             raise RuntimeError("calibrate() runs on the data-parallel workers")
-        cap = make_capture(step=-1, rank=self.dp_rank, micro_batch=0, batch=batch, rng=capture_rng(self.rng_hook))
+        cap = make_capture(step=-1, rank=self.dp_rank, micro_batch=0, batch=batch, rng=capture_rng(self._rng_hook))
         report, j = calibrate(
-            self.comm,
-            lambda c, same: self._replay(c, same),
-            cap,
-            self.device,
-            record_ops=not self.taps.collective_replay,
-            setups=self.setups,
+            self.comm, self._replayer, cap, self.device, record_ops=not self.taps.collective_replay, setups=self.setups
         )
-        found: list[Incident] = []
-        if report.verdict == "deterministic":
-            self._determinism.state = "deterministic"
-        elif report.verdict == "software":
-            self._determinism.declare(f"calibrate(): {report}", list(report.causes))
-        elif j is not None and report.verdict == "hardware":
-            found += self._attr.replay_incidents(-1, [(self.members[0], j)], kind="calibration")
-        elif j is not None:
-            found.append(self._attr.unresolved(-1, self.members[0], j, alone=len(j.suspects) >= self.dp_size))
+        found = self._outcomes.calibrated(report, j, self.members[0], self.dp_size)
         self._responder.handle(found, escalate=self._outcomes.escalating(found))
         return report
 
@@ -478,7 +380,7 @@ class SDCGuard:
         """On a dedicated shadow rank: replay the samples workers send until every worker calls ``close()``."""
         if self.role != "shadow":
             raise RuntimeError("guard.serve() runs on dedicated shadow ranks only")
-        return ShadowServer(self.params, self._replay, num_workers=self.dp_size).serve()
+        return ShadowServer(self.params, self._replayer, num_workers=self.dp_size).serve()
 
     def close(self) -> list[Incident]:
         """End of training: collect outstanding shadow verdicts, release the shadows, remove the hooks."""
@@ -487,37 +389,28 @@ class SDCGuard:
         self._closed = True
         found: list[Incident] = []
         if self.role == "worker":
-            for result in self._round.close():
-                found += [self._outcomes.rollback(i, vetoed=False) for i in self._outcomes.settled(result)]
+            found = [self._outcomes.rollback(i, vetoed=False) for i in self._round.close()]
             self._responder.handle(found, escalate=self._outcomes.escalating(found))
-        if self._checksums.active:
-            self._checksums.end()
+        self._checksums.mode.end()
         self.taps.close()
         return found
 
     def state_dict(self) -> dict[str, Any]:
         """Counters a resumed run needs (the sample counter drives pairings and micro-batch choice)."""
         return {
-            "version": 2,
-            "steps": self._steps,
-            "samples": self._samples,
-            "last_step": self._last_step,
-            "slow": self._slow.state_dict() if self._slow is not None else {},
-            "determinism": self._determinism.state_dict(),
-            "verification": self._verification.state_dict(),
-            "unresolved": sorted(self._outcomes.unresolved),
+            "version": 2, "steps": self._steps, "samples": self._samples, "last_step": self._last_step,
+            "slow": self._slow.state_dict() if self._slow is not None else {}, **self._outcomes.state_dict(),
             "incidents": len(self.incidents),
-        }
+        }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("version") not in (1, 2):
             raise BadInput(f"unknown SDCGuard state version {state.get('version')!r}")
         self._steps, self._samples, self._last_step = int(state["steps"]), int(state["samples"]), state["last_step"]
         if state["version"] == 1:
-            self._determinism.load_state_dict({"state": "nondeterministic" if state["nondeterministic"] else "unknown"})
-        else:
-            self._determinism.load_state_dict(state["determinism"])
-            self._verification.load_state_dict(state.get("verification", {}))
-            self._outcomes.unresolved = {int(r) for r in state.get("unresolved", ())}
-            if self._slow is not None:
-                self._slow.load_state_dict(state.get("slow", {}))
+            determinism = {"state": "nondeterministic" if state["nondeterministic"] else "unknown"}
+            self._outcomes.load_state_dict({"determinism": determinism})
+            return
+        self._outcomes.load_state_dict(state)
+        if self._slow is not None:
+            self._slow.load_state_dict(state.get("slow", {}))

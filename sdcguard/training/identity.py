@@ -1,5 +1,5 @@
-"""Which device this rank computes on, as a fleet device id (the spelling lives in :mod:`sdcguard.devices`), what
-it runs (the setup that decides which kernels compute a result: devices of different setups may compute the same
+"""Which device this rank computes on, as a fleet device id (the spelling lives in :mod:`sdcguard.devices`), what it
+runs (the setup that decides which kernels compute a result: devices of different setups may compute the same
 micro-batch differently without any fault), and which job it belongs to: the one rule for a job's id, read by the
 guard and by the checkpoints it records (:func:`launcher_job_id`)."""
 
@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from ..devices import cpu_id, gpu_id
+from ..devices import cpu_id, gpu_id, hostname
+from .comm import Comm
 
-__all__ = ["local_device_id", "setup_key", "launcher_job_id", "new_job_id"]
+__all__ = ["local_device_id", "setup_key", "launcher_job_id", "new_job_id", "RankIdentity", "JobView", "introduce"]
 
 
 def local_device_id(device: torch.device | None = None) -> str:
@@ -58,3 +61,55 @@ def launcher_job_id() -> str | None:
 def new_job_id() -> str:
     """An id for a job whose launcher gave none (made on one rank and shared in the guard's first gather)."""
     return f"sdcguard-{uuid.uuid4().hex[:16]}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankIdentity:
+    """What a rank tells the others when the guard starts (its part of the guard's first gather)."""
+
+    device: str | None
+    """Its device id (:func:`local_device_id`)."""
+    host: str
+    replica_key: Hashable
+    """Ranks with equal keys hold the same data (replicas); the parallelism's taps say what the key is."""
+    setup: tuple[str, ...]
+    """What decides its kernels (:func:`setup_key`)."""
+    job: str
+    """The job id it would give the job (the first rank's is the job's)."""
+
+
+@dataclass(frozen=True)
+class JobView:
+    """Every rank's identity, by global rank, as every rank holds it after :func:`introduce`."""
+
+    ranks: dict[int, RankIdentity]
+    order: tuple[int, ...]
+    """The global ranks in the order of the gather's group."""
+
+    @property
+    def job(self) -> str:
+        """The job's id: the one the group's first rank gave."""
+        return self.ranks[self.order[0]].job
+
+    @property
+    def identities(self) -> dict[int, tuple[str | None, str]]:
+        """Global rank -> (device id, host)."""
+        return {g: (r.device, r.host) for g, r in self.ranks.items()}
+
+    @property
+    def setups(self) -> dict[int, tuple[str, ...]]:
+        """Global rank -> what its device runs."""
+        return {g: r.setup for g, r in self.ranks.items()}
+
+    def keys(self, members: Sequence[int]) -> list[Hashable]:
+        """The replica keys of ``members`` (global ranks), in their order."""
+        return [self.ranks[g].replica_key for g in members]
+
+
+def introduce(comm: Comm, device: torch.device, replica_key: Hashable, job: str) -> JobView:
+    """Every member's identity (collective over ``comm``: one gather, when the guard starts)."""
+    me = RankIdentity(
+        device=local_device_id(device), host=hostname(), replica_key=replica_key, setup=setup_key(device), job=job
+    )
+    everyone: list[RankIdentity] = comm.gather_objects(me)
+    return JobView(ranks=dict(zip(comm.members, everyone)), order=tuple(comm.members))

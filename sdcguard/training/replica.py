@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import collections
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -35,8 +35,18 @@ from .comm import Comm
 from .hooks.ddp import unwrap
 from .hooks.taps import local
 from .identity import local_device_id
+from .step_check import CheckResult, StepState
 
-__all__ = ["ReplicaCheck", "ReplicaPhases", "fingerprint_column", "odd_ranks", "minority", "vote", "replica_incidents"]
+__all__ = [
+    "GradientReplicaCheck",
+    "ReplicaCheck",
+    "ReplicaPhases",
+    "fingerprint_column",
+    "odd_ranks",
+    "minority",
+    "vote",
+    "replica_incidents",
+]
 
 NO_GRADIENT = 0
 """The value standing for a missing tensor (a parameter without gradient)."""
@@ -200,6 +210,32 @@ class ReplicaPhases:
         if not odd_ranks(list(gathered), self.keys):
             return []
         return replica_incidents(self.comm, kind, step, tensors, self.keys, self.names, self.identities, self.job)
+
+
+class GradientReplicaCheck:
+    """The cross-replica check of the reduced gradients as a step check (:mod:`sdcguard.training.step_check`, slice
+    ``"gradient_replica"``): phase 1 rides in the step's gather; whoever is wrong, a step whose replicas differ is
+    not sound, so any difference vetoes it."""
+
+    name = "gradient_replica"
+
+    def __init__(self, phases: ReplicaPhases, reduced: Callable[[], list[torch.Tensor | None]], device: torch.device):
+        self.phases = phases
+        self.reduced = reduced
+        """The gradients the optimizer will read, on this rank (the parallelism's taps say which)."""
+        self.device = device
+        self._tensors: list[torch.Tensor | None] = []
+
+    def columns(self, state: StepState) -> torch.Tensor:
+        self._tensors = self.reduced()
+        return self.phases.column(self._tensors, self.device)  # on the device, no sync
+
+    def conclude(self, state: StepState, rows: Sequence[Sequence[int]]) -> CheckResult:
+        found = self.phases.incidents(self.name, state.step, self._tensors, [row[0] for row in rows])
+        self._tensors = []
+        return CheckResult(
+            incidents=tuple(found), veto=bool(found), ran="gradient_replica" if self.phases.active else None
+        )
 
 
 def _is_sharded(p: torch.Tensor) -> bool:

@@ -14,16 +14,18 @@ import contextlib
 import json
 import os
 import sys
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Literal
 
 from ..errors import CorruptionDetected
+from ..logs import get_logger
 from ..records import PASSIVE_KINDS, Incident
 from .config import EXIT_RESTART, EXIT_SUSPECT_DEVICE, Escalate, OnDetect
 
 __all__ = ["Responder", "exit_status"]
+
+_log = get_logger("training")
 
 
 def exit_status(rank: int, incidents: Sequence[Incident]) -> int:
@@ -93,11 +95,7 @@ class Responder:
                     checkpoint_id=checkpoint_id, step=step, verified=verified, digest=digest, job=self.job
                 )
         except Exception as e:  # never crash training over bookkeeping
-            warnings.warn(
-                f"sdcguard: could not record checkpoint {checkpoint_id} in {self.store}: {e}",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+            _log.warning("could not record checkpoint %s in %s: %s", checkpoint_id, self.store, e)
 
     def _record(self, found: list[Incident]) -> None:
         if self.store is None or not self.writer:
@@ -109,9 +107,6 @@ class Responder:
                 for incident in found:
                     store.record_incident(incident)
         except Exception as e:  # never crash training over bookkeeping: the incident stays in memory
-            warnings.warn(
-                f"sdcguard: could not record {len(found)} incident(s) in {self.store}: {e}; "
-                "they are kept in guard.incidents",
-                RuntimeWarning,
-                stacklevel=4,
+            _log.warning(
+                "could not record %d incident(s) in %s: %s; they are kept in guard.incidents", len(found), self.store, e
             )

@@ -40,8 +40,18 @@ import torch
 from ..medians import median_lower_bound
 from ..records import SLOW_KIND, Incident
 from .rounds.pairing import peer_source, peer_target
+from .step_check import CheckResult, StepState
 
-__all__ = ["SlowWatch", "RankSlowness", "PhaseClock", "SlowJudge", "pair_slowdowns", "COLUMNS"]
+__all__ = [
+    "SlowWatch",
+    "RankSlowness",
+    "PhaseClock",
+    "IdleClock",
+    "TimingCheck",
+    "SlowJudge",
+    "pair_slowdowns",
+    "COLUMNS",
+]
 
 COLUMNS = 6
 """int64 columns every rank adds to every step's gather: the sample the figures belong to (-1: none), original and
@@ -195,6 +205,50 @@ class PhaseClock:
             int(wait_s * 1e6),
         ]
         self._pending_spans = None
+
+
+class IdleClock(PhaseClock):
+    """The clock of a guard that does not time (``slow=None``, dedicated shadows, one rank): every call does
+    nothing, so the guard calls the clock alike either way."""
+
+    def __init__(self) -> None:
+        super().__init__(torch.device("cpu"))
+
+    def begin_step(self) -> None:
+        pass
+
+    def end_compute(self, sample: int | None) -> None:
+        pass
+
+    @contextmanager
+    def replay(self) -> Iterator[None]:
+        yield
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        yield
+
+    def end_step(self) -> None:
+        pass
+
+
+class TimingCheck:
+    """Slowness as a step check (:mod:`sdcguard.training.step_check`, slice ``"timing"``): the previous step's
+    figures ride this step's gather; a ``slow`` incident never vetoes."""
+
+    name = "timing"
+
+    def __init__(self, clock: PhaseClock, judge: SlowJudge, device: torch.device) -> None:
+        self.clock = clock
+        self.judge = judge
+        self.device = device
+
+    def columns(self, state: StepState) -> torch.Tensor:
+        self.clock.settle()
+        return torch.tensor(self.clock.columns(), dtype=torch.int64, device=self.device)
+
+    def conclude(self, state: StepState, rows: Sequence[Sequence[int]]) -> CheckResult:
+        return CheckResult(incidents=tuple(self.judge.observe(state.step, rows)))
 
 
 def pair_slowdowns(sample: int, original: Sequence[int], replayed: Sequence[int]) -> list[float | None]:

@@ -30,6 +30,7 @@ from sdcguard.cli import cli
 from sdcguard.errors import BadInput
 from sdcguard.testing import run_ranks
 from sdcguard.testing.models import TinyTransformer, lm_loss, make_batch
+from tests._logs import expect_log
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -150,7 +151,7 @@ def test_a_damaged_host_copy_stops_the_write_and_names_the_tensor(tmp_path: Path
     _train(model, guard, opt, range(2))
     saver = checkpoint.AsyncCheckpointer(stager=DamagingStager("model.blocks.0.fc1.weight"))
     saver.save({"model": model.state_dict()}, checkpoint_id=tmp_path / "c", guard=guard)
-    with pytest.warns(RuntimeWarning, match=r"failed .*model\.blocks\.0\.fc1\.weight"):
+    with expect_log(r"failed .*model\.blocks\.0\.fc1\.weight"):
         info = saver.wait()
     assert info is not None and not info.saved and info.verified is False
     assert "host copy staged" in (info.error or "")
@@ -174,7 +175,7 @@ def test_a_background_write_that_fails_is_reported_and_never_verified(tmp_path: 
         else:
             stack.enter_context(read_only(target))
         saver.save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=target, guard=guard)
-        with pytest.warns(RuntimeWarning, match="asynchronous save of .* failed"):
+        with expect_log("asynchronous save of .* failed"):
             info = saver.wait()
     assert info is not None and not info.saved and info.verified is False and info.error
     assert not (target / checkpoint.SIDECAR).exists() and not (target / ".metadata").exists()
@@ -241,7 +242,7 @@ def test_a_store_gone_wrong_in_the_one_pass_host_copy_is_caught(
     monkeypatch.setattr(staging, "copy_and_fingerprint", copy_then_flip)
     saver.save(state, checkpoint_id=tmp_path / "c", guard=guard)
     first = next(iter(state["model"]))
-    with pytest.warns(RuntimeWarning, match=rf"failed .*model\.{first}"):
+    with expect_log(rf"failed .*model\.{first}"):
         info = saver.wait()
     assert info is not None and not info.saved and "host copy staged" in (info.error or "")
     assert not (tmp_path / "c" / ".metadata").exists()

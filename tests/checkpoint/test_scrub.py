@@ -25,6 +25,7 @@ from sdcguard.checkpoint.scrub import latest_good, scrub, scrub_one
 from sdcguard.cli import cli
 from sdcguard.testing.models import TinyTransformer
 from tests._checkpoints import flip_byte_of, trained
+from tests._logs import expect_log
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -230,7 +231,7 @@ def test_fallback_loads_the_newest_checkpoint_that_is_verified_and_still_verifie
     flip_byte_of(root / "step2", "model.tok.weight")
 
     target_model, target_opt, _ = _trained(1)
-    with pytest.warns(RuntimeWarning, match="passing over 2 newer"):
+    with expect_log("passing over 2 newer"):
         info = checkpoint.load(_state(target_model, target_opt), checkpoint_id=root, fallback=True)
     assert Path(info.checkpoint_id) == root / "step1" and info.verified
     assert [Path(s.split(":")[0]).name for s in info.skipped] == ["step9", "step2"]
@@ -238,7 +239,7 @@ def test_fallback_loads_the_newest_checkpoint_that_is_verified_and_still_verifie
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), target_model.state_dict().values()))
 
     # naming one checkpoint: it, then its older siblings
-    with pytest.warns(RuntimeWarning):
+    with expect_log("passing over"):
         info = checkpoint.load(_state(target_model, target_opt), checkpoint_id=root / "step2", fallback=True)
     assert Path(info.checkpoint_id) == root / "step1"
 
@@ -253,7 +254,7 @@ def test_fallback_loads_the_newest_checkpoint_that_is_verified_and_still_verifie
             ("step2", True),
             ("step9", False),
         ]
-    with pytest.warns(RuntimeWarning):
+    with expect_log("passing over"):
         info = checkpoint.load(_state(target_model, target_opt), checkpoint_id=root, store=db)
     assert Path(info.checkpoint_id) == root / "step1"
     assert latest_good(root, store=db)[0] == root / "step1"

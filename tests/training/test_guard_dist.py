@@ -27,6 +27,7 @@ from sdcguard.inject.faults import Fault
 from sdcguard.inject.torch_faults import CorruptingCommHook, OpFaultMode
 from sdcguard.testing import run_ranks
 from sdcguard.testing.models import TinyTransformer, lm_loss, make_batch
+from tests._logs import logged
 
 pytestmark = pytest.mark.distributed
 
@@ -281,8 +282,7 @@ def _fsdp_no_sync_job(rank: int, world: int) -> dict[str, Any]:
     model, _ = _build("fsdp", rank, world)
     guard = SDCGuard(model, lm_loss, replay_every=1)
     out = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with logged() as caught:
         for step in range(4):
             no_sync = step < 2
             guard.begin_step(step, micro_batches=2)
@@ -298,7 +298,7 @@ def _fsdp_no_sync_job(rank: int, world: int) -> dict[str, Any]:
             model.zero_grad(set_to_none=True)
     return {
         "steps": out,
-        "warned": any("not seen on their own" in str(w.message) for w in caught),
+        "warned": any("not seen on their own" in m for m in caught),
         "verified": guard.last_verified_step,
     }
 

@@ -30,7 +30,6 @@ the dispatcher); replay and the cross-replica checks still cover them.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -39,10 +38,13 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, _get_current_dispatch_mode
 
+from ...logs import get_logger
 from .bound import DEFAULT_ROWS, VacuousBound, check_matmul, unverifiable
 from .precision import DEFAULT_SPLITS, Precision, precision_for
 
 __all__ = ["ChecksumMode", "ChecksumFailure", "MatmulCall", "Pass"]
+
+_log = get_logger("training")
 
 Pass = Literal["forward", "dX", "dW"]
 
@@ -257,11 +259,7 @@ class ChecksumMode(TorchDispatchMode):
         key = f"{what}:{type(e).__name__}"
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(
-                f"sdcguard: could not check {what} ({type(e).__name__}: {e}); such calls count as run, not checked",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            _log.warning("could not check %s (%s: %s); such calls count as run, not checked", what, type(e).__name__, e)
 
     def _precision(self, out: torch.Tensor) -> Precision | None:
         key = (out.dtype, self.settings_of or out.device.type)
@@ -280,11 +278,8 @@ class ChecksumMode(TorchDispatchMode):
         self.reasons[group] = [1, f"aten.{name} in {where}", why]
         if group not in self._warned:
             self._warned.add(group)
-            warnings.warn(
-                f"sdcguard: matmuls with {group} are counted unverifiable, not checked: {why}. "
-                + self._remedy(p, out, args),
-                RuntimeWarning,
-                stacklevel=4,
+            _log.warning(
+                "matmuls with %s are counted unverifiable, not checked: %s. %s", group, why, self._remedy(p, out, args)
             )
 
     def _remedy(self, p: Precision, out: torch.Tensor, args: Any) -> str:

@@ -20,7 +20,7 @@ from ..digest import Digest, LocalRecord
 from ..hooks.taps import Taps
 from .capture import Batch, Capture, RngHook, autocast_replayed, batch_for_replay, rng_replayed
 
-__all__ = ["LossFn", "replay", "check_loss", "parameters_swapped"]
+__all__ = ["LossFn", "replay", "check_loss", "parameters_swapped", "Replayer"]
 
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 """``loss_fn(model, batch) -> scalar loss``; the guard calls it for the step and for every replay."""
@@ -94,3 +94,40 @@ def replay(
             seed = None if capture.seed is None else capture.seed.to(device=loss.device, dtype=loss.dtype)
             taps.replay_backward(loss, seed, record)
     return record.digest()
+
+
+class Replayer:
+    """This rank's replays, as the rounds and the calibration ask for them: ``replayer(capture, same_process)`` (at
+    the live parameters) or ``replayer(capture, same_process, values)`` (at other values of the same parameters).
+
+    ``timed`` wraps each replay (the guard's clock times replays apart from the step); :attr:`replaying` is True
+    while one runs, so a framework hook that sees a forward then knows it is the guard's own."""
+
+    def __init__(
+        self,
+        taps: Taps,
+        loss_fn: LossFn,
+        *,
+        device: torch.device,
+        params: Sequence[nn.Parameter],
+        rng_hook: RngHook | None = None,
+        timed: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+    ) -> None:
+        self.taps = taps
+        self.loss_fn = loss_fn
+        self.device = device
+        self.params = list(params)
+        self.rng_hook = rng_hook
+        self.timed = timed
+        self.replaying = False
+
+    def __call__(self, capture: Capture, same_process: bool, values: Sequence[torch.Tensor] | None = None) -> Digest:
+        self.replaying = True
+        try:
+            with self.timed():
+                return replay(
+                    self.taps, self.loss_fn, capture, device=self.device, rng_hook=self.rng_hook,
+                    same_process=same_process, params=self.params, param_values=values,
+                )  # fmt: skip
+        finally:
+            self.replaying = False

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from ...fingerprints import combine, signed64
 from ...records import Incident
@@ -25,17 +25,28 @@ from ..comm import Comm
 from ..digest import Digest
 from ..replay.capture import Capture
 from ..replay.observe import Observed
+from ..replay.recompute import Replayer
 from ..verdicts.attribution import Attributor, Judgement, Opinion, judge
 from ..verdicts.calibration import OpRecorder
 from ..verdicts.outcomes import RoundResult, conclude
 from .pairing import peer_source, peer_target
-from .round import ReplayFn
 
-__all__ = ["PeerRound", "COLUMNS"]
+__all__ = ["PeerRound", "COLUMNS", "SettleOpinion", "JUDGED"]
 
 COLUMNS = 7
 """int64 values a rank adds to the per-step gather on a sampled step: original (units, loss, loss known), replay
 (units, loss, loss known), and whether the original could be observed on its own."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SettleOpinion:
+    """What a rank contributes when a mismatching micro-batch is settled: its rerun (and the aten ops it ran), its
+    original when it owns the micro-batch, its round-1 replay when it replayed it."""
+
+    rerun: Digest
+    ops: tuple[str, ...] = ()
+    original: Digest | None = None
+    replay: Digest | None = None
 
 
 @dataclass
@@ -44,6 +55,10 @@ class _Sampled:
     capture: Capture
     original: Digest
     replay: Digest
+
+
+JUDGED = 6
+"""Index, among a rank's :data:`COLUMNS`, of whether its original could be observed on its own."""
 
 
 def _cols(d: Digest) -> list[int]:
@@ -60,7 +75,7 @@ class PeerRound:
     def __init__(
         self,
         comm: Comm,
-        replay_fn: ReplayFn,
+        replay_fn: Replayer,
         attributor: Attributor,
         *,
         record_ops: bool,
@@ -105,7 +120,7 @@ class PeerRound:
             return []
         W = self.comm.size
         pairs = [(peer_source(r, st.sample, W), r) for r in range(W)]
-        judged = [(p, r) for p, r in pairs if table[p][6]]  # an original not seen on its own cannot be judged
+        judged = [(p, r) for p, r in pairs if table[p][JUDGED]]  # an original not seen on its own cannot be judged
         result = RoundResult(step=step, unjudged=len(judged) < W)
         seen = {self.comm.members[p] for p, _ in judged}
         bad = [(p, r) for p, r in judged if not _same(table[p][:3], table[r][3:6])]
@@ -143,14 +158,17 @@ class PeerRound:
                 rerun = self.replay_fn(cap, me == p)
         else:
             rerun = self.replay_fn(cap, me == p)
-        mine: dict[str, Any] = {"rerun": rerun, "ops": sorted(recorder.seen) if recorder else []}
-        if me == p:
-            mine["original"] = st.original
-        if me == r:
-            mine["replay"] = st.replay
-        everyone = self.comm.gather_objects(mine)
-        ops = {op for e in everyone for op in e["ops"]}
-        original = Opinion(g[p], everyone[p]["original"])
+        mine = SettleOpinion(
+            rerun=rerun,
+            ops=tuple(sorted(recorder.seen)) if recorder else (),
+            original=st.original if me == p else None,
+            replay=st.replay if me == r else None,
+        )
+        everyone: list[SettleOpinion] = self.comm.gather_objects(mine)
+        ops = {op for e in everyone for op in e.ops}
+        owner, replayer = everyone[p].original, everyone[r].replay
+        assert owner is not None and replayer is not None  # the owner and the replayer sent theirs
+        original = Opinion(g[p], owner)
         # the replay first, then every device's rerun (the owner's and the replayer's show self-consistency)
-        others = [Opinion(g[r], everyone[r]["replay"])] + [Opinion(g[q], everyone[q]["rerun"]) for q in range(W)]
+        others = [Opinion(g[r], replayer)] + [Opinion(g[q], everyone[q].rerun) for q in range(W)]
         return judge(original, others, self.setups), ops

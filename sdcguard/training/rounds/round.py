@@ -3,24 +3,26 @@
 A :class:`Round` adds a fixed number of int64 columns to the guard's one per-step all-gather and, from the gathered
 table, returns what it settled as :class:`~sdcguard.training.verdicts.outcomes.RoundResult`\\ s (the peer round:
 the current step; a dedicated shadow: earlier steps whose verdicts arrived), concluded by one rule for every kind
-of round (:func:`~sdcguard.training.verdicts.outcomes.conclude`).
+of round (:func:`~sdcguard.training.verdicts.outcomes.conclude`). :class:`RoundCheck` makes any round one of the
+guard's step checks (:mod:`sdcguard.training.step_check`): the round's columns are its slice, and the results it
+settles become incidents through :class:`~sdcguard.training.verdicts.outcomes.Outcomes`, vetoing the step when the
+step's own computation was corrupt.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Literal, Protocol
 
+import torch
+
 from ...records import Incident
-from ..digest import Digest
-from ..replay.capture import Capture
 from ..replay.observe import Observed
-from ..verdicts.outcomes import RoundResult
+from ..step_check import CheckResult, StepState
+from ..verdicts.outcomes import Outcomes, RoundResult
 
-__all__ = ["Round", "ReplayFn"]
-
-ReplayFn = Callable[[Capture, bool], Digest]
-"""``replay(capture, same_process) -> Digest`` on this rank."""
+__all__ = ["Round", "RoundCheck"]
 
 
 class Round(Protocol):
@@ -45,3 +47,47 @@ class Round(Protocol):
 
     def close(self) -> list[RoundResult]:
         """End of training: settle what is outstanding."""
+
+
+class RoundCheck:
+    """A :class:`Round` as a step check (slice ``"round"``): see the module docstring."""
+
+    name = "round"
+
+    def __init__(
+        self, round: Round, outcomes: Outcomes, device: torch.device, log: logging.LoggerAdapter[logging.Logger], *,
+        speaks: bool,
+    ) -> None:  # fmt: skip
+        self.round = round
+        self.outcomes = outcomes
+        self.device = device
+        self.log = log
+        self.speaks = speaks
+        """Whether this rank says the one-time warnings (one rank per group does)."""
+        self._warned_unjudged = False
+
+    def columns(self, state: StepState) -> torch.Tensor:
+        values = self.round.columns(state.step, state.sample, state.sampled, state.observed)
+        return torch.tensor(values, dtype=torch.int64, device=self.device)
+
+    def conclude(self, state: StepState, rows: Sequence[Sequence[int]]) -> CheckResult:
+        results = self.round.finish(state.step, state.sample, state.sampled, rows)
+        if any(r.unjudged for r in results):
+            self._warn_unjudged()
+        found = [i for r in results for i in self.outcomes.settled(r)]
+        veto = any(r.corrupt and r.vetoable and r.step == state.step for r in results)  # settled() cleared software
+        return CheckResult(incidents=tuple(found), veto=veto, ran="replay" if state.sampled else None)
+
+    def close(self) -> list[Incident]:
+        """End of training: what the round still had outstanding (a dedicated shadow's verdicts)."""
+        return [i for r in self.round.close() for i in self.outcomes.settled(r)]
+
+    def _warn_unjudged(self) -> None:
+        if not self._warned_unjudged and self.speaks:
+            self._warned_unjudged = True
+            self.log.warning(
+                "a sampled micro-batch's local gradients were not seen on their own (its backward reduced nothing, "
+                "or the step accumulated micro-batches without reducing them: FSDP2 "
+                "set_requires_gradient_sync(False)); such samples are not judged. Keep gradient sync on for "
+                "accumulation to have them checked"
+            )

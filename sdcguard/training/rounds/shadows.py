@@ -26,33 +26,40 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ...errors import CorruptionDetected
 from ...records import Incident
-from ..comm import Comm, comm_device, recv_object, recv_tensors_, send_object, send_stop, send_tensors
+from ..comm import (
+    Comm,
+    comm_device,
+    irecv_tensor,
+    recv_object,
+    recv_tensors_,
+    send_object,
+    send_stop,
+    send_tensor,
+    send_tensors,
+)  # fmt: skip
 from ..digest import Digest
 from ..replay.capture import Capture
 from ..replay.observe import Observed
+from ..replay.recompute import Replayer
 from ..verdicts.attribution import Attributor, Opinion, judge
 from ..verdicts.outcomes import RoundResult, conclude
 from .pairing import shadow_assignment
 from .wire import VERDICT_LEN, Escalation, Fetch, ShadowSample, Verdict, flat_buffers, flat_views
 
-__all__ = ["ShadowServer", "DedicatedRound", "MAX_PENDING"]
+__all__ = ["ShadowServer", "DedicatedRound", "ShadowSettle", "MAX_PENDING"]
 
 MAX_PENDING = 2
 """Samples a shadow may lag behind before the workers wait for its oldest verdict."""
-
-ReplayAt = Callable[[Capture, bool, Sequence[torch.Tensor] | None], Digest]
-"""``replay(capture, same_process, parameter values or None for the live ones) -> Digest``."""
 
 
 class ShadowServer:
     """The loop a dedicated shadow rank runs until every worker has stopped (``SDCGuard.close()``)."""
 
-    def __init__(self, params: Sequence[nn.Parameter], replay_fn: ReplayAt, *, num_workers: int) -> None:
+    def __init__(self, params: Sequence[nn.Parameter], replay_fn: Replayer, *, num_workers: int) -> None:
         self.params = list(params)
         self.replay_fn = replay_fn
         self.num_workers = num_workers
@@ -102,7 +109,7 @@ class ShadowServer:
         verdict = Verdict(
             sample=sample.sample, step=sample.step, matched=matched, first_unit=first, loss_differs=loss_differs
         )
-        dist.send(verdict.to_tensor(comm_device(None)), sender)
+        send_tensor(verdict.to_tensor(comm_device(None)), sender)
         self.replays += 1
 
 
@@ -146,6 +153,14 @@ class Arrival:
             self.work.wait()
 
 
+@dataclass(frozen=True, kw_only=True)
+class ShadowSettle:
+    """What a worker contributes when a shadow's disagreement is settled: its two reruns, and the owner's original."""
+
+    reruns: tuple[Digest, ...]
+    original: Digest | None
+
+
 @dataclass
 class _Pending:
     """A sample sent to a shadow, waiting for its verdict (every worker keeps the metadata)."""
@@ -168,7 +183,7 @@ class DedicatedRound:
         comm: Comm,
         shadows: Sequence[int],
         params: Sequence[nn.Parameter],
-        replay_fn: ReplayAt,
+        replay_fn: Replayer,
         attributor: Attributor,
     ) -> None:
         self.comm = comm
@@ -229,7 +244,7 @@ class DedicatedRound:
             handles = send_object(msg, pending.shadow)
             self._in_flight = (handles[0] + send_tensors(self._staging, pending.shadow), handles)
             pending.verdict = torch.zeros(VERDICT_LEN, dtype=torch.int64, device=device)
-            pending.verdict_work = Arrival(dist.irecv(pending.verdict, src=pending.shadow), device)
+            pending.verdict_work = Arrival(irecv_tensor(pending.verdict, pending.shadow), device)
             pending.original = original
         self._pending.append(pending)
         return results
@@ -286,11 +301,15 @@ class DedicatedRound:
         cap, shadow_digest = self.comm.broadcast_object(payload, src=owner)
         self.comm.broadcast_tensors_(flats, src=owner)
         reruns = [self.replay_fn(cap, me == owner, values) for _ in range(2)]
-        everyone = self.comm.gather_objects({"reruns": reruns, "original": pending.original})
+        everyone: list[ShadowSettle] = self.comm.gather_objects(
+            ShadowSettle(reruns=tuple(reruns), original=pending.original)
+        )
         others = [Opinion(pending.shadow, shadow_digest)] + [
-            Opinion(g[q], d) for q in range(self.comm.size) for d in everyone[q]["reruns"]
+            Opinion(g[q], d) for q in range(self.comm.size) for d in everyone[q].reruns
         ]
-        j = judge(Opinion(g[owner], everyone[owner]["original"]), others, contemporary=False)
+        original = everyone[owner].original
+        assert original is not None  # the owner kept its original
+        j = judge(Opinion(g[owner], original), others, contemporary=False)
         conclude(pending.step, [(g[owner], j)], self.attr, devices=self.comm.size + 1, shared_cause_at=3, result=result)
 
     def escalate(

@@ -17,20 +17,30 @@ from __future__ import annotations
 
 import contextlib
 import os
-import warnings
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ...logs import get_logger
 from ..comm import Comm
 from ..digest import Digest
 from ..replay.capture import Capture
 from .attribution import Judgement, settle
 
-__all__ = ["CalibrationReport", "Determinism", "OpRecorder", "calibrate", "likely_causes", "setup_warnings"]
+__all__ = [
+    "CalibrationReport",
+    "CalibrationRun",
+    "Determinism",
+    "OpRecorder",
+    "calibrate",
+    "likely_causes",
+    "setup_warnings",
+]
+
+_log = get_logger("training")
 
 # Ops whose CUDA kernels accumulate with atomics (order-dependent float sums): the usual reason a replay differs.
 NONDETERMINISTIC_OPS = (
@@ -169,11 +179,11 @@ class Determinism:
 
     def warn(self) -> None:
         msg = (
-            f"sdcguard: replays on this setup are not bit-identical ({self.reason}). No device is blamed for it "
+            f"replays on this setup are not bit-identical ({self.reason}). No device is blamed for it "
             "and no step is vetoed for it; replay checks are off for this run, cross-replica checks stay on. "
             f"Likely causes: {'; '.join(self.causes)}"
         )
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        _log.warning("%s", msg)
 
     def state_dict(self) -> dict[str, Any]:
         return {"state": self.state, "causes": list(self.causes), "reason": self.reason}
@@ -184,9 +194,24 @@ class Determinism:
         self.reason = state.get("reason")
 
 
+@dataclass(frozen=True, kw_only=True)
+class CalibrationRun:
+    """One rank's two computations of the calibration micro-batch, and the aten ops the first ran."""
+
+    first: Digest
+    again: Digest
+    third: Digest | None = None
+    """A third computation, in a single process whose first two differ (see :func:`calibrate`)."""
+    ops: tuple[str, ...] = ()
+
+    @property
+    def computations(self) -> list[Digest]:
+        return [self.first, self.again] + ([self.third] if self.third is not None else [])
+
+
 def calibrate(
     comm: Comm,
-    replay_fn: Any,
+    replay_fn: Callable[[Capture, bool], Digest],
     cap: Capture,
     device: torch.device,
     *,
@@ -204,16 +229,15 @@ def calibrate(
     with recorder if recorder is not None else contextlib.nullcontext():
         first: Digest = replay_fn(cap, comm.index == 0)
     again: Digest = replay_fn(cap, comm.index == 0)
-    mine = [first, again]
-    if comm.size == 1 and again != first:  # one process: no collective, so no rank can decide otherwise
-        mine.append(replay_fn(cap, True))
-    gathered = comm.gather_objects((mine, sorted(recorder.seen) if recorder else []))
-    computations = {g: list(e[0]) for g, e in zip(comm.members, gathered)}
-    if all(d == first for e in gathered for d in e[0]):
+    third = replay_fn(cap, True) if comm.size == 1 and again != first else None  # one process: no collective
+    mine = CalibrationRun(first=first, again=again, third=third, ops=tuple(sorted(recorder.seen)) if recorder else ())
+    gathered: list[CalibrationRun] = comm.gather_objects(mine)
+    computations = {g: e.computations for g, e in zip(comm.members, gathered)}
+    if all(d == first for e in gathered for d in e.computations):
         return CalibrationReport(deterministic=True, same_device=True, cross_rank=True, verdict="deterministic"), None
     j = settle(computations, setups)
     if j.verdict == "software":
-        differing, causes = j.inconsistent, likely_causes({op for e in gathered for op in e[1]}, device)
+        differing, causes = j.inconsistent, likely_causes({op for e in gathered for op in e.ops}, device)
     else:
         differing, causes = (tuple(sorted(j.blamed)) if j.verdict == "hardware" else j.suspects), []
     report = CalibrationReport(

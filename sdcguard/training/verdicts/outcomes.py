@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
 from ...records import Incident
 from .attribution import Attributor, Judgement
-from .calibration import Determinism, likely_causes
+from .calibration import CalibrationReport, Determinism, likely_causes
 from .verification import Verification
 
 __all__ = ["Outcomes", "RoundResult", "conclude"]
@@ -146,6 +147,40 @@ class Outcomes:
         if self.speaks:
             self.determinism.warn()
         return [self.attr.nondeterministic(result.step or 0, reason, self.determinism.causes)]
+
+    @property
+    def replay_on(self) -> bool:
+        """False once replays on this setup proved not bit-identical (replay checks are then off for the run)."""
+        return self.determinism.state != "nondeterministic"
+
+    def calibrated(self, report: CalibrationReport, j: Judgement | None, first: int, devices: int) -> list[Incident]:
+        """What a ``calibrate()`` concludes (``j``: its judgement of the disagreement, ``first``: the rank whose
+        micro-batch it computed, ``devices``: how many computed it): the setup replays, software does not, or a
+        device was named (``calibration``) or nobody could be (``unresolved``)."""
+        if report.verdict == "deterministic":
+            self.determinism.state = "deterministic"
+            return []
+        if report.verdict == "software":
+            self.determinism.declare(f"calibrate(): {report}", list(report.causes))
+            return []
+        if j is None:
+            return []
+        if report.verdict == "hardware":
+            return self.attr.replay_incidents(-1, [(first, j)], kind="calibration")
+        return [self.attr.unresolved(-1, first, j, alone=len(j.suspects) >= devices)]
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run keeps of these conclusions."""
+        return {
+            "determinism": self.determinism.state_dict(),
+            "verification": self.verification.state_dict(),
+            "unresolved": sorted(self.unresolved),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.determinism.load_state_dict(state.get("determinism", {}))
+        self.verification.load_state_dict(state.get("verification", {}))
+        self.unresolved = {int(r) for r in state.get("unresolved", ())}
 
     def escalating(self, found: list[Incident]) -> list[Incident]:
         """The incidents among ``found`` that escalate: a device named sticky, or an unresolved verdict naming a

@@ -10,7 +10,6 @@ with one rank faulty, still name that rank.
 
 from __future__ import annotations
 
-import warnings
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from sdcguard.inject.faults import Fault
 from sdcguard.inject.torch_faults import OpFaultMode
 from sdcguard.testing import run_ranks
 from sdcguard.testing.models import make_batch
+from tests._logs import logged
 from tests._nondeterministic import NoisyModel, ShuffledSumModel, loss
 
 pytestmark = pytest.mark.distributed
@@ -43,8 +43,7 @@ def _job(rank: int, world: int, which: str, deterministic: bool, store: str, fau
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     torch.manual_seed(100 + rank)
     commits, kinds = [], []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with logged() as caught:
         for step in range(STEPS):
             mode = None
             if fault is not None and fault == (step, rank):
@@ -63,7 +62,7 @@ def _job(rank: int, world: int, which: str, deterministic: bool, store: str, fau
             if report.commit:
                 opt.step()
             opt.zero_grad(set_to_none=True)
-    messages = [str(w.message) for w in caught if "not bit-identical" in str(w.message)]
+    messages = [m for m in caught if "not bit-identical" in m]
     return {"commits": commits, "incidents": kinds, "warnings": messages, "state": guard.state_dict()}
 
 
