@@ -309,18 +309,21 @@ class ChecksumMode(TorchDispatchMode):
             return
         k = a.shape[-1] + (1 if bias is not None else 0)
         why = unverifiable(p, out.dtype, m=out.shape[-2], k=k, rows=self.rows)
-        if why is not None:
-            self._note_unverifiable(why, p, name, (a, b, k), out)
+        count: torch.Tensor | None = None
         try:
             # the check's own ops are no computation of the model's: no mode below this one sees them (this one is
             # off in here; switching modes costs a little, so only when there is one)
             below = _disable_current_modes() if torch._C._len_torch_dispatch_stack() else contextlib.nullcontext()
             with below:
                 count = check_matmul(a, b, out, bias=bias, precision=p, rows=self.rows)
-        except VacuousBound:  # counted unverifiable above: no result could fail it
-            return
-        if why is None:
+        except VacuousBound:  # no result could fail it: unverifiable, and nothing to read
+            pass
+        if why is not None:  # counted once the check was made (an exception above leaves the matmul only run)
+            self._note_unverifiable(why, p, name, (a, b, k), out)
+        else:
             self.checked += 1
+        if count is None:
+            return
         if out.device.type == "cpu":  # reading the count costs no sync here: recompute now, while operands live
             if n := int(count):
                 self._failures.append(self._recheck(self._call(name, func, args, a, b, out), n))
