@@ -1,12 +1,12 @@
 """The same benchmark on two commits, side by side in one run: does a change cost the guard's hot path anything?
 
 Runs ``benchmarks/replay_overhead.py`` (with the options after ``--``) alternately on a checkout of ``--base`` and on
-``--new`` (default: this working tree), ``--pairs`` times each (base, this, base, this, ...), so machine noise hits both alike, and prints
-per configuration the ratio this/base of the time spent inside the guard's own calls (``end_step`` and
-``after_optimizer_step`` on worker 0) and of the step, as the median over the pairs with its range. The base
-checkout (and a ``--new`` one) is a git worktree in a temporary directory with its C engines built in place, so both trees run the same
-compiled code paths; the instrument (the benchmark script and its model, ``sdcguard/testing``) is this tree's on both
-sides. Run::
+``--new`` (default: this working tree), ``--pairs`` times each (base, this, base, this, ...), so machine noise hits both
+alike, and prints per configuration the ratio this/base of the time spent inside the guard's own calls (``end_step`` and
+``after_optimizer_step`` on worker 0) and of the step, as the median over the pairs with its range. The base checkout
+(and a ``--new`` one) is a git worktree in a temporary directory with its C engines built in place, so both trees run
+the same compiled code paths; the instrument (the benchmark script and its model, ``sdcguard/testing``) is this tree's
+on both sides. Run::
 
     python benchmarks/compare_commits.py --base d836e33 --pairs 3 -- --rounds 3 --steps 10 --only peer sum1
 """
@@ -91,9 +91,8 @@ def main() -> None:
                     subprocess.run(["git", "worktree", "remove", "--force", str(paths[key])], cwd=ROOT,
                                    capture_output=True)  # fmt: skip
     ran = " ".join(options)
-    print(
-        f"{args.new or 'this tree'} / {args.base}, median of {args.pairs} alternating pairs [min, max]; replay_overhead.py {ran}"
-    )
+    new = args.new or "this tree"
+    print(f"{new} / {args.base}, median of {args.pairs} alternating pairs [min, max]; replay_overhead.py {ran}")
     for key, what in (("inside", "time inside the guard's calls"), ("times", "step time")):
         print(what + ":")
         for name, rs in _ratios(pairs, key).items():

@@ -167,7 +167,7 @@ def main() -> None:
     node_paths = [nodes_dir / f"{h}.db" for h in hosts]
 
     stats, t_merge, c_merge = _timed(lambda: merge_stores(fleet_db, node_paths))
-    with Store.open(fleet_db, create=False) as store:
+    with Store.open(fleet_db, create=False, readonly=True) as store:
         merged_rows, t_count0, c_count0 = _timed(lambda: store.row_count("results"))
     print(
         f"1. {len(node_paths):,} node stores of {args.merge_days} days ({scans:,} scans of {len(DEFAULT_CASES)} "
@@ -225,7 +225,7 @@ def main() -> None:
 
 def _measure(fleet_db: Path, now: float, keep: int) -> None:
     size = fleet_db.stat().st_size
-    with Store.open(fleet_db, create=False) as store:
+    with Store.open(fleet_db, create=False, readonly=True) as store:
         rows, t_count, c_count = _timed(lambda: store.row_count("results"))
         print(
             f"store: {size / 1e6:.0f} MB; {rows:,} result rows (the last {keep} days), "

@@ -4,9 +4,9 @@
 :mod:`sdcguard.cli`). The pieces: :mod:`.options` (the scan's settings, defined once) and :mod:`.config` (the
 config file); :mod:`.devices` (which devices, their telemetry, idle checks and per-device locks);
 :mod:`.device_scan` (one device's scan in its own process: case order and budget, retests in a fresh process,
-crash-safe recording, its summary); :mod:`.stop` (SIGTERM and SIGINT), :mod:`.runner` (the whole machine, then the
-policy), :mod:`.progress` (rich bar or JSON lines) and :mod:`.sim` (a simulated fleet running the same recording and
-policy).
+crash-safe recording, its summary, the requests its processes get); :mod:`.stop` (SIGTERM and SIGINT),
+:mod:`.runner` (the whole machine, then the policy), :mod:`.events` (what the scan reports, one dataclass per kind),
+:mod:`.progress` (rich bar or JSON lines) and :mod:`.sim` (a simulated fleet running the same recording and policy).
 """
 
 from __future__ import annotations

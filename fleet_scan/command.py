@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from sdcguard.entry import OneLineErrors, default_db
-from sdcguard.inject.spec import INJECT_SPEC_HELP
+from sdcguard.inject.spec import INJECT_SPEC_HELP, InjectSpec
 
 from .config import POLICY_SCOPES, actions_option, config_option, load_config, load_policy, parse_actions
 from .options import DEFAULT_BUDGET_S, ScanOptions, settings
@@ -175,9 +175,9 @@ def scan(
     templates = parse_actions(actions, section)
     policy = load_policy(config)
     scope: PolicyScope = policy_scope or section.get("policy_scope", "fleet")  # both checked: click, load_config
-    options = ScanOptions.from_settings(
-        _given(ctx), section, db=str(db), inject=";".join(inject) or None, json=json_lines
-    )
+    # The fire drill is parsed here, once: the workers and retests get the parsed spec (BadInput: one line, exit 2).
+    drill = InjectSpec.parse(";".join(inject)) if inject else None
+    options = ScanOptions.from_settings(_given(ctx), section, db=str(db), inject=drill, json=json_lines)
     specs = list(devices) or list(section.get("devices", []))
     with make_reporter(json_lines) as reporter:
         outcome = run_scan(options, specs, reporter=reporter, policy=policy, actions=templates, policy_scope=scope)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sdcguard.errors import BadInput
+from sdcguard.inject.spec import InjectSpec
 
 from .devices.idle import DEFAULT_CPU_BUSY_MAX, DEFAULT_GPU_UTIL_MAX, DEFAULT_WINDOW_S
 
@@ -42,8 +43,9 @@ class ScanOptions:
     """Wall-clock seconds per device, from the scan's start to its final record; None: one pass over the suite."""
     retests: int = _setting(DEFAULT_RETESTS, "retests", "a whole number >= 0, e.g. 3")
     """Retests of a failing case in a fresh process (0: no retest; the failure's ``sticky`` stays None)."""
-    inject: str | None = None
-    """Fire-drill fault spec (:func:`sdcguard.inject.spec.parse_inject_spec`); None in production."""
+    inject: InjectSpec | None = None
+    """The fire drill, parsed once where it was given (:meth:`~sdcguard.inject.spec.InjectSpec.parse`); every
+    worker and retest gets the parsed value; None in production."""
     only_idle: bool = _setting(True, "only_idle", "true or false")
     """Scan only idle devices and stop (``preempted``) when a job appears; False scans whatever is asked."""
     idle_window_s: float = _setting(DEFAULT_WINDOW_S, "idle_window", "a number of seconds >= 0, e.g. 1.0")
@@ -60,6 +62,8 @@ class ScanOptions:
     """Progress as JSON lines even on a terminal."""
 
     def __post_init__(self) -> None:
+        if self.inject is not None and not isinstance(self.inject, InjectSpec):
+            raise TypeError(f"inject must be a parsed InjectSpec (InjectSpec.parse(text)), got {self.inject!r}")
         if self.budget_s is not None and not (math.isfinite(self.budget_s) and self.budget_s > 0):
             raise BadInput(f"--budget must be a positive number of seconds, got {self.budget_s}")
         if self.retests < 0:
@@ -88,11 +92,16 @@ class ScanOptions:
         return cls(**others, **values)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field as JSON values; the fire drill as its parsed rules (:meth:`InjectSpec.to_json`)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["inject"] = None if self.inject is None else self.inject.to_json()
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ScanOptions:
-        return cls(**data)
+        """The options :meth:`to_json` wrote (in a worker or a retest): the fire drill is rebuilt, never re-parsed."""
+        inject = data.get("inject")
+        return cls(**{**data, "inject": None if inject is None else InjectSpec.from_json(inject)})
 
 
 def settings() -> dict[str, dataclasses.Field[Any]]:

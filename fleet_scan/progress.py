@@ -1,9 +1,10 @@
 """Progress of a scan: a rich progress bar per device on a terminal, JSON lines otherwise (cron logs, CI, k8s).
 
-Both take the workers' events (``start``, ``progress``, ``failure``, ``done``) and the runner's own (``skip``,
-``policy``, ``summary``). A scan sends one ``failure`` event per failing case, when the scan ends: how many of its
-executions failed, and the first one's element, bits, location and retest outcome (live counts ride on
-``progress``). JSON lines are one object per line on stdout, every object with an ``event`` key.
+Both take the events of :mod:`fleet_scan.events`: the workers' (``start``, ``progress``, ``failure``, ``done``) and
+the runner's own (``message``, ``policy``, ``summary``), and read their fields by name. A scan sends one ``failure``
+event per failing case, when the scan ends: how many of its executions failed, and the first one's element, bits,
+location and retest outcome (live counts ride on ``progress``). JSON lines are one object per line on stdout (each
+event's ``to_json()``), every object with an ``event`` key.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ import json
 import sys
 import threading
 from typing import Any, TextIO
+
+from .device_scan.summary import DeviceSummary
+from .events import CaseFailed, Event, Message, PolicyApplied, ScanProgress, ScanStarted, ScanSummary
 
 __all__ = ["Reporter", "JsonReporter", "RichReporter", "make_reporter"]
 
@@ -28,11 +32,11 @@ class Reporter:
     def __exit__(self, *exc: object) -> None:
         pass
 
-    def event(self, event: dict[str, Any]) -> None:
+    def event(self, event: Event) -> None:
         with self._lock:
             self._event(event)
 
-    def _event(self, event: dict[str, Any]) -> None:
+    def _event(self, event: Event) -> None:
         raise NotImplementedError
 
 
@@ -41,31 +45,26 @@ class JsonReporter(Reporter):
         super().__init__()
         self._stream = stream
 
-    def _event(self, event: dict[str, Any]) -> None:
+    def _event(self, event: Event) -> None:
         stream = self._stream or sys.stdout
-        stream.write(json.dumps(event, default=str, sort_keys=True) + "\n")
+        stream.write(json.dumps(event.to_json(), default=str, sort_keys=True) + "\n")
         stream.flush()
 
 
-def _describe(event: dict[str, Any]) -> str:
-    status = event.get("status")
-    device = event.get("device")
-    if status in ("locked", "busy"):
-        return f"{device}: skipped ({event.get('reason')})"
-    if status == "error" and "scan" not in event:
-        return f"{device}: could not run: {event.get('error')}"
-    text = (
-        f"{device}: {status}, {event.get('executions', 0)} executions, {event.get('failures', 0)} failed"
-        f" in {event.get('elapsed_s', 0):.1f} s"
-    )
-    if event.get("failing_cases"):
-        text += " (" + ", ".join(f"{c} x{n}" for c, n in event["failing_cases"].items()) + ")"
-    if event.get("sticky_cases"):
-        text += "; reproduced on retest: " + ", ".join(event["sticky_cases"])
-    if event.get("reason"):
-        text += f"; {event['reason']}"
-    if event.get("error"):
-        text += f"; error: {event['error']}"
+def _describe(s: DeviceSummary) -> str:
+    if s.status in ("locked", "busy"):
+        return f"{s.device}: skipped ({s.reason})"
+    if s.status == "error" and not s.scanned:
+        return f"{s.device}: could not run: {s.error}"
+    text = f"{s.device}: {s.status}, {s.executions} executions, {s.failures} failed in {s.elapsed_s or 0:.1f} s"
+    if s.failing_cases:
+        text += " (" + ", ".join(f"{c} x{n}" for c, n in s.failing_cases.items()) + ")"
+    if s.sticky_cases:
+        text += "; reproduced on retest: " + ", ".join(s.sticky_cases)
+    if s.reason:
+        text += f"; {s.reason}"
+    if s.error:
+        text += f"; error: {s.error}"
     return text
 
 
@@ -100,49 +99,49 @@ class RichReporter(Reporter):
             self._tasks[device] = self._progress.add_task(device, total=total, stats="")
         return self._tasks[device]
 
-    def _event(self, event: dict[str, Any]) -> None:
-        kind = event.get("event")
-        device = str(event.get("device", ""))
-        if kind == "start":
-            self._task(device, event.get("budget_s"))
-        elif kind == "progress":
-            task = self._task(device, None)
+    def _event(self, event: Event) -> None:
+        console = self._progress.console
+        if isinstance(event, ScanStarted):
+            self._task(event.device, event.budget_s)
+        elif isinstance(event, ScanProgress):
             self._progress.update(
-                task,
-                completed=event.get("elapsed_s", 0),
-                stats=f"{event.get('executions', 0)} runs, {event.get('failures', 0)} failed",
+                self._task(event.device, None),
+                completed=event.elapsed_s,
+                stats=f"{event.executions} runs, {event.failures} failed",
             )
-        elif kind == "failure":
-            count = event.get("count", 1)
-            self._progress.console.print(
-                f"[red]FAIL[/red] {device} {event.get('case')}: {count} failed execution{'s' if count != 1 else ''}; "
-                f"first: seed={event.get('seed')} element={event.get('element')} expected={event.get('expected')} "
-                f"actual={event.get('actual')} xor={event.get('xor_mask')} at {event.get('location')} "
-                f"reproduced on retest={event.get('sticky')}"
-            )
-        elif kind == "done":
-            if device in self._tasks:
-                task = self._tasks[device]
-                total = self._progress.tasks[task].total if task < len(self._progress.tasks) else None
-                self._progress.update(
-                    task,
-                    completed=total or event.get("elapsed_s", 0),
-                    stats=(
-                        f"{event.get('executions', 0)} runs, {event.get('failures', 0)} failed, {event.get('status')}"
-                    ),
-                )
-            self._progress.console.print(_describe(event))
-        elif kind == "policy":
-            for line in event.get("reasons", []):
-                self._progress.console.print(f"policy: {line}")
-            if event.get("quarantined"):
-                self._progress.console.print(f"[red]quarantined:[/red] {', '.join(event['quarantined'])}")
-            if event.get("breaker_tripped"):
-                self._progress.console.print("[red]circuit breaker tripped: nobody quarantined[/red]")
-        elif kind == "summary":
-            self._progress.console.print(event.get("message", ""))
-        elif kind == "message":
-            self._progress.console.print(event.get("text", ""))
+        elif isinstance(event, CaseFailed):
+            console.print(_failure_line(event))
+        elif isinstance(event, DeviceSummary):
+            self._done(event)
+            console.print(_describe(event))
+        elif isinstance(event, PolicyApplied):
+            for line in event.reasons:
+                console.print(f"policy: {line}")
+            if event.quarantined:
+                console.print(f"[red]quarantined:[/red] {', '.join(event.quarantined)}")
+            if event.breaker_tripped:
+                console.print("[red]circuit breaker tripped: nobody quarantined[/red]")
+        elif isinstance(event, ScanSummary):
+            console.print(event.message)
+        elif isinstance(event, Message):
+            console.print(event.text)
+
+    def _done(self, s: DeviceSummary) -> None:
+        if s.device not in self._tasks:
+            return
+        task = self._tasks[s.device]
+        total = self._progress.tasks[task].total if task < len(self._progress.tasks) else None
+        self._progress.update(
+            task, completed=total or s.elapsed_s or 0, stats=f"{s.executions} runs, {s.failures} failed, {s.status}"
+        )
+
+
+def _failure_line(e: CaseFailed) -> str:
+    return (
+        f"[red]FAIL[/red] {e.device} {e.case}: {e.count} failed execution{'s' if e.count != 1 else ''}; "
+        f"first: seed={e.seed} element={e.element} expected={e.expected} actual={e.actual} xor={e.xor_mask} "
+        f"at {e.location} reproduced on retest={e.sticky}"
+    )
 
 
 def make_reporter(json_lines: bool) -> Reporter:

@@ -1,11 +1,14 @@
 """The scan of one machine: pick devices, scan them in parallel (a worker process each), then apply the policy.
 
-Before any device is touched the fire-drill spec is parsed, the golden suite is loaded (its manifest's sha256 are
-verified: tampered golden data stops the scan with exit 2 before anything is recorded), the store is opened
-(created if needed, so the workers never race to create it) and every case's inputs and expected output are
-built here, on a core this scan does not test when there is one, checked against the manifest and handed to the
-workers (:mod:`sdcguard.golden.references`): a device never computes its own reference. After the workers the
-quarantine policy of :mod:`sdcguard.fleet.policy` runs over the scanned devices: quarantine, circuit breaker, actions.
+Before any device is touched the fire drill (parsed once, by the command line) is checked against the devices and
+cases, the golden suite is loaded (its manifest's sha256 are verified: tampered golden data stops the scan with exit
+2 before anything is recorded), the store is opened (created if needed, so the workers never race to create it; this
+process's one connection, used again for the policy) and every case's inputs and expected output are built here, on a
+core this scan does not test when there is one, checked against the manifest and handed to the workers
+(:mod:`sdcguard.golden.references`): a device never computes its own reference. Each worker gets a
+:class:`~fleet_scan.device_scan.requests.WorkerRequest` and answers with the events of :mod:`fleet_scan.events`.
+After the workers the quarantine policy of :mod:`sdcguard.fleet.policy` runs over the scanned devices: quarantine,
+circuit breaker, actions.
 
 Exit codes (DESIGN.md): 0 every scanned device passed; 1 corruption found; 2 could not run (bad input, no
 device, no device free to scan, a device scanned that executed nothing, golden data or suite suspect, circuit
@@ -33,15 +36,18 @@ from sdcguard.errors import GoldenDataError
 from sdcguard.exit_codes import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK, exit_code_for_signal
 from sdcguard.fleet.store.schema import MIN_EXECUTIONS
 
+from .device_scan.requests import WorkerRequest
 from .device_scan.summary import SKIPPED, DeviceSummary
 from .devices.discovery import ScanTarget, select_targets
 from .drill import check_drill
+from .events import Message, PolicyApplied, ScanSummary, event_from_json
 from .options import DEFAULT_BUDGET_S, ScanOptions
 from .progress import Reporter
 from .stop import on_stop_signals
 
 if TYPE_CHECKING:
     from sdcguard.fleet.policy import PolicyScope
+    from sdcguard.fleet.store.store import Store
 
 __all__ = ["ScanOutcome", "run_scan", "worker_env", "reference_cores"]
 
@@ -90,9 +96,8 @@ class _Worker:
             env=worker_env(target),
         )
         assert self.proc.stdin is not None
-        self.proc.stdin.write(
-            json.dumps({"target": target.to_json(), "options": options.to_json(), "references": references})
-        )
+        request = WorkerRequest(target=target, options=options, references=references)
+        self.proc.stdin.write(json.dumps(request.to_json()))
         self.proc.stdin.close()
         self._reporter = reporter
         self._out = threading.Thread(target=self._read_stdout, daemon=True)
@@ -104,11 +109,11 @@ class _Worker:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             try:
-                event = json.loads(line)
-            except ValueError:
+                event = event_from_json(json.loads(line))
+            except (ValueError, TypeError):
                 continue  # a stray print from a library: not an event
-            if event.get("event") == "done":
-                self.summary = DeviceSummary.from_json(event)
+            if isinstance(event, DeviceSummary):
+                self.summary = event
             self._reporter.event(event)
 
     def _read_stderr(self) -> None:
@@ -137,11 +142,6 @@ class _Worker:
 
 
 def _check_inputs(options: ScanOptions, targets: Sequence[ScanTarget]) -> Any:
-    rules = None
-    if options.inject:
-        from sdcguard.inject.spec import parse_inject_spec
-
-        rules = parse_inject_spec(options.inject)  # BadInput names what is wrong before any device is touched
     from sdcguard.golden import load_suite
     from sdcguard.golden.suite import check_suite_files
 
@@ -150,11 +150,11 @@ def _check_inputs(options: ScanOptions, targets: Sequence[ScanTarget]) -> Any:
         raise GoldenDataError("the golden suite has no cases")
     # what `sdcguard golden verify` checks besides each case's golden (write_references checks those)
     check_suite_files(suite)
-    if rules is not None:
+    if options.inject is not None:
         from sdcguard.golden.cases import CASES
 
         # the suite's portable cases, and the GPU-only ones a GPU's backend adds
-        check_drill(rules, targets, (*suite.cases, *(c for c in CASES if c.gpu_only)))
+        check_drill(options.inject.rules, targets, (*suite.cases, *(c for c in CASES if c.gpu_only)))
     return suite
 
 
@@ -216,28 +216,25 @@ def run_scan(
     from sdcguard.fleet.store.store import Store
     from sdcguard.golden.references import write_references
 
-    with Store.open(options.db):
-        pass  # created (schema, WAL) once here, before the workers open it concurrently
-    references = _references_dir()
-    try:
-        # Inputs and expected outputs are built here, off the devices under test, and checked against the
-        # manifest; the workers only read them (sdcguard.golden.references).
-        for note in write_references(suite, Path(references), cores=reference_cores(chosen)):
-            reporter.event({"event": "message", "text": note})
-        return _scan_all(options, chosen, reporter, policy, actions, policy_scope, references)
-    finally:
-        shutil.rmtree(references, ignore_errors=True)
+    # This process's one connection: the store is created (schema, WAL) here, before the workers open it
+    # concurrently, and the policy reads and writes through it after them.
+    with Store.open(options.db) as store:
+        references = _references_dir()
+        try:
+            # Inputs and expected outputs are built here, off the devices under test, and checked against the
+            # manifest; the workers only read them (sdcguard.golden.references).
+            for note in write_references(suite, Path(references), cores=reference_cores(chosen)):
+                reporter.event(Message(text=note))
+            summaries, stopped_by = _scan_all(options, chosen, reporter, references)
+        finally:
+            shutil.rmtree(references, ignore_errors=True)
+        return _conclude(summaries, reporter, store, policy, actions, policy_scope, stopped_by=stopped_by)
 
 
 def _scan_all(
-    options: ScanOptions,
-    chosen: list[ScanTarget],
-    reporter: Reporter,
-    policy: Any,
-    actions: Sequence[Any],
-    policy_scope: PolicyScope,
-    references: str,
-) -> ScanOutcome:
+    options: ScanOptions, chosen: list[ScanTarget], reporter: Reporter, references: str
+) -> tuple[list[DeviceSummary], int | None]:
+    """Every device's worker, until each ends or the deadline; (their summaries, the stop signal received)."""
     workers: list[_Worker] = []
     stop: dict[str, int | None] = {"signal": None}
 
@@ -258,14 +255,13 @@ def _scan_all(
             deadline = time.monotonic() + options.budget_s + options.idle_window_s * 2 + _GRACE_S
         for w in workers:
             w.wait(deadline)
-    summaries = [w.result() for w in workers]
-    return _conclude(options, summaries, reporter, policy, actions, policy_scope, stopped_by=stop["signal"])
+    return [w.result() for w in workers], stop["signal"]
 
 
 def _conclude(
-    options: ScanOptions,
     summaries: list[DeviceSummary],
     reporter: Reporter,
+    store: Store,
     policy: Any,
     actions: Sequence[Any],
     policy_scope: PolicyScope = "fleet",
@@ -274,7 +270,7 @@ def _conclude(
 ) -> ScanOutcome:
     for s in summaries:
         if s.status == "error" and not s.scanned:
-            reporter.event(s.to_json())  # a worker that died before its scan began sent no event of its own
+            reporter.event(s)  # a worker that died before its scan began sent no event of its own
     scanned = [s.device for s in summaries if s.scanned]
     errors = [f"{s.device}: {s.error}" for s in summaries if s.status == "error"]
     failures = sum(s.failures for s in summaries)
@@ -282,27 +278,24 @@ def _conclude(
     outcome = ScanOutcome(devices=summaries, exit_code=EXIT_OK, message="")
     if scanned:
         from sdcguard.fleet.policy import QuarantinePolicy, apply_policy
-        from sdcguard.fleet.store.store import Store
 
-        with Store.open(options.db) as store:
-            result = apply_policy(
-                store,
-                policy if policy is not None else QuarantinePolicy(),
-                devices=scanned,
-                actions=actions,
-                scope=policy_scope,
-            )
+        result = apply_policy(
+            store,
+            policy if policy is not None else QuarantinePolicy(),
+            devices=scanned,
+            actions=actions,
+            scope=policy_scope,
+        )
         outcome.quarantined = list(result.quarantined)
         outcome.breaker_tripped = bool(result.breaker_tripped)
         outcome.policy_reasons = list(result.reasons)
         reporter.event(
-            {
-                "event": "policy",
-                "scope": policy_scope,
-                "quarantined": outcome.quarantined,
-                "breaker_tripped": outcome.breaker_tripped,
-                "reasons": outcome.policy_reasons,
-            }
+            PolicyApplied(
+                scope=policy_scope,
+                quarantined=tuple(outcome.quarantined),
+                breaker_tripped=outcome.breaker_tripped,
+                reasons=tuple(outcome.policy_reasons),
+            )
         )
 
     skipped = [s for s in summaries if s.status in SKIPPED]
@@ -319,16 +312,15 @@ def _conclude(
         outcome.exit_code = exit_code_for_signal(stopped_by)
         outcome.message = _stopped_message(stopped_by, summaries)
     reporter.event(
-        {
-            "event": "summary",
-            "exit_code": outcome.exit_code,
-            "message": outcome.message,
-            "scanned": scanned,
-            "skipped": [s.device for s in skipped],
-            "quarantined": outcome.quarantined,
-            "breaker_tripped": outcome.breaker_tripped,
-            "stopped_by": None if stopped_by is None else signal.Signals(stopped_by).name,
-        }
+        ScanSummary(
+            exit_code=outcome.exit_code,
+            message=outcome.message,
+            scanned=tuple(scanned),
+            skipped=tuple(s.device for s in skipped),
+            quarantined=tuple(outcome.quarantined),
+            breaker_tripped=outcome.breaker_tripped,
+            stopped_by=None if stopped_by is None else signal.Signals(stopped_by).name,
+        )
     )
     return outcome
 

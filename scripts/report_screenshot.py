@@ -1,4 +1,4 @@
-"""Regenerate docs/report.png, the README's picture of ``sdcguard report --html``, from the current code.
+"""Regenerate docs/report.png, the picture of ``sdcguard report --html``, from the current code.
 
 A demo fleet through the scanner's recording path (``fleet_scan.sim``): 6 hosts of 8 simulated devices scanned
 three times a day for 14 days; ``node-03`` is a lemon (three devices failing at 1e-3, 2e-4 and 4e-5 per execution), one

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create a virtualenv with sdcguard.
-#   scripts/setup.sh VENV          everything the tests and `make lint` need (torch, CuPy/NVRTC, plots, metrics,
-#                                  adapters, ruff, mypy)
+#   scripts/setup.sh VENV          everything the tests, `make lint` and `make docs` need (torch, CuPy/NVRTC,
+#                                  plots, metrics, adapters, ruff, mypy, mkdocs)
 #   scripts/setup.sh VENV --light  only what `sdcguard scan` and `sdcguard report` need (no torch): `make run`
 # Where no NVIDIA GPU is present, torch is pinned to the CPU build first, so the package's own
 # range requirement (torch>=2.3,<3) is already satisfied and pip never pulls a multi-GB CUDA build.
@@ -33,12 +33,12 @@ if [ "$mode" = "--light" ]; then
     exit 0
 fi
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    extras="torch,gpu,plot,metrics,test,lint"
+    extras="torch,gpu,plot,metrics,test,lint,docs"
 else
     # CPU-only machine: the CPU build of torch (override with SDCGUARD_TORCH_SPEC).
     step "installing the CPU build of torch (${SDCGUARD_TORCH_SPEC:-torch==2.13.0}; about 1 GB of the install)"
     "${pip[@]}" "${SDCGUARD_TORCH_SPEC:-torch==2.13.0}"
-    extras="torch,nvrtc,plot,metrics,test,lint"
+    extras="torch,nvrtc,plot,metrics,test,lint,docs"
 fi
 step "installing sdcguard with the extras the tests and the lint need ($extras)"
 "${pip[@]}" -e ".[${extras}]"

@@ -69,6 +69,9 @@ class OneLineErrors(click.Command):
             raise
         except (click.ClickException, SdcguardError) as e:
             message = e.format_message() if isinstance(e, click.ClickException) else str(e)
+            if isinstance(e, click.NoSuchOption) and e.option_name == "--db" and e.ctx is not None:
+                command = " ".join(e.ctx.command_path.split()[1:])
+                message += f" --db belongs to sdcguard itself: put it before the command (sdcguard --db FILE {command})"
             click.echo(f"sdcguard: error: {_one_line(message)}", err=True)
             if standalone:
                 sys.exit(EXIT_CANNOT_RUN)

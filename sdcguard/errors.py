@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "SdcguardError",
     "BadInput",
+    "Unfingerprintable",
     "StoreError",
     "SchemaTooNew",
     "GoldenDataError",
@@ -18,7 +19,12 @@ __all__ = [
     "CorruptionDetected",
     "CheckpointError",
     "CheckpointCorrupted",
+    "DISTRIBUTION",
+    "needs_extra",
 ]
+
+DISTRIBUTION = "sdcguard-fleet"
+"""What pip calls this project (PyPI's ``sdcguard`` is another project): its extras add the optional parts."""
 
 
 class SdcguardError(Exception):
@@ -27,6 +33,11 @@ class SdcguardError(Exception):
 
 class BadInput(SdcguardError):
     """An argument or a spec could not be understood."""
+
+
+class Unfingerprintable(BadInput, TypeError):
+    """A value whose raw bits cannot be read for a fingerprint (a sparse, quantized or meta tensor, a tensor subclass
+    that holds no data of its own, an object array). Also a ``TypeError``: the value is of the wrong kind."""
 
 
 class StoreError(SdcguardError):
@@ -72,3 +83,9 @@ class CorruptionDetected(RuntimeError):
     def __init__(self, message: str, incidents: tuple[object, ...] = ()) -> None:
         super().__init__(message)
         self.incidents = incidents
+
+
+def needs_extra(what: str, module: str, extra: str) -> BadInput:
+    """The one-line error for ``what`` when ``module``, an optional dependency from the ``extra`` extra, is absent
+    (the scan-node install has no torch and no matplotlib)."""
+    return BadInput(f"{what} needs {module}, which is not installed here: pip install '{DISTRIBUTION}[{extra}]'")

@@ -1,18 +1,39 @@
-"""The slowness rule as it was first written (device by device, dicts and :mod:`statistics`), kept as the reference
-the array version of :func:`sdcguard.fleet.slow.judge_slow` is property-tested against."""
+"""The slowness rule written from its definition (the docstring of :mod:`sdcguard.fleet.slow`), device by device
+with dicts and :mod:`statistics`, kept as the reference the array version of :func:`sdcguard.fleet.slow.judge_slow`
+is property-tested against. Nothing here calls the library's rule or its statistics: the history comparison and the
+sign test's bound are computed here from their definitions.
+
+Where the definition leaves a choice, the library's is spelled out and followed: a median of slowdowns is taken in
+log space (for an even count, the mean of the two middle logs); a case's time in a scan is the scan's seconds over
+its executions, summed record by record; the earlier scans' time is their seconds over their executions, summed
+scan by scan. Sums of two numbers are the same whichever comes first, so with at most two earlier scans per
+device (what the property test draws) every value here equals the library's to the bit.
+"""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from fractions import Fraction
 from statistics import median
 
 from sdcguard.fleet.slow import SlowBasis, Slowness, SlowSettings, Sureness
 from sdcguard.fleet.store.rows import CaseTiming
-from sdcguard.medians import median_lower_bound
 
-__all__ = ["reference_judge_slow"]
+__all__ = ["reference_judge_slow", "sign_test_lower_bound"]
+
+
+def sign_test_lower_bound(values: Sequence[float], confidence: float) -> float | None:
+    """The distribution-free lower confidence bound on the median: the largest order statistic ``x_(k)`` such that
+    ``P(Binomial(n, 1/2) < k) <= 1 - confidence``, in exact arithmetic; None when no ``k >= 1`` qualifies."""
+    xs = sorted(values)
+    n, alpha = len(xs), Fraction(1) - Fraction(confidence)
+    k, below = 0, 0  # below: the count of outcomes with fewer than k + 1 successes, times 2**n
+    while k < n and Fraction(below + math.comb(n, k), 2**n) <= alpha:
+        below += math.comb(n, k)
+        k += 1
+    return xs[k - 1] if k else None
 
 
 def _times(
@@ -35,28 +56,36 @@ def _times(
     return means, family, scans
 
 
+def _log_median(logs: Sequence[float]) -> float:
+    xs = sorted(logs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+
+
 def _history(
     per_scan: Mapping[int, Mapping[str, tuple[int, float]]], settings: SlowSettings
 ) -> tuple[float | None, float | None]:
-    """The latest scan's slowdown against the device's earlier scans (median, lower bound), None when one scan."""
+    """The device's own history: "its latest scan against its earlier scans in the window (median over cases;
+    None: one scan)", and the lower bound that decides a verdict on history alone.
+
+    The latest scan is the one with the highest id. A case counts when the latest scan ran it ``min_executions``
+    times or more and the earlier scans together did too; its slowdown is the latest scan's time per execution over
+    the earlier scans' (their seconds over their executions). With fewer than ``min_cases`` such cases the history
+    says nothing (None, None); else (the median slowdown, the sign test's lower bound on it)."""
     if len(per_scan) < 2:
         return None, None
-    latest = max(per_scan)
-    before: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for scan, cases in per_scan.items():
-        if scan != latest:
-            for c, (n, s) in cases.items():
-                before[c][0] += n
-                before[c][1] += s
-    logs = [
-        math.log((s / n) / (before[c][1] / before[c][0]))
-        for c, (n, s) in per_scan[latest].items()
-        if n >= settings.min_executions and before[c][0] >= settings.min_executions
-    ]
+    *earlier, latest = sorted(per_scan)
+    logs = []
+    for case, (runs, seconds) in per_scan[latest].items():
+        before = [per_scan[scan][case] for scan in earlier if case in per_scan[scan]]
+        runs_before = sum(n for n, _ in before)
+        seconds_before = sum(s for _, s in before)
+        if runs < settings.min_executions or runs_before < settings.min_executions:
+            continue
+        logs.append(math.log((seconds / runs) / (seconds_before / runs_before)))
     if len(logs) < settings.min_cases:
         return None, None
-    low = median_lower_bound(logs, settings.confidence)
-    return math.exp(median(logs)), None if low is None else math.exp(low)
+    low = sign_test_lower_bound(logs, settings.confidence)
+    return math.exp(_log_median(logs)), None if low is None else math.exp(low)
 
 
 def reference_judge_slow(
@@ -134,7 +163,7 @@ def _verdict(
             f"{history_low:.2f}x), no peer of its model to compare with",
         )
     mid = median(logs.values())
-    low = median_lower_bound(list(logs.values()), s.confidence)
+    low = sign_test_lower_bound(list(logs.values()), s.confidence)
     by_family: dict[str, list[float]] = defaultdict(list)
     for c, x in logs.items():
         by_family[family[c]].append(x)

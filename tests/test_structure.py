@@ -79,7 +79,7 @@ CROSSING_ALLOWED = {
 
 FOLDER_LAYERS: dict[str, list[set[str]]] = {
     "sdcguard.training": [
-        {"digest", "comm", "identity"},
+        {"digest", "comm", "identity", "mesh"},
         {"hooks"},
         {"replay"},
         {"verdicts", "step_check"},
@@ -271,9 +271,9 @@ _FILE_SUFFIXES = {"json", "db", "toml", "yaml", "yml", "log", "txt", "csv", "htm
 """``sdcguard.json`` and the like are file names, not modules."""
 
 
-def test_readme_names_modules_that_exist() -> None:
+def test_readme_and_docs_name_modules_that_exist() -> None:
     stale = []
-    for doc in (ROOT / "README.md", ROOT / "kernels" / "README.md"):
+    for doc in (ROOT / "README.md", ROOT / "kernels" / "README.md", *sorted((ROOT / "docs").glob("*.md"))):
         for lineno, line in enumerate(doc.read_text().splitlines(), 1):
             for ref in re.findall(r"`((?:sdcguard|fleet_scan)(?:\.[A-Za-z_]\w*)+)", line):
                 if ref.rpartition(".")[2] not in _FILE_SUFFIXES and not _resolves(ref):

@@ -156,7 +156,7 @@ def analyse(
 
 
 def headline_failures(a: dict[str, Any]) -> list[str]:
-    """What the README's headline claims, checked against one run; empty when it all holds."""
+    """What the headline of docs/detection.md claims, checked against one run; empty when it all holds."""
     bad = []
     d = a["derived"]
     ev = d["every_step"]

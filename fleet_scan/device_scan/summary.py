@@ -8,7 +8,7 @@ summaries of every device. The JSON form is also what ``sdcguard scan --json`` p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from sdcguard.records import ScanStatus
 
@@ -25,6 +25,8 @@ SKIPPED: tuple[SummaryStatus, ...] = ("busy", "locked")
 class DeviceSummary:
     """One device's outcome. The fields after ``scan`` describe the scan recorded as ``scan`` (None: none was)."""
 
+    EVENT: ClassVar[str] = "done"
+    """Its kind of event (:mod:`fleet_scan.events`)."""
     device: str
     status: SummaryStatus
     kind: str | None = None
@@ -59,7 +61,7 @@ class DeviceSummary:
     def to_json(self) -> dict[str, Any]:
         """The ``done`` event: every field of a recorded scan; a skipped device's reason (and idle error); an error's
         message (and class, when known)."""
-        out: dict[str, Any] = {"event": "done", "device": self.device}
+        out: dict[str, Any] = {"event": self.EVENT, "device": self.device}
         if self.kind is not None:
             out["kind"] = self.kind
         out["status"] = self.status

@@ -1,13 +1,16 @@
 """One device's scan, in its own process: lock, idle check, golden cases until the budget, retests, records.
 
-The parent (:mod:`fleet_scan.runner`) starts ``python -m fleet_scan.device_scan.worker`` once per device with the target
-and the :class:`~fleet_scan.options.ScanOptions` as JSON on stdin; the worker writes JSON-line events on stdout and ends
-with a ``done`` event carrying its summary. A process per device pins a CPU scan to its core without disturbing the
-others, keeps a crashed or hung device from taking the other scans with it, and lets the parent stop one device
-(SIGTERM: the worker records what it has as ``interrupted``).
+The parent (:mod:`fleet_scan.runner`) starts ``python -m fleet_scan.device_scan.worker`` once per device with a
+:class:`~fleet_scan.device_scan.requests.WorkerRequest` (the target, the :class:`~fleet_scan.options.ScanOptions` with
+the fire drill already parsed, the references) as JSON on stdin; the worker writes the events of
+:mod:`fleet_scan.events` as JSON lines on stdout and ends with its summary (the ``done`` event). A process per
+device pins a CPU scan to its core without disturbing the others, keeps a crashed or hung device from taking the
+other scans with it, and lets the parent stop one device (SIGTERM: the worker records what it has as
+``interrupted``).
 
 A failing case is retested :attr:`ScanOptions.retests` times in a *fresh* process
-(:mod:`fleet_scan.device_scan.retest`): a corrupted interpreter or a poisoned cache in this process cannot make the
+(:mod:`fleet_scan.device_scan.retest`, which builds its backend and drill hook as this process does:
+:mod:`fleet_scan.device_scan.backend`): a corrupted interpreter or a poisoned cache in this process cannot make the
 retest agree with it. The original failure gets ``sticky=True`` when a retest failed again, ``False`` when every retest
 passed. Each failing case is retested once per scan, while the retest still fits the budget (it is killed at the
 deadline otherwise), and no more once a failure reproduced. Retest executions are recorded with ``attempt`` 1..N (the
@@ -35,64 +38,23 @@ from sdcguard.records import CaseResult, ScanStatus
 from ..devices.discovery import ScanTarget
 from ..devices.idle import DeviceLock, DeviceLocked, IdleMonitor
 from ..devices.telemetry import telemetry_for
+from ..events import CaseFailed, Event, ScanProgress, ScanStarted
 from ..options import ScanOptions
 from ..stop import on_stop_signals
+from .backend import load_worker_suite, make_backend, make_hook
 from .record import ScanRecorder
+from .requests import RetestRequest, WorkerRequest, results_from_json
 from .schedule import Budget, CaseClock, next_case, order_cases
 from .summary import DeviceSummary
 
-__all__ = [
-    "scan_device",
-    "make_backend",
-    "make_hook",
-    "load_worker_suite",
-    "result_to_json",
-    "result_from_json",
-    "main",
-]
+__all__ = ["scan_device", "main"]
 
-Emit = Callable[[dict[str, Any]], None]
+Emit = Callable[[Event], None]
 
 _PROGRESS_EVERY_S = 0.5
 _IDLE_CHECK_EVERY_S = 0.25
 _RETEST_FIRST_GUESS_S = 1.0
 """Assumed cost of a fresh retest process before one was timed (interpreter, numpy, suite load, the runs)."""
-
-
-def result_to_json(r: CaseResult) -> dict[str, Any]:
-    return dataclasses.asdict(r)
-
-
-def result_from_json(data: dict[str, Any]) -> CaseResult:
-    return CaseResult(**data)
-
-
-def make_backend(target: ScanTarget, suite: Any = None) -> Any:
-    """The golden-suite backend of a target: numpy pinned to the core, or CuPy on the GPU."""
-    if target.kind == "cpu":
-        from sdcguard.golden import NumpyBackend
-
-        return NumpyBackend(target.index, suite=suite)
-    if target.kind == "gpu":
-        try:
-            from sdcguard.golden import CupyBackend
-        except ImportError as e:
-            raise SuiteError(f"{target.device}: this sdcguard has no CUDA golden-suite backend ({e})") from None
-        # The worker's environment makes the target the only visible CUDA device (CUDA_VISIBLE_DEVICES=<uuid>):
-        # NVML and CUDA may number GPUs differently, the UUID is unambiguous.
-        return CupyBackend(0, suite=suite)
-    raise SuiteError(f"{target.device}: no golden-suite backend for {target.kind} devices")
-
-
-def make_hook(inject: str | None, target: ScanTarget) -> Callable[[str, Any], Any] | None:
-    """The fire-drill output hook for a target (None without ``--inject`` or when no rule names it)."""
-    if not inject:
-        return None
-    from sdcguard.inject.spec import golden_output_hook, parse_inject_spec
-
-    # cuda:N in a rule means the GPU that `--device cuda:N` selects: NVML index N.
-    cuda_index = target.index if target.kind == "gpu" else None
-    return golden_output_hook(parse_inject_spec(inject), target.device, cuda_index=cuda_index)
 
 
 def _localize(target: ScanTarget, r: CaseResult) -> CaseResult:
@@ -115,34 +77,15 @@ def _past_failures(store: Any, device: str) -> dict[str, int]:
     return {family: r.failures for family, r in rates.families.items() if r.failures}
 
 
-def load_worker_suite(options: ScanOptions, references: str | None) -> Any:
-    """The suite a worker (or a retest) runs: the references its parent built off this device when it handed
-    them over (nothing is computed or hashed here, see :mod:`sdcguard.golden.references`), else the golden data
-    loaded and checked here (a worker started by hand)."""
-    if references:
-        from sdcguard.golden.references import load_references
-
-        return load_references(Path(references))
-    from sdcguard.golden import load_suite
-
-    return load_suite(None if options.golden_dir is None else Path(options.golden_dir))
-
-
 def _run_retests(
     target: ScanTarget, options: ScanOptions, case_id: str, timeout_s: float, references: str | None
 ) -> tuple[list[CaseResult], str | None]:
     """Retest one case in a fresh process; (results, error)."""
-    payload = {
-        "target": target.to_json(),
-        "case": case_id,
-        "n": options.retests,
-        "options": options.to_json(),
-        "references": references,
-    }
+    request = RetestRequest(target=target, options=options, case=case_id, n=options.retests, references=references)
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "fleet_scan.device_scan.retest"],
-            input=json.dumps(payload),
+            input=json.dumps(request.to_json()),
             capture_output=True,
             text=True,
             timeout=max(timeout_s, 0.1),
@@ -153,7 +96,7 @@ def _run_retests(
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return [], f"retest process failed (exit {proc.returncode}): {tail}"
     try:
-        return [result_from_json(d) for d in json.loads(proc.stdout)], None
+        return results_from_json(json.loads(proc.stdout)), None
     except (ValueError, TypeError) as e:
         return [], f"retest process gave unreadable output: {e}"
 
@@ -171,25 +114,9 @@ class _Tally:
     first_failure: dict[str, CaseResult] = dataclasses.field(default_factory=dict)
     """Each failing case's first failed execution (after its retest, if any)."""
 
-    def failure_events(self, device: str) -> list[dict[str, Any]]:
+    def failure_events(self, device: str) -> list[CaseFailed]:
         """One ``failure`` event per failing case of the scan: how often, and its first failing element."""
-        return [
-            {
-                "event": "failure",
-                "device": device,
-                "case": r.case,
-                "count": self.failing_cases[r.case],
-                "seed": r.seed,
-                "element": r.element,
-                "mismatches": r.mismatches,
-                "expected": r.expected,
-                "actual": r.actual,
-                "xor_mask": r.xor_mask,
-                "location": r.location,
-                "sticky": r.sticky,
-            }
-            for r in self.first_failure.values()
-        ]
+        return [CaseFailed.first(device, r, self.failing_cases[r.case]) for r in self.first_failure.values()]
 
 
 def scan_device(
@@ -224,7 +151,7 @@ def scan_device(
 
 
 def _done(emit: Emit, summary: DeviceSummary) -> DeviceSummary:
-    emit(summary.to_json())
+    emit(summary)
     return summary
 
 
@@ -291,7 +218,7 @@ class _DeviceScan:
             "driver": self.target.driver,
             "only_idle": options.only_idle,
             "retests": options.retests,
-            "inject": options.inject,
+            "inject": None if options.inject is None else options.inject.text,
             "families_first": [f for f, n in sorted(past.items(), key=lambda kv: -kv[1]) if n],
             "stale_scans_interrupted": stale,
             "telemetry_before": self.telemetry.snapshot(),
@@ -299,7 +226,7 @@ class _DeviceScan:
         self.budget.start()
         self.scan_id = store.begin_scan(device=device, host=self.host, budget_s=options.budget_s, meta=meta)
         self.recorder = ScanRecorder(store, self.scan_id)
-        self.emit({"event": "start", "device": device, "scan": self.scan_id, "budget_s": options.budget_s})
+        self.emit(ScanStarted(device=device, scan=self.scan_id, budget_s=options.budget_s))
 
     def loop(self) -> None:
         """Cases until the plan or the budget ends, a job appears (``preempted``) or a stop signal arrives
@@ -378,13 +305,12 @@ class _DeviceScan:
 
     def _progress(self) -> None:
         self.emit(
-            {
-                "event": "progress",
-                "device": self.target.device,
-                "elapsed_s": round(self.budget.elapsed(), 3),
-                "executions": self.tally.executions,
-                "failures": self.tally.failures,
-            }
+            ScanProgress(
+                device=self.target.device,
+                elapsed_s=round(self.budget.elapsed(), 3),
+                executions=self.tally.executions,
+                failures=self.tally.failures,
+            )
         )
 
     def finish(self) -> None:
@@ -417,10 +343,10 @@ class _DeviceScan:
 
 
 def main() -> None:
-    """``python -m fleet_scan.device_scan.worker``: JSON {target, options} on stdin, JSON-line events on stdout."""
-    payload = json.loads(sys.stdin.read())
-    target = ScanTarget.from_json(payload["target"])
-    options = ScanOptions.from_json(payload["options"])
+    """``python -m fleet_scan.device_scan.worker``: a :class:`WorkerRequest` (JSON) on stdin, JSON-line events on
+    stdout."""
+    request = WorkerRequest.from_json(json.loads(sys.stdin.read()))
+    target = request.target
     if target.kind == "cpu":
         # Onto our core before anything heavy (numpy, the suite): a sibling worker's start-up must not show up
         # as load on the core another worker is checking for idleness.
@@ -431,21 +357,21 @@ def main() -> None:
 
     parent_gone = False
 
-    def emit(event: dict[str, Any]) -> None:
+    def emit(event: Event) -> None:
         # If the scanner that started us died, keep scanning and recording: the store is the real output.
         nonlocal parent_gone
         if parent_gone:
             return
         try:
-            sys.stdout.write(json.dumps(event, default=str) + "\n")
+            sys.stdout.write(json.dumps(event.to_json(), default=str) + "\n")
             sys.stdout.flush()
         except (BrokenPipeError, OSError):
             parent_gone = True
 
     try:
-        scan_device(target, options, emit, references=payload.get("references"))
+        scan_device(target, request.options, emit, references=request.references)
     except SdcguardError as e:  # before the scan began (golden data, store): no scan recorded
-        emit(DeviceSummary(device=target.device, status="error", error=str(e), error_type=type(e).__name__).to_json())
+        emit(DeviceSummary(device=target.device, status="error", error=str(e), error_type=type(e).__name__))
         sys.exit(EXIT_CANNOT_RUN)
 
 

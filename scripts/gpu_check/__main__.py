@@ -16,6 +16,7 @@ import argparse
 import os
 import platform
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -81,7 +82,8 @@ def _run_info(dry_run: bool) -> dict[str, Any]:
         )
     except (OSError, subprocess.SubprocessError):
         info["commit"] = None  # the device machine gets a copy of the tree without .git
-    for name in ("numpy", "torch", "cupy", "pynvml", "sqlite_utils"):
+    info["sqlite"] = sqlite3.sqlite_version  # the fleet store's SQLite: the standard library's
+    for name in ("numpy", "torch", "cupy", "pynvml"):
         try:
             module = __import__(name)
             info[name] = str(getattr(module, "__version__", "present"))
@@ -101,18 +103,7 @@ def _cmd_begin(args: argparse.Namespace) -> int:
     info = _run_info(args.dry_run)
     begin(args.out, info)
     print(f"gpu_check: {'dry run, ' if args.dry_run else ''}results in {args.out}")
-    for key in (
-        "host",
-        "commit",
-        "python",
-        "executable",
-        "numpy",
-        "torch",
-        "torch_cuda",
-        "cupy",
-        "pynvml",
-        "sqlite_utils",
-    ):
+    for key in ("host", "commit", "python", "executable", "numpy", "torch", "torch_cuda", "cupy", "pynvml", "sqlite"):
         print(f"  {key}: {info.get(key)}")
     for gpu in info["gpus"]:
         print("  gpu: " + ", ".join(f"{k}={v}" for k, v in gpu.items()))

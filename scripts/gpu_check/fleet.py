@@ -179,19 +179,14 @@ def drill_checks(
 
 
 def _preflight(rep: SectionReport) -> None:
-    try:
-        import sqlite_utils  # noqa: F401  (the store needs it)
+    import sqlite3
 
-        ok, detail = True, ""
-    except ImportError as e:
-        ok, detail = (
-            False,
-            (
-                f"{e}: run `scripts/gpu_check.sh --fetch-wheels` where pip works and carry .whl "
-                "(the device machine has no network)"
-            ),
-        )
-    rep.check("the fleet store's dependencies import", ok, detail)
+    # the store's writes are upserts (INSERT ... ON CONFLICT DO UPDATE): SQLite 3.24 or newer
+    rep.check(
+        "the fleet store's SQLite (the standard library's sqlite3) has upserts",
+        sqlite3.sqlite_version_info >= (3, 24, 0),
+        f"SQLite {sqlite3.sqlite_version}",
+    )
     rc, out, err = run_command(["-m", "sdcguard", "scan", "--help"], timeout=30)
     rep.check("sdcguard scan --help works", rc == 0 and "--inject" in out, err.strip()[-200:])
 

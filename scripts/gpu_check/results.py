@@ -1,7 +1,7 @@
 """Outcomes of sections and the one results file a run writes (``<out>/results.json``).
 
 The file is rewritten whole (write, then rename) after every section, so a run killed at any point still leaves
-valid JSON with every section finished so far. Its shape, for ``benchmarks/`` and the README to quote::
+valid JSON with every section finished so far. Its shape, for ``benchmarks/`` and the docs to quote::
 
     {"format": "sdcguard-gpu-check/1",
      "run": {"started": ..., "dry_run": ..., "host": ..., "python": ..., "torch": ..., "gpus": [...], ...},

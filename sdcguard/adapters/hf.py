@@ -12,7 +12,8 @@ optimizer step changes nothing::
     Trainer(model=model, args=args, train_dataset=ds, callbacks=[cb]).train()
     cb.guard.incidents
 
-The model must compute its own loss (pass ``labels``): a replay recomputes ``model(**inputs).loss``.
+The model must compute its own loss (pass ``labels``): a replay recomputes ``model(**inputs)`` and reads its loss as
+the ``Trainer`` does (``output["loss"]`` from a dict or a ``ModelOutput``, else the first element of a tuple).
 
 Checkpoints: after the ``Trainer`` saves ``checkpoint-<step>``, the callback writes the fingerprint of every tensor
 of the model's state into it (``sdcguard.json``) and tells the guard (an incident names the newest verified
@@ -36,12 +37,27 @@ from ..training.guard import SDCGuard
 
 RECORD = "sdcguard.json"
 
-__all__ = ["SDCGuardTrainerCallback", "model_output_loss"]
+__all__ = ["SDCGuardTrainerCallback", "model_output_loss", "output_loss"]
+
+
+def output_loss(output: Any) -> torch.Tensor | None:
+    """The loss in a model's output, read the way the ``Trainer`` reads it: ``output["loss"]`` from a dict (a
+    ``ModelOutput`` is one), else the first element of a tuple or list; ``None`` when there is none."""
+    if isinstance(output, dict):
+        loss = output.get("loss")
+    elif isinstance(output, tuple | list) and output:
+        loss = output[0]
+    else:
+        loss = getattr(output, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) else None
 
 
 def model_output_loss(model: Any, batch: dict[str, Any]) -> torch.Tensor:
-    """The replay's loss: the model's own ``loss`` output for the recorded keyword inputs."""
-    return model(**batch).loss
+    """The replay's loss: the model's own ``loss`` output for the recorded keyword inputs (see :func:`output_loss`)."""
+    loss = output_loss(model(**batch))
+    if loss is None:
+        raise TypeError("SDCGuardTrainerCallback: the model returned no loss for a replay (pass labels)")
+    return loss
 
 
 class SDCGuardTrainerCallback(TrainerCallback):
@@ -74,8 +90,8 @@ class SDCGuardTrainerCallback(TrainerCallback):
         if not self._training(module):
             return
         assert self.guard is not None
-        loss = getattr(output, "loss", None)
-        if isinstance(loss, torch.Tensor):
+        loss = output_loss(output)
+        if loss is not None:
             self.guard.observe_loss(loss)
         elif not self._warned:
             self._warned = True

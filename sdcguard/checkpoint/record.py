@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from ..errors import CheckpointCorrupted, CheckpointError
-from ..fingerprints import combine, fingerprint_many
+from ..fingerprints import combine, fingerprint_many, local_tensor
 from ..logs import get_logger
-from ..training.hooks.taps import local
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
@@ -68,7 +67,7 @@ def _entries(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 def _local(key: str, t: torch.Tensor) -> tuple[str, torch.Tensor]:
     """This rank's part of ``t``, keyed by the shard's coordinates in its mesh when ``t`` is sharded."""
-    shard = local(t)
+    shard = local_tensor(t)
     if shard is t:
         return key, t
     coords: Sequence[int] = cast("DTensor", t).device_mesh.get_coordinate() or []  # a DTensor: it has to_local

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import pickle
 import struct
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,13 @@ def _entries(buf: memoryview) -> dict[str, tuple[int, int]] | None:
     return out
 
 
+class _StorageKind:
+    """What the scrub needs of a pickled typed storage class: its dtype."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+
 class _Spec:
     def __init__(self, key: str, dtype: torch.dtype, count: int) -> None:
         self.key, self.dtype, self.count = key, dtype, count
@@ -75,7 +83,11 @@ class _Unpickler(pickle.Unpickler):
         if (module, name) == ("collections", "OrderedDict"):
             return OrderedDict
         if module == "torch" and name.endswith("Storage") and name != "UntypedStorage":
-            return getattr(torch, name)
+            # A typed storage class (torch.FloatStorage) stands for its dtype here; reading the class's dtype
+            # raises TypedStorage's deprecation warning, which is torch's business, not the scrub's output.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                return _StorageKind(getattr(torch, name).dtype)
         raise pickle.UnpicklingError(f"{module}.{name}")
 
     def persistent_load(self, pid: Any) -> Any:

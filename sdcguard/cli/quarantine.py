@@ -100,6 +100,13 @@ def release(device: str, reason: str) -> None:
     """
     device = device_id(device)
     with open_store() as store:
+        if store.device(device) is None:
+            raise unknown_device(
+                device,
+                [d.id for d in store.devices()],
+                what=f"cannot release {device}",
+                hint="; `sdcguard quarantine list` shows the quarantined devices",
+            )
         store.release(device, reason=reason)
     click.echo(f"{device} released: on probation until enough clean scans")
 

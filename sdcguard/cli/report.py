@@ -19,6 +19,7 @@ from fleet_scan.config import config_option, load_config, load_policy  # noqa: E
 
 from ..durations import DEFAULT_WINDOW, iso_utc, since_timestamp  # noqa: E402
 from ..fleet.report.devices import DeviceReport, build_report, report_csv_rows, report_json  # noqa: E402
+from ..fleet.report.html_parts import counted  # noqa: E402
 from .common import device_id, fmt_float, format_option, open_store, print_table, status_text  # noqa: E402
 
 
@@ -42,7 +43,7 @@ def _print_report(rows: list[DeviceReport], *, since: str, confidence: float, sh
     """The table: a row per device, its kernel families under it with ``--families``."""
     counts = {s: sum(r.status == s for r in rows) for s in ("quarantined", "probation", "suspect", "healthy")}
     caption = (
-        f"{len(rows)} devices, window {since}: "
+        f"{counted(len(rows), 'device')}, window {since}: "
         + ", ".join(f"{n} {s}" for s, n in counts.items())
         + f"; bounds one-sided Clopper-Pearson at {confidence:.0%}"
     )
@@ -133,7 +134,7 @@ def _lines(r: DeviceReport) -> list[list[str]]:
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Also write a PNG of the rate over time per device (needs matplotlib: sdcguard[plot]).",
+    help="Also write a PNG of the rate over time per device (needs matplotlib: pip install 'sdcguard-fleet[plot]').",
 )
 @click.option(
     "--html",
@@ -171,7 +172,9 @@ def report(
     policy = load_policy(load_config(config_path))  # the [policy] slow_threshold, as the policy flags them
     slow = SlowSettings(threshold=policy.slow_threshold, confidence=policy.confidence)
     with open_store(readonly=True) as store:
-        rows = build_report(store, since=start, device=device, confidence=confidence, families=families, slow=slow)
+        rows = build_report(
+            store, since=start, device=device, confidence=confidence, families=families, slow=slow, breaker=policy
+        )
         if plot is not None:
             from ..fleet.report.plot import plot_rates
 

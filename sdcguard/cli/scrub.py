@@ -1,12 +1,16 @@
 """``sdcguard scrub PATH...``: re-read checkpoints at rest and check every tensor against its recorded fingerprint.
 
-A thin layer over :func:`sdcguard.checkpoint.scrub.scrub_one` (torch is imported only when it runs): one line per
-checkpoint, every verdict recorded in the store (``--db``), a progress bar on a terminal, and the exit code of the
-worst verdict.
+A thin layer over :func:`sdcguard.checkpoint.scrub.scrub_one` (torch is imported only when it runs; without it, one
+line says how to install it): one line per checkpoint, every verdict recorded in the store (``--db``), a progress
+bar on a terminal, and the exit code of the worst verdict. A store that cannot take the record never hides a
+verdict: a corrupt checkpoint still exits 1 (what cron alerts on), the store's problem one more line on stderr.
+Without ``--db`` or ``$SDCGUARD_DB`` the verdicts go into ``./sdcguard.db`` only when that store exists; otherwise
+a line says they were not recorded (no store is created where nobody asked for one).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from collections.abc import Callable
@@ -16,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ..entry import DEFAULT_DB
+from ..errors import SdcguardError, needs_extra
 from ..exit_codes import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK
 from .common import format_option, open_store
 
@@ -43,6 +49,8 @@ def scrub(ctx: click.Context, paths: tuple[Path, ...], record: bool, fmt: str) -
 
     Example: sdcguard --db fleet.db scrub /ckpt/run42
     """
+    if importlib.util.find_spec("torch") is None:  # the scan-node install: DCP's index is torch's pickle
+        raise needs_extra("sdcguard scrub", "torch", "torch")
     from ..checkpoint.scrub import expand, scrub_one
 
     targets = expand(paths)
@@ -53,7 +61,30 @@ def scrub(ctx: click.Context, paths: tuple[Path, ...], record: bool, fmt: str) -
             results.append(result)
             if fmt == "text":
                 click.echo(_line(result))
-    if record:
+    recorded = _record(ctx, results) if record else True
+    if fmt == "json":
+        click.echo(json.dumps([asdict(r) for r in results], indent=1))
+    statuses = {r.status for r in results}
+    if "corrupt" in statuses:
+        ctx.exit(EXIT_CORRUPTION)
+    cannot = statuses & {"unreadable", "unverified"}
+    ctx.exit(EXIT_CANNOT_RUN if cannot or not recorded else EXIT_OK)
+
+
+def _record(ctx: click.Context, results: list[ScrubResult]) -> bool:
+    """Record the verdicts in the store; say on stderr why not when they cannot be (False: a store was named, or
+    found, and refused them)."""
+    root = ctx.find_root()
+    named = root.get_parameter_source("db") not in (click.core.ParameterSource.DEFAULT, None)
+    db = root.obj.db
+    if not named and not Path(db).exists():
+        click.echo(
+            f"sdcguard: the verdicts were not recorded: no store named (--db or $SDCGUARD_DB) and no ./{DEFAULT_DB} "
+            "here (--no-record says not to record them)",
+            err=True,
+        )
+        return True
+    try:
         with open_store(create=True) as store:
             for r in results:
                 store.record_scrub(
@@ -65,11 +96,10 @@ def scrub(ctx: click.Context, paths: tuple[Path, ...], record: bool, fmt: str) -
                     unverified=r.unverified,
                     detail=r.detail,
                 )
-    if fmt == "json":
-        click.echo(json.dumps([asdict(r) for r in results], indent=1))
-    statuses = {r.status for r in results}
-    cannot = statuses & {"unreadable", "unverified"}
-    ctx.exit(EXIT_CORRUPTION if "corrupt" in statuses else EXIT_CANNOT_RUN if cannot else EXIT_OK)
+    except SdcguardError as e:
+        click.echo(f"sdcguard: error: the verdicts above were not recorded: {' '.join(str(e).split())}", err=True)
+        return False
+    return True
 
 
 def _line(r: ScrubResult) -> str:

@@ -18,16 +18,29 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import Unfingerprintable
 from .cpu import StreamingFingerprint, cpu_copy_fingerprints, cpu_fingerprints
 from .cuda import cupy_fingerprint_device
 from .definition import CHUNK_WORDS, combine, signed64, unsigned64
-from .tensors import check_torch, combine_on_device, fingerprint_on_device, fingerprints_on_device, is_torch_tensor
+from .tensors import (
+    check_torch,
+    combine_on_device,
+    fingerprint_on_device,
+    fingerprints_on_device,
+    is_dtensor_type,
+    is_torch_tensor,
+    is_wrapper_type,
+    local_tensor,
+)  # fmt: skip
 
 __all__ = [
     "fingerprint",
     "fingerprint_many",
     "copy_and_fingerprint",
     "fingerprints_on_device",
+    "local_tensor",
+    "is_wrapper_type",
+    "is_dtensor_type",
     "combine",
     "combine_on_device",
     "signed64",
@@ -41,7 +54,10 @@ def fingerprint(x: Any) -> int:
     """Exact fingerprint (an int in ``[0, 2**64)``) of the raw bits of a torch tensor, numpy or cupy array.
 
     Computed on the data's own device; the same bits give the same value on every backend. See the module
-    definition (:mod:`sdcguard.fingerprints.definition`) and what is guaranteed.
+    definition (:mod:`sdcguard.fingerprints.definition`) and what is guaranteed. A ``DTensor`` is fingerprinted by
+    its local shard (what this rank holds: two ranks holding the same shard give the same value); a value whose bits
+    cannot be read in place (a sparse, quantized or meta tensor, another tensor subclass) raises
+    :class:`~sdcguard.errors.Unfingerprintable`, a ``BadInput``.
     """
     return fingerprint_many([x])[0]
 
@@ -58,6 +74,7 @@ def fingerprint_many(xs: Sequence[Any]) -> list[int]:
             _check_np(x)
             cpu.append((i, x))
         elif is_torch_tensor(x):
+            x = local_tensor(x)
             check_torch(x)
             if x.device.type == "cpu":
                 cpu.append((i, x))
@@ -67,7 +84,9 @@ def fingerprint_many(xs: Sequence[Any]) -> list[int]:
             _check_np(x)
             pending.setdefault(("cupy", int(x.device.id)), []).append((i, cupy_fingerprint_device(x)))
         else:
-            raise TypeError(f"fingerprint: expected a torch tensor, numpy or cupy array, got {type(x).__name__}")
+            raise Unfingerprintable(
+                f"fingerprint: expected a torch tensor, numpy or cupy array, got {type(x).__name__}"
+            )
     for (i, _), v in zip(cpu, cpu_fingerprints([x for _, x in cpu])):
         results[i] = v
     for (kind, _), items in pending.items():
@@ -97,12 +116,14 @@ def copy_and_fingerprint(sources: Sequence[Any], destinations: Sequence[Any]) ->
         elif is_torch_tensor(x):
             check_torch(x)
             if x.device.type != "cpu":
-                raise TypeError(f"copy_and_fingerprint: host memory only, got a tensor on {x.device}")
+                raise Unfingerprintable(f"copy_and_fingerprint: host memory only, got a tensor on {x.device}")
         else:
-            raise TypeError(f"copy_and_fingerprint: expected numpy arrays or CPU torch tensors, got {type(x).__name__}")
+            raise Unfingerprintable(
+                f"copy_and_fingerprint: expected numpy arrays or CPU torch tensors, got {type(x).__name__}"
+            )
     return cpu_copy_fingerprints(sources, destinations)
 
 
 def _check_np(a: Any) -> None:
     if a.dtype.hasobject:
-        raise TypeError("fingerprint: object arrays hold pointers, not data; convert to a numeric dtype first")
+        raise Unfingerprintable("fingerprint: object arrays hold pointers, not data; convert to a numeric dtype first")

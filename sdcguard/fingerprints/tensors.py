@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import Unfingerprintable
 from .blocks import torch_word_blocks
 from .cpu import cpu_fingerprints
 from .cuda import torch_cuda_chunk_sums
@@ -29,12 +30,40 @@ from .definition import (
     weights,
 )
 
-__all__ = ["is_torch_tensor", "check_torch", "fingerprint_on_device", "fingerprints_on_device", "combine_on_device"]
+__all__ = [
+    "is_torch_tensor", "is_wrapper_type", "is_dtensor_type", "local_tensor", "check_torch", "fingerprint_on_device",
+    "fingerprints_on_device", "combine_on_device",
+]  # fmt: skip
 
 
 def is_torch_tensor(x: Any) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
+
+
+def is_wrapper_type(kind: type) -> bool:
+    """Whether tensors of type ``kind`` dispatch their own ops (``__torch_dispatch__``: a ``DTensor``, a fake or
+    functional tensor): they hold no data of their own, and a dispatch mode that returns ``NotImplemented`` for them
+    sees the plain ops they run instead (a rank's matmuls on its shards)."""
+    import torch
+
+    return kind is not torch.Tensor and getattr(kind, "__torch_dispatch__", None) is not torch.Tensor.__torch_dispatch__
+
+
+def is_dtensor_type(kind: type) -> bool:
+    """Whether ``kind`` is ``torch.distributed.tensor.DTensor`` (or a subclass): a dispatch mode that returns
+    ``NotImplemented`` for it sees the plain ops it runs on this rank's shards instead."""
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+    return dtensor is not None and isinstance(kind, type) and issubclass(kind, dtensor)
+
+
+def local_tensor(x: Any) -> Any:
+    """This rank's part of a torch tensor: a ``DTensor``'s local shard (what this rank holds and computes; its
+    placement and mesh coordinate say which part of the whole it is), any other tensor itself. The one place where
+    sdcguard takes a rank's shard: fingerprints, hooks, checks and injectors all come through here."""
+    if is_dtensor_type(type(x)):
+        return x.detach().to_local()
+    return x
 
 
 _TORCH_WEIGHTS: dict[Any, tuple[Any, Any]] = {}
@@ -100,6 +129,7 @@ def fingerprint_on_device(x: Any, *, torch_ops: bool = False) -> Any:
     which CUDA tensors take without cupy."""
     import torch
 
+    x = local_tensor(x)
     check_torch(x)
     nbytes = x.numel() * x.element_size()
     if x.device.type == "cpu" and not torch_ops:
@@ -114,12 +144,20 @@ def fingerprint_on_device(x: Any, *, torch_ops: bool = False) -> Any:
 
 
 def check_torch(x: Any) -> None:
-    if x.layout != __import__("torch").strided:
-        raise TypeError(f"fingerprint: only strided (dense) tensors are supported, got layout {x.layout}")
+    """Raise :class:`~sdcguard.errors.Unfingerprintable` unless the engines can read ``x``'s raw bits in place."""
+    import torch
+
+    if is_wrapper_type(type(x)):
+        raise Unfingerprintable(
+            f"fingerprint: a {type(x).__name__} is a tensor subclass without data of its own; fingerprint the plain "
+            "tensor it wraps (a DTensor's local shard is taken by sdcguard.fingerprint itself)"
+        )
+    if x.layout != torch.strided:
+        raise Unfingerprintable(f"fingerprint: only strided (dense) tensors are supported, got layout {x.layout}")
     if x.is_quantized:
-        raise TypeError("fingerprint: quantized tensors are not supported; fingerprint x.int_repr() instead")
+        raise Unfingerprintable("fingerprint: quantized tensors are not supported; fingerprint x.int_repr() instead")
     if x.device.type == "meta":
-        raise TypeError("fingerprint: a meta tensor has no data")
+        raise Unfingerprintable("fingerprint: a meta tensor has no data")
 
 
 def fingerprints_on_device(xs: Sequence[Any]) -> Any:
@@ -132,6 +170,7 @@ def fingerprints_on_device(xs: Sequence[Any]) -> Any:
 
     if not xs:
         return torch.zeros(0, dtype=torch.int64)
+    xs = [local_tensor(x) for x in xs]
     for x in xs:
         check_torch(x)
     if all(x.device.type == "cpu" for x in xs):  # one batched call of the CPU engine for all of them

@@ -40,7 +40,15 @@ from .store.rows import FailedExecution
 if TYPE_CHECKING:
     from .store.store import Store
 
-__all__ = ["BreakerSettings", "SuiteVerdict", "judge_suite", "TrainingVerdict", "judge_training", "attributed"]
+__all__ = [
+    "BreakerSettings",
+    "SuiteVerdict",
+    "judge_suite",
+    "suite_blamed_devices",
+    "TrainingVerdict",
+    "judge_training",
+    "attributed",
+]
 
 
 class BreakerSettings(Protocol):
@@ -143,6 +151,20 @@ def judge_suite(
                     f"{policy.breaker_share:.0%}): the suite or the software is suspect; nobody quarantined"
                 )
     return verdict
+
+
+def suite_blamed_devices(store: Store, policy: BreakerSettings, *, since: float, now: float) -> dict[str, int]:
+    """``device -> failures`` for each device that failed since ``since`` only in ways the breaker blames on the
+    suite or the software (:func:`judge_suite` over every device's failures of the window): what the report must
+    not call a ``suspect`` device, since those failures are never evidence against it."""
+    failures = store.failed_executions(since=since)
+    verdict = judge_suite(store, failures, policy, now=now, since=since)
+    counts: dict[str, int] = defaultdict(int)
+    cleared: dict[str, bool] = {}
+    for f in failures:
+        counts[f.device] += 1
+        cleared[f.device] = cleared.get(f.device, True) and verdict.is_suspect(f)
+    return {d: counts[d] for d, ok in cleared.items() if ok}
 
 
 def attributed(incident: Incident) -> bool:

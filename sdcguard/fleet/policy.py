@@ -342,10 +342,10 @@ def _run_actions(store: Store, actions: Sequence[ActionTemplate], out: PolicyOut
             continue  # a template no longer configured: left pending, not run
         result = run_action(template, device=row.device, host=row.host, reason=row.reason)
         kind = "action_ok" if result.ok else "action_failed"
+        # An action that never ran (a timeout, a missing program) has no exit status: its output says why.
+        status = "" if result.returncode is None else f"exit {result.returncode}: "
         why = f"{row.device}: action {template.name} " + (
-            "succeeded"
-            if result.ok
-            else f"failed ({result.returncode}: {result.output.strip()[-200:]}); retried next run"
+            "succeeded" if result.ok else f"failed ({status}{result.output.strip()[-200:]}); retried next run"
         )
         decision = Decision(device=row.device, decision=kind, reason=why)
         store.record_action_attempt(

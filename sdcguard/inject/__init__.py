@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 from .faults import Fault, FaultModel, FaultRecord
-from .spec import INJECT_SPEC_HELP, InjectionHook, InjectRule, golden_output_hook, parse_inject_spec
+from .spec import INJECT_SPEC_HELP, InjectionHook, InjectRule, InjectSpec, golden_output_hook, parse_inject_spec
 
 _TORCH_NAMES = (
     "OP_FAMILIES",
@@ -30,6 +30,7 @@ __all__ = [
     "FaultRecord",
     "INJECT_SPEC_HELP",
     "InjectRule",
+    "InjectSpec",
     "InjectionHook",
     "golden_output_hook",
     "parse_inject_spec",

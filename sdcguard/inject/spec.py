@@ -1,6 +1,9 @@
 """The scanner's ``--inject`` fire drill: parse the spec, and corrupt golden-vector outputs of the named devices.
 
-The grammar is :data:`INJECT_SPEC_HELP` (shown verbatim by ``sdcguard scan --help``). Numpy only.
+The grammar is :data:`INJECT_SPEC_HELP` (shown verbatim by ``sdcguard scan --help``). Numpy only. A spec is
+parsed once, where it is given (:meth:`InjectSpec.parse`); the parsed value crosses process boundaries as JSON
+(:meth:`InjectSpec.to_json`, :meth:`InjectSpec.from_json`), which rebuilds the rules field by field and never
+parses the text again.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ import fnmatch
 import math
 import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -19,7 +22,7 @@ from ..errors import BadInput
 from . import formats as _formats
 from .faults import BIT_CLASSES, PATTERNS, TIMINGS, Fault, FaultModel, FaultRecord
 
-__all__ = ["INJECT_SPEC_HELP", "InjectRule", "InjectionHook", "parse_inject_spec", "golden_output_hook"]
+__all__ = ["INJECT_SPEC_HELP", "InjectRule", "InjectSpec", "InjectionHook", "parse_inject_spec", "golden_output_hook"]
 
 INJECT_SPEC_HELP = """\
 --inject SPEC makes the named devices behave as faulty hardware (a fire drill): the outputs of the golden
@@ -99,6 +102,60 @@ class InjectRule:
 
     def to_dict(self) -> dict[str, Any]:
         return {"rule": self.text, "cases": self.cases, "fault": self.fault.to_dict()}
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field, as JSON values (:meth:`from_json` rebuilds the rule from them, without the parser)."""
+        return {
+            "device": asdict(self.device),
+            "fault": self.fault.to_dict(),
+            "cases": self.cases,
+            "text": self.text,
+            "slowdown": self.slowdown,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> InjectRule:
+        """The rule :meth:`to_json` wrote; the fault's own checks run again (``BadInput`` for a value none allows)."""
+        fault = dict(data["fault"])
+        if fault.get("value_range") is not None:
+            fault["value_range"] = tuple(fault["value_range"])
+        return cls(
+            device=DeviceSpec(**data["device"]),
+            fault=Fault(**fault),
+            cases=data["cases"],
+            text=data["text"],
+            slowdown=float(data["slowdown"]),
+        )
+
+
+@dataclass(frozen=True)
+class InjectSpec:
+    """A parsed ``--inject`` spec: its rules, and the text they were parsed from (kept for the scan's record).
+
+    The scanner parses the spec once, in the parent (:meth:`parse`: bad input is one line there, before any device
+    is touched), and hands this value to every worker and retest (:meth:`to_json`); they rebuild it with
+    :meth:`from_json`, which never parses: a spec that parsed once cannot fail, or parse differently, in a worker.
+    """
+
+    rules: tuple[InjectRule, ...]
+    text: str = field(default="", compare=False)
+    """The spec as given (rules joined by ``;``)."""
+
+    @classmethod
+    def parse(cls, text: str) -> InjectSpec:
+        """Parse ``text`` (grammar: :data:`INJECT_SPEC_HELP`); ``BadInput`` says what is wrong."""
+        return cls(rules=tuple(parse_inject_spec(text)), text=text)
+
+    def hook(self, device_id: str, *, cuda_index: int | None = None) -> InjectionHook | None:
+        """The output hook of ``device_id`` (:func:`golden_output_hook`; None when no rule names it)."""
+        return golden_output_hook(self.rules, device_id, cuda_index=cuda_index)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"text": self.text, "rules": [r.to_json() for r in self.rules]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> InjectSpec:
+        return cls(rules=tuple(InjectRule.from_json(r) for r in data["rules"]), text=data["text"])
 
 
 def parse_inject_spec(text: str) -> list[InjectRule]:

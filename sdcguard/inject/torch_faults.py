@@ -10,7 +10,9 @@ chose, and writes the planned bits back with torch indexing (on the tensor's own
 - :func:`corrupt_weights_`: one rank's weights in memory.
 - :func:`corrupt_all_reduce` and :class:`CorruptingCommHook`: a collective's result on one rank.
 
-Each returns (and the mode / hook keeps in ``records``) a :class:`TorchFaultRecord` per changed element.
+Each returns (and the mode / hook keeps in ``records``) a :class:`TorchFaultRecord` per changed element; the mode
+and the hook also keep a :class:`~sdcguard.inject.drills.DrillLog` (``.drill``) that says by the end of the run
+when they injected nothing, and why (``.drill.summary()`` says what they did).
 """
 
 from __future__ import annotations
@@ -26,8 +28,11 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import BadInput
+from ..fingerprints import is_dtensor_type, is_wrapper_type, local_tensor
 from . import formats as _formats
+from .drills import DrillLog
 from .faults import Fault, FaultModel, FaultRecord
+from .ops import OP_FAMILIES, resolve_ops
 
 __all__ = [
     "OP_FAMILIES",
@@ -44,68 +49,6 @@ __all__ = [
 
 Phase = Literal["forward", "backward", "both"]
 
-_SDPA = (
-    "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_flash_attention_backward",
-    "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_flash_attention_for_cpu_backward",
-    "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_efficient_attention_backward",
-    "_scaled_dot_product_cudnn_attention",
-    "_scaled_dot_product_cudnn_attention_backward",
-    "_flash_attention_forward",
-    "_flash_attention_backward",
-    "_efficient_attention_forward",
-    "_efficient_attention_backward",
-)
-_SOFTMAX = ("_softmax", "_safe_softmax", "_softmax_backward_data")
-
-OP_FAMILIES: dict[str, tuple[str, ...]] = {
-    "matmul": ("mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "linear", "matmul", "_scaled_mm"),
-    # The math path of scaled_dot_product_attention is bmm + softmax, so attention includes the softmax ops.
-    "attention": (*_SDPA, *_SOFTMAX),
-    "softmax": _SOFTMAX,
-    "norm": (
-        "native_layer_norm",
-        "native_layer_norm_backward",
-        "native_batch_norm",
-        "native_batch_norm_backward",
-        "_native_batch_norm_legit",
-        "_native_batch_norm_legit_no_training",
-        "native_group_norm",
-        "native_group_norm_backward",
-        "_fused_rms_norm",
-        "_fused_rms_norm_backward",
-    ),
-    "activation": (
-        "gelu",
-        "gelu_backward",
-        "relu",
-        "threshold_backward",
-        "silu",
-        "silu_backward",
-        "tanh",
-        "tanh_backward",
-        "sigmoid",
-        "sigmoid_backward",
-    ),
-    "embedding": ("embedding", "embedding_dense_backward"),
-    # cross_entropy = _log_softmax + nll_loss
-    "loss": (
-        "nll_loss_forward",
-        "nll_loss_backward",
-        "nll_loss2d_forward",
-        "nll_loss2d_backward",
-        "_log_softmax",
-        "_log_softmax_backward_data",
-        "mse_loss",
-        "mse_loss_backward",
-        "binary_cross_entropy",
-        "binary_cross_entropy_backward",
-        "binary_cross_entropy_with_logits",
-    ),
-}
-"""Op families by name: overload packets of ``torch.ops.aten`` (both forward and backward ops)."""
 
 _INT = {8: torch.uint8, 16: torch.int16, 32: torch.int32, 64: torch.int64}
 _NP_INT = {8: np.uint8, 16: np.int16, 32: np.int32, 64: np.int64}
@@ -217,9 +160,11 @@ def _corrupt_segments_(
     phase: Literal["forward", "backward"] | None = None,
     occurrence: int | None = None,
 ) -> list[TorchFaultRecord]:
-    """One computation of ``model`` over several tensors seen as one flat array (in order); in place."""
+    """One computation of ``model`` over several tensors seen as one flat array (in order); in place (a ``DTensor``
+    in this rank's shard, with no collective: the fault is this rank's device's)."""
     if not segments:
         return []
+    segments = [(name, local_tensor(t)) for name, t in segments]
     dtypes = {t.dtype for _, t in segments}
     if len(dtypes) != 1:
         raise BadInput(f"tensors of one fault target must share a dtype, got {sorted(map(str, dtypes))}")
@@ -269,7 +214,7 @@ def corrupt_tensor_(
     t: torch.Tensor, fault: Fault | FaultModel, *, target: str = "tensor", step: int | None = None
 ) -> list[TorchFaultRecord]:
     """One computation of the fault on ``t``, in place (any device, dtype and strides); what changed."""
-    if not _supported(t):
+    if not _supported(local_tensor(t)):
         raise BadInput(f"cannot inject faults into a {t.dtype} tensor of {t.numel()} elements")
     return _corrupt_segments_([(target, t)], _as_model(fault), rank=current_rank(), step=step)
 
@@ -360,6 +305,7 @@ class CorruptingCommHook:
         self.steps = _steps(steps)
         self.step: int | None = None
         self.records: list[TorchFaultRecord] = []
+        self.drill = DrillLog(self, rank=rank, steps=self.steps)
         if base is None:
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
@@ -369,9 +315,7 @@ class CorruptingCommHook:
         self.__name__ = self.__qualname__ = "CorruptingCommHook"
 
     def _active(self) -> bool:
-        if current_rank() != self.rank:
-            return False
-        return self.steps is None or (self.step is not None and self.step in self.steps)
+        return self.drill.gate(current_rank(), self.step)
 
     def __call__(self, state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
         fut = self.base(state, bucket)
@@ -382,7 +326,7 @@ class CorruptingCommHook:
         def corrupt(f: torch.futures.Future[Any]) -> torch.Tensor:
             value = f.value()
             t = value[0] if isinstance(value, (list, tuple)) else value
-            self.records.extend(_corrupt_segments_([(label, t)], self.model, rank=self.rank, step=step))
+            self.drill.add(self.records, _corrupt_segments_([(label, t)], self.model, rank=self.rank, step=step))
             return t
 
         return fut.then(corrupt)
@@ -394,26 +338,11 @@ CorruptingCommHook.__call__.__annotations__.update(
 )
 
 
-def _resolve_ops(ops: str | Iterable[str]) -> frozenset[str]:
-    names = [ops] if isinstance(ops, str) else list(ops)
-    if not names:
-        raise BadInput("no op to corrupt: name an op family or aten ops")
-    out: set[str] = set()
-    for name in names:
-        if name in OP_FAMILIES:
-            out.update(OP_FAMILIES[name])
-            continue
-        op = name.removeprefix("aten.").removeprefix("aten::").split(".")[0]
-        if not hasattr(torch.ops.aten, op):
-            raise BadInput(f"unknown op {name!r}: use a family ({', '.join(OP_FAMILIES)}) or an aten op name")
-        out.add(op)
-    return frozenset(out)
-
-
 class OpFaultMode(TorchDispatchMode):
     """Corrupts the output of chosen aten ops, as a faulty GPU would, and records exactly what it changed.
 
-    ``ops``: a family from :data:`OP_FAMILIES` (``"matmul"``), an aten op (``"mm"``, ``"aten.addmm"``), or a list.
+    ``ops``: a family from :data:`~.ops.OP_FAMILIES` (``"matmul"``), an aten op (``"mm"``, ``"aten.addmm"``), or a
+    list. A ``DTensor`` op is corrupted in the plain op it runs on this rank's shard.
     ``phase``: ops of the ``forward`` pass, the autograd ``backward`` pass, or ``both``.
     ``rank``: only on this rank of the default group (None: every rank).
     ``steps``: only while ``mode.step`` (set by the caller every step) is one of these (None: always).
@@ -449,7 +378,7 @@ class OpFaultMode(TorchDispatchMode):
         if occurrence is not None and occurrence < 0:
             raise BadInput(f"occurrence must be >= 0, got {occurrence}")
         self.model = _as_model(fault)
-        self.ops = _resolve_ops(ops)
+        self.ops = resolve_ops(ops)
         self.phase = phase
         self.rank = rank
         self.steps = _steps(steps)
@@ -458,23 +387,26 @@ class OpFaultMode(TorchDispatchMode):
         self.step: int | None = None
         """The caller's training step; set it before each step."""
         self.records: list[TorchFaultRecord] = []
+        self.drill = DrillLog(self, rank=rank, steps=self.steps, ops=ops, phase=phase)
         self._count_step: int | None = None
         self._count = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if any(is_dtensor_type(t) for t in types):  # a DTensor op: corrupt the plain op it runs on this rank's shard
+            return NotImplemented
         out = func(*args, **(kwargs or {}))
+        if any(is_wrapper_type(t) for t in types):  # fake tensors of DTensor's sharding propagation: no data
+            return out
         if func.namespace != "aten" or func.overloadpacket.__name__ not in self.ops:
             return out
         phase: Literal["forward", "backward"] = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
         if self.phase != "both" and phase != self.phase:
             return out
         rank = current_rank()
-        if self.rank is not None and rank != self.rank:
-            return out
-        if self.steps is not None and (self.step is None or self.step not in self.steps):
+        if not self.drill.gate(rank, self.step):
             return out
         target = out[self.output] if isinstance(out, (tuple, list)) else out
-        if not _supported(target):
+        if not _supported(target) or is_wrapper_type(type(target)):
             return out
         if self._count_step != self.step:
             self._count_step, self._count = self.step, 0
@@ -482,7 +414,8 @@ class OpFaultMode(TorchDispatchMode):
         self._count += 1
         if self.occurrence is not None and occurrence != self.occurrence:
             return out
-        self.records.extend(
+        self.drill.add(
+            self.records,
             _corrupt_segments_(
                 [(f"aten.{func.overloadpacket.__name__}", target)],
                 self.model,
@@ -490,6 +423,6 @@ class OpFaultMode(TorchDispatchMode):
                 step=self.step,
                 phase=phase,
                 occurrence=occurrence,
-            )
+            ),
         )
         return out

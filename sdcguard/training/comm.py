@@ -135,6 +135,21 @@ class Comm:
         if not self.alone:
             dist.barrier(group=self.group)
 
+    @classmethod
+    def of(cls, ranks: Sequence[int]) -> Comm:
+        """The group of these global ranks (the world when they are all of it); only they call it."""
+        if not (dist.is_available() and dist.is_initialized()) or sorted(ranks) == list(range(dist.get_world_size())):
+            return cls()
+        return cls(dist.new_group(sorted(ranks), use_local_synchronization=True))
+
+    def split(self, groups: Sequence[Sequence[int]]) -> Comm:
+        """This member's group among ``groups`` (global ranks; every member of this group is in exactly one of
+        them), created collectively: every member calls it with the same ``groups``."""
+        if self.alone or len(groups) == 1:
+            return self
+        group, _ = dist.new_subgroups_by_enumeration([sorted(g) for g in groups])
+        return Comm(group)
+
     def exchange_objects(self, obj: Any, dst: int, src: int) -> Any:
         """Send ``obj`` to member ``dst`` and receive one object from member ``src`` (a ring step: no deadlock)."""
         if self.alone or (dst == src == self.index):

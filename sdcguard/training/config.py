@@ -30,7 +30,7 @@ Escalate = Literal["raise", "exit", "off"]
 DEFAULT_CHECKSUM_EVERY = 4
 """Checksum-check the matmuls of one step in 4 by default: the least frequent setting at which one-off matmul faults
 are caught on their step at least 10 times as often as by replay at its default (80% of them on a checked step, so
-20% at one in 4, against replay's 2%; the README has the figures and what each setting costs)."""
+20% at one in 4, against replay's 2%; docs/matmul-checksums.md has the figures and what each setting costs)."""
 
 EXIT_SUSPECT_DEVICE = 86
 """Exit status of a rank whose device was named as a suspect (``on_detect="exit"``): do not restart it here."""

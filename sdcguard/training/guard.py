@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -43,14 +43,15 @@ from .comm import Comm
 from .config import DEFAULT_CHECKSUM_EVERY, Escalate, GuardConfig, OnDetect, StepReport
 from .hooks.ddp import ParamTaps, is_ddp, unwrap, wrap_ddp
 from .hooks.fsdp import FSDPTaps, is_fsdp
-from .identity import introduce, launcher_job_id, new_job_id
+from .identity import JobView, introduce, launcher_job_id, new_job_id
+from .mesh import Layout, build_layout, mesh_coordinates, mesh_ranks, replica_classes
 from .replay.capture import Batch, RngHook, capture_rng, make_capture
 from .replay.observe import StepObserver
 from .replay.recompute import LossFn, Replayer, check_loss
 from .replica import GradientReplicaCheck, ReplicaPhases
 from .response import Responder, exit_status
 from .rounds.peer import PeerRound
-from .rounds.roles import worker_group
+from .rounds.roles import Role, worker_group
 from .rounds.round import Round, RoundCheck
 from .rounds.shadows import DedicatedRound, ShadowServer
 from .step_check import StepCheck, StepState, decide, gather_step
@@ -72,7 +73,12 @@ class SDCGuard:
             model. A plain module of a distributed job is wrapped in DDP by :meth:`step`.
         loss_fn: ``loss_fn(model, batch) -> scalar loss``; the guard runs it for the step (:meth:`step`) and for
             every replay, with the same batch.
-        group: the data-parallel process group (default: the world).
+        group: the data-parallel process group (default: the world; with a device mesh, this rank's data-parallel
+            group in it, or None).
+        mesh: the job's ``DeviceMesh`` with named dimensions (``dp``, ``dp_replicate``, ``dp_shard``, ``tp``,
+            ``cp``: :mod:`.mesh`); by default read from the model's ``DTensor`` parameters. With a mesh the guard
+            compares ranks holding the same shard, replays a micro-batch by a whole tensor-parallel group, and
+            decides every step for the whole job.
         replay_every: replay one step in N on another device (0: never).
         shadows: ``"peer"`` (data-parallel ranks replay each other's micro-batch) or the global ranks of dedicated
             shadows (see :func:`sdcguard.plan_roles`).
@@ -89,6 +95,9 @@ class SDCGuard:
         checksum_rows: rows of a matmul's result summed per checksum.
         checksum_splits: the most partial sums a split-K bf16/fp16 matmul adds in its output type where cuBLAS's
             reduced-precision reductions are allowed (the bound's assumption: :mod:`.checksums.precision`).
+        train_context: the context the training step's forward and backward run in (torchtitan's
+            ``train_context``; ``torch.distributed.tensor.parallel.loss_parallel`` for a parallel loss): every
+            replay runs in it too, and so does :meth:`step`.
     """
 
     def __init__(
@@ -97,6 +106,7 @@ class SDCGuard:
         loss_fn: LossFn,
         *,
         group: Any = None,
+        mesh: Any = None,
         replay_every: int = 50,
         shadows: Literal["peer"] | Sequence[int] = "peer",
         weight_check_every: int = 100,
@@ -108,6 +118,7 @@ class SDCGuard:
         checksum_every: int = DEFAULT_CHECKSUM_EVERY,
         checksum_rows: int = DEFAULT_ROWS,
         checksum_splits: int = DEFAULT_SPLITS,
+        train_context: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> None:
         self.config = GuardConfig(
             replay_every=replay_every, shadows="peer" if shadows == "peer" else tuple(shadows),
@@ -116,55 +127,32 @@ class SDCGuard:
             checksum_rows=checksum_rows, checksum_splits=checksum_splits,
         )  # fmt: skip
         self.loss_fn = loss_fn
-        self.role, self.shadow_ranks, self.comm = worker_group(self.config.shadows, group)
-        self.group = self.comm.group
-        self.rank, self.members, self.dp_size, self.dp_rank = (
-            self.comm.rank, self.comm.members, self.comm.size, self.comm.index,
-        )  # fmt: skip
         self.model, self.module, self.taps = self._wire(model)
         self.params = list(self.taps.params)
         self.device = self.params[0].device
         self._step: int | None = None
-        self.log = RankLogger(get_logger("training"), self.rank, lambda: self._step)
-        world = Comm() if self.shadow_ranks else self.comm
-        view = introduce(world, self.device, self._replica_key(), launcher_job_id() or new_job_id())
+        view, classes = self._place(group, mesh)
         self.identities: dict[int, tuple[str | None, str]] = view.identities
         self.setups: dict[int, tuple[str, ...]] = view.setups
         """Global rank -> what its device runs (:func:`~.identity.setup_key`)."""
         self.job = view.job
         """This job's id: the launcher's when it gave a real one, else one the first rank made (shared by all)."""
-        self._attr = Attributor(self.taps.unit_names, self.identities, job=self.job, job_size=len(world.members))
-        speaks = self.dp_rank == 0
-        self._outcomes = Outcomes(self._attr, self.members, self.device, speaks=speaks)
+        self._attr = Attributor(self.taps.unit_names, self.identities, job=self.job, job_size=len(view.ranks))
+        speaks = self.job_comm.index == 0
+        self._outcomes = Outcomes(self._attr, list(self.job_comm.members), self.device, speaks=speaks)
         self._responder = Responder(
             on_detect, self.config.store, rank=self.rank, writer=speaks, escalate=escalate, job=self.job
         )
         self._observer = StepObserver(self.taps, rank=self.dp_rank, device=self.device, rng_hook=rng_hook)
-        timed = slow is not None and not self.shadow_ranks and self.role == "worker" and self.dp_size > 1
+        timed = slow is not None and not self.shadow_ranks and self.role == "worker" and self.layout.width > 1
         self._clock = PhaseClock(self.device) if timed else IdleClock()
+        self._train_context = train_context
         self._replayer = Replayer(
-            self.taps, loss_fn, device=self.device, params=self.params, rng_hook=rng_hook, timed=self._clock.replay
-        )
-        self._rng_hook = rng_hook
-        self._replica = ReplicaPhases(
-            self.comm, view.keys(self.members), self.taps.param_names,
-            [(g, *self.identities.get(g, (None, ""))) for g in self.members], self.job,
+            self.taps, loss_fn, device=self.device, params=self.params, rng_hook=rng_hook, timed=self._clock.replay,
+            context=train_context,
         )  # fmt: skip
-        self._round = RoundCheck(self._make_round(), self._outcomes, self.device, self.log, speaks=speaks)
-        if self.shadow_ranks:  # an escalation reaches the dedicated shadows too (they raise or exit alike)
-            self._responder.before_acting = lambda action, found: self._round.round.escalate(
-                action, found, lambda rank: exit_status(rank, found)
-            )
-        self._checksums = ChecksumCheck(
-            ChecksumMode(self.module, rows=checksum_rows, splits=checksum_splits), self.comm, self._attr, self.device
-        )
-        self._slow = SlowJudge(slow, self.members, self.identities, job=self.job, job_size=len(world.members)) \
-            if timed and slow is not None else None  # fmt: skip
-        self._checks: list[StepCheck] = [
-            self._checksums, GradientReplicaCheck(self._replica, self.taps.reduced, self.device), self._round,
-        ]  # fmt: skip
-        if self._slow is not None:
-            self._checks.append(TimingCheck(self._clock, self._slow, self.device))
+        self._rng_hook = rng_hook
+        self._checks = self._make_checks(view, classes, slow, checksum_rows)
         self._steps = self._samples = 0
         self._last_step: int | None = None
         self._sampled = self._closed = False
@@ -172,9 +160,88 @@ class SDCGuard:
 
     # ------------------------------------------------------------------------------------------------ setup
 
+    def _place(self, group: Any, mesh: Any) -> tuple[JobView, list[int]]:
+        """Where this rank stands: its role and groups (``job_comm``, the step's gather; ``comm``, its data-parallel
+        group), every rank's identity (one gather) and the job's :attr:`layout`; the parameters' replica classes."""
+        coords = mesh_coordinates(self.params, mesh)
+        self.role, self.shadow_ranks, self.job_comm = self._join(group, mesh_ranks(self.params, mesh))
+        self.comm = self.job_comm
+        self.rank, self.members = self.comm.rank, self.comm.members
+        self.log = RankLogger(get_logger("training"), self.rank, lambda: self._step)
+        classes, keys = replica_classes(self.params)
+        world = Comm() if self.shadow_ranks else self.job_comm
+        view = introduce(world, self.device, keys, launcher_job_id() or new_job_id(), coords)
+        self.layout = build_layout(self.job_comm.members, view.coordinates) if coords else Layout(
+            ranks=tuple(self.job_comm.members), slices=(tuple(self.members),)
+        )  # fmt: skip
+        """The job's ranks grouped for the checks (:mod:`.mesh`): who compares and who replays whom."""
+        self.comm = self.job_comm.split(self.layout.slices) if coords else self.comm
+        self.group, self.members, self.dp_size, self.dp_rank = (
+            self.comm.group, self.comm.members, self.comm.size, self.comm.index,
+        )  # fmt: skip
+        if coords:
+            self._check_mesh(group)
+        return view, classes
+
+    def _make_checks(self, view: JobView, classes: list[int], slow: SlowWatch | None, rows: int) -> list[StepCheck]:
+        """The step's checks, in the order their columns are computed and their results concluded: the checksums
+        (their mode is popped first: no replay runs under it), the reduced gradients across replicas, the sampled
+        round, and the timing of slow ranks when timed."""
+        job_ranks = list(self.job_comm.members)
+        rank_keys = view.keys(job_ranks)
+        if len({len(k) for k in rank_keys}) > 1:
+            raise BadInput("the ranks' parameters are sharded differently (their DTensor placements differ)")
+        self._replica = ReplicaPhases(
+            self.job_comm, rank_keys, self.taps.param_names,
+            [(g, *self.identities.get(g, (None, ""))) for g in job_ranks], self.job, classes,
+        )  # fmt: skip
+        speaks = self.job_comm.index == 0
+        self._round = RoundCheck(self._make_round(), self._outcomes, self.device, self.log, speaks=speaks)
+        if self.shadow_ranks:  # an escalation reaches the dedicated shadows too (they raise or exit alike)
+            self._responder.before_acting = lambda action, found: self._round.round.escalate(
+                action, found, lambda rank: exit_status(rank, found)
+            )
+        self._checksums = ChecksumCheck(
+            ChecksumMode(self.module, rows=rows, splits=self.config.checksum_splits), self.job_comm, self._attr, self.device
+        )
+        size = len(view.ranks)
+        self._slow = SlowJudge(
+            slow, job_ranks, self.identities, job=self.job, job_size=size, slices=self.layout.slices
+        ) if slow is not None and not isinstance(self._clock, IdleClock) else None  # fmt: skip
+        checks: list[StepCheck] = [
+            self._checksums, GradientReplicaCheck(self._replica, self.taps.reduced, self.device), self._round,
+        ]  # fmt: skip
+        if self._slow is not None:
+            checks.append(TimingCheck(self._clock, self._slow, self.device))
+        return checks
+
+    def _join(self, group: Any, ranks: list[int] | None) -> tuple[Role, tuple[int, ...], Comm]:
+        """This rank's role, the shadow ranks and the job's group: that of the step's gather (under a device mesh the
+        mesh's ranks, ``ranks``; else the data-parallel workers); this rank's data-parallel group is split off it."""
+        if ranks is None:
+            return worker_group(self.config.shadows, group)
+        if self.config.shadows != "peer":
+            raise BadInput("dedicated shadows replay a whole model on one device: use peer mode with a device mesh")
+        return "worker", (), Comm.of(ranks)
+
+    def _check_mesh(self, group: Any) -> None:
+        """With a device mesh: ``group`` (when given) is this rank's data-parallel group, and a tensor-parallel model
+        with data parallelism reduces its gradients with FSDP2 (DDP cannot wrap DTensor parameters)."""
+        if group is not None and sorted(Comm(group).members) != sorted(self.members):
+            raise BadInput(
+                f"group holds ranks {sorted(Comm(group).members)}, but this rank's data-parallel replicas in the "
+                f"device mesh are {sorted(self.members)}: pass the mesh's data-parallel group, or none"
+            )
+        if self.layout.width > 1 and not is_fsdp(self.model) and not is_ddp(self.model):
+            raise BadInput(
+                f"a tensor-parallel model with {self.layout.width} data-parallel replicas needs FSDP2 over the "
+                "data-parallel dimension (fully_shard(model, mesh=mesh['dp'])) to reduce its gradients; the guard "
+                "does not wrap DTensor parameters in DDP"
+            )
+
     def _wire(self, model: nn.Module) -> tuple[nn.Module, nn.Module, ParamTaps | FSDPTaps]:
         if is_fsdp(model):
-            if self.shadow_ranks:
+            if self.config.shadows != "peer":
                 raise BadInput("dedicated shadows replay a whole model on one device: use peer mode with FSDP2")
             return model, model, FSDPTaps(model)
         module = unwrap(model)
@@ -183,18 +250,22 @@ class SDCGuard:
             raise BadInput("the model has no parameter that requires a gradient")
         return model, module, ParamTaps(module, named)
 
-    def _replica_key(self) -> Any:
-        return self.taps.replica_key() if isinstance(self.taps, FSDPTaps) else ()
-
     def _make_round(self) -> Round:
         if self.shadow_ranks:
             return DedicatedRound(self.comm, self.shadow_ranks, self.params, self._replayer, self._attr)
-        collective = self.taps.collective_replay
+        collective = self.taps.collective_replay or self.layout.meshed
         return PeerRound(
-            self.comm, self._replayer, self._attr, record_ops=not collective, collective=collective, setups=self.setups
-        )
+            self.comm, self._replayer, self._attr, record_ops=not collective, collective=collective,
+            setups=self.setups, job=self.job_comm, layout=self.layout,
+        )  # fmt: skip
 
     def _warn_setup(self) -> None:
+        if self.role == "worker" and self.job_comm.index == 0 and self.job_comm.size > 1 and not self._replica.active:
+            self.log.warning(
+                "no two ranks hold the same shard of any parameter (FSDP2 over every rank, or FSDP2 x TP without a "
+                "replicate dimension): the cross-replica checks have nothing to compare; replay and the matmul "
+                "checksums check the computation, and a weight shard corrupted in memory is seen only by replay"
+            )
         if self.role == "worker" and (problems := setup_warnings(self.device)):
             self.log.warning(
                 "replays on CUDA will not be bit-identical, so replay checks will turn themselves off: %s",
@@ -255,7 +326,7 @@ class SDCGuard:
         self._clock.end_compute(state.sample if state.sampled else None)
         parts = [(c.name, c.columns(state)) for c in self._checks]
         with self._clock.waiting():
-            table = gather_step(self.comm, parts, self.device)
+            table = gather_step(self.job_comm, parts, self.device)
         results = [c.conclude(state, table.rows(c.name)) for c in self._checks]
         if state.sampled:
             self._samples += 1
@@ -295,7 +366,8 @@ class SDCGuard:
         try:
             for i, mb in enumerate(mbs):
                 last = i == len(mbs) - 1
-                with self.model.no_sync() if is_ddp(self.model) and not last else contextlib.nullcontext():
+                no_sync = self.model.no_sync() if is_ddp(self.model) and not last else contextlib.nullcontext()
+                with no_sync, self._train_context():
                     self.before_forward(mb)
                     loss = check_loss(self.loss_fn(self.model, mb))
                     self.observe_loss(loss)
@@ -315,7 +387,7 @@ class SDCGuard:
         if not self._replica.active:
             return []
         weights = self.taps.weights()
-        gathered = self.comm.gather_ints(self._replica.column(weights, self.device))[:, 0].tolist()
+        gathered = self.job_comm.gather_ints(self._replica.column(weights, self.device)).tolist()
         found = [
             self._outcomes.rollback(i, vetoed=False)
             for i in self._replica.incidents("weight_replica", self._last_step, weights, gathered)
@@ -369,12 +441,19 @@ class SDCGuard:
         if self.role != "worker":
             raise RuntimeError("calibrate() runs on the data-parallel workers")
         cap = make_capture(step=-1, rank=self.dp_rank, micro_batch=0, batch=batch, rng=capture_rng(self._rng_hook))
+        collective = self.taps.collective_replay or self.layout.meshed
         report, j = calibrate(
-            self.comm, self._replayer, cap, self.device, record_ops=not self.taps.collective_replay, setups=self.setups
-        )
-        found = self._outcomes.calibrated(report, j, self.members[0], self.dp_size)
+            self.comm, self._replayer, cap, self.device, record_ops=not collective, setups=self.setups
+        )  # every slice at once: a tensor-parallel group computes its micro-batch together
+        slices = [(report, j, self.members[0])]
+        if self.layout.meshed:  # every rank concludes from every slice's calibration, alike
+            slices = [(r, jj, first) for r, jj, first in self.job_comm.gather_objects(slices[0])]
+            order = ("deterministic", "hardware", "unresolved", "software")  # software last: it turns replay off
+            slices = sorted({first: (r, jj, first) for r, jj, first in slices}.values(), key=lambda s: (
+                order.index(s[0].verdict), s[2]))  # fmt: skip
+        found = [i for r, jj, first in slices for i in self._outcomes.calibrated(r, jj, first, self.dp_size)]
         self._responder.handle(found, escalate=self._outcomes.escalating(found))
-        return report
+        return next((r for r, _, _ in slices if r.verdict == "software"), report)
 
     def serve(self) -> int:
         """On a dedicated shadow rank: replay the samples workers send until every worker calls ``close()``."""

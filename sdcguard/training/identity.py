@@ -71,9 +71,12 @@ class RankIdentity:
     """Its device id (:func:`local_device_id`)."""
     host: str
     replica_key: Hashable
-    """Ranks with equal keys hold the same data (replicas); the parallelism's taps say what the key is."""
+    """Its key in each replica class of the parameters (:func:`~.mesh.replica_classes`): ranks with equal keys in a
+    class hold the same data of that class."""
     setup: tuple[str, ...]
     """What decides its kernels (:func:`setup_key`)."""
+    coords: tuple[tuple[str, int], ...] = ()
+    """Its coordinate on each named dimension of the job's device mesh (:mod:`.mesh`); empty without one."""
     job: str
     """The job id it would give the job (the first rank's is the job's)."""
 
@@ -97,19 +100,32 @@ class JobView:
         return {g: (r.device, r.host) for g, r in self.ranks.items()}
 
     @property
+    def coordinates(self) -> dict[int, tuple[tuple[str, int], ...]]:
+        """Global rank -> its mesh coordinates."""
+        return {g: r.coords for g, r in self.ranks.items()}
+
+    @property
     def setups(self) -> dict[int, tuple[str, ...]]:
         """Global rank -> what its device runs."""
         return {g: r.setup for g, r in self.ranks.items()}
 
-    def keys(self, members: Sequence[int]) -> list[Hashable]:
-        """The replica keys of ``members`` (global ranks), in their order."""
-        return [self.ranks[g].replica_key for g in members]
+    def keys(self, members: Sequence[int]) -> list[tuple[Hashable, ...]]:
+        """The replica keys (one per class) of ``members`` (global ranks), in their order; a rank without any (a
+        dedicated shadow) has none."""
+        out: list[tuple[Hashable, ...]] = []
+        for g in members:
+            key = self.ranks[g].replica_key
+            out.append(tuple(key) if isinstance(key, tuple) else (key,))
+        return out
 
 
-def introduce(comm: Comm, device: torch.device, replica_key: Hashable, job: str) -> JobView:
+def introduce(
+    comm: Comm, device: torch.device, replica_key: Hashable, job: str, coords: tuple[tuple[str, int], ...] = ()
+) -> JobView:
     """Every member's identity (collective over ``comm``: one gather, when the guard starts)."""
     me = RankIdentity(
-        device=local_device_id(device), host=hostname(), replica_key=replica_key, setup=setup_key(device), job=job
-    )
+        device=local_device_id(device), host=hostname(), replica_key=replica_key, setup=setup_key(device), job=job,
+        coords=coords,
+    )  # fmt: skip
     everyone: list[RankIdentity] = comm.gather_objects(me)
     return JobView(ranks=dict(zip(comm.members, everyone)), order=tuple(comm.members))

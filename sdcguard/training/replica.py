@@ -29,11 +29,10 @@ import torch
 import torch.distributed as dist
 
 from ..devices import hostname
-from ..fingerprints import combine_on_device, fingerprints_on_device
+from ..fingerprints import combine_on_device, fingerprints_on_device, is_dtensor_type, local_tensor
 from ..records import Incident
 from .comm import Comm
 from .hooks.ddp import unwrap
-from .hooks.taps import local
 from .identity import local_device_id
 from .step_check import CheckResult, StepState
 
@@ -52,6 +51,13 @@ NO_GRADIENT = 0
 """The value standing for a missing tensor (a parameter without gradient)."""
 NOT_DENSE = 1
 """The value standing for a tensor without raw bits to fingerprint (a sparse gradient)."""
+PARTIAL = 2
+"""The value standing for a ``DTensor`` still ``Partial`` (a SequenceParallel norm's gradient, whose reduction the
+optimizer's own DTensor op makes): a rank's local part is a partial sum, no replica's value. Replay checks it."""
+
+
+def _partial(t: torch.Tensor) -> bool:
+    return is_dtensor_type(type(t)) and any(pl.is_partial() for pl in getattr(t, "placements", ()))
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -60,10 +66,12 @@ def _dense(t: torch.Tensor) -> bool:
 
 def fingerprint_column(tensors: Sequence[torch.Tensor | None], device: torch.device) -> torch.Tensor:
     """One int64 per tensor on ``device`` (no host synchronisation): its fingerprint, :data:`NO_GRADIENT` for None,
-    :data:`NOT_DENSE` for a tensor that has no raw bits (raising on one rank would leave the others waiting)."""
-    items = [None if t is None else local(t) for t in tensors]
+    :data:`NOT_DENSE` for a tensor that has no raw bits (raising on one rank would leave the others waiting),
+    :data:`PARTIAL` for a ``DTensor`` not yet reduced."""
+    marks = [NO_GRADIENT if t is None else PARTIAL if _partial(t) else NOT_DENSE for t in tensors]
+    items = [None if t is None or m == PARTIAL else local_tensor(t) for t, m in zip(tensors, marks)]
     dense = [t is not None and _dense(t) for t in items]
-    out = torch.tensor([NO_GRADIENT if t is None else NOT_DENSE for t in items], dtype=torch.int64, device=device)
+    out = torch.tensor(marks, dtype=torch.int64, device=device)
     present = [t for t, d in zip(items, dense) if d]
     if present:
         out[torch.tensor(dense, device=device)] = fingerprints_on_device(present).to(device)
@@ -102,36 +110,45 @@ def vote(
     names: Sequence[str],
     identities: Sequence[tuple[int, str | None, str]],
     job: str | None = None,
+    tensor_keys: Sequence[Sequence[object]] | None = None,
 ) -> list[Incident]:
     """Incidents for the tensors that differ within replica classes.
 
     ``rows``: per rank (group order), one fingerprint per tensor (``names``); ``identities``: per rank, its global
-    rank, device id and host. One incident per class in which something differs.
+    rank, device id and host. Ranks with equal ``keys`` entries are replicas (``tensor_keys[j]``: the keys by rank of
+    tensor ``j`` when the tensors' replica classes differ, as under tensor parallelism, where a weight replicated
+    across the tensor-parallel group has more replicas than a sharded one). One incident per class in which
+    something differs, in the order of the classes' first ranks; with ``tensor_keys``, one incident in all (a
+    corrupted weight of one class reaches the others' tensors through the collectives).
     """
-    groups: dict[object, list[int]] = {}
-    for i, k in enumerate(keys):
-        groups.setdefault(k, []).append(i)
-    what = "gradients" if kind == "gradient_replica" else "weights"
-    out = []
-    for members in groups.values():
-        suspects: set[int] = set()
-        differing: list[str] = []
-        undecided = False
-        for j, name in enumerate(names):
+    found: dict[tuple[int, ...], tuple[set[int], list[str], list[bool]]] = {}
+    for j, name in enumerate(names):
+        groups: dict[object, list[int]] = {}
+        for i, k in enumerate(tensor_keys[j] if tensor_keys is not None else keys):
+            groups.setdefault(k, []).append(i)
+        for members in groups.values():
             odd = minority([rows[m][j] for m in members])
             if odd:
+                suspects, differing, undecided = found.setdefault(tuple(members), (set(), [], [False]))
                 differing.append(name)
                 suspects.update(members[x] for x in odd)
-                undecided |= len(odd) == len(members)
-        if not differing:
-            continue
+                undecided[0] |= len(odd) == len(members)
+    if tensor_keys is not None and len(found) > 1:
+        # Several classes (tensor parallelism): a corrupted replicated weight reaches the other classes' tensors
+        # through the collectives, so what they say of one step is one incident naming every suspect.
+        merged = (set().union(*(s for s, _, _ in found.values())), [n for _, d, _ in found.values() for n in d],
+                  [any(u[0] for _, _, u in found.values())])  # fmt: skip
+        found = {tuple(sorted({m for cls in found for m in cls})): merged}
+    what = "gradients" if kind == "gradient_replica" else "weights"
+    out = []
+    for cls, (suspects, differing, undecided) in sorted(found.items()):
         ranks = sorted(suspects)
         g = tuple(identities[r][0] for r in ranks)
         more = f" and {len(differing) - 1} more" if len(differing) > 1 else ""
         settled = (
             "no strict majority: every disagreeing rank is a suspect"
-            if undecided
-            else f"outvoted by a strict majority of the {len(members)} replicas"
+            if undecided[0]
+            else f"outvoted by a strict majority of the {len(cls)} replicas"
         )
         devices = tuple(identities[r][1] or "" for r in ranks)
         out.append(
@@ -162,54 +179,73 @@ def replica_incidents(
     names: Sequence[str],
     identities: Sequence[tuple[int, str | None, str]],
     job: str | None,
+    tensor_keys: Sequence[Sequence[object]] | None = None,
 ) -> list[Incident]:
     """After a mismatch of the combined values: every rank's per-tensor fingerprints (one collective), voted within
-    replica classes (collective over ``comm``: every rank calls it)."""
-    device = next((local(t).device for t in tensors if t is not None), torch.device("cpu"))
+    replica classes (collective over ``comm``: every rank calls it; ``tensor_keys`` as :func:`vote` takes them)."""
+    device = next((local_tensor(t).device for t in tensors if t is not None), torch.device("cpu"))
     rows = comm.gather_objects(fingerprint_column(tensors, device).tolist())
-    found = vote(kind, step, rows, keys, names, identities, job)
+    found = vote(kind, step, rows, keys, names, identities, job, tensor_keys)
     if not found:  # the combined values differed but no single tensor does: a tensor changed between the reads
         combined = [[hash(tuple(r))] for r in rows]
-        found = vote(kind, step, combined, keys, ["<the tensors, read twice>"], identities, job)
+        widest = keys if tensor_keys is None else tensor_keys[0]
+        found = vote(kind, step, combined, widest, ["<the tensors, read twice>"], identities, job)
     return found
 
 
 class ReplicaPhases:
-    """The guard's cross-replica check, in its two phases: :meth:`column` (every step: one combined fingerprint that
-    rides in the gather the guard issues anyway) and :meth:`incidents` (only when the gathered values differ within
-    a replica class: one more gather of every tensor's fingerprint, and the vote). Every rank calls both alike."""
+    """The guard's cross-replica check, in its two phases: :meth:`column` (every step: one combined fingerprint per
+    replica class of tensors, riding in the gather the guard issues anyway) and :meth:`incidents` (only when the
+    gathered values differ within a replica class: one more gather of every tensor's fingerprint, and the vote).
+    Every rank calls both alike.
+
+    ``keys``: per rank (group order), its key in each class; ``classes``: per tensor, its class. Under DDP and FSDP2
+    there is one class (every tensor sharded alike); under tensor parallelism a tensor sharded over ``tp`` and one
+    replicated across it are in different classes (:func:`sdcguard.training.mesh.replica_classes`)."""
 
     def __init__(
         self,
         comm: Comm,
-        keys: Sequence[object],
+        keys: Sequence[Sequence[object]],
         names: Sequence[str],
         identities: Sequence[tuple[int, str | None, str]],
         job: str | None,
+        classes: Sequence[int] | None = None,
     ) -> None:
         self.comm = comm
-        self.keys = list(keys)
+        self.keys = [tuple(k) for k in keys]
         self.names = list(names)
         self.identities = list(identities)
         self.job = job
+        self.classes = list(classes) if classes is not None else [0] * len(self.names)
+        self.width = max(self.classes, default=-1) + 1
+        """Values this check adds to a gather: one per class."""
+        self._members = [[j for j, c in enumerate(self.classes) if c == k] for k in range(self.width)]
+
+    def _class_keys(self, c: int) -> list[object]:
+        return [k[c] for k in self.keys]
 
     @property
     def active(self) -> bool:
         """Whether any two ranks hold the same data (plain FSDP shards every tensor once: nothing to compare)."""
-        return any(self.keys.count(k) > 1 for k in self.keys)
+        return any(len(set(ks := self._class_keys(c))) < len(ks) for c in range(self.width))
 
     def column(self, tensors: Sequence[torch.Tensor | None], device: torch.device) -> torch.Tensor:
-        """Phase 1: this rank's combined fingerprint of ``tensors``, shape ``(1,)`` int64 on ``device``, no sync."""
-        return combine_on_device(fingerprint_column(tensors, device)).reshape(1)
+        """Phase 1: this rank's combined fingerprint of each class of ``tensors``, int64 on ``device``, no sync."""
+        fps = fingerprint_column(tensors, device)
+        return torch.stack([combine_on_device(fps[m]) for m in self._members]).reshape(-1)
 
     def incidents(
-        self, kind: str, step: int, tensors: Sequence[torch.Tensor | None], gathered: Sequence[int]
+        self, kind: str, step: int, tensors: Sequence[torch.Tensor | None], gathered: Sequence[Sequence[int]]
     ) -> list[Incident]:
-        """Phase 2, from every rank's phase-1 value (``gathered``, group order): nothing when the replicas agree,
+        """Phase 2, from every rank's phase-1 values (``gathered``, group order): nothing when the replicas agree,
         else the per-tensor vote (collective, entered by every rank alike since all hold the same values)."""
-        if not odd_ranks(list(gathered), self.keys):
+        if not any(odd_ranks([row[c] for row in gathered], self._class_keys(c)) for c in range(self.width)):
             return []
-        return replica_incidents(self.comm, kind, step, tensors, self.keys, self.names, self.identities, self.job)
+        tensor_keys = [self._class_keys(c) for c in self.classes] if self.width > 1 else None
+        return replica_incidents(
+            self.comm, kind, step, tensors, self._class_keys(0), self.names, self.identities, self.job, tensor_keys
+        )
 
 
 class GradientReplicaCheck:
@@ -231,7 +267,7 @@ class GradientReplicaCheck:
         return self.phases.column(self._tensors, self.device)  # on the device, no sync
 
     def conclude(self, state: StepState, rows: Sequence[Sequence[int]]) -> CheckResult:
-        found = self.phases.incidents(self.name, state.step, self._tensors, [row[0] for row in rows])
+        found = self.phases.incidents(self.name, state.step, self._tensors, rows)
         self._tensors = []
         return CheckResult(
             incidents=tuple(found), veto=bool(found), ran="gradient_replica" if self.phases.active else None
@@ -281,7 +317,7 @@ class ReplicaCheck:
         self._params = [p for _, p in named]
         self._warned_odd = False
         self._device = self._params[0].device if self._params else torch.device("cpu")
-        me = (local_device_id(self._device), hostname(), [(n, local(p).numel(), str(p.dtype)) for n, p in named])
+        me = (local_device_id(self._device), hostname(), [(n, local_tensor(p).numel(), str(p.dtype)) for n, p in named])
         everyone: list[Any] = self._comm.gather_objects(me)
         self.devices: tuple[str, ...] = tuple(e[0] for e in everyone)
         """Device id of every rank of the group, by group rank."""
@@ -312,7 +348,7 @@ class ReplicaCheck:
         """All-gathered fingerprints, shape ``(world_size, len(tensors) + len(extra))`` int64, on the host (one
         collective). ``extra``: int64 values each rank contributes alongside (the last columns)."""
         items = list(tensors)
-        odd = [n for n, t in zip(self.names, items) if t is not None and not _dense(local(t))]
+        odd = [n for n, t in zip(self.names, items) if t is not None and not _dense(local_tensor(t))]
         if odd and not self._warned_odd:
             warnings.warn(f"ReplicaCheck: not comparing non-dense tensors of {', '.join(odd[:5])}", stacklevel=3)
             self._warned_odd = True

@@ -55,6 +55,28 @@ class Responder:
         self.incidents: list[Incident] = []
         self.before_acting: Callable[[Literal["raise", "exit"], list[Incident]], None] | None = None
         """Called on every rank right before it raises or exits (the guard tells its dedicated shadows)."""
+        self.store_problem: str | None = self._check_store()
+        """Why ``store`` cannot take this job's records (None: it can, or there is none, or not this rank's)."""
+
+    def _check_store(self) -> str | None:
+        """Open the store once at construction on the writer rank, so a path that cannot be written is told now,
+        not at the first incident. It only logs a warning (the other ranks go on with the same collectives; the
+        incidents stay in ``guard.incidents``)."""
+        if self.store is None or not self.writer:
+            return None
+        try:
+            from ..fleet.store.store import Store
+
+            Store.open(self.store).close()
+        except Exception as e:  # a bad path, a read-only or damaged store: training goes on, records in memory
+            problem = " ".join(str(e).split())
+            _log.warning(
+                "SDCGuard(store=%r) cannot record incidents there: %s; they will be kept in guard.incidents only",
+                self.store,
+                problem,
+            )
+            return problem
+        return None
 
     def handle(self, found: list[Incident], *, escalate: list[Incident] | None = None) -> None:
         """Keep and record ``found``; raise or exit when ``on_detect`` says so and something names a device, or

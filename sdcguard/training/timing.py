@@ -64,7 +64,7 @@ class SlowWatch:
 
     threshold: float = 0.25
     """Named when the lower bound of its median slowdown exceeds ``1 + threshold`` (25% slower than its
-    neighbours; the README says why not 20%: ``benchmarks/slow_training.py``)."""
+    neighbours; docs/guard.md says why not 20%: ``benchmarks/slow_training.py``)."""
     confidence: float = 0.9
     """Confidence of that lower bound."""
     window: int = 9
@@ -278,9 +278,14 @@ class SlowJudge:
         *,
         job: str | None,
         job_size: int,
+        slices: Sequence[Sequence[int]] | None = None,
     ) -> None:
         self.watch = watch
         self.members = list(members)
+        """The ranks whose rows the gathered table holds, in its order."""
+        self.slices = [list(s) for s in slices] if slices is not None else [self.members]
+        """The data-parallel groups whose ranks computed each other's micro-batches (tensor parallelism: one per
+        shard); without one, every member."""
         self.identities = identities
         self.job = job
         self.job_size = job_size
@@ -293,15 +298,19 @@ class SlowJudge:
     def observe(self, step: int, table: Sequence[Sequence[int]]) -> list[Incident]:
         """The timing columns of one gather (one row per rank, :data:`COLUMNS` each): incidents for newly slow
         ranks."""
-        for g, row in zip(self.members, table):
+        rows = dict(zip(self.members, table))
+        for g, row in rows.items():
             self.last_phases[g] = (int(row[3]), int(row[4]), int(row[5]))
         samples = {int(row[0]) for row in table}
         if len(samples) != 1 or -1 in samples or len(table) < 2:
             return []
         (sample,) = samples
-        ratios = pair_slowdowns(sample, [int(r[1]) for r in table], [int(r[2]) for r in table])
+        ratios: list[tuple[int, float | None]] = []
+        for s in self.slices:
+            got = pair_slowdowns(sample, [int(rows[g][1]) for g in s], [int(rows[g][2]) for g in s])
+            ratios += list(zip(s, got))
         found = []
-        for g, x in zip(self.members, ratios):
+        for g, x in ratios:
             if x is None:
                 continue
             h = self.history[g]

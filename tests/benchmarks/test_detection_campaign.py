@@ -1,7 +1,7 @@
 """The detection campaign (``benchmarks/detection.py``): its Megatron-LM baseline follows Megatron's rules, its
 derivation from per-step measurements to "detected within N steps" matches a step-by-step simulation of the
 schedule, and the quick campaign (a few faults per target, every job: DDP with the baselines, a dedicated shadow,
-FSDP2, Lightning) still shows the README's headline on the current code.
+FSDP2, Lightning) still shows the headline of docs/detection.md on the current code.
 """
 
 from __future__ import annotations

@@ -1,32 +1,28 @@
-"""The fault injector of ``benchmarks/peer_checksums.py`` (no peer, no network): it numbers the model's matmuls only,
+"""The fault injector of ``benchmarks/peer_checksums/`` (no peer, no network): it numbers the model's matmuls only,
 so the k-th matmul is the same op with a checker on or off, and it corrupts that op's result before the checker sees
 it."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks.peer_checksums import INJECTOR_SOURCE
+from benchmarks.peer_checksums.worker import INJECTOR, load_by_path
 from sdcguard.testing.models import TinyTransformer, lm_loss, make_batch
 from sdcguard.training.checksums.mode import ChecksumMode
 
 
 def _load(path: Path, name: str, source: str):
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_by_path(path, name)
 
 
 @pytest.fixture()
-def inj_mod(tmp_path):
-    return _load(tmp_path / "sdc_fault_injector.py", "sdc_fault_injector_test", INJECTOR_SOURCE)
+def inj_mod():
+    return load_by_path(INJECTOR, "sdc_fault_injector_test")  # by its path, as both workers load it
 
 
 def _step(model, inj, mode=None):

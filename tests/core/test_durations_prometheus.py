@@ -68,8 +68,8 @@ def test_every_series_carries_the_same_documented_labels(tmp_path: Path) -> None
             assert set(s.labels) == set(LABELS) | extra, (f.name, s.labels)
     models = {s.labels["device"]: s.labels["modelName"] for f in families for s in f.samples}
     assert models == {"sim:1": "A100", "sim:2": ""}
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert all(f"`{m}`" in readme for m in METRICS) and all(f"`{label}`" in readme for label in LABELS)
+    page = (Path(__file__).resolve().parents[2] / "docs" / "report.md").read_text()
+    assert all(f"`{m}`" in page for m in METRICS) and all(f"`{label}`" in page for label in LABELS)
 
 
 def test_textfile_replaces_atomically(tmp_path: Path) -> None:

@@ -15,7 +15,8 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from sdcguard.fingerprints import CHUNK_WORDS, fingerprint, fingerprint_many
+from sdcguard.errors import BadInput, Unfingerprintable
+from sdcguard.fingerprints import CHUNK_WORDS, fingerprint, fingerprint_many, signed64
 from sdcguard.fingerprints.tensors import fingerprint_on_device
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -274,12 +275,45 @@ def test_fingerprint_many_equals_one_by_one() -> None:
 
 
 def test_unsupported_inputs_raise_a_clear_type_error() -> None:
-    with pytest.raises(TypeError, match="expected a torch tensor"):
+    with pytest.raises(Unfingerprintable, match="expected a torch tensor"):
         fingerprint([1, 2, 3])
-    with pytest.raises(TypeError, match="strided"):
+    with pytest.raises(Unfingerprintable, match="strided"):
         fingerprint(torch.eye(3).to_sparse())
-    with pytest.raises(TypeError, match="object arrays"):
+    with pytest.raises(Unfingerprintable, match="object arrays"):
         fingerprint(np.array([object()]))
+    # a tensor subclass without data of its own (it used to reach the C engine: a segmentation fault)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fake = torch.ones(4)
+    with pytest.raises(Unfingerprintable, match="tensor subclass without data"):
+        fingerprint(fake)
+    assert issubclass(Unfingerprintable, BadInput) and issubclass(Unfingerprintable, TypeError)
+
+
+def _dtensor_rank(rank: int, world: int) -> dict[str, object]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from sdcguard.fingerprints import fingerprints_on_device
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    whole = torch.arange(24, dtype=torch.float32).reshape(6, 4)
+    sharded = distribute_tensor(whole, mesh, [Shard(0)])
+    replicated = distribute_tensor(whole, mesh, [Replicate()])
+    return {
+        "shard": fingerprint(sharded) == fingerprint(sharded.to_local()) == fingerprint(whole[rank * 3 : rank * 3 + 3]),
+        "replicate": fingerprint(replicated) == fingerprint(whole),
+        "on_device": int(fingerprints_on_device([sharded])[0]) == signed64(fingerprint(sharded.to_local())),
+    }
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_dtensor_is_fingerprinted_by_its_local_shard() -> None:
+    from sdcguard.testing import run_ranks
+
+    assert run_ranks(_dtensor_rank, 2, timeout=100) == [{"shard": True, "replicate": True, "on_device": True}] * 2
 
 
 def test_the_numpy_path_never_imports_torch() -> None:

@@ -199,7 +199,7 @@ def test_the_report_puts_slow_beside_status_in_json_csv_families_html_and_promet
         head = table[0]
         assert {"slow", "slowdown", "slow_basis", "slow_confidence", "family"} <= set(head)
         slow_rows = [r for r in table[1:] if r[head.index("device")] == "cpu:vm:1"]
-        assert all(r[head.index("slow")] == "True" for r in slow_rows)
+        assert all(r[head.index("slow")] == "true" for r in slow_rows)
         prom = render_textfile(store, now=NOW)
         assert 'sdcguard_device_slow{gpu="1",UUID="cpu:vm:1"' in prom and prom.count("sdcguard_slowdown_ratio{") == 2
         page = build_html(store, since=NOW - 86400, window="1d", now=NOW)
@@ -338,3 +338,40 @@ def test_the_array_rule_gives_the_verdicts_of_the_rule_device_by_device(
         assert got == reference
     else:
         assert judge_slow(timings, groups, s) == reference_judge_slow(timings, groups, s)
+
+
+@st.composite
+def _histories(draw: st.DrawFn) -> list[CaseTiming]:
+    """1-4 devices, each with 1-3 scans (of ids in any order) of every case, each scan at a speed of its own; the
+    records shuffled, as a store's come in any order of scans."""
+    records = []
+    for d in range(draw(st.integers(1, 4))):
+        for scan in draw(st.lists(st.integers(1, 40), min_size=1, max_size=3, unique=True)):
+            speed = draw(st.floats(0.5, 3.0))
+            for case, family, base in CASES:
+                n = draw(st.integers(0, 6))
+                seconds = n * base * speed * draw(st.floats(0.9, 1.1))
+                records.append(
+                    CaseTiming(
+                        device=f"d{d}", case=case, family=family, scan=10 * scan + d, executions=n, seconds=seconds
+                    )
+                )
+    return draw(st.permutations(records))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    _histories(),
+    st.lists(st.integers(0, 1), min_size=4, max_size=4),
+    st.integers(1, 4),
+    st.integers(1, 8),
+    st.sampled_from([0.2, 0.5]),
+)
+def test_a_devices_history_is_its_latest_scan_against_its_earlier_ones(
+    timings: list[CaseTiming], group_of: list[int], min_executions: int, min_cases: int, threshold: float
+) -> None:
+    """Devices alone (history only), in pairs (history confirms) and in a group of peers, every one with its own
+    scans: the library's verdicts, history included, are the reference's, written from the rule's definition."""
+    groups = {f"d{d}": f"g{g}" for d, g in enumerate(group_of)}
+    s = SlowSettings(threshold=threshold, min_executions=min_executions, min_cases=min_cases, confidence=0.8)
+    assert judge_slow(timings, groups, s) == reference_judge_slow(timings, groups, s)

@@ -220,6 +220,7 @@ def test_a_gpu_that_cannot_be_measured_is_skipped_with_the_error_in_the_summary(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     from fleet_scan.device_scan.worker import scan_device
+    from fleet_scan.events import Event
     from fleet_scan.options import ScanOptions
 
     fake = _fake_nvml()
@@ -227,11 +228,11 @@ def test_a_gpu_that_cannot_be_measured_is_skipped_with_the_error_in_the_summary(
     _install(monkeypatch, fake)
     gpu = discover_gpus()[0]
     options = ScanOptions(db=str(tmp_path / "s.db"), budget_s=1.0, lock_dir=str(tmp_path / "locks"), idle_window_s=0.05)
-    events: list[dict[str, Any]] = []
+    events: list[Event] = []
     summary = scan_device(gpu, options, events.append)
     assert summary.status == "busy" and summary.idle_error is not None and "version mismatch" in summary.idle_error
     assert summary.reason is not None and "version mismatch" in summary.reason
-    assert events[-1] == summary.to_json() and events[-1]["idle_error"] == summary.idle_error
+    assert events[-1] == summary and events[-1].to_json()["idle_error"] == summary.idle_error
     assert not (tmp_path / "s.db").exists()  # nothing ran, nothing was recorded
 
 

@@ -44,7 +44,7 @@ def test_a_core_slowed_by_a_factor_of_2_is_flagged_after_one_budgeted_scan(tmp_p
 
 @pytest.mark.skipif(len(cores()) < 2, reason="the comparison needs two cores of one model: this machine has one")
 def test_a_clean_scan_of_both_cores_flags_neither(tmp_path: Path) -> None:
-    # one run; benchmarks/slow_scan.py repeats it 20 times on a loaded machine (README: "Slow devices")
+    # one run; benchmarks/slow_scan.py repeats it 20 times on a loaded machine (docs/slow-devices.md)
     slower, _, ratio = core_speeds()
     if ratio > EQUAL:
         pytest.skip(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -11,7 +12,8 @@ from hypothesis import strategies as st
 
 from sdcguard.devices import DeviceSpec, cpu_id, hostname, sim_id
 from sdcguard.errors import BadInput
-from sdcguard.inject import INJECT_SPEC_HELP, Fault, golden_output_hook, parse_inject_spec
+from sdcguard.inject import INJECT_SPEC_HELP, Fault, InjectSpec, golden_output_hook, parse_inject_spec
+from sdcguard.inject import spec as spec_module
 from sdcguard.inject.faults import BIT_CLASSES, PATTERNS, TIMINGS
 from sdcguard.inject.spec import _KEYS
 
@@ -184,3 +186,66 @@ def test_hook_case_glob_and_any_dtype():
     assert hook("gemm", a) is a
     out = hook("memtest_march", a)
     assert out.dtype == a.dtype and np.count_nonzero(out != a) == 1
+
+
+_DEVICES = st.sampled_from(["all", "sim:0", "cpu:0", "cuda:1", sim_id(0), GPU, cpu_id(2)])
+
+
+@st.composite
+def _rule_texts(draw: st.DrawFn) -> str:
+    """One valid rule as an operator writes it: any device, pattern and keys the grammar allows."""
+    device = draw(_DEVICES)
+    case = draw(st.none() | st.sampled_from(["gemm*", "alu.u32.*", "memory.*"]))
+    if draw(st.booleans()) and draw(st.booleans()):  # a quarter slow drills
+        text = f"{device}:slow,factor={draw(st.floats(1.01, 100.0))!r}"
+        return text + (f",case={case}" if case else "")
+    pattern = draw(st.sampled_from(PATTERNS))
+    timing = draw(st.sampled_from(TIMINGS))
+    parts = [f"{device}:{pattern}", f"timing={timing}", f"seed={draw(st.integers(0, 2**40))}"]
+    if timing != "sticky":
+        parts.append(f"rate={draw(st.floats(0.0, 1.0))!r}")
+    if pattern in ("bitflip", "stuck0", "stuck1"):
+        parts.append(f"bit={draw(st.integers(0, 63) | st.sampled_from(BIT_CLASSES))}")
+    elif pattern == "multibit":
+        parts.append(f"bits={draw(st.integers(2, 8))}")
+    if draw(st.booleans()):
+        parts.append(f"elements={draw(st.integers(1, 64))},period={draw(st.integers(0, 64))}")
+    if draw(st.booleans()):
+        lo = draw(st.floats(-1e30, 1e30))
+        parts.append(f"range={lo!r}..{draw(st.sampled_from([repr(lo + abs(lo) + 1.0), 'inf']))}")
+    if case:
+        parts.append(f"case={case}")
+    return ",".join(parts)
+
+
+@given(st.lists(_rule_texts(), min_size=1, max_size=3))
+def test_a_parsed_spec_crosses_a_process_boundary_as_itself(rules: list[str]) -> None:
+    """What the scanner's parent parses is what every worker and retest gets back from JSON: the same rules, the
+    same text, and a hook that corrupts the same bits (the drill is never parsed twice, so it cannot differ)."""
+    spec = InjectSpec.parse(";".join(rules))
+    back = InjectSpec.from_json(json.loads(json.dumps(spec.to_json())))
+    assert back == spec and back.text == spec.text and [r.text for r in back.rules] == [r.text for r in spec.rules]
+    for device, cuda_index in ((sim_id(0), None), (cpu_id(0), None), (GPU, 1)):
+        ours, theirs = spec.hook(device, cuda_index=cuda_index), back.hook(device, cuda_index=cuda_index)
+        assert (ours is None) == (theirs is None)
+        if ours is None or theirs is None:
+            continue
+        a = np.linspace(-4.0, 4.0, 256)  # float64: every bit position a rule may name
+        for case in ("gemm.fp32.n256", "alu.u32.chain", "memory.u32.march"):
+            assert ours.slowdown(case) == theirs.slowdown(case)
+            assert ours(case, a).tobytes() == theirs(case, a).tobytes()
+        assert ours.records == theirs.records
+
+
+def test_rebuilding_a_spec_never_calls_the_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = InjectSpec.parse("cpu:0:bitflip,bit=low_mantissa;all:zero,rate=0.5,case=gemm*;cpu:1:slow,factor=3")
+    data = json.loads(json.dumps(spec.to_json()))
+
+    def refuse(text: str) -> list[object]:
+        raise AssertionError(f"parsed {text!r} again")
+
+    monkeypatch.setattr(spec_module, "parse_inject_spec", refuse)
+    monkeypatch.setattr(spec_module, "parse_spec", refuse)
+    assert InjectSpec.from_json(data) == spec
+    with pytest.raises(AssertionError, match="parsed"):
+        InjectSpec.parse("cpu:0:zero")  # the seam is the one the scanner goes through

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
-torch = pytest.importorskip("torch")
-import torch.nn.functional as F  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
-from sdcguard.errors import BadInput  # noqa: E402
-from sdcguard.inject import Fault, FaultModel, formats  # noqa: E402
-from sdcguard.inject.torch_faults import OP_FAMILIES, OpFaultMode, corrupt_gradients_, corrupt_tensor_, corrupt_weights_  # noqa: E402  # noqa: E402
+from sdcguard.errors import BadInput
+from sdcguard.inject import Fault, FaultModel, formats
+from sdcguard.inject.torch_faults import OP_FAMILIES, OpFaultMode, corrupt_gradients_, corrupt_tensor_, corrupt_weights_
 
 _INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 

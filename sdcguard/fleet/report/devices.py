@@ -17,12 +17,15 @@ Every figure comes from the store's named queries (a few ``GROUP BY`` each); no 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from ...devices import parse_device_id
 from ...durations import iso_utc
 from ...errors import BadInput
+from ..breaker import BreakerSettings, suite_blamed_devices
+from ..policy import QuarantinePolicy
 from ..rates import Rate, clopper_pearson, device_rates
 from ..slow import Slowness, SlowSettings, fleet_slowness
 from ..store.rows import DeviceStatus, ScanCounts
@@ -141,12 +144,15 @@ def build_report(
     suspect_since: float | None = None,
     families: bool = False,
     slow: SlowSettings | None = None,
+    breaker: BreakerSettings | None = None,
 ) -> list[DeviceReport]:
     """The report rows, ordered quarantined first, then by failures (most first) and device id.
 
     ``since``: start of the window (None: all time). ``suspect_since``: start of the window in which a failure
     makes a device ``suspect`` (default: ``since``). ``families``: add the per-family rates to each row.
-    ``slow``: the slowness rule's settings (default: the policy's defaults).
+    ``slow``: the slowness rule's settings (default: the policy's defaults). ``breaker``: the circuit breaker's
+    settings (default: the policy's): a device whose every failure in the window the breaker blames on the suite
+    or the software is not ``suspect`` (its failures still count in its rate).
     """
     if device is not None:
         one = store.device(device)
@@ -159,15 +165,18 @@ def build_report(
         store, since=since, devices=[device] if device else None, confidence=confidence, by_family=families
     )
     scans = store.scan_counts(since=since, device=device)
+    suspect_start = suspect_since if suspect_since is not None else since
     if suspect_since is None or suspect_since == since:
-        failing: set[str] | None = {d for d, r in rates.items() if r.overall.failures > 0}
+        failing = {d for d, r in rates.items() if r.overall.failures > 0}
+        counted = {d: r.overall.failures for d, r in rates.items()}
     else:
-        failing = None
-    statuses = store.statuses(
-        suspect_since=suspect_since if suspect_since is not None else since,
-        devices=[d.id for d in devices],
-        failing=failing,
-    )
+        failing = store.failing_devices(since=suspect_start, devices=[d.id for d in devices])
+        counted = {}
+    if failing:
+        blamed = suite_blamed_devices(store, breaker or QuarantinePolicy(), since=suspect_start or 0.0, now=time.time())
+        # Cleared only when the rows hold every failure the rates count (none sits in a pruned day's roll-up).
+        failing -= {d for d, n in blamed.items() if counted.get(d, n) == n}
+    statuses = store.statuses(suspect_since=suspect_start, devices=[d.id for d in devices], failing=failing)
     slowness = fleet_slowness(
         store,
         since=suspect_since if suspect_since is not None else since,
@@ -215,8 +224,17 @@ def report_csv_rows(rows: list[DeviceReport]) -> list[list[Any]]:
     out: list[list[Any]] = [[*REPORT_FIELDS, *(["family"] if with_families else [])]]
     for r in rows:
         d = r.as_dict()
-        out.append(["" if d[f] is None else d[f] for f in REPORT_FIELDS] + (["all"] if with_families else []))
+        out.append([_csv_cell(d[f]) for f in REPORT_FIELDS] + (["all"] if with_families else []))
         for name in sorted(r.families or {}):
             fam = {**d, **d["families"][name]}
-            out.append(["" if fam[f] is None else fam[f] for f in REPORT_FIELDS] + [name])
+            out.append([_csv_cell(fam[f]) for f in REPORT_FIELDS] + [name])
     return out
+
+
+def _csv_cell(value: Any) -> Any:
+    """A field as the JSON report spells it: ``true``/``false`` (not Python's ``True``), empty for null."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value

@@ -35,6 +35,7 @@ from .html_parts import (
     STATUSES,
     HtmlLimits,
     checkpoints_section,
+    counted,
     fmt,
     incidents_section,
     quarantine_section,
@@ -63,7 +64,8 @@ def _cards(rows: Sequence[DeviceReport], confidence: float) -> str:
     hosts = len({r.host for r in rows})
     rate = f"fleet rate {k / n:.3g} (bounds {lo:.3g} .. {hi:.3g})" if n else "no executions in the window"
     return (
-        f'<div class="cards">{cards}</div><p class="totals">{len(rows):,} devices on {hosts:,} hosts; '
+        f'<div class="cards">{cards}</div><p class="totals">{counted(len(rows), "device")} on '
+        f"{counted(hosts, 'host')}; "
         f"{n:,} executions, {k:,} failed; {rate}.</p>"
     )
 
@@ -163,7 +165,7 @@ def _hosts(rows: Sequence[DeviceReport], confidence: float, limit: int) -> str:
             k = sum(d.overall.failures for d in devs)
             stats.append((host, devs, counts, bad, n, k, slow))
     if not stats:
-        return head + f'<p class="note">Every device of the {len(by_host):,} hosts is healthy.</p>'
+        return head + f'<p class="note">Every device of the {counted(len(by_host), "host")} is healthy.</p>'
     stats.sort(key=lambda s: (-s[2]["quarantined"], -s[3], -s[5], -s[6], s[0]))
     widest = max(len(devs) for devs in by_host.values())
     body = []
@@ -181,7 +183,7 @@ def _hosts(rows: Sequence[DeviceReport], confidence: float, limit: int) -> str:
         )
     left = len(stats) - min(len(stats), limit)
     caption = (
-        f"{len(stats):,} of {len(by_host):,} hosts have a device that is not healthy or slow, ranked by "
+        f"{len(stats):,} of {counted(len(by_host), 'host')} have a device that is not healthy or slow, ranked by "
         "quarantined devices, then devices not healthy, then failures, then slow devices"
         + (f" ({left:,} more not shown)" if left else "")
         + ". Two or more bad devices on one host point at the host (board, power, cooling), not the devices."

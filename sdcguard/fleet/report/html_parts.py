@@ -15,6 +15,7 @@ from .devices import DeviceReport
 from .svg import Bins, Segment, TimelineRow, esc, timeline
 
 __all__ = [
+    "counted",
     "STATUSES",
     "fmt",
     "td",
@@ -28,6 +29,11 @@ __all__ = [
     "incidents_section",
     "checkpoints_section",
 ]
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and its noun, singular for one: ``1 host``, ``2 hosts``, ``1,000 devices``."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...durations import DAY_S
-from ...errors import BadInput
+from ...errors import BadInput, needs_extra
 from ..store.store import Store
 
 __all__ = ["plot_rates", "PlotWindow", "plot_window"]
@@ -64,7 +64,7 @@ def plot_rates(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise BadInput("--plot needs matplotlib: pip install 'sdcguard[plot]'") from None
+        raise needs_extra("--plot", "matplotlib", "plot") from None
     if not path.parent.is_dir():
         raise BadInput(f"cannot write {path}: directory {path.parent} does not exist")
     t = time.time() if now is None else now

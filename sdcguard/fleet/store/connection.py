@@ -23,9 +23,46 @@ from typing import Any, Self
 from ...errors import SchemaTooNew, StoreError
 from .schema import APPLICATION_ID, SCHEMA_VERSION, SQLITE_MAGIC, migrate
 
-__all__ = ["StoreBase", "check_header", "check_merge_input", "read_only_uri", "writable_problem", "BUSY_TIMEOUT_S"]
+__all__ = [
+    "StoreBase",
+    "check_header",
+    "check_merge_input",
+    "check_intact",
+    "damaged",
+    "read_only_uri",
+    "writable_problem",
+    "BUSY_TIMEOUT_S",
+    "CHECK_READS_UP_TO",
+]
 
 BUSY_TIMEOUT_S = 30.0
+
+CHECK_READS_UP_TO = 256 << 20
+"""A store opened only to be read is checked whole (``PRAGMA quick_check``, about 0.4 s for this many bytes on a
+2-core machine) when it is at most this large; a larger one (a fleet store of thousands of devices, where the
+report's goal is 2 s) is refused as damaged when a read meets the damage. A store opened for writing is always
+checked whole first: nothing is ever written into a damaged store."""
+
+
+def damaged(path: Path, detail: str) -> StoreError:
+    """The one-line refusal of a store whose file is damaged past its header (a bad disk, a partial copy)."""
+    return StoreError(
+        f"fleet store {path} is damaged ({detail}) and was left as it is: recover its rows with "
+        f"`sqlite3 {path} .recover | sqlite3 recovered.db`, or restore a backup"
+    )
+
+
+def check_intact(conn: sqlite3.Connection, path: Path) -> None:
+    """Raise :func:`damaged` unless SQLite's ``quick_check`` finds every page of the store well formed (it only
+    reads: the file is not changed)."""
+    try:
+        rows = conn.execute("PRAGMA quick_check(1)").fetchall()
+    except sqlite3.DatabaseError as e:
+        if isinstance(e, sqlite3.OperationalError) and ("locked" in str(e) or "busy" in str(e)):
+            raise
+        raise damaged(path, str(e)) from None
+    if rows != [("ok",)]:
+        raise damaged(path, " ".join(str(rows[0][0]).split()) if rows else "no answer from quick_check")
 
 
 def check_header(path: Path) -> int:
@@ -117,6 +154,8 @@ def check_merge_input(path: Path) -> None:
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             app = conn.execute("PRAGMA application_id").fetchone()[0]
+            if app == APPLICATION_ID:
+                check_intact(conn, path)  # a merge reads every row of its inputs: a damaged one is refused whole
         finally:
             conn.close()
     except sqlite3.DatabaseError as e:
@@ -186,13 +225,13 @@ class StoreBase:
             conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
             store = cls(conn, p, timeout_s)
             store.read_only_reason = problem
-            store._prepare(create=create)
+            store._prepare(create=create, check=size > 0 and (not readonly or size <= CHECK_READS_UP_TO))
         except BaseException:
             conn.close()
             raise
         return store
 
-    def _prepare(self, *, create: bool) -> None:
+    def _prepare(self, *, create: bool, check: bool) -> None:
         p = self.path
         try:
             # One read transaction: a consistent snapshot even while another process creates the store.
@@ -212,6 +251,8 @@ class StoreBase:
                     raise StoreError(f"{p} is an empty file, not a fleet store; pass another --db")
         except sqlite3.DatabaseError as e:
             raise StoreError(f"{p} is not an sdcguard fleet store ({e}); pass another --db") from None
+        if check and app == APPLICATION_ID:
+            self._retry(lambda: check_intact(self._conn, p))  # before SQLite writes anything (WAL, migrations)
         if self.read_only_reason is not None:
             if version < SCHEMA_VERSION:
                 raise StoreError(
@@ -280,6 +321,12 @@ class StoreBase:
             if "readonly" in str(e):  # a read-only mount, or permissions changed since the store was opened
                 raise StoreError(f"fleet store {self.path} is read-only: {e}") from None
             raise
+        except sqlite3.DatabaseError as e:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            if type(e) is not sqlite3.DatabaseError:  # a constraint, a value it cannot bind: the caller's error
+                raise
+            raise damaged(self.path, str(e)) from None
         except BaseException:
             self._conn.execute("ROLLBACK")
             raise
@@ -290,22 +337,32 @@ class StoreBase:
                 self._conn.execute("ROLLBACK")
             raise
 
+    def _read_error(self, e: sqlite3.DatabaseError) -> Exception:
+        if isinstance(e, sqlite3.OperationalError):
+            return StoreError(f"fleet store {self.path}: {e}")
+        if type(e) is not sqlite3.DatabaseError:  # a value it cannot bind, a misuse: the caller's error
+            return e
+        return damaged(self.path, str(e))  # "database disk image is malformed" and its kin
+
     def _rows(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[tuple[Any, ...]]:
         try:
             return self._conn.execute(sql, params).fetchall()
-        except sqlite3.OperationalError as e:
-            raise StoreError(f"fleet store {self.path}: {e}") from None
+        except sqlite3.DatabaseError as e:
+            raise self._read_error(e) from None
 
     def _dicts(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         try:
             cur = self._conn.execute(sql, params)
-        except sqlite3.OperationalError as e:
-            raise StoreError(f"fleet store {self.path}: {e}") from None
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, row)) for row in cur.fetchall()]
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, row)) for row in cur.fetchall()]
+        except sqlite3.DatabaseError as e:
+            raise self._read_error(e) from None
 
     def _one(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        row = self._conn.execute(sql, params).fetchone()
+        try:
+            row = self._conn.execute(sql, params).fetchone()
+        except sqlite3.DatabaseError as e:
+            raise self._read_error(e) from None
         return None if row is None else row[0]
 
     def _meta(self, key: str) -> str | None:

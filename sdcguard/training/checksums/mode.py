@@ -38,6 +38,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, _get_current_dispatch_mode
 
+from ...fingerprints import is_dtensor_type, is_wrapper_type
 from ...logs import get_logger
 from .bound import DEFAULT_ROWS, VacuousBound, check_matmul, unverifiable
 from .precision import DEFAULT_SPLITS, Precision, precision_for
@@ -237,7 +238,13 @@ class ChecksumMode(TorchDispatchMode):
         self._hooks = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if any(is_dtensor_type(t) for t in types):
+            # A DTensor op: let DTensor dispatch, with this mode still active, to the plain ops it runs on this rank's
+            # shards, which are the matmuls this rank computes and the ones checked.
+            return NotImplemented
         kwargs = kwargs or {}
+        if any(is_wrapper_type(t) for t in types):  # fake tensors of DTensor's sharding propagation: no data
+            return func(*args, **kwargs)
         out = func(*args, **kwargs)
         kind = _KINDS.get(func)
         if kind is None:  # most ops of a step: nothing to do, decided once per op

@@ -14,8 +14,9 @@ replay produces is dropped unit by unit as the next one arrives and put back as 
 replicate-dimension all-reduce of those zeros still runs (FSDP2 issues it itself).
 
 Cross-replica checks compare the local shards of the reduced gradients and of the weights between ranks that hold
-the same shard: under HSDP the replicate dimension; under plain FSDP every shard exists once, so there is nothing
-to compare (the replay covers each rank's computation).
+the same shard (:func:`sdcguard.training.mesh.replica_classes`, from every parameter's placements): under HSDP the
+replicate dimension; under plain FSDP every shard exists once, so there is nothing to compare (the replay covers
+each rank's computation).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ...fingerprints import local_tensor
 from ..digest import LocalRecord
-from .taps import local
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
@@ -169,31 +170,10 @@ class FSDPTaps:
     # --------------------------------------------------------------------------------------- the checks
 
     def reduced(self) -> list[torch.Tensor | None]:
-        return [None if p.grad is None else local(p.grad) for p in self.params]
+        return [None if p.grad is None else local_tensor(p.grad) for p in self.params]
 
     def weights(self) -> list[torch.Tensor]:
-        return [local(p.detach()) for p in self.params]
-
-    def replica_key(self) -> tuple[int, ...]:
-        """Coordinates of this rank along the sharded mesh dimensions: ranks with the same key hold the same shard
-        (HSDP replicas); under plain FSDP the key is unique to each rank."""
-        p = self.params[0]
-        mesh, placements = getattr(p, "device_mesh", None), getattr(p, "placements", ())
-        if mesh is None:
-            return ()
-        coords = mesh.get_coordinate() or []
-        return tuple(c for c, pl in zip(coords, placements) if pl.is_shard())
-
-    def replicate_group(self) -> Any:
-        """The process group of the replicate dimension (HSDP), or None when every shard exists once."""
-        p = self.params[0]
-        mesh, placements = getattr(p, "device_mesh", None), getattr(p, "placements", ())
-        if mesh is None:
-            return None
-        for dim, pl in enumerate(placements):
-            if pl.is_replicate() and mesh.size(dim) > 1:
-                return mesh.get_group(dim)
-        return None
+        return [local_tensor(p.detach()) for p in self.params]
 
     def close(self) -> None:
         self._record = None

@@ -17,13 +17,7 @@ from torch import nn
 
 from ..digest import LocalRecord
 
-__all__ = ["Taps", "local"]
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a (possibly sharded) tensor: a DTensor's local shard, any other tensor itself."""
-    to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
+__all__ = ["Taps"]
 
 
 class Taps(Protocol):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ...fingerprints import local_tensor
 from ..digest import LocalRecord
 from ..hooks.taps import Taps
 from .capture import AutocastProbe, Batch, Capture, RngHook, capture_rng, make_capture
@@ -84,7 +85,8 @@ class StepObserver:
         self._record.set_loss(loss)
         if loss.requires_grad:
             # kept on its device during the backward (no host sync there); moved to the host in finish()
-            loss.register_hook(lambda g: self._seed.append(g.detach().clone()))
+            # (a DTensor loss, under loss_parallel: its local value; the replay puts the placement back)
+            loss.register_hook(lambda g: self._seed.append(local_tensor(g).detach().clone()))
 
     def finish(self) -> Observed | None:
         """End the step's observation; the sampled micro-batch's capture and record (None when not recorded here)."""

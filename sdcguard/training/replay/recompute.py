@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
+from ...fingerprints import is_dtensor_type, local_tensor
 from ..digest import Digest, LocalRecord
 from ..hooks.taps import Taps
 from .capture import Batch, Capture, RngHook, autocast_replayed, batch_for_replay, rng_replayed
@@ -66,6 +67,19 @@ def parameters_swapped(params: Sequence[nn.Parameter], values: Sequence[torch.Te
             p.data = v
 
 
+def _seed_for(loss: torch.Tensor, seed: torch.Tensor | None) -> torch.Tensor | None:
+    """The captured gradient of the loss, on the loss's device and dtype (a DTensor loss: with its placement)."""
+    if seed is None:
+        return None
+    value = seed.to(device=local_tensor(loss).device, dtype=loss.dtype)
+    if is_dtensor_type(type(loss)):
+        from torch.distributed.tensor import DTensor
+
+        assert isinstance(loss, DTensor)
+        return DTensor.from_local(value, loss.device_mesh, loss.placements, run_check=False)
+    return value
+
+
 def replay(
     taps: Taps,
     loss_fn: LossFn,
@@ -91,8 +105,7 @@ def replay(
             with autocast_replayed(capture.autocast):
                 loss = check_loss(loss_fn(module, batch))
             record.set_loss(loss)
-            seed = None if capture.seed is None else capture.seed.to(device=loss.device, dtype=loss.dtype)
-            taps.replay_backward(loss, seed, record)
+            taps.replay_backward(loss, _seed_for(loss, capture.seed), record)
     return record.digest()
 
 
@@ -100,7 +113,8 @@ class Replayer:
     """This rank's replays, as the rounds and the calibration ask for them: ``replayer(capture, same_process)`` (at
     the live parameters) or ``replayer(capture, same_process, values)`` (at other values of the same parameters).
 
-    ``timed`` wraps each replay (the guard's clock times replays apart from the step); :attr:`replaying` is True
+    ``timed`` wraps each replay (the guard's clock times replays apart from the step), ``context`` too (the training
+    step's own context: torchtitan's ``train_context``, ``loss_parallel``); :attr:`replaying` is True
     while one runs, so a framework hook that sees a forward then knows it is the guard's own."""
 
     def __init__(
@@ -112,6 +126,7 @@ class Replayer:
         params: Sequence[nn.Parameter],
         rng_hook: RngHook | None = None,
         timed: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+        context: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> None:
         self.taps = taps
         self.loss_fn = loss_fn
@@ -119,12 +134,14 @@ class Replayer:
         self.params = list(params)
         self.rng_hook = rng_hook
         self.timed = timed
+        self.context = context
+        """The context the training step runs in (``loss_parallel``): a replay's forward and backward run in it."""
         self.replaying = False
 
     def __call__(self, capture: Capture, same_process: bool, values: Sequence[torch.Tensor] | None = None) -> Digest:
         self.replaying = True
         try:
-            with self.timed():
+            with self.timed(), self.context():
                 return replay(
                     self.taps, self.loss_fn, capture, device=self.device, rng_hook=self.rng_hook,
                     same_process=same_process, params=self.params, param_values=values,

@@ -23,15 +23,17 @@ from ...fingerprints import combine, signed64
 from ...records import Incident
 from ..comm import Comm
 from ..digest import Digest
+from ..mesh import Layout
 from ..replay.capture import Capture
 from ..replay.observe import Observed
 from ..replay.recompute import Replayer
 from ..verdicts.attribution import Attributor, Judgement, Opinion, judge
 from ..verdicts.calibration import OpRecorder
 from ..verdicts.outcomes import RoundResult, conclude
+from ..verdicts.units import join_units
 from .pairing import peer_source, peer_target
 
-__all__ = ["PeerRound", "COLUMNS", "SettleOpinion", "JUDGED"]
+__all__ = ["PeerRound", "COLUMNS", "SettleOpinion", "SliceVerdict", "JUDGED"]
 
 COLUMNS = 7
 """int64 values a rank adds to the per-step gather on a sampled step: original (units, loss, loss known), replay
@@ -69,8 +71,24 @@ def _same(orig: Sequence[int], rep: Sequence[int]) -> bool:
     return orig[0] == rep[0] and (not (orig[2] and rep[2]) or orig[1] == rep[1])
 
 
+@dataclass(frozen=True, kw_only=True)
+class SliceVerdict:
+    """What one rank says, job-wide, of a settled micro-batch: its slice's judgement (None where its slice saw no
+    disagreement) and the ops its slice's reruns ran."""
+
+    slice: int
+    judgement: Judgement | None
+    ops: tuple[str, ...] = ()
+
+
 class PeerRound:
-    """Round 1 and the settling of one sampled step in peer mode (or in one process)."""
+    """Round 1 and the settling of one sampled step in peer mode (or in one process).
+
+    ``comm`` is this rank's data-parallel group (its slice of ``layout``); ``job`` the whole job, over which the
+    step's table is gathered. Without tensor parallelism the two are one group. With it, every slice settles every
+    micro-batch any slice disagrees on, so every tensor-parallel group replays together (their collectives in
+    lockstep), and the slices' judgements are joined by tensor-parallel group (:mod:`..verdicts.units`).
+    """
 
     def __init__(
         self,
@@ -81,6 +99,8 @@ class PeerRound:
         record_ops: bool,
         collective: bool,
         setups: Mapping[int, Hashable] | None = None,
+        job: Comm | None = None,
+        layout: Layout | None = None,
     ) -> None:
         self.comm = comm
         self.replay_fn = replay_fn
@@ -88,8 +108,10 @@ class PeerRound:
         self.record_ops = record_ops
         """Record the aten ops of settling reruns (not under FSDP: its replays run collectives)."""
         self.collective = collective
-        """Replays run collectives (FSDP2): every rank's original reads the same all-gathers."""
+        """Replays run collectives (FSDP2, tensor parallelism): every rank's original reads the same ones."""
         self.setups = setups
+        self.job = job if job is not None else comm
+        self.layout = layout if layout is not None else Layout(ranks=tuple(comm.members), slices=(tuple(comm.members),))
         self._state: _Sampled | None = None
 
     def records(self, sample: int) -> bool:
@@ -114,29 +136,38 @@ class PeerRound:
         return _cols(original) + _cols(mine) + [int(observed.valid)]
 
     def finish(self, step: int, sample: int, sampled: bool, table: Sequence[Sequence[int]]) -> list[RoundResult]:
-        """Compare every original with its replay and settle the disagreements."""
+        """Compare every original with its replay (``table``: the job's rows, in the layout's rank order) and settle
+        the disagreements."""
         st, self._state = self._state, None
         if st is None:
             return []
-        W = self.comm.size
+        layout, W = self.layout, self.layout.width
+        rows = dict(zip(layout.ranks, table))
         pairs = [(peer_source(r, st.sample, W), r) for r in range(W)]
-        judged = [(p, r) for p, r in pairs if table[p][JUDGED]]  # an original not seen on its own cannot be judged
-        result = RoundResult(step=step, unjudged=len(judged) < W)
-        seen = {self.comm.members[p] for p, _ in judged}
-        bad = [(p, r) for p, r in judged if not _same(table[p][:3], table[r][3:6])]
+        seen: set[int] = set()
+        bad: dict[int, list[int]] = {}  # owner's index -> the slices that saw its original differ from its replay
+        unjudged = False
+        for i, s in enumerate(layout.slices):
+            judged = [(p, r) for p, r in pairs if rows[s[p]][JUDGED]]  # an original not seen on its own: not judged
+            unjudged |= len(judged) < W
+            seen |= {s[p] for p, _ in judged}
+            for p, r in judged:
+                if not _same(rows[s[p]][:3], rows[s[r]][3:6]):
+                    bad.setdefault(p, []).append(i)
+        result = RoundResult(step=step, unjudged=unjudged)
         if not bad:
             result.clean = seen
             return [result]
         settled: list[tuple[int, Judgement]] = []
-        for p, r in bad:
-            j, ops = self._settle(st, p, r)
-            result.ops |= ops
-            settled.append((self.comm.members[p], j))
-            if j.verdict == "software":
+        for p in sorted(bad):
+            joined = self._settle_everywhere(st, p, peer_target(p, st.sample, W), bad[p], result)
+            settled += joined
+            if any(j.verdict == "software" for _, j in joined):
                 break
         conclude(
-            step, settled, self.attr, devices=max(W, 1), shared_cause_at=2 if self.collective else 3, result=result
-        )
+            step, settled, self.attr, devices=max(len(layout.ranks), 1), shared_cause_at=2 if self.collective else 3,
+            result=result,
+        )  # fmt: skip
         if not result.software:
             result.clean = seen - result.blamed - result.suspects
         return [result]
@@ -145,6 +176,23 @@ class PeerRound:
         self, action: Literal["raise", "exit"], incidents: Sequence[Incident], status: Callable[[int], int]
     ) -> None:
         """Every rank of a peer round takes part in the step: each raises or exits on its own."""
+
+    def _settle_everywhere(
+        self, st: _Sampled, p: int, r: int, disagreeing: Sequence[int], result: RoundResult
+    ) -> list[tuple[int, Judgement]]:
+        """Every slice settles the micro-batch of its ``p``-th rank (so tensor-parallel groups recompute together);
+        the judgements of the ``disagreeing`` slices, joined by tensor-parallel group."""
+        j, ops = self._settle(st, p, r)
+        if not self.layout.meshed:
+            result.ops |= ops
+            return [(self.comm.members[p], j)]
+        mine = self.layout.slices.index(self.layout.slice_of(self.comm.rank))
+        verdict = SliceVerdict(slice=mine, judgement=j if mine in disagreeing else None, ops=tuple(sorted(ops)))
+        everyone: list[SliceVerdict] = self.job.gather_objects(verdict)
+        by_slice = {v.slice: v for v in everyone}
+        result.ops |= {op for v in by_slice.values() for op in v.ops}
+        judged = [(self.layout.slices[i][p], by_slice[i].judgement) for i in disagreeing]
+        return join_units([(owner, jj) for owner, jj in judged if jj is not None], self.layout.unit_of)
 
     def close(self) -> list[RoundResult]:
         return []

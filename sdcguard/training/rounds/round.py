@@ -87,7 +87,8 @@ class RoundCheck:
             self._warned_unjudged = True
             self.log.warning(
                 "a sampled micro-batch's local gradients were not seen on their own (its backward reduced nothing, "
-                "or the step accumulated micro-batches without reducing them: FSDP2 "
-                "set_requires_gradient_sync(False)); such samples are not judged. Keep gradient sync on for "
-                "accumulation to have them checked"
+                "the step accumulated micro-batches without reducing them: FSDP2 "
+                "set_requires_gradient_sync(False), or FSDP2's shard group has one rank and reduces without a "
+                "reduce-scatter); such samples are not judged. Keep gradient sync on for accumulation, and shard "
+                "over two ranks or more, to have them checked"
             )

@@ -10,9 +10,9 @@ times); a model that replays bit for bit or one that does not; ``calibrate()`` c
 - a device named alone is always one that was faulty at that step;
 - every rank decides alike.
 
-CI runs one cell per row of the README's rule table (``-m "not matrix"`` keeps the rest out of ``make test``);
-``pytest -m matrix tests/training/verdicts/test_attribution_matrix.py`` runs the whole matrix (its result is in the
-README).
+CI runs one cell per row of the rule table of docs/guard.md (``-m "not matrix"`` keeps the rest out of ``make test``);
+``pytest -m matrix tests/training/verdicts/test_attribution_matrix.py`` runs the whole matrix (its result is in
+docs/guard.md).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def _run(kind: str, dp: int, deterministic: bool, calibrate: bool) -> None:
         _check_software(kind, results, calibrate)
 
 
-# One cell per row of the README's rule table (CI).
+# One cell per row of the rule table of docs/guard.md (CI).
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("kind", "dp", "deterministic", "calibrate"),

@@ -1,0 +1,187 @@
+"""Where each rank of a job sits in its device mesh, and what the guard compares and replays because of it.
+
+A job's ranks span named mesh dimensions. Along a *data* dimension (``dp``, ``dp_replicate``, ``dp_shard``, ...)
+ranks compute different micro-batches; along a *model* dimension (``tp``, ``cp``) they compute one micro-batch
+together, each its part. From every rank's coordinates the guard derives (:func:`build_layout`):
+
+- the **replica classes** of the parameters (:func:`replica_classes`): parameters sharded over the same dimensions
+  (``Shard``, FSDP2's ``_StridedShard``, ``Partial``: read from *every* parameter's placements) form one class, and a
+  rank's key in a class is its coordinates on those dimensions. Ranks with equal keys hold the same local data of
+  the class, so their reduced gradients and weights must agree bit for bit: along the replicate dimension of HSDP,
+  the data-parallel dimension of a tensor-parallel model, every rank under DDP; and a weight replicated across the
+  tensor-parallel group (a norm) is compared across that group too. A parameter that is a plain tensor in a
+  ``DTensor`` model is taken to be replicated everywhere, as ``parallelize_module`` leaves it;
+- the **slices**: ranks with the same coordinates on every model dimension (the same tensor-parallel shard of the
+  computation). A slice is a data-parallel group: its ranks replay each other's micro-batches, each rank comparing
+  its local gradients with those of the rank holding the same shard;
+- the **units**: ranks with the same coordinates on every data dimension (a tensor-parallel group). They compute
+  one micro-batch together, collectives included, so they replay together: position ``i`` of every slice is one
+  unit, and a slice's ``i``-th rank replays in lockstep with the ``i``-th rank of every other slice.
+
+Without a mesh (DDP, one process) the job is one slice and every rank its own unit; an unnamed mesh (FSDP2's default)
+is data-parallel in every dimension. Pipeline stages are not a dimension this module knows: a ``pp`` dimension is
+refused by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import BadInput
+
+__all__ = [
+    "DATA_DIMS", "MODEL_DIMS", "Coordinates", "Layout", "mesh_ranks", "mesh_coordinates",
+    "replica_classes", "build_layout",
+]  # fmt: skip
+
+DATA_DIMS = frozenset({
+    "dp", "dp_replicate", "dp_shard", "dp_shard_cp", "dp_cp", "fsdp", "hsdp", "ddp", "replicate", "shard",
+    "data_parallel",
+})  # fmt: skip
+"""Dimension names along which ranks compute different micro-batches (torchtitan's, Accelerate's and Lightning's)."""
+MODEL_DIMS = frozenset({"tp", "cp", "tensor_parallel"})
+"""Dimension names along which ranks compute one micro-batch together (tensor and context parallelism)."""
+_REFUSED = {"pp": "pipeline stages", "ep": "expert parallelism"}
+
+Coordinates = tuple[tuple[str, int], ...]
+"""``(dimension name, coordinate)`` pairs, sorted by name."""
+
+
+def _named_dims(mesh: Any) -> list[str]:
+    """The mesh's dimension names; an unnamed mesh (FSDP2's default one) is data-parallel in every dimension."""
+    names = getattr(mesh, "mesh_dim_names", None)
+    return list(names) if names else [f"dp{i}" if i else "dp" for i in range(mesh.ndim)]
+
+
+def _check_dim(name: str) -> None:
+    if name in _REFUSED:
+        raise BadInput(
+            f"a mesh dimension {name!r} ({_REFUSED[name]}) is not supported by SDCGuard yet: guard each stage's "
+            "data-parallel replicas with a group of their own, or run without it"
+        )
+    if name not in DATA_DIMS and name not in MODEL_DIMS and not name.startswith("dp"):
+        raise BadInput(
+            f"unknown mesh dimension {name!r}: name data-parallel dimensions one of {sorted(DATA_DIMS)} and "
+            f"model-parallel ones one of {sorted(MODEL_DIMS)}"
+        )
+
+
+def _meshes(params: Iterable[torch.Tensor]) -> list[Any]:
+    out: list[Any] = []
+    for p in params:
+        mesh = getattr(p, "device_mesh", None)
+        if mesh is not None and all(mesh is not m for m in out):
+            out.append(mesh)
+    return out
+
+
+def mesh_ranks(params: Sequence[torch.Tensor], mesh: Any = None) -> list[int] | None:
+    """The global ranks of the job's whole device mesh: ``mesh``'s, or the root mesh of the parameters' meshes
+    (a tensor-parallel parameter lives on the ``tp`` sub-mesh of the job's mesh); None without a mesh."""
+    meshes = [mesh] if mesh is not None else _meshes(params)
+    if not meshes:
+        return None
+    root = meshes[0]
+    get_root = getattr(root, "_get_root_mesh", None)  # torch keeps the mesh a sub-mesh was sliced from
+    if mesh is None and callable(get_root):
+        root = get_root() or root
+    return sorted(int(r) for r in root.mesh.reshape(-1).tolist())
+
+
+def mesh_coordinates(params: Sequence[torch.Tensor], mesh: Any = None) -> Coordinates:
+    """This rank's coordinate on every named dimension of ``mesh``, or (without one) of the meshes the parameters'
+    ``DTensor``\\ s live on; ``()`` when there is no mesh at all."""
+    meshes = [mesh] if mesh is not None else _meshes(params)
+    coords: dict[str, int] = {}
+    for m in meshes:
+        names = _named_dims(m)
+        for name, c in zip(names, m.get_coordinate() or (), strict=True):
+            _check_dim(name)
+            if coords.setdefault(name, int(c)) != int(c):
+                raise BadInput(f"the meshes of the model's parameters place this rank at two coordinates of {name!r}")
+    return tuple(sorted(coords.items()))
+
+
+def _sharded_on(p: torch.Tensor) -> Coordinates:
+    """This rank's coordinates on the dimensions along which ``p`` is not replicated (``()``: a plain tensor)."""
+    mesh, placements = getattr(p, "device_mesh", None), getattr(p, "placements", None)
+    if mesh is None or placements is None:
+        return ()
+    coords = mesh.get_coordinate() or ()
+    return tuple(
+        sorted(
+            (n, int(c)) for n, c, pl in zip(_named_dims(mesh), coords, placements, strict=True) if not pl.is_replicate()
+        )
+    )
+
+
+def replica_classes(params: Sequence[torch.Tensor]) -> tuple[list[int], tuple[Coordinates, ...]]:
+    """The parameters' replica classes: parameters sharded over the same dimensions form one class (in order of
+    first appearance), and a rank's key in a class is its coordinates on those dimensions (see the module
+    docstring). Returns each parameter's class and this rank's key in each class; one class, key ``()``, for plain
+    tensors. Ranks with equal keys in a class hold the same local data of that class's parameters."""
+    dims: list[tuple[str, ...]] = []
+    keys: list[Coordinates] = []
+    classes = []
+    for p in params:
+        key = _sharded_on(p)
+        sig = tuple(n for n, _ in key)
+        if sig not in dims:
+            dims.append(sig)
+            keys.append(key)
+        classes.append(dims.index(sig))
+    return classes, tuple(keys)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The job's ranks as the guard groups them (see the module docstring); identical on every rank."""
+
+    ranks: tuple[int, ...]
+    """The job's global ranks, in the order of the guard's per-step gather."""
+    slices: tuple[tuple[int, ...], ...]
+    """Data-parallel groups of ranks holding the same model-parallel part, each in data-coordinate order."""
+    meshed: bool = False
+    """Whether the job has a model-parallel dimension (a rank's unit has more than one rank)."""
+
+    def slice_of(self, rank: int) -> tuple[int, ...]:
+        """The slice ``rank`` belongs to."""
+        return next(s for s in self.slices if rank in s)
+
+    def unit_of(self, rank: int) -> tuple[int, ...]:
+        """The ranks that compute ``rank``'s micro-batch with it (itself alone without a model dimension)."""
+        i = self.slice_of(rank).index(rank)
+        return tuple(s[i] for s in self.slices)
+
+    @property
+    def width(self) -> int:
+        """Ranks per slice (the data-parallel size)."""
+        return len(self.slices[0])
+
+
+def build_layout(ranks: Sequence[int], coordinates: Mapping[int, Coordinates]) -> Layout:
+    """The layout of a job from every rank's :func:`mesh_coordinates` (``ranks``: the job in gather order)."""
+    if not any(coordinates.get(g) for g in ranks):
+        return Layout(ranks=tuple(ranks), slices=(tuple(ranks),))
+    by_slice: dict[Hashable, list[tuple[tuple[int, ...], int]]] = {}
+    for g in ranks:
+        coords = dict(coordinates.get(g, ()))
+        model = tuple(sorted((d, c) for d, c in coords.items() if d in MODEL_DIMS))
+        data = tuple(c for d, c in sorted(coords.items()) if d not in MODEL_DIMS)
+        by_slice.setdefault(model, []).append((data, g))
+    slices = tuple(tuple(g for _, g in sorted(members)) for _, members in sorted(by_slice.items()))
+    if any(list(s) != sorted(s) for s in slices):
+        raise BadInput(
+            "the device mesh does not number its ranks in data-parallel order (a row-major mesh, as init_device_mesh "
+            "makes, does): sdcguard's data-parallel groups follow the ranks' order"
+        )
+    datas = {tuple(sorted(d for d, _ in members)) for members in by_slice.values()}
+    if len({len(s) for s in slices}) != 1 or len(datas) != 1:
+        raise BadInput(
+            "the device mesh is not regular: every tensor-parallel position must have the same data-parallel ranks"
+        )
+    return Layout(ranks=tuple(ranks), slices=slices, meshed=len(slices) > 1)
