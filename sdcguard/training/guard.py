@@ -202,7 +202,10 @@ class SDCGuard:
                 action, found, lambda rank: exit_status(rank, found)
             )
         self._checksums = ChecksumCheck(
-            ChecksumMode(self.module, rows=rows, splits=self.config.checksum_splits), self.job_comm, self._attr, self.device
+            ChecksumMode(self.module, rows=rows, splits=self.config.checksum_splits),
+            self.job_comm,
+            self._attr,
+            self.device,
         )
         size = len(view.ranks)
         self._slow = SlowJudge(
