@@ -41,14 +41,15 @@ from .checksums.precision import DEFAULT_SPLITS
 from .checksums.round import ChecksumCheck
 from .comm import Comm
 from .config import DEFAULT_CHECKSUM_EVERY, Escalate, GuardConfig, OnDetect, StepReport
-from .hooks.ddp import ParamTaps, is_ddp, unwrap, wrap_ddp
+from .hooks.ddp import ParamTaps, is_ddp, wrap_ddp
 from .hooks.fsdp import FSDPTaps, is_fsdp
-from .identity import JobView, introduce, launcher_job_id, new_job_id
+from .hooks.wrappers import has_compiled_regions, peel, refuse_unsupported, unwrap_to_ddp
+from .identity import JobView, introduce, launcher_job_id, new_job_id, parameter_signature
 from .mesh import Layout, build_layout, mesh_coordinates, mesh_ranks, replica_classes
 from .replay.capture import Batch, RngHook, capture_rng, make_capture
 from .replay.observe import StepObserver
 from .replay.recompute import LossFn, Replayer, check_loss
-from .replica import GradientReplicaCheck, ReplicaPhases
+from .replica import GradientReplicaCheck, ReplicaPhases, WeightCheck
 from .response import Responder, exit_status
 from .rounds.peer import PeerRound
 from .rounds.roles import Role, worker_group
@@ -153,6 +154,16 @@ class SDCGuard:
         )  # fmt: skip
         self._rng_hook = rng_hook
         self._checks = self._make_checks(view, classes, slow, checksum_rows)
+        self._checksum_every = self.config.checksum_every
+        """Checksum-check one step in N; 0 for a model with compiled regions (:mod:`.hooks.wrappers`)."""
+        if self._checksum_every and has_compiled_regions(self.model):
+            self._checksum_every = 0
+            if self.job_comm.index == 0:
+                self.log.warning(
+                    "the model has compiled regions (torch.compile): the matmul checksums are off for it, since "
+                    "compiled code run under a dispatch mode computes differently; replay and the cross-replica "
+                    "checks, which run through the compiled code, stay on"
+                )
         self._steps = self._samples = 0
         self._last_step: int | None = None
         self._sampled = self._closed = False
@@ -168,9 +179,17 @@ class SDCGuard:
         self.comm = self.job_comm
         self.rank, self.members = self.comm.rank, self.comm.members
         self.log = RankLogger(get_logger("training"), self.rank, lambda: self._step)
-        classes, keys = replica_classes(self.params)
+        self._frozen = [(n, p) for n, p in self.module.named_parameters() if not p.requires_grad]
+        """Parameters nothing trains (a LoRA job's base): in the weight check (:class:`~.replica.WeightCheck`)."""
+        classes, keys = replica_classes([*self.params, *(p for _, p in self._frozen)])
         world = Comm() if self.shadow_ranks else self.job_comm
-        view = introduce(world, self.device, keys, launcher_job_id() or new_job_id(), coords)
+        signature = parameter_signature(list(zip(self.taps.param_names, self.params)))
+        view = introduce(world, self.device, keys, launcher_job_id() or new_job_id(), coords, signature)
+        if not coords and self.role == "worker" and len({view.ranks[g].params for g in self.job_comm.members}) > 1:
+            raise BadInput(
+                "the ranks hold different parameters, so they are not replicas of each other (pipeline stages?): "
+                "guard each set of replicas with group= its process group (one group per pipeline stage)"
+            )
         self.layout = build_layout(self.job_comm.members, view.coordinates) if coords else Layout(
             ranks=tuple(self.job_comm.members), slices=(tuple(self.members),)
         )  # fmt: skip
@@ -191,9 +210,13 @@ class SDCGuard:
         rank_keys = view.keys(job_ranks)
         if len({len(k) for k in rank_keys}) > 1:
             raise BadInput("the ranks' parameters are sharded differently (their DTensor placements differ)")
-        self._replica = ReplicaPhases(
-            self.job_comm, rank_keys, self.taps.param_names,
-            [(g, *self.identities.get(g, (None, ""))) for g in job_ranks], self.job, classes,
+        ids = [(g, *self.identities.get(g, (None, ""))) for g in job_ranks]
+        n = len(self.params)
+        self._replica = ReplicaPhases(self.job_comm, rank_keys, self.taps.param_names, ids, self.job, classes[:n])
+        names = [*self.taps.param_names, *(f"{name} (frozen)" for name, _ in self._frozen)]
+        self._weights = WeightCheck(
+            ReplicaPhases(self.job_comm, rank_keys, names, ids, self.job, classes), self.taps.weights,
+            [p for _, p in self._frozen],
         )  # fmt: skip
         speaks = self.job_comm.index == 0
         self._round = RoundCheck(self._make_round(), self._outcomes, self.device, self.log, speaks=speaks)
@@ -235,7 +258,7 @@ class SDCGuard:
                 f"group holds ranks {sorted(Comm(group).members)}, but this rank's data-parallel replicas in the "
                 f"device mesh are {sorted(self.members)}: pass the mesh's data-parallel group, or none"
             )
-        if self.layout.width > 1 and not is_fsdp(self.model) and not is_ddp(self.model):
+        if self.layout.width > 1 and not is_fsdp(self.module) and self._ddp is None:
             raise BadInput(
                 f"a tensor-parallel model with {self.layout.width} data-parallel replicas needs FSDP2 over the "
                 "data-parallel dimension (fully_shard(model, mesh=mesh['dp'])) to reduce its gradients; the guard "
@@ -243,22 +266,39 @@ class SDCGuard:
             )
 
     def _wire(self, model: nn.Module) -> tuple[nn.Module, nn.Module, ParamTaps | FSDPTaps]:
-        if is_fsdp(model):
+        """``(the model as the loop calls it, the module inside its wrappers, the hooks)``; a compiled model is
+        unwrapped to find what it wraps, and replays through its compiled code (:mod:`.hooks.wrappers`)."""
+        refuse_unsupported(model)
+        core, layers = peel(model)
+        compiled_outside = layers[:1] == ("compiled",)
+        self._ddp = unwrap_to_ddp(model) if "ddp" in layers else None
+        """The model's own DDP wrapper, when it has one (also inside ``torch.compile``)."""
+        if is_fsdp(core):
             if self.config.shadows != "peer":
                 raise BadInput("dedicated shadows replay a whole model on one device: use peer mode with FSDP2")
-            return model, model, FSDPTaps(model)
-        module = unwrap(model)
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+            return model, core, FSDPTaps(core, replay_module=model if compiled_outside else None)
+        named = [(n, p) for n, p in core.named_parameters() if p.requires_grad]
         if not named:
             raise BadInput("the model has no parameter that requires a gradient")
-        return model, module, ParamTaps(module, named)
+        if "ddp" in layers and compiled_outside:  # torch.compile(DDP(m)): replay the compiled code, DDP quiet
+            assert self._ddp is not None
+            return model, core, ParamTaps(core, named, replay_module=model, replay_context=self._ddp.no_sync)
+        inner = model
+        while is_ddp(inner):  # replays skip DDP's reducer: what DDP wraps (compiled, when it is)
+            inner = inner.module
+        return model, core, ParamTaps(core, named, replay_module=inner)
+
+    def _may_record_ops(self) -> bool:
+        """Whether settling reruns may run under the op recorder (a dispatch mode): not when they run collectives
+        (FSDP2, a mesh), and not through compiled code, which computes differently under a dispatch mode."""
+        return not (self.taps.collective_replay or self.layout.meshed or has_compiled_regions(self.model))
 
     def _make_round(self) -> Round:
         if self.shadow_ranks:
             return DedicatedRound(self.comm, self.shadow_ranks, self.params, self._replayer, self._attr)
         collective = self.taps.collective_replay or self.layout.meshed
         return PeerRound(
-            self.comm, self._replayer, self._attr, record_ops=not collective, collective=collective,
+            self.comm, self._replayer, self._attr, record_ops=self._may_record_ops(), collective=collective,
             setups=self.setups, job=self.job_comm, layout=self.layout,
         )  # fmt: skip
 
@@ -307,7 +347,7 @@ class SDCGuard:
         record = self._sampled and self._round.round.records(self._samples)
         self._observer.begin(step, record=record, chosen=self._samples % micro_batches)
         self._clock.begin_step()
-        if self.config.checksum_every and step % self.config.checksum_every == 0:
+        if self._checksum_every and step % self._checksum_every == 0:
             self._checksums.mode.begin()
 
     def before_forward(self, batch: Batch) -> None:
@@ -362,14 +402,14 @@ class SDCGuard:
         mbs = [batch] if micro_batches is None else list(micro_batches)
         if not mbs:
             raise BadInput("micro_batches is empty")
-        if self.role == "worker" and not self.comm.alone and not (is_ddp(self.model) or is_fsdp(self.model)):
-            self.model = wrap_ddp(self.module, self.group)  # the framework's reduction, overlapped with the backward
+        if self.role == "worker" and not self.comm.alone and self._ddp is None and not is_fsdp(self.module):
+            self.model = self._ddp = wrap_ddp(self.model, self.group)  # the framework's reduction, overlapped
         self.begin_step(step, micro_batches=len(mbs))
         losses = []
         try:
             for i, mb in enumerate(mbs):
                 last = i == len(mbs) - 1
-                no_sync = self.model.no_sync() if is_ddp(self.model) and not last else contextlib.nullcontext()
+                no_sync = self._ddp.no_sync() if self._ddp is not None and not last else contextlib.nullcontext()
                 with no_sync, self._train_context():
                     self.before_forward(mb)
                     loss = check_loss(self.loss_fn(self.model, mb))
@@ -387,14 +427,9 @@ class SDCGuard:
         every = self.config.weight_check_every
         if self.role != "worker" or not every or self._last_step is None or self._last_step % every:
             return []
-        if not self._replica.active:
+        if not self._weights.active:
             return []
-        weights = self.taps.weights()
-        gathered = self.job_comm.gather_ints(self._replica.column(weights, self.device)).tolist()
-        found = [
-            self._outcomes.rollback(i, vetoed=False)
-            for i in self._replica.incidents("weight_replica", self._last_step, weights, gathered)
-        ]
+        found = [self._outcomes.rollback(i, vetoed=False) for i in self._weights.check(self._last_step)]
         self._outcomes.verification.weights_compared(self._last_step, agreed=not found)
         self._responder.handle(found)
         return found
@@ -444,9 +479,8 @@ class SDCGuard:
         if self.role != "worker":
             raise RuntimeError("calibrate() runs on the data-parallel workers")
         cap = make_capture(step=-1, rank=self.dp_rank, micro_batch=0, batch=batch, rng=capture_rng(self._rng_hook))
-        collective = self.taps.collective_replay or self.layout.meshed
         report, j = calibrate(
-            self.comm, self._replayer, cap, self.device, record_ops=not collective, setups=self.setups
+            self.comm, self._replayer, cap, self.device, record_ops=self._may_record_ops(), setups=self.setups
         )  # every slice at once: a tensor-parallel group computes its micro-batch together
         slices = [(report, j, self.members[0])]
         if self.layout.meshed:  # every rank concludes from every slice's calibration, alike

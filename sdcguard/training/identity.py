@@ -5,6 +5,7 @@ guard and by the checkpoints it records (:func:`launcher_job_id`)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from collections.abc import Hashable, Sequence
@@ -16,7 +17,16 @@ import torch.distributed as dist
 from ..devices import cpu_id, gpu_id, hostname
 from .comm import Comm
 
-__all__ = ["local_device_id", "setup_key", "launcher_job_id", "new_job_id", "RankIdentity", "JobView", "introduce"]
+__all__ = [
+    "local_device_id",
+    "setup_key",
+    "launcher_job_id",
+    "new_job_id",
+    "RankIdentity",
+    "JobView",
+    "introduce",
+    "parameter_signature",
+]
 
 
 def local_device_id(device: torch.device | None = None) -> str:
@@ -77,6 +87,8 @@ class RankIdentity:
     """What decides its kernels (:func:`setup_key`)."""
     coords: tuple[tuple[str, int], ...] = ()
     """Its coordinate on each named dimension of the job's device mesh (:mod:`.mesh`); empty without one."""
+    params: str = ""
+    """What parameters it holds (their names, local shapes and dtypes, hashed): replicas hold the same."""
     job: str
     """The job id it would give the job (the first rank's is the job's)."""
 
@@ -119,13 +131,24 @@ class JobView:
         return out
 
 
+def parameter_signature(named: Sequence[tuple[str, torch.Tensor]]) -> str:
+    """The names, local shapes and dtypes of a rank's parameters, hashed."""
+    text = ";".join(f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in named)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def introduce(
-    comm: Comm, device: torch.device, replica_key: Hashable, job: str, coords: tuple[tuple[str, int], ...] = ()
+    comm: Comm,
+    device: torch.device,
+    replica_key: Hashable,
+    job: str,
+    coords: tuple[tuple[str, int], ...] = (),
+    params: str = "",
 ) -> JobView:
     """Every member's identity (collective over ``comm``: one gather, when the guard starts)."""
     me = RankIdentity(
         device=local_device_id(device), host=hostname(), replica_key=replica_key, setup=setup_key(device), job=job,
-        coords=coords,
+        coords=coords, params=params,
     )  # fmt: skip
     everyone: list[RankIdentity] = comm.gather_objects(me)
     return JobView(ranks=dict(zip(comm.members, everyone)), order=tuple(comm.members))

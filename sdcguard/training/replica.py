@@ -38,6 +38,7 @@ from .step_check import CheckResult, StepState
 
 __all__ = [
     "GradientReplicaCheck",
+    "WeightCheck",
     "ReplicaCheck",
     "ReplicaPhases",
     "fingerprint_column",
@@ -272,6 +273,33 @@ class GradientReplicaCheck:
         return CheckResult(
             incidents=tuple(found), veto=bool(found), ran="gradient_replica" if self.phases.active else None
         )
+
+
+class WeightCheck:
+    """The weights after the optimizer step, on the guard's schedule, compared across replicas: every parameter,
+    frozen ones included (a LoRA or adapter job's frozen base is most of its memory, and a corrupted frozen weight
+    is otherwise seen only by replay, on sampled steps). A frozen weight is not compared with its own earlier bits:
+    a checkpoint loaded into it changes it legitimately, alike on every replica, which only replicas can tell from
+    corruption. Collective over the job: every rank calls :meth:`check` alike."""
+
+    def __init__(
+        self, phases: ReplicaPhases, weights: Callable[[], list[torch.Tensor]], frozen: Sequence[torch.Tensor]
+    ):
+        self.phases = phases
+        self.weights = weights
+        self.frozen = [t.detach() for t in frozen]
+
+    @property
+    def active(self) -> bool:
+        """Whether any two ranks hold the same weights."""
+        return self.phases.active
+
+    def check(self, step: int) -> list[Incident]:
+        """The ``weight_replica`` incidents of this weight check."""
+        tensors = [*self.weights(), *self.frozen]
+        device = next((local_tensor(t).device for t in tensors), torch.device("cpu"))
+        table = self.phases.comm.gather_ints(self.phases.column(tensors, device)).tolist()
+        return self.phases.incidents("weight_replica", step, tensors, table)
 
 
 def _is_sharded(p: torch.Tensor) -> bool:

@@ -100,7 +100,7 @@ def replay(
     batch = batch_for_replay(capture, device)
     record = LocalRecord(len(taps.unit_names), device)
     module = taps.replay_module
-    with _buffers_kept(module), parameters_swapped(params, param_values), torch.enable_grad():
+    with _buffers_kept(module), parameters_swapped(params, param_values), torch.enable_grad(), taps.replay_context():
         with rng_replayed(capture.rng, rng_hook, same_process=same_process):
             with autocast_replayed(capture.autocast):
                 loss = check_loss(loss_fn(module, batch))
