@@ -50,7 +50,7 @@ from .replay.capture import Batch, RngHook, capture_rng, make_capture
 from .replay.observe import StepObserver
 from .replay.recompute import LossFn, Replayer, check_loss
 from .replica import GradientReplicaCheck, ReplicaPhases, WeightCheck
-from .response import Responder, exit_status
+from .response import Responder
 from .rounds.peer import PeerRound
 from .rounds.roles import Role, worker_group
 from .rounds.round import Round, RoundCheck
@@ -94,8 +94,7 @@ class SDCGuard:
         slow: when a rank is named slow (:class:`~.timing.SlowWatch`); None turns timing off.
         checksum_every: check every matmul of one step in N against its checksum (0: never).
         checksum_rows: rows of a matmul's result summed per checksum.
-        checksum_splits: the most partial sums a split-K bf16/fp16 matmul adds in its output type where cuBLAS's
-            reduced-precision reductions are allowed (the bound's assumption: :mod:`.checksums.precision`).
+        checksum_splits: the split-K partial sums the bound allows for in bf16/fp16 (:mod:`.checksums.precision`).
         train_context: the context the training step's forward and backward run in (torchtitan's
             ``train_context``; ``torch.distributed.tensor.parallel.loss_parallel`` for a parallel loss): every
             replay runs in it too, and so does :meth:`step`.
@@ -221,15 +220,9 @@ class SDCGuard:
         speaks = self.job_comm.index == 0
         self._round = RoundCheck(self._make_round(), self._outcomes, self.device, self.log, speaks=speaks)
         if self.shadow_ranks:  # an escalation reaches the dedicated shadows too (they raise or exit alike)
-            self._responder.before_acting = lambda action, found: self._round.round.escalate(
-                action, found, lambda rank: exit_status(rank, found)
-            )
-        self._checksums = ChecksumCheck(
-            ChecksumMode(self.module, rows=rows, splits=self.config.checksum_splits),
-            self.job_comm,
-            self._attr,
-            self.device,
-        )
+            self._responder.before_acting = self._round.round.escalate
+        mode = ChecksumMode(self.module, rows=rows, splits=self.config.checksum_splits)
+        self._checksums = ChecksumCheck(mode, self.job_comm, self._attr, self.device)
         size = len(view.ranks)
         self._slow = SlowJudge(
             slow, job_ranks, self.identities, job=self.job, job_size=size, slices=self.layout.slices

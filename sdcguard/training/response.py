@@ -53,8 +53,11 @@ class Responder:
         self.escalate = escalate
         self.job = job
         self.incidents: list[Incident] = []
-        self.before_acting: Callable[[Literal["raise", "exit"], list[Incident]], None] | None = None
-        """Called on every rank right before it raises or exits (the guard tells its dedicated shadows)."""
+        self.before_acting: Callable[[Literal["raise", "exit"], list[Incident], Callable[[int], int]], None] | None = (
+            None
+        )
+        """Called on every rank right before it raises or exits, with the incidents and each rank's exit status under
+        the contract (:func:`exit_status`): the guard tells its dedicated shadows."""
         self.store_problem: str | None = self._check_store()
         """Why ``store`` cannot take this job's records (None: it can, or there is none, or not this rank's)."""
 
@@ -92,7 +95,9 @@ class Responder:
         if action == "skip" and escalate and self.escalate != "off":
             action, actionable = self.escalate, escalate
         if action in ("raise", "exit") and self.before_acting is not None:
-            self.before_acting("raise" if action == "raise" else "exit", actionable)
+            self.before_acting(
+                "raise" if action == "raise" else "exit", actionable, lambda rank: exit_status(rank, actionable)
+            )
         if action == "raise":
             raise CorruptionDetected(f"silent data corruption: {actionable[0].detail}", tuple(actionable))
         if action == "exit":
