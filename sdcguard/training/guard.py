@@ -38,6 +38,7 @@ from ..logs import RankLogger, get_logger
 from ..records import Incident
 from .checksums.bound import DEFAULT_ROWS
 from .checksums.mode import ChecksumMode
+from .checksums.precision import DEFAULT_SPLITS
 from .checksums.round import ChecksumCheck
 from .comm import Comm
 from .config import DEFAULT_CHECKSUM_EVERY, Escalate, GuardConfig, OnDetect, StepReport
@@ -45,7 +46,7 @@ from .hooks.choice import choose_taps
 from .hooks.ddp import wrap_ddp
 from .hooks.fsdp import is_fsdp
 from .hooks.wrappers import has_compiled_regions
-from .identity import JobView, introduce, parameter_signature
+from .identity import JobView, introduce, launcher_job_id, new_job_id, parameter_signature
 from .mesh import STAGE_DIMS, Layout, build_layout, mesh_coordinates, mesh_ranks, replica_classes
 from .notices import construction_notices
 from .replay.capture import Batch, RngHook, capture_rng, make_capture
@@ -60,7 +61,7 @@ from .rounds.round import Round, RoundCheck
 from .rounds.shadows import DedicatedRound, ShadowServer
 from .step_check import StepCheck, StepState, decide, gather_step
 from .timing import IdleClock, PhaseClock, RankSlowness, SlowJudge, SlowWatch, TimingCheck
-from .verdicts.attribution import Attributor, launcher_job_id, new_job_id
+from .verdicts.attribution import Attributor
 from .verdicts.calibration import CalibrationReport, calibrate, setup_warnings
 from .verdicts.outcomes import Outcomes
 
@@ -97,6 +98,7 @@ class SDCGuard:
         slow: when a rank is named slow (:class:`~.timing.SlowWatch`); None turns timing off.
         checksum_every: check every matmul of one step in N against its checksum (0: never).
         checksum_rows: rows of a matmul's result summed per checksum.
+        checksum_splits: the split-K partial sums the bound allows for in bf16/fp16 (:mod:`.checksums.precision`).
         train_context: the context the training step's forward and backward run in (torchtitan's
             ``train_context``; ``torch.distributed.tensor.parallel.loss_parallel`` for a parallel loss): every
             replay runs in it too, and so does :meth:`step`.
@@ -119,13 +121,14 @@ class SDCGuard:
         slow: SlowWatch | None = SlowWatch(),
         checksum_every: int = DEFAULT_CHECKSUM_EVERY,
         checksum_rows: int = DEFAULT_ROWS,
+        checksum_splits: int = DEFAULT_SPLITS,
         train_context: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> None:
         self.config = GuardConfig(
             replay_every=replay_every, shadows="peer" if shadows == "peer" else tuple(shadows),
             weight_check_every=weight_check_every, on_detect=on_detect, escalate=escalate,
             store=None if store is None else os.fspath(store), checksum_every=checksum_every,
-            checksum_rows=checksum_rows,
+            checksum_rows=checksum_rows, checksum_splits=checksum_splits,
         )  # fmt: skip
         self.loss_fn = loss_fn
         wiring = choose_taps(model, dedicated_shadows=self.config.shadows != "peer")
@@ -224,7 +227,10 @@ class SDCGuard:
         )  # fmt: skip
         speaks = self.job_comm.index == 0
         self._round = RoundCheck(self._make_round(), self._outcomes, self.device, self.log, speaks=speaks)
-        self._checksums = ChecksumCheck(ChecksumMode(self.module, rows=rows), self.job_comm, self._attr, self.device)
+        if self.shadow_ranks:  # an escalation reaches the dedicated shadows too (they raise or exit alike)
+            self._responder.before_acting = self._round.round.escalate
+        mode = ChecksumMode(self.module, rows=rows, splits=self.config.checksum_splits)
+        self._checksums = ChecksumCheck(mode, self.job_comm, self._attr, self.device)
         size = len(view.ranks)
         self._slow = SlowJudge(
             slow, job_ranks, self.identities, job=self.job, job_size=size, slices=self.layout.slices
@@ -347,6 +353,7 @@ class SDCGuard:
             step=step, loss=loss if loss is not None else torch.full((), float("nan")), commit=decision.commit,
             incidents=tuple(found), replayed=state.sampled, checks=decision.checks,
             matmuls_run=self._checksums.run, matmuls_checked=self._checksums.checked,
+            matmuls_unverifiable=self._checksums.unverifiable, unverifiable=self._checksums.named,
         )  # fmt: skip
 
     def step(self, step: int, batch: Batch = None, *, micro_batches: Sequence[Batch] | None = None) -> StepReport:

@@ -1,11 +1,13 @@
-"""Which device this rank computes on, as a fleet device id (the spelling lives in :mod:`sdcguard.devices`), and what
-it runs: the setup that decides which kernels compute a result (devices of different setups may compute the same
-micro-batch differently without any fault)."""
+"""Which device this rank computes on, as a fleet device id (the spelling lives in :mod:`sdcguard.devices`), what it
+runs (the setup that decides which kernels compute a result: devices of different setups may compute the same
+micro-batch differently without any fault), and which job it belongs to: the one rule for a job's id, read by the
+guard and by the checkpoints it records (:func:`launcher_job_id`)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import uuid
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
@@ -15,7 +17,16 @@ import torch.distributed as dist
 from ..devices import cpu_id, gpu_id, hostname
 from .comm import Comm
 
-__all__ = ["local_device_id", "setup_key", "RankIdentity", "JobView", "introduce", "parameter_signature"]
+__all__ = [
+    "local_device_id",
+    "setup_key",
+    "launcher_job_id",
+    "new_job_id",
+    "RankIdentity",
+    "JobView",
+    "introduce",
+    "parameter_signature",
+]
 
 
 def local_device_id(device: torch.device | None = None) -> str:
@@ -46,6 +57,20 @@ def setup_key(device: torch.device | None = None) -> tuple[str, ...]:
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
         return (torch.__version__, props.name, f"sm_{props.major}{props.minor}", str(torch.version.cuda), str(cudnn))
     return (torch.__version__, "cpu", torch.backends.cpu.get_cpu_capability())
+
+
+def launcher_job_id() -> str | None:
+    """The launcher's job id when it is a real one: torchelastic's run id (torchrun sets the placeholder ``"none"``
+    on a multi-node launch without ``--rdzv-id``, which is no id), else Slurm's job id. None when neither is set."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run and run.strip().lower() not in ("none", ""):
+        return run
+    return os.environ.get("SLURM_JOB_ID") or None
+
+
+def new_job_id() -> str:
+    """An id for a job whose launcher gave none (made on one rank and shared in the guard's first gather)."""
+    return f"sdcguard-{uuid.uuid4().hex[:16]}"
 
 
 @dataclass(frozen=True, kw_only=True)
