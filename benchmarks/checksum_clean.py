@@ -42,6 +42,7 @@ def _tally(out: dict[str, Any], report: Any) -> None:
     out["steps"] += 1
     out["alarms"] += int(bool(report.incidents) or not report.commit)
     out["checked"] += report.matmuls_checked
+    out["unverifiable"] = out.get("unverifiable", 0) + report.matmuls_unverifiable
     out["run"] += report.matmuls_run
 
 
@@ -167,14 +168,15 @@ def main() -> None:
         print(
             f"{name:<26} {r['steps']:>6} clean steps, {r['alarms']} false alarms, "
             f"{r['checked'] / max(1, r['steps']):.0f} of {r['run'] / max(1, r['steps']):.0f} matmuls checked per "
-            f"step, {r['seconds']} s",
+            f"step ({r.get('unverifiable', 0) / max(1, r['steps']):.0f} unverifiable), {r['seconds']} s",
             flush=True,
         )
     total = sum(r["steps"] for r in results.values())
     alarms = sum(r["alarms"] for r in results.values())
     print(
         f"total: {total} clean steps, {alarms} false alarms, "
-        f"{sum(r['checked'] for r in results.values()):,} matmuls checked"
+        f"{sum(r['checked'] for r in results.values()):,} matmuls checked, "
+        f"{sum(r.get('unverifiable', 0) for r in results.values()):,} unverifiable"
     )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -75,7 +75,7 @@ class _Coverage(ChecksumMode):
         name = func.overloadpacket.__name__
         if name in ("mm", "addmm", "bmm") and func._overloadname == "default" and out.dtype == torch.float32:
             a, b, bias = (args[0], args[1], None) if name != "addmm" else (args[1], args[2], args[0])
-            from sdcguard.training.checksums.bound import precision_for
+            from sdcguard.training.checksums.precision import precision_for
 
             p = precision_for(out.dtype, out.device)
             assert p is not None
@@ -106,7 +106,7 @@ class _Recorder(TorchDispatchMode):
 
 def _parts(model: torch.nn.Module, batch: Any, rounds: int, rows: int) -> dict[str, float]:
     """Milliseconds of CPU time per step for each part of the checks, on one step's recorded matmuls."""
-    from sdcguard.training.checksums.bound import precision_for
+    from sdcguard.training.checksums.precision import precision_for
 
     rec = _Recorder()
     with rec:

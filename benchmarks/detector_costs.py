@@ -118,6 +118,8 @@ class _Rank:
         self.megatron = MegatronChecks()
         self.opts = {n: torch.optim.SGD(m.parameters(), lr=1e-3) for n, m in self.modules.items()}
         self.inside = {n: {"end_step": 0.0, "after_optimizer_step": 0.0, "checks": 0.0} for n in (*NAMES, *SECOND)}
+        self.matmuls: dict[str, list[int]] = {}
+        """Configuration -> its last checked step's matmuls: checked, unverifiable, run."""
         self.timing = False
 
     def second_phase(self) -> None:
@@ -165,6 +167,8 @@ class _Rank:
             report = self._timed(name, "end_step", g.end_step, loss=loss.detach())
             if not report.commit:
                 raise RuntimeError(f"{name}: unexpected veto at step {step}: {report.incidents}")
+            if "checksum" in report.checks:  # what a checked step covered: checked, unverifiable, run
+                self.matmuls[name] = [report.matmuls_checked, report.matmuls_unverifiable, report.matmuls_run]
         else:
             tap = self.taps.get(name)
             rng = torch.get_rng_state()
@@ -253,7 +257,7 @@ def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace,
     if rank == 0:
         steps = args.rounds * args.steps
         inside = {n: {k: v / steps for k, v in d.items()} for n, d in r.inside.items()}
-        queue.put({"times": times, "inside": inside, "hash_s": statistics.median(hashes)})
+        queue.put({"times": times, "inside": inside, "hash_s": statistics.median(hashes), "matmuls": r.matmuls})
     dist.destroy_process_group()
 
 
@@ -280,6 +284,7 @@ def summarise(res: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "own": own,
         "hash_s": res["hash_s"],
         "hash_share_per_check": hash_share,
+        "matmuls": res.get("matmuls", {}),
     }
     if not {"fwd+bwd", "peer1", "peer10", "sum1", "shadow1", "megatron", "same_device"} <= set(ran):
         return out
@@ -322,13 +327,15 @@ def texts(out: dict[str, Any], workers: int) -> dict[str, str]:
     step, own, d50, hash_share = out["step"], out["own"], out["derived_50"], out["hash_share_per_check"]
     every = DEFAULT_CHECKSUM_EVERY
     sums, defaults, checksum1 = out["checksum_step"], out["derived_defaults"], out["derived_checksum1"]
+    m = out.get("matmuls", {}).get("sum1")
+    counted = f"; of {m[2]} matmuls a step, {m[0]} checked, {m[1]} unverifiable" if m else ""
     return {
         "defaults": f"{defaults['step']:+.1%} step, {defaults['own']:.1%} own work (derived: replay and checks "
         f"{d50['step']:+.1%} step, {d50['own']:.1%} own work; the checksums "
-        f"{sums['step'] / every:+.1%} at `checksum_every={every}`, their step time)",
+        f"{sums['step'] / every:+.1%} at `checksum_every={every}`, their step time{counted})",
         "replay_only": f"{d50['step']:+.1%} step, {d50['own']:.1%} own work (derived)",
         "checksum1": f"{checksum1['step']:+.1%} step, {checksum1['own']:.1%} own work (derived: a checked step "
-        f"{sums['step']:+.1%})",
+        f"{sums['step']:+.1%}{counted})",
         "replay10": f"{step['peer10'][0]:+.1%} step, {own['peer10']:.1%} own work",
         "continuous": f"{step['shadow1'][0]:+.0%} step, {own['shadow1']:.0%} own work, + 1 shadow device per "
         f"{workers} workers (measured here with the shadow on the workers' cores)",
@@ -365,6 +372,8 @@ def report(s: dict[str, Any]) -> str:
         d = s.get(key)
         if d is not None:
             lines.append(f"derived {label}: step {d['step']:+.1%}, own work {d['own']:.2%}")
+    for name, (checked, unverifiable, run) in s.get("matmuls", {}).items():
+        lines.append(f"{name}: per checked step {checked} matmuls checked, {unverifiable} unverifiable, {run} run")
     lines.append(
         f"Megatron weight hash: {s['hash_s'] * 1e3:.1f} ms per check = {s['hash_share_per_check']:.1%} of a "
         f"step; amortized over 20,000 iterations {s['hash_share_per_check'] / HASH_INTERVAL:.5%}"

@@ -54,6 +54,7 @@ _LAZY: dict[str, str] = {
     "ReplicaCheck": "sdcguard.training.replica",
     "CheckpointInfo": "sdcguard.checkpoint.dcp",
     "SlowWatch": "sdcguard.training.timing",
+    "stage_output": "sdcguard.training.replay.stage",
     "SlowSettings": "sdcguard.fleet.slow",
 }
 

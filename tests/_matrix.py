@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sdcguard import SDCGuard, plan_roles
 from sdcguard.inject.faults import Fault
@@ -145,6 +146,101 @@ def cell(rank: int, world: int, kind: str, deterministic: bool, calibrate: bool,
     return out
 
 
+def _run_steps(
+    guard: SDCGuard, model: torch.nn.Module, inner: torch.nn.Module, rank: int, modes: dict[int, list[Any]], steps: int
+) -> dict[str, Any]:
+    """``steps`` guarded steps, entering ``modes[step]`` around each (the guard's end of step included); per step:
+    commit, the checks, the incidents (as in :func:`cell`)."""
+    opt = torch.optim.SGD(inner.parameters(), lr=0.05)
+    out: dict[str, Any] = {"steps": {}}
+    for step in range(steps):
+        with contextlib.ExitStack() as stack:
+            for m in modes.get(step, []):
+                m.step = step
+                stack.enter_context(m)
+            batch = make_batch(step, rank, seq=SEQ)
+            guard.begin_step(step)
+            guard.before_forward(batch)
+            loss = lm_loss(model, batch)
+            guard.observe_loss(loss)
+            loss.backward()
+            report = guard.end_step(loss=loss.detach())
+        if report.commit:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        out["steps"][step] = (
+            report.commit,
+            report.checks,
+            [(i.kind, i.step, i.suspect_ranks, i.sticky) for i in report.incidents],
+        )
+    out["state"] = guard.state_dict()["determinism"]["state"]
+    guard.close()
+    return out
+
+
+MIXED_FAULTS = {1: (0, "sticky"), 2: (0, "sticky"), 4: (1, "transient"), 6: (2, "sticky")}
+"""The mixed-setup cell's schedule: step -> (rank, timing). Rank 0 is the one device of setup A."""
+
+
+def mixed_setup_cell(rank: int, world: int) -> dict[str, Any]:
+    """Peer replay (DDP) on devices of two setups, A on rank 0 and B on the others (as mixed device models or
+    drivers would give), with faults on the A device and on B devices: a strict majority of one setup against a
+    lone device of the other names that device; nothing is software."""
+    import sdcguard.training.identity as identity
+
+    identity.setup_key = lambda device=None: ("setup-A",) if rank == 0 else ("setup-B",)  # what each reports
+    torch.manual_seed(0)
+    inner = TinyTransformer(d=8, heads=2, seq=SEQ, layers=2)
+    model = DDP(inner)
+    guard = SDCGuard(model, lm_loss, replay_every=1, weight_check_every=0, escalate="off")
+    modes: dict[int, list[Any]] = {}
+    for step, (r, timing) in MIXED_FAULTS.items():
+        fault = Fault(pattern="bitflip", bit="high_mantissa", timing=timing, seed=2000 + step)
+        modes[step] = [OpFaultMode(fault, ops="gelu", phase="forward", rank=r, steps=[step])]
+    return _run_steps(guard, model, inner, rank, modes, 9)
+
+
+class ReplayAllGatherFault(TorchDispatchMode):
+    """Corrupts, once, what one rank sends into an FSDP2 all-gather while the guard replays (its copy-in buffer:
+    ``fsdp.all_gather_copy_in``), so every rank's replay reads the corrupted shard at once, as a faulty link or NIC
+    on that rank would make it; the originals and the settling reruns read clean all-gathers."""
+
+    def __init__(self, guard: SDCGuard, rank: int) -> None:
+        super().__init__()
+        self.guard, self.rank, self.step = guard, rank, None
+        self.hits = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if (
+            str(func.overloadpacket) == "fsdp.all_gather_copy_in"
+            and self.guard.replaying
+            and torch.distributed.get_rank() == self.rank
+            and not self.hits
+        ):
+            self.hits += 1
+            sent = out[0].view(torch.int32) if out[0].dtype == torch.float32 else out[0]
+            sent ^= 1 << 20  # a high mantissa bit of every value of this rank's shard (one value could be masked)
+        return out
+
+
+def replay_collective_cell(rank: int, world: int) -> dict[str, Any]:
+    """FSDP2, one all-gather corrupted during the replay of step 2 (every replay wrong at once, every original
+    right), then a sticky fault on rank 1 at step 4: the first is one unresolved shared-cause incident and a
+    vetoed step, the second still names rank 1."""
+    warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
+    model, inner, _ = _model("fsdp", True, world, None)
+    guard = SDCGuard(model, lm_loss, replay_every=1, weight_check_every=0, escalate="off")
+    sticky = Fault(pattern="bitflip", bit="high_mantissa", timing="sticky", seed=7)
+    modes: dict[int, list[Any]] = {
+        2: [ReplayAllGatherFault(guard, 0)],
+        4: [OpFaultMode(sticky, ops="gelu", phase="forward", rank=1, steps=[4])],
+    }
+    out = _run_steps(guard, model, inner, rank, modes, 7)
+    out["hits"] = modes[2][0].hits
+    return out
+
+
 def escalation(rank: int, world: int, escalate: str, steps: int) -> dict[str, Any]:
     """A sticky fault on rank 1 from step 2 on, at the guard's defaults (``replay_every=50``) but ``escalate``."""
     from sdcguard import CorruptionDetected
@@ -171,6 +267,44 @@ def escalation(rank: int, world: int, escalate: str, steps: int) -> dict[str, An
         return {"raised": step, "named": [(i.kind, i.suspect_ranks, i.sticky, i.device) for i in e.incidents]}
     except SystemExit as e:
         return {"exit": e.code, "at": step}
+    return {"raised": None}
+
+
+def shadow_escalation(rank: int, world: int, escalate: str) -> dict[str, Any]:
+    """2 workers and 1 dedicated shadow (``plan_roles(1)``), a sticky fault on worker 1 from step 0, ``escalate``
+    as given: every rank, the shadow included, raises or exits, and at the same point of the job."""
+    from sdcguard import CorruptionDetected
+
+    roles = plan_roles(1)
+    torch.manual_seed(0)
+    inner = TinyTransformer(d=8, heads=2, seq=SEQ, layers=1)
+    try:
+        if roles.role == "shadow":
+            guard = SDCGuard(inner, lm_loss, group=roles.dp_group, replay_every=1, shadows=list(roles.shadows))
+            return {"served": guard.serve()}
+        guard = SDCGuard(
+            DDP(inner, process_group=roles.dp_group),
+            lm_loss,
+            group=roles.dp_group,
+            replay_every=1,
+            shadows=list(roles.shadows),
+            escalate=escalate,
+        )
+        opt = torch.optim.SGD(inner.parameters(), lr=0.05)
+        fault = OpFaultMode(
+            Fault(pattern="bitflip", bit="high_mantissa", timing="sticky", seed=5), ops="gelu", phase="forward", rank=1
+        )
+        with fault:
+            for step in range(20):
+                fault.step = step
+                if guard.step(step, make_batch(step, rank, seq=SEQ)).commit:
+                    opt.step()
+                opt.zero_grad(set_to_none=True)
+        guard.close()
+    except CorruptionDetected as e:
+        return {"raised": [(i.kind, i.suspect_ranks, i.sticky) for i in e.incidents]}
+    except SystemExit as e:
+        return {"exit": e.code}
     return {"raised": None}
 
 

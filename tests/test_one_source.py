@@ -7,7 +7,9 @@ the code (ast) or the behaviour that would change if a second copy crept back in
 - the e4m3 table: :mod:`sdcguard.fp8`;
 - a fingerprint's 64-bit signedness: :mod:`sdcguard.fingerprints.definition`;
 - a rank's shard of a tensor (``to_local``): :func:`sdcguard.training.hooks.taps.local`;
-- the rank runner of the tests, the GPU check and the benchmarks: :mod:`sdcguard.testing`.
+- the rank runner of the tests, the GPU check and the benchmarks: :mod:`sdcguard.testing`;
+- a job's id (which launcher variables name it, and that torchrun's ``"none"`` is none):
+  :func:`sdcguard.training.identity.launcher_job_id`.
 """
 
 from __future__ import annotations
@@ -266,3 +268,15 @@ def test_every_exception_above_is_still_needed() -> None:
         assert any(
             isinstance(v, int) and not isinstance(v, bool) and abs(v) in (2**63, 2**64, 2**64 - 1) for v in values(rel)
         ), rel
+
+
+# ---------------------------------------------------------------------------------------------------- job id
+
+
+def test_the_job_id_rule_is_written_once() -> None:
+    """The launcher variables that name a job are read in ``sdcguard/training/identity.py`` only; every other
+    module that needs the job's id calls its ``launcher_job_id`` (the async checkpointer kept a copy that took
+    torchrun's placeholder ``"none"`` for an id)."""
+    names = {"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"}
+    readers = sorted({m.rel for m in ALL for _, value in _constants(m) if isinstance(value, str) and value in names})
+    assert readers == ["sdcguard/training/identity.py"]

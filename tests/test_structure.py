@@ -84,7 +84,7 @@ FOLDER_LAYERS: dict[str, list[set[str]]] = {
         {"replay"},
         {"verdicts", "step_check"},
         {"checksums", "rounds"},
-        {"config", "replica", "response", "timing"},
+        {"config", "replica", "response", "timing", "notices"},
         {"guard"},
     ],
     "sdcguard.fleet": [{"store"}, {"rates", "slow", "breaker", "actions", "policy", "merge"}, {"report"}],

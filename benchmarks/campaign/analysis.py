@@ -75,6 +75,7 @@ def _false_alarms(peer_results: list[dict[str, Any]], shadow_results: list[dict[
         "megatron_hash": clean[0]["hash"],
         "same_device": max(c["same_device"] for c in clean),
         "events": clean[0]["events"],
+        "matmuls": clean[0].get("matmuls", [0, 0, 0]),  # rank 0's: checked, unverifiable, run (summed)
     }
     if shadow_results:
         w = shadow_results[0]["clean"]

@@ -205,7 +205,8 @@ def tables(a: dict[str, Any], header: str, costs: dict[str, Any] | None) -> str:
         "",
         "### Matmul faults by bit class: checksums and replay on the faulty step",
         "",
-        "Each cell: detected / named exactly the faulty rank, on the faulty step (both checks ran on it); fp32.",
+        "Each cell: detected / named exactly the faulty rank, on the faulty step (both checks ran on it); fp32. "
+        + _matmul_counts(a),
         "",
     ] + matmul_bits(a)
     L += [
@@ -240,9 +241,22 @@ def tables(a: dict[str, Any], header: str, costs: dict[str, Any] | None) -> str:
         f"`weight_check_every=1`; calibrated bit-identical: {fa['calibrated']}): sdcguard {fa['sdcguard']}, "
         f"Megatron-LM's loss/grad checks {fa['megatron']}, its weight hash {fa['megatron_hash']}, same-device "
         f"replay {fa['same_device']}; continuous verification {fa.get('continuous', '–')} in "
-        f"{fa.get('continuous_steps', 0):,} steps.",
+        f"{fa.get('continuous_steps', 0):,} steps. The checksums on those steps: "
+        + ", ".join(f"{n:,} {what}" for n, what in zip(fa.get("matmuls", [0, 0, 0]), ("checked", "unverifiable")))
+        + f" of {fa.get('matmuls', [0, 0, 0])[2]:,} matmuls run (rank 0).",
     ]
     return "\n".join(L) + "\n"
+
+
+def _matmul_counts(a: dict[str, Any]) -> str:
+    """What the checked steps' checksums covered, per step (rank 0's clean steps): checked, unverifiable, run."""
+    fa = a["false_alarms"]
+    checked, unverifiable, run = fa.get("matmuls", [0, 0, 0])
+    steps = max(1, fa["steps"])
+    return (
+        f"Matmuls per checked step (rank 0): {checked / steps:.0f} checked, {unverifiable / steps:.0f} "
+        f"unverifiable, {run / steps:.0f} run."
+    )
 
 
 def _delays(delays: list[int]) -> str:

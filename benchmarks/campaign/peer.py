@@ -186,6 +186,8 @@ class _Rank:
             "megatron": megatron,
             "hash": param_hash_mismatch(self.model) if hash_now else [],
             "same_device": [same.local_differs, same.reduced_differs],
+            # what the step's checksums covered: matmuls checked / unverifiable / run (0s on an unchecked step)
+            "matmuls": [report.matmuls_checked, report.matmuls_unverifiable, report.matmuls_run],
         }
 
     def snapshot(self) -> list[torch.Tensor]:
@@ -203,7 +205,8 @@ def _public(obs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _clean(r: _Rank, steps: int) -> dict[str, Any]:
-    fired = {"sdcguard": 0, "megatron": 0, "same_device": 0, "hash": 0, "steps": 0}
+    fired: dict[str, Any] = {"sdcguard": 0, "megatron": 0, "same_device": 0, "hash": 0, "steps": 0}
+    fired["matmuls"] = [0, 0, 0]  # summed over the clean steps: checked, unverifiable, run
     kinds: list[Any] = []
     t0 = time.monotonic()
     for step in range(steps):
@@ -214,6 +217,7 @@ def _clean(r: _Rank, steps: int) -> dict[str, Any]:
         fired["same_device"] += int(any(obs["same_device"]))
         fired["hash"] += int(bool(obs["hash"]))
         fired["steps"] += 1
+        fired["matmuls"] = [a + b for a, b in zip(fired["matmuls"], obs["matmuls"])]
         if obs["sdcguard"] or obs["megatron"]:
             kinds.append((step, obs["sdcguard"], obs["megatron"]))
     fired["seconds"] = time.monotonic() - t0

@@ -51,7 +51,7 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(
         name="golden-suite",
-        timeout_s=110,
+        timeout_s=90,
         module="golden_suite",
         title="every golden family passes on every GPU, with throughput next to cupy.matmul and a device copy",
     ),
@@ -63,19 +63,26 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(
         name="fingerprint",
-        timeout_s=55,
+        timeout_s=45,
         module="fingerprint_check",
         title="the CUDA fingerprint equals the CPU reference over dtypes, shapes and strides; its bandwidth",
     ),
     Section(
         name="training",
-        timeout_s=80,
+        timeout_s=70,
         module="training",
         title="the guard on CUDA tensors, 3 ranks over gloo: calibrate, a clean run, a sticky fault named",
     ),
     Section(
+        name="checksums",
+        timeout_s=50,
+        module="checksums",
+        title="the matmul checksums at torch's defaults in fp32, TF32 and bf16: no false alarm, faults by bit "
+        "class, the unverifiable count, a checked step's cost",
+    ),
+    Section(
         name="scan",
-        timeout_s=65,
+        timeout_s=55,
         module="fleet",
         function="run_scan",
         title="sdcguard scan --device cuda:0 --budget 30 into a fresh store with telemetry, then report",

@@ -52,6 +52,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from ..errors import BadInput, CheckpointCorrupted
 from ..logs import get_logger
 from ..training.comm import Comm
+from ..training.identity import launcher_job_id
 from .dcp import CheckpointInfo
 from .layout import METADATA, SIDECAR, describe_failure
 from .record import corrupted, file_fingerprint, fingerprints, make_record, write_record
@@ -388,10 +389,11 @@ class AsyncCheckpointer:
 
     @staticmethod
     def _job_id(guard: SDCGuard | None) -> str | None:
-        """The job's id as the guard records it (its rows and this one then list together), else the launcher's."""
+        """The job's id as the guard records it (its rows and this one then list together), else the launcher's
+        (the guard's rule: :func:`~sdcguard.training.identity.launcher_job_id`)."""
         if guard is not None:
             return guard.job
-        return os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID")
+        return launcher_job_id()
 
     def _store_write(self, store: str, job: _Job, job_id: str | None, **row: Any) -> None:
         try:

@@ -14,13 +14,18 @@ are dropped from the page cache before it is read and after (``posix_fadvise(DON
 from the storage, not from a copy in memory that would hide rot on the disk, and a scrub of terabytes leaves a
 node's page cache alone. The verdict of one checkpoint:
 
-- ``clean``: every saved tensor matched a recorded fingerprint of its key (a sharded key: one of its shards');
+- ``clean``: every saved tensor was read and matched a recorded fingerprint of its key (a sharded key: one of
+  its shards');
 - ``corrupt``: a tensor differs (its key is named), or a data file is shorter than DCP's index says, or DCP's
   index (``.metadata``) or the record (``sdcguard.json``) is damaged (named as such: their own fingerprints are
   recorded too);
+- ``unverified``: nothing read differs, but some saved tensors could not be compared (named in ``unverified``):
+  keys without a recorded fingerprint, and items saved with transforms (DCP's ``transform_descriptors``: their
+  stored bytes are not the tensor's);
 - ``unreadable``: it could not be checked (not a checkpoint, no record, an I/O error).
 
-Non-tensor items (DCP's pickled bytes, e.g. learning rates) have no fingerprint and are not checked.
+``tensors`` counts the items compared, ``unverified`` names the others. Non-tensor items (DCP's pickled bytes, e.g.
+learning rates) have no fingerprint by design and are not checked.
 """
 
 from __future__ import annotations
@@ -57,13 +62,15 @@ class ScrubResult:
     """The verdict on one checkpoint (see the module docstring)."""
 
     checkpoint_id: str
-    status: Literal["clean", "corrupt", "unreadable"]
+    status: Literal["clean", "corrupt", "unverified", "unreadable"]
     tensors: int
-    """Tensors (chunks) read and compared."""
+    """Tensors (chunks) read and compared with a recorded fingerprint."""
     bytes: int
     """Bytes of data read."""
     bad: tuple[str, ...] = ()
     """The keys of the tensors that differ, or the damaged file (``.metadata``, ``sdcguard.json``)."""
+    unverified: tuple[str, ...] = ()
+    """The keys of the saved tensors that could not be compared (no recorded fingerprint, saved with transforms)."""
     detail: str = ""
     seconds: float = 0.0
 
@@ -91,13 +98,21 @@ def scrub_one(path: str | os.PathLike[str], *, progress: Progress | None = None)
     path = Path(path)
     start = time.monotonic()
 
-    def verdict(status: Any, detail: str, bad: Sequence[str] = (), tensors: int = 0, nbytes: int = 0) -> ScrubResult:
+    def verdict(
+        status: Any,
+        detail: str,
+        bad: Sequence[str] = (),
+        tensors: int = 0,
+        nbytes: int = 0,
+        unverified: Sequence[str] = (),
+    ) -> ScrubResult:
         return ScrubResult(
             checkpoint_id=str(path),
             status=status,
             tensors=tensors,
             bytes=nbytes,
             bad=tuple(bad),
+            unverified=tuple(unverified),
             detail=detail,
             seconds=time.monotonic() - start,
         )
@@ -197,6 +212,7 @@ class _Tally:
 
     bad: list[str]
     notes: list[str]
+    unverified: list[str]
     checked: int = 0
     nbytes: int = 0
 
@@ -233,7 +249,10 @@ def _read_file(
             item.feed(at, data)  # while the bytes are still in the CPU's cache
             data.release()
             at += want
-        tally.checked += 1
+        if item.fqn in allowed:
+            tally.checked += 1
+        else:  # read (a damaged encoding still shows), but there is nothing to compare it with
+            tally.unverified.append(item.fqn)
         problem = item.problem(path, allowed)
         if problem is not None:
             tally.bad.append(item.fqn)
@@ -253,15 +272,14 @@ def _read_items(
 
     tensors = {k for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
     per_file: dict[str, list[Any]] = {}
-    notes: list[str] = []
+    tally = _Tally(bad=[], notes=[], unverified=[])
     for index, info in storage.items():
         if index.fqn not in tensors:
             continue
-        if info.transform_descriptors:
-            notes.append(f"{index.fqn}: stored with transforms, not checked")
+        if info.transform_descriptors:  # the stored bytes are not the tensor's: nothing to compare
+            tally.unverified.append(index.fqn)
             continue
         per_file.setdefault(info.relative_path, []).append((index, info))
-    tally = _Tally(bad=[], notes=notes)
     piece = mmap.mmap(-1, _PIECE)  # the one buffer: the memory a scrub needs does not grow with the checkpoint
     try:
         for name in sorted(per_file):
@@ -285,23 +303,31 @@ def _read_items(
                 os.close(fd)
     finally:
         piece.close()
-    bad, checked, nbytes = tally.bad, tally.checked, tally.nbytes
+    bad, notes, checked, nbytes = tally.bad, tally.notes, tally.checked, tally.nbytes
     missing = sorted(set(allowed) - {i.fqn for i in storage})
     if missing:
         bad += missing
         notes.append(f"{len(missing)} fingerprinted tensor(s) absent from DCP's index: {', '.join(missing[:5])}")
-    bad = sorted(set(bad))
+    bad, unverified = sorted(set(bad)), sorted(set(tally.unverified))
+    if unverified:
+        notes.append(
+            f"{len(unverified)} saved tensor(s) could not be compared (no recorded fingerprint, or saved with "
+            f"transforms): {_names(unverified)}"
+        )
     if bad:
         return verdict(
             "corrupt",
-            f"{len(bad)} tensor(s) differ from what was saved: {', '.join(bad[:8])}"
-            + (" ..." if len(bad) > 8 else "")
-            + f" ({'; '.join(notes[:3])})",
+            f"{len(bad)} tensor(s) differ from what was saved: {_names(bad)} ({'; '.join(notes[:3])})",
             bad,
             checked,
             nbytes,
+            unverified,
         )
-    return verdict("clean", "; ".join(notes[:3]), (), checked, nbytes)
+    return verdict("unverified" if unverified else "clean", "; ".join(notes[:3]), (), checked, nbytes, unverified)
+
+
+def _names(keys: Sequence[str]) -> str:
+    return ", ".join(keys[:8]) + (" ..." if len(keys) > 8 else "")
 
 
 def _check(data: memoryview, fqn: str, allowed: dict[str, set[str]]) -> str | None:

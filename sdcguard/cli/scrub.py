@@ -42,9 +42,10 @@ def scrub(ctx: click.Context, paths: tuple[Path, ...], record: bool, fmt: str) -
     PATH is a checkpoint saved by sdcguard.checkpoint.save / async_save, or a directory of them. Reads are
     sequential, one tensor in memory at a time; the pages read are dropped from the page cache afterwards.
 
-    Exit codes: 0 every checkpoint is clean; 1 a tensor (named), DCP's index or the fingerprint record differs
-    from what was saved, or a data file is truncated; 2 a checkpoint could not be checked (missing, no
-    fingerprint record, unreadable).
+    Exit codes: 0 every checkpoint is clean (every saved tensor read and matched); 1 a tensor (named), DCP's index
+    or the fingerprint record differs from what was saved, or a data file is truncated; 2 a checkpoint could not
+    be checked, in whole (missing, no fingerprint record, unreadable) or in part (unverified: saved tensors
+    without a recorded fingerprint, or saved with transforms, are named).
 
     Example: sdcguard --db fleet.db scrub /ckpt/run42
     """
@@ -66,7 +67,8 @@ def scrub(ctx: click.Context, paths: tuple[Path, ...], record: bool, fmt: str) -
     statuses = {r.status for r in results}
     if "corrupt" in statuses:
         ctx.exit(EXIT_CORRUPTION)
-    ctx.exit(EXIT_CANNOT_RUN if "unreadable" in statuses or not recorded else EXIT_OK)
+    cannot = statuses & {"unreadable", "unverified"}
+    ctx.exit(EXIT_CANNOT_RUN if cannot or not recorded else EXIT_OK)
 
 
 def _record(ctx: click.Context, results: list[ScrubResult]) -> bool:
@@ -91,6 +93,7 @@ def _record(ctx: click.Context, results: list[ScrubResult]) -> bool:
                     tensors=r.tensors,
                     bytes=r.bytes,
                     bad=r.bad,
+                    unverified=r.unverified,
                     detail=r.detail,
                 )
     except SdcguardError as e:
@@ -101,7 +104,8 @@ def _record(ctx: click.Context, results: list[ScrubResult]) -> bool:
 
 def _line(r: ScrubResult) -> str:
     rate = f", {r.bytes / r.seconds / 1e9:.2f} GB/s" if r.seconds > 0 and r.bytes else ""
-    head = f"{r.status:10} {r.checkpoint_id} ({r.tensors} tensors, {r.bytes / 1e6:.1f} MB{rate})"
+    unverified = f", {len(r.unverified)} unverified" if r.unverified else ""
+    head = f"{r.status:10} {r.checkpoint_id} ({r.tensors} tensors{unverified}, {r.bytes / 1e6:.1f} MB{rate})"
     return head + (f": {r.detail}" if r.detail else "")
 
 

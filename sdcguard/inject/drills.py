@@ -51,9 +51,10 @@ class DrillLog:
         self._unset_step_told = False
         self._finished = False
 
-    def gate(self, rank: int, step: int | None) -> bool:
-        """True when a call on ``rank`` at ``step`` is one the drill injects into (before the fault's own timing)."""
-        self.rank_seen = rank
+    def gate(self, rank: int, step: int | None, steps: frozenset[int] | None) -> bool:
+        """True when a call on ``rank`` at ``step`` is one the drill injects into (before the fault's own timing);
+        ``steps``: the owner's steps as they are now (a caller may change them between steps)."""
+        self.rank_seen, self.steps = rank, steps
         if self.rank is not None and rank != self.rank:
             return False
         self.calls += 1

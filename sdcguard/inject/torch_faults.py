@@ -315,7 +315,7 @@ class CorruptingCommHook:
         self.__name__ = self.__qualname__ = "CorruptingCommHook"
 
     def _active(self) -> bool:
-        return self.drill.gate(current_rank(), self.step)
+        return self.drill.gate(current_rank(), self.step, self.steps)
 
     def __call__(self, state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
         fut = self.base(state, bucket)
@@ -403,7 +403,7 @@ class OpFaultMode(TorchDispatchMode):
         if self.phase != "both" and phase != self.phase:
             return out
         rank = current_rank()
-        if not self.drill.gate(rank, self.step):
+        if not self.drill.gate(rank, self.step, self.steps):
             return out
         target = out[self.output] if isinstance(out, (tuple, list)) else out
         if not _supported(target) or is_wrapper_type(type(target)):

@@ -32,7 +32,7 @@ class Block(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
         q, k, v = (z.reshape(b, t, h, d // h).transpose(1, 2).reshape(b * h, t, d // h) for z in (q, k, v))
         scores = torch.bmm(q, k.transpose(1, 2)) / math.sqrt(d // h)
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
         att = self.drop(torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1))
         y = torch.bmm(att, v).reshape(b, h, t, d // h).transpose(1, 2).reshape(b, t, d)
         x = x + self.drop(self.proj(y))

@@ -10,6 +10,7 @@ import torch
 from ..errors import BadInput
 from ..records import Incident
 from .checksums.bound import DEFAULT_ROWS
+from .checksums.precision import DEFAULT_SPLITS
 from .step_check import Check
 
 __all__ = [
@@ -68,16 +69,19 @@ class GuardConfig:
     checksum_rows: int = DEFAULT_ROWS
     """Rows of a matmul's result summed per checksum: fewer catch smaller errors and cost more (2/N of the matmul's
     multiply-adds)."""
+    checksum_splits: int = DEFAULT_SPLITS
+    """The most partial sums a split-K matmul adds in its bf16/fp16 output where cuBLAS's reduced-precision
+    reductions are allowed (torch's CUDA default): the bound's assumption (:mod:`.checksums.precision`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.replay_every, int) or self.replay_every < 0:
             raise BadInput(f"replay_every must be an integer >= 0, got {self.replay_every!r}")
         if not isinstance(self.weight_check_every, int) or self.weight_check_every < 0:
             raise BadInput(f"weight_check_every must be an integer >= 0, got {self.weight_check_every!r}")
-        for name in ("checksum_every", "checksum_rows"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "checksum_rows" else 0):
-                raise BadInput(f"{name} must be an integer >= {1 if name == 'checksum_rows' else 0}, got {value!r}")
+        for name in ("checksum_every", "checksum_rows", "checksum_splits"):
+            value, least = getattr(self, name), 0 if name == "checksum_every" else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise BadInput(f"{name} must be an integer >= {least}, got {value!r}")
         if self.on_detect not in ("record", "skip", "raise", "exit"):
             raise BadInput(f"on_detect must be record, skip, raise or exit, got {self.on_detect!r}")
         if self.escalate not in ("raise", "exit", "off"):
@@ -107,4 +111,10 @@ class StepReport:
     matmuls_run: int = 0
     """On a checksum-checked step: the matmuls this rank ran (forward and backward; fused attention included)."""
     matmuls_checked: int = 0
-    """On a checksum-checked step: how many of them this rank checked against their checksums."""
+    """On a checksum-checked step: how many of them this rank checked against their checksums (each bound able to
+    catch the smallest change claimed for its dtype)."""
+    matmuls_unverifiable: int = 0
+    """On a checksum-checked step: matmuls whose bound the backend's settings made too wide for that claim (or
+    infinite); neither checked nor silently passed. The rest of ``matmuls_run`` were not looked at."""
+    unverifiable: tuple[str, ...] = ()
+    """Why, one line per setting (how many, an example, the setting that widens the bound)."""

@@ -33,21 +33,27 @@ import torch
 from torch import nn
 
 from ..errors import BadInput
+from ..fingerprints import is_dtensor_type
 from ..logs import RankLogger, get_logger
 from ..records import Incident
 from .checksums.bound import DEFAULT_ROWS
 from .checksums.mode import ChecksumMode
+from .checksums.precision import DEFAULT_SPLITS
 from .checksums.round import ChecksumCheck
 from .comm import Comm
 from .config import DEFAULT_CHECKSUM_EVERY, Escalate, GuardConfig, OnDetect, StepReport
-from .hooks.ddp import ParamTaps, is_ddp, unwrap, wrap_ddp
-from .hooks.fsdp import FSDPTaps, is_fsdp
-from .identity import JobView, introduce
-from .mesh import Layout, build_layout, mesh_coordinates, mesh_ranks, replica_classes
+from .hooks.choice import choose_taps
+from .hooks.ddp import wrap_ddp
+from .hooks.fsdp import is_fsdp
+from .hooks.wrappers import has_compiled_regions
+from .identity import JobView, introduce, launcher_job_id, new_job_id, parameter_signature
+from .mesh import STAGE_DIMS, Layout, build_layout, mesh_coordinates, mesh_ranks, replica_classes
+from .notices import construction_notices
 from .replay.capture import Batch, RngHook, capture_rng, make_capture
 from .replay.observe import StepObserver
 from .replay.recompute import LossFn, Replayer, check_loss
-from .replica import GradientReplicaCheck, ReplicaPhases
+from .replay.stage import StageObserver
+from .replica import GradientReplicaCheck, ReplicaPhases, WeightCheck
 from .response import Responder
 from .rounds.peer import PeerRound
 from .rounds.roles import Role, worker_group
@@ -55,7 +61,7 @@ from .rounds.round import Round, RoundCheck
 from .rounds.shadows import DedicatedRound, ShadowServer
 from .step_check import StepCheck, StepState, decide, gather_step
 from .timing import IdleClock, PhaseClock, RankSlowness, SlowJudge, SlowWatch, TimingCheck
-from .verdicts.attribution import Attributor, launcher_job_id, new_job_id
+from .verdicts.attribution import Attributor
 from .verdicts.calibration import CalibrationReport, calibrate, setup_warnings
 from .verdicts.outcomes import Outcomes
 
@@ -92,6 +98,7 @@ class SDCGuard:
         slow: when a rank is named slow (:class:`~.timing.SlowWatch`); None turns timing off.
         checksum_every: check every matmul of one step in N against its checksum (0: never).
         checksum_rows: rows of a matmul's result summed per checksum.
+        checksum_splits: the split-K partial sums the bound allows for in bf16/fp16 (:mod:`.checksums.precision`).
         train_context: the context the training step's forward and backward run in (torchtitan's
             ``train_context``; ``torch.distributed.tensor.parallel.loss_parallel`` for a parallel loss): every
             replay runs in it too, and so does :meth:`step`.
@@ -114,16 +121,18 @@ class SDCGuard:
         slow: SlowWatch | None = SlowWatch(),
         checksum_every: int = DEFAULT_CHECKSUM_EVERY,
         checksum_rows: int = DEFAULT_ROWS,
+        checksum_splits: int = DEFAULT_SPLITS,
         train_context: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> None:
         self.config = GuardConfig(
             replay_every=replay_every, shadows="peer" if shadows == "peer" else tuple(shadows),
             weight_check_every=weight_check_every, on_detect=on_detect, escalate=escalate,
             store=None if store is None else os.fspath(store), checksum_every=checksum_every,
-            checksum_rows=checksum_rows,
+            checksum_rows=checksum_rows, checksum_splits=checksum_splits,
         )  # fmt: skip
         self.loss_fn = loss_fn
-        self.model, self.module, self.taps = self._wire(model)
+        wiring = choose_taps(model, dedicated_shadows=self.config.shadows != "peer")
+        self.model, self.module, self.taps, self._ddp = model, wiring.core, wiring.taps, wiring.ddp
         self.params = list(self.taps.params)
         self.device = self.params[0].device
         self._step: int | None = None
@@ -139,7 +148,8 @@ class SDCGuard:
         self._responder = Responder(
             on_detect, self.config.store, rank=self.rank, writer=speaks, escalate=escalate, job=self.job
         )
-        self._observer = StepObserver(self.taps, rank=self.dp_rank, device=self.device, rng_hook=rng_hook)
+        observer = StageObserver if self.layout.stages else StepObserver
+        self._observer = observer(self.taps, rank=self.dp_rank, device=self.device, rng_hook=rng_hook)
         timed = slow is not None and not self.shadow_ranks and self.role == "worker" and self.layout.width > 1
         self._clock = PhaseClock(self.device) if timed else IdleClock()
         self._train_context = train_context
@@ -149,6 +159,16 @@ class SDCGuard:
         )  # fmt: skip
         self._rng_hook = rng_hook
         self._checks = self._make_checks(view, classes, slow, checksum_rows)
+        self._checksum_every = self.config.checksum_every
+        """Checksum-check one step in N; 0 for a model with compiled regions (:mod:`.hooks.wrappers`)."""
+        if self._checksum_every and has_compiled_regions(self.model):
+            self._checksum_every = 0
+            if self.job_comm.index == 0:
+                self.log.warning(
+                    "the model has compiled regions (torch.compile): the matmul checksums are off for it, since "
+                    "compiled code run under a dispatch mode computes differently; replay and the cross-replica "
+                    "checks, which run through the compiled code, stay on"
+                )
         self._steps = self._samples = 0
         self._last_step: int | None = None
         self._sampled = self._closed = False
@@ -164,9 +184,19 @@ class SDCGuard:
         self.comm = self.job_comm
         self.rank, self.members = self.comm.rank, self.comm.members
         self.log = RankLogger(get_logger("training"), self.rank, lambda: self._step)
-        classes, keys = replica_classes(self.params)
+        self._frozen = [(n, p) for n, p in self.module.named_parameters() if not p.requires_grad]
+        """Parameters nothing trains (a LoRA job's base): in the weight check (:class:`~.replica.WeightCheck`)."""
+        classes, keys = replica_classes([*self.params, *(p for _, p in self._frozen)])
+        stage = tuple((d, c) for d, c in coords if d in STAGE_DIMS)
+        keys = tuple(tuple(sorted((*k, *stage))) for k in keys)  # a pipeline stage's replicas hold the same layers
         world = Comm() if self.shadow_ranks else self.job_comm
-        view = introduce(world, self.device, keys, launcher_job_id() or new_job_id(), coords)
+        signature = parameter_signature(list(zip(self.taps.param_names, self.params)))
+        view = introduce(world, self.device, keys, launcher_job_id() or new_job_id(), coords, signature)
+        if not coords and self.role == "worker" and len({view.ranks[g].params for g in self.job_comm.members}) > 1:
+            raise BadInput(
+                "the ranks hold different parameters, so they are not replicas of each other (pipeline stages?): "
+                "guard each set of replicas with group= its process group (one group per pipeline stage)"
+            )
         self.layout = build_layout(self.job_comm.members, view.coordinates) if coords else Layout(
             ranks=tuple(self.job_comm.members), slices=(tuple(self.members),)
         )  # fmt: skip
@@ -187,13 +217,20 @@ class SDCGuard:
         rank_keys = view.keys(job_ranks)
         if len({len(k) for k in rank_keys}) > 1:
             raise BadInput("the ranks' parameters are sharded differently (their DTensor placements differ)")
-        self._replica = ReplicaPhases(
-            self.job_comm, rank_keys, self.taps.param_names,
-            [(g, *self.identities.get(g, (None, ""))) for g in job_ranks], self.job, classes,
+        ids = [(g, *self.identities.get(g, (None, ""))) for g in job_ranks]
+        n = len(self.params)
+        self._replica = ReplicaPhases(self.job_comm, rank_keys, self.taps.param_names, ids, self.job, classes[:n])
+        names = [*self.taps.param_names, *(f"{name} (frozen)" for name, _ in self._frozen)]
+        self._weights = WeightCheck(
+            ReplicaPhases(self.job_comm, rank_keys, names, ids, self.job, classes), self.taps.weights,
+            [p for _, p in self._frozen],
         )  # fmt: skip
         speaks = self.job_comm.index == 0
         self._round = RoundCheck(self._make_round(), self._outcomes, self.device, self.log, speaks=speaks)
-        self._checksums = ChecksumCheck(ChecksumMode(self.module, rows=rows), self.job_comm, self._attr, self.device)
+        if self.shadow_ranks:  # an escalation reaches the dedicated shadows too (they raise or exit alike)
+            self._responder.before_acting = self._round.round.escalate
+        mode = ChecksumMode(self.module, rows=rows, splits=self.config.checksum_splits)
+        self._checksums = ChecksumCheck(mode, self.job_comm, self._attr, self.device)
         size = len(view.ranks)
         self._slow = SlowJudge(
             slow, job_ranks, self.identities, job=self.job, job_size=size, slices=self.layout.slices
@@ -222,53 +259,36 @@ class SDCGuard:
                 f"group holds ranks {sorted(Comm(group).members)}, but this rank's data-parallel replicas in the "
                 f"device mesh are {sorted(self.members)}: pass the mesh's data-parallel group, or none"
             )
-        if self.layout.width > 1 and not is_fsdp(self.model) and not is_ddp(self.model):
+        dtensors = any(is_dtensor_type(type(p)) for p in self.params)
+        if dtensors and self.layout.width > 1 and not is_fsdp(self.module) and self._ddp is None:
             raise BadInput(
                 f"a tensor-parallel model with {self.layout.width} data-parallel replicas needs FSDP2 over the "
                 "data-parallel dimension (fully_shard(model, mesh=mesh['dp'])) to reduce its gradients; the guard "
                 "does not wrap DTensor parameters in DDP"
             )
 
-    def _wire(self, model: nn.Module) -> tuple[nn.Module, nn.Module, ParamTaps | FSDPTaps]:
-        if is_fsdp(model):
-            if self.config.shadows != "peer":
-                raise BadInput("dedicated shadows replay a whole model on one device: use peer mode with FSDP2")
-            return model, model, FSDPTaps(model)
-        module = unwrap(model)
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        if not named:
-            raise BadInput("the model has no parameter that requires a gradient")
-        return model, module, ParamTaps(module, named)
+    def _may_record_ops(self) -> bool:
+        """Whether settling reruns may run under the op recorder (a dispatch mode): not when they run collectives
+        (FSDP2, a mesh), and not through compiled code, which computes differently under a dispatch mode."""
+        return not (self.taps.collective_replay or self.layout.meshed or has_compiled_regions(self.model))
 
     def _make_round(self) -> Round:
         if self.shadow_ranks:
             return DedicatedRound(self.comm, self.shadow_ranks, self.params, self._replayer, self._attr)
         collective = self.taps.collective_replay or self.layout.meshed
         return PeerRound(
-            self.comm, self._replayer, self._attr, record_ops=not collective, collective=collective,
+            self.comm, self._replayer, self._attr, record_ops=self._may_record_ops(), collective=collective,
             setups=self.setups, job=self.job_comm, layout=self.layout,
         )  # fmt: skip
 
     def _warn_setup(self) -> None:
-        if self.role == "worker" and self.job_comm.index == 0 and self.job_comm.size > 1 and not self._replica.active:
-            self.log.warning(
-                "no two ranks hold the same shard of any parameter (FSDP2 over every rank, or FSDP2 x TP without a "
-                "replicate dimension): the cross-replica checks have nothing to compare; replay and the matmul "
-                "checksums check the computation, and a weight shard corrupted in memory is seen only by replay"
-            )
-        if self.role == "worker" and (problems := setup_warnings(self.device)):
-            self.log.warning(
-                "replays on CUDA will not be bit-identical, so replay checks will turn themselves off: %s",
-                "; ".join(problems),
-            )
-        if self.role == "worker" and self.dp_rank == 0 and len(set(self.setups.values())) > 1:
-            kinds = sorted({", ".join(v) for v in self.setups.values()})
-            self.log.warning(
-                "the devices of this job run different setups (%s); replays between devices of different setups may "
-                "differ without any fault, and such a disagreement is reported as the setup's, never blamed on a "
-                "device",
-                " | ".join(kinds),
-            )
+        if self.role != "worker":
+            return
+        for notice in construction_notices(
+            speaks=self.job_comm.index == 0, replicas=self._replica.active, job_size=self.job_comm.size,
+            cuda_problems=setup_warnings(self.device), setups=self.setups,
+        ):  # fmt: skip
+            self.log.warning("%s", notice)
 
     # ------------------------------------------------------------------------------------------- the step
 
@@ -294,7 +314,7 @@ class SDCGuard:
         record = self._sampled and self._round.round.records(self._samples)
         self._observer.begin(step, record=record, chosen=self._samples % micro_batches)
         self._clock.begin_step()
-        if self.config.checksum_every and step % self.config.checksum_every == 0:
+        if self._checksum_every and step % self._checksum_every == 0:
             self._checksums.mode.begin()
 
     def before_forward(self, batch: Batch) -> None:
@@ -333,6 +353,7 @@ class SDCGuard:
             step=step, loss=loss if loss is not None else torch.full((), float("nan")), commit=decision.commit,
             incidents=tuple(found), replayed=state.sampled, checks=decision.checks,
             matmuls_run=self._checksums.run, matmuls_checked=self._checksums.checked,
+            matmuls_unverifiable=self._checksums.unverifiable, unverifiable=self._checksums.named,
         )  # fmt: skip
 
     def step(self, step: int, batch: Batch = None, *, micro_batches: Sequence[Batch] | None = None) -> StepReport:
@@ -348,14 +369,14 @@ class SDCGuard:
         mbs = [batch] if micro_batches is None else list(micro_batches)
         if not mbs:
             raise BadInput("micro_batches is empty")
-        if self.role == "worker" and not self.comm.alone and not (is_ddp(self.model) or is_fsdp(self.model)):
-            self.model = wrap_ddp(self.module, self.group)  # the framework's reduction, overlapped with the backward
+        if self.role == "worker" and not self.comm.alone and self._ddp is None and not is_fsdp(self.module):
+            self.model = self._ddp = wrap_ddp(self.model, self.group)  # the framework's reduction, overlapped
         self.begin_step(step, micro_batches=len(mbs))
         losses = []
         try:
             for i, mb in enumerate(mbs):
                 last = i == len(mbs) - 1
-                no_sync = self.model.no_sync() if is_ddp(self.model) and not last else contextlib.nullcontext()
+                no_sync = self._ddp.no_sync() if self._ddp is not None and not last else contextlib.nullcontext()
                 with no_sync, self._train_context():
                     self.before_forward(mb)
                     loss = check_loss(self.loss_fn(self.model, mb))
@@ -373,14 +394,9 @@ class SDCGuard:
         every = self.config.weight_check_every
         if self.role != "worker" or not every or self._last_step is None or self._last_step % every:
             return []
-        if not self._replica.active:
+        if not self._weights.active:
             return []
-        weights = self.taps.weights()
-        gathered = self.job_comm.gather_ints(self._replica.column(weights, self.device)).tolist()
-        found = [
-            self._outcomes.rollback(i, vetoed=False)
-            for i in self._replica.incidents("weight_replica", self._last_step, weights, gathered)
-        ]
+        found = [self._outcomes.rollback(i, vetoed=False) for i in self._weights.check(self._last_step)]
         self._outcomes.verification.weights_compared(self._last_step, agreed=not found)
         self._responder.handle(found)
         return found
@@ -430,19 +446,15 @@ class SDCGuard:
         if self.role != "worker":
             raise RuntimeError("calibrate() runs on the data-parallel workers")
         cap = make_capture(step=-1, rank=self.dp_rank, micro_batch=0, batch=batch, rng=capture_rng(self._rng_hook))
-        collective = self.taps.collective_replay or self.layout.meshed
         report, j = calibrate(
-            self.comm, self._replayer, cap, self.device, record_ops=not collective, setups=self.setups
+            self.comm, self._replayer, cap, self.device, record_ops=self._may_record_ops(), setups=self.setups
         )  # every slice at once: a tensor-parallel group computes its micro-batch together
-        slices = [(report, j, self.members[0])]
+        runs = [(report, j, self.members[0])]
         if self.layout.meshed:  # every rank concludes from every slice's calibration, alike
-            slices = [(r, jj, first) for r, jj, first in self.job_comm.gather_objects(slices[0])]
-            order = ("deterministic", "hardware", "unresolved", "software")  # software last: it turns replay off
-            slices = sorted({first: (r, jj, first) for r, jj, first in slices}.values(), key=lambda s: (
-                order.index(s[0].verdict), s[2]))  # fmt: skip
-        found = [i for r, jj, first in slices for i in self._outcomes.calibrated(r, jj, first, self.dp_size)]
+            runs = self.job_comm.gather_objects(runs[0])
+        report, found = self._outcomes.calibrated_runs(runs, self.dp_size)
         self._responder.handle(found, escalate=self._outcomes.escalating(found))
-        return next((r for r, _, _ in slices if r.verdict == "software"), report)
+        return report
 
     def serve(self) -> int:
         """On a dedicated shadow rank: replay the samples workers send until every worker calls ``close()``."""

@@ -1,10 +1,13 @@
-"""Which device this rank computes on, as a fleet device id (the spelling lives in :mod:`sdcguard.devices`), and what
-it runs: the setup that decides which kernels compute a result (devices of different setups may compute the same
-micro-batch differently without any fault)."""
+"""Which device this rank computes on, as a fleet device id (the spelling lives in :mod:`sdcguard.devices`), what it
+runs (the setup that decides which kernels compute a result: devices of different setups may compute the same
+micro-batch differently without any fault), and which job it belongs to: the one rule for a job's id, read by the
+guard and by the checkpoints it records (:func:`launcher_job_id`)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import uuid
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
@@ -14,7 +17,16 @@ import torch.distributed as dist
 from ..devices import cpu_id, gpu_id, hostname
 from .comm import Comm
 
-__all__ = ["local_device_id", "setup_key", "RankIdentity", "JobView", "introduce"]
+__all__ = [
+    "local_device_id",
+    "setup_key",
+    "launcher_job_id",
+    "new_job_id",
+    "RankIdentity",
+    "JobView",
+    "introduce",
+    "parameter_signature",
+]
 
 
 def local_device_id(device: torch.device | None = None) -> str:
@@ -47,6 +59,20 @@ def setup_key(device: torch.device | None = None) -> tuple[str, ...]:
     return (torch.__version__, "cpu", torch.backends.cpu.get_cpu_capability())
 
 
+def launcher_job_id() -> str | None:
+    """The launcher's job id when it is a real one: torchelastic's run id (torchrun sets the placeholder ``"none"``
+    on a multi-node launch without ``--rdzv-id``, which is no id), else Slurm's job id. None when neither is set."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run and run.strip().lower() not in ("none", ""):
+        return run
+    return os.environ.get("SLURM_JOB_ID") or None
+
+
+def new_job_id() -> str:
+    """An id for a job whose launcher gave none (made on one rank and shared in the guard's first gather)."""
+    return f"sdcguard-{uuid.uuid4().hex[:16]}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class RankIdentity:
     """What a rank tells the others when the guard starts (its part of the guard's first gather)."""
@@ -61,6 +87,8 @@ class RankIdentity:
     """What decides its kernels (:func:`setup_key`)."""
     coords: tuple[tuple[str, int], ...] = ()
     """Its coordinate on each named dimension of the job's device mesh (:mod:`.mesh`); empty without one."""
+    params: str = ""
+    """What parameters it holds (their names, local shapes and dtypes, hashed): replicas hold the same."""
     job: str
     """The job id it would give the job (the first rank's is the job's)."""
 
@@ -103,13 +131,24 @@ class JobView:
         return out
 
 
+def parameter_signature(named: Sequence[tuple[str, torch.Tensor]]) -> str:
+    """The names, local shapes and dtypes of a rank's parameters, hashed."""
+    text = ";".join(f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in named)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def introduce(
-    comm: Comm, device: torch.device, replica_key: Hashable, job: str, coords: tuple[tuple[str, int], ...] = ()
+    comm: Comm,
+    device: torch.device,
+    replica_key: Hashable,
+    job: str,
+    coords: tuple[tuple[str, int], ...] = (),
+    params: str = "",
 ) -> JobView:
     """Every member's identity (collective over ``comm``: one gather, when the guard starts)."""
     me = RankIdentity(
         device=local_device_id(device), host=hostname(), replica_key=replica_key, setup=setup_key(device), job=job,
-        coords=coords,
+        coords=coords, params=params,
     )  # fmt: skip
     everyone: list[RankIdentity] = comm.gather_objects(me)
     return JobView(ranks=dict(zip(comm.members, everyone)), order=tuple(comm.members))

@@ -19,8 +19,9 @@ together, each its part. From every rank's coordinates the guard derives (:func:
   unit, and a slice's ``i``-th rank replays in lockstep with the ``i``-th rank of every other slice.
 
 Without a mesh (DDP, one process) the job is one slice and every rank its own unit; an unnamed mesh (FSDP2's default)
-is data-parallel in every dimension. Pipeline stages are not a dimension this module knows: a ``pp`` dimension is
-refused by name.
+is data-parallel in every dimension. Along a pipeline dimension (``pp``) ranks hold different stages: each stage's
+data-parallel replicas are a slice of their own (compared, and replaying each other's stage micro-batches), and a
+unit never spans two stages (a stage's replay is fed the stage input and output gradient it captured).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 from ..errors import BadInput
 
 __all__ = [
-    "DATA_DIMS", "MODEL_DIMS", "Coordinates", "Layout", "mesh_ranks", "mesh_coordinates",
+    "DATA_DIMS", "MODEL_DIMS", "STAGE_DIMS", "Coordinates", "Layout", "mesh_ranks", "mesh_coordinates",
     "replica_classes", "build_layout",
 ]  # fmt: skip
 
@@ -44,8 +45,11 @@ DATA_DIMS = frozenset({
 })  # fmt: skip
 """Dimension names along which ranks compute different micro-batches (torchtitan's, Accelerate's and Lightning's)."""
 MODEL_DIMS = frozenset({"tp", "cp", "tensor_parallel"})
+STAGE_DIMS = frozenset({"pp", "pipeline_parallel"})
+"""Dimension names of pipeline stages: ranks along them hold different layers (each stage's replicas are compared
+and replay each other, stage by stage; a stage's replay needs no other stage)."""
 """Dimension names along which ranks compute one micro-batch together (tensor and context parallelism)."""
-_REFUSED = {"pp": "pipeline stages", "ep": "expert parallelism"}
+_REFUSED = {"ep": "expert parallelism"}
 
 Coordinates = tuple[tuple[str, int], ...]
 """``(dimension name, coordinate)`` pairs, sorted by name."""
@@ -63,10 +67,10 @@ def _check_dim(name: str) -> None:
             f"a mesh dimension {name!r} ({_REFUSED[name]}) is not supported by SDCGuard yet: guard each stage's "
             "data-parallel replicas with a group of their own, or run without it"
         )
-    if name not in DATA_DIMS and name not in MODEL_DIMS and not name.startswith("dp"):
+    if name not in DATA_DIMS | MODEL_DIMS | STAGE_DIMS and not name.startswith("dp"):
         raise BadInput(
-            f"unknown mesh dimension {name!r}: name data-parallel dimensions one of {sorted(DATA_DIMS)} and "
-            f"model-parallel ones one of {sorted(MODEL_DIMS)}"
+            f"unknown mesh dimension {name!r}: name data-parallel dimensions one of {sorted(DATA_DIMS)}, "
+            f"model-parallel ones one of {sorted(MODEL_DIMS)} and pipeline ones one of {sorted(STAGE_DIMS)}"
         )
 
 
@@ -144,9 +148,15 @@ class Layout:
     ranks: tuple[int, ...]
     """The job's global ranks, in the order of the guard's per-step gather."""
     slices: tuple[tuple[int, ...], ...]
-    """Data-parallel groups of ranks holding the same model-parallel part, each in data-coordinate order."""
+    """Data-parallel groups of ranks holding the same model-parallel part (and pipeline stage), each in
+    data-coordinate order."""
     meshed: bool = False
-    """Whether the job has a model-parallel dimension (a rank's unit has more than one rank)."""
+    """Whether the job has a model-parallel or pipeline dimension (more than one slice)."""
+    units: tuple[tuple[int, ...], ...] = ()
+    """Groups of ranks that compute a micro-batch together, collectives included (a tensor-parallel group of one
+    pipeline stage); empty: every rank its own unit."""
+    stages: bool = False
+    """Whether the job has pipeline stages."""
 
     def slice_of(self, rank: int) -> tuple[int, ...]:
         """The slice ``rank`` belongs to."""
@@ -154,8 +164,7 @@ class Layout:
 
     def unit_of(self, rank: int) -> tuple[int, ...]:
         """The ranks that compute ``rank``'s micro-batch with it (itself alone without a model dimension)."""
-        i = self.slice_of(rank).index(rank)
-        return tuple(s[i] for s in self.slices)
+        return next((u for u in self.units if rank in u), (rank,))
 
     @property
     def width(self) -> int:
@@ -170,8 +179,8 @@ def build_layout(ranks: Sequence[int], coordinates: Mapping[int, Coordinates]) -
     by_slice: dict[Hashable, list[tuple[tuple[int, ...], int]]] = {}
     for g in ranks:
         coords = dict(coordinates.get(g, ()))
-        model = tuple(sorted((d, c) for d, c in coords.items() if d in MODEL_DIMS))
-        data = tuple(c for d, c in sorted(coords.items()) if d not in MODEL_DIMS)
+        model = tuple(sorted((d, c) for d, c in coords.items() if d in MODEL_DIMS | STAGE_DIMS))
+        data = tuple(c for d, c in sorted(coords.items()) if d not in MODEL_DIMS | STAGE_DIMS)
         by_slice.setdefault(model, []).append((data, g))
     slices = tuple(tuple(g for _, g in sorted(members)) for _, members in sorted(by_slice.items()))
     if any(list(s) != sorted(s) for s in slices):
@@ -184,4 +193,10 @@ def build_layout(ranks: Sequence[int], coordinates: Mapping[int, Coordinates]) -
         raise BadInput(
             "the device mesh is not regular: every tensor-parallel position must have the same data-parallel ranks"
         )
-    return Layout(ranks=tuple(ranks), slices=slices, meshed=len(slices) > 1)
+    by_unit: dict[Hashable, list[int]] = {}
+    for g in ranks:  # a unit: one data coordinate and one pipeline stage
+        coords = dict(coordinates.get(g, ()))
+        by_unit.setdefault(tuple(sorted((d, c) for d, c in coords.items() if d not in MODEL_DIMS)), []).append(g)
+    units = tuple(tuple(sorted(u)) for u in by_unit.values() if len(u) > 1)
+    stages = any(d in STAGE_DIMS for g in ranks for d, _ in coordinates.get(g, ()))
+    return Layout(ranks=tuple(ranks), slices=slices, meshed=len(slices) > 1, units=units, stages=stages)

@@ -38,6 +38,7 @@ from .step_check import CheckResult, StepState
 
 __all__ = [
     "GradientReplicaCheck",
+    "WeightCheck",
     "ReplicaCheck",
     "ReplicaPhases",
     "fingerprint_column",
@@ -184,10 +185,23 @@ def replica_incidents(
     """After a mismatch of the combined values: every rank's per-tensor fingerprints (one collective), voted within
     replica classes (collective over ``comm``: every rank calls it; ``tensor_keys`` as :func:`vote` takes them)."""
     device = next((local_tensor(t).device for t in tensors if t is not None), torch.device("cpu"))
-    rows = comm.gather_objects(fingerprint_column(tensors, device).tolist())
-    found = vote(kind, step, rows, keys, names, identities, job, tensor_keys)
+    gathered: list[tuple[tuple[str, ...], list[int]]] = comm.gather_objects(
+        (tuple(names), fingerprint_column(tensors, device).tolist())
+    )
+    # Ranks holding other tensors (other pipeline stages) are voted apart, each set with its own names.
+    sets: dict[tuple[str, ...], list[int]] = {}
+    for i, (their_names, _) in enumerate(gathered):
+        sets.setdefault(their_names, []).append(i)
+    found: list[Incident] = []
+    for their_names, ranks in sets.items():
+        rows = [gathered[i][1] for i in ranks]
+        ks, ids = [keys[i] for i in ranks], [identities[i] for i in ranks]
+        tks = (
+            None if tensor_keys is None or their_names != tuple(names) else [[k[i] for i in ranks] for k in tensor_keys]
+        )
+        found += vote(kind, step, rows, ks, their_names, ids, job, tks)
     if not found:  # the combined values differed but no single tensor does: a tensor changed between the reads
-        combined = [[hash(tuple(r))] for r in rows]
+        combined = [[hash(tuple(r))] for _, r in gathered]
         widest = keys if tensor_keys is None else tensor_keys[0]
         found = vote(kind, step, combined, widest, ["<the tensors, read twice>"], identities, job)
     return found
@@ -272,6 +286,33 @@ class GradientReplicaCheck:
         return CheckResult(
             incidents=tuple(found), veto=bool(found), ran="gradient_replica" if self.phases.active else None
         )
+
+
+class WeightCheck:
+    """The weights after the optimizer step, on the guard's schedule, compared across replicas: every parameter,
+    frozen ones included (a LoRA or adapter job's frozen base is most of its memory, and a corrupted frozen weight
+    is otherwise seen only by replay, on sampled steps). A frozen weight is not compared with its own earlier bits:
+    a checkpoint loaded into it changes it legitimately, alike on every replica, which only replicas can tell from
+    corruption. Collective over the job: every rank calls :meth:`check` alike."""
+
+    def __init__(
+        self, phases: ReplicaPhases, weights: Callable[[], list[torch.Tensor]], frozen: Sequence[torch.Tensor]
+    ):
+        self.phases = phases
+        self.weights = weights
+        self.frozen = [t.detach() for t in frozen]
+
+    @property
+    def active(self) -> bool:
+        """Whether any two ranks hold the same weights."""
+        return self.phases.active
+
+    def check(self, step: int) -> list[Incident]:
+        """The ``weight_replica`` incidents of this weight check."""
+        tensors = [*self.weights(), *self.frozen]
+        device = next((local_tensor(t).device for t in tensors), torch.device("cpu"))
+        table = self.phases.comm.gather_ints(self.phases.column(tensors, device)).tolist()
+        return self.phases.incidents("weight_replica", step, tensors, table)
 
 
 def _is_sharded(p: torch.Tensor) -> bool:

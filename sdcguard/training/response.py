@@ -14,16 +14,23 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from typing import Literal
 
 from ..errors import CorruptionDetected
 from ..logs import get_logger
 from ..records import PASSIVE_KINDS, Incident
 from .config import EXIT_RESTART, EXIT_SUSPECT_DEVICE, Escalate, OnDetect
 
-__all__ = ["Responder"]
+__all__ = ["Responder", "exit_status"]
 
 _log = get_logger("training")
+
+
+def exit_status(rank: int, incidents: Sequence[Incident]) -> int:
+    """A rank's exit status under the contract: :data:`~.config.EXIT_SUSPECT_DEVICE` when ``incidents`` name it."""
+    return EXIT_SUSPECT_DEVICE if any(rank in i.suspect_ranks for i in incidents) else EXIT_RESTART
 
 
 class Responder:
@@ -46,6 +53,11 @@ class Responder:
         self.escalate = escalate
         self.job = job
         self.incidents: list[Incident] = []
+        self.before_acting: Callable[[Literal["raise", "exit"], list[Incident], Callable[[int], int]], None] | None = (
+            None
+        )
+        """Called on every rank right before it raises or exits, with the incidents and each rank's exit status under
+        the contract (:func:`exit_status`): the guard tells its dedicated shadows."""
         self.store_problem: str | None = self._check_store()
         """Why ``store`` cannot take this job's records (None: it can, or there is none, or not this rank's)."""
 
@@ -82,10 +94,14 @@ class Responder:
         action = self.on_detect
         if action == "skip" and escalate and self.escalate != "off":
             action, actionable = self.escalate, escalate
+        if action in ("raise", "exit") and self.before_acting is not None:
+            self.before_acting(
+                "raise" if action == "raise" else "exit", actionable, lambda rank: exit_status(rank, actionable)
+            )
         if action == "raise":
             raise CorruptionDetected(f"silent data corruption: {actionable[0].detail}", tuple(actionable))
         if action == "exit":
-            suspect = any(self.rank in i.suspect_ranks for i in actionable)
+            suspect = exit_status(self.rank, actionable) == EXIT_SUSPECT_DEVICE
             if suspect and os.environ.get("SDCGUARD_SUSPECT_FILE"):
                 with contextlib.suppress(OSError):
                     with open(os.environ["SDCGUARD_SUSPECT_FILE"], "a", encoding="utf-8") as f:

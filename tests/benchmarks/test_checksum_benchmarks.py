@@ -76,3 +76,7 @@ def test_detector_costs_derives_the_defaults_from_a_checked_step() -> None:
     assert out["derived_defaults"]["step"] == pytest.approx(0.02 + 0.15 / DEFAULT_CHECKSUM_EVERY)
     assert out["derived_checksum1"]["step"] == pytest.approx(0.17)
     assert f"`checksum_every={DEFAULT_CHECKSUM_EVERY}`" in text["defaults"]
+    # the matmuls a checked step covered, as the campaign's cost cells say them: checked, unverifiable, run
+    out["matmuls"] = {"sum1": [70, 5, 75]}
+    text = texts(out, workers=2)
+    assert "of 75 matmuls a step, 70 checked, 5 unverifiable" in text["defaults"] and "70 checked" in text["checksum1"]

@@ -99,4 +99,6 @@ def test_quick_campaign_shows_the_headline_on_the_current_code() -> None:
 
     a = run(plan(quick=True), timeout=360)
     assert headline_failures(a) == []
+    checked, unverifiable, run_ = a["false_alarms"]["matmuls"]  # the campaign says what its checksums covered
+    assert run_ > 0 and checked + unverifiable <= run_
     assert a["effective"] >= 15 and a["fsdp"]["effective"] >= 2 and a["shadow"]["effective"] >= 4

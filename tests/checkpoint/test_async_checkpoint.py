@@ -192,6 +192,26 @@ def test_a_background_write_that_fails_is_reported_and_never_verified(tmp_path: 
     assert ok is not None and ok.saved and ok.verified
 
 
+@pytest.mark.parametrize(("run_id", "slurm", "job"), [("none", None, None), ("none", "77", "77"), ("r-1", "77", "r-1")])
+def test_a_save_without_a_guard_records_the_job_by_the_guards_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_id: str, slurm: str | None, job: str | None
+) -> None:
+    """The async checkpointer had its own copy of the job-id rule and recorded torchrun's placeholder ``"none"`` as
+    the job, which the guard does not take for an id."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", run_id)
+    if slurm is None:
+        monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    else:
+        monkeypatch.setenv("SLURM_JOB_ID", slurm)
+    model = TinyTransformer(d=8, heads=2, layers=1, seq=4)
+    saver = checkpoint.AsyncCheckpointer()
+    saver.save({"model": model.state_dict()}, checkpoint_id=tmp_path / "c", store=tmp_path / "fleet.db", step=3)
+    assert saver.close() is not None
+    with Store.open(tmp_path / "fleet.db") as store:
+        [row] = store.checkpoints()
+    assert row.job == job
+
+
 def test_the_module_level_async_save(tmp_path: Path) -> None:
     model, opt, guard = _setup(tmp_path)
     _train(model, guard, opt, range(1))

@@ -127,6 +127,64 @@ def test_damaged_index_record_and_data_files_are_named_as_such(
     assert scrub_one(tmp_path / "nothing").status == "unreadable"
 
 
+def _rerecorded(path: Path, body: dict[str, object]) -> None:
+    """Write ``body`` as the checkpoint's record, its self-check and the metadata's fingerprint made anew (what a
+    save that recorded it so would have written)."""
+    from sdcguard.checkpoint.record import file_fingerprint, write_record
+
+    body = {k: v for k, v in body.items() if k != "check"}
+    body["metadata"] = file_fingerprint(path / ".metadata")
+    write_record(path / checkpoint.SIDECAR, body)
+
+
+def test_tensors_without_a_fingerprint_or_saved_with_transforms_are_unverified_not_clean(
+    saved: tuple[Path, dict[str, int]], tmp_path: Path
+) -> None:
+    """A key without a recorded fingerprint, and an item saved with transforms (its stored bytes are not the
+    tensor's), ended as ``clean``: a verdict no comparison backed."""
+    import pickle
+
+    path, sizes = saved
+    unrecorded = tmp_path / "unrecorded"
+    shutil.copytree(path, unrecorded)
+    body = json.loads((unrecorded / checkpoint.SIDECAR).read_text())
+    key = sorted(sizes)[0]
+    del body["fingerprints"][key]
+    _rerecorded(unrecorded, body)
+    result = scrub_one(unrecorded)
+    assert result.status == "unverified" and result.unverified == (key,) and not result.bad
+    assert result.tensors == len(sizes) - 1 and key in result.detail
+
+    transformed = tmp_path / "transformed"
+    shutil.copytree(path, transformed)
+    meta = pickle.loads((transformed / ".metadata").read_bytes())
+    index = next(i for i in meta.storage_data if i.fqn == sorted(sizes)[1])
+    info = meta.storage_data[index]
+    meta.storage_data[index] = type(info)(
+        relative_path=info.relative_path, offset=info.offset, length=info.length, transform_descriptors=["zstd"]
+    )
+    (transformed / ".metadata").write_bytes(pickle.dumps(meta))
+    _rerecorded(transformed, json.loads((transformed / checkpoint.SIDECAR).read_text()))
+    result = scrub_one(transformed)
+    assert result.status == "unverified" and result.unverified == (sorted(sizes)[1],)
+    assert result.tensors == len(sizes) - 1
+
+    # a corrupted tensor beside an unverified one: corrupt, and both named
+    flip_byte_of(unrecorded, sorted(sizes)[2])
+    result = scrub_one(unrecorded)
+    assert result.status == "corrupt" and result.bad == (sorted(sizes)[2],) and result.unverified == (key,)
+
+    # the CLI: exit 2 (could not check all of it), the store keeps the status and the names
+    db = tmp_path / "fleet.db"
+    done = CliRunner().invoke(cli, ["--db", str(db), "scrub", str(transformed)])
+    assert done.exit_code == 2 and done.output.startswith("unverified") and "1 unverified" in done.output
+    with Store.open(db) as store:
+        [row] = store.scrubs()
+    assert (row.status, row.unverified, row.tensors) == ("unverified", (sorted(sizes)[1],), len(sizes) - 1)
+    found, tried = latest_good(tmp_path)  # never falls back to an unverified checkpoint
+    assert found is None and sorted(t.status for t in tried) == ["corrupt", "unverified"]
+
+
 def test_the_cli_exit_codes_name_the_tensor_and_record_verdicts(
     saved: tuple[Path, dict[str, int]], tmp_path: Path
 ) -> None:

@@ -63,12 +63,13 @@ def test_the_dry_run_goes_through_every_section_and_prints_its_summary(tmp_path:
     for name, (st, why) in status.items():
         if name != "golden-data":
             assert st == "SKIP" and why.startswith("dry run: would "), (name, st, why)
-    assert re.search(r"^gpu_check: 1 PASS, 0 FAIL, 8 SKIP in [\d.]+ s \(dry run\)$", out, re.M)
+    assert re.search(r"^gpu_check: 1 PASS, 0 FAIL, 9 SKIP in [\d.]+ s \(dry run\)$", out, re.M)
     body = json.loads((tmp_path / "results.json").read_text())
     assert body["format"] == "sdcguard-gpu-check/1" and body["run"]["dry_run"] is True
     assert [(s["section"], s["status"]) for s in body["sections"]] == [(n, status[n][0]) for n, *_ in verdicts]
-    assert body["summary"]["PASS"] == 1 and body["summary"]["SKIP"] == 8
-    assert "gpu_check: 1 PASS, 0 FAIL, 8 SKIP" in (tmp_path / "gpu_check.log").read_text()
+    assert body["summary"]["PASS"] == 1 and body["summary"]["SKIP"] == 9
+    assert "gpu_check: 1 PASS, 0 FAIL, 9 SKIP" in (tmp_path / "gpu_check.log").read_text()
+    assert "dry run: would check every matmul of" in status["checksums"][1]  # the checksum section is walked
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_check.log", "results.json"]
 
 
@@ -337,6 +338,55 @@ def test_training_job_on_cpu_ranks_passes_every_check() -> None:
     assert not rep.failed, rep.failed
     assert len(rep.checks) == 6 * len(training.PRECISIONS)
     assert rep.measurements["bf16"]["incident"]["suspect_ranks"] == [training.FAULTY_RANK]
+
+
+@pytest.mark.slow
+def test_the_checksum_section_measures_every_precision_on_cpu_tensors() -> None:
+    """The section's measurement and checks on CPU tensors (the same code a GPU runs, smaller): every precision's
+    clean steps silent, the counts adding up, a fault of every bit class injected and the NaN one caught, and a
+    checked step's cost measured beside an unchecked one."""
+    import time
+
+    from gpu_check import checksums
+
+    found = [
+        checksums.measure(device="cpu", precision=p, settings=checksums.SMALL, deadline=time.monotonic() + 60)
+        for p in checksums.PRECISIONS
+    ]
+    rep = SectionReport("checksums", stream=open(os.devnull, "w"))
+    checksums.evaluate(rep, found)
+    assert not rep.failed, rep.failed
+    assert len(rep.checks) == 4 * len(checksums.PRECISIONS)
+    for f in found:
+        run, checked, unverifiable = f["counts"]
+        assert run > 0 and checked + unverifiable <= run and f["cost"] is not None
+        assert all(n == 1 for n, _ in f["faults"].values()), f["faults"]
+    assert rep.measurements["fp32"]["counts"][1] == rep.measurements["fp32"]["counts"][0]  # fp32 on a CPU: all
+
+
+def test_the_checksum_checks_fail_on_a_false_alarm_or_a_missed_nan() -> None:
+    from gpu_check import checksums
+
+    good = {
+        "precision": "bf16",
+        "steps": 10,
+        "false_alarms": 0,
+        "counts": (21, 6, 15),
+        "counts_add_up": True,
+        "unverifiable": ["15 matmul(s) with bfloat16 results under ..."],
+        "cost": 0.05,
+        "faults": {c: [1, 1] for c in checksums.CLASSES},
+    }
+    rep = SectionReport("checksums", stream=open(os.devnull, "w"))
+    checksums.evaluate(rep, [good])
+    assert not rep.failed
+    bad = {**good, "false_alarms": 1, "faults": {**good["faults"], "nan": [2, 1]}}
+    rep = SectionReport("checksums", stream=open(os.devnull, "w"))
+    checksums.evaluate(rep, [bad])
+    assert [c.name for c in rep.failed] == [
+        "bf16: 10 clean steps, no checksum alarm",
+        "bf16: every NaN in a matmul output caught on its step",
+    ]
 
 
 def test_training_checks_fail_when_the_fault_goes_unnamed() -> None:

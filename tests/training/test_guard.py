@@ -317,6 +317,22 @@ def test_calibrate_names_nondeterminism_and_turns_replay_off() -> None:
     assert all(p.grad is None for p in clean.params)
 
 
+def test_a_single_process_calibration_never_calls_one_differing_computation_software() -> None:
+    """A one-off fault in one of the calibration's two computations was ``software`` (replay off for the run),
+    against ``SDCGuard.calibrate``'s docstring: a third computation now outvotes it."""
+    guard = SDCGuard(_model(), lm_loss, replay_every=1, escalate="off")
+    fault = OpFaultMode(Fault(pattern="bitflip", bit="exponent", timing="transient", seed=1), ops="gelu")
+    with fault:
+        report = guard.calibrate(make_batch(0, 0))
+    assert len(fault.records) == 1
+    assert report.verdict == "hardware" and report.deterministic and report.ranks_differing == (0,)
+    assert not guard.nondeterministic
+    (incident,) = guard.incidents
+    assert incident.kind == "calibration" and incident.suspect_ranks == (0,) and incident.sticky is False
+    r = guard.step(0, make_batch(0, 0))
+    assert r.commit and r.replayed  # replay stays on
+
+
 def test_without_calibrate_a_nondeterministic_model_is_recognised_not_blamed() -> None:
     guard = SDCGuard(_model(), _noisy_loss(), replay_every=1)
     with expect_log("not bit-identical.*index_add"):

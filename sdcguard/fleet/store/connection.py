@@ -21,9 +21,10 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Literal, Protocol, Self
 
+from ... import __version__
 from ...entry import is_server_url
 from ...errors import SchemaTooNew, StoreError
-from .schema import APPLICATION_ID, SCHEMA_VERSION, SQLITE_MAGIC, creator, migrate
+from .schema import APPLICATION_ID, SCHEMA_VERSION, SQLITE_MAGIC, migrate
 
 __all__ = [
     "StoreBase",
@@ -295,7 +296,7 @@ class SqliteBackend:
                     conn.execute(
                         "INSERT INTO meta(key, value) VALUES ('created_by', ?) "
                         "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                        (creator(),),
+                        (f"sdcguard {__version__}",),
                     )
 
     def retry(self, fn: Any) -> Any:

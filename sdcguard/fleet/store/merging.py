@@ -231,10 +231,10 @@ def merge_appended(conn: Any, inc_after: int, hist_after: int, dec_after: int, a
            WHERE true"""
     )
     conn.execute(
-        """INSERT OR IGNORE INTO main.checkpoint_scrubs(uuid, checkpoint_id, status, tensors, bytes, bad, detail,
-                                                        host, time)
-           SELECT uuid, checkpoint_id, status, tensors, bytes, bad, detail, host, time FROM src.checkpoint_scrubs
-           WHERE true"""
+        """INSERT OR IGNORE INTO main.checkpoint_scrubs(uuid, checkpoint_id, status, tensors, bytes, bad,
+                                                        unverified, detail, host, time)
+           SELECT uuid, checkpoint_id, status, tensors, bytes, bad, unverified, detail, host, time
+           FROM src.checkpoint_scrubs WHERE true"""
     )
     replay_quarantine(conn, hist_after)
     return incidents, history

@@ -174,6 +174,7 @@ class StoreQueries(CaseQueries, TallyQueries):
                 tensors=int(r["tensors"]),
                 bytes=int(r["bytes"]),
                 bad=tuple(json.loads(r["bad"])),
+                unverified=tuple(json.loads(r["unverified"])),
                 detail=r["detail"],
                 host=r["host"],
                 time=float(r["time"]),

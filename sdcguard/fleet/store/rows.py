@@ -189,7 +189,7 @@ class CheckpointEntry:
 
 
 CheckpointStatus = Literal["saved", "failed"]
-ScrubStatus = Literal["clean", "corrupt", "unreadable"]
+ScrubStatus = Literal["clean", "corrupt", "unverified", "unreadable"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -199,10 +199,12 @@ class ScrubEntry:
     checkpoint_id: str
     status: ScrubStatus
     """``clean``: every tensor matched its fingerprint; ``corrupt``: a tensor, DCP's index or the record differs
-    (``bad`` names them); ``unreadable``: it could not be checked (missing, no record, an I/O error)."""
+    (``bad`` names them); ``unverified``: none differs, but some could not be compared (``unverified`` names them);
+    ``unreadable``: it could not be checked (missing, no record, an I/O error)."""
     tensors: int
     bytes: int
     bad: tuple[str, ...]
+    unverified: tuple[str, ...]
     detail: str
     host: str
     time: float

@@ -25,12 +25,11 @@ __all__ = [
     "migrate",
     "COUNTED_SCAN",
     "MIN_EXECUTIONS",
-    "creator",
 ]
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 APPLICATION_ID = 0x5344_4347  # "SDCG"
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 MIN_EXECUTIONS = 1
 """The least work a scan must do to count: first-attempt executions of golden cases it recorded."""
@@ -461,6 +460,22 @@ CREATE INDEX results_time ON results(started_at, device, family, executions, dur
 """
 
 
+# Version 11: a scrub's ``unverified`` outcome and the items it names; the table rebuilt for its CHECK, rows kept.
+_V11 = """
+CREATE TABLE checkpoint_scrubs_v11 (
+    id INTEGER PRIMARY KEY, uuid TEXT NOT NULL UNIQUE, checkpoint_id TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('clean','corrupt','unreadable','unverified')),
+    tensors INTEGER NOT NULL, bytes INTEGER NOT NULL, bad TEXT NOT NULL DEFAULT '[]',
+    unverified TEXT NOT NULL DEFAULT '[]', detail TEXT NOT NULL DEFAULT '', host TEXT NOT NULL, time REAL NOT NULL
+);
+INSERT INTO checkpoint_scrubs_v11(id, uuid, checkpoint_id, status, tensors, bytes, bad, detail, host, time)
+    SELECT id, uuid, checkpoint_id, status, tensors, bytes, bad, detail, host, time FROM checkpoint_scrubs;
+DROP TABLE checkpoint_scrubs;
+ALTER TABLE checkpoint_scrubs_v11 RENAME TO checkpoint_scrubs;
+CREATE INDEX checkpoint_scrubs_checkpoint ON checkpoint_scrubs(checkpoint_id, time)
+"""
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     1: _script(_V1),
     2: _script(_V2),
@@ -472,21 +487,14 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     8: _script(_V8),
     9: _v9,
     10: _script(_V10),
+    11: _script(_V11),
 }
 """``version -> function`` bringing a store from ``version - 1`` to ``version``; run in one transaction."""
 
 
 def migrate(conn: sqlite3.Connection, current: int, *, upto: int = SCHEMA_VERSION) -> None:
-    """Apply every migration after ``current`` (up to ``upto``) inside the caller's transaction, then stamp the
-    version."""
+    """Apply every migration after ``current`` up to ``upto`` inside the caller's transaction; stamp the version."""
     for version in range(current + 1, upto + 1):
         MIGRATIONS[version](conn)
     conn.execute(f"PRAGMA user_version = {upto}")
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-
-
-def creator() -> str:
-    """``sdcguard <version>``: what a new store records as having created it (``meta.created_by``)."""
-    from ... import __version__
-
-    return f"sdcguard {__version__}"

@@ -299,18 +299,21 @@ class Store(StoreQueries, StoreMaintenance):
         tensors: int,
         bytes: int,
         bad: Sequence[str] = (),
+        unverified: Sequence[str] = (),
         detail: str = "",
         now: float | None = None,
         uuid: str | None = None,
     ) -> int:
-        """Record one checkpoint re-read at rest (``sdcguard scrub``); returns its row id. ``uuid``: its natural key
-        (default: a new one), recorded once."""
-        if status not in ("clean", "corrupt", "unreadable"):
-            raise BadInput(f"scrub status must be clean, corrupt or unreadable, not {status!r}")
+        """Record one checkpoint re-read at rest (``sdcguard scrub``); returns its row id. ``unverified``: the items
+        it could not compare (no recorded fingerprint, saved with transforms). ``uuid``: its natural key (default: a
+        new one), recorded once."""
+        if status not in ("clean", "corrupt", "unreadable", "unverified"):
+            raise BadInput(f"scrub status must be clean, corrupt, unverified or unreadable, not {status!r}")
         with self._write() as conn:
             cur = conn.execute(
-                "INSERT INTO checkpoint_scrubs(uuid, checkpoint_id, status, tensors, bytes, bad, detail, host, time) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(uuid) DO UPDATE SET uuid = excluded.uuid RETURNING id",
+                "INSERT INTO checkpoint_scrubs(uuid, checkpoint_id, status, tensors, bytes, bad, unverified, detail, "
+                "host, time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(uuid) DO UPDATE SET uuid = excluded.uuid RETURNING id",
                 (
                     uuid or _uuid.uuid4().hex,
                     str(checkpoint_id),
@@ -318,6 +321,7 @@ class Store(StoreQueries, StoreMaintenance):
                     int(tensors),
                     int(bytes),
                     json.dumps(list(bad)),
+                    json.dumps(list(unverified)),
                     detail,
                     hostname(),
                     time.time() if now is None else now,

@@ -7,34 +7,50 @@ sums of each row block of the computed ``C`` with the same sums computed from th
 exceeds the bound below. It reads its inputs only; nothing it computes reaches the training step.
 
 Notation: ``u`` the unit roundoff of the precision named, ``gamma(n) = n u / (1 - n u)``, ``|X|`` elementwise,
-``M = |e_G^T A| ... `` below means ``Mag = (e_G^T |A|) |B|`` (plus ``|bias|`` terms), the sum over the block's
-entries of ``sum_l |A_il| |B_lj|``. The computation being checked is modelled by three units (:class:`Precision`):
-``u_in`` (each operand rounded before the products: TF32 or bf16 internal precision of an fp32 matmul, else 0),
-``u_acc`` (the accumulation: fp32, or the operands' own precision where reduced-precision reductions are allowed)
-and ``u_out`` (the rounding of the result to the output dtype: bf16, fp16; 0 for fp32).
+``Mag = (e_G^T |A|) |B|`` (plus ``|bias|`` terms), the sum over the block's entries of ``sum_l |A_il| |B_lj|``. The
+computation being checked is modelled by the units of :class:`~.precision.Precision` (read from torch's settings by
+:mod:`.precision`): ``u_in`` (each operand rounded before the products: TF32 or bf16 internal precision of an fp32
+matmul, else 0), ``u_acc`` (the accumulation of the products: fp32, or fp16 with ``allow_fp16_accumulation``),
+``u_red`` and ``s`` (a split-K reduction of at most ``s`` partial sums in the output type, where reduced-precision
+reductions are allowed; else ``u_red = 0``), ``u_out`` (the rounding of the result to the output dtype: bf16, fp16;
+0 for fp32) and whether the accumulations *truncate* (tensor cores, on CUDA). ``S_acc(n)`` is the error factor of a
+sum of ``n`` terms: ``gamma_acc(n)`` rounding to nearest, ``gamma_2acc(3n + 3)`` (unit ``2 u_acc``) truncating.
 
 **Theorem.** For every computed ``C^`` that the backend produces by any order of summation of the ``k' = k (+1 with
 a bias)`` products, ``|S - R| <= beta * Mag + eta`` for every block column, where ``S`` is the computed block sum of
-``C^``, ``R`` the computed reference and ``beta = alpha + gamma_w(b)(2 + alpha) + (gamma_w(k') + theta)(1 +
-gamma_w(b))``, ``alpha = (1 + u_out)(gamma_acc(k') + th_in (1 + gamma_acc(k'))) + u_out``, ``th_in = 2 u_in +
-u_in^2``, ``theta`` the same for the check's own fp32 matmuls and ``eta`` the absolute underflow terms.
+``C^``, ``R`` the computed reference and ``beta = alpha + gamma_w(b)(2 + alpha) + (S_w(k') + theta)(1 +
+gamma_w(b))``, ``alpha = e + g (1 + e) + u_out (1 + g)(1 + e)`` with ``e = S_acc(k') + th_in (1 + S_acc(k'))``, ``g
+= gamma_red(min(s, k') + 1)``, ``th_in = 2 u_in + u_in^2``, ``theta`` the same for the check's own fp32 matmuls
+(whose accumulation ``S_w`` truncates where the matmul's does) and ``eta`` the absolute underflow terms.
 
-*Proof.* (1) Each product ``a b`` of rounded operands is ``a b (1 + t)``, ``|t| <= th_in``; a sum of ``k'`` terms
-in any order with ``u_acc`` has error at most ``gamma_acc(k')`` times the sum of the terms' magnitudes (Higham,
-*Accuracy and Stability*, 3.1; an FMA only removes roundings); rounding to the output adds ``u_out`` of the
-result. So ``|C^_ij - (AB)_ij| <= alpha sum_l |A_il||B_lj|`` and ``|C^_ij| <= (1 + alpha) sum_l |A_il||B_lj|``.
-(2) The block sum ``S`` of ``b`` terms in the check's precision ``w`` errs by at most ``gamma_w(b) sum |C^| <=
-gamma_w(b)(1 + alpha) Mag``, and ``sum_G C^ = e_G^T A B + E`` with ``|E| <= alpha Mag``. (3) The computed ``V^ =
-e_G^T A + dV``, ``|dV| <= gamma_w(b) e_G^T|A|``, so ``|dV B| <= gamma_w(b) Mag`` and ``|V^| <= (1 + gamma_w(b))
-e_G^T|A|``; ``R = fl(V^ B)`` errs from ``V^ B`` by at most ``(gamma_w(k') + theta(1 + gamma_w(k'))) |V^||B|``.
-(4) ``e_G^T A B = (e_G^T A) B`` exactly, so the triangle inequality over (2)-(3) gives ``beta Mag``. (5) ``Mag``
-itself is computed from non-negative terms, so the computed value is at least ``(1 - gamma_w(b))(1 -
-gamma_w(k'))(1 - theta)`` times the true one: dividing by that factor bounds the true ``Mag`` from above. (6)
-Underflow adds at most the smallest normal number of each precision per rounding (flush-to-zero included) and,
-where inputs are flushed, ``tiny_in |other operand|`` per product: ``eta``. (7) Evaluating ``|S - R|`` and the bound
-takes a handful of roundings in ``w``; the factor ``1 + 2**-10`` covers them. A block column whose ``Mag`` is not
-finite or could reach the output's overflow threshold is not judged (a legitimate overflow is possible there); in
-every other column an infinite or NaN ``C^`` entry is impossible, so any NaN/Inf difference is a fault. QED.
+*Proof.* (1) Each product ``a b`` of rounded operands is ``a b (1 + t)``, ``|t| <= th_in``. (1a) A sum of ``k'``
+terms in any order, rounding to nearest with ``u_acc``, has error at most ``gamma_acc(k')`` times the sum of the
+terms' magnitudes (Higham, *Accuracy and Stability*, 3.1; an FMA only removes roundings). (1b) A tensor core adds a
+block of ``n_b`` products to the running sum by aligning every significand to the largest exponent among them and
+truncating to ``p`` bits, then truncating the sum (Fasi, Higham, Mikaitis, Pranesh 2021): each aligned term loses
+less than ``2 u`` of the largest magnitude of the block, the sum less than ``2 u`` of itself, so one block adds at
+most ``2 u (n_b + 2)`` times the magnitudes summed so far (to first order), and ``ceil(k' / n_b)`` blocks at most
+``2 u (n_b + 2) ceil(k' / n_b) <= 2 u (3 k' + 3)`` times the magnitudes, for every block size ``1 <= n_b <= k'``;
+the higher-order terms are those of ``3 k' + 3`` factors ``(1 + d)``, ``|d| <= 2 u``: ``gamma_2u(3 k' + 3)``. So
+``S_acc(k')`` bounds either accumulation relative to ``sum |terms|``, whatever the order, the blocking or
+the split of the sum into partial sums accumulated apart. (1c) Where reduced-precision reductions are allowed, the
+``<= min(s, k')`` partial sums (plus the added term, as one more part) are each rounded to the output type and added
+in it, in any order: at most ``min(s, k') + 1`` roundings in ``u_red`` of numbers whose magnitudes sum to at most
+``(1 + e) sum |terms|``. (1d) Rounding to the output adds ``u_out`` of the result (allowed for whether or not (1c)
+ended in the output type already). So ``|C^_ij - (AB)_ij| <= alpha sum_l |A_il||B_lj|`` and ``|C^_ij| <= (1 + alpha)
+sum_l |A_il||B_lj|``. (2) The block sum ``S`` of ``b`` terms in the check's precision ``w`` errs by at most
+``gamma_w(b) sum |C^| <= gamma_w(b)(1 + alpha) Mag``, and ``sum_G C^ = e_G^T A B + E`` with ``|E| <= alpha Mag``.
+(3) The computed ``V^ = e_G^T A + dV``, ``|dV| <= gamma_w(b) e_G^T|A|``, so ``|dV B| <= gamma_w(b) Mag`` and ``|V^| <=
+(1 + gamma_w(b)) e_G^T|A|``; ``R = fl(V^ B)`` errs from ``V^ B`` by at most ``(S_w(k') + theta(1 + S_w(k')))
+|V^||B|`` ((1) for the check's own matmul). (4) ``e_G^T A B = (e_G^T A) B`` exactly, so the triangle inequality over
+(2)-(3) gives ``beta Mag``. (5) ``Mag`` itself is computed from non-negative terms, so the computed value is at
+least ``(1 - gamma_w(b))(1 - S_w(k'))(1 - theta)`` times the true one: dividing by that factor bounds the true
+``Mag`` from above. (6) Underflow adds at most the smallest normal number of each precision per rounding
+(flush-to-zero included) and, where inputs are flushed, ``tiny_in |other operand|`` per product: ``eta``. (7)
+Evaluating ``|S - R|`` and the bound takes a handful of roundings in ``w``; the factor ``1 + 2**-10`` covers them. A
+block column whose ``Mag`` is not finite or could reach the output's overflow threshold is not judged (a legitimate
+overflow is possible there); in every other column an infinite or NaN ``C^`` entry is impossible, so any NaN/Inf
+difference is a fault. QED.
 
 (8) *The screen: most columns need no magnitudes*, and whether a column needs them is decided from the operands
 alone. Computing ``Mag`` is a second small matmul and a pass over ``|A|`` and ``|B|``; three lower bounds of it cost
@@ -72,10 +88,19 @@ bf16 results leave about a fifth of the columns to tier (b) (the output rounding
 too.
 
 Consequences (what is caught): a changed entry ``C^_ij -> C^_ij + d`` is caught when ``|d| > 2 beta Mag`` in its
-block column, whatever its bits. Sign flips and exponent flips of entries not far below the column's typical
-magnitude, NaN and Inf always exceed it; flips of the low mantissa bits never do (they are below the rounding
-noise, and left to replay). The bound grows with ``b`` (``rows``): fewer rows per checksum catch smaller errors for
-more work.
+block column, whatever its bits. *The claim* (:data:`CLAIMS`): a check is counted *checked* only when that catches
+the smallest change claimed for its dtype on an entry of its block column's mean magnitude ``Mag / b``: halving it
+(the lowest exponent bit: fp32, fp64) or negating it (bf16, fp16), i.e. ``2 beta' < f / b`` for the computed factor
+``beta'`` and ``f`` = 1/2 or 2; a check whose bound is wider is *unverifiable* (:func:`unverifiable` says why,
+naming the setting), and one whose bound is infinite is refused (:class:`VacuousBound`). NaN and Inf in a judged
+column always exceed the bound; flips of the low mantissa bits never do (they are below the rounding noise, and left
+to replay). The bound grows with ``b`` (``rows``): fewer rows per checksum catch smaller errors for more work.
+
+What the identity cannot see, whatever the bound: it compares sums over a block of rows, so a fault that keeps every
+block column's sum (two rows of one block swapped, a block's rows reversed, two errors of one block column that
+cancel) is invisible to it, and a column not judged (its magnitudes infinite, NaN, or within a factor of 4 of the
+output's overflow threshold, as where an added causal mask holds ``finfo.min``) is not checked at all, so a NaN
+there passes. Replay sees all of these (it compares every bit of the results of a sampled step).
 """
 
 from __future__ import annotations
@@ -83,96 +108,46 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
+from .precision import UNITS, Precision
 
 try:  # built at install where a C compiler was present; without it the same screen runs as torch ops
     from . import _core as _checksum_core
 except ImportError:  # pragma: no cover - depends on the install
     _checksum_core = None  # type: ignore[assignment]  # (the stub types the built module)
 
-__all__ = ["Precision", "precision_for", "check_matmul", "DEFAULT_ROWS", "c_engine_available"]
+__all__ = ["check_matmul", "unverifiable", "VacuousBound", "CLAIMS", "DEFAULT_ROWS", "c_engine_available"]
 
 DEFAULT_ROWS = 32
 """Rows of the result summed per checksum (``b``): the check costs ``2/b`` of the matmul's multiply-adds."""
 
+CLAIMS: dict[torch.dtype, tuple[str, float]] = {
+    torch.float64: ("an exponent flip (an entry halved)", 0.5),
+    torch.float32: ("an exponent flip (an entry halved)", 0.5),
+    torch.bfloat16: ("a sign flip", 2.0),
+    torch.float16: ("a sign flip", 2.0),
+}
+"""dtype -> the smallest change the checks claim to catch in a result of that dtype, and its size as a multiple of
+an entry of its block column's mean magnitude (``Mag / b``): see "The claim" above."""
+
 _SLACK = 1.0 + 2.0**-10
-_UNITS = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
 
-@dataclass(frozen=True)
-class Precision:
-    """Unit roundoffs of one matmul as the backend computes it (see the module docstring)."""
-
-    u_in: float
-    """Operand rounding before the products (TF32: 2**-10, bf16 internal precision: 2**-7, truncation allowed
-    for; else 0)."""
-    u_acc: float
-    """Accumulation unit (fp32: 2**-24; the operands' own unit with reduced-precision reductions)."""
-    u_out: float
-    """Rounding of the result to the output dtype (0 when the output is the accumulation dtype)."""
-    u_ref: float
-    """Operand rounding of the check's own fp32 matmuls (the same setting as ``u_in`` of an fp32 matmul)."""
-    tiny_out: float = 0.0
-    """Smallest normal number of the output dtype (each output rounding may flush up to it)."""
-    tiny_in: float = 0.0
-    """Smallest normal number of the operands (a flushed operand loses up to it times the other)."""
-
-
-def _fp32_internal(device_type: str) -> str:
-    """How an fp32 matmul rounds its operands under the current settings: ``highest`` (not at all), ``high``
-    (TF32) or ``medium`` (bf16)."""
-    mode = torch.get_float32_matmul_precision()
-    if device_type == "cuda" and mode == "highest" and torch.backends.cuda.matmul.allow_tf32:
-        mode = "high"
-    return mode
-
-
-def precision_for(dtype: torch.dtype, device: torch.device) -> Precision | None:
-    """The :class:`Precision` of a matmul of ``dtype`` operands on ``device``; None for a dtype it cannot bound.
-    Read from the current settings on every call (they may change between steps); the arithmetic is cached."""
-    reduced = False
-    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
-        matmul = torch.backends.cuda.matmul
-        reduced = (
-            matmul.allow_bf16_reduced_precision_reduction
-            if dtype == torch.bfloat16
-            else matmul.allow_fp16_reduced_precision_reduction
-        )
-    return _precision(dtype, _fp32_internal(device.type), reduced)
-
-
-@functools.lru_cache(maxsize=64)
-def _precision(dtype: torch.dtype, mode: str, reduced: bool) -> Precision | None:
-    """TF32 keeps 10 mantissa bits of an fp32 operand and truncation instead of rounding is allowed for (2**-10,
-    not 2**-11); bf16 internal precision keeps 7. ``reduced``: reduced-precision reductions of bf16/fp16."""
-    if dtype not in _UNITS:
-        return None
-    ref = {"highest": 0.0, "high": 2.0**-10}.get(mode, 2.0**-7)
-    tiny = torch.finfo(dtype).tiny
-    if dtype in (torch.float32, torch.float64):
-        return Precision(
-            u_in=ref if dtype == torch.float32 else 0.0,
-            u_acc=_UNITS[dtype],
-            u_out=0.0,
-            u_ref=ref,
-            tiny_out=tiny,
-            tiny_in=tiny,
-        )
-    return Precision(
-        u_in=0.0,
-        u_acc=_UNITS[dtype] if reduced else _UNITS[torch.float32],
-        u_out=_UNITS[dtype],
-        u_ref=ref,
-        tiny_out=tiny,
-        tiny_in=tiny,
-    )
+class VacuousBound(ValueError):
+    """The settings make the rounding bound of this matmul infinite: no result could fail it, so it is not
+    checked (:func:`unverifiable` says which setting)."""
 
 
 def _gamma(n: int, u: float) -> float:
     return math.inf if n * u >= 0.5 else n * u / (1.0 - n * u)
+
+
+def _sum_error(n: int, u: float, truncating: bool) -> float:
+    """``S(n)`` of the theorem: the error factor of a sum of ``n`` terms, rounding to nearest or truncating."""
+    return _gamma(3 * n + 3, 2 * u) if truncating else _gamma(n, u)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -180,10 +155,12 @@ def _coefficients(p: Precision, b: int, k: int, w: torch.dtype) -> tuple[float, 
     """``(beta * slack / lower factor of the computed Mag, eta, c_R, c_V)`` of the theorem, for ``b`` rows per
     checksum and ``k`` terms per entry; ``beta`` is inf when the bound is vacuous. ``c_R`` and ``c_V`` are the
     screen's factors (proof step (8))."""
-    uw = _UNITS[w]
+    uw = UNITS[w]
     th_in, theta = 2 * p.u_in + p.u_in**2, 2 * p.u_ref + p.u_ref**2
-    g_acc, gb, gk = _gamma(k, p.u_acc), _gamma(b + 1, uw), _gamma(k + 1, uw)
-    alpha = (1 + p.u_out) * (g_acc + th_in * (1 + g_acc)) + p.u_out
+    g_acc, gb, gk = _sum_error(k, p.u_acc, p.truncating), _gamma(b + 1, uw), _sum_error(k + 1, uw, p.truncating)
+    g_red = _gamma(min(p.splits, k) + 1, p.u_red) if p.u_red else 0.0
+    e = g_acc + th_in * (1 + g_acc)
+    alpha = e + g_red * (1 + e) + p.u_out * (1 + g_red) * (1 + e)  # (1 + u_out)(1 + g)(1 + e) - 1, expanded
     beta = alpha + gb * (2 + alpha) + (gk + theta * (1 + gk)) * (1 + gb)
     lower = (1 - gb) * (1 - gk) * (1 - theta)
     if not math.isfinite(beta) or alpha >= 1 or lower <= 0:
@@ -196,6 +173,29 @@ def _coefficients(p: Precision, b: int, k: int, w: torch.dtype) -> tuple[float, 
         beta * margin**2 / (1 + beta),
         beta * margin**2 / ((1 + gb) * (1 + gk)),
     )
+
+
+def _work(dtype: torch.dtype) -> torch.dtype:
+    """The precision ``w`` the check computes in."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@functools.lru_cache(maxsize=4096)
+def unverifiable(precision: Precision, dtype: torch.dtype, *, m: int, k: int, rows: int = DEFAULT_ROWS) -> str | None:
+    """Why a check of a result of ``dtype`` with ``m`` rows and ``k`` terms per entry (the added term included)
+    cannot make the claim for its dtype (:data:`CLAIMS`) at ``rows`` rows per checksum, naming the setting that
+    widens the bound; None when it can (it is *checked*), or when there is nothing to check (``m == 0``)."""
+    if m == 0:
+        return None
+    b = max(1, min(rows, m))
+    coef = _coefficients(precision, b, k + 1, _work(dtype))[0]
+    claim, size = CLAIMS.get(dtype, ("any change", 0.0))
+    if 2 * coef < size / b:
+        return None
+    why = precision.setting or f"{str(dtype).removeprefix('torch.')} rounding over {k} terms"
+    if not math.isfinite(coef):
+        return f"the rounding bound is infinite ({why})"
+    return f"the rounding bound, {coef:.2g} of a block column's magnitudes at {b} rows, cannot see {claim} ({why})"
 
 
 def _block_reduce(
@@ -258,8 +258,8 @@ def _bias_terms(bias: torch.Tensor, shape: torch.Size, rows: int, w: torch.dtype
     m, n = shape[-2], shape[-1]
     if all(d == 1 for d in bias.shape[:-1]) and bias.numel() in (1, n):
         counts = torch.full((m // rows,), float(rows), dtype=w, device=bias.device)
-        if m % rows:
-            counts = torch.cat([counts, torch.tensor([float(m % rows)], dtype=w, device=bias.device)])
+        if m % rows:  # torch.full, not torch.tensor: no host-to-device copy (a GPU check never waits on the host)
+            counts = torch.cat([counts, torch.full((1,), float(m % rows), dtype=w, device=bias.device)])
         vw = bias.to(w).reshape(-1).expand(n)
         return counts[:, None] * vw, counts[:, None] * vw.abs()
     full = bias.to(w).expand(shape)
@@ -414,14 +414,21 @@ def check_matmul(
     ``screen`` (default: on the CPU) first compares with the cheap lower bounds of the magnitudes of (8) and
     computes the magnitudes only when some column is cleared by neither; the count is the same either way, for any
     ``c`` (proven in (8)). It reads values on the host, which on a GPU would stall the stream, so there the
-    magnitudes are always computed and nothing syncs."""
-    w = torch.float64 if c.dtype == torch.float64 else torch.float32
+    magnitudes are always computed and nothing syncs.
+
+    A result with no entries (``m``, ``n`` or the batch 0) has no block column: 0. ``k = 0`` is checked like any
+    other (the product is zeros, plus the added term). Raises :class:`VacuousBound` where the bound is infinite (no
+    result could fail it: :func:`unverifiable` names the setting); a finite bound too wide for the claim still
+    counts what it can (NaN, Inf, large errors), and :func:`unverifiable` says so."""
+    w = _work(c.dtype)
     k = a.shape[-1] + (1 if bias is not None else 0)
     m = c.shape[-2]
+    if c.numel() == 0:
+        return torch.zeros((), dtype=torch.int64, device=c.device)
     rows = max(1, min(rows, m))
     coef, eta, by_reference, by_sums = _coefficients(precision, rows, k + 1, w)
     if not math.isfinite(coef):
-        return torch.zeros((), dtype=torch.int64, device=c.device)
+        raise VacuousBound(f"cannot check this matmul: {unverifiable(precision, c.dtype, m=m, k=k, rows=rows)}")
     bw = b.to(w)
     engine = _c_sums(a, c, rows)  # both block sums in one C call where it can (the same sums with or without screen)
     v = _block_sums(a, rows, w) if engine is None else engine[0]

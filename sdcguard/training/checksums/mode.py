@@ -15,6 +15,13 @@ since (its version moved) or freed (FSDP2 frees an unsharded weight when it resh
 verdict then says so (``sticky`` None; the step is still vetoed). On the CPU the count is read at once and a failed
 matmul recomputed on the spot, while its operands live. The rank that computed is the suspect; nothing is voted on.
 
+Each matmul of a checked step is counted once: *checked* (its bound can catch the smallest change claimed for its
+dtype: :data:`~.bound.CLAIMS`), *unverifiable* (the backend's settings widen the bound past that claim, or make it
+infinite: counted with the reason, warned once per setting with what would make it checkable; a finite bound still
+counts what it can catch) or only *run* (not looked at: fused kernels, ``alpha``/``beta`` other than 1, dtypes the
+bound does not know, or a call the check could not take). A check never breaks the step: any exception inside it is
+caught, counted as run and warned once per op and exception type; the model's result is returned untouched.
+
 Not seen: fused kernels that do a matmul inside another op (scaled-dot-product attention's flash/efficient kernels,
 counted as run but not checked) and compiled regions (``torch.compile``'s generated code calls its kernels without
 the dispatcher); replay and the cross-replica checks still cover them.
@@ -33,7 +40,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from ...fingerprints import is_dtensor_type, is_wrapper_type
 from ...logs import get_logger
-from .bound import DEFAULT_ROWS, check_matmul, precision_for
+from .bound import DEFAULT_ROWS, VacuousBound, check_matmul, unverifiable
+from .precision import DEFAULT_SPLITS, Precision, precision_for
 
 __all__ = ["ChecksumMode", "ChecksumFailure", "MatmulCall", "Pass"]
 
@@ -109,12 +117,34 @@ def _operands(name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[A
 
 
 class ChecksumMode(TorchDispatchMode):
-    """Checks each matmul as it runs (see the module docstring); counts the matmuls run and checked per step."""
+    """Checks each matmul as it runs (see the module docstring); counts the matmuls run, checked and unverifiable
+    per step.
 
-    def __init__(self, module: nn.Module, *, rows: int = DEFAULT_ROWS) -> None:
+    Args:
+        module: the model whose matmuls are checked (its parameters name the backward's passes).
+        rows: rows of a result summed per checksum.
+        splits: the most partial sums a split-K matmul adds in its output type (:data:`~.precision.DEFAULT_SPLITS`).
+        settings_of: the device type whose precision settings the bound models (default: each result's own); a
+            test on a machine without a GPU hands a GPU's settings (``"cuda"``) to CPU tensors this way.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        rows: int = DEFAULT_ROWS,
+        splits: int = DEFAULT_SPLITS,
+        settings_of: str | None = None,
+    ) -> None:
         super().__init__()
         self.rows = rows
-        self.run = self.checked = 0
+        self.splits = splits
+        self.settings_of = settings_of
+        self.run = self.checked = self.unverifiable = 0
+        self.reasons: dict[str, list[Any]] = {}
+        """This step's unverifiable matmuls: group (dtype and setting) -> [count, an example, its reason]."""
+        self._precisions: dict[tuple[torch.dtype, str], Precision | None] = {}
+        self._warned: set[str] = set()
         self.calls: list[MatmulCall] = []
         self._counts: list[torch.Tensor] = []
         self._failures: list[ChecksumFailure] = []
@@ -127,7 +157,6 @@ class ChecksumMode(TorchDispatchMode):
         self._module_names = {id(m): n or type(m).__name__ for n, m in module.named_modules()}
         self.active = False
         self._module = module
-        self._refused: set[str] = set()
 
     # ------------------------------------------------------------------ where an op runs (names for incidents)
 
@@ -160,7 +189,8 @@ class ChecksumMode(TorchDispatchMode):
         """Start a checked step (the guard calls it; the mode is then pushed)."""
         if self.active:  # a step that never ended (an exception in the framework's loop): forget it
             self.end()
-        self.run = self.checked = 0
+        self.run = self.checked = self.unverifiable = 0
+        self.reasons, self._precisions = {}, {}  # the settings are read once per step
         self.calls, self._counts, self._names, self._failures = [], [], [], []
         self._storages, self._copies = set(), []
         for p in self._module.parameters():
@@ -186,10 +216,20 @@ class ChecksumMode(TorchDispatchMode):
                 "active at end_step; the checksum mode cannot be removed under it"
             )
         self.__exit__(None, None, None)
-        counts = torch.stack(self._counts).tolist() if self._counts else []
+        try:
+            counts = torch.stack(self._counts).tolist() if self._counts else []
+        except Exception as e:  # the counts live on several devices, or the device failed: nothing was judged
+            self._refuse("the step's counts", e)
+            counts = []
         failures = self._failures + [self._recheck(call, int(n)) for call, n in zip(self.calls, counts) if n]
         self.calls, self._counts, self._failures, self._copies = [], [], [], []
         return failures
+
+    def named(self) -> tuple[str, ...]:
+        """This step's unverifiable matmuls, one line per setting: how many, an example and why."""
+        return tuple(
+            f"{n} matmul(s) with {group}, e.g. {example}: {why}" for group, (n, example, why) in self.reasons.items()
+        )
 
     def close(self) -> None:
         """Remove the module hooks of a checked step."""
@@ -216,8 +256,47 @@ class ChecksumMode(TorchDispatchMode):
             return out
         self.run += 1
         if kind != "unchecked":
-            self._check(kind, func, args, kwargs, out)
+            try:
+                self._check(kind, func, args, kwargs, out)
+            except Exception as e:  # a check never breaks the step: counted as run, not checked
+                self._refuse(f"aten.{kind}", e)
         return out
+
+    def _refuse(self, what: str, e: Exception) -> None:
+        key = f"{what}:{type(e).__name__}"
+        if key not in self._warned:
+            self._warned.add(key)
+            _log.warning("could not check %s (%s: %s); such calls count as run, not checked", what, type(e).__name__, e)
+
+    def _precision(self, out: torch.Tensor) -> Precision | None:
+        key = (out.dtype, self.settings_of or out.device.type)
+        if key not in self._precisions:
+            self._precisions[key] = precision_for(out.dtype, torch.device(key[1]), splits=self.splits)
+        return self._precisions[key]
+
+    def _note_unverifiable(self, why: str, p: Precision, name: str, args: Any, out: torch.Tensor) -> None:
+        self.unverifiable += 1
+        group = f"{str(out.dtype).removeprefix('torch.')} results under {p.setting or 'their own rounding'}"
+        entry = self.reasons.get(group)
+        if entry is not None:
+            entry[0] += 1
+            return
+        _, where = self._phase(args[0], args[1], out)
+        self.reasons[group] = [1, f"aten.{name} in {where}", why]
+        if group not in self._warned:
+            self._warned.add(group)
+            _log.warning(
+                "matmuls with %s are counted unverifiable, not checked: %s. %s", group, why, self._remedy(p, out, args)
+            )
+
+    def _remedy(self, p: Precision, out: torch.Tensor, args: Any) -> str:
+        """What would make such a matmul checkable: fewer rows per checksum, else the setting itself."""
+        m, k = out.shape[-2], args[2]
+        rows = self.rows // 2
+        while rows >= 1 and unverifiable(p, out.dtype, m=m, k=k, rows=rows) is not None:
+            rows //= 2
+        fix = f"checksum_rows={rows} would check it (at 2/{rows} of its multiply-adds); " if rows >= 1 else ""
+        return fix + (f"or change {p.setting}" if p.setting else "")
 
     def _follow_copy(self, args: Any, out: Any) -> None:
         if args and isinstance(args[0], torch.Tensor) and isinstance(out, torch.Tensor) and self._is_param(args[0]):
@@ -232,21 +311,26 @@ class ChecksumMode(TorchDispatchMode):
         if ops is None or not isinstance(out, torch.Tensor):
             return
         a, b, bias = ops
-        p = precision_for(out.dtype, out.device)
-        if p is None or a.dtype != out.dtype or b.dtype != out.dtype:
+        p = self._precision(out)
+        if p is None or a.dtype != out.dtype or b.dtype != out.dtype or out.dim() < 2:
             return
+        k = a.shape[-1] + (1 if bias is not None else 0)
+        why = unverifiable(p, out.dtype, m=out.shape[-2], k=k, rows=self.rows)
+        count: torch.Tensor | None = None
         try:
             # the check's own ops are no computation of the model's: no mode below this one sees them (this one is
             # off in here; switching modes costs a little, so only when there is one)
             below = _disable_current_modes() if torch._C._len_torch_dispatch_stack() else contextlib.nullcontext()
             with below:
                 count = check_matmul(a, b, out, bias=bias, precision=p, rows=self.rows)
-        except RuntimeError as e:  # a call the check cannot take must not break the training step: run, not checked
-            if name not in self._refused:
-                self._refused.add(name)
-                _log.warning("could not check aten.%s (%s); such calls count as run, not checked", name, e)
+        except VacuousBound:  # no result could fail it: unverifiable, and nothing to read
+            pass
+        if why is not None:  # counted once the check was made (an exception above leaves the matmul only run)
+            self._note_unverifiable(why, p, name, (a, b, k), out)
+        else:
+            self.checked += 1
+        if count is None:
             return
-        self.checked += 1
         if out.device.type == "cpu":  # reading the count costs no sync here: recompute now, while operands live
             if n := int(count):
                 self._failures.append(self._recheck(self._call(name, func, args, a, b, out), n))
@@ -270,16 +354,20 @@ class ChecksumMode(TorchDispatchMode):
     def _recheck(self, call: MatmulCall, blocks: int) -> ChecksumFailure:
         tensors = tuple(t for t in call.args if isinstance(t, torch.Tensor))
         sticky: bool | None = None
-        # an operand changed in place since, or freed (FSDP2 frees an unsharded weight's storage when it reshards)
-        alive = all(t.untyped_storage().nbytes() > 0 or t.numel() == 0 for t in tensors)
-        if alive and tuple(t._version for t in tensors) == call.versions:
-            name = call.op.removeprefix("aten.")
-            operands = _operands(name, call.args, {})
-            assert operands is not None  # only checkable calls are recorded
-            a, b, bias = operands
-            out = call.func(*call.args)
-            p = precision_for(out.dtype, out.device)
-            assert p is not None
-            with _disable_current_modes():
-                sticky = int(check_matmul(a, b, out, bias=bias, precision=p, rows=self.rows)) > 0
+        try:
+            # an operand changed in place since, or freed (FSDP2 frees an unsharded weight's storage when it reshards)
+            alive = all(t.untyped_storage().nbytes() > 0 or t.numel() == 0 for t in tensors)
+            if alive and tuple(t._version for t in tensors) == call.versions:
+                name = call.op.removeprefix("aten.")
+                operands = _operands(name, call.args, {})
+                assert operands is not None  # only checkable calls are recorded
+                a, b, bias = operands
+                out = call.func(*call.args)  # seen by the modes below (a sticky fault recomputes wrong again)
+                p = self._precision(out)
+                assert p is not None
+                with _disable_current_modes():
+                    sticky = int(check_matmul(a, b, out, bias=bias, precision=p, rows=self.rows)) > 0
+        except Exception as e:  # the recompute could not be made: the failure stands, its stickiness unknown
+            self._refuse(f"the recompute of {call.op}", e)
+            sticky = None
         return ChecksumFailure(op=call.op, where=call.where, phase=call.phase, blocks=blocks, sticky=sticky)

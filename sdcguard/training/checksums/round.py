@@ -99,13 +99,16 @@ class ChecksumCheck:
         self.device = device
         self._failures: list[ChecksumFailure] = []
         self._checked = False
-        self.run = self.checked = 0
-        """The matmuls this rank ran and checked on the last checked step (0 on other steps)."""
+        self.run = self.checked = self.unverifiable = 0
+        """The matmuls this rank ran, checked and found unverifiable on the last checked step (0 on other steps)."""
+        self.named: tuple[str, ...] = ()
+        """Why those were unverifiable, one line per setting (:meth:`ChecksumMode.named`)."""
 
     def columns(self, state: StepState) -> torch.Tensor:
         self._checked = self.mode.active
         self._failures = self.mode.end()  # recomputes a failed matmul on this device before anyone is blamed
         self.run, self.checked = (self.mode.run, self.mode.checked) if self._checked else (0, 0)
+        self.unverifiable, self.named = (self.mode.unverifiable, self.mode.named()) if self._checked else (0, ())
         return torch.tensor(columns(self._failures), dtype=torch.int64, device=self.device)
 
     def conclude(self, state: StepState, rows: Sequence[Sequence[int]]) -> CheckResult:

@@ -14,7 +14,8 @@ replay's gradient is freed at once: a replay holds its activations, never a copy
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TypeGuard
 
@@ -47,8 +48,16 @@ class ParamTaps:
 
     collective_replay = False
 
-    def __init__(self, module: nn.Module, named: Sequence[tuple[str, nn.Parameter]]) -> None:
-        self.replay_module = module
+    def __init__(
+        self,
+        module: nn.Module,
+        named: Sequence[tuple[str, nn.Parameter]],
+        *,
+        replay_module: nn.Module | None = None,
+        replay_context: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+    ) -> None:
+        self.replay_module = module if replay_module is None else replay_module
+        self.replay_context = replay_context
         self.unit_names = [n for n, _ in named]
         self.param_names = self.unit_names
         self.params = [p for _, p in named]

@@ -21,6 +21,7 @@ each rank's computation).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -101,9 +102,10 @@ class FSDPTaps:
 
     collective_replay = True
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, *, replay_module: nn.Module | None = None) -> None:
         assert _fsdp_module_type() is not None
-        self.replay_module = model
+        self.replay_module = model if replay_module is None else replay_module
+        self.replay_context = contextlib.nullcontext
         fsdp = [(name, m) for name, m in model.named_modules() if is_fsdp(m)]
         nested: set[int] = set()
         owned: dict[int, list[nn.Parameter]] = {}

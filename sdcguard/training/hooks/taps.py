@@ -9,6 +9,7 @@ gradient). Units without a gradient keep the value 0.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -41,7 +42,11 @@ class Taps(Protocol):
     """True when a replay runs collectives (FSDP all-gathers): every rank must replay at the same time."""
     replay_module: nn.Module
     """What ``loss_fn`` receives for a replay: the module without data-parallel wrapper (DDP), or the sharded
-    module itself (FSDP)."""
+    module itself (FSDP); a compiled model's compiled code (:mod:`.wrappers`)."""
+
+    def replay_context(self) -> contextlib.AbstractContextManager[object]:
+        """The context a replay runs in (``torch.compile(DDP(m))`` replays through DDP under ``no_sync()``)."""
+
     handed_over: int
     """How many local gradients the framework has handed over so far (replays not counted): a micro-batch whose
     backward hands none over was accumulated without reduction (FSDP2 without gradient sync), so the step's

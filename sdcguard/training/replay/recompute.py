@@ -27,8 +27,11 @@ LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 """``loss_fn(model, batch) -> scalar loss``; the guard calls it for the step and for every replay."""
 
 
-def check_loss(loss: object) -> torch.Tensor:
-    """``loss`` if it is a scalar tensor, else a clear error (a user's ``loss_fn`` returned something else)."""
+def check_loss(loss: object, *, scalar: bool = True) -> torch.Tensor:
+    """``loss`` if it is a scalar tensor (any tensor with ``scalar=False``: a pipeline stage's output, whose backward
+    starts from its captured gradient), else a clear error (a user's ``loss_fn`` returned something else)."""
+    if isinstance(loss, torch.Tensor) and not scalar:
+        return loss
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise ValueError(
             f"loss_fn(model, batch) must return a scalar tensor, got {type(loss).__name__}"
@@ -100,10 +103,10 @@ def replay(
     batch = batch_for_replay(capture, device)
     record = LocalRecord(len(taps.unit_names), device)
     module = taps.replay_module
-    with _buffers_kept(module), parameters_swapped(params, param_values), torch.enable_grad():
+    with _buffers_kept(module), parameters_swapped(params, param_values), torch.enable_grad(), taps.replay_context():
         with rng_replayed(capture.rng, rng_hook, same_process=same_process):
             with autocast_replayed(capture.autocast):
-                loss = check_loss(loss_fn(module, batch))
+                loss = check_loss(loss_fn(module, batch), scalar=capture.seed is None)
             record.set_loss(loss)
             taps.replay_backward(loss, _seed_for(loss, capture.seed), record)
     return record.digest()

@@ -15,10 +15,12 @@ replay here, so that holds too.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from ...fingerprints import combine, signed64
+from ...records import Incident
 from ..comm import Comm
 from ..digest import Digest
 from ..mesh import Layout
@@ -169,6 +171,11 @@ class PeerRound:
         if not result.software:
             result.clean = seen - result.blamed - result.suspects
         return [result]
+
+    def escalate(
+        self, action: Literal["raise", "exit"], incidents: Sequence[Incident], status: Callable[[int], int]
+    ) -> None:
+        """Every rank of a peer round takes part in the step: each raises or exits on its own."""
 
     def _settle_everywhere(
         self, st: _Sampled, p: int, r: int, disagreeing: Sequence[int], result: RoundResult

@@ -12,8 +12,8 @@ step's own computation was corrupt.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Literal, Protocol
 
 import torch
 
@@ -38,6 +38,12 @@ class Round(Protocol):
 
     def finish(self, step: int, sample: int, sampled: bool, table: Sequence[Sequence[int]]) -> list[RoundResult]:
         """What this step's gathered columns (one row per rank, this round's columns only) settle."""
+
+    def escalate(
+        self, action: Literal["raise", "exit"], incidents: Sequence[Incident], status: Callable[[int], int]
+    ) -> None:
+        """Every rank raises or exits at this step: tell the ranks that do not take part in the step (dedicated
+        shadows) to do the same; ``status(rank)``: such a rank's exit status."""
 
     def close(self) -> list[RoundResult]:
         """End of training: settle what is outstanding."""

@@ -19,14 +19,17 @@ verdict names a step that was already applied: a shadow cannot veto.
 from __future__ import annotations
 
 import collections
+import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
+from ...errors import CorruptionDetected
+from ...records import Incident
 from ..comm import (
     Comm,
     comm_device,
@@ -45,7 +48,7 @@ from ..replay.recompute import Replayer
 from ..verdicts.attribution import Attributor, Opinion, judge
 from ..verdicts.outcomes import RoundResult, conclude
 from .pairing import shadow_assignment
-from .wire import VERDICT_LEN, Fetch, ShadowSample, Verdict, flat_buffers, flat_views
+from .wire import VERDICT_LEN, Escalation, Fetch, ShadowSample, Verdict, flat_buffers, flat_views
 
 __all__ = ["ShadowServer", "DedicatedRound", "ShadowSettle", "MAX_PENDING"]
 
@@ -71,12 +74,18 @@ class ShadowServer:
         self._kept: dict[int, tuple[Capture, Digest, list[torch.Tensor]]] = {}
 
     def serve(self) -> int:
-        """Serve until every worker has stopped; returns the number of samples replayed."""
+        """Serve until every worker has stopped; returns the number of samples replayed. When the workers escalate
+        (they raise or exit: :class:`~.wire.Escalation`), so does the shadow, once every worker has said so:
+        ``CorruptionDetected``, or ``SystemExit`` with the exit-code contract's status."""
         stopped: set[int] = set()
+        escalation: Escalation | None = None
         while len(stopped) < self.num_workers:
             msg, sender = recv_object(None)
             if msg is None:
                 stopped.add(sender)
+            elif isinstance(msg, Escalation):
+                stopped.add(sender)
+                escalation = msg
             elif isinstance(msg, Fetch):
                 cap, digest, values = self._kept.pop(msg.sample)
                 handles = send_object((cap, digest), sender)
@@ -84,6 +93,8 @@ class ShadowServer:
                     w.wait()
             else:
                 self._replay(msg, sender)
+        if escalation is not None:
+            _act(escalation)
         return self.replays
 
     def _replay(self, sample: ShadowSample, sender: int) -> None:
@@ -100,6 +111,15 @@ class ShadowServer:
         )
         send_tensor(verdict.to_tensor(comm_device(None)), sender)
         self.replays += 1
+
+
+def _act(escalation: Escalation) -> None:
+    """What the workers did, on the shadow (the exit status is the one the workers' contract gives it)."""
+    first = escalation.incidents[0].detail if escalation.incidents else "the workers escalated"
+    if escalation.action == "exit":
+        print(f"sdcguard: {first}", file=sys.stderr, flush=True)
+        sys.exit(escalation.status)
+    raise CorruptionDetected(f"silent data corruption: {first}", escalation.incidents)
 
 
 class Arrival:
@@ -177,6 +197,8 @@ class DedicatedRound:
         """The previous sample's sends (to wait on) and the buffers they read (kept alive until then)."""
         self._ready: list[RoundResult] = []
         """Verdicts collected while sending (the shadow fell behind), reported at this step's finish."""
+        self._released = False
+        """The shadows were told this worker is done (``close``) or escalates (``escalate``)."""
 
     def owner(self, sample: int) -> int:
         """Data-parallel index of the worker whose micro-batch the sample checks."""
@@ -200,6 +222,8 @@ class DedicatedRound:
     def send(self, step: int, sample: int, observed: Observed | None) -> list[RoundResult]:
         """A sampled step: the owner sends its micro-batch and parameters; every worker notes the pending sample.
         Waits for the oldest verdicts first when the shadow fell behind (their results are returned)."""
+        if self._released:  # the shadows left with the escalation (a script that caught it and goes on)
+            return []
         results = []
         while len(self._pending) >= MAX_PENDING:
             results.append(self.collect())
@@ -288,8 +312,26 @@ class DedicatedRound:
         j = judge(Opinion(g[owner], original), others, contemporary=False)
         conclude(pending.step, [(g[owner], j)], self.attr, devices=self.comm.size + 1, shared_cause_at=3, result=result)
 
+    def escalate(
+        self, action: Literal["raise", "exit"], incidents: Sequence[Incident], status: Callable[[int], int]
+    ) -> None:
+        """The workers raise or exit at this step: tell every shadow (its last message from this worker), so the
+        shadows leave ``serve()`` the same way instead of waiting for the workers forever; ``status(rank)``: a
+        shadow's exit status under ``exit``. Outstanding verdicts are dropped: the job is ending."""
+        if self._released:
+            return
+        self._released = True
+        self._pending.clear()
+        for s in self.shadows:
+            handles = send_object(Escalation(action=action, incidents=tuple(incidents), status=status(s)), s)
+            for w in handles[0]:
+                w.wait()
+
     def close(self) -> list[RoundResult]:
         """End of training: collect every outstanding verdict, then release the shadows."""
+        if self._released:  # escalated: the shadows are gone
+            return []
+        self._released = True
         results = []
         while self._pending:
             results.append(self.collect())

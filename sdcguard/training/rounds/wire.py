@@ -1,18 +1,20 @@
 """What workers and a dedicated shadow send each other: the sample (capture, step, original digest), a request for
-a kept sample, the shadow's verdict (a fixed-size int64 tensor on the wire), and the flat per-dtype buffers that
-carry the parameters in one message each."""
+a kept sample, the shadow's verdict (a fixed-size int64 tensor on the wire), an escalation (the workers raise or
+exit, so the shadow does too), and the flat per-dtype buffers that carry the parameters in one message each."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
+from ...records import Incident
 from ..digest import Digest
 from ..replay.capture import Capture
 
-__all__ = ["ShadowSample", "Fetch", "Verdict", "VERDICT_LEN", "flat_buffers", "flat_views"]
+__all__ = ["ShadowSample", "Fetch", "Escalation", "Verdict", "VERDICT_LEN", "flat_buffers", "flat_views"]
 
 VERDICT_LEN = 5  # [sample, step, matched, first_unit, loss_differs]
 
@@ -32,6 +34,17 @@ class Fetch:
     """A worker asks a shadow for a sample it kept after a disagreement."""
 
     sample: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Escalation:
+    """A worker's last message to a shadow: the job raises (``CorruptionDetected``) or exits (the exit-code
+    contract) at this step, for these incidents; the shadow does the same once every worker has said so."""
+
+    action: Literal["raise", "exit"]
+    incidents: tuple[Incident, ...]
+    status: int
+    """The shadow's exit status under ``exit`` (the exit-code contract: 86 when it is a suspect, else 85)."""
 
 
 @dataclass(frozen=True, kw_only=True)

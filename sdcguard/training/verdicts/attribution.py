@@ -8,9 +8,13 @@ Each device's computations are its *opinions*; a device that computed twice eith
 
 1. **Software** when two or more devices are self-inconsistent in one settlement: the setup does not replay bit
    for bit (uncaptured randomness, order-dependent sums). No device is named, the step is not vetoed for it, and
-   replay turns off for the run. Also software: the self-consistent devices split into value groups that coincide
-   exactly with groups of different *setups* (device model, driver, library versions: gathered at construction),
-   which is the setup computing differently, not a fault.
+   replay turns off for the run. Also software, where the evidence cannot separate a device from its setup: the
+   self-consistent devices split into value groups that coincide exactly with groups of different *setups* (device
+   model, driver, library versions: gathered at construction), which is the setup computing differently, not a
+   fault, unless a strict majority (rule 2) stands against values each computed by one device alone: a setup's
+   difference shows on every device of that setup, so a lone device of another setup contradicted by a strict
+   majority is that device (setups A, B, B with the A device wrong: hardware, A named), while two devices of one
+   setup agreeing against the rest are that setup (software).
 2. **Hardware** when a value is *agreed*: computed by at least two devices and by a strict majority of the devices
    (one vote per device, for each value it computed); or, failing that, when exactly one device is
    self-inconsistent and every other device computed the same value, at least one of them twice (a device that
@@ -33,8 +37,6 @@ identical wrong results would be taken for the truth).
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -42,23 +44,9 @@ from typing import Literal
 from ...records import Incident
 from ..digest import Digest
 
-__all__ = ["Opinion", "Judgement", "Verdict", "settle", "judge", "Attributor", "launcher_job_id", "new_job_id"]
+__all__ = ["Opinion", "Judgement", "Verdict", "settle", "judge", "Attributor"]
 
 Verdict = Literal["hardware", "unresolved", "software"]
-
-
-def launcher_job_id() -> str | None:
-    """The launcher's job id when it is a real one: torchelastic's run id (torchrun sets the placeholder ``"none"``
-    on a multi-node launch without ``--rdzv-id``, which is no id), else Slurm's job id. None when neither is set."""
-    run = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run and run.strip().lower() not in ("none", ""):
-        return run
-    return os.environ.get("SLURM_JOB_ID") or None
-
-
-def new_job_id() -> str:
-    """An id for a job whose launcher gave none (made on one rank and shared in the guard's first gather)."""
-    return f"sdcguard-{uuid.uuid4().hex[:16]}"
 
 
 @dataclass(frozen=True)
@@ -132,14 +120,17 @@ def settle(computations: Mapping[int, Sequence[Digest]], setups: Mapping[int, Ha
         )
     values = _values(computations)
     consistent = [d for d in devices if d not in inconsistent]
-    if setups is not None and _split_by_setup(values, consistent, setups):
+    agreed = next((v for v, devs in values if len(devs) >= 2 and 2 * len(devs) > len(devices)), None)
+    # a strict majority against lone devices separates each of them from its setup (rule 1): only otherwise can the
+    # setups' difference explain the split
+    separated = agreed is not None and all(len(devs) == 1 for v, devs in values if v != agreed)
+    if setups is not None and not separated and _split_by_setup(values, consistent, setups):
         return Judgement(
             verdict="software",
             how="the devices that disagree run different setups (device model, "
             "driver or library versions) and each setup reproduces its own result: the setups compute "
             "differently; no device is at fault",
         )
-    agreed = next((v for v, devs in values if len(devs) >= 2 and 2 * len(devs) > len(devices)), None)
     how = ""
     if agreed is not None:
         n = next(len(devs) for v, devs in values if v == agreed)

@@ -200,7 +200,13 @@ class CalibrationRun:
 
     first: Digest
     again: Digest
+    third: Digest | None = None
+    """A third computation, in a single process whose first two differ (see :func:`calibrate`)."""
     ops: tuple[str, ...] = ()
+
+    @property
+    def computations(self) -> list[Digest]:
+        return [self.first, self.again] + ([self.third] if self.third is not None else [])
 
 
 def calibrate(
@@ -213,16 +219,21 @@ def calibrate(
     setups: Mapping[int, Hashable] | None = None,
 ) -> tuple[CalibrationReport, Judgement | None]:
     """Every rank computes the group's first rank's micro-batch twice (collective over ``comm``); the report, and
-    the judgement when the computations disagree (None when all agree)."""
+    the judgement when the computations disagree (None when all agree).
+
+    A single process has one device, whose two computations cannot outvote each other: when they differ it computes
+    a third time, and the three vote as :func:`~.attribution.settle` says (two agreeing name the odd one a
+    transient fault; all three differing is software), so one differing computation is never called software."""
     cap = comm.broadcast_object(cap if comm.index == 0 else None, src=0)
     recorder = OpRecorder() if record_ops else None
     with recorder if recorder is not None else contextlib.nullcontext():
         first: Digest = replay_fn(cap, comm.index == 0)
     again: Digest = replay_fn(cap, comm.index == 0)
-    mine = CalibrationRun(first=first, again=again, ops=tuple(sorted(recorder.seen)) if recorder else ())
+    third = replay_fn(cap, True) if comm.size == 1 and again != first else None  # one process: no collective
+    mine = CalibrationRun(first=first, again=again, third=third, ops=tuple(sorted(recorder.seen)) if recorder else ())
     gathered: list[CalibrationRun] = comm.gather_objects(mine)
-    computations = {g: [e.first, e.again] for g, e in zip(comm.members, gathered)}
-    if all(d == first for e in gathered for d in (e.first, e.again)):
+    computations = {g: e.computations for g, e in zip(comm.members, gathered)}
+    if all(d == first for e in gathered for d in e.computations):
         return CalibrationReport(deterministic=True, same_device=True, cross_rank=True, verdict="deterministic"), None
     j = settle(computations, setups)
     if j.verdict == "software":

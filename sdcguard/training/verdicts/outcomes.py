@@ -63,29 +63,30 @@ def conclude(
 ) -> RoundResult:
     """Fill ``result`` from the judgements of one round (``(owner's global rank, judgement)`` each).
 
-    Any software verdict makes the whole round software (no device named: the setup does not replay). Owners whose
-    originals were spoiled as one-offs on ``shared_cause_at`` or more devices at once point at a cause they share
-    (a collective: every rank's original of an FSDP2 step reads the same all-gather), which no single device
-    explains: those become one unresolved incident."""
+    Any software verdict makes the whole round software (no device named: the setup does not replay). One-offs on
+    ``shared_cause_at`` or more devices at once point at a cause they share, which no single device explains: the
+    originals of several owners each wrong once and right on a rerun (every rank's original of an FSDP2 step reads
+    the same all-gathers), or the replays of several replayers each wrong once while the originals stand (an FSDP2
+    replay's all-gather corrupted: every replay reads it at once). Each kind becomes one unresolved incident naming
+    those ranks, with the verdicts it replaces in its detail, and the step is treated as corrupt (what spoiled them
+    all may have reached the step's own collectives too)."""
     soft = [j for _, j in settled if j.verdict == "software"]
     if soft:
         result.software.append(f"step {step}: {soft[0].how}")
         return result
     hardware = [(o, j) for o, j in settled if j.verdict == "hardware"]
     unresolved = [(o, j) for o, j in settled if j.verdict == "unresolved"]
-    one_offs = [(o, j) for o, j in hardware if j.original_corrupt and j.blamed.get(o) is False]
-    if len(one_offs) >= shared_cause_at:
-        hardware = [(o, j) for o, j in hardware if (o, j) not in one_offs]
-        owners = tuple(sorted(o for o, _ in one_offs))
-        j = Judgement(
-            verdict="unresolved",
-            suspects=owners,
-            original_corrupt=True,
-            first_unit=one_offs[0][1].first_unit,
-            how=f"the originals of {len(owners)} ranks ({', '.join(map(str, owners))}) were each wrong once "
-            "and right on a rerun: a cause they share (a collective), not one device",
-        )
-        unresolved.append((owners[0], j))
+    originals = [(o, j) for o, j in hardware if j.original_corrupt and j.blamed.get(o) is False]
+    replays = [(o, j) for o, j in hardware if not j.original_corrupt and j.blamed and not any(j.blamed.values())]
+    for kind, group, ranks in (
+        ("originals", originals, lambda o, j: {o}),
+        ("replays", replays, lambda o, j: set(j.blamed)),
+    ):
+        if len(group) < shared_cause_at:
+            continue
+        taken = {id(j) for _, j in group}
+        hardware = [(o, j) for o, j in hardware if id(j) not in taken]
+        unresolved.append(_shared_cause(kind, group, tuple(sorted(set().union(*(ranks(o, j) for o, j in group))))))
     for _, j in hardware:
         result.corrupt |= j.original_corrupt
         result.blamed |= set(j.blamed)
@@ -99,6 +100,22 @@ def conclude(
             told.add(j.suspects)
             result.incidents.append(attr.unresolved(step, owner, j, alone=len(j.suspects) >= devices))
     return result
+
+
+def _shared_cause(kind: str, group: Sequence[tuple[int, Judgement]], ranks: tuple[int, ...]) -> tuple[int, Judgement]:
+    """One unresolved judgement for one-offs on several devices at once (``kind``: whose computations were wrong)."""
+    whose = "originals" if kind == "originals" else "replays"
+    j = Judgement(
+        verdict="unresolved",
+        suspects=ranks,
+        original_corrupt=True,
+        first_unit=group[0][1].first_unit,
+        how=f"the {whose} of {len(ranks)} ranks ({', '.join(map(str, ranks))}) were each wrong once and right on a "
+        "rerun: a cause they share (a collective), not one device ("
+        + "; ".join(f"rank {o}'s micro-batch: {g.how}" for o, g in group)
+        + ")",
+    )
+    return ranks[0], j
 
 
 class Outcomes:
@@ -151,6 +168,18 @@ class Outcomes:
         if report.verdict == "hardware":
             return self.attr.replay_incidents(-1, [(first, j)], kind="calibration")
         return [self.attr.unresolved(-1, first, j, alone=len(j.suspects) >= devices)]
+
+    def calibrated_runs(
+        self, runs: Sequence[tuple[CalibrationReport, Judgement | None, int]], devices: int
+    ) -> tuple[CalibrationReport, list[Incident]]:
+        """What the calibrations of every slice of a job conclude (``(report, judgement, first rank)`` each, one per
+        slice, in any order and repeated by each of its ranks): the job's report (software if any slice's is) and
+        the incidents, each slice's once, software last (it turns replay off for the run)."""
+        order = ("deterministic", "hardware", "unresolved", "software")
+        unique = sorted({first: (r, j, first) for r, j, first in runs}.values(), key=lambda s: (
+            order.index(s[0].verdict), s[2]))  # fmt: skip
+        found = [i for r, j, first in unique for i in self.calibrated(r, j, first, devices)]
+        return unique[-1][0] if unique[-1][0].verdict == "software" else runs[0][0], found
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run keeps of these conclusions."""

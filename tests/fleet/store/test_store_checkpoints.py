@@ -59,3 +59,34 @@ def test_a_schema_4_store_gains_the_checkpoints_table(tmp_path: Path) -> None:
         assert store.checkpoints() == []
         store.record_checkpoint(checkpoint_id="c1", step=1, verified=False, now=6.0)
         assert [c.checkpoint_id for c in store.checkpoints()] == ["c1"]
+
+
+def test_a_schema_10_store_keeps_its_scrubs_and_gains_the_unverified_outcome(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.db"
+    with Store.open(path) as store:
+        store.record_scrub(checkpoint_id="c0", status="clean", tensors=3, bytes=100, now=5.0)
+        store.record_scrub(checkpoint_id="c1", status="corrupt", tensors=3, bytes=100, bad=["w"], now=6.0)
+    with sqlite3.connect(path) as conn:  # as a version-10 sdcguard left it: no unverified outcome, no such column
+        conn.execute("ALTER TABLE checkpoint_scrubs RENAME TO new")
+        conn.execute(
+            "CREATE TABLE checkpoint_scrubs (id INTEGER PRIMARY KEY, uuid TEXT NOT NULL UNIQUE, checkpoint_id TEXT "
+            "NOT NULL, status TEXT NOT NULL CHECK (status IN ('clean','corrupt','unreadable')), tensors INTEGER NOT "
+            "NULL, bytes INTEGER NOT NULL, bad TEXT NOT NULL DEFAULT '[]', detail TEXT NOT NULL DEFAULT '', host "
+            "TEXT NOT NULL, time REAL NOT NULL)"
+        )
+        conn.execute(
+            "INSERT INTO checkpoint_scrubs SELECT id, uuid, checkpoint_id, status, tensors, bytes, bad, detail, host, "
+            "time FROM new"
+        )
+        conn.execute("DROP TABLE new")
+        conn.execute("CREATE INDEX checkpoint_scrubs_checkpoint ON checkpoint_scrubs(checkpoint_id, time)")
+        conn.execute("PRAGMA user_version = 10")
+    with Store.open(path) as store:
+        assert [(s.checkpoint_id, s.status, s.bad, s.unverified) for s in store.scrubs()] == [
+            ("c0", "clean", (), ()),
+            ("c1", "corrupt", ("w",), ()),
+        ]
+        store.record_scrub(checkpoint_id="c2", status="unverified", tensors=2, bytes=90, unverified=["b"], now=7.0)
+        assert store.scrubs(checkpoint_id="c2")[0].unverified == ("b",)
+        with pytest.raises(BadInput, match="clean, corrupt, unverified or unreadable"):
+            store.record_scrub(checkpoint_id="c3", status="fine", tensors=0, bytes=0)

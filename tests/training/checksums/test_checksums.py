@@ -18,7 +18,7 @@ from sdcguard.inject.faults import Fault, FaultModel
 from sdcguard.inject.torch_faults import OpFaultMode
 from sdcguard.testing import run_ranks
 from sdcguard.testing.models import TinyTransformer, lm_loss, make_batch
-from tests._logs import expect_log
+from tests._logs import expect_log, logged
 
 pytestmark = pytest.mark.timeout(240)
 torch.set_num_threads(1)  # tiny models: threads only contend on a shared machine
@@ -329,16 +329,50 @@ def test_matmuls_that_add_a_matrix_column_or_scalar_are_checked_and_faults_caugh
     assert [i.kind for i in r.incidents] == ["checksum"]
 
 
+@pytest.mark.parametrize("error", [RuntimeError, ValueError, IndexError, TypeError, AssertionError, ZeroDivisionError])
 def test_a_call_the_check_cannot_take_is_counted_unchecked_and_the_step_goes_on(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, error: type[Exception]
 ) -> None:
+    """Any exception inside a check (only RuntimeError was caught: a ValueError from torch.cat broke the step)."""
     from sdcguard.training.checksums import mode as checksums
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("a shape the check does not know")
+        raise error("a shape the check does not know")
 
     monkeypatch.setattr(checksums, "check_matmul", refuse)
     guard = SDCGuard(_model(), lm_loss, replay_every=0, checksum_every=1)
-    with expect_log("could not check aten.* count as run, not checked"):
+    with expect_log(f"could not check aten.* \\({error.__name__}: .* count as run, not checked"):
         r = guard.step(0, make_batch(0, 0))
     assert r.commit and not r.incidents and r.matmuls_checked == 0 < r.matmuls_run
+    assert r.matmuls_unverifiable == 0  # not unverifiable either: only run
+
+
+class _Experts(nn.Module):
+    """A mixture of experts whose router sends no token to the second expert: its matmuls have zero rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
+        self.empty = nn.Parameter(torch.randn(0, 8))  # and a matmul with k = 0: a weight of no input features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        routed = [x, x[:0]]  # every token to expert 0
+        out = torch.cat([e(t) for e, t in zip(self.experts, routed)])
+        return out + x[:, :0] @ self.empty  # (n, 0) @ (0, 8): zeros
+
+
+def test_matmuls_with_zero_rows_or_zero_terms_do_not_break_the_step_and_faults_still_count() -> None:
+    """An expert that got no tokens ran a matmul with zero rows: torch.cat raised a ValueError inside the check and
+    the step died."""
+    torch.manual_seed(0)
+    guard = SDCGuard(_Experts(), lambda m, b: m(b).square().mean(), replay_every=0, checksum_every=1)
+    x = torch.randn(16, 8)
+    with logged() as said:
+        r = guard.step(0, x)
+    assert said == []  # not even a warning: an empty result is checked (there is nothing in it)
+    assert r.commit and not r.incidents and r.matmuls_checked == r.matmuls_run > 0
+    mode = _fault("transient", "forward", 0)
+    with mode:
+        mode.step = 1
+        r = guard.step(1, x)
+    assert not r.commit and [i.kind for i in r.incidents] == ["checksum"]

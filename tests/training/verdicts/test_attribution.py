@@ -15,7 +15,8 @@ from sdcguard.fleet.breaker import judge_training
 from sdcguard.fleet.policy import QuarantinePolicy
 from sdcguard.records import Incident
 from sdcguard.training.digest import Digest
-from sdcguard.training.verdicts.attribution import Attributor, Opinion, judge, launcher_job_id, settle
+from sdcguard.training.identity import launcher_job_id
+from sdcguard.training.verdicts.attribution import Attributor, Opinion, judge, settle
 from sdcguard.training.verdicts.calibration import CalibrationReport, likely_causes
 from sdcguard.training.verdicts.outcomes import Outcomes, RoundResult, conclude
 
@@ -97,6 +98,29 @@ def test_devices_of_different_setups_computing_differently_is_the_setups_doing()
     comps = {0: [GOOD, GOOD], 1: [GOOD, GOOD], 2: [BAD, BAD], 3: [GOOD, GOOD]}
     j = settle(comps, setups)
     assert j.verdict == "hardware" and j.blamed == {2: True}
+
+
+@pytest.mark.parametrize("wrong", [0, 1, 2])
+def test_a_lone_device_of_another_setup_outvoted_by_a_strict_majority_is_that_device(wrong: int) -> None:
+    """Setups A, B, B (mixed models or drivers), the A device sticky-wrong while both B devices agree: it was
+    software (no device named, replay off for the run) because the setup rule ran before the majority. So is a B
+    device wrong against A and the other B (the majority is of mixed setups)."""
+    setups = {0: "a100", 1: "h100", 2: "h100"}
+    comps = {r: [BAD, BAD] if r == wrong else [GOOD, GOOD] for r in range(3)}
+    j = settle(comps, setups)
+    assert j.verdict == "hardware" and j.agreed == GOOD and j.blamed == {wrong: True}
+    # through judge, as a peer round settles it: the A owner's original, its rerun, the replay and third opinions
+    j = judge(Opinion(0, BAD), [Opinion(1, GOOD), Opinion(0, BAD), Opinion(1, GOOD), Opinion(2, GOOD)], setups)
+    assert j.verdict == "hardware" and j.original_corrupt and j.blamed == {0: True}
+
+
+def test_where_no_majority_separates_a_device_from_its_setup_the_setup_rule_still_holds() -> None:
+    # A vs B alone (no majority), and A, A against B, B, B (two A devices reproduce the A result: the setup)
+    assert settle({0: [GOOD, GOOD], 1: [BAD, BAD]}, {0: "a100", 1: "h100"}).verdict == "software"
+    setups = {0: "a100", 1: "a100", 2: "h100", 3: "h100", 4: "h100"}
+    comps = {r: [BAD, BAD] if r < 2 else [GOOD, GOOD] for r in range(5)}
+    assert settle(comps, setups).verdict == "software"
+    assert settle(comps, None).verdict == "hardware"  # one setup: two devices wrong alike are still outvoted
 
 
 @pytest.mark.parametrize(
@@ -220,6 +244,29 @@ def test_a_round_whose_originals_were_all_one_offs_on_several_devices_is_unresol
     res = conclude(5, settled, attr, devices=3, shared_cause_at=2, result=RoundResult(step=5))
     assert res.corrupt and not res.blamed and res.suspects == {0, 1}
     assert [i.kind for i in res.incidents] == ["unresolved"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_corrupted_collective_seen_by_every_replay_at_once_is_one_unresolved_incident(world: int) -> None:
+    """FSDP2, one all-gather corrupted during the replay: every rank's replay of its peer's micro-batch is wrong
+    once, every original and rerun right. It was one ``replay`` incident per replayer, each naming one device alone
+    (each counting toward quarantine), and the step committed."""
+    attr = Attributor(["a", "b"], IDS)
+    settled = []
+    for owner in range(world):
+        replayer = (owner + 1) % world
+        others = [Opinion(replayer, BAD)] + [Opinion(q, GOOD) for q in range(world)]
+        j = judge(Opinion(owner, GOOD), others)
+        assert j.verdict == "hardware" and j.blamed == {replayer: False} and not j.original_corrupt
+        settled.append((owner, j))
+    res = conclude(5, settled, attr, devices=world, shared_cause_at=2, result=RoundResult(step=5))
+    assert res.corrupt and not res.blamed and res.suspects == set(range(world))
+    (incident,) = res.incidents
+    assert incident.kind == "unresolved" and incident.suspect_ranks == tuple(range(world)) and incident.device is None
+    assert "replays" in incident.detail and incident.detail.count("computation differs") == world
+    # one replay alone is still that replayer's transient, not a shared cause
+    alone = conclude(5, settled[:1], attr, devices=world, shared_cause_at=2, result=RoundResult(step=5))
+    assert [i.kind for i in alone.incidents] == ["replay"] and not alone.corrupt
 
 
 def test_sticky_escalates_at_once_and_unresolved_on_a_repeat() -> None:

@@ -127,6 +127,42 @@ def test_matrix(kind: str, dp: int, deterministic: bool, calibrate: bool) -> Non
 
 
 @pytest.mark.timeout(200)
+def test_mixed_setups_a_lone_device_outvoted_by_a_strict_majority_is_named_never_software() -> None:
+    """Setups A, B, B: the A device sticky-wrong while both B devices agree was ``software`` (no device named,
+    replay off for the run). Every faulty step is vetoed and names its device alone; replay stays on."""
+    from tests._matrix import MIXED_FAULTS, mixed_setup_cell
+
+    results = run_ranks(mixed_setup_cell, 3, timeout=180)
+    steps = results[0]["steps"]
+    assert all(r["steps"] == steps for r in results) and results[0]["state"] != "nondeterministic"
+    for step, (commit, checks, incidents) in steps.items():
+        assert "replay" in checks and not [i for i in incidents if i[0] == "nondeterministic"]
+        if step in MIXED_FAULTS:
+            rank, timing = MIXED_FAULTS[step]
+            assert not commit and [(i[0], i[2], i[3]) for i in incidents] == [("replay", (rank,), timing == "sticky")]
+        else:
+            assert commit and not incidents, (step, incidents)
+
+
+@pytest.mark.timeout(200)
+def test_a_collective_corrupted_under_every_replay_is_one_shared_cause_incident_and_vetoed() -> None:
+    """FSDP2, one all-gather corrupted during the replay: it was one ``replay`` incident per rank, each naming one
+    device alone (each counting toward quarantine), and the step committed."""
+    from tests._matrix import replay_collective_cell
+
+    results = run_ranks(replay_collective_cell, 3, timeout=180)
+    steps = results[0]["steps"]
+    assert all(r["steps"] == steps for r in results) and results[0]["hits"] == 1
+    commit, checks, incidents = steps[2]
+    assert not commit and [(i[0], i[2]) for i in incidents] == [("unresolved", (0, 1, 2))]
+    commit, checks, incidents = steps[4]
+    assert not commit and [(i[0], i[2], i[3]) for i in incidents] == [("replay", (1,), True)]
+    for step in (0, 1, 3, 5, 6):
+        assert steps[step][0] and not steps[step][2] and "replay" in steps[step][1], (step, steps[step])
+    assert results[0]["state"] != "nondeterministic"
+
+
+@pytest.mark.timeout(200)
 def test_a_sticky_fault_at_the_defaults_escalates_at_its_first_sample_naming_the_device() -> None:
     """``replay_every=50``: the fault starts at step 2, the sample at step 50 names rank 1 sticky, and every rank
     raises there (vetoing 1 step in 50 would commit the other 49 corrupted ones)."""
@@ -145,6 +181,23 @@ def test_escalate_exit_leaves_by_the_exit_code_contract() -> None:
 
     results = run_ranks(escalation, 3, "exit", 60, timeout=180)
     assert [r["exit"] for r in results] == [85, 86, 85] and all(r["at"] == 50 for r in results)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("escalate", ["raise", "exit"])
+def test_an_escalation_reaches_the_dedicated_shadow_too(escalate: str) -> None:
+    """2 workers + 1 dedicated shadow, a sticky fault on a worker: the workers raised as designed while the shadow
+    was never told and waited in ``guard.serve()``'s receive until the timeout, so a job that catches the exception
+    to checkpoint and leave hung instead of ending. Now the shadow raises (or exits) too."""
+    from tests._matrix import shadow_escalation
+
+    results = run_ranks(shadow_escalation, 3, escalate, timeout=150)
+    if escalate == "raise":
+        named = {tuple(map(tuple, r["raised"])) for r in results}
+        assert len(named) == 1  # every rank, the shadow included, raised for the same incidents
+        assert any(kind == "replay" and suspects == (1,) and sticky for kind, suspects, sticky in next(iter(named)))
+    else:
+        assert [r["exit"] for r in results] == [85, 86, 85]  # the suspect worker 86, the other worker and the shadow 85
 
 
 @pytest.mark.timeout(120)

@@ -31,8 +31,9 @@ import psycopg
 from psycopg import sql
 from psycopg.adapt import Loader
 
+from .... import __version__
 from ....errors import SchemaTooNew, StoreError, StoreUnreachable
-from ..schema import SCHEMA_VERSION, creator
+from ..schema import SCHEMA_VERSION
 from . import schema as pg_schema
 from .dialect import to_postgres
 
@@ -156,7 +157,7 @@ class PostgresBackend:
             with self.write():
                 self.lock("schema")
                 if self._state() == "empty":  # another process may have created it meanwhile
-                    pg_schema.create(self.conn, store_id=uuid.uuid4().hex, created_by=creator())
+                    pg_schema.create(self.conn, store_id=uuid.uuid4().hex, created_by=f"sdcguard {__version__}")
             return
         version = int(state)
         if version > SCHEMA_VERSION:

@@ -43,7 +43,20 @@ _FUNCTIONS = (
     "THEN CAST(doc AS json) ELSE CAST('{}' AS json) END) AS e(k, v) $$",
 )
 
-MIGRATIONS: dict[int, Callable[[Any], None]] = {}
+
+def _v11(conn: Any) -> None:
+    """A scrub's ``unverified`` outcome and the items it names. SQLite rebuilds the table for its CHECK; here the
+    constraint is replaced and the column added in place (the rows, their ids and the roles' grants stay; the new
+    column comes last, where SQLite's is after ``bad``: the store names every column it writes and reads)."""
+    conn.raw.execute(
+        "ALTER TABLE checkpoint_scrubs DROP CONSTRAINT IF EXISTS checkpoint_scrubs_status_check, "
+        "ADD CONSTRAINT checkpoint_scrubs_status_check "
+        "CHECK (status IN ('clean','corrupt','unreadable','unverified')), "
+        "ADD COLUMN IF NOT EXISTS unverified TEXT NOT NULL DEFAULT '[]'"
+    )
+
+
+MIGRATIONS: dict[int, Callable[[Any], None]] = {11: _v11}
 """``version -> function`` bringing a PostgreSQL store from ``version - 1`` to ``version`` (past
 :data:`BASE_VERSION`), run in one transaction; the same change as :data:`~..schema.MIGRATIONS` of that version."""
 

@@ -1,0 +1,36 @@
+"""What the guard says once, when it starts: setups that limit what its checks can see (and the compiled-model note
+lives with the checksums' switch in the guard). Pure: the messages from facts every rank holds; the guard logs them
+on the ranks that speak."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = ["construction_notices"]
+
+
+def construction_notices(
+    *, speaks: bool, replicas: bool, job_size: int, cuda_problems: list[str], setups: Mapping[int, tuple[str, ...]]
+) -> list[str]:
+    """The warnings of a starting worker (``speaks``: one rank of the job says the job-wide ones; ``replicas``: some
+    two ranks hold the same shard; ``cuda_problems``: settings that keep CUDA replays from being bit-identical)."""
+    out = []
+    if speaks and job_size > 1 and not replicas:
+        out.append(
+            "no two ranks hold the same shard of any parameter (FSDP2 over every rank, or FSDP2 x TP without a "
+            "replicate dimension): the cross-replica checks have nothing to compare; replay and the matmul checksums "
+            "check the computation, and a weight shard corrupted in memory is seen only by replay"
+        )
+    if cuda_problems:
+        out.append(
+            "replays on CUDA will not be bit-identical, so replay checks will turn themselves off: "
+            + "; ".join(cuda_problems)
+        )
+    if speaks and len(set(setups.values())) > 1:
+        kinds = " | ".join(sorted({", ".join(v) for v in setups.values()}))
+        out.append(
+            f"the devices of this job run different setups ({kinds}); replays between devices of different setups "
+            "may differ without any fault, and such a disagreement is reported as the setup's, never blamed on a "
+            "device"
+        )
+    return out
