@@ -5,7 +5,7 @@ every stage at its step; with a third replica of the stage the faulty rank is na
 parallelism) reruns each stage on its own device and catches one-off faults; clean runs train bit for bit as the
 unguarded ones.
 
-CI runs one cell per setup; ``pytest -m slow`` the rest.
+CI runs one cell per setup; ``pytest -m matrix`` the rest.
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ def _clean(setup: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("setup", ["pp2", "dp3_pp2"])
 def test_clean_stages_commit_and_train_as_unguarded(setup: str) -> None:
@@ -86,6 +87,7 @@ def test_clean_stages_commit_and_train_as_unguarded(setup: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("fault", list(FAULTS))
 @pytest.mark.parametrize("setup", list(SETUPS))

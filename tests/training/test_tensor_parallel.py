@@ -4,7 +4,7 @@ its step on every rank of the mesh; with a third opinion of each shard the fault
 one TP rank's weight gradient) or its TP group in one ``unresolved`` incident (a fault that crossed the TP
 collectives), never the innocent partner alone; with two replicas of a shard every incident holds the faulty rank.
 
-CI runs one cell per setup (``test_one_cell_per_setup``); ``pytest -m slow`` runs the whole matrix.
+CI runs one cell per setup (``test_one_cell_per_setup``); ``pytest -m matrix`` runs the whole matrix.
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ def test_one_cell_per_setup(setup: str, fault: str | None) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("setup", [s for s in SETUPS if s != "tp2"])
 def test_clean_steps_commit_and_train_as_unguarded(setup: str) -> None:
@@ -89,6 +90,7 @@ def test_clean_steps_commit_and_train_as_unguarded(setup: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("setup", [s for s in SETUPS if s != "tp2"])
