@@ -5,7 +5,8 @@ local, unsharded gradients to a reduce-scatter, copied into one flat input laid 
 user choose that communication (``FSDPModule.set_custom_reduce_scatter``); the guard installs one that fingerprints
 the input on its device (on sampled micro-batches) and then reduce-scatters exactly as FSDP2's default does. The
 input's layout depends only on the module and the shard-group size, so a replay on any rank of the job produces
-the same layout: one unit per ``fully_shard`` module.
+the same layout: one unit per ``fully_shard`` call (the modules of ``fully_shard([a, b])`` share one state, one
+parameter group and one reduce-scatter: one unit, named ``a+b``).
 
 Accumulation without gradient sync (``set_requires_gradient_sync(False)`` on all but the last micro-batch): FSDP2
 adds each micro-batch's unsharded gradient into the unsharded parameter's ``.grad`` and hands the reduce-scatter
@@ -103,17 +104,39 @@ def _restore_sync(module: FSDPModule, setting: _SyncSetting | None) -> None:
 
 
 def _units(model: nn.Module) -> list[tuple[str, nn.Module, list[nn.Parameter]]]:
-    """``(name, module, its parameters)`` per ``fully_shard`` module, in module order: a module's own parameters are
-    those no nested ``fully_shard`` module claimed."""
+    """``(name, module, its parameters)`` per unit, in module order: one per FSDP2 state, so the modules of one
+    ``fully_shard([a, b])`` call (one state, one parameter group, one reduce-scatter) are one unit named
+    ``a+b``. A unit's parameters are those of its modules that no nested ``fully_shard`` module holds."""
     fsdp = [(name, m) for name, m in model.named_modules() if is_fsdp(m)]
-    nested: set[int] = set()
-    owned: dict[int, list[nn.Parameter]] = {}
-    # Innermost first: a module's own parameters are those no nested fully_shard module claimed.
-    for k in sorted(range(len(fsdp)), key=lambda k: -fsdp[k][0].count(".") - (fsdp[k][0] != "")):
-        m = fsdp[k][1]
-        owned[k] = [p for p in m.parameters() if p.requires_grad and id(p) not in nested]
-        nested.update(id(p) for p in m.parameters())
-    return [(fsdp[k][0] or "<root>", fsdp[k][1], owned[k]) for k in range(len(fsdp)) if owned[k]]
+    state = _state_key(fsdp)
+    owner: dict[int, int] = {}
+    # innermost first: a parameter belongs to the deepest fully_shard module that holds it
+    for _, m in sorted(fsdp, key=lambda nm: -nm[0].count(".") - (nm[0] != "")):
+        for p in m.parameters():
+            owner.setdefault(id(p), state[id(m)])
+    groups: dict[int, list[tuple[str, nn.Module]]] = {}
+    for name, m in fsdp:
+        groups.setdefault(state[id(m)], []).append((name or "<root>", m))
+    units = []
+    for key, members in groups.items():
+        seen: set[int] = set()
+        own = []
+        for _, m in members:
+            for p in m.parameters():
+                if p.requires_grad and owner[id(p)] == key and id(p) not in seen:
+                    seen.add(id(p))
+                    own.append(p)
+        if own:
+            units.append(("+".join(n for n, _ in members), members[0][1], own))
+    return units
+
+
+def _state_key(fsdp: Sequence[tuple[str, nn.Module]]) -> dict[int, int]:
+    """Module -> a key its FSDP2 state alone has (``fully_shard.state``; the module itself where it has none)."""
+    from torch.distributed.fsdp import fully_shard
+
+    state = cast(Any, fully_shard).state  # the contract's public accessor (not in fully_shard's overloads)
+    return {id(m): id(state(m) or m) for _, m in fsdp}
 
 
 def _unsharded(module: FSDPModule) -> list[tuple[nn.Parameter, nn.Parameter]]:
