@@ -91,10 +91,7 @@ def _weights(model: torch.nn.Module) -> list[float]:
     return [float(x) for p in model.parameters() for x in p.to_local().detach().reshape(-1)]
 
 
-def _job(rank: int, world: int, kind: str, fault: tuple[str, str] | None) -> dict[str, Any]:
-    warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
-    plain = _model(kind, world)
-    _train(rank, plain, None, None)
+def _guarded(rank: int, world: int, kind: str, fault: tuple[str, str] | None) -> dict[str, Any]:
     model = _model(kind, world)
     guard = SDCGuard(model, lm_loss, replay_every=1, weight_check_every=0, checksum_every=0, escalate="off")
     with logged() as said:
@@ -102,43 +99,55 @@ def _job(rank: int, world: int, kind: str, fault: tuple[str, str] | None) -> dic
     guard.close()
     return {
         "steps": steps,
-        "same": _weights(plain) == _weights(model),
+        "weights": _weights(model),
         "unjudged": any("not judged" in m for m in said),
         "verified": guard.last_verified_step,
     }
 
 
+def _job(rank: int, world: int, kind: str, fault: tuple[str, str]) -> dict[str, Any]:
+    """The loop without the guard, with it, and with it and a fault (one process group for the three)."""
+    warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
+    plain = _model(kind, world)
+    _train(rank, plain, None, None)
+    return {
+        "plain": _weights(plain),
+        "clean": _guarded(rank, world, kind, None),
+        "fault": _guarded(rank, world, kind, fault),
+    }
+
+
 def _clean(results: list[dict[str, Any]]) -> None:
     for res in results:
-        assert res["steps"] == [(True, [], True)] * STEPS
-        assert not res["unjudged"]
-        assert res["verified"] == STEPS - 1  # every sample, accumulated ones included, judged and clean
-        assert res["same"]  # the guard is an observer: the weights of the unguarded loop, bit for bit
+        clean = res["clean"]
+        assert clean["steps"] == [(True, [], True)] * STEPS
+        assert not clean["unjudged"]
+        assert clean["verified"] == STEPS - 1  # every sample, accumulated ones included, judged and clean
+        assert clean["weights"] == res["plain"]  # the guard is an observer: the unguarded loop's weights, bit for bit
 
 
 def _named(results: list[dict[str, Any]]) -> None:
     step, rank = FAULTY
-    for res in results:
-        commit, incidents, _ = res["steps"][step]
-        assert not commit and incidents == [("replay", step, (rank,))], res["steps"]
-        assert all(c and not i for s, (c, i, _) in enumerate(res["steps"]) if s != step), res["steps"]
-    assert all(res["steps"] == results[0]["steps"] for res in results)  # every rank decides alike
-
-
-@pytest.mark.timeout(120)
-def test_fsdp2_accumulation_without_sync_is_judged_clean_and_bit_identical() -> None:
-    _clean(run_ranks(_job, 3, "fsdp", None, timeout=100))
-
-
-@pytest.mark.timeout(120)
-def test_fsdp2_fault_in_an_accumulated_micro_batch_is_named_and_vetoed() -> None:
-    _named(run_ranks(_job, 3, "fsdp", ("mm", "backward"), timeout=100))
+    steps = [res["fault"]["steps"] for res in results]
+    for seen in steps:
+        commit, incidents, _ = seen[step]
+        assert not commit and incidents == [("replay", step, (rank,))], seen
+        assert all(c and not i for s, (c, i, _) in enumerate(seen) if s != step), seen
+    assert all(seen == steps[0] for seen in steps)  # every rank decides alike
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(160)
-def test_hsdp_with_a_shard_group_of_one_rank_is_judged_and_a_fault_named() -> None:
-    results = run_ranks(_job, 3, "hsdp-1", ("gelu", "forward"), timeout=140)
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+    "kind, fault",
+    [
+        ("fsdp", ("mm", "backward")),  # plain FSDP2: the reduce-scatter sees the sum of the micro-batches
+        ("hsdp-1", ("gelu", "forward")),  # a shard group of one rank: no reduce-scatter at all
+    ],
+)
+def test_accumulated_samples_are_judged_clean_runs_bit_identical_and_a_fault_named(
+    kind: str, fault: tuple[str, str]
+) -> None:
+    results = run_ranks(_job, 3, kind, fault, timeout=130)
+    _clean(results)
     _named(results)
-    clean = run_ranks(_job, 3, "hsdp-1", None, timeout=140)
-    _clean(clean)
