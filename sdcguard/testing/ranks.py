@@ -7,9 +7,11 @@ or raises :class:`RankFailed` if any rank fails (with that rank's traceback), di
 case all ranks are killed before it returns, so a caller (a test, the GPU check, a benchmark) can never leave
 processes behind or hang.
 
-The children see ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` as torchrun sets them, one intra-op thread each (the
-ranks share the machine's cores) and whatever the parent put in ``os.environ`` before the call. ``fn`` must be
-importable by the children: define it at module level.
+``backend="nccl"`` joins an NCCL group instead, each rank on ``cuda:<rank>`` (NCCL refuses two ranks on one device:
+the GPU check runs its FSDP2 paths on CUDA as one NCCL rank). The children see ``RANK``, ``LOCAL_RANK`` and
+``WORLD_SIZE`` as torchrun sets them, one intra-op thread each (the ranks share the machine's cores) and whatever
+the parent put in ``os.environ`` before the call. ``fn`` must be importable by the children: define it at module
+level.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def _child(
     timeout: float,
     args: tuple[Any, ...],
     results: Any,
+    backend: str = "gloo",
 ) -> None:
     try:
         os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)})
@@ -53,9 +56,11 @@ def _child(
         # Several ranks share few cores: one intra-op thread each avoids oversubscription stalls.
         torch.set_num_threads(1)
         store = dist.FileStore(store_path, world_size)
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
         try:
             dist.init_process_group(
-                "gloo",
+                backend,
                 store=store,
                 rank=rank,
                 world_size=world_size,
@@ -73,7 +78,9 @@ def _child(
         results.put((rank, False, traceback.format_exc()))
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0) -> list[Any]:
+def run_ranks(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0, backend: str = "gloo"
+) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return their values in rank order.
 
     A process group that fails to form (gloo's TCP mesh, seen once in hundreds of runs on a loaded machine: a peer's
@@ -82,15 +89,17 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     start = time.monotonic()
     try:
-        return run_ranks_once(fn, world_size, *args, timeout=timeout)
+        return run_ranks_once(fn, world_size, *args, timeout=timeout, backend=backend)
     except RankFailed as e:
         left = timeout - (time.monotonic() - start)
         if GROUP_NOT_FORMED not in str(e) or left < 5.0:
             raise
-        return run_ranks_once(fn, world_size, *args, timeout=left)
+        return run_ranks_once(fn, world_size, *args, timeout=left, backend=backend)
 
 
-def run_ranks_once(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float) -> list[Any]:
+def run_ranks_once(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float, backend: str = "gloo"
+) -> list[Any]:
     """One attempt of :func:`run_ranks`: no second start when the process group does not form."""
     ctx = mp.get_context("spawn")
     tmp = tempfile.mkdtemp(prefix="sdcguard-ranks-")
@@ -98,7 +107,10 @@ def run_ranks_once(fn: Callable[..., Any], world_size: int, *args: Any, timeout:
     results = ctx.Queue()
     procs = [
         ctx.Process(
-            target=_child, args=(fn, r, world_size, store_path, timeout, args, results), name=f"rank{r}", daemon=True
+            target=_child,
+            args=(fn, r, world_size, store_path, timeout, args, results, backend),
+            name=f"rank{r}",
+            daemon=True,
         )
         for r in range(world_size)
     ]

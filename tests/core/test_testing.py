@@ -56,11 +56,11 @@ def test_a_group_that_did_not_form_is_started_once_more(monkeypatch: pytest.Monk
     real = local_ranks.run_ranks_once
     fail_next = [True]
 
-    def flaky(fn, world, *args, timeout):
+    def flaky(fn, world, *args, timeout, backend="gloo"):
         calls.append(timeout)
         if fail_next.pop() if fail_next else False:
             raise RankFailed(f"rank 0 failed:\n{GROUP_NOT_FORMED}RuntimeError: Gloo connectFullMesh failed")
-        return real(fn, world, *args, timeout=timeout)
+        return real(fn, world, *args, timeout=timeout, backend=backend)
 
     monkeypatch.setattr(local_ranks, "run_ranks_once", flaky)
     assert run_ranks(_allreduce_rank, 2, 1, timeout=120) == [(0, 3), (1, 3)]

@@ -54,7 +54,7 @@ def test_the_dry_run_goes_through_every_section_and_prints_its_summary(tmp_path:
     done = _gpu_check("--dry-run", "--out", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    verdicts = re.findall(r"^\[([a-z-]+)\] (PASS|FAIL|SKIP) \([\d.]+ s\): (.*)$", out, re.M)
+    verdicts = re.findall(r"^\[([a-z0-9-]+)\] (PASS|FAIL|SKIP) \([\d.]+ s\): (.*)$", out, re.M)
     assert [v[0] for v in verdicts] == [s.name for s in SECTIONS]
     for s in SECTIONS:
         assert f"== {s.name}: {s.title} (limit {s.timeout_s} s)" in out
@@ -63,20 +63,23 @@ def test_the_dry_run_goes_through_every_section_and_prints_its_summary(tmp_path:
     for name, (st, why) in status.items():
         if name != "golden-data":
             assert st == "SKIP" and why.startswith("dry run: would "), (name, st, why)
-    assert re.search(r"^gpu_check: 1 PASS, 0 FAIL, 9 SKIP in [\d.]+ s \(dry run\)$", out, re.M)
+    skipped = len(SECTIONS) - 1
+    assert re.search(rf"^gpu_check: 1 PASS, 0 FAIL, {skipped} SKIP in [\d.]+ s \(dry run\)$", out, re.M)
     body = json.loads((tmp_path / "results.json").read_text())
     assert body["format"] == "sdcguard-gpu-check/1" and body["run"]["dry_run"] is True
     assert [(s["section"], s["status"]) for s in body["sections"]] == [(n, status[n][0]) for n, *_ in verdicts]
-    assert body["summary"]["PASS"] == 1 and body["summary"]["SKIP"] == 9
-    assert "gpu_check: 1 PASS, 0 FAIL, 9 SKIP" in (tmp_path / "gpu_check.log").read_text()
+    assert body["summary"]["PASS"] == 1 and body["summary"]["SKIP"] == skipped
+    assert f"gpu_check: 1 PASS, 0 FAIL, {skipped} SKIP" in (tmp_path / "gpu_check.log").read_text()
     assert "dry run: would check every matmul of" in status["checksums"][1]  # the checksum section is walked
+    assert "dry run: would train compile(ddp) and blocks fsdp2 with inductor" in status["compiled"][1]
+    assert "dry run: would train a GPT-2 with the Trainer and Accelerate's FSDP2 plugin" in status["hf-fsdp2"][1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_check.log", "results.json"]
 
 
 def test_only_runs_the_named_sections(tmp_path: Path) -> None:
     done = _gpu_check("--dry-run", "--only", "drill,golden-data", "--out", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert re.findall(r"^\[([a-z-]+)\]", done.stdout, re.M) == ["golden-data", "drill"]
+    assert re.findall(r"^\[([a-z0-9-]+)\]", done.stdout, re.M) == ["golden-data", "drill"]
 
 
 @pytest.mark.parametrize(
@@ -109,7 +112,7 @@ def test_sections_fit_in_eight_minutes_and_each_names_its_work() -> None:
 
 def test_the_docs_list_every_section_with_its_limit() -> None:
     text = (ROOT / "docs" / "gpu-check.md").read_text()
-    rows = re.findall(r"^\| `([a-z-]+)` \| (\d+) s \|", text, re.M)
+    rows = re.findall(r"^\| `([a-z0-9-]+)` \| (\d+) s \|", text, re.M)
     assert rows == [(s.name, str(s.timeout_s)) for s in SECTIONS]
 
 
@@ -338,6 +341,75 @@ def test_training_job_on_cpu_ranks_passes_every_check() -> None:
     assert not rep.failed, rep.failed
     assert len(rep.checks) == 6 * len(training.PRECISIONS)
     assert rep.measurements["bf16"]["incident"]["suspect_ranks"] == [training.FAULTY_RANK]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_compiled_jobs_on_cpu_ranks_pass_every_check() -> None:
+    """The section's jobs on CPU tensors over gloo, compiled with aot_eager (inductor on a GPU)."""
+    from gpu_check import compiled
+
+    jobs = compiled.run_job(device="cpu", timeout=200, backend="aot_eager")
+    rep = SectionReport("compiled", stream=open(os.devnull, "w"))
+    compiled.evaluate(rep, jobs)
+    assert not rep.failed, rep.failed
+    assert len(rep.checks) == 6 * len(compiled.SETUPS)
+    assert rep.measurements["compile(ddp)"]["incident"]["suspect_ranks"] == [compiled.FAULTY_RANK]
+    assert rep.measurements["blocks fsdp2"]["incident"]["suspect_ranks"] == [0]
+
+
+def test_compiled_checks_fail_when_the_guard_changes_the_weights_or_misses_the_fault() -> None:
+    from gpu_check import compiled
+
+    def rank(r: int, setup: str) -> dict[str, Any]:
+        steps = [{"step": s, "commit": True, "incidents": [], "matmuls_run": 0} for s in range(compiled.STEPS)]
+        run = {"steps": steps, "fingerprints": [1, 2], "injected": 1}
+        drifted = {**run, "fingerprints": [1, 3] if setup == "blocks fsdp2" else [1, 2]}
+        return {"plain": run, "clean": drifted, "faulty": run, "device": "cuda:0"}
+
+    jobs = {setup: [rank(r, setup) for r in range(compiled.DDP_WORLD)] for setup in compiled.SETUPS}
+    rep = SectionReport("compiled", stream=open(os.devnull, "w"))
+    compiled.evaluate(rep, jobs)
+    assert sorted(c.name for c in rep.failed) == sorted(
+        [
+            "blocks fsdp2: the guarded run's weights are the unguarded run's, bit for bit",
+            *(f"{s}: no rank commits the faulty step" for s in compiled.SETUPS),
+            f"compile(ddp): the incident names rank {compiled.FAULTY_RANK} alone",
+            "blocks fsdp2: the incident names rank 0 alone",
+        ]
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_hf_fsdp2_job_on_a_cpu_rank_passes_every_check(tmp_path: Path) -> None:
+    """The section's Trainer job on the CPU: the model sharded by hand (the plugin falls back to DDP here)."""
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    pytest.importorskip("accelerate", reason="accelerate (the Trainer needs it) is not installed")
+    from gpu_check import hf_fsdp2
+
+    found = hf_fsdp2.run_job(device="cpu", timeout=150, out_dir=str(tmp_path))
+    rep = SectionReport("hf-fsdp2", stream=open(os.devnull, "w"))
+    hf_fsdp2.evaluate(rep, found, plugin=False)
+    assert not rep.failed, rep.failed
+    assert len(rep.checks) == 6
+
+
+def test_hf_fsdp2_checks_fail_without_the_plugin_or_with_the_fault_applied() -> None:
+    from gpu_check import hf_fsdp2
+
+    steps = [{"step": s, "commit": True, "changed": True, "incidents": []} for s in range(hf_fsdp2.STEPS)]
+    found = {
+        "steps": steps, "injected": 2, "samples": hf_fsdp2.STEPS, "taps": "FSDPTaps", "wrapped": "GPT2LMHeadModel",
+        "plugin": False, "device": "cuda:0",
+    }  # fmt: skip
+    rep = SectionReport("hf-fsdp2", stream=open(os.devnull, "w"))
+    hf_fsdp2.evaluate(rep, found, plugin=True)
+    assert [c.name for c in rep.failed] == [
+        "the Trainer sharded with Accelerate's FSDP2 plugin",
+        "the faulty step is vetoed and changes no weight",
+        "its incident names rank 0",
+    ]
 
 
 @pytest.mark.slow

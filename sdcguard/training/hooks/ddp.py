@@ -47,6 +47,7 @@ class ParamTaps:
     """Tensor hooks on every trainable parameter (see the module docstring)."""
 
     collective_replay = False
+    produces = False  # the gradient autograd hands the tensor hook is the one DDP's reducer takes
 
     def __init__(
         self,

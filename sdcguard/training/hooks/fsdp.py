@@ -5,7 +5,28 @@ local, unsharded gradients to a reduce-scatter, copied into one flat input laid 
 user choose that communication (``FSDPModule.set_custom_reduce_scatter``); the guard installs one that fingerprints
 the input on its device (on sampled micro-batches) and then reduce-scatters exactly as FSDP2's default does. The
 input's layout depends only on the module and the shard-group size, so a replay on any rank of the job produces
-the same layout: one unit per ``fully_shard`` module.
+the same layout: one unit per ``fully_shard`` call (the modules of ``fully_shard([a, b])`` share one state, one
+parameter group and one reduce-scatter: one unit, named ``a+b``).
+
+Accumulation without gradient sync (``set_requires_gradient_sync(False)`` on all but the last micro-batch): FSDP2
+adds each micro-batch's unsharded gradient into the unsharded parameter's ``.grad`` and hands the reduce-scatter
+their sum on the last one, which no replay of one micro-batch reproduces. So the hooks also watch each unsharded
+parameter (FSDP2 makes it at its first all-gather and keeps that object): a tensor hook on it sees the
+parameter's gradient of one micro-batch as autograd produces it, before FSDP2 adds it to the others. A sample whose
+micro-batch was not handed over on its own is compared on those gradients (the ``"produced"`` basis of
+:class:`~sdcguard.training.digest.LocalRecord`, folded per unit in parameter order); its replay, one micro-batch as
+always, fingerprints the same gradients through the same hooks. They are a function of the micro-batch, the
+weights and the random state alone, with no sum over micro-batches in them, so there is no order of float
+additions to reproduce. The alternative, replaying every accumulated micro-batch and comparing the reduce-scatter
+input, would cost ``k`` forward and backward passes per sample instead of one, hold ``k`` captures, and need every
+rank's replay to be as long as its peer's accumulation (FSDP2 replays are collective). What the produced basis
+does not compare: the additions of the micro-batches and FSDP2's copy of their sum into the reduce-scatter input
+(as under DDP's ``no_sync``, whose buckets see only the sum); under HSDP the reduced result is compared across
+replicas. Its cost: on the sampled micro-batch, one more fingerprint pass over its unsharded gradients (the size of
+its reduce-scatter input); on every backward, one Python call per parameter. The same hooks judge a shard group of
+one rank, which FSDP2 reduces without a reduce-scatter. FSDP2 offers no public way to reach its unsharded
+parameters, so they are read from torch's state; where a torch version keeps them elsewhere, such samples are not
+judged, and the guard says so.
 
 A replay must go through the same sharded module (its forward all-gathers the parameters), so every rank replays at
 the same time (``collective_replay``): each rank runs a forward and backward of its chosen capture, the
@@ -23,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -81,6 +103,58 @@ def _restore_sync(module: FSDPModule, setting: _SyncSetting | None) -> None:
         g.reduce_grads, g.all_reduce_grads = reduce, all_reduce
 
 
+def _units(model: nn.Module) -> list[tuple[str, nn.Module, list[nn.Parameter]]]:
+    """``(name, module, its parameters)`` per unit, in module order: one per FSDP2 state, so the modules of one
+    ``fully_shard([a, b])`` call (one state, one parameter group, one reduce-scatter) are one unit named
+    ``a+b``. A unit's parameters are those of its modules that no nested ``fully_shard`` module holds."""
+    fsdp = [(name, m) for name, m in model.named_modules() if is_fsdp(m)]
+    state = _state_key(fsdp)
+    owner: dict[int, int] = {}
+    # innermost first: a parameter belongs to the deepest fully_shard module that holds it
+    for _, m in sorted(fsdp, key=lambda nm: -nm[0].count(".") - (nm[0] != "")):
+        for p in m.parameters():
+            owner.setdefault(id(p), state[id(m)])
+    groups: dict[int, list[tuple[str, nn.Module]]] = {}
+    for name, m in fsdp:
+        groups.setdefault(state[id(m)], []).append((name or "<root>", m))
+    units = []
+    for key, members in groups.items():
+        seen: set[int] = set()
+        own = []
+        for _, m in members:
+            for p in m.parameters():
+                if p.requires_grad and owner[id(p)] == key and id(p) not in seen:
+                    seen.add(id(p))
+                    own.append(p)
+        if own:
+            units.append(("+".join(n for n, _ in members), members[0][1], own))
+    return units
+
+
+def _state_key(fsdp: Sequence[tuple[str, nn.Module]]) -> dict[int, int]:
+    """Module -> a key its FSDP2 state alone has (``fully_shard.state``; the module itself where it has none)."""
+    from torch.distributed.fsdp import fully_shard
+
+    state = cast(Any, fully_shard).state  # the contract's public accessor (not in fully_shard's overloads)
+    return {id(m): id(state(m) or m) for _, m in fsdp}
+
+
+def _unsharded(module: FSDPModule) -> list[tuple[nn.Parameter, nn.Parameter]]:
+    """``(sharded, unsharded)`` parameter pairs of ``module``'s state, for those FSDP2 has made an unsharded
+    parameter for (at its first all-gather; the same object every step after). FSDP2 has no public way to reach
+    them, so this reads torch's state, and gives none where a torch version keeps them elsewhere."""
+    try:
+        groups = module._get_fsdp_state()._fsdp_param_groups
+        return [
+            (fp.sharded_param, fp._unsharded_param)
+            for g in groups
+            for fp in g.fsdp_params
+            if getattr(fp, "_unsharded_param", None) is not None
+        ]
+    except (AttributeError, TypeError):
+        return []
+
+
 class _TapReduceScatter:
     """FSDP2's reduce-scatter communication interface (``allocate`` and a call) for one unit."""
 
@@ -101,20 +175,13 @@ class FSDPTaps:
     """Custom reduce-scatters on every ``fully_shard`` module of ``model`` (see the module docstring)."""
 
     collective_replay = True
+    produces = True
 
     def __init__(self, model: nn.Module, *, replay_module: nn.Module | None = None) -> None:
         assert _fsdp_module_type() is not None
         self.replay_module = model if replay_module is None else replay_module
         self.replay_context = contextlib.nullcontext
-        fsdp = [(name, m) for name, m in model.named_modules() if is_fsdp(m)]
-        nested: set[int] = set()
-        owned: dict[int, list[nn.Parameter]] = {}
-        # Innermost first: a module's own parameters are those no nested fully_shard module claimed.
-        for k in sorted(range(len(fsdp)), key=lambda k: -fsdp[k][0].count(".") - (fsdp[k][0] != "")):
-            m = fsdp[k][1]
-            owned[k] = [p for p in m.parameters() if p.requires_grad and id(p) not in nested]
-            nested.update(id(p) for p in m.parameters())
-        units = [(fsdp[k][0] or "<root>", fsdp[k][1], owned[k]) for k in range(len(fsdp)) if owned[k]]
+        units = _units(model)
         self.unit_names = [name for name, _, _ in units]
         self._unit_params = [own for _, _, own in units]
         # fully_shard gives each module a class that subclasses both its own and FSDPModule
@@ -126,6 +193,11 @@ class FSDPTaps:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.param_names = [n for n, _ in named]
         self.params = [p for _, p in named]
+        index = {id(p): k for k, p in enumerate(self.params)}
+        self._parts = {id(p): (u, index[id(p)]) for u, own in enumerate(self._unit_params) for p in own}
+        """Sharded parameter -> (its unit, its index among the parameters): where a produced gradient goes."""
+        self._hooked: set[int] = set()
+        self._handles: list[Any] = []
         self._record: LocalRecord | None = None
         self._replaying = False
         self._replayed: list[int] = []
@@ -149,8 +221,25 @@ class FSDPTaps:
         output.zero_()
         return None
 
+    def _produced(self, unit: int, part: int, grad: torch.Tensor) -> None:
+        record = self._record
+        if record is not None:
+            record.add_part(unit, part, local_tensor(grad))
+
+    def _hook_unsharded(self) -> None:
+        """A tensor hook on each unsharded parameter FSDP2 has made (once each): it sees the parameter's gradient of
+        one micro-batch before FSDP2 accumulates it (the produced basis)."""
+        for m in self._modules:
+            for sharded, unsharded in _unsharded(m):
+                if id(unsharded) in self._hooked or id(sharded) not in self._parts:
+                    continue
+                self._hooked.add(id(unsharded))
+                self._handles.append(unsharded.register_hook(partial(self._produced, *self._parts[id(sharded)])))
+
     def arm(self, record: LocalRecord | None) -> None:
         self._record = record
+        if record is not None and "produced" in record.bases:
+            self._hook_unsharded()
 
     def replay_backward(self, loss: torch.Tensor, seed: torch.Tensor | None, record: LocalRecord) -> None:
         saved = [p.grad for p in self.params]
@@ -160,6 +249,8 @@ class FSDPTaps:
         for m in self._modules:  # a replay must reach the reduce-scatter (accumulation may have turned it off)
             m.set_requires_gradient_sync(True, recurse=False)
         self._record, self._replaying, self._replayed = record, True, []
+        if "produced" in record.bases:
+            self._hook_unsharded()
         try:
             loss.backward(seed)
         finally:
@@ -179,3 +270,6 @@ class FSDPTaps:
 
     def close(self) -> None:
         self._record = None
+        for h in self._handles:
+            h.remove()
+        self._handles = []

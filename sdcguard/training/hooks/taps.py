@@ -50,14 +50,19 @@ class Taps(Protocol):
     handed_over: int
     """How many local gradients the framework has handed over so far (replays not counted): a micro-batch whose
     backward hands none over was accumulated without reduction (FSDP2 without gradient sync), so the step's
-    local gradients are seen only as a sum, which no replay of one micro-batch reproduces."""
+    local gradients are handed over only as a sum, which no replay of one micro-batch reproduces."""
+    produces: bool
+    """True when the hooks also see each parameter's gradient as autograd produces it, before the framework
+    accumulates it (the ``"produced"`` basis of :class:`LocalRecord`: FSDP2's unsharded parameters), where the
+    handed-over one can differ from it. False where the two are one (DDP's tensor hooks)."""
 
     def arm(self, record: LocalRecord | None) -> None:
-        """From now on, local gradients the framework hands over are fingerprinted into ``record`` (None: stop)."""
+        """From now on, local gradients are fingerprinted into ``record`` on the bases it keeps (None: stop); arming
+        again with the same record is harmless (FSDP2 finds the parameters its forward made)."""
 
     def replay_backward(self, loss: torch.Tensor, seed: torch.Tensor | None, record: LocalRecord) -> None:
-        """Backward of a replay: fingerprint its local gradients into ``record``; reduce, accumulate and keep
-        nothing (no ``.grad`` changes, no communication of gradients)."""
+        """Backward of a replay: fingerprint its local gradients into ``record`` on its basis; reduce, accumulate and
+        keep nothing (no ``.grad`` changes, no communication of gradients)."""
 
     def reduced(self) -> list[torch.Tensor | None]:
         """The gradients the optimizer will read (this rank's part), one per parameter."""

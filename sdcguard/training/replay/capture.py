@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..digest import Basis
+
 __all__ = [
     "RngHook",
     "RngState",
@@ -148,6 +150,10 @@ class Capture:
     """The gradient that flowed into the loss in the original backward (a 0-d CPU tensor; None: one)."""
     on_device: tuple[bool, ...] = field(default=())
     """Per tensor leaf (in traversal order): was it on an accelerator? The replay moves those to its own device."""
+    basis: Basis = "handed_over"
+    """What the original's local gradients were fingerprinted as, so what a replay fingerprints
+    (:data:`~sdcguard.training.digest.Basis`): ``"produced"`` where the framework accumulated the micro-batch with
+    others before handing it over (FSDP2 without gradient sync)."""
 
 
 def map_tensors(obj: Batch, fn: Callable[[torch.Tensor], Any]) -> Batch:

@@ -6,6 +6,12 @@ calls these methods: :meth:`StepObserver.begin` at the start of an optimizer ste
 each micro-batch's forward (the batch, the random states; on the sampled micro-batch the hooks are armed and the
 autocast state is read inside the forward), :meth:`observe_loss` with the loss tensor that the backward starts from
 (a hook on it reads the seed: the gradient that flows into the loss), and :meth:`finish` before the optimizer step.
+
+What the sample is compared on (:data:`~sdcguard.training.digest.Basis`) is settled in :meth:`finish`: the local
+gradients as the framework handed them over, when the sampled micro-batch's were handed over on their own; else,
+where the hooks can see them (FSDP2), each parameter's gradient as autograd produced it for that micro-batch (the
+micro-batches were accumulated without gradient sync, or a shard group of one rank reduced without a
+reduce-scatter); else the sample is not judged.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ...fingerprints import local_tensor
-from ..digest import LocalRecord
+from ..digest import Basis, LocalRecord
 from ..hooks.taps import Taps
 from .capture import AutocastProbe, Batch, Capture, RngHook, capture_rng, make_capture
 
@@ -29,8 +35,9 @@ class Observed:
     capture: Capture
     record: LocalRecord
     valid: bool = True
-    """False when the original's local gradients were not seen on their own (none handed over for the sampled
-    micro-batch, or a micro-batch of the step accumulated without reduction): the sample cannot be judged."""
+    """False when the original's local gradients were not seen on their own on any basis (none handed over for the
+    sampled micro-batch, or a micro-batch of the step accumulated without reduction, and the hooks cannot see the
+    gradients as produced): the sample cannot be judged."""
 
 
 class StepObserver:
@@ -72,7 +79,8 @@ class StepObserver:
             self._capture = make_capture(
                 step=self.step, rank=self.rank, micro_batch=self._index, batch=batch, rng=capture_rng(self.rng_hook)
             )
-            self._record = LocalRecord(len(self.taps.unit_names), self.device)
+            bases: tuple[Basis, ...] = ("handed_over", "produced") if self.taps.produces else ("handed_over",)
+            self._record = LocalRecord(len(self.taps.unit_names), self.device, bases=bases)
             self._probe = AutocastProbe()
             self.taps.arm(self._record)
             self._armed = True
@@ -82,6 +90,7 @@ class StepObserver:
         """The loss tensor the sampled micro-batch's backward starts from (fingerprinted; its seed observed)."""
         if not self._armed or self._record is None:
             return
+        self.taps.arm(self._record)  # again, now that the forward ran (FSDP2 made its unsharded parameters in it)
         self._record.set_loss(loss)
         if loss.requires_grad:
             # kept on its device during the backward (no host sync there); moved to the host in finish()
@@ -97,8 +106,12 @@ class StepObserver:
             return None
         autocast = self._probe.state if self._probe is not None else None
         seed = self._seed[-1].to("cpu") if self._seed else None
-        cap = replace(self._capture, autocast=autocast, seed=seed)
-        out = Observed(capture=cap, record=self._record, valid=any(self._record.seen) and not self._silent)
+        record = self._record
+        handed = record.saw("handed_over") and not self._silent
+        if not handed and record.saw("produced"):  # accumulated before it was handed over: its own gradient
+            record.select("produced")
+        cap = replace(self._capture, autocast=autocast, seed=seed, basis=record.basis)
+        out = Observed(capture=cap, record=record, valid=handed or record.basis == "produced")
         self._capture, self._record = None, None
         return out
 

@@ -101,7 +101,7 @@ def replay(
     then restored, not only the current device's).
     """
     batch = batch_for_replay(capture, device)
-    record = LocalRecord(len(taps.unit_names), device)
+    record = LocalRecord(len(taps.unit_names), device, bases=(capture.basis,))
     module = taps.replay_module
     with _buffers_kept(module), parameters_swapped(params, param_values), torch.enable_grad(), taps.replay_context():
         with rng_replayed(capture.rng, rng_hook, same_process=same_process):

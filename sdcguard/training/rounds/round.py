@@ -86,9 +86,9 @@ class RoundCheck:
         if not self._warned_unjudged and self.speaks:
             self._warned_unjudged = True
             self.log.warning(
-                "a sampled micro-batch's local gradients were not seen on their own (its backward reduced nothing, "
-                "the step accumulated micro-batches without reducing them: FSDP2 "
-                "set_requires_gradient_sync(False), or FSDP2's shard group has one rank and reduces without a "
-                "reduce-scatter); such samples are not judged. Keep gradient sync on for accumulation, and shard "
-                "over two ranks or more, to have them checked"
+                "a sampled micro-batch's local gradients were not seen on their own: the step accumulated "
+                "micro-batches before handing them over (FSDP2 set_requires_gradient_sync(False), or a shard group "
+                "of one rank), and the gradients as autograd produced them could not be read either (this torch "
+                "keeps FSDP2's unsharded parameters where the guard does not look, or the parameters were not "
+                "gathered before the sampled backward); such samples are not judged"
             )

@@ -49,7 +49,8 @@ class RoundResult:
     clean: set[int] = field(default_factory=set)
     """Global ranks whose computation this round verified (their original agreed with its replay or the verdict)."""
     unjudged: bool = False
-    """Some original could not be seen on its own (accumulation without reduction), so it was not judged."""
+    """Some original could not be seen on its own on any basis (accumulated before it was handed over, and not
+    seen as produced either), so it was not judged."""
 
 
 def conclude(
