@@ -139,10 +139,10 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="keep the stores here (default: a temporary directory)")
     ap.add_argument(
         "--measure",
-        type=Path,
         default=None,
         metavar="DB",
-        help="only measure (step 3) a fleet store an earlier run kept with --dir, on the same day",
+        help="only measure (step 3) a fleet store an earlier run kept with --dir, on the same day (a file, or a "
+        "server store's postgresql:// URL: migrated, then VACUUM (ANALYZE), both timed)",
     )
     ap.add_argument("--cli-only", action="store_true", help="with --measure: only the CLI report's runs")
     ap.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite", help="the fleet store's backend")
@@ -154,11 +154,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.measure is not None:
         print(f"3. {args.measure}, recorded by an earlier run that ended today:")
-        _migrate(args.measure)
+        measured: Any = args.measure if args.measure.startswith("postgresql://") else Path(args.measure)
+        _migrate(measured)
         if args.cli_only:
-            _measure_cli(args.measure)
+            _measure_cli(measured)
         else:
-            _measure(args.measure, (time.time() // DAY) * DAY, args.keep_days)
+            _measure(measured, (time.time() // DAY) * DAY, args.keep_days)
         return
     if args.days < args.merge_days:
         raise SystemExit("--days must be at least --merge-days")
@@ -327,8 +328,18 @@ def _measure(fleet_db: Any, now: float, keep: int) -> None:
     _measure_cli(fleet_db)
 
 
-def _migrate(fleet_db: Path) -> None:
-    """Open the store once with this code, migrating it (timed) if an older sdcguard wrote it."""
+def _migrate(fleet_db: Any) -> None:
+    """Open the store once with this code, migrating it (timed) if an older sdcguard wrote it; a server store is
+    then vacuumed (timed: the visibility map and statistics autovacuum keeps on a server at rest, which a store
+    just loaded by one large merge lacks)."""
+    if not isinstance(fleet_db, Path):
+        print(f"{'':48}{'wall':>9}{'CPU':>9}")
+        _, wall, cpu = _timed(lambda: Store.open(fleet_db).close())
+        _row(f"open (migrating to schema {SCHEMA_VERSION} if older)", wall, cpu)
+        with Store.open(fleet_db) as store:
+            _, wall, cpu = _timed(store.vacuum)
+        _row("VACUUM (ANALYZE)", wall, cpu)
+        return
     with open(fleet_db, "rb") as f:
         version = int.from_bytes(f.read(100)[60:64], "big")
     if version >= SCHEMA_VERSION:
@@ -338,7 +349,7 @@ def _migrate(fleet_db: Path) -> None:
     _row(f"migration from schema {version} to {SCHEMA_VERSION}", wall, cpu)
 
 
-def _measure_cli(fleet_db: Path) -> None:
+def _measure_cli(fleet_db: Any) -> None:
     """The CLI report over 7 and 30 days, :data:`_RUNS` runs each, and whether every run met the goal; then the
     same windows started just after a UTC midnight, so that their partial first day holds a whole day of rows (the
     stores here scan in each day's first hour: at most other times of day that partial day is empty)."""
