@@ -147,7 +147,7 @@ def test_a_schema_11_store_gains_its_family_tallies_with_every_window_unchanged(
     with closing(sqlite3.connect(path)) as c, c:  # as schema 11 left it
         for table in ("family_tallies", "family_totals"):
             c.execute(f"DROP TABLE {table}")
-        c.execute("DROP INDEX case_tallies_day")
+        c.execute("DROP INDEX scans_counted")
         c.execute("PRAGMA user_version = 11")
     with Store.open(path) as s:
         assert {o: _from_store(s, START + 2 * DAY + o, "device_family") for o in windows} == windows

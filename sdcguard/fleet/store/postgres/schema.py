@@ -24,7 +24,7 @@ from typing import Any
 from psycopg import sql as pgsql
 
 from ..schema import migrate
-from ..tallies import migrate_report_summaries
+from ..tallies import DAY_INDEXES, migrate_report_summaries
 from .dialect import to_postgres
 
 __all__ = ["BASE_VERSION", "MIGRATIONS", "JSON_EACH", "APPLICATION", "tables_ddl", "create", "upgrade"]
@@ -63,10 +63,13 @@ _TABLE_RIGHTS = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"})
 
 
 def _v12(conn: Any) -> None:
-    """The family tallies and the day-led indexes, as on SQLite (:func:`~..tallies.migrate_report_summaries`: the
-    same SQL text); the roles granted on the day tallies get the same rights on the two new tables (a writer's
-    scans write them), so an upgrade needs no second ``db grant``."""
+    """The family tallies and ``scans_counted``, as on SQLite (:func:`~..tallies.migrate_report_summaries`: the
+    same SQL text), and the day-led indexes a server's merge joins read (:data:`~..tallies.DAY_INDEXES`); the
+    roles granted on the day tallies get the same rights on the two new tables (a writer's scans write them), so
+    an upgrade needs no second ``db grant``."""
     migrate_report_summaries(conn)
+    for statement in DAY_INDEXES:
+        conn.execute(statement)
     grants = conn.raw.execute(
         "SELECT grantee, privilege_type FROM information_schema.role_table_grants WHERE table_schema = "
         "current_schema() AND table_name = 'day_tallies' AND grantee <> current_user"
