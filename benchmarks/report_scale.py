@@ -350,9 +350,10 @@ def _migrate(fleet_db: Any) -> None:
 
 
 def _server_cpu(fleet_db: Any) -> Callable[[], float]:
-    """For a server on this machine: a clock of the CPU seconds its processes spent (the postmaster's children,
-    live and reaped: a report's backend exits with its connection), what a report costs the server beside the
-    CLI's own CPU; only meaningful while nothing else uses the server. NaN for a file or a remote server."""
+    """For a server on this machine: a clock of the CPU seconds of its exited processes (the postmaster's reaped
+    children: a report's backend exits with its connection), what a report costs the server beside the CLI's own
+    CPU; a long-running backend (another client's merge) does not count until it exits, an autovacuum worker that
+    exits meanwhile does. NaN for a file or a remote server."""
     if isinstance(fleet_db, Path):
         return lambda: float("nan")
     import psycopg
@@ -365,22 +366,10 @@ def _server_cpu(fleet_db: Any) -> Callable[[], float]:
         return lambda: float("nan")
     tick = os.sysconf("SC_CLK_TCK")
 
-    def times(p: int, reaped: bool) -> float:
-        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        return sum(int(x) for x in fields[11 : 15 if reaped else 13]) / tick  # utime stime (cutime cstime)
-
     def clock() -> float:
         time.sleep(0.2)  # the report's backend reaped by the postmaster
-        total = times(pid, True)
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    stat = (entry / "stat").read_text()
-                    if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                        total += times(int(entry.name), False)
-                except (OSError, ValueError, IndexError):
-                    continue
-        return total
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
 
     return clock
 
