@@ -139,10 +139,10 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="keep the stores here (default: a temporary directory)")
     ap.add_argument(
         "--measure",
-        type=Path,
         default=None,
         metavar="DB",
-        help="only measure (step 3) a fleet store an earlier run kept with --dir, on the same day",
+        help="only measure (step 3) a fleet store an earlier run kept with --dir, on the same day (a file, or a "
+        "server store's postgresql:// URL: migrated, then VACUUM (ANALYZE), both timed)",
     )
     ap.add_argument("--cli-only", action="store_true", help="with --measure: only the CLI report's runs")
     ap.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite", help="the fleet store's backend")
@@ -154,11 +154,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.measure is not None:
         print(f"3. {args.measure}, recorded by an earlier run that ended today:")
-        _migrate(args.measure)
+        measured: Any = args.measure if args.measure.startswith("postgresql://") else Path(args.measure)
+        _migrate(measured)
         if args.cli_only:
-            _measure_cli(args.measure)
+            _measure_cli(measured)
         else:
-            _measure(args.measure, (time.time() // DAY) * DAY, args.keep_days)
+            _measure(measured, (time.time() // DAY) * DAY, args.keep_days)
         return
     if args.days < args.merge_days:
         raise SystemExit("--days must be at least --merge-days")
@@ -327,8 +328,18 @@ def _measure(fleet_db: Any, now: float, keep: int) -> None:
     _measure_cli(fleet_db)
 
 
-def _migrate(fleet_db: Path) -> None:
-    """Open the store once with this code, migrating it (timed) if an older sdcguard wrote it."""
+def _migrate(fleet_db: Any) -> None:
+    """Open the store once with this code, migrating it (timed) if an older sdcguard wrote it; a server store is
+    then vacuumed (timed: the visibility map and statistics autovacuum keeps on a server at rest, which a store
+    just loaded by one large merge lacks)."""
+    if not isinstance(fleet_db, Path):
+        print(f"{'':48}{'wall':>9}{'CPU':>9}")
+        _, wall, cpu = _timed(lambda: Store.open(fleet_db).close())
+        _row(f"open (migrating to schema {SCHEMA_VERSION} if older)", wall, cpu)
+        with Store.open(fleet_db) as store:
+            _, wall, cpu = _timed(store.vacuum)
+        _row("VACUUM (ANALYZE)", wall, cpu)
+        return
     with open(fleet_db, "rb") as f:
         version = int.from_bytes(f.read(100)[60:64], "big")
     if version >= SCHEMA_VERSION:
@@ -338,11 +349,37 @@ def _migrate(fleet_db: Path) -> None:
     _row(f"migration from schema {version} to {SCHEMA_VERSION}", wall, cpu)
 
 
-def _measure_cli(fleet_db: Path) -> None:
+def _server_cpu(fleet_db: Any) -> Callable[[], float]:
+    """For a server on this machine: a clock of the CPU seconds of its exited processes (the postmaster's reaped
+    children: a report's backend exits with its connection), what a report costs the server beside the CLI's own
+    CPU; a long-running backend (another client's merge) does not count until it exits, an autovacuum worker that
+    exits meanwhile does. NaN for a file or a remote server."""
+    if isinstance(fleet_db, Path):
+        return lambda: float("nan")
+    import psycopg
+
+    with psycopg.connect(fleet_db) as c:
+        data = c.execute("SELECT current_setting('data_directory')").fetchone()
+    try:
+        pid = int(Path(str(data[0] if data else ""), "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError):
+        return lambda: float("nan")
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def clock() -> float:
+        time.sleep(0.2)  # the report's backend reaped by the postmaster
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+
+    return clock
+
+
+def _measure_cli(fleet_db: Any) -> None:
     """The CLI report over 7 and 30 days, :data:`_RUNS` runs each, and whether every run met the goal; then the
     same windows started just after a UTC midnight, so that their partial first day holds a whole day of rows (the
     stores here scan in each day's first hour: at most other times of day that partial day is empty)."""
     worst = 0.0
+    server_cpu = _server_cpu(fleet_db)
     midnight = time.time() // DAY * DAY + 2.0
     for label, extra in (
         ("7 days", []),
@@ -351,14 +388,18 @@ def _measure_cli(fleet_db: Path) -> None:
         ("30 days from a midnight", ["--since", f"{time.time() - midnight + 30 * DAY:.0f}s"]),
     ):
         load = os.getloadavg()[0]
-        runs = [
-            _child(["-m", "sdcguard", "--db", str(fleet_db), "report", "--format", "json", *extra])
-            for _ in range(_RUNS)
-        ]
+        runs, served = [], []
+        for _ in range(_RUNS):
+            before = server_cpu()
+            runs.append(_child(["-m", "sdcguard", "--db", str(fleet_db), "report", "--format", "json", *extra]))
+            served.append(server_cpu() - before)
         worst = max(worst, *(w for w, _, _ in runs))
         print(
             f"sdcguard report --format json (CLI, {label}), {_RUNS} runs: "
-            + ", ".join(f"{w:.2f} s ({c:.2f} s CPU)" for w, c, _ in runs)
+            + ", ".join(
+                f"{w:.2f} s ({c:.2f} s CPU{f', server {v:.2f} s' if v == v else ''})"
+                for (w, c, _), v in zip(runs, served)
+            )
             + f"; load average {load:.1f} before, {os.getloadavg()[0]:.1f} after"
         )
     print(

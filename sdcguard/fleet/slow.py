@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from ..medians import lower_rank, median_lower_bound
-from ..records import SLOW_KIND
+from ..records import SLOW_KIND, DeviceInfo
 from .store.rows import CaseTimes, CaseTiming
 
 if TYPE_CHECKING:
@@ -407,13 +407,19 @@ def peer_group(kind: str, model: str | None, host: str) -> str:
 
 
 def fleet_slowness(
-    store: Store, *, since: float | None, settings: SlowSettings | None = None, devices: Sequence[str] | None = None
+    store: Store,
+    *,
+    since: float | None,
+    settings: SlowSettings | None = None,
+    devices: Sequence[str] | None = None,
+    known: Sequence[DeviceInfo] | None = None,
 ) -> dict[str, Slowness]:
     """Every device's verdict from the store: the golden cases' times since ``since`` (:func:`judge_slow`, the whole
     fleet as peers; :meth:`~.store.Store.case_times` says how a window reads them), and training jobs' ``slow``
-    incidents (a device named by one is slow, basis ``training``)."""
+    incidents (a device named by one is slow, basis ``training``). ``known``: every device of the store, when the
+    caller has read them already (:meth:`~.store.Store.devices`)."""
     s = settings or SlowSettings()
-    known = store.devices()
+    known = store.devices() if known is None else known
     groups = {d.id: peer_group(d.kind, d.model, d.host) for d in known}
     # Every device's times per case come from the store's case tallies (two rows per device and case whatever the
     # window); per-scan rows only where a device's own history can matter (a group too small for a spread).

@@ -182,6 +182,7 @@ def build_report(
         since=suspect_since if suspect_since is not None else since,
         settings=slow,
         devices=[d.id for d in devices],
+        known=devices if device is None else None,
     )
     lo0, hi0 = clopper_pearson(0, 0, confidence)
     empty = Rate(executions=0, failures=0, rate=0.0, rate_low=lo0, rate_high=hi0, test_hours=0.0)

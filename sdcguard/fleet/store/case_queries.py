@@ -9,8 +9,11 @@ import bisect
 import json
 import math
 from collections.abc import Iterable, Sequence
+from itertools import compress
 from operator import itemgetter
 from typing import Any
+
+import numpy as np
 
 from ...durations import DAY_S
 from .connection import StoreBase
@@ -96,9 +99,19 @@ class CaseQueries(StoreBase):
                 i = bisect.bisect_left(rows, (d, c), key=itemgetter(0, 1))  # every such key has a row: a tally that day
                 r = rows[i]
                 rows[i] = (d, c, r[2], r[3] + params["sign"] * int(n), r[4] + params["sign"] * secs)
-        if any(r[3] <= 0 for r in rows):
-            rows = [r for r in rows if r[3] > 0]
-        return CaseTimes.from_rows(rows, scan=0)
+        times = CaseTimes.from_rows(rows, scan=0)
+        executions = np.asarray(times.executions, dtype=np.int64)
+        if (executions <= 0).any():  # a key with nothing passing in the window (a column test, not a row loop)
+            keep = (executions > 0).tolist()
+            times = CaseTimes(
+                list(compress(times.device, keep)),
+                list(compress(times.case, keep)),
+                list(compress(times.family, keep)),
+                list(compress(times.scan, keep)),
+                list(compress(times.executions, keep)),
+                list(compress(times.seconds, keep)),
+            )
+        return times
 
     def case_timings(self, *, since: float | None, devices: Sequence[str]) -> list[CaseTiming]:
         """Passing first executions per device, scan and case since ``since``, with their summed device time, for

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ...durations import DAY_S as _DAY_S
-from .tallies import apply_case_deltas, tally_rows
+from .tallies import apply_running_deltas, tally_rows
 
 __all__ = [
     "WATERMARKED",
@@ -113,7 +113,7 @@ def merge_scans(
              last_started_at = excluded.last_started_at, sticky = excluded.sticky, detail = excluded.detail"""
     )
     tally_rows(conn, "SELECT dst_id FROM temp.merge_scans", 1)
-    apply_case_deltas(conn)
+    apply_running_deltas(conn)
     results = (
         conn.execute(
             "SELECT COUNT(*) FROM main.results WHERE scan IN (SELECT dst_id FROM temp.merge_scans)"

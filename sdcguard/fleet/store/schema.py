@@ -17,6 +17,8 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
+from .tallies import migrate_report_summaries
+
 __all__ = [
     "SCHEMA_VERSION",
     "APPLICATION_ID",
@@ -29,7 +31,7 @@ __all__ = [
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 APPLICATION_ID = 0x5344_4347  # "SDCG"
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 MIN_EXECUTIONS = 1
 """The least work a scan must do to count: first-attempt executions of golden cases it recorded."""
@@ -296,7 +298,6 @@ CREATE TABLE IF NOT EXISTS merge_sources (
 INSERT OR IGNORE INTO meta(key, value) VALUES ('store_id', lower(hex(randomblob(16))))
 """
 
-
 # Version 5: the checkpoints the training guard saved (``sdcguard.checkpoint.save`` with a guard, the Lightning
 # and HF adapters): id, step, whether every rank's checks vouched for the state, the fingerprint digest. Few rows
 # (one per save); merged whole by ``uuid``.
@@ -313,7 +314,6 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 );
 CREATE INDEX IF NOT EXISTS checkpoints_time ON checkpoints(time)
 """
-
 
 # Version 6: ``rollup_days``, the roll-ups summed over the fleet per day, so a fleet-wide series over a year of
 # pruned days reads one row a day, not one per device and family.
@@ -459,7 +459,6 @@ DROP INDEX IF EXISTS results_time;
 CREATE INDEX results_time ON results(started_at, device, family, executions, duration_s, case_id, passed, attempt)
 """
 
-
 # Version 11: a scrub's ``unverified`` outcome and the items it names; the table rebuilt for its CHECK, rows kept.
 _V11 = """
 CREATE TABLE checkpoint_scrubs_v11 (
@@ -475,7 +474,6 @@ ALTER TABLE checkpoint_scrubs_v11 RENAME TO checkpoint_scrubs;
 CREATE INDEX checkpoint_scrubs_checkpoint ON checkpoint_scrubs(checkpoint_id, time)
 """
 
-
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     1: _script(_V1),
     2: _script(_V2),
@@ -488,6 +486,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     9: _v9,
     10: _script(_V10),
     11: _script(_V11),
+    12: migrate_report_summaries,  # the rates' running totals, the day-led indexes (:mod:`.tallies`)
 }
 """``version -> function`` bringing a store from ``version - 1`` to ``version``; run in one transaction."""
 

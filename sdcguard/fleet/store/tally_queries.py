@@ -47,17 +47,22 @@ class TallyQueries(StoreBase):
                 g[1] += r[width + 1]
                 g[2] += r[width + 2]
 
-        # Whole days from the day tallies (the rows held) and the roll-ups (the days pruned); rows only for the
-        # partial first day of the window, from its start to the next UTC midnight.
+        # Whole days from the family tallies (a window from the horizon on: two running totals per device and
+        # family) or the day tallies (the rows held), and the roll-ups (the days pruned); rows only for the partial
+        # first day of the window, from its start to the next UTC midnight.
         day = first_day(since)
-        window, wp = ("", []) if day is None else (" AND day >= ?", [day])
-        add(
-            self._rows(
-                f"SELECT {keys}, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM day_tallies "
-                f"WHERE true{window}{scope} GROUP BY {keys}",
-                [*wp, *sp],
+        horizon = self.pruned_before
+        if day is not None and since is not None and (horizon is None or since >= horizon):
+            add(self._family_window(keys, day, devices))
+        else:
+            window, wp = ("", []) if day is None else (" AND day >= ?", [day])
+            add(
+                self._rows(
+                    f"SELECT {keys}, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM day_tallies "
+                    f"WHERE true{window}{scope} GROUP BY {keys}",
+                    [*wp, *sp],
+                )
             )
-        )
         if since is not None and day is not None and day * DAY_S > since:
             add(self._partial_day(keys, since, day * DAY_S, scope, sp))
         if self._has_rollups(since):
@@ -78,6 +83,24 @@ class TallyQueries(StoreBase):
             family = key[-1] if by != "device" else None
             out.append(Tally(device, family, int(n), int(k), s))
         return out
+
+    def _family_window(self, keys: str, day: int, devices: Sequence[str] | None) -> list[tuple[Any, ...]]:
+        """``(keys..., executions, failures, seconds)`` of the whole days from ``day`` on: each key's family totals
+        less its running total on the eve (that day's row, read in day order over ``family_tallies_day``; else, a
+        key not changed that day, its latest before), only for keys changed on the eve or later."""
+        scope, sp = in_devices(devices, "t.device")
+        floor = (
+            "CASE WHEN t.first >= :day THEN 0 ELSE COALESCE(f.{0}, (SELECT x.{0} FROM family_tallies x WHERE "
+            "x.device = t.device AND x.family = t.family AND x.day < :day ORDER BY x.day DESC LIMIT 1), 0) END"
+        )
+        grouped = ", ".join(f"t.{k.strip()}" for k in keys.split(","))
+        sums = ", ".join(f"TOTAL(t.{c} - {floor.format(c)})" for c in ("executions", "failures", "test_s"))
+        return self._rows(
+            f"SELECT {grouped}, {sums} FROM family_totals t LEFT JOIN family_tallies f ON f.device = t.device "
+            f"AND f.day = :day - 1 AND f.family = t.family WHERE t.day >= :day - 1{scope.replace('?', ':devices')} "
+            f"GROUP BY {grouped}",
+            {"day": day, "devices": sp[0] if sp else None},
+        )
 
     def _partial_day(self, keys: str, lo: float, hi: float, scope: str, sp: list[Any]) -> list[tuple[Any, ...]]:
         """``(keys..., executions, failures, seconds)`` of the rows that started in ``[lo, hi)``, over the
@@ -121,20 +144,21 @@ class TallyQueries(StoreBase):
         complete: dict[str, int] = {
             d: int(n)
             for d, n in self._rows(
-                f"SELECT device, COUNT(*) FROM scans INDEXED BY scans_device WHERE {COUNTED_SCAN}{window}{dev} "
+                f"SELECT device, COUNT(*) FROM scans INDEXED BY scans_counted WHERE {COUNTED_SCAN}{window}{dev} "
                 "GROUP BY device",
                 [*wp, *dp],
             )
         }
-        # One index probe per device (scans_device, named: with executions in the condition the planner would
-        # otherwise pick scans_status and read every complete scan per device): a device's scans never overlap
-        # (the scanner locks it), so its latest complete scan is the one started last. The counts read the same
-        # index whole, in device order, without the table.
+        # One index entry per device (scans_counted, named: with executions in the condition the planner would
+        # otherwise pick scans_status and read every complete scan per device; it holds only the scans that count,
+        # in the order the latest is found in, with its end, so neither backend reads a table row or sorts): a
+        # device's scans never overlap (the scanner locks it), so its latest complete scan is the one started last.
+        # The counts read the same index whole, in device order, without the table.
         one, op = (" AND d.id = ?", [device]) if device is not None else ("", [])
         last: dict[str, float] = {
             d: t
             for d, t in self._rows(
-                "SELECT d.id, (SELECT COALESCE(s.finished_at, s.started_at) FROM scans s INDEXED BY scans_device "
+                "SELECT d.id, (SELECT COALESCE(s.finished_at, s.started_at) FROM scans s INDEXED BY scans_counted "
                 "WHERE s.device = d.id AND "
                 f"{COUNTED_SCAN} ORDER BY s.started_at DESC, s.id DESC LIMIT 1) AS t FROM devices d "
                 f"WHERE true{one}",

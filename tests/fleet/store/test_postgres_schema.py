@@ -14,6 +14,7 @@ from sdcguard.fleet.store.schema import MIGRATIONS as SQLITE_MIGRATIONS
 from sdcguard.fleet.store.schema import SCHEMA_VERSION, migrate
 from sdcguard.fleet.store.store import Store
 from sdcguard.testing.postgres import PostgresServer
+from tests._fleet import result
 
 
 @pytest.mark.parametrize(
@@ -94,3 +95,21 @@ def test_a_new_server_store_takes_every_migration_past_the_base(new_store) -> No
         s.record_scrub(checkpoint_id="ckpt", status="unverified", tensors=2, bytes=8, unverified=["opt.state"])
         (scrub,) = s.scrubs()
     assert (scrub.status, scrub.unverified) == ("unverified", ("opt.state",))
+
+
+def test_an_upgrade_to_schema_12_keeps_a_writer_able_to_scan(pg_server: PostgresServer) -> None:
+    """(Version 12: the family tallies are new tables; the roles granted on the day tallies get them too.)"""
+    admin = pg_server.fresh_url()
+    with Store.open(admin) as s:
+        pg_server.admin("DROP ROLE IF EXISTS sdcguard_v11_scanner")
+        pg_server.admin("CREATE ROLE sdcguard_v11_scanner LOGIN")
+        s.grant("sdcguard_v11_scanner")
+    schema = admin.split("search_path%3D")[1]
+    for table in ("family_tallies", "family_totals"):  # as a schema-11 store was
+        pg_server.admin(f"DROP TABLE {schema}.{table}")
+    pg_server.admin(f"UPDATE {schema}.meta SET value = '11' WHERE key = 'schema_version'")
+    Store.open(admin).close()  # the owner's open migrates
+    with Store.open(admin.replace("user=postgres", "user=sdcguard_v11_scanner")) as w:
+        sid = w.begin_scan(device="sim:1", host="h", budget_s=5.0, started_at=20_000 * 86400.0)
+        w.record_results(sid, [result("sim:1", t=20_000 * 86400.0 + 1)], finish="complete")
+        assert [(t.executions, t.failures) for t in w.tallies(since=20_000 * 86400.0, by="device")] == [(1, 0)]

@@ -26,7 +26,7 @@ __all__ = ["RoleKind", "ROLE_KINDS", "grant", "WRITER_DELETES"]
 
 RoleKind = Literal["writer", "reader"]
 ROLE_KINDS: tuple[RoleKind, ...] = ("writer", "reader")
-WRITER_DELETES = ("quarantine", "day_tallies", "case_tallies")
+WRITER_DELETES = ("quarantine", "day_tallies", "case_tallies", "family_tallies")
 """The tables a writer's own work deletes rows of."""
 
 

@@ -21,7 +21,10 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
+from psycopg import sql as pgsql
+
 from ..schema import migrate
+from ..tallies import DAY_INDEXES, migrate_report_summaries
 from .dialect import to_postgres
 
 __all__ = ["BASE_VERSION", "MIGRATIONS", "JSON_EACH", "APPLICATION", "tables_ddl", "create", "upgrade"]
@@ -56,7 +59,33 @@ def _v11(conn: Any) -> None:
     )
 
 
-MIGRATIONS: dict[int, Callable[[Any], None]] = {11: _v11}
+_TABLE_RIGHTS = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"})
+
+
+def _v12(conn: Any) -> None:
+    """The family tallies and ``scans_counted``, as on SQLite (:func:`~..tallies.migrate_report_summaries`: the
+    same SQL text), and the day-led indexes a server's merge joins read (:data:`~..tallies.DAY_INDEXES`); the
+    roles granted on the day tallies get the same rights on the two new tables (a writer's scans write them), so
+    an upgrade needs no second ``db grant``."""
+    migrate_report_summaries(conn)
+    for statement in DAY_INDEXES:
+        conn.execute(statement)
+    grants = conn.raw.execute(
+        "SELECT grantee, privilege_type FROM information_schema.role_table_grants WHERE table_schema = "
+        "current_schema() AND table_name = 'day_tallies' AND grantee <> current_user"
+    ).fetchall()
+    for grantee, privilege in grants:
+        for table in ("family_tallies", "family_totals"):
+            if privilege not in _TABLE_RIGHTS or (privilege == "DELETE" and table == "family_totals"):
+                continue  # (a writer deletes running totals by day, never a key's totals)
+            conn.raw.execute(
+                pgsql.SQL("GRANT {} ON {} TO {}").format(
+                    pgsql.SQL(privilege), pgsql.Identifier(table), pgsql.Identifier(grantee)
+                )
+            )
+
+
+MIGRATIONS: dict[int, Callable[[Any], None]] = {11: _v11, 12: _v12}
 """``version -> function`` bringing a PostgreSQL store from ``version - 1`` to ``version`` (past
 :data:`BASE_VERSION`), run in one transaction; the same change as :data:`~..schema.MIGRATIONS` of that version."""
 
