@@ -112,7 +112,8 @@ def judge_suite(
     cases = {c for c, _ in groups} | {c for c, _ in wide}
     if not cases:
         return verdict
-    ran = {(c.case, c.bucket): c.devices for c in store.case_coverage(cases, since=since, bucket_s=bucket)}
+    asked = set(wide) | {(f.case, int(f.started_at // bucket)) for f in failures if (f.case, f.digest) in groups}
+    ran = {(c.case, c.bucket): c.devices for c in store.case_coverage(asked, since=since, bucket_s=bucket)}
     passes = store.pass_digests({c for c, _ in groups})
     for (case, digest), devices in sorted(groups.items()):
         hits = [f for f in failures if f.case == case and f.digest == digest]

@@ -199,18 +199,23 @@ class StoreQueries(CaseQueries, TallyQueries):
             for d, h, c, f, g, s, t in rows
         ]
 
-    def case_coverage(self, cases: Iterable[str], *, since: float, bucket_s: float) -> list[CaseCoverage]:
-        """How many distinct devices ran each case in each ``bucket_s``-long bucket since ``since``."""
-        names = sorted(set(cases))
-        if not names:
-            return []
-        rows = self._rows(
-            "SELECT case_id, CAST(started_at / ? AS INTEGER) AS b, COUNT(DISTINCT device) FROM results "
-            "INDEXED BY results_cases WHERE case_id IN (SELECT value FROM json_each(?)) AND started_at >= ? "
-            "GROUP BY case_id, b",
-            (bucket_s, json.dumps(names), since),
-        )
-        return [CaseCoverage(case=c, bucket=int(b), devices=int(n)) for c, b, n in rows]
+    def case_coverage(self, buckets: Iterable[tuple[str, int]], *, since: float, bucket_s: float) -> list[CaseCoverage]:
+        """How many distinct devices ran each case since ``since`` in each of ``buckets`` (pairs of a case and
+        ``int(started_at // bucket_s)``): the breaker asks only for the buckets its failures fell in, so a report
+        over 30 days reads the executions of those buckets, not of the window. Each pair is one range of the
+        ``results_cases`` index, widened by half a bucket on each side so that the SQL's own bucket arithmetic
+        decides membership, as it always has."""
+        out: list[CaseCoverage] = []
+        for case, b in sorted(set(buckets)):
+            rows = self._rows(
+                "SELECT COUNT(DISTINCT device) FROM results INDEXED BY results_cases WHERE case_id = ? "
+                "AND started_at >= ? AND started_at < ? AND CAST(started_at / ? AS INTEGER) = ?",
+                (case, max(since, (b - 0.5) * bucket_s), (b + 1.5) * bucket_s, bucket_s, b),
+            )
+            devices = int(rows[0][0]) if rows else 0
+            if devices:
+                out.append(CaseCoverage(case=case, bucket=b, devices=devices))
+        return out
 
     def case_passers(self, cases: Iterable[str], *, since: float) -> dict[str, set[str]]:
         """The devices that passed each case (a first attempt) since ``since``."""
