@@ -5,12 +5,10 @@ rows for a window's partial first day; and per scan for the few devices whose ow
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
 from collections.abc import Iterable, Sequence
 from itertools import compress
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -42,7 +40,8 @@ class CaseQueries(StoreBase):
         from the window's start to midnight are added, or, when fewer, the day's rows before the start are taken
         from the whole day (the tallies from the eve of the partial day on). Executions a prune deleted still
         count; the tallies keep no day before the retention horizon apart, so a window that starts before it
-        counts from the horizon (all time, ``since=None``, counts every execution)."""
+        counts from the horizon (all time, ``since=None``, counts every execution). Records come in no particular
+        order."""
         scope, sp = in_devices(devices, "t.device")
         if since is None:
             return CaseTimes.from_rows(
@@ -84,11 +83,13 @@ class CaseQueries(StoreBase):
         rows = self._rows(  # keys changed on the eve or later (those changed before have nothing in the window)
             f"SELECT t.device, t.case_id, t.family, t.executions - {floor.format('executions')}, "
             f"t.seconds - {floor.format('seconds')} FROM case_totals t LEFT JOIN case_tallies f ON f.device = t.device "
-            f"AND f.day = :day - 1 AND f.case_id = t.case_id WHERE t.day >= :day - 1{scope.replace('?', ':devices')} "
-            "ORDER BY t.device, t.case_id",
+            f"AND f.day = :day - 1 AND f.case_id = t.case_id WHERE t.day >= :day - 1{scope.replace('?', ':devices')}",
             params,
         )
         if params["lo"] < params["hi"]:  # the partial day's rows, added (sign 1) or taken away (-1), key by key
+            # Found by key, not by order: the server sorts text by its collation (ICU's en-US puts "a1" after
+            # "a_2", Python's byte order before), and one record per key needs no order.
+            at = {(r[0], r[1]): i for i, r in enumerate(rows)}
             part, pp = in_devices(devices)
             for d, c, n, secs in self._rows(
                 "SELECT device, case_id, TOTAL(executions), TOTAL(duration_s) FROM results INDEXED BY results_time "
@@ -96,7 +97,7 @@ class CaseQueries(StoreBase):
                 "GROUP BY device, case_id",
                 [params["lo"], params["hi"], *pp],
             ):
-                i = bisect.bisect_left(rows, (d, c), key=itemgetter(0, 1))  # every such key has a row: a tally that day
+                i = at[(d, c)]  # every such key has a row: a tally that day
                 r = rows[i]
                 rows[i] = (d, c, r[2], r[3] + params["sign"] * int(n), r[4] + params["sign"] * secs)
         times = CaseTimes.from_rows(rows, scan=0)
