@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ...durations import DAY_S
+from ...errors import StoreError
 from .connection import StoreBase
 from .rows import CaseTimes, CaseTiming
 
@@ -87,19 +88,27 @@ class CaseQueries(StoreBase):
             params,
         )
         if params["lo"] < params["hi"]:  # the partial day's rows, added (sign 1) or taken away (-1), key by key
-            # Found by key, not by order: the server sorts text by its collation (ICU's en-US puts "a1" after
-            # "a_2", Python's byte order before), and one record per key needs no order.
-            at = {(r[0], r[1]): i for i, r in enumerate(rows)}
             part, pp = in_devices(devices)
+            partial: dict[str, dict[str, tuple[int, float]]] = {}
             for d, c, n, secs in self._rows(
                 "SELECT device, case_id, TOTAL(executions), TOTAL(duration_s) FROM results INDEXED BY results_time "
                 f"WHERE started_at >= ? AND started_at < ? AND passed = 1 AND attempt = 0{part} "
                 "GROUP BY device, case_id",
                 [params["lo"], params["hi"], *pp],
             ):
-                i = at[(d, c)]  # every such key has a row: a tally that day
-                r = rows[i]
-                rows[i] = (d, c, r[2], r[3] + params["sign"] * int(n), r[4] + params["sign"] * secs)
+                partial.setdefault(d, {})[c] = (int(n), secs)
+            # Found by key, not by order: the server sorts text by its collation (ICU's en-US puts "a1" after
+            # "a_2", Python's byte order before), and one record per key needs no order. Every such key has a
+            # row (a tally that day).
+            sign, found = params["sign"], 0
+            for i, r in enumerate(rows) if partial else ():
+                mine = partial.get(r[0])
+                if mine is not None and r[1] in mine:
+                    n, secs = mine[r[1]]
+                    rows[i] = (r[0], r[1], r[2], r[3] + sign * n, r[4] + sign * secs)
+                    found += 1
+            if found != sum(map(len, partial.values())):
+                raise StoreError(f"fleet store {self.path}: result rows of a day its case tallies do not hold")
         times = CaseTimes.from_rows(rows, scan=0)
         executions = np.asarray(times.executions, dtype=np.int64)
         if (executions <= 0).any():  # a key with nothing passing in the window (a column test, not a row loop)
