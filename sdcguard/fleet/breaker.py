@@ -28,6 +28,7 @@ a job of thousands may hold several.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -93,6 +94,17 @@ class SuiteVerdict:
         ) in self.suspect_buckets
 
 
+def _not_exceeded_from(failing: int, share: float) -> int:
+    """The fewest devices ``total`` for which ``failing > share * total`` is false, as the breaker computes it
+    (floats; the test is monotone in ``total``, so it is false for every larger one too)."""
+    total = max(1, math.floor(failing / share))
+    while total > 1 and not failing > share * (total - 1):
+        total -= 1
+    while failing > share * total:
+        total += 1
+    return total
+
+
 def judge_suite(
     store: Store, failures: Sequence[FailedExecution], policy: BreakerSettings, *, now: float, since: float
 ) -> SuiteVerdict:
@@ -112,8 +124,12 @@ def judge_suite(
     cases = {c for c, _ in groups} | {c for c, _ in wide}
     if not cases:
         return verdict
-    asked = set(wide) | {(f.case, int(f.started_at // bucket)) for f in failures if (f.case, f.digest) in groups}
-    ran = {(c.case, c.bucket): c.devices for c in store.case_coverage(asked, since=since, bucket_s=bucket)}
+    exact = {(f.case, int(f.started_at // bucket)) for f in failures if (f.case, f.digest) in groups}
+    # A wide bucket alone needs only whether its failing devices exceed the share of those that ran the case:
+    # counting stops at the fewest devices that answer no (the same verdict for every larger count).
+    enough = {k: _not_exceeded_from(len(v), policy.breaker_share) for k, v in wide.items() if k not in exact}
+    coverage = store.case_coverage(set(wide) | exact, since=since, bucket_s=bucket, enough=enough)
+    ran = {(c.case, c.bucket): c.devices for c in coverage}
     passes = store.pass_digests({c for c, _ in groups})
     for (case, digest), devices in sorted(groups.items()):
         hits = [f for f in failures if f.case == case and f.digest == digest]

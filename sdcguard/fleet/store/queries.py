@@ -199,20 +199,44 @@ class StoreQueries(CaseQueries, TallyQueries):
             for d, h, c, f, g, s, t in rows
         ]
 
-    def case_coverage(self, buckets: Iterable[tuple[str, int]], *, since: float, bucket_s: float) -> list[CaseCoverage]:
+    def case_coverage(
+        self,
+        buckets: Iterable[tuple[str, int]],
+        *,
+        since: float,
+        bucket_s: float,
+        enough: Mapping[tuple[str, int], int] | None = None,
+    ) -> list[CaseCoverage]:
         """How many distinct devices ran each case since ``since`` in each of ``buckets`` (pairs of a case and
         ``int(started_at // bucket_s)``): the breaker asks only for the buckets its failures fell in, so a report
         over 30 days reads the executions of those buckets, not of the window. Each pair is one range of the
-        ``results_cases`` index, widened by half a bucket on each side so that the SQL's own bucket arithmetic
-        decides membership, as it always has."""
+        ``results_cases`` index, a little wider than the bucket (by far more than a division's rounding), so that
+        the SQL's own bucket arithmetic decides membership, as it always has.
+
+        ``enough``: for a pair in it, counting stops at that many devices: its answer is ``min(devices, enough)``.
+        Proof: the first ``8 * enough`` rows of the pair's range (in index order) are read; if they hold ``enough``
+        devices, the pair has at least that many; if they are fewer than asked for, they are all its rows and
+        their devices are its devices; otherwise the devices are counted whole. A breaker that only needs to know
+        whether a share is exceeded reads a few rows per bucket instead of every device's (at 10,000 devices a
+        30-day report asked for 141 buckets of 10,000 devices each: 0.87 s)."""
         out: list[CaseCoverage] = []
+        where = (
+            "FROM results INDEXED BY results_cases WHERE case_id = ? AND started_at >= ? AND started_at < ? "
+            "AND CAST(started_at / ? AS INTEGER) = ?"
+        )
         for case, b in sorted(set(buckets)):
-            rows = self._rows(
-                "SELECT COUNT(DISTINCT device) FROM results INDEXED BY results_cases WHERE case_id = ? "
-                "AND started_at >= ? AND started_at < ? AND CAST(started_at / ? AS INTEGER) = ?",
-                (case, max(since, (b - 0.5) * bucket_s), (b + 1.5) * bucket_s, bucket_s, b),
-            )
-            devices = int(rows[0][0]) if rows else 0
+            margin = 1e-9 * (abs(b) + 2) * bucket_s
+            params = (case, max(since, b * bucket_s - margin), (b + 1) * bucket_s + margin, bucket_s, b)
+            cap = None if enough is None else enough.get((case, b))
+            devices = None
+            if cap is not None:
+                rows = self._rows(f"SELECT device {where} LIMIT ?", (*params, 8 * cap))
+                seen = len({r[0] for r in rows})
+                if seen >= cap or len(rows) < 8 * cap:
+                    devices = min(seen, cap)
+            if devices is None:
+                devices = int(self._one(f"SELECT COUNT(DISTINCT device) {where}", params) or 0)
+                devices = devices if cap is None else min(devices, cap)
             if devices:
                 out.append(CaseCoverage(case=case, bucket=b, devices=devices))
         return out

@@ -30,10 +30,13 @@ _row = st.tuples(st.integers(0, 5), st.integers(0, 2), st.integers(0, 36_000), s
     rows=st.lists(_row, min_size=1, max_size=40),
     since_s=st.integers(0, 36_000),
     asked=st.lists(st.tuples(st.integers(0, 2), st.integers(-1, 11)), max_size=8),
+    caps=st.lists(st.one_of(st.none(), st.integers(1, 4)), min_size=8, max_size=8),
 )
 def test_coverage_of_the_buckets_asked_counts_the_devices_that_ran_the_case_there(
-    new_store: Callable[[str], str], backend: str, rows: list, since_s: int, asked: list
+    new_store: Callable[[str], str], backend: str, rows: list, since_s: int, asked: list, caps: list
 ) -> None:
+    """Exactly, or up to ``enough`` where asked: then ``min(devices, enough)`` (a cap of 1 to 4 devices over up
+    to 6 devices with up to 40 rows: the first ``8 * enough`` rows hold them, or not, or are all the rows)."""
     db = new_store(backend)
     since = START + since_s
     first = int(START // BUCKET)
@@ -49,15 +52,36 @@ def test_coverage_of_the_buckets_asked_counts_the_devices_that_ran_the_case_ther
                 ],
             )
         pairs = [(f"c{c}", first + b) for c, b in asked]
+        enough = {p: cap for p, cap in zip(pairs, caps) if cap is not None}
         got = {(x.case, x.bucket): x.devices for x in s.case_coverage(pairs, since=since, bucket_s=BUCKET)}
+        capped = {
+            (x.case, x.bucket): x.devices for x in s.case_coverage(pairs, since=since, bucket_s=BUCKET, enough=enough)
+        }
     want: dict[tuple[str, int], int] = {}
     for case, b in set(pairs):
         devices = {d for d, c, t, _ in rows if f"c{c}" == case and START + t >= since and (START + t) // BUCKET == b}
         if devices:
             want[(case, b)] = len(devices)
     assert got == want
+    assert capped == {p: min(n, enough.get(p, n)) for p, n in want.items()}
 
 
 def test_nothing_asked_counts_nothing(tmp_path: Path) -> None:
     with Store.open(str(tmp_path / "s.db")) as s:
         assert s.case_coverage([], since=0.0, bucket_s=BUCKET) == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cap, want", [(1, 1), (2, 2), (3, 3), (4, 3), (30, 3)])
+def test_a_capped_count_past_one_devices_many_rows_still_finds_the_others(
+    new_store: Callable[[str], str], backend: str, cap: int, want: int
+) -> None:
+    """One device's 20 rows come first in the index, then two other devices': a cap of 2 reads 16 rows of one
+    device and must count on (the rows are not all read, the devices are not enough)."""
+    with Store.open(new_store(backend)) as s:
+        for dev, times in (("sim:0", range(20)), ("sim:1", [30]), ("sim:2", [31])):
+            sid = s.begin_scan(device=dev, host="n0", budget_s=60.0, started_at=START)
+            s.record_results(sid, [result(dev, case="c0", t=START + t, passed=False) for t in times])
+        b = int(START // BUCKET)
+        (got,) = s.case_coverage([("c0", b)], since=START, bucket_s=BUCKET, enough={("c0", b): cap})
+    assert got.devices == want
