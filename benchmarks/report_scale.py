@@ -289,8 +289,13 @@ def _size(fleet_db: Any) -> int:
         return fleet_db.stat().st_size
     import psycopg
 
-    with psycopg.connect(fleet_db) as c:
-        return int(c.execute("SELECT pg_database_size(current_database())").fetchone()[0])
+    with psycopg.connect(fleet_db) as c:  # the store's schema (a server may hold several stores)
+        return int(
+            c.execute(
+                "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c JOIN pg_namespace n ON "
+                "n.oid = c.relnamespace WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'm')"
+            ).fetchone()[0]
+        )
 
 
 def _measure(fleet_db: Any, now: float, keep: int) -> None:
