@@ -1,10 +1,12 @@
 """A PostgreSQL database made with a linguistic collation (what ``createdb`` gives on a server whose locale is
 ``en_US.UTF-8``, here ICU's ``en-US``) sorts text unlike Python and SQLite: ``"a1"`` after ``"a_2"``, ``"gpu-a"``
 before ``"gpu-B"``. The store's figures must not depend on it: the slowness statistic's inputs over a window with a
-partial first day, and the whole report, equal those of the same scans in a SQLite store."""
+partial first day, the whole report, the HTML page and the policy's decisions equal those of the same scans in a
+SQLite store."""
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 import pytest
@@ -70,3 +72,20 @@ def test_figures_do_not_depend_on_the_servers_collation(icu_db: str, tmp_path: P
     assert got[icu_db] == got[sqlite_db]
     times, report = got[sqlite_db]
     assert {d for d, _ in times} == set(DEVICES) and '"slow_basis": "pair"' in report  # two devices per host: pairs
+
+
+def test_the_page_and_the_policy_do_not_depend_on_the_servers_collation(icu_db: str, tmp_path: Path) -> None:
+    from sdcguard.fleet.policy import QuarantinePolicy, apply_policy
+    from sdcguard.fleet.report.html import build_html
+
+    sqlite_db = str(tmp_path / "s.db")
+    now = START + 4 * DAY
+    got = {}
+    for db in (sqlite_db, icu_db):
+        _fill(db)
+        with Store.open(db) as s:
+            outcome = apply_policy(s, QuarantinePolicy(breaker_min_devices=5), now=now)
+            page = build_html(s, since=START, window="all", now=now, slow=SETTINGS)
+        # the page names the store it was built from; nothing else may differ
+        got[db] = outcome.quarantined, outcome.reasons, page.replace(html.escape(db), "STORE")
+    assert got[icu_db] == got[sqlite_db]
