@@ -34,9 +34,9 @@ the same writes collect signed changes in ``temp.case_delta``, :func:`~.tallies.
 prune deletes none, and keeps of the days before the horizon each key's latest; a later change there lands on the eve.
 
 **Family tallies** (the rates' running totals per device, family and day, version 12): kept like the case tallies,
-from the same changes as the day tallies; a prune takes from them what it rolls up from the horizon's day on (a
-scan that started before the horizon and ran past its midnight), which the roll-ups then count, so a window from
-the horizon on is the family tallies' difference plus the roll-ups, each execution once.
+from the same changes as the day tallies; a prune takes from them what it rolls up from the end of each pruned day
+on (a scan that started before the horizon it records and ran past its midnight), which the roll-ups then count,
+so a window from the horizon on is the family tallies' difference plus the roll-ups, each execution once.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class StoreMaintenance(StoreBase):
             analyze=self._backend.analyze,
         )
         for day in late:  # what the merge brought from before the horizon goes to the roll-ups at once
-            _prune_day(conn, day * _DAY_S, min((day + 1) * _DAY_S, horizon), horizon)
+            _prune_day(conn, day * _DAY_S, min((day + 1) * _DAY_S, horizon))
         if late:
             set_meta(conn, "rollup_last_day", int(conn.execute("SELECT MAX(day) FROM rollups").fetchone()[0]))
             thin_case_tallies(conn, horizon)
@@ -144,7 +144,7 @@ class StoreMaintenance(StoreBase):
             lo, hi = day * _DAY_S, min((day + 1) * _DAY_S, horizon)
             with self._write() as conn:
                 self._backend.lock("tallies")  # every other writer waits (they take it shared)
-                s, r, n = _prune_day(conn, lo, hi, horizon)
+                s, r, n = _prune_day(conn, lo, hi)
                 scans, results, rollup_rows = scans + s, results + r, rollup_rows + n
                 last = conn.execute("SELECT MAX(day) FROM rollups").fetchone()[0]
                 if last is not None:
@@ -162,14 +162,14 @@ class StoreMaintenance(StoreBase):
         self._backend.vacuum()
 
 
-def _prune_day(conn: Any, lo: float, hi: float, horizon: float) -> tuple[int, int, int]:
+def _prune_day(conn: Any, lo: float, hi: float) -> tuple[int, int, int]:
     """Roll the finished scans that started in ``[lo, hi)`` into the roll-ups and delete them, inside the caller's
     transaction; ``(scans, rows, roll-up rows written)``.
 
     One pass over the scans' rows (``prune_agg``: per day, device and family); everything else derives from it:
     the per-device roll-ups and their all-time totals, the day tallies (less what is deleted; a day left without
     rows loses its tallies outright, so no rounding residue of the testing seconds stays behind), the family
-    tallies (less what started from the ``horizon``'s day on), and the fleet's day rows (``rollup_days``), summed
+    tallies (less what started from ``hi``'s day on), and the fleet's day rows (``rollup_days``), summed
     from the per-device roll-ups of the days touched."""
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS prune_scans(id INTEGER PRIMARY KEY)")
     conn.execute("DELETE FROM temp.prune_scans")
@@ -211,11 +211,15 @@ def _prune_day(conn: Any, lo: float, hi: float, horizon: float) -> tuple[int, in
             select=("SELECT device, family, day, -executions, -failures, -test_s FROM temp.prune_agg WHERE true")
         )
     )
-    running_tables(conn)  # the roll-ups now count what started from the horizon's day on: the family tallies not
+    # The roll-ups now count what started from the day's end on (a scan's rows after its midnight): the family
+    # tallies not. From ``hi``, the horizon this day's prune records, not the one asked for: with no scan to prune
+    # in between, a window may start there, and the days from it on must not count a pruned row twice (found by
+    # the family tallies' property test). Deltas of earlier days change a window's totals and its eve alike.
+    running_tables(conn)
     conn.execute(
         "INSERT INTO temp.family_delta(device, family, day, executions, failures, test_s) "
         "SELECT device, family, day, -executions, -failures, -test_s FROM temp.prune_agg WHERE day >= ?",
-        (int(horizon // _DAY_S),),
+        (int(hi // _DAY_S),),
     )
     apply_deltas(conn, FAMILIES)
     _roll_scans(conn)

@@ -134,6 +134,26 @@ def test_a_window_from_the_family_tallies_equals_the_rows_and_roll_ups(
             _assert_windows(db, offsets)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_scan_pruned_across_the_horizons_midnight_counts_once_in_a_window_from_the_horizon(
+    new_store: Callable[[str], str], backend: str
+) -> None:
+    """A scan started before the horizon with a row after that midnight, pruned by a prune asked for a later
+    horizon than the one it records: the row is rolled up into the horizon's day and must leave the running totals
+    of that day, or a window from the horizon counts it twice (it did; found by the property test above in CI)."""
+    db = new_store(backend)
+    with Store.open(db) as s:
+        early = s.begin_scan(device="sim:00", host="n0", budget_s=60.0, started_at=START + 0.4 * DAY)
+        s.record_results(early, _results("sim:00", START + 0.4 * DAY, [(0, False, 0, 0)]))  # left running
+        late = s.begin_scan(device="sim:00", host="n0", budget_s=60.0, started_at=START + 0.8 * DAY)
+        s.record_results(late, _results("sim:00", START + 0.8 * DAY, [(5, False, 0, 0)]))  # 01:12 the next day
+        s.finish_scan(late, "complete", finished_at=START + 2.5 * DAY)
+        s.prune(before=START + 2.2 * DAY)  # asked for day 2; nothing to prune on day 1, so the horizon is day 1
+        assert s.pruned_before == START + DAY
+        assert [(t.executions, t.failures) for t in s.tallies(since=START + DAY, by="device")] == [(1, 1)]
+    _assert_windows(db, [0.0, 0.5 * DAY])
+
+
 def test_a_schema_11_store_gains_its_family_tallies_with_every_window_unchanged(tmp_path: Path) -> None:
     path = tmp_path / "fleet.db"
     with Store.open(path) as s:
