@@ -88,27 +88,7 @@ class CaseQueries(StoreBase):
             params,
         )
         if params["lo"] < params["hi"]:  # the partial day's rows, added (sign 1) or taken away (-1), key by key
-            part, pp = in_devices(devices)
-            partial: dict[str, dict[str, tuple[int, float]]] = {}
-            for d, c, n, secs in self._rows(
-                "SELECT device, case_id, TOTAL(executions), TOTAL(duration_s) FROM results INDEXED BY results_time "
-                f"WHERE started_at >= ? AND started_at < ? AND passed = 1 AND attempt = 0{part} "
-                "GROUP BY device, case_id",
-                [params["lo"], params["hi"], *pp],
-            ):
-                partial.setdefault(d, {})[c] = (int(n), secs)
-            # Found by key, not by order: the server sorts text by its collation (ICU's en-US puts "a1" after
-            # "a_2", Python's byte order before), and one record per key needs no order. Every such key has a
-            # row (a tally that day).
-            sign, found = params["sign"], 0
-            for i, r in enumerate(rows) if partial else ():
-                mine = partial.get(r[0])
-                if mine is not None and r[1] in mine:
-                    n, secs = mine[r[1]]
-                    rows[i] = (r[0], r[1], r[2], r[3] + sign * n, r[4] + sign * secs)
-                    found += 1
-            if found != sum(map(len, partial.values())):
-                raise StoreError(f"fleet store {self.path}: result rows of a day its case tallies do not hold")
+            self._partial_case_day(rows, devices, params["lo"], params["hi"], params["sign"])
         times = CaseTimes.from_rows(rows, scan=0)
         executions = np.asarray(times.executions, dtype=np.int64)
         if (executions <= 0).any():  # a key with nothing passing in the window (a column test, not a row loop)
@@ -122,6 +102,31 @@ class CaseQueries(StoreBase):
                 list(compress(times.seconds, keep)),
             )
         return times
+
+    def _partial_case_day(
+        self, rows: list[tuple[Any, ...]], devices: Sequence[str] | None, lo: float, hi: float, sign: int
+    ) -> None:
+        """Add (``sign`` 1) or take away (-1) the passing first executions of the rows started in ``[lo, hi)`` to
+        ``rows`` (``(device, case, family, executions, seconds)``, one per key), in place. Found by key, not by
+        order: the server sorts text by its collation (ICU's en-US puts "a1" after "a_2", Python's byte order
+        before), and one record per key needs no order. Every such key has a row (a tally that day)."""
+        part, pp = in_devices(devices)
+        partial: dict[str, dict[str, tuple[int, float]]] = {}
+        for d, c, n, secs in self._rows(
+            "SELECT device, case_id, TOTAL(executions), TOTAL(duration_s) FROM results INDEXED BY results_time "
+            f"WHERE started_at >= ? AND started_at < ? AND passed = 1 AND attempt = 0{part} GROUP BY device, case_id",
+            [lo, hi, *pp],
+        ):
+            partial.setdefault(d, {})[c] = (int(n), secs)
+        found = 0
+        for i, r in enumerate(rows) if partial else ():
+            mine = partial.get(r[0])
+            if mine is not None and r[1] in mine:
+                n, secs = mine[r[1]]
+                rows[i] = (r[0], r[1], r[2], r[3] + sign * n, r[4] + sign * secs)
+                found += 1
+        if found != sum(map(len, partial.values())):
+            raise StoreError(f"fleet store {self.path}: result rows of a day its case tallies do not hold")
 
     def case_timings(self, *, since: float | None, devices: Sequence[str]) -> list[CaseTiming]:
         """Passing first executions per device, scan and case since ``since``, with their summed device time, for
