@@ -66,6 +66,7 @@ def _rank_job(rank: int, world: int, device_type: str, out_dir: str) -> dict[str
     from sdcguard.adapters.hf import SDCGuardTrainerCallback
     from sdcguard.inject import Fault
     from sdcguard.inject.torch_faults import OpFaultMode
+    from sdcguard.testing.hf import hf_step_probe
 
     warnings.filterwarnings("ignore")
     torch.use_deterministic_algorithms(True)
@@ -78,24 +79,8 @@ def _rank_job(rank: int, world: int, device_type: str, out_dir: str) -> dict[str
         ops="gelu", phase="forward", rank=0, steps=[FAULT_STEP],
     )  # fmt: skip
 
-    class Probe(transformers.TrainerCallback):
-        def __init__(self, cb: SDCGuardTrainerCallback) -> None:
-            self.cb, self.steps, self.before = cb, [], []
-
-        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            mode.step = state.global_step
-
-        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
-            self.before = [p.to_local().detach().clone() for p in model.parameters()]
-
-        def on_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
-            r = self.cb.last_report
-            changed = any(not torch.equal(b, p.to_local()) for b, p in zip(self.before, model.parameters()))
-            found = [{"kind": i.kind, "suspect_ranks": list(i.suspect_ranks)} for i in r.incidents]
-            self.steps.append({"step": r.step, "commit": bool(r.commit), "changed": changed, "incidents": found})
-
     cb = SDCGuardTrainerCallback(replay_every=1, weight_check_every=1, escalate="off")
-    probe = Probe(cb)
+    probe = hf_step_probe(cb, mode)
     plugin = {"fsdp": "full_shard", "fsdp_config": {"version": 2, "transformer_layer_cls_to_wrap": ["GPT2Block"]}}
     args = transformers.TrainingArguments(
         output_dir=out_dir, max_steps=STEPS, per_device_train_batch_size=2, gradient_accumulation_steps=2,
@@ -107,7 +92,15 @@ def _rank_job(rank: int, world: int, device_type: str, out_dir: str) -> dict[str
         trainer.train()
     assert cb.guard is not None
     return {
-        "steps": probe.steps,
+        "steps": [
+            {
+                "step": st,
+                "commit": bool(ok),
+                "changed": changed,
+                "incidents": [{"kind": k, "suspect_ranks": list(r)} for k, r in found],
+            }
+            for st, ok, changed, found in probe.steps
+        ],
         "injected": len(mode.records),
         "samples": int(cb.guard.state_dict()["samples"]),
         "taps": type(cb.guard.taps).__name__,

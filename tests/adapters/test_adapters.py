@@ -151,6 +151,7 @@ def _hf(rank: int, world: int, out_dir: str) -> Any:
     import transformers
 
     from sdcguard.adapters.hf import SDCGuardTrainerCallback
+    from sdcguard.testing.hf import hf_step_probe
 
     warnings.filterwarnings("ignore")
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
@@ -172,25 +173,10 @@ def _hf(rank: int, world: int, out_dir: str) -> Any:
     ]
     mode = _fault()
 
-    class Probe(transformers.TrainerCallback):
-        def __init__(self, cb: SDCGuardTrainerCallback) -> None:
-            self.cb, self.steps, self.before = cb, [], []
-
-        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            mode.step = state.global_step
-
-        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
-            self.before = [p.detach().clone() for p in model.parameters()]
-
-        def on_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
-            r = self.cb.last_report
-            changed = any(not torch.equal(b, p) for b, p in zip(self.before, model.parameters()))
-            self.steps.append((r.step, r.commit, changed, [(i.kind, i.suspect_ranks) for i in r.incidents]))
-
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config)
     cb = SDCGuardTrainerCallback(replay_every=1, weight_check_every=1)
-    probe = Probe(cb)
+    probe = hf_step_probe(cb, mode)
     args = transformers.TrainingArguments(
         output_dir=out_dir,
         max_steps=STEPS,

@@ -40,6 +40,7 @@ def _hf_fsdp2(rank: int, world: int, out_dir: str) -> dict[str, Any]:
     from transformers.distributed import DistributedConfig
 
     from sdcguard.adapters.hf import SDCGuardTrainerCallback
+    from sdcguard.testing.hf import hf_step_probe
 
     warnings.filterwarnings("ignore")
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
@@ -63,23 +64,8 @@ def _hf_fsdp2(rank: int, world: int, out_dir: str) -> dict[str, Any]:
         ops="gelu", phase="forward", rank=FAULT_RANK, steps=[FAULT_STEP],
     )  # fmt: skip
 
-    class Probe(transformers.TrainerCallback):
-        def __init__(self, cb: SDCGuardTrainerCallback) -> None:
-            self.cb, self.steps, self.before = cb, [], []
-
-        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            mode.step = state.global_step
-
-        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
-            self.before = [p.to_local().detach().clone() for p in model.parameters()]
-
-        def on_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
-            r = self.cb.last_report
-            changed = any(not torch.equal(b, p.to_local()) for b, p in zip(self.before, model.parameters()))
-            self.steps.append((r.step, r.commit, changed, [(i.kind, i.suspect_ranks) for i in r.incidents]))
-
     cb = SDCGuardTrainerCallback(replay_every=1, weight_check_every=1, escalate="off")
-    probe = Probe(cb)
+    probe = hf_step_probe(cb, mode)
     args = transformers.TrainingArguments(
         output_dir=out_dir, max_steps=STEPS, per_device_train_batch_size=2, gradient_accumulation_steps=2,
         use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True,
