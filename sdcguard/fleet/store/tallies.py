@@ -4,7 +4,7 @@ tallies (executions, failures and testing time per UTC day, device and family, t
 tallies (the rates' running totals per device, family and day, version 12). A scan's batch adds through
 :class:`DayTallies`; a merge subtracts and adds the rows it replaces and writes; a prune deletes no running total
 and keeps, of the days before the horizon, each key's latest (the family tallies lose what the prune rolls up from
-the horizon's day on, which the roll-ups then count)."""
+the end of each pruned day on, which the roll-ups then count)."""
 
 from __future__ import annotations
 
