@@ -19,8 +19,7 @@ def hf_step_probe(cb: Any, mode: Any = None) -> Any:
     import torch
     import transformers
 
-    def local(p: torch.Tensor) -> torch.Tensor:
-        return p.to_local() if hasattr(p, "to_local") else p
+    from ..fingerprints.tensors import local_tensor as local
 
     class Probe(transformers.TrainerCallback):
         def __init__(self) -> None:
@@ -32,7 +31,7 @@ def hf_step_probe(cb: Any, mode: Any = None) -> Any:
                 mode.step = state.global_step
 
         def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
-            self.before = [local(p).detach().clone() for p in model.parameters()]
+            self.before = [local(p).clone() for p in model.parameters()]
 
         def on_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
             r = cb.last_report
