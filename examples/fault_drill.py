@@ -61,7 +61,9 @@ guard.close()
 
 for injector in (compute, collective):
     if injector.drill.targeted_here():  # the rank it injects on says what it did (or why nothing)
-        print(f"rank {rank}: {injector.drill.finish()}", flush=True)
+        # one write of the whole line (print writes the text and the newline apart, and another rank's line can
+        # land between them on the shared terminal)
+        print(f"rank {rank}: {injector.drill.finish()}\n", end="", flush=True)
 dist.barrier()
 if rank == 0:
     print(f"guard: {len(guard.incidents)} incident(s); steps vetoed on every rank: {vetoed}")
