@@ -95,11 +95,10 @@ class SuiteVerdict:
 
 
 def _not_exceeded_from(failing: int, share: float) -> int:
-    """The fewest devices ``total`` for which ``failing > share * total`` is false, as the breaker computes it
-    (floats; the test is monotone in ``total``, so it is false for every larger one too)."""
+    """A count of devices ``total`` for which ``failing > share * total`` is false, as the breaker computes it in
+    floats (the test is monotone in ``total``, so it is false for every larger one too), from ``failing / share``
+    rounded down: the fewest but where rounding says otherwise."""
     total = max(1, math.floor(failing / share))
-    while total > 1 and not failing > share * (total - 1):
-        total -= 1
     while failing > share * total:
         total += 1
     return total

@@ -4,7 +4,6 @@ message and blamed device equals that of the breaker given every bucket's exact 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +26,8 @@ class _Exact:
     def __init__(self, store: Store) -> None:
         self._store = store
 
-    def case_coverage(
-        self,
-        buckets: Iterable[tuple[str, int]],
-        *,
-        since: float,
-        bucket_s: float,
-        enough: Mapping[tuple[str, int], int] | None = None,
-    ) -> list[CaseCoverage]:
-        return self._store.case_coverage(buckets, since=since, bucket_s=bucket_s)
+    def case_coverage(self, *args: Any, enough: Any = None, **kw: Any) -> list[CaseCoverage]:
+        return self._store.case_coverage(*args, **kw)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
