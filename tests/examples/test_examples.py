@@ -80,7 +80,9 @@ def test_the_example_runs_as_its_first_line_says(path: Path, tmp_path: Path) -> 
         pytest.importorskip(NEEDS[path.name], reason=f"{path.name} needs {NEEDS[path.name]}")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("SDCGUARD_DB", None)
-    p = subprocess.run(_argv(launch_command(path)), cwd=tmp_path, capture_output=True, text=True, env=env, timeout=220)
+    p = _run(_argv(launch_command(path)), tmp_path, env)
+    if _aborted_at_exit(p, path):  # torch's, not the guard's: once more (see _aborted_at_exit), a second abort fails
+        p = _run(_argv(launch_command(path)), tmp_path, env)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-4000:]
     missing = [pattern for pattern in EXPECTED.get(path.name, []) if not re.search(pattern, p.stdout)]
@@ -92,5 +94,38 @@ def test_the_example_runs_as_its_first_line_says(path: Path, tmp_path: Path) -> 
             assert any(out.startswith(prefix) for out in printed), f"{block.where}: not printed: {line}"
 
 
+def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env, timeout=110)
+
+
+def _aborted_at_exit(p: subprocess.CompletedProcess[str], path: Path) -> bool:
+    """Whether the example did all its work and printed all it promises, and then a rank aborted in torch's teardown.
+
+    After ``fully_shard`` the gloo process group outlives ``dist.destroy_process_group()``: DTensor's caches (the
+    sharding propagator's, ``MeshTopoInfo.build_from_mesh``'s and more) keep the ``DeviceMesh`` and with it the group
+    alive until the interpreter is finalized, and a gloo worker thread that then drops a tensor needs the GIL and
+    takes the process down with ``terminate called without an active exception`` (pytorch/pytorch#190489; the
+    abandoned fix, pytorch/pytorch#179291). It happens only under CPU load, about once in fifteen runs of a plain
+    FSDP2 loop without the guard; it is recognized only in full (every promised line printed, then exactly that abort),
+    so any other failure, or the same abort twice, still fails the test."""
+    promised = all(re.search(pattern, p.stdout) for pattern in EXPECTED.get(path.name, [r"."]))
+    return p.returncode != 0 and promised and "terminate called without an active exception" in p.stderr
+
+
 def _outputs_shown(path: Path) -> list[Block]:
     return [b for b in all_blocks() if b.mark == "output of" and b.target == f"examples/{path.name}"]
+
+
+def test_only_torchs_abort_after_all_the_work_is_run_again() -> None:
+    path = ROOT / "examples" / "fsdp2.py"
+    done = "rank 0: FSDP2 over 2 ranks, 12 of 12 steps committed, 0 incidents\n"
+    abort = "terminate called without an active exception\n"
+
+    def ran(rc: int, out: str, err: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess([], rc, out, err)
+
+    assert _aborted_at_exit(ran(1, done, abort), path)
+    assert not _aborted_at_exit(ran(0, done, ""), path)  # nothing to run again
+    assert not _aborted_at_exit(ran(1, done, "Traceback (most recent call last):\n"), path)
+    assert not _aborted_at_exit(ran(1, done.replace("12 of 12", "11 of 12"), abort), path)  # the work was not done
+    assert not _aborted_at_exit(ran(1, "", abort), ROOT / "examples" / "ddp_loop.py")  # it printed nothing
