@@ -146,3 +146,22 @@ def test_fsdp1_and_ranks_of_different_parameters_are_refused_in_one_line() -> No
     assert said[0] == said[1] and "FSDP1" in said[0] and "fully_shard" in said[0] and "\n" not in said[0]
     said = run_ranks(_stages, 2, timeout=180)
     assert said[0] == said[1] and "different parameters" in said[0] and "group=" in said[0]
+
+
+def test_reading_what_wraps_a_model_imports_no_wrapper_package() -> None:
+    """The guard asks whether a model is FSDP1 or FSDP2 without importing ``torch.distributed.fsdp``: imported after
+    ``init_process_group`` it keeps the job's gloo group alive past ``destroy_process_group()`` (see
+    :func:`sdcguard.training.hooks.wrappers.imported`). A job that never imported it has no FSDP module."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from sdcguard.training.hooks.fsdp import is_fsdp\n"
+        "from sdcguard.training.hooks.wrappers import peel, refuse_unsupported\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(2, 2))\n"
+        "refuse_unsupported(m); peel(m); assert not is_fsdp(m)\n"
+        "assert 'torch.distributed.fsdp' not in sys.modules, 'imported'\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]

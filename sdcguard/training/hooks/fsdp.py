@@ -53,6 +53,7 @@ from torch import nn
 
 from ...fingerprints import local_tensor
 from ..digest import LocalRecord
+from .wrappers import imported
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
@@ -61,11 +62,9 @@ __all__ = ["FSDPTaps", "is_fsdp"]
 
 
 def _fsdp_module_type() -> type[FSDPModule] | None:
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover - torch without FSDP2
-        return None
-    return FSDPModule
+    """FSDP2's module class, where a model can be one: only once ``torch.distributed.fsdp`` is imported (``fully_shard``
+    lives there), so the guard never imports it itself (:func:`~.wrappers.imported`)."""
+    return cast("type[FSDPModule] | None", imported("torch.distributed.fsdp", "FSDPModule"))
 
 
 def is_fsdp(model: nn.Module) -> bool:

@@ -10,6 +10,7 @@ with compiled regions is not checksum-checked (:func:`has_compiled_regions`), an
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from torch import nn
@@ -17,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ...errors import BadInput
 
-__all__ = ["is_compiled", "has_compiled_regions", "peel", "unwrap_to_ddp", "refuse_unsupported"]
+__all__ = ["is_compiled", "has_compiled_regions", "peel", "unwrap_to_ddp", "refuse_unsupported", "imported"]
 
 
 def is_compiled(module: nn.Module) -> bool:
@@ -60,12 +61,18 @@ def unwrap_to_ddp(model: nn.Module) -> DistributedDataParallel:
     return model
 
 
+def imported(module: str, name: str) -> Any:
+    """``module.name`` if ``module`` is imported already, else None: what a model may be wrapped in, read without
+    importing the wrapper's package. A model is an FSDP module only if the job imported ``torch.distributed.fsdp``;
+    the guard importing it instead, after ``init_process_group``, would keep the job's gloo group alive past
+    ``destroy_process_group()`` (``torch.distributed.nn.functional``, which it imports, binds ``group.WORLD`` as its
+    functions' default argument at import time), and a gloo worker thread still alive when the interpreter is
+    finalized can abort the process at exit ("terminate called without an active exception")."""
+    return getattr(sys.modules.get(module), name, None)
+
+
 def _fsdp1_type() -> Any:
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-    except ImportError:  # pragma: no cover - torch without FSDP1
-        return None
-    return FullyShardedDataParallel
+    return imported("torch.distributed.fsdp", "FullyShardedDataParallel")
 
 
 def refuse_unsupported(model: nn.Module) -> None:
