@@ -191,18 +191,13 @@ def _history(
     return math.exp(median(logs)), None if low is None else math.exp(low)
 
 
-def _segments(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Starts and lengths of the runs of equal values of sorted ``keys``."""
-    if len(keys) == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-    return starts, np.diff(np.r_[starts, len(keys)])
-
-
-def _medians(values: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """The median of each run of sorted ``values`` (as :func:`statistics.median`: the middle value, or the mean of
-    the two middle values, which for one value is that value exactly)."""
-    return (values[starts + (counts - 1) // 2] + values[starts + counts // 2]) / 2
+def _row_medians(rows: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The median of the first ``counts[i]`` values of each row of ``rows`` (sorted along the row, what follows them
+    ``inf``), as :func:`statistics.median`: the middle value, or the mean of the two middle values, which for one
+    value is that value exactly. Rows with no value give ``inf``."""
+    at = np.arange(len(rows))
+    low, high = np.maximum(counts - 1, 0) // 2, counts // 2
+    return (rows[at, low] + rows[at, np.minimum(high, rows.shape[1] - 1)]) / 2
 
 
 def judge_slow(
@@ -294,29 +289,34 @@ def _judge_many(
         group[list(m)] = g
     pick = group[dev] >= 0
     dev, case, mean = dev[pick], case[pick], mean[pick]
-    g = group[dev]
-    order = np.lexsort((mean, case, g))
-    starts, counts = _segments((g * len(cases) + case)[order])
-    ref = np.empty(len(mean))
-    ref[order] = np.repeat(_medians(mean[order], starts, counts), counts)
-    logs = np.fromiter(map(math.log, (mean / ref).tolist()), np.float64, len(mean))
-    order = np.lexsort((logs, dev))
-    sorted_logs = logs[order]
-    d_starts, d_counts = _segments(dev[order])
-    owners = dev[order][d_starts].tolist()
-    mids = _medians(sorted_logs, d_starts, d_counts).tolist()
+    # One row per device, one column per case, inf where the device has no time for the case: every median below is
+    # a sort along short rows (a group's devices, a device's cases), never a sort of every pair by compound keys,
+    # which costs 10x more at 100,000 devices (3.1 million pairs).
+    table = np.full((len(devices), len(cases)), np.inf)
+    table[dev, case] = mean
+    ref = np.empty((len(big), len(cases)))
+    for g, m in enumerate(big.values()):
+        by_case = np.sort(table[list(m)], axis=0).T
+        ref[g] = _row_medians(by_case, np.isfinite(by_case).sum(axis=1))
+    logs = np.fromiter(map(math.log, (mean / ref[group[dev], case]).tolist()), np.float64, len(mean))
+    table[dev, case] = logs
+    mine = np.sort(table, axis=1)
+    counts = np.isfinite(mine).sum(axis=1)
+    owners = np.flatnonzero(counts).tolist()
+    d_counts = counts[owners]
+    mids = _row_medians(mine[owners], d_counts).tolist()
     ranks = [lower_rank(n, s.confidence) for n in d_counts.tolist()]
-    flat = sorted_logs.tolist()
-    lows = [flat[a + k - 1] if k else None for a, k in zip(d_starts.tolist(), ranks)]
+    lows = [float(mine[i, k - 1]) if k else None for i, k in zip(owners, ranks)]
     fam_names = sorted(set(family.values()))
     fam_of_case = np.array([fam_names.index(family[c]) for c in cases], np.int64)
-    fam = fam_of_case[case]
-    order = np.lexsort((logs, fam, dev))
-    f_starts, f_counts = _segments((dev * len(fam_names) + fam)[order])
-    fam_mids = _medians(logs[order], f_starts, f_counts).tolist()
-    families: dict[int, dict[str, float]] = defaultdict(dict)
-    for i, f, x in zip(dev[order][f_starts].tolist(), fam[order][f_starts].tolist(), fam_mids):
-        families[i][fam_names[f]] = round(math.exp(x), 4)
+    families: dict[int, dict[str, float]] = {i: {} for i in owners}
+    owned = table[owners]
+    for f, name in enumerate(fam_names):
+        of_family = np.sort(owned[:, fam_of_case == f], axis=1)
+        n_f = np.isfinite(of_family).sum(axis=1)
+        has = np.flatnonzero(n_f)
+        for i, x in zip(np.asarray(owners)[has].tolist(), _row_medians(of_family[has], n_f[has]).tolist()):
+            families[i][name] = round(math.exp(x), 4)
     cases_of = dict(zip(owners, d_counts.tolist()))
     summary = {i: (mid, low) for i, mid, low, n in zip(owners, mids, lows, d_counts.tolist()) if n >= s.min_cases}
     out: dict[str, Slowness] = {}
