@@ -148,12 +148,12 @@ def _means(
     width = max(len(cases), 1)
     d_index = np.fromiter(map({d: i for i, d in enumerate(devices)}.__getitem__, device), np.int64, len(device))
     c_index = np.fromiter(map({c: i for i, c in enumerate(cases)}.__getitem__, case), np.int64, len(case))
-    pairs, inverse = np.unique(d_index * width + c_index, return_inverse=True)
-    total_n = np.bincount(inverse, weights=n, minlength=len(pairs))
-    total_s = np.bincount(inverse, weights=secs, minlength=len(pairs))
-    enough = total_n >= settings.min_executions
-    pairs = pairs[enough]
-    return devices, pairs // width, cases, pairs % width, total_s[enough] / total_n[enough], family
+    key = d_index * width + c_index  # one slot per (device, case): summed in place, no sort
+    size = len(devices) * width
+    total_n = np.bincount(key, weights=n, minlength=size)
+    total_s = np.bincount(key, weights=secs, minlength=size)
+    pairs = np.flatnonzero(total_n >= settings.min_executions)
+    return devices, pairs // width, cases, pairs % width, total_s[pairs] / total_n[pairs], family
 
 
 def _per_scan(times: CaseTimes) -> dict[str, dict[int, dict[str, tuple[int, float]]]]:
