@@ -312,12 +312,12 @@ def _judge_many(
     fam_names = sorted(set(family.values()))
     fam_of_case = np.array([fam_names.index(family[c]) for c in cases], np.int64)
     families: dict[int, dict[str, float]] = {i: {} for i in owners}
-    owned = table[owners]
+    owned, owner_index = table[owners], np.asarray(owners, np.int64)
     for f, name in enumerate(fam_names):
         of_family = np.sort(owned[:, fam_of_case == f], axis=1)
         n_f = np.isfinite(of_family).sum(axis=1)
         has = np.flatnonzero(n_f)
-        for i, x in zip(np.asarray(owners)[has].tolist(), _row_medians(of_family[has], n_f[has]).tolist()):
+        for i, x in zip(owner_index[has].tolist(), _row_medians(of_family[has], n_f[has]).tolist()):
             families[i][name] = round(math.exp(x), 4)
     cases_of = dict(zip(owners, d_counts.tolist()))
     summary = {i: (mid, low) for i, mid, low, n in zip(owners, mids, lows, d_counts.tolist()) if n >= s.min_cases}

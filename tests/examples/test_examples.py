@@ -101,13 +101,12 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Complete
 def _aborted_at_exit(p: subprocess.CompletedProcess[str], path: Path) -> bool:
     """Whether the example did all its work and printed all it promises, and then a rank aborted in torch's teardown.
 
-    After ``fully_shard`` the gloo process group outlives ``dist.destroy_process_group()``: DTensor's caches (the
-    sharding propagator's, ``MeshTopoInfo.build_from_mesh``'s and more) keep the ``DeviceMesh`` and with it the group
-    alive until the interpreter is finalized, and a gloo worker thread that then drops a tensor needs the GIL and
-    takes the process down with ``terminate called without an active exception`` (pytorch/pytorch#190489; the
-    abandoned fix, pytorch/pytorch#179291). It happens only under CPU load, about once in fifteen runs of a plain
-    FSDP2 loop without the guard; it is recognized only in full (every promised line printed, then exactly that abort),
-    so any other failure, or the same abort twice, still fails the test."""
+    On gloo the process group can outlive ``dist.destroy_process_group()`` (DTensor's caches hold an FSDP2 model's
+    ``DeviceMesh``; DDP's constructor imports ``torch.distributed.nn.functional``, which binds the group as a default
+    argument), and a gloo worker thread still running at interpreter finalization takes the process down with
+    ``terminate called without an active exception`` (pytorch/pytorch#190489; docs/examples.md). It happens only under
+    CPU load, about once in fifteen runs of a plain FSDP2 loop without the guard; it is recognized only in full (every
+    promised line printed, then exactly that abort), so any other failure, or the same abort twice, still fails."""
     promised = all(re.search(pattern, p.stdout) for pattern in EXPECTED.get(path.name, [r"."]))
     return p.returncode != 0 and promised and "terminate called without an active exception" in p.stderr
 
