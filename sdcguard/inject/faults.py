@@ -341,18 +341,25 @@ class FaultModel:
         self, rng: np.random.Generator, n: int, eligible: np.ndarray | None, shape: tuple[int, ...] | None
     ) -> np.ndarray:
         f = self.fault
+        # With a value range, the block is one that holds an eligible element (picked at random): a block drawn
+        # among all of them could miss every eligible element and leave the fault without a hit.
+        anchor = int(eligible[rng.integers(eligible.size)]) if eligible is not None and eligible.size else None
         if shape is not None and len(shape) >= 2 and shape[-1] > 1 and shape[-2] > 1:
             # one square block of the last two dimensions, in one matrix of the batch
             rows, cols = shape[-2], shape[-1]
             side = max(1, math.isqrt(f.tile))
             tr, tc = -(-rows // side), -(-cols // side)
-            b, t = divmod(int(rng.integers(n // (rows * cols) * tr * tc)), tr * tc)
-            i, j = divmod(t, tc)
+            if anchor is None:
+                b, t = divmod(int(rng.integers(n // (rows * cols) * tr * tc)), tr * tc)
+                i, j = divmod(t, tc)
+            else:
+                b, at = divmod(anchor, rows * cols)
+                i, j = (at // cols) // side, (at % cols) // side
             r = np.arange(i * side, min(rows, (i + 1) * side), dtype=np.int64)
             c = np.arange(j * side, min(cols, (j + 1) * side), dtype=np.int64)
             cands = (b * rows * cols + r[:, None] * cols + c[None, :]).reshape(-1)
         else:
-            t = int(rng.integers(-(-n // f.tile)))
+            t = int(rng.integers(-(-n // f.tile))) if anchor is None else anchor // f.tile
             cands = np.arange(t * f.tile, min(n, (t + 1) * f.tile), dtype=np.int64)
         if eligible is not None:
             cands = np.intersect1d(cands, eligible, assume_unique=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sdcguard.errors import BadInput
@@ -308,6 +308,22 @@ def test_intermittent_fires_at_roughly_its_rate(rate):
     st.floats(0.01, 1e3),
     st.sampled_from(["zero", "bitflip", "mix"]),
     st.integers(0, 99),
+)
+@example(  # CI found it: a block drawn among all blocks held neither eligible element, and nothing was hit
+    (
+        np.array(
+            [
+                [[5.28622927e34, -3.95971118e-37, -1.31661129e01], [-1.66053348e31, 1.42095640e-33, 1.00459735e-16]],
+                [[-3.70305204e11, -8.66320957e30, 1.60506165e00], [7.11978189e09, -4.47547192e18, 1.07895250e27]],
+            ],
+            dtype=np.float32,
+        ),
+        "float32",
+    ),
+    0.0,
+    1.0,
+    "mix",
+    93,
 )
 def test_value_range_triggers_only_inside_the_range(data, lo, width, pattern, seed):
     a, name = data
