@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from sdcguard.durations import parse_duration, since_timestamp
+from sdcguard.durations import iso_utc, parse_duration, since_timestamp
 from sdcguard.errors import BadInput
 from sdcguard.fleet.report.prometheus import render_textfile, write_textfile
 from sdcguard.fleet.store.store import Store
@@ -23,6 +24,21 @@ UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 def test_durations_parse(n: int, unit: str) -> None:
     assert parse_duration(f"{n}{unit}") == n * UNITS[unit]
     assert parse_duration(f" {n}{unit.upper()} ") == n * UNITS[unit]
+
+
+NEAR_A_SECOND = [0.0, 5e-7, -5e-7, 0.4999995, 0.9999994999, 0.9999995, 0.99999949999, 1 - 1e-7, 0.5]
+"""Fractions where rounding to microseconds decides the second (half of a microsecond either way)."""
+
+
+@given(
+    st.one_of(
+        st.floats(-2e9, 4e9, allow_nan=False),
+        st.builds(lambda s, f: s + f, st.integers(-2 * 10**9, 4 * 10**9), st.sampled_from(NEAR_A_SECOND)),
+    )
+)
+@settings(max_examples=2000)
+def test_iso_utc_writes_what_datetime_writes(t: float) -> None:
+    assert iso_utc(t) == datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @pytest.mark.parametrize("text", ["banana", "", "7", "d7", "-3d", "0d", "7 days", "1e3s"])
