@@ -1,9 +1,16 @@
-"""``sdcguard db init|grant``: set up a fleet store on a PostgreSQL server (as its owner)."""
+"""``sdcguard db init|grant|refresh``: set up a fleet store on a PostgreSQL server (as its owner), and keep the
+figures a report at fleet scale reads instead of computing them."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import click
 
+from fleet_scan.config import config_option, load_config, load_policy
+
+from ..durations import DEFAULT_WINDOW, since_timestamp
 from ..errors import BadInput
 from .common import open_store
 
@@ -12,7 +19,7 @@ __all__ = ["db"]
 
 @click.group("db")
 def db() -> None:
-    """Set up a fleet store on a PostgreSQL server: create it, and grant roles what they need.
+    """Set up a fleet store on a PostgreSQL server: create it, grant roles what they need; keep what reports read.
 
     Run these as the store's owner; credentials come from libpq (~/.pgpass, a service file, $PGPASSWORD), never
     from the --db URL.
@@ -29,6 +36,42 @@ def init() -> None:
         if store.backend != "postgresql":
             raise BadInput(f"{store.path} is a SQLite file: `db init` sets up a store on a PostgreSQL server")
         click.echo(f"fleet store ready in {store.path} (store id {store.store_id})")
+
+
+@db.command("refresh")
+@click.option(
+    "--window",
+    "windows",
+    multiple=True,
+    default=(DEFAULT_WINDOW, "30d"),
+    show_default=True,
+    help="A report window (duration, or 'all') to keep verdicts for; repeat for several.",
+)
+@config_option
+def refresh(windows: tuple[str, ...], config_path: Path | None = None) -> None:
+    """Compute the slowness verdicts of every device over each window and keep them in the store, so that
+    `sdcguard report --since W` reads them (for up to its --slow-max-age) instead of reading every device's time
+    for every case. Uses the [policy] slow_threshold and confidence, as the report and the policy do; a fleet
+    policy run keeps its own window's too. Run it as a writer, e.g. from a CronJob every 15 minutes.
+
+    Example: sdcguard --db postgresql://db.example/sdcguard db refresh --window 7d --window 30d
+    """
+    from ..fleet.slow import SlowSettings
+    from ..fleet.slow_fleet import fleet_slowness
+
+    policy = load_policy(load_config(config_path))
+    settings = SlowSettings(threshold=policy.slow_threshold, confidence=policy.confidence)
+    now = time.time()
+    starts = [(w, since_timestamp(w, now=now)) for w in windows]  # every window checked before the store is opened
+    with open_store(create=False) as store:
+        for window, since in starts:
+            t = time.perf_counter()
+            verdicts = fleet_slowness(store, since=since, settings=settings, now=now, keep=True)
+            slow = sum(v.slow for v in verdicts.values())
+            click.echo(
+                f"kept the slowness verdicts of {len(verdicts):,} devices over {window} ({slow:,} slow) in "
+                f"{time.perf_counter() - t:.1f} s"
+            )
 
 
 @db.command("grant")

@@ -20,7 +20,17 @@ from fleet_scan.config import config_option, load_config, load_policy  # noqa: E
 from ..durations import DEFAULT_WINDOW, iso_utc, since_timestamp  # noqa: E402
 from ..fleet.report.devices import DeviceReport, build_report, report_csv_rows, report_json  # noqa: E402
 from ..fleet.report.html_parts import counted  # noqa: E402
-from .common import device_id, fmt_float, format_option, open_store, print_table, status_text  # noqa: E402
+from .common import (  # noqa: E402
+    DEFAULT_SLOW_MAX_AGE,
+    device_id,
+    fmt_float,
+    format_option,
+    open_store,
+    print_table,
+    slow_max_age_option,
+    slow_max_age_s,
+    status_text,
+)
 
 
 def _slow_text(row: dict[str, object]) -> str:
@@ -144,6 +154,7 @@ def _lines(r: DeviceReport) -> list[list[str]]:
     help="Also write FILE: one self-contained HTML page of the whole fleet (status, rates over time, hosts, "
     "quarantine timeline, incidents), written atomically.",
 )
+@slow_max_age_option
 @config_option
 def report(
     since: str,
@@ -154,6 +165,7 @@ def report(
     show_all: bool,
     plot: Path | None,
     html_file: Path | None = None,
+    slow_max_age: str = DEFAULT_SLOW_MAX_AGE,
     config_path: Path | None = None,
 ) -> None:
     """Per-device SDC rates with one-sided bounds, and each device's status.
@@ -167,13 +179,22 @@ def report(
     now = time.time()
     start = since_timestamp(since, now=now)  # checked before the store is opened
     device = device_id(device) if device else None
+    max_age = slow_max_age_s(slow_max_age)
     from ..fleet.slow import SlowSettings
 
     policy = load_policy(load_config(config_path))  # the [policy] slow_threshold, as the policy flags them
     slow = SlowSettings(threshold=policy.slow_threshold, confidence=policy.confidence)
     with open_store(readonly=True) as store:
         rows = build_report(
-            store, since=start, device=device, confidence=confidence, families=families, slow=slow, breaker=policy
+            store,
+            since=start,
+            device=device,
+            confidence=confidence,
+            families=families,
+            slow=slow,
+            breaker=policy,
+            now=now,
+            slow_max_age_s=max_age,
         )
         if plot is not None:
             from ..fleet.report.plot import plot_rates
@@ -182,7 +203,16 @@ def report(
         if html_file is not None:
             from ..fleet.report.html import write_html
 
-            write_html(store, html_file, since=start, window=since, now=now, confidence=confidence, slow=slow)
+            write_html(
+                store,
+                html_file,
+                since=start,
+                window=since,
+                now=now,
+                confidence=confidence,
+                slow=slow,
+                slow_max_age_s=max_age,
+            )
     if fmt == "json":
         click.echo(report_json(rows))
     elif fmt == "csv":

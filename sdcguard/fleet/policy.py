@@ -38,7 +38,8 @@ from ..durations import DAY_S, DEFAULT_WINDOW_S
 from .actions import ActionTemplate, run_action
 from .breaker import SuiteVerdict, judge_suite, judge_training
 from .rates import clopper_pearson_arrays
-from .slow import SlowSettings, fleet_slowness
+from .slow import SlowSettings
+from .slow_fleet import fleet_slowness
 from .store.rows import Decision, FailedExecution
 from .store.store import Store
 
@@ -313,11 +314,13 @@ def _slow_rule(
     """Note a ``slow`` decision for each device newly slow in the window (not already noted in it); with
     ``slow_drain``, the devices to quarantine for it."""
     since = t - policy.window_s
-    verdicts = fleet_slowness(
+    verdicts = fleet_slowness(  # kept for the reports over the same window (sdcguard report --slow-max-age)
         store,
         since=since,
         devices=devices,
         settings=SlowSettings(threshold=policy.slow_threshold, confidence=policy.confidence),
+        now=t,
+        keep=True,
     )
     noted = {d.device for d in store.decisions(since=since) if d.decision == "slow"}
     drain: dict[str, str] = {}

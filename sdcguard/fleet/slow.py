@@ -33,7 +33,7 @@ same factor changes nothing (property-tested), and a device whose every case is 
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median
@@ -41,14 +41,14 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from ..durations import iso_utc
 from ..medians import lower_rank, median_lower_bound
-from ..records import SLOW_KIND, DeviceInfo
 from .store.rows import CaseTimes, CaseTiming
 
 if TYPE_CHECKING:
-    from .store.store import Store
+    pass
 
-__all__ = ["SlowSettings", "Slowness", "Sureness", "SlowBasis", "judge_slow", "peer_group", "fleet_slowness"]
+__all__ = ["SlowSettings", "Slowness", "Sureness", "SlowBasis", "judge_slow", "peer_group"]
 
 Sureness = Literal["high", "medium", "low"]
 """How sure a verdict is (see the module docstring)."""
@@ -83,9 +83,10 @@ class SlowSettings:
             raise ValueError("min_executions, min_cases and min_peers must be >= 1, spread_z >= 0")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class Slowness:
-    """One device's slowness verdict."""
+    """One device's slowness verdict. A value: treat it as read-only. (Not ``frozen``, as :class:`~.rates.Rate`: a
+    report of 100,000 devices builds one each, and frozen dataclasses take twice as long to construct.)"""
 
     device: str
     slow: bool
@@ -107,6 +108,9 @@ class Slowness:
     threshold: float = 0.2
     """The threshold it was judged at."""
     reason: str = ""
+    judged_at: float | None = None
+    """When the verdict was computed, for a verdict kept in the store (:func:`fleet_slowness`'s ``max_age_s``);
+    None: computed for this read."""
 
     def as_dict(self) -> dict[str, object]:
         """The report's ``slow*`` fields."""
@@ -116,6 +120,7 @@ class Slowness:
             "slowdown_low": _round(self.slowdown_low),
             "slow_basis": self.basis,
             "slow_confidence": self.confidence,
+            "slow_judged_at": iso_utc(self.judged_at),
         }
 
 
@@ -406,43 +411,3 @@ def _verdict(
 def peer_group(kind: str, model: str | None, host: str) -> str:
     """The peer group of a device: its kind and model; a device of unknown model is compared on its host only."""
     return f"{kind}|{model}" if model else f"{kind}|host:{host}"
-
-
-def fleet_slowness(
-    store: Store,
-    *,
-    since: float | None,
-    settings: SlowSettings | None = None,
-    devices: Sequence[str] | None = None,
-    known: Sequence[DeviceInfo] | None = None,
-) -> dict[str, Slowness]:
-    """Every device's verdict from the store: the golden cases' times since ``since`` (:func:`judge_slow`, the whole
-    fleet as peers; :meth:`~.store.Store.case_times` says how a window reads them), and training jobs' ``slow``
-    incidents (a device named by one is slow, basis ``training``). ``known``: every device of the store, when the
-    caller has read them already (:meth:`~.store.Store.devices`)."""
-    s = settings or SlowSettings()
-    known = store.devices() if known is None else known
-    groups = {d.id: peer_group(d.kind, d.model, d.host) for d in known}
-    # Every device's times per case come from the store's case tallies (two rows per device and case whatever the
-    # window); per-scan rows only where a device's own history can matter (a group too small for a spread).
-    sizes = Counter(groups.values())
-    small = sorted(d for d, g in groups.items() if sizes[g] <= s.min_peers)
-    history = store.case_timings(since=since, devices=small) if small else []
-    verdicts = judge_slow(store.case_times(since=since), groups, s, history=history)
-    for i in store.incidents(since=since):
-        if i.kind != SLOW_KIND or i.device is None:
-            continue
-        mine = verdicts.get(i.device)
-        if mine is None or not mine.slow:
-            verdicts[i.device] = Slowness(
-                device=i.device,
-                slow=True,
-                basis="training",
-                confidence="medium",
-                slowdown=mine.slowdown if mine else None,
-                slowdown_low=mine.slowdown_low if mine else None,
-                families=mine.families if mine else {},
-                reason=f"training job {i.job}, step {i.step}: {i.detail}",
-            )
-    wanted = {d.id for d in known} if devices is None else set(devices)
-    return {d: v for d, v in verdicts.items() if d in wanted}

@@ -23,3 +23,15 @@ def test_it_times_the_statistic_per_size_and_finds_the_slow_device() -> None:
 def test_fewer_devices_than_models_is_refused_in_one_line() -> None:
     p = subprocess.run([sys.executable, str(SCRIPT), "--devices", "3", "--models", "4"], capture_output=True, text=True)
     assert p.returncode == 2 and "at least --models" in p.stderr.strip().splitlines()[-1]
+
+
+def test_kept_verdicts_are_timed_and_come_back_the_same() -> None:
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--devices", "1100", "--models", "2", "--pairs", "1", "--kept"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    kept = [line for line in p.stdout.splitlines() if "verdicts kept in" in line]
+    assert len(kept) == 1 and kept[0].endswith("the same verdicts") and "read back in" in kept[0], p.stdout

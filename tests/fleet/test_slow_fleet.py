@@ -20,7 +20,8 @@ from sdcguard.fleet.policy import QuarantinePolicy, apply_policy
 from sdcguard.fleet.report.devices import build_report, report_csv_rows
 from sdcguard.fleet.report.html import build_html
 from sdcguard.fleet.report.prometheus import render_textfile
-from sdcguard.fleet.slow import SlowSettings, fleet_slowness, judge_slow
+from sdcguard.fleet.slow import SlowSettings, judge_slow
+from sdcguard.fleet.slow_fleet import fleet_slowness
 from sdcguard.fleet.store.rows import CaseTimes, CaseTiming
 from sdcguard.fleet.store.store import Store
 from sdcguard.medians import median_lower_bound

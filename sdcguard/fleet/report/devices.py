@@ -24,10 +24,12 @@ from typing import Any
 from ...devices import parse_device_id
 from ...durations import iso_utc
 from ...errors import BadInput
+from ...records import DeviceInfo
 from ..breaker import BreakerSettings, suite_blamed_devices
 from ..policy import QuarantinePolicy
 from ..rates import Rate, clopper_pearson, device_rates
-from ..slow import Slowness, SlowSettings, fleet_slowness
+from ..slow import Slowness, SlowSettings
+from ..slow_fleet import fleet_slowness
 from ..store.rows import DeviceStatus, ScanCounts
 from ..store.store import Store
 
@@ -55,13 +57,15 @@ REPORT_FIELDS = (
     "slowdown_low",
     "slow_basis",
     "slow_confidence",
+    "slow_judged_at",
 )
 """The flat fields of a report row, in CSV column order (JSON adds ``families`` when asked for)."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class DeviceReport:
-    """One device's line of the report."""
+    """One device's line of the report. A value: treat it as read-only (not ``frozen``, as
+    :class:`~..rates.Rate`: one per device, and frozen dataclasses take twice as long to construct)."""
 
     device: str
     host: str
@@ -135,6 +139,13 @@ def _local_index(device: str) -> int | None:
     return int(local) if kind in ("cpu", "sim") else None
 
 
+def _known(store: Store, device: str) -> DeviceInfo:
+    one = store.device(device)
+    if one is None:
+        raise BadInput(f"no device {device!r} in {store.path}; `sdcguard report` lists the known devices")
+    return one
+
+
 def build_report(
     store: Store,
     *,
@@ -145,6 +156,8 @@ def build_report(
     families: bool = False,
     slow: SlowSettings | None = None,
     breaker: BreakerSettings | None = None,
+    now: float | None = None,
+    slow_max_age_s: float = 0.0,
 ) -> list[DeviceReport]:
     """The report rows, ordered quarantined first, then by failures (most first) and device id.
 
@@ -152,15 +165,11 @@ def build_report(
     makes a device ``suspect`` (default: ``since``). ``families``: add the per-family rates to each row.
     ``slow``: the slowness rule's settings (default: the policy's defaults). ``breaker``: the circuit breaker's
     settings (default: the policy's): a device whose every failure in the window the breaker blames on the suite
-    or the software is not ``suspect`` (its failures still count in its rate).
-    """
-    if device is not None:
-        one = store.device(device)
-        if one is None:
-            raise BadInput(f"no device {device!r} in {store.path}; `sdcguard report` lists the known devices")
-        devices = [one]
-    else:
-        devices = store.devices()
+    or the software is not ``suspect`` (its failures still count in its rate). ``slow_max_age_s``: use slowness
+    verdicts kept up to this long before ``now`` (default: the clock) instead of computing them (0: compute;
+    :func:`~..slow_fleet.fleet_slowness`)."""
+    t = time.time() if now is None else now
+    devices = store.devices() if device is None else [_known(store, device)]
     rates = device_rates(
         store, since=since, devices=[device] if device else None, confidence=confidence, by_family=families
     )
@@ -173,16 +182,18 @@ def build_report(
         failing = store.failing_devices(since=suspect_start, devices=[d.id for d in devices])
         counted = {}
     if failing:
-        blamed = suite_blamed_devices(store, breaker or QuarantinePolicy(), since=suspect_start or 0.0, now=time.time())
+        blamed = suite_blamed_devices(store, breaker or QuarantinePolicy(), since=suspect_start or 0.0, now=t)
         # Cleared only when the rows hold every failure the rates count (none sits in a pruned day's roll-up).
         failing -= {d for d, n in blamed.items() if counted.get(d, n) == n}
     statuses = store.statuses(suspect_since=suspect_start, devices=[d.id for d in devices], failing=failing)
     slowness = fleet_slowness(
         store,
-        since=suspect_since if suspect_since is not None else since,
+        since=suspect_start,
         settings=slow,
         devices=[d.id for d in devices],
         known=devices if device is None else None,
+        now=t,
+        max_age_s=slow_max_age_s,
     )
     lo0, hi0 = clopper_pearson(0, 0, confidence)
     empty = Rate(executions=0, failures=0, rate=0.0, rate_low=lo0, rate_high=hi0, test_hours=0.0)

@@ -283,11 +283,12 @@ def build_html(
     confidence: float = 0.95,
     limits: HtmlLimits = HtmlLimits(),
     slow: SlowSettings | None = None,
+    slow_max_age_s: float = 0.0,
 ) -> str:
     """The whole page as one string. ``since``: start of the window (None: all time); ``window``: how the
-    operator wrote it (``7d``, ``all``), for the heading."""
+    operator wrote it (``7d``, ``all``), for the heading. ``slow_max_age_s``: as :func:`~.devices.build_report`'s."""
     t = time.time() if now is None else now
-    rows = build_report(store, since=since, confidence=confidence, slow=slow)
+    rows = build_report(store, since=since, confidence=confidence, slow=slow, now=t, slow_max_age_s=slow_max_age_s)
     history = store.quarantine_history()
     incidents = store.incidents(since=since)
     bins = _page_bins(store, since, t, history, incidents)
@@ -333,12 +334,22 @@ def write_html(
     confidence: float = 0.95,
     limits: HtmlLimits = HtmlLimits(),
     slow: SlowSettings | None = None,
+    slow_max_age_s: float = 0.0,
 ) -> int:
     """Build the page and write it to ``path`` atomically (temporary file in the same directory, then a rename);
     returns its size in bytes. ``BadInput`` for a path that cannot be written, checked before the page is built."""
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         raise BadInput(f"cannot write {path}: directory {directory} does not exist")
-    page = build_html(store, since=since, window=window, now=now, confidence=confidence, limits=limits, slow=slow)
+    page = build_html(
+        store,
+        since=since,
+        window=window,
+        now=now,
+        confidence=confidence,
+        limits=limits,
+        slow=slow,
+        slow_max_age_s=slow_max_age_s,
+    )
     write_atomic(path, page)
     return len(page.encode("utf-8"))

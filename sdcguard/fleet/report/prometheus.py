@@ -57,10 +57,13 @@ def _num(v: float | int | None) -> str:
     return "NaN" if v is None else repr(float(v))
 
 
-def render_textfile(store: Store, *, now: float | None = None, suspect_window_s: float = DEFAULT_WINDOW_S) -> str:
-    """The textfile's content."""
+def render_textfile(
+    store: Store, *, now: float | None = None, suspect_window_s: float = DEFAULT_WINDOW_S, slow_max_age_s: float = 0.0
+) -> str:
+    """The textfile's content. ``slow_max_age_s``: as :func:`~.devices.build_report`'s (the slowness verdicts are
+    those of the suspect window)."""
     t = time.time() if now is None else now
-    rows = build_report(store, since=None, suspect_since=t - suspect_window_s)
+    rows = build_report(store, since=None, suspect_since=t - suspect_window_s, now=t, slow_max_age_s=slow_max_age_s)
     metrics: list[tuple[str, str, str, list[tuple[str, float | int | None]]]] = [
         (
             "sdcguard_executions_total",
@@ -132,8 +135,8 @@ def render_textfile(store: Store, *, now: float | None = None, suspect_window_s:
     return "\n".join(lines) + "\n"
 
 
-def write_textfile(store: Store, path: Path, *, now: float | None = None) -> int:
+def write_textfile(store: Store, path: Path, *, now: float | None = None, slow_max_age_s: float = 0.0) -> int:
     """Write the textfile atomically (temp file in the same directory, then rename); returns the device count."""
-    text = render_textfile(store, now=now)
+    text = render_textfile(store, now=now, slow_max_age_s=slow_max_age_s)
     write_atomic(path, text)
     return text.count("sdcguard_executions_total{")

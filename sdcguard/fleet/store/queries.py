@@ -367,6 +367,12 @@ class StoreQueries(CaseQueries, TallyQueries):
         )
         return [Decision(device=d, decision=k, reason=r, time=t) for d, k, r, t in rows]
 
+    # ------------------------------------------------------------------ kept summaries
+    def kept_summary(self, name: str) -> dict[str, Any] | None:
+        """The summary last kept under ``name`` (:meth:`~.store.Store.keep_summary`), None if none was."""
+        value = self._meta(f"summary.{name}")
+        return None if value is None else dict(json.loads(value))
+
     # ------------------------------------------------------------------ plots
     def first_execution_time(self) -> float | None:
         """When the oldest recorded execution started (roll-ups included), None for an empty store."""

@@ -409,6 +409,17 @@ class Store(StoreQueries, StoreMaintenance):
                     out.append(d)
         return out
 
+    def keep_summary(self, name: str, summary: Mapping[str, Any]) -> None:
+        """Keep a derived summary (JSON-able) under ``name``, replacing the one kept before: figures too costly to
+        recompute on every read at fleet scale (the slowness verdicts,
+        :func:`~sdcguard.fleet.slow_fleet.fleet_slowness`). Derived data: never merged, forwarded or pruned;
+        :meth:`kept_summary` reads it back."""
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (f"summary.{name}", json.dumps(summary, separators=(",", ":"))),
+            )
+
     def pending_actions(self, names: Sequence[str], *, now: float) -> list[PendingAction]:
         """Actions (by template name) not yet run successfully for each device's current quarantine; one action
         row per (quarantine event, template) is created here the first time."""

@@ -5,6 +5,7 @@ the slowness a report computes from them equals the one computed from the rows."
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sqlite3
 from collections import defaultdict
@@ -16,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sdcguard.fleet.merge import merge_stores
-from sdcguard.fleet.slow import SlowSettings, fleet_slowness, judge_slow, peer_group
+from sdcguard.fleet.slow import SlowSettings, judge_slow, peer_group
+from sdcguard.fleet.slow_fleet import fleet_slowness
 from sdcguard.fleet.store.rows import CaseTimes, CaseTiming
 from sdcguard.fleet.store.schema import MIGRATIONS
 from sdcguard.fleet.store.store import Store
@@ -26,6 +28,8 @@ from tests._fleet import assert_tallies_match_rows, result
 DAY = 86400.0
 START = 20_000 * DAY  # a UTC midnight
 SETTINGS = SlowSettings(min_executions=1, min_cases=2, min_peers=2, confidence=0.75, spread_z=0.5)
+KEPT_AT = START + 30 * DAY
+"""When the property test keeps the verdicts it computed (after every window it asks for)."""
 """Loose enough that a few random scans give verdicts of every basis."""
 
 Ledger = dict[str, list[tuple[str, str, int, str, float, int, float]]]
@@ -247,8 +251,12 @@ def test_the_slowness_from_tallies_equals_the_slowness_from_rows(
         for since in [None, *(START + x for x in since_offsets), START + 3 * DAY]:
             with Store.open(path, create=False) as s:
                 assert _got_window(s.case_times(since=since)) == _expected_window(path, ledger, since), since
-                got = fleet_slowness(s, since=since, settings=SETTINGS)
+                got = fleet_slowness(s, since=since, settings=SETTINGS, now=KEPT_AT, keep=True)
+                kept = fleet_slowness(s, since=since, settings=SETTINGS, now=KEPT_AT, max_age_s=1.0)
             assert got == _expected_slowness(path, ledger, since), since
+            # kept in the store and read back: the same verdicts to the bit, stamped with when they were computed
+            assert {d: dataclasses.replace(v, judged_at=None) for d, v in kept.items()} == got, since
+            assert all(v.judged_at == KEPT_AT for v in kept.values()), since
 
 
 def test_a_scan_running_across_the_horizon_changes_the_running_total_on_the_horizons_eve(tmp_path: Path) -> None:
