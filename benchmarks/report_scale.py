@@ -382,22 +382,32 @@ def _server_cpu(fleet_db: Any) -> Callable[[], float]:
 def _measure_cli(fleet_db: Any) -> None:
     """The CLI report over 7 and 30 days, :data:`_RUNS` runs each, and whether every run met the goal; then the
     same windows started just after a UTC midnight, so that their partial first day holds a whole day of rows (the
-    stores here scan in each day's first hour: at most other times of day that partial day is empty)."""
+    stores here scan in each day's first hour: at most other times of day that partial day is empty).
+
+    First ``sdcguard db refresh`` keeps the slowness verdicts of those four windows (timed), as a fleet's CronJob
+    does, so the runs read them (the report's default ``--slow-max-age``); one more run per window with
+    ``--slow-max-age 0`` computes them, as every report did before."""
     worst = 0.0
     server_cpu = _server_cpu(fleet_db)
     midnight = time.time() // DAY * DAY + 2.0
-    for label, extra in (
-        ("7 days", []),
-        ("30 days", ["--since", "30d"]),
-        ("7 days from a midnight", ["--since", f"{time.time() - midnight + 7 * DAY:.0f}s"]),
-        ("30 days from a midnight", ["--since", f"{time.time() - midnight + 30 * DAY:.0f}s"]),
-    ):
+    windows = (
+        ("7 days", "7d"),
+        ("30 days", "30d"),
+        ("7 days from a midnight", f"{time.time() - midnight + 7 * DAY:.0f}s"),
+        ("30 days from a midnight", f"{time.time() - midnight + 30 * DAY:.0f}s"),
+    )
+    refresh = ["-m", "sdcguard", "--db", str(fleet_db), "db", "refresh"]
+    wall, cpu, _ = _child([*refresh, *(x for _, w in windows for x in ("--window", w))])
+    print(f"sdcguard db refresh of the {len(windows)} windows: {wall:.2f} s ({cpu:.2f} s CPU)")
+    for label, window in windows:
         load = os.getloadavg()[0]
         runs, served = [], []
+        report = ["-m", "sdcguard", "--db", str(fleet_db), "report", "--format", "json", "--since", window]
         for _ in range(_RUNS):
             before = server_cpu()
-            runs.append(_child(["-m", "sdcguard", "--db", str(fleet_db), "report", "--format", "json", *extra]))
+            runs.append(_child(report))
             served.append(server_cpu() - before)
+        live, _, _ = _child([*report, "--slow-max-age", "0"])
         worst = max(worst, *(w for w, _, _ in runs))
         print(
             f"sdcguard report --format json (CLI, {label}), {_RUNS} runs: "
@@ -405,7 +415,7 @@ def _measure_cli(fleet_db: Any) -> None:
                 f"{w:.2f} s ({c:.2f} s CPU{f', server {v:.2f} s' if v == v else ''})"
                 for (w, c, _), v in zip(runs, served)
             )
-            + f"; load average {load:.1f} before, {os.getloadavg()[0]:.1f} after"
+            + f"; with --slow-max-age 0 {live:.2f} s; load average {load:.1f} before, {os.getloadavg()[0]:.1f} after"
         )
     print(
         f"goal: CLI report over 7 and 30 days < 2 s in every run -> {'met' if worst < 2.0 else 'NOT met'} "

@@ -11,6 +11,12 @@ this tree's, ``--pairs`` times each, so machine noise hits both alike, and print
 median over the pairs) and whether both gave the same verdicts::
 
     python benchmarks/slow_scale.py --devices 10000 30000 100000 --base 6408131 --pairs 3
+
+``--kept [DB]`` also keeps this tree's verdicts in a store (``sdcguard.fleet.slow_fleet.keep_verdicts``, what
+``sdcguard db refresh`` does) and reads them back three times (``kept_verdicts``, what a report reads instead of
+computing them), timed, with whether they came back equal::
+
+    python benchmarks/slow_scale.py --devices 10000 100000 --pairs 1 --kept
 """
 
 from __future__ import annotations
@@ -25,12 +31,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _child(root: str, devices: int, models: int) -> dict[str, object]:
-    """One timing of ``judge_slow`` as the tree at ``root`` has it (run in a fresh interpreter)."""
+def _child(root: str, devices: int, models: int, kept: str | None = None) -> dict[str, object]:
+    """One timing of ``judge_slow`` as the tree at ``root`` has it (run in a fresh interpreter); with ``kept`` (a
+    store: a file path or a server's URL), also the time to keep the verdicts there and to read them back."""
     sys.path.insert(0, root)
     from sdcguard.fleet.slow import judge_slow
     from sdcguard.fleet.store.rows import CaseTimes
@@ -50,12 +58,45 @@ def _child(root: str, devices: int, models: int) -> dict[str, object]:
     verdicts = judge_slow(times, groups, history=[])
     seconds = time.perf_counter() - start
     slow = sorted(d for d, v in verdicts.items() if v.slow)
-    return {"seconds": seconds, "slow": len(slow), "digest": hash((tuple(slow), repr(sorted(verdicts.items()))))}
+    out: dict[str, object] = {
+        "seconds": seconds,
+        "slow": len(slow),
+        "digest": hash((tuple(slow), repr(sorted(verdicts.items())))),
+    }
+    if kept is not None:
+        out.update(_kept(kept, verdicts))
+    return out
 
 
-def _run(root: Path, devices: int, models: int) -> dict[str, object]:
+def _kept(db: str, verdicts: dict[str, Any]) -> dict[str, object]:
+    """Keep ``verdicts`` in the store ``db`` and read them back three times: the seconds of each, and whether they
+    came back equal (``sdcguard.fleet.slow_fleet``: what ``db refresh`` writes and a report reads)."""
+    import dataclasses
+
+    from sdcguard.durations import DEFAULT_WINDOW_S
+    from sdcguard.fleet.slow_fleet import keep_verdicts, kept_verdicts
+    from sdcguard.fleet.store.store import Store
+
+    now = time.time()
+    since = now - DEFAULT_WINDOW_S  # the report's default window
+    with Store.open(db) as store:
+        start = time.perf_counter()
+        keep_verdicts(store, verdicts, since=since, now=now)
+        keep_s = time.perf_counter() - start
+        reads = []
+        for _ in range(3):
+            start = time.perf_counter()
+            back = kept_verdicts(store, since=since, now=now, max_age_s=3600)
+            reads.append(time.perf_counter() - start)
+        size = len(json.dumps(store.kept_summary(f"slowness.{round(DEFAULT_WINDOW_S)}")))  # its summary
+    same = back is not None and {d: dataclasses.replace(v, judged_at=None) for d, v in back.items()} == verdicts
+    return {"keep": keep_s, "reads": reads, "same": same, "mb": size / 1e6}
+
+
+def _run(root: Path, devices: int, models: int, kept: str | None = None) -> dict[str, object]:
     out = subprocess.run(
-        [sys.executable, __file__, "--child", str(root), "--devices", str(devices), "--models", str(models)],
+        [sys.executable, __file__, "--child", str(root), "--devices", str(devices), "--models", str(models)]
+        + ([] if kept is None else ["--kept", kept]),
         check=True,
         capture_output=True,
         text=True,
@@ -71,10 +112,19 @@ def main() -> None:
     ap.add_argument("--models", type=int, default=4, help="peer groups (models) the devices are spread over")
     ap.add_argument("--base", default=None, help="a commit to time side by side with this tree")
     ap.add_argument("--pairs", type=int, default=3, help="runs of each tree per size")
+    ap.add_argument(
+        "--kept",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="DB",
+        help="also keep this tree's verdicts in a store and read them back (timed): DB, a server's postgresql:// URL, "
+        "or without DB a new SQLite file",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child is not None:
-        print(json.dumps(_child(a.child, a.devices[0], a.models)))
+        print(json.dumps(_child(a.child, a.devices[0], a.models, a.kept)))
         return
     if a.pairs < 1 or a.models < 1 or min(a.devices) < a.models:
         ap.error("--pairs and --models must be >= 1, every --devices at least --models")
@@ -91,8 +141,17 @@ def main() -> None:
                 if base is not None:
                     b = _run(base, n, a.models)
                     theirs.append(float(b["seconds"]))  # type: ignore[arg-type]
-                r = _run(ROOT, n, a.models)
+                kept = None if a.kept is None else (a.kept or str(tmp / f"kept-{n}-{len(mine)}.db"))
+                r = _run(ROOT, n, a.models, kept)
                 mine.append(float(r["seconds"]))  # type: ignore[arg-type]
+                if kept is not None:
+                    reads = r["reads"]
+                    print(
+                        f"{n:>7} devices: verdicts kept in {r['keep']:.2f} s ({r['mb']:.1f} MB), read back in "
+                        + ", ".join(f"{x:.2f}" for x in reads)  # type: ignore[attr-defined]
+                        + f" s{', the same verdicts' if r['same'] else ', DIFFERENT VERDICTS'}",
+                        flush=True,
+                    )
                 same = same and (base is None or b["digest"] == r["digest"])
             line = f"{n:>7} devices: this tree {min(mine):.2f}-{max(mine):.2f} s ({r['slow']} slow)"
             if theirs:
