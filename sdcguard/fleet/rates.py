@@ -101,9 +101,10 @@ class Rate:
         }
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class DeviceRates:
-    """A device's overall rate and its rate per kernel family."""
+    """A device's overall rate and its rate per kernel family. A value: treat it as read-only (not ``frozen``, as
+    :class:`Rate`: a report builds one per device)."""
 
     device: str
     overall: Rate

@@ -27,8 +27,10 @@ _log = get_logger("fleet")
 
 _KEPT = "slowness"
 """The store's kept summaries of slowness verdicts: ``slowness.<window seconds>`` (``slowness.all`` for all time)."""
-_KEPT_FORMAT = 2
-_KEPT_TEXT = ("device", "basis", "confidence", "reason")
+_KEPT_FORMAT = 3
+_KEPT_TEXT = ("basis", "confidence", "reason")
+"""Text columns kept as their distinct values and an index per device (a healthy fleet's reasons repeat: at 20,000
+devices they were 46% of the summary's bytes as plain lists); the device ids are kept as a plain list."""
 _KEPT_NUMBERS = ("slowdown", "slowdown_low", "history", "threshold", "peers", "cases")
 
 
@@ -121,11 +123,12 @@ def kept_verdicts(
 
 def _summary(verdicts: Mapping[str, Slowness], s: SlowSettings, now: float) -> dict[str, object]:
     """The kept form of ``verdicts``: one column per field, numbers as the bytes of float64 arrays (base64, None as
-    a mask beside them), so reading 100,000 devices back parses a few strings instead of a million numbers, and
-    every value comes back to the bit."""
+    a mask beside them), text as its distinct values and the bytes of a uint32 index, so reading 100,000 devices back
+    parses a few strings instead of a million numbers and sentences, and every value comes back to the bit."""
     rows = list(verdicts.values())
     names = sorted({f for v in rows for f in v.families})
-    columns: dict[str, object] = {f: [getattr(v, f) for v in rows] for f in _KEPT_TEXT}
+    columns: dict[str, object] = {"device": [v.device for v in rows]}
+    columns.update((f, _pack_text([getattr(v, f) for v in rows])) for f in _KEPT_TEXT)
     columns.update((f, _pack([getattr(v, f) for v in rows])) for f in _KEPT_NUMBERS)
     columns["slow"] = _pack([float(v.slow) for v in rows])
     columns["families"] = {name: _pack([v.families.get(name) for v in rows]) for name in names}
@@ -136,6 +139,22 @@ def _pack(values: Sequence[float | None]) -> dict[str, str]:
     none = np.fromiter((x is None for x in values), bool, len(values))
     array = np.fromiter((math.nan if x is None else x for x in values), np.float64, len(values))
     return {"f8": base64.b64encode(array.astype("<f8").tobytes()).decode(), "none": _bits(none)}
+
+
+def _pack_text(values: Sequence[str | None]) -> dict[str, object]:
+    distinct = {v: i for i, v in enumerate(dict.fromkeys(values))}
+    index = np.fromiter((distinct[v] for v in values), "<u4", len(values))
+    return {"values": list(distinct), "u4": base64.b64encode(index.tobytes()).decode()}
+
+
+def _unpack_text(packed: Mapping[str, Any], n: int) -> list[Any]:
+    values = list(packed["values"])
+    index = np.frombuffer(base64.b64decode(packed["u4"], validate=True), "<u4")
+    if len(index) != n:
+        raise ValueError(f"a kept column of {len(index)} values for {n} devices")
+    if n and int(index.max()) >= len(values):
+        raise ValueError(f"a kept text column indexes value {int(index.max())} of {len(values)}")
+    return [values[i] for i in index.tolist()]
 
 
 def _bits(mask: np.ndarray) -> str:
@@ -182,10 +201,20 @@ def _read_kept(
 def _verdicts(c: Mapping[str, Any], at: float, s: SlowSettings) -> dict[str, Slowness]:
     """The verdicts of a kept summary's ``columns``, computed at ``at``."""
     n = len(c["device"])
+    text = {f: _unpack_text(c[f], n) for f in _KEPT_TEXT}
     number = {f: _unpack(c[f], n) for f in _KEPT_NUMBERS}
     slow = [x == 1.0 for x in _unpack(c["slow"], n)]
-    per_family = [(name, _unpack(packed, n)) for name, packed in c["families"].items()]
-    families = [{name: x for name, col in per_family if (x := col[i]) is not None} for i in range(n)]
+    names = list(c["families"])
+    columns = [_unpack(c["families"][name], n) for name in names]
+    # a device's slowdown per family it was compared in (most devices: every family, one dict(zip) each)
+    families = (
+        [
+            dict(zip(names, xs)) if None not in xs else {k: x for k, x in zip(names, xs) if x is not None}
+            for xs in zip(*columns)
+        ]
+        if names
+        else [{} for _ in range(n)]
+    )
     return {
         d: Slowness(
             device=d,
@@ -203,6 +232,6 @@ def _verdicts(c: Mapping[str, Any], at: float, s: SlowSettings) -> dict[str, Slo
             judged_at=at,
         )
         for d, basis, sure, why, x, lo, hist, threshold, peers, cases, is_slow, fam in zip(
-            *(c[f] for f in _KEPT_TEXT), *(number[f] for f in _KEPT_NUMBERS), slow, families
+            c["device"], *(text[f] for f in _KEPT_TEXT), *(number[f] for f in _KEPT_NUMBERS), slow, families
         )
     }

@@ -7,6 +7,7 @@ when; training incidents still apply live; anything else computes afresh.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import logging
@@ -50,6 +51,13 @@ def _scan(store: Store, device: str, speed: float, t: float) -> None:
 def _fill(store: Store, t: float) -> None:
     for d, speed in SPEEDS.items():
         _scan(store, d, speed, t)
+
+
+def _text_column(value: str, **change: object) -> str:
+    """A kept summary with its ``reason`` column changed."""
+    kept = json.loads(value)
+    kept["columns"]["reason"].update(change)
+    return json.dumps(kept)
 
 
 def _unstamped(verdicts: dict[str, Slowness]) -> dict[str, Slowness]:
@@ -182,6 +190,8 @@ def test_a_bad_age_or_window_is_one_line_exit_2(tmp_path: Path, argv: list[str],
         lambda v: json.dumps({**json.loads(v), "columns": {"device": ["cpu:a:0"]}}),  # a column missing
         lambda v: json.dumps({**json.loads(v), "at": "noon"}),  # a time that is not one
         lambda v: "[1, 2]",  # JSON, but no summary
+        lambda v: _text_column(v, values=["peers"]),  # an index past the distinct values
+        lambda v: _text_column(v, u4=base64.b64encode(bytes(4)).decode()),  # one index for six devices
     ],
 )
 def test_a_damaged_summary_is_ignored_with_a_warning_and_the_verdicts_computed(

@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ...devices import parse_device_id
 from ...durations import iso_utc
 from ...errors import BadInput
 from ...records import DeviceInfo
@@ -105,7 +104,7 @@ class DeviceReport:
             "scans": self.scans,
             "status": self.status,
             "last_scan": iso_utc(self.last_scan),
-            **(self.slowness or Slowness(device=self.device, slow=False)).as_dict(),
+            **(self.slowness.as_dict() if self.slowness is not None else _NOT_JUDGED),
             **(
                 {
                     "families": {
@@ -131,12 +130,17 @@ class DeviceReport:
         }
 
 
-def _local_index(device: str) -> int | None:
-    try:
-        kind, _, local = parse_device_id(device)
-    except BadInput:
+_NOT_JUDGED = Slowness(device="", slow=False).as_dict()
+"""The ``slow*`` fields of a device without a verdict (one dict for every such row: ``as_dict`` copies it)."""
+
+
+def _local_index(device: str, kind: str) -> int | None:
+    """A CPU core's or simulated device's number, from its id (``cpu:<host>:<core>``, ``sim:<n>``: the store holds
+    only ids :func:`~...devices.parse_device_id` accepted); None for a GPU, whose index the store keeps."""
+    if kind not in ("cpu", "sim"):
         return None
-    return int(local) if kind in ("cpu", "sim") else None
+    local = device.rpartition(":")[2]
+    return int(local) if local.isdigit() else None
 
 
 def _known(store: Store, device: str) -> DeviceInfo:
@@ -208,7 +212,7 @@ def build_report(
                 host=d.host,
                 kind=d.kind,
                 model=d.model,
-                index=d.index if d.index is not None else _local_index(d.id),
+                index=d.index if d.index is not None else _local_index(d.id, d.kind),
                 overall=r.overall if r else empty,
                 families=(dict(r.families) if r else {}) if families else None,
                 confidence=confidence,
