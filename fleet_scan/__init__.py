@@ -11,8 +11,33 @@ crash-safe recording, its summary, the requests its processes get); :mod:`.stop`
 
 from __future__ import annotations
 
-from .devices.discovery import ScanTarget, discover_cpus, discover_gpus, select_targets
-from .options import ScanOptions
-from .runner import ScanOutcome, run_scan
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .devices.discovery import ScanTarget, discover_cpus, discover_gpus, select_targets
+    from .options import ScanOptions
+    from .runner import ScanOutcome, run_scan
 
 __all__ = ["ScanTarget", "ScanOptions", "ScanOutcome", "run_scan", "discover_cpus", "discover_gpus", "select_targets"]
+
+_HOMES = {
+    "ScanTarget": ".devices.discovery",
+    "discover_cpus": ".devices.discovery",
+    "discover_gpus": ".devices.discovery",
+    "select_targets": ".devices.discovery",
+    "ScanOptions": ".options",
+    "ScanOutcome": ".runner",
+    "run_scan": ".runner",
+}
+"""Where each public name lives, imported on first use: a command that needs only :mod:`.config` (``sdcguard
+report`` reads the policy's settings from it) does not load the scanner's runner and device discovery."""
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value
+    return value

@@ -19,7 +19,6 @@ from fleet_scan.config import config_option, load_config, load_policy  # noqa: E
 
 from ..durations import DEFAULT_WINDOW, iso_utc, since_timestamp  # noqa: E402
 from ..fleet.report.devices import DeviceReport, build_report, report_csv_rows, report_json  # noqa: E402
-from ..fleet.report.html_parts import counted  # noqa: E402
 from .common import (  # noqa: E402
     DEFAULT_SLOW_MAX_AGE,
     device_id,
@@ -51,6 +50,8 @@ _TABLE_ALL_UP_TO = 50
 
 def _print_report(rows: list[DeviceReport], *, since: str, confidence: float, show_all: bool) -> None:
     """The table: a row per device, its kernel families under it with ``--families``."""
+    from ..fleet.report.html_parts import counted  # the table's only: JSON and CSV need none of the page's parts
+
     counts = {s: sum(r.status == s for r in rows) for s in ("quarantined", "probation", "suspect", "healthy")}
     caption = (
         f"{counted(len(rows), 'device')}, window {since}: "
