@@ -148,7 +148,9 @@ def _pack_text(values: Sequence[str | None]) -> dict[str, object]:
 
 
 def _unpack_text(packed: Mapping[str, Any], n: int) -> list[Any]:
-    values = list(packed["values"])
+    values = packed["values"]
+    if not isinstance(values, list):
+        raise ValueError(f"a kept text column's values are a {type(values).__name__}, not a list")
     index = np.frombuffer(base64.b64decode(packed["u4"], validate=True), "<u4")
     if len(index) != n:
         raise ValueError(f"a kept column of {len(index)} values for {n} devices")

@@ -191,6 +191,7 @@ def test_a_bad_age_or_window_is_one_line_exit_2(tmp_path: Path, argv: list[str],
         lambda v: json.dumps({**json.loads(v), "at": "noon"}),  # a time that is not one
         lambda v: "[1, 2]",  # JSON, but no summary
         lambda v: _text_column(v, values=["peers"]),  # an index past the distinct values
+        lambda v: _text_column(v, values="peers"),  # values that are not a list
         lambda v: _text_column(v, u4=base64.b64encode(bytes(4)).decode()),  # one index for six devices
     ],
 )

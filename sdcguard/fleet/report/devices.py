@@ -140,7 +140,7 @@ def _local_index(device: str, kind: str) -> int | None:
     if kind not in ("cpu", "sim"):
         return None
     local = device.rpartition(":")[2]
-    return int(local) if local.isdigit() else None
+    return int(local) if local.isdecimal() else None
 
 
 def _known(store: Store, device: str) -> DeviceInfo:

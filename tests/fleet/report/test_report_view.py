@@ -99,3 +99,25 @@ def test_report_plot_of_a_fresh_store_writes_a_png(tmp_path: Path) -> None:
     code, _, err = _run("--db", str(db), "report", "--plot", str(png), "--since", "30m")
     assert code == 0, err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_each_row_has_the_devices_local_index(tmp_path: Path) -> None:
+    """``index`` (the Prometheus ``gpu`` label): a GPU's as the store keeps it, else a CPU core's or a simulated
+    device's number from its id; None for a GPU whose index was never recorded."""
+    from sdcguard.fleet.report.devices import build_report
+    from sdcguard.records import DeviceInfo
+
+    gpu = "GPU-8f2b6c1e-0000-4000-8000-000000000001"
+    other = "GPU-8f2b6c1e-0000-4000-8000-000000000002"
+    with Store.open(tmp_path / "f.db") as store:
+        store.upsert_devices(
+            [
+                DeviceInfo(id="cpu:node-7:13", host="node-7", kind="cpu"),
+                DeviceInfo(id="sim:120", host="h", kind="sim"),
+                DeviceInfo(id=gpu, host="node-7", kind="gpu", index=5),
+                DeviceInfo(id=other, host="node-7", kind="gpu"),
+            ],
+            now=time.time(),
+        )
+        rows = {r.device: r.index for r in build_report(store, since=None)}
+    assert rows == {"cpu:node-7:13": 13, "sim:120": 120, gpu: 5, other: None}
