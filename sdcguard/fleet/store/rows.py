@@ -68,7 +68,6 @@ class FailedExecution:
     """One failed first attempt, as the policy weighs it."""
 
     device: str
-    host: str
     case: str
     family: str
     digest: str | None
