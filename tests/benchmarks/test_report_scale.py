@@ -3,23 +3,14 @@ the verdicts ``db refresh`` kept, next to a run that computes them."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "report_scale.py"
+from tests._bench import run_benchmark
 
 
 @pytest.mark.slow
 def test_a_tiny_fleet_is_built_merged_and_measured() -> None:
-    p = subprocess.run(
-        [sys.executable, str(SCRIPT), "--devices", "16", "--days", "2", "--merge-days", "1"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    p = run_benchmark("report_scale.py", "--devices", "16", "--days", "2", "--merge-days", "1", timeout=240)
     assert p.returncode == 0, p.stderr[-2000:]
     out = p.stdout
     assert "merge 2 node stores" in out and "fleet policy" in out, out
