@@ -12,6 +12,7 @@ process killed at any moment leaves the store as it was before or after the writ
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
@@ -25,6 +26,7 @@ from ... import __version__
 from ...entry import is_server_url
 from ...errors import SchemaTooNew, StoreError
 from .schema import APPLICATION_ID, SCHEMA_VERSION, SQLITE_MAGIC, migrate
+from .versions import ADD_ONE
 
 __all__ = [
     "StoreBase",
@@ -456,9 +458,13 @@ class StoreBase:
 
     def _lock_devices(self, devices: Iterable[str]) -> None:
         """Inside a write: make this transaction the only one changing these devices' rows and tallies (a
-        PostgreSQL store's concurrent writers; in SQLite every write is the only one)."""
+        PostgreSQL store's concurrent writers; in SQLite every write is the only one), and add one to their
+        versions (:mod:`.versions`): every write that changes what a report says of a device locks it first."""
+        ids = sorted(set(devices))
         self._backend.lock("tallies", (), shared=True)
-        self._backend.lock("device", sorted(set(devices)))
+        self._backend.lock("device", ids)
+        if ids:
+            self._backend.conn.execute(ADD_ONE, (json.dumps(ids),))
 
     def _rows(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[tuple[Any, ...]]:
         return self._backend.fetch(sql, params)[1]

@@ -91,12 +91,33 @@ class StoreQueries(CaseQueries, TallyQueries):
     """Named read queries of the fleet store (part of :class:`sdcguard.fleet.store.store.Store`)."""
 
     # ------------------------------------------------------------------ devices, scans, results, incidents
-    def devices(self) -> list[DeviceInfo]:
-        """Every known device, by id."""
+    def devices(self, ids: Sequence[str] | None = None) -> list[DeviceInfo]:
+        """Every known device (or those of ``ids`` the store knows), by id."""
+        scope, sp = in_devices(ids, "id")
         return [
             DeviceInfo(id=r[0], host=r[1], kind=r[2], model=r[3], serial=r[4], pci_bus_id=r[5], index=r[6])
-            for r in self._rows("SELECT id, host, kind, model, serial, pci_bus_id, idx FROM devices ORDER BY id")
+            for r in self._rows(
+                f"SELECT id, host, kind, model, serial, pci_bus_id, idx FROM devices WHERE true{scope} ORDER BY id", sp
+            )
         ]
+
+    def device_versions(self) -> dict[str, int]:
+        """Every known device's version: one more with every write that changed what a report says of it."""
+        return dict(self._rows("SELECT id, version FROM devices"))
+
+    def devices_started_between(self, lo: float, hi: float) -> set[str]:
+        """The devices with an execution or a complete scan that started in ``[lo, hi)`` (rows held: pruned days
+        have none): those whose figures change when a window's start moves from ``lo`` to ``hi`` within a UTC
+        day."""
+        return {
+            r[0]
+            for r in self._rows(
+                "SELECT DISTINCT device FROM results INDEXED BY results_time WHERE started_at >= ? AND started_at < ? "
+                "UNION SELECT DISTINCT device FROM scans INDEXED BY scans_status WHERE status = 'complete' "
+                "AND started_at >= ? AND started_at < ?",
+                (lo, hi, lo, hi),
+            )
+        }
 
     def device(self, device: str) -> DeviceInfo | None:
         """One device, or None if the store does not know it."""
@@ -372,6 +393,13 @@ class StoreQueries(CaseQueries, TallyQueries):
         """The summary last kept under ``name`` (:meth:`~.store.Store.keep_summary`), None if none was."""
         value = self._meta(f"summary.{name}")
         return None if value is None else dict(json.loads(value))
+
+    def kept_summary_body(self, name: str) -> tuple[dict[str, Any], str] | None:
+        """The summary last kept under ``name`` with the text kept beside it (``body``, read in the same
+        statement: the two written together), None if none was."""
+        rows = dict(self._rows("SELECT key, value FROM meta WHERE key IN (?, ?)", (f"summary.{name}", f"body.{name}")))
+        head, body = rows.get(f"summary.{name}"), rows.get(f"body.{name}")
+        return None if head is None or body is None else (dict(json.loads(head)), str(body))
 
     # ------------------------------------------------------------------ plots
     def first_execution_time(self) -> float | None:

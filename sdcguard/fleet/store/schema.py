@@ -17,7 +17,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
-from .tallies import migrate_report_summaries
+from . import tallies, versions
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -31,7 +31,7 @@ __all__ = [
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 APPLICATION_ID = 0x5344_4347  # "SDCG"
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 MIN_EXECUTIONS = 1
 """The least work a scan must do to count: first-attempt executions of golden cases it recorded."""
@@ -486,7 +486,8 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     9: _v9,
     10: _script(_V10),
     11: _script(_V11),
-    12: migrate_report_summaries,  # the rates' running totals, the day-led indexes (:mod:`.tallies`)
+    12: tallies.migrate_report_summaries,  # the rates' running totals, the day-led indexes (:mod:`.tallies`)
+    13: versions.add_versions,  # each device's version (:mod:`.versions`)
 }
 """``version -> function`` bringing a store from ``version - 1`` to ``version``; run in one transaction."""
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import json
+import operator
 import os
 import time
 import uuid as _uuid
@@ -33,6 +34,10 @@ from .rows import Decision, PendingAction, QuarantineEntry
 __all__ = ["Store", "QuarantineEntry", "default_actor"]
 
 _TERMINAL: frozenset[str] = frozenset({"complete", "preempted", "interrupted", "error"})
+
+
+_ID = operator.attrgetter("id")
+"""Devices' rows are updated in id order, as every other write takes them."""
 
 
 def default_actor() -> str:
@@ -58,6 +63,7 @@ class Store(StoreQueries, StoreMaintenance):
     def upsert_devices(self, infos: Sequence[DeviceInfo], *, now: float | None = None) -> None:
         """:meth:`upsert_device` for many devices in one transaction."""
         t = time.time() if now is None else now
+        ordered = sorted(infos, key=_ID)
         with self._write() as conn:
             conn.executemany(
                 "INSERT INTO devices(id, host, kind, model, serial, pci_bus_id, idx, first_seen, last_seen) "
@@ -66,8 +72,8 @@ class Store(StoreQueries, StoreMaintenance):
                 "serial = COALESCE(excluded.serial, devices.serial), "
                 "pci_bus_id = COALESCE(excluded.pci_bus_id, devices.pci_bus_id), "
                 "idx = COALESCE(excluded.idx, devices.idx), first_seen = MIN(devices.first_seen, excluded.first_seen), "
-                "last_seen = MAX(devices.last_seen, excluded.last_seen)",
-                [(i.id, i.host, i.kind, i.model, i.serial, i.pci_bus_id, i.index, t, t) for i in infos],
+                "last_seen = MAX(devices.last_seen, excluded.last_seen), version = devices.version + 1",
+                [(i.id, i.host, i.kind, i.model, i.serial, i.pci_bus_id, i.index, t, t) for i in ordered],
             )
 
     # ------------------------------------------------------------------ scans and results
@@ -409,16 +415,17 @@ class Store(StoreQueries, StoreMaintenance):
                     out.append(d)
         return out
 
-    def keep_summary(self, name: str, summary: Mapping[str, Any]) -> None:
+    def keep_summary(self, name: str, summary: Mapping[str, Any], *, body: str | None = None) -> None:
         """Keep a derived summary (JSON-able) under ``name``, replacing the one kept before: figures too costly to
         recompute on every read at fleet scale (the slowness verdicts,
-        :func:`~sdcguard.fleet.slow_fleet.fleet_slowness`). Derived data: never merged, forwarded or pruned;
-        :meth:`kept_summary` reads it back."""
+        :func:`~sdcguard.fleet.slow_fleet.fleet_slowness`; a report's rows, :mod:`sdcguard.fleet.report.kept`).
+        ``body``: a text kept with it, as it is (no JSON string to escape and unescape). Derived data: never
+        merged, forwarded or pruned; :meth:`kept_summary` and :meth:`kept_summary_body` read it back."""
+        upsert = "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
         with self._write() as conn:
-            conn.execute(
-                "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (f"summary.{name}", json.dumps(summary, separators=(",", ":"))),
-            )
+            conn.execute(upsert, (f"summary.{name}", json.dumps(summary, separators=(",", ":"))))
+            if body is not None:
+                conn.execute(upsert, (f"body.{name}", body))
 
     def pending_actions(self, names: Sequence[str], *, now: float) -> list[PendingAction]:
         """Actions (by template name) not yet run successfully for each device's current quarantine; one action

@@ -136,10 +136,14 @@ class TallyQueries(StoreBase):
         day = first_day(since)
         return day is None or int(last) >= day
 
-    def scan_counts(self, *, since: float | None, device: str | None = None) -> dict[str, ScanCounts]:
-        """Per device: complete scans started in the window, and the end of its latest complete scan ever (a scan
-        counts when :data:`~.schema.COUNTED_SCAN`)."""
-        dev, dp = (" AND device = ?", [device]) if device is not None else ("", [])
+    def scan_counts(
+        self, *, since: float | None, device: str | None = None, devices: Sequence[str] | None = None
+    ) -> dict[str, ScanCounts]:
+        """Per device (every one, ``device`` or ``devices``): complete scans started in the window, and the end of
+        its latest complete scan ever (a scan counts when :data:`~.schema.COUNTED_SCAN`)."""
+        if device is not None:
+            devices = [device]
+        dev, dp = in_devices(devices)
         window, wp = (" AND started_at >= ?", [since]) if since is not None else ("", [])
         complete: dict[str, int] = {
             d: int(n)
@@ -154,7 +158,7 @@ class TallyQueries(StoreBase):
         # in the order the latest is found in, with its end, so neither backend reads a table row or sorts): a
         # device's scans never overlap (the scanner locks it), so its latest complete scan is the one started last.
         # The counts read the same index whole, in device order, without the table.
-        one, op = (" AND d.id = ?", [device]) if device is not None else ("", [])
+        one, op = in_devices(devices, "d.id")
         last: dict[str, float] = {
             d: t
             for d, t in self._rows(

@@ -85,7 +85,13 @@ def _v12(conn: Any) -> None:
             )
 
 
-MIGRATIONS: dict[int, Callable[[Any], None]] = {11: _v11, 12: _v12}
+def _v13(conn: Any) -> None:
+    """Each device's version (:data:`~..schema.MIGRATIONS` 13): a column with a constant default, added without
+    rewriting the table."""
+    conn.raw.execute("ALTER TABLE devices ADD COLUMN IF NOT EXISTS version BIGINT NOT NULL DEFAULT 0")
+
+
+MIGRATIONS: dict[int, Callable[[Any], None]] = {11: _v11, 12: _v12, 13: _v13}
 """``version -> function`` bringing a PostgreSQL store from ``version - 1`` to ``version`` (past
 :data:`BASE_VERSION`), run in one transaction; the same change as :data:`~..schema.MIGRATIONS` of that version."""
 
