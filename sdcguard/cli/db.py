@@ -47,15 +47,25 @@ def init() -> None:
     show_default=True,
     help="A report window (duration, or 'all') to keep verdicts for; repeat for several.",
 )
+@click.option(
+    "--confidence",
+    type=click.FloatRange(0.5, 0.9999),
+    default=0.95,
+    show_default=True,
+    help="The confidence of the kept reports' bounds (a report at another --confidence computes its rows).",
+)
 @config_option
-def refresh(windows: tuple[str, ...], config_path: Path | None = None) -> None:
-    """Compute the slowness verdicts of every device over each window and keep them in the store, so that
-    `sdcguard report --since W` reads them (for up to its --slow-max-age) instead of reading every device's time
-    for every case. Uses the [policy] slow_threshold and confidence, as the report and the policy do; a fleet
-    policy run keeps its own window's too. Run it as a writer, e.g. from a CronJob every 15 minutes.
+def refresh(windows: tuple[str, ...], confidence: float = 0.95, config_path: Path | None = None) -> None:
+    """Compute the slowness verdicts of every device over each window, then the report of the window, and keep
+    both in the store, so that `sdcguard report --since W` reads them (for up to its --slow-max-age) and computes
+    only the rows of the devices that changed since (a scan, a failure, an incident; their oldest evidence left the
+    window) instead of every device's. Uses the [policy] slow_threshold and confidence, as the report and the
+    policy do; a fleet policy run keeps its own window's verdicts too. Run it as a writer, e.g. from a CronJob
+    every 15 minutes: a report then computes the rows of about the devices that scanned in the last 15 minutes.
 
     Example: sdcguard --db postgresql://db.example/sdcguard db refresh --window 7d --window 30d
     """
+    from ..fleet.report.kept import keep_report
     from ..fleet.slow import SlowSettings
     from ..fleet.slow_fleet import fleet_slowness
 
@@ -72,6 +82,11 @@ def refresh(windows: tuple[str, ...], config_path: Path | None = None) -> None:
                 f"kept the slowness verdicts of {len(verdicts):,} devices over {window} ({slow:,} slow) in "
                 f"{time.perf_counter() - t:.1f} s"
             )
+            t = time.perf_counter()
+            n = keep_report(
+                store, since=since, now=now, confidence=confidence, slow=settings, breaker=policy, slow_max_age_s=1.0
+            )
+            click.echo(f"kept the report of {n:,} devices over {window} in {time.perf_counter() - t:.1f} s")
 
 
 @db.command("grant")

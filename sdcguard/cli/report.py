@@ -7,6 +7,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -17,8 +18,10 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from fleet_scan.config import config_option, load_config, load_policy  # noqa: E402
 
-from ..durations import DEFAULT_WINDOW, iso_utc, since_timestamp  # noqa: E402
-from ..fleet.report.devices import DeviceReport, build_report, report_csv_rows, report_json  # noqa: E402
+from ..durations import DEFAULT_WINDOW, since_timestamp  # noqa: E402
+from ..fleet.report.devices import build_report, report_csv_rows  # noqa: E402
+from ..fleet.report.kept import ReportLines, kept_lines  # noqa: E402
+from ..fleet.store.rows import DeviceStatus  # noqa: E402
 from .common import (  # noqa: E402
     DEFAULT_SLOW_MAX_AGE,
     device_id,
@@ -48,19 +51,20 @@ _TABLE_ALL_UP_TO = 50
 """A table lists every device up to this many; beyond, healthy devices are counted, not listed."""
 
 
-def _print_report(rows: list[DeviceReport], *, since: str, confidence: float, show_all: bool) -> None:
+def _print_report(lines: ReportLines, *, since: str, confidence: float, show_all: bool) -> None:
     """The table: a row per device, its kernel families under it with ``--families``."""
     from ..fleet.report.html_parts import counted  # the table's only: JSON and CSV need none of the page's parts
 
-    counts = {s: sum(r.status == s for r in rows) for s in ("quarantined", "probation", "suspect", "healthy")}
+    counts = lines.counts()
     caption = (
-        f"{counted(len(rows), 'device')}, window {since}: "
+        f"{counted(len(lines), 'device')}, window {since}: "
         + ", ".join(f"{n} {s}" for s, n in counts.items())
         + f"; bounds one-sided Clopper-Pearson at {confidence:.0%}"
     )
-    if len(rows) > _TABLE_ALL_UP_TO and not show_all:
+    listed: tuple[DeviceStatus, ...] | None = None
+    if len(lines) > _TABLE_ALL_UP_TO and not show_all:
         # The morning view of a large fleet: what needs attention; the rest is a count (JSON/CSV list all).
-        rows = [r for r in rows if r.status != "healthy"]
+        listed = ("quarantined", "probation", "suspect")
         caption += f"; {counts['healthy']} healthy devices not listed (--all lists them)"
     print_table(
         "sdcguard report",
@@ -77,42 +81,42 @@ def _print_report(rows: list[DeviceReport], *, since: str, confidence: float, sh
             "scans",
             "last scan (UTC)",
         ],
-        [line for r in rows for line in _lines(r)],
+        [line for d in lines.dicts(listed) for line in _lines(d)],
         caption=caption,
     )
 
 
-def _lines(r: DeviceReport) -> list[list[str]]:
-    """A device's row, and under it (``--families``) its figures per kernel family."""
+def _lines(d: dict[str, Any]) -> list[list[str]]:
+    """A device's row (its JSON object), and under it (``--families``) its figures per kernel family."""
     return [
         [
-            r.device,
-            r.host,
-            status_text(r.status),
-            _slow_text(r.as_dict()),
-            str(r.overall.executions),
-            str(r.overall.failures),
-            fmt_float(r.overall.rate),
-            fmt_float(r.overall.rate_low),
-            fmt_float(r.overall.rate_high),
-            str(r.scans),
-            iso_utc(r.last_scan) or "never",
+            d["device"],
+            d["host"],
+            status_text(d["status"]),
+            _slow_text(d),
+            str(d["executions"]),
+            str(d["failures"]),
+            fmt_float(d["rate"]),
+            fmt_float(d["rate_low"]),
+            fmt_float(d["rate_high"]),
+            str(d["scans"]),
+            d["last_scan"] or "never",
         ],
         *(  # --families: the device's figures per kernel family, under its row
             [
                 f"  {name}",
                 "",
                 "",
-                _slow_text(r.as_dict()["families"][name]),
-                str(f.executions),
-                str(f.failures),
-                fmt_float(f.rate),
-                fmt_float(f.rate_low),
-                fmt_float(f.rate_high),
+                _slow_text(f),
+                str(f["executions"]),
+                str(f["failures"]),
+                fmt_float(f["rate"]),
+                fmt_float(f["rate_low"]),
+                fmt_float(f["rate_high"]),
                 "",
                 "",
             ]
-            for name, f in sorted((r.families or {}).items())
+            for name, f in sorted(d.get("families", {}).items())
         ),
     ]
 
@@ -155,6 +159,12 @@ def _lines(r: DeviceReport) -> list[list[str]]:
     help="Also write FILE: one self-contained HTML page of the whole fleet (status, rates over time, hosts, "
     "quarantine timeline, incidents), written atomically.",
 )
+@click.option(
+    "--computed",
+    is_flag=True,
+    help="Compute every device's row, even where `sdcguard db refresh` kept this window's report (by default the "
+    "report reads it, for up to --slow-max-age, and computes only the rows of the devices that changed since).",
+)
 @slow_max_age_option
 @config_option
 def report(
@@ -166,6 +176,7 @@ def report(
     show_all: bool,
     plot: Path | None,
     html_file: Path | None = None,
+    computed: bool = False,
     slow_max_age: str = DEFAULT_SLOW_MAX_AGE,
     config_path: Path | None = None,
 ) -> None:
@@ -186,17 +197,26 @@ def report(
     policy = load_policy(load_config(config_path))  # the [policy] slow_threshold, as the policy flags them
     slow = SlowSettings(threshold=policy.slow_threshold, confidence=policy.confidence)
     with open_store(readonly=True) as store:
-        rows = build_report(
-            store,
-            since=start,
-            device=device,
-            confidence=confidence,
-            families=families,
-            slow=slow,
-            breaker=policy,
-            now=now,
-            slow_max_age_s=max_age,
+        lines = (
+            None
+            if device or families or computed  # a kept report has every device, without families
+            else kept_lines(
+                store, since=start, confidence=confidence, slow=slow, breaker=policy, now=now, slow_max_age_s=max_age
+            )
         )
+        if lines is None:
+            rows = build_report(
+                store,
+                since=start,
+                device=device,
+                confidence=confidence,
+                families=families,
+                slow=slow,
+                breaker=policy,
+                now=now,
+                slow_max_age_s=max_age,
+            )
+            lines = ReportLines.of(rows)
         if plot is not None:
             from ..fleet.report.plot import plot_rates
 
@@ -215,11 +235,11 @@ def report(
                 slow_max_age_s=max_age,
             )
     if fmt == "json":
-        click.echo(report_json(rows))
+        click.echo(lines.json())
     elif fmt == "csv":
-        csv.writer(sys.stdout, lineterminator="\n").writerows(report_csv_rows(rows))
+        csv.writer(sys.stdout, lineterminator="\n").writerows(report_csv_rows(list(lines.dicts())))
     else:
-        _print_report(rows, since=since, confidence=confidence, show_all=show_all or device is not None)
+        _print_report(lines, since=since, confidence=confidence, show_all=show_all or device is not None)
     if plot is not None:
         click.echo(f"plot written to {plot}", err=True)
     if html_file is not None:

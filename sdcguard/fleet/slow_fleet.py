@@ -66,7 +66,11 @@ def fleet_slowness(
     Training incidents are always read live. ``sdcguard db refresh`` and every fleet policy run keep them."""
     s = settings or SlowSettings()
     t = time.time() if now is None else now
-    verdicts = kept_verdicts(store, since=since, now=t, settings=s, max_age_s=max_age_s) if max_age_s > 0 else None
+    verdicts = (
+        _read_kept(store, _window(since, t), s, t, max_age_s, None if devices is None else set(devices))
+        if max_age_s > 0
+        else None
+    )
     if verdicts is None:
         known = store.devices() if known is None else known
         groups = {d.id: peer_group(d.kind, d.model, d.host) for d in known}
@@ -175,7 +179,7 @@ def _unpack(packed: Mapping[str, str], n: int) -> list[float | None]:
 
 
 def _read_kept(
-    store: Store, window_s: float | None, s: SlowSettings, now: float, max_age_s: float
+    store: Store, window_s: float | None, s: SlowSettings, now: float, max_age_s: float, wanted: set[str] | None = None
 ) -> dict[str, Slowness] | None:
     """The kept verdicts for a window of ``window_s`` seconds under settings ``s``, if computed at most
     ``max_age_s`` before ``now`` (None otherwise: compute them). A summary that cannot be read (written by hand, cut
@@ -188,7 +192,7 @@ def _read_kept(
         at = float(kept["at"])
         if not 0 <= now - at <= max_age_s:
             return None
-        return _verdicts(kept["columns"], at, s)
+        return _verdicts(kept["columns"], at, s, wanted)
     except (ValueError, KeyError, TypeError, AttributeError) as e:  # binascii.Error and JSON's errors are ValueErrors
         _log.warning(
             "the kept summary %s of %s cannot be read (%s: %s); computing the verdicts",
@@ -200,14 +204,21 @@ def _read_kept(
         return None
 
 
-def _verdicts(c: Mapping[str, Any], at: float, s: SlowSettings) -> dict[str, Slowness]:
-    """The verdicts of a kept summary's ``columns``, computed at ``at``."""
+def _verdicts(c: Mapping[str, Any], at: float, s: SlowSettings, wanted: set[str] | None) -> dict[str, Slowness]:
+    """The verdicts of a kept summary's ``columns``, computed at ``at`` (only those of ``wanted`` devices)."""
     n = len(c["device"])
-    text = {f: _unpack_text(c[f], n) for f in _KEPT_TEXT}
-    number = {f: _unpack(c[f], n) for f in _KEPT_NUMBERS}
-    slow = [x == 1.0 for x in _unpack(c["slow"], n)]
+    ids = list(c["device"])
+    pick = None if wanted is None else [i for i, d in enumerate(ids) if d in wanted]
+
+    def only(values: list[Any]) -> list[Any]:
+        return values if pick is None else [values[i] for i in pick]
+
+    text = {f: only(_unpack_text(c[f], n)) for f in _KEPT_TEXT}
+    number = {f: only(_unpack(c[f], n)) for f in _KEPT_NUMBERS}
+    slow = [x == 1.0 for x in only(_unpack(c["slow"], n))]
     names = list(c["families"])
-    columns = [_unpack(c["families"][name], n) for name in names]
+    columns = [only(_unpack(c["families"][name], n)) for name in names]
+    ids = only(ids)
     # a device's slowdown per family it was compared in (most devices: every family, one dict(zip) each)
     families = (
         [
@@ -215,7 +226,7 @@ def _verdicts(c: Mapping[str, Any], at: float, s: SlowSettings) -> dict[str, Slo
             for xs in zip(*columns)
         ]
         if names
-        else [{} for _ in range(n)]
+        else [{} for _ in ids]
     )
     return {
         d: Slowness(
@@ -234,6 +245,6 @@ def _verdicts(c: Mapping[str, Any], at: float, s: SlowSettings) -> dict[str, Slo
             judged_at=at,
         )
         for d, basis, sure, why, x, lo, hist, threshold, peers, cases, is_slow, fam in zip(
-            c["device"], *(text[f] for f in _KEPT_TEXT), *(number[f] for f in _KEPT_NUMBERS), slow, families
+            ids, *(text[f] for f in _KEPT_TEXT), *(number[f] for f in _KEPT_NUMBERS), slow, families
         )
     }

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,6 +156,7 @@ def build_report(
     *,
     since: float | None,
     device: str | None = None,
+    devices: Sequence[str] | None = None,
     confidence: float = 0.95,
     suspect_since: float | None = None,
     families: bool = False,
@@ -166,36 +168,36 @@ def build_report(
     """The report rows, ordered quarantined first, then by failures (most first) and device id.
 
     ``since``: start of the window (None: all time). ``suspect_since``: start of the window in which a failure
-    makes a device ``suspect`` (default: ``since``). ``families``: add the per-family rates to each row.
+    makes a device ``suspect`` (default: ``since``). ``device``: only this one (unknown: :class:`BadInput`);
+    ``devices``: only those of these the store knows. ``families``: add the per-family rates to each row.
     ``slow``: the slowness rule's settings (default: the policy's defaults). ``breaker``: the circuit breaker's
     settings (default: the policy's): a device whose every failure in the window the breaker blames on the suite
     or the software is not ``suspect`` (its failures still count in its rate). ``slow_max_age_s``: use slowness
     verdicts kept up to this long before ``now`` (default: the clock) instead of computing them (0: compute;
     :func:`~..slow_fleet.fleet_slowness`)."""
     t = time.time() if now is None else now
-    devices = store.devices() if device is None else [_known(store, device)]
-    rates = device_rates(
-        store, since=since, devices=[device] if device else None, confidence=confidence, by_family=families
-    )
-    scans = store.scan_counts(since=since, device=device)
+    known = [_known(store, device)] if device is not None else store.devices(devices)
+    wanted = [d.id for d in known] if device is not None or devices is not None else None
+    rates = device_rates(store, since=since, devices=wanted, confidence=confidence, by_family=families)
+    scans = store.scan_counts(since=since, devices=wanted)
     suspect_start = suspect_since if suspect_since is not None else since
     if suspect_since is None or suspect_since == since:
         failing = {d for d, r in rates.items() if r.overall.failures > 0}
         counted = {d: r.overall.failures for d, r in rates.items()}
     else:
-        failing = store.failing_devices(since=suspect_start, devices=[d.id for d in devices])
+        failing = store.failing_devices(since=suspect_start, devices=[d.id for d in known])
         counted = {}
     if failing:
         blamed = suite_blamed_devices(store, breaker or QuarantinePolicy(), since=suspect_start or 0.0, now=t)
         # Cleared only when the rows hold every failure the rates count (none sits in a pruned day's roll-up).
         failing -= {d for d, n in blamed.items() if counted.get(d, n) == n}
-    statuses = store.statuses(suspect_since=suspect_start, devices=[d.id for d in devices], failing=failing)
+    statuses = store.statuses(suspect_since=suspect_start, devices=[d.id for d in known], failing=failing)
     slowness = fleet_slowness(
         store,
         since=suspect_start,
         settings=slow,
-        devices=[d.id for d in devices],
-        known=devices if device is None else None,
+        devices=[d.id for d in known],
+        known=known if wanted is None else None,
         now=t,
         max_age_s=slow_max_age_s,
     )
@@ -203,7 +205,7 @@ def build_report(
     empty = Rate(executions=0, failures=0, rate=0.0, rate_low=lo0, rate_high=hi0, test_hours=0.0)
     none = ScanCounts(0, None)
     rows = []
-    for d in devices:
+    for d in known:
         r = rates.get(d.id)
         counts = scans.get(d.id, none)
         rows.append(
@@ -232,16 +234,16 @@ def report_json(rows: list[DeviceReport]) -> str:
     return json.dumps([r.as_dict() for r in rows])  # no indent: the C encoder, 10x faster
 
 
-def report_csv_rows(rows: list[DeviceReport]) -> list[list[Any]]:
-    """The CSV of a report, header first: :data:`REPORT_FIELDS`; a report built with ``families=True`` adds a
-    ``family`` column, ``all`` on each device's overall row, followed by one row per kernel family (the family's
-    figures, the device's other fields)."""
-    with_families = any(r.families is not None for r in rows)
+def report_csv_rows(rows: Sequence[DeviceReport | Mapping[str, Any]]) -> list[list[Any]]:
+    """The CSV of a report (its rows, or their JSON objects), header first: :data:`REPORT_FIELDS`; a report built
+    with ``families=True`` adds a ``family`` column, ``all`` on each device's overall row, followed by one row per
+    kernel family (the family's figures, the device's other fields)."""
+    dicts = [r.as_dict() if isinstance(r, DeviceReport) else r for r in rows]
+    with_families = any("families" in d for d in dicts)
     out: list[list[Any]] = [[*REPORT_FIELDS, *(["family"] if with_families else [])]]
-    for r in rows:
-        d = r.as_dict()
+    for d in dicts:
         out.append([_csv_cell(d[f]) for f in REPORT_FIELDS] + (["all"] if with_families else []))
-        for name in sorted(r.families or {}):
+        for name in sorted(d.get("families", {})):
             fam = {**d, **d["families"][name]}
             out.append([_csv_cell(fam[f]) for f in REPORT_FIELDS] + [name])
     return out
