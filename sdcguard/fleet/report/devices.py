@@ -33,7 +33,10 @@ from ..slow_fleet import fleet_slowness
 from ..store.rows import DeviceStatus, ScanCounts
 from ..store.store import Store
 
-__all__ = ["DeviceReport", "build_report", "report_json", "report_csv_rows", "REPORT_FIELDS"]
+__all__ = ["DeviceReport", "build_report", "report_json", "report_csv_rows", "REPORT_FIELDS", "STATUS_ORDER"]
+
+STATUS_ORDER: tuple[DeviceStatus, ...] = ("quarantined", "probation", "suspect", "healthy")
+"""The report's order: quarantined devices first, healthy ones last (then by failures, most first, and id)."""
 
 REPORT_FIELDS = (
     "device",
@@ -224,7 +227,7 @@ def build_report(
                 slowness=slowness.get(d.id),
             )
         )
-    order = {"quarantined": 0, "probation": 1, "suspect": 2, "healthy": 3}
+    order = {s: i for i, s in enumerate(STATUS_ORDER)}
     rows.sort(key=lambda x: (order[x.status], -x.overall.failures, x.device))
     return rows
 

@@ -51,7 +51,7 @@ from ..policy import QuarantinePolicy
 from ..slow import SlowSettings
 from ..store.rows import DeviceStatus
 from ..store.tally_queries import first_day
-from .devices import REPORT_FIELDS, DeviceReport, build_report
+from .devices import REPORT_FIELDS, STATUS_ORDER, DeviceReport, build_report
 
 if TYPE_CHECKING:
     from ..store.store import Store
@@ -63,9 +63,8 @@ _log = get_logger("fleet")
 _FORMAT = 1
 """The kept report's layout; a row's fields are :data:`~.devices.REPORT_FIELDS`, kept beside it (a sdcguard that
 prints other fields computes its report)."""
-_RANKS: dict[str, int] = {"quarantined": 0, "probation": 1, "suspect": 2, "healthy": 3}
+_RANKS: dict[str, int] = {s: i for i, s in enumerate(STATUS_ORDER)}
 """A status's place in the report's order."""
-_STATUS: list[DeviceStatus] = ["quarantined", "probation", "suspect", "healthy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +93,7 @@ class ReportLines:
     def counts(self) -> dict[DeviceStatus, int]:
         """Devices per status, in rank order."""
         n = np.bincount(np.fromiter((rank for rank, *_ in self.lines), np.int64, len(self.lines)), minlength=4)
-        return dict(zip(_STATUS, n.tolist()))
+        return dict(zip(STATUS_ORDER, n.tolist()))
 
     def __len__(self) -> int:
         return len(self.lines)
