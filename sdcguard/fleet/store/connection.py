@@ -83,6 +83,7 @@ def check_header(path: Path) -> int:
     try:
         with open(path, "rb") as f:
             header = f.read(100)
+            size = os.fstat(f.fileno()).st_size
     except FileNotFoundError:
         return -1
     except PermissionError:
@@ -96,7 +97,7 @@ def check_header(path: Path) -> int:
     version = int.from_bytes(header[60:64], "big")
     if version > SCHEMA_VERSION:
         raise SchemaTooNew(_too_new(path, version))
-    return len(header)
+    return size
 
 
 def _too_new(path: Path, version: int) -> str:
