@@ -246,3 +246,6 @@ def test_the_cli_reads_the_kept_report_and_says_the_same(tmp_path: Path) -> None
             assert a == b and all(r["slow_judged_at"] for r in json.loads(after.output))
         elif f == "table":
             assert after.output == out.output
+    kept = runner.invoke(cli, ["--db", db, "report", "--format", "json"])
+    computed = runner.invoke(cli, ["--db", db, "report", "--format", "json", "--computed"])
+    assert kept.exit_code == computed.exit_code == 0 and kept.output == computed.output  # the same kept verdicts
