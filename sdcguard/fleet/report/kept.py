@@ -8,7 +8,7 @@ A report of that window (:func:`kept_lines`) then computes the rows of only the 
 speak for, and takes the others' as kept. Those it computes, the *changed* devices, are:
 
 - every device whose version differs from the kept one, or that the kept report does not know: each write that
-  changes what a report says of a device (its results, scans, tallies, incidents, identity, a merge of its rows)
+  changes what a report keeps of a device (its results, scans, tallies, identity, a merge of any of these)
   adds one to its version in the same transaction (:meth:`~..store.connection.StoreBase._lock_devices`);
 - every device with an execution or a complete scan that started between the kept window's start and this one's
   (its oldest evidence left the window);

@@ -457,14 +457,15 @@ class StoreBase:
         """One write transaction; rolled back if the body raises."""
         return self._backend.write()
 
-    def _lock_devices(self, devices: Iterable[str]) -> None:
+    def _lock_devices(self, devices: Iterable[str], *, changed: bool = True) -> None:
         """Inside a write: make this transaction the only one changing these devices' rows and tallies (a
-        PostgreSQL store's concurrent writers; in SQLite every write is the only one), and add one to their
-        versions (:mod:`.versions`): every write that changes what a report says of a device locks it first."""
+        PostgreSQL store's concurrent writers; in SQLite every write is the only one), and (``changed``) add one
+        to their versions (:mod:`.versions`): every write that changes what a report says of a device locks it
+        first. A merge locks every device of its input up front, unchanged, and then those it changes."""
         ids = sorted(set(devices))
         self._backend.lock("tallies", (), shared=True)
         self._backend.lock("device", ids)
-        if ids:
+        if ids and changed:
             self._backend.conn.execute(ADD_ONE, (json.dumps(ids),))
 
     def _rows(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[tuple[Any, ...]]:

@@ -48,7 +48,16 @@ from typing import Any
 from ...durations import DAY_S as _DAY_S
 from ...errors import BadInput
 from .connection import StoreBase, read_only_uri
-from .merging import check_marks, merge_appended, merge_devices, merge_scans, read_mark, remember, set_meta
+from .merging import (
+    check_marks,
+    identities_changing,
+    merge_appended,
+    merge_devices,
+    merge_scans,
+    read_mark,
+    remember,
+    set_meta,
+)
 from .rows import MergeStats, PruneStats
 from .schema import COUNTED_SCAN
 from .tallies import ADD_TALLIES, FAMILIES, apply_deltas, running_tables, thin_case_tallies
@@ -86,8 +95,10 @@ class StoreMaintenance(StoreBase):
         after, remembered, reopened = read_mark(conn, source, full=full)
         rewound = check_marks(conn, after, remembered)
         horizon = self.pruned_before or float("-inf")
-        # the input's devices before their rows: a scan writing one of them directly waits here, not in a circle
-        self._lock_devices(r[0] for r in conn.execute("SELECT id FROM src.devices").fetchall())
+        # the input's devices before their rows: a scan writing one of them directly waits here, not in a circle;
+        # their versions move only where the merge changes them (a new identity here, merged scans below)
+        self._lock_devices((r[0] for r in conn.execute("SELECT id FROM src.devices").fetchall()), changed=False)
+        self._lock_devices(identities_changing(conn))
         devices = merge_devices(conn)
         new_scans, results, skipped, late = merge_scans(
             conn,

@@ -15,6 +15,7 @@ from .tallies import apply_running_deltas, tally_rows
 
 __all__ = [
     "WATERMARKED",
+    "identities_changing",
     "merge_devices",
     "merge_scans",
     "merge_appended",
@@ -36,6 +37,19 @@ WATERMARKED = ("scans", "incidents", "quarantine_history", "policy_decisions", "
 _REOPEN_S = _DAY_S
 """An input's ``interrupted`` scan is read again by merges for this long after it was marked: a scanner the
 policy's sweep took for dead may still finish it. Older ones are final (and ``prune`` rolls them up)."""
+
+
+def identities_changing(conn: Any) -> list[str]:
+    """The input's devices whose host, model or index :func:`merge_devices` will change (what a report prints of a
+    device's identity; its kind never changes)."""
+    return [
+        r[0]
+        for r in conn.execute(
+            "SELECT s.id FROM src.devices s JOIN main.devices d ON d.id = s.id WHERE (s.last_seen > d.last_seen "
+            "AND s.host <> d.host) OR (d.model IS NULL AND s.model IS NOT NULL) OR (d.idx IS NULL AND s.idx IS NOT "
+            "NULL)"
+        ).fetchall()
+    ]
 
 
 def merge_devices(conn: Any) -> int:

@@ -1,9 +1,11 @@
 """Devices' versions (schema version 13): a number per device, one more with every write that changes what a report
-says of it (its results, scans and tallies, its incidents, its identity, a merge of its rows), in that write's
-transaction. Every such write locks the device first (:meth:`~.connection.StoreBase._lock_devices`), and the lock
-adds the one, so no write can forget it; a new identity (:meth:`~.store.Store.upsert_devices`) adds one too. A kept
-report (:mod:`sdcguard.fleet.report.kept`) reads the versions before it computes its rows and again when it is
-read: a device whose version moved is computed again."""
+keeps of it (its results, scans and tallies, its identity, a merge of its scans or of a new identity), in that
+write's transaction. Every such write locks the device first (:meth:`~.connection.StoreBase._lock_devices`), and
+the lock adds the one, so no write can forget it; a new identity (:meth:`~.store.Store.upsert_devices`) adds one
+too, and a recorded incident moves the devices it names (a report reads incidents live: status, slowness). A merge
+locks every device of its input without moving it, then moves those it changes. A kept report
+(:mod:`sdcguard.fleet.report.kept`) reads the versions before it computes its rows and again when it is read: a
+device whose version moved is computed again."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from sdcguard.fleet.report.devices import build_report
 from sdcguard.fleet.report.kept import ReportLines, keep_report, kept_lines
 from sdcguard.fleet.slow_fleet import fleet_slowness
 from sdcguard.fleet.store.store import Store
-from sdcguard.records import SLOW_KIND, Incident
+from sdcguard.records import SLOW_KIND, DeviceInfo, Incident
 from tests._fleet import NOW, query, result, scan
 
 DEVICES = [f"cpu:n{i // 2}:{i % 2}" for i in range(6)]
@@ -108,19 +108,28 @@ def test_a_late_write_of_old_evidence_is_seen_by_its_version(tmp_path: Path) -> 
         assert {r["device"]: r["failures"] for r in json.loads(computed)}[DEVICES[2]] == 1
 
 
-def test_a_merge_changes_the_versions_of_the_devices_it_brings(tmp_path: Path) -> None:
+def test_a_merge_changes_the_versions_of_the_devices_it_changes_only(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "node.db") as node:
+        _scan(node, DEVICES[0], NOW - 6 * 3600)
+    merge_stores(tmp_path / "fleet.db", [tmp_path / "node.db"])
     with Store.open(tmp_path / "fleet.db") as fleet:
         _fleet(fleet, NOW - 5 * 3600)
         _refresh(fleet, NOW)
+    merge_stores(tmp_path / "fleet.db", [tmp_path / "node.db"])  # nothing new: every kept row still speaks
+    with Store.open(tmp_path / "fleet.db") as fleet:
+        kept, computed = _both(fleet, NOW + 60 - 2 * DAY_S, NOW + 60)
+        assert kept is not None and kept.json() == computed and _computed_rows(kept) == 0
     with Store.open(tmp_path / "node.db") as node:
         _scan(node, DEVICES[4], NOW - 4 * 3600, failed=True)
         _scan(node, "cpu:new:0", NOW - 4 * 3600)
+        node.upsert_device(DeviceInfo(id=DEVICES[2], host="moved", kind="cpu", model="Xeon"), now=NOW)
     merge_stores(tmp_path / "fleet.db", [tmp_path / "node.db"])
     with Store.open(tmp_path / "fleet.db") as fleet:
         kept, computed = _both(fleet, NOW + 60 - 2 * DAY_S, NOW + 60)
         assert kept is not None and kept.json() == computed
-        assert _computed_rows(kept) == 2  # the merged device and the new one
-        assert len(json.loads(computed)) == len(DEVICES) + 1
+        assert _computed_rows(kept) == 3  # the merged device, the new one, the one with a new host
+        rows = {r["device"]: r for r in json.loads(computed)}
+        assert len(rows) == len(DEVICES) + 1 and rows[DEVICES[2]]["host"] == "moved"
 
 
 def test_a_kept_report_is_not_used_where_it_cannot_speak(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -180,6 +189,7 @@ _OPS = st.lists(
         st.tuples(st.just("release"), st.sampled_from(DEVICES)),
         st.tuples(st.just("incident"), st.sampled_from(DEVICES), st.booleans()),
         st.tuples(st.just("prune"), st.integers(1, 3)),
+        st.tuples(st.just("merge"), st.sampled_from(DEVICES), st.integers(-3000, 0), st.booleans()),
     ),
     min_size=1,
     max_size=14,
@@ -191,7 +201,8 @@ _OPS = st.lists(
 def test_the_report_from_a_kept_one_is_the_computed_report_under_any_interleaving(ops: list[tuple]) -> None:
     """Scans (now, or forwarded late with old times; failing or not), the clock moving on (the window's start
     with it, over old evidence and past midnights), refreshes, quarantines and releases, incidents (training
-    ``slow`` ones and suspects), prunes: after each, the report from the kept one, where it is used, equals the
+    ``slow`` ones and suspects), prunes, merges of a node's store (its scans, a device's new host; merged again
+    with nothing new): after each, the report from the kept one, where it is used, equals the
     computed report byte for byte, for a window and for all time."""
     with tempfile.TemporaryDirectory() as tmp, Store.open(Path(tmp) / "f.db") as store:
         clock = NOW - 2 * DAY_S + 3600  # the oldest evidence leaves the 2-day window within the first hours
@@ -219,6 +230,12 @@ def test_the_report_from_a_kept_one_is_the_computed_report_under_any_interleavin
                 )
             elif op[0] == "prune":
                 store.prune(before=clock - op[1] * DAY_S)
+            elif op[0] == "merge":  # a node's store: a scan of its own (the same node's, merged again: nothing)
+                with Store.open(Path(tmp) / "node.db") as node:
+                    _scan(node, op[1], clock + op[2] * 60, failed=op[3])
+                    if op[3]:
+                        node.upsert_device(DeviceInfo(id=op[1], host=f"moved{op[2]}", kind="cpu"), now=clock)
+                merge_stores(Path(tmp) / "f.db", [Path(tmp) / "node.db"])
             for w in WINDOWS:
                 since = None if w is None else clock - w
                 kept, computed = _both(store, since, clock)
