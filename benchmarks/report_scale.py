@@ -68,20 +68,27 @@ def _scan_day(
 ) -> int:
     """One day's scans of ``members`` (starting at ``t_day``) into ``store``; returns the scans recorded."""
     for n in members:
-        scan_sim_device(
-            store,
-            dev=sim_id(n),
-            host=fleet.host(n),
-            p_fault=float(p[n]),
-            transient_rate=fleet.transient_rate,
-            t=t_day + 60.0 * (n % 60),
-            cases=DEFAULT_CASES,
-            past_failures={},
-            budget_s=60.0,
-            retests=3,
-            rng=rng,
-        )
+        _scan(store, fleet, sim_id(n), fleet.host(n), float(p[n]), t_day + 60.0 * (n % 60), rng)
     return len(members)
+
+
+def _scan(
+    store: Store, fleet: SimFleet, dev: str, host: str, p_fault: float, t: float, rng: np.random.Generator
+) -> None:
+    """One scan of ``dev`` at ``t``, through the scanner's recording path (the real suite, 60 s, 3 retests)."""
+    scan_sim_device(
+        store,
+        dev=dev,
+        host=host,
+        p_fault=p_fault,
+        transient_rate=fleet.transient_rate,
+        t=t,
+        cases=DEFAULT_CASES,
+        past_failures={},
+        budget_s=60.0,
+        retests=3,
+        rng=rng,
+    )
 
 
 def _node_stores(job: tuple[Path, SimFleet, list[str], float, int, int]) -> int:
@@ -396,19 +403,7 @@ def _quarter_hour(fleet_db: Any, start: float) -> int:
         picked = known[:: round(DAY / _QUARTER / 2)]
         for k, d in enumerate(picked):
             n = int(d.id.rpartition(":")[2])
-            scan_sim_device(
-                store,
-                dev=d.id,
-                host=d.host,
-                p_fault=float(p[n % len(p)]),
-                transient_rate=fleet.transient_rate,
-                t=start + _QUARTER * k / len(picked),
-                cases=DEFAULT_CASES,
-                past_failures={},
-                budget_s=60.0,
-                retests=3,
-                rng=rng,
-            )
+            _scan(store, fleet, d.id, d.host, float(p[n % len(p)]), start + _QUARTER * k / len(picked), rng)
     return len(picked)
 
 

@@ -14,6 +14,7 @@ __all__ = [
     "DEFAULT_SLOW_MAX_AGE",
     "open_store",
     "format_option",
+    "confidence_option",
     "slow_max_age_option",
     "slow_max_age_s",
     "print_table",
@@ -56,6 +57,12 @@ def format_option(*choices: str) -> Callable[[F], F]:
 
 DEFAULT_SLOW_MAX_AGE = "1h"
 """How old kept slowness verdicts a report uses by default (the fleet policy and ``db refresh`` keep them)."""
+
+
+def confidence_option(help_text: str) -> Callable[[F], F]:
+    """``--confidence`` of the one-sided Clopper-Pearson bounds (0.5 to 0.9999, default 0.95)."""
+    bounds = click.FloatRange(0.5, 0.9999)
+    return click.option("--confidence", type=bounds, default=0.95, show_default=True, help=help_text)
 
 
 def slow_max_age_option(f: F) -> F:

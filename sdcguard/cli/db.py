@@ -12,7 +12,7 @@ from fleet_scan.config import config_option, load_config, load_policy
 
 from ..durations import DEFAULT_WINDOW, since_timestamp
 from ..errors import BadInput
-from .common import open_store
+from .common import confidence_option, open_store
 
 __all__ = ["db"]
 
@@ -47,13 +47,7 @@ def init() -> None:
     show_default=True,
     help="A report window (duration, or 'all') to keep verdicts for; repeat for several.",
 )
-@click.option(
-    "--confidence",
-    type=click.FloatRange(0.5, 0.9999),
-    default=0.95,
-    show_default=True,
-    help="The confidence of the kept reports' bounds (a report at another --confidence computes its rows).",
-)
+@confidence_option("The confidence of the kept reports' bounds (a report at another --confidence computes its rows).")
 @config_option
 def refresh(windows: tuple[str, ...], confidence: float = 0.95, config_path: Path | None = None) -> None:
     """Compute the slowness verdicts of every device over each window, then the report of the window, and keep

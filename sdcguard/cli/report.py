@@ -24,6 +24,7 @@ from ..fleet.report.kept import ReportLines, kept_lines  # noqa: E402
 from ..fleet.store.rows import DeviceStatus  # noqa: E402
 from .common import (  # noqa: E402
     DEFAULT_SLOW_MAX_AGE,
+    confidence_option,
     device_id,
     fmt_float,
     format_option,
@@ -127,13 +128,7 @@ def _lines(d: dict[str, Any]) -> list[list[str]]:
 )
 @click.option("--device", default=None, help="Only this device id.")
 @format_option("table", "json", "csv")
-@click.option(
-    "--confidence",
-    type=click.FloatRange(0.5, 0.9999),
-    default=0.95,
-    show_default=True,
-    help="Confidence of each one-sided Clopper-Pearson bound.",
-)
+@confidence_option("Confidence of each one-sided Clopper-Pearson bound.")
 @click.option(
     "--families",
     is_flag=True,
