@@ -13,7 +13,7 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sdcguard.fleet.merge import merge_stores
@@ -53,6 +53,29 @@ def _prune(path: Path, before: float, ledger: Ledger) -> None:
     ledger.setdefault(str(path), []).extend(_held(path, " AND s.started_at < ? AND s.status != 'running'", (horizon,)))
     with Store.open(path) as s:
         s.prune(before=before)
+
+
+def _scan_uuids(path: Path) -> set[str]:
+    with closing(sqlite3.connect(path)) as c:
+        return {u for (u,) in c.execute("SELECT uuid FROM scans")}
+
+
+def _merge(fleet: Path, inputs: list[Path], ledger: Ledger, held: set[str]) -> None:
+    """Merge, remembering the rows the merge rolls up at once: an input's finished scan new to the fleet that
+    started before the fleet's horizon is merged and pruned in the same transaction (its executions count in the
+    roll-ups and the tallies, its rows are never held). ``held``: the scans the fleet ever held (its prunes delete
+    them); an input scan in neither it nor the fleet after the merge went straight to the roll-ups, so its rows go
+    into the fleet's ledger, as a prune's do."""
+    merge_stores(fleet, inputs)
+    after = _scan_uuids(fleet)
+    for node in inputs:
+        with closing(sqlite3.connect(node)) as c:
+            for (uuid,) in c.execute("SELECT uuid FROM scans ORDER BY id").fetchall():
+                if uuid not in held and uuid not in after:
+                    rows = c.execute(_ROWS + " AND s.uuid = ?", (uuid,)).fetchall()
+                    ledger.setdefault(str(fleet), []).extend(rows)
+                    held.add(uuid)
+    held |= after
 
 
 def _recorded(path: Path, ledger: Ledger) -> list[tuple]:
@@ -192,9 +215,26 @@ def _batch_results(device: str, clock: float, batch: list[tuple[int, bool, int, 
     ]
 
 
+_ONE = [[(0, False, 0, 0)]]
+LATE_SCAN_ROLLED_UP_BY_A_MERGE = [
+    *[("scan", 0, 0, _ONE, False)] * 4,
+    ("merge", 0, 0, [], False),
+    ("scan", 0, 0, _ONE, False),
+    ("scan", 0, 0, _ONE, True),  # finished on the node: the fleet's horizon will pass it before it is merged
+    ("scan", 0, 0, _ONE, False),
+    ("more", 0, 0, _ONE, False),
+    ("prune", 2, 1, [], False),
+    ("merge", 0, 0, [], False),
+]
+"""CI's counterexample (seed 63188919736230325467082166784285073199, shrunk): the merge after the fleet's prune
+brings a finished scan from before the horizon, which it rolls up at once; the tallies counted it and the test's
+ledger did not (the store was right, the oracle missed rows a merge prunes)."""
+
+
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
+@example(ops=LATE_SCAN_ROLLED_UP_BY_A_MERGE, since_offsets=[0.0, 0.0], speed=[1] * 8)
 @given(
     st.lists(_op, min_size=6, max_size=18),
     st.lists(st.floats(0, 6 * DAY), min_size=2, max_size=2),
@@ -207,6 +247,7 @@ def test_the_slowness_from_tallies_equals_the_slowness_from_rows(
     nodes = [d / "n0.db", d / "n1.db"]
     fleet = d / "fleet.db"
     ledger: Ledger = {}
+    held: set[str] = set()
     clock = START
     for kind, n, dev, batches, finish in ops:
         clock += 0.4 * DAY
@@ -238,7 +279,7 @@ def test_the_slowness_from_tallies_equals_the_slowness_from_rows(
         elif kind == "merge":
             existing = [p for p in nodes if p.exists()]
             if existing:
-                merge_stores(fleet, existing)
+                _merge(fleet, existing, ledger, held)
         elif kind == "prune":
             path = fleet if n == 2 else nodes[n]
             if path.exists():
