@@ -121,3 +121,43 @@ def test_libpq_settings_pass_through_tls_among_them(pg_server: PostgresServer) -
     assert code == 0, err
     code, _, err = _run("--db", url, "report", env={"PGSSLMODE": "require"})
     assert code == 2 and "SSL" in err
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (("/sdcguard?", "/sdcgaurd?"), 'database "sdcgaurd" does not exist'),
+        (("user=postgres", "user=nosuchrole"), 'role "nosuchrole" does not exist'),
+    ],
+)
+def test_a_permanent_error_is_one_line_exit_2_and_nothing_spooled(
+    pg_server: PostgresServer, tmp_path: Path, change: tuple[str, str], words: str
+) -> None:
+    """A typo'd database or role is no outage: the scan stops before scanning (exit 2), spools nothing, and every
+    command says the same in one line; only a server that does not answer is spooled for (the test above)."""
+    url = pg_server.fresh_url()
+    assert change[0] in url
+    bad = url.replace(*change)
+    env = {"SDCGUARD_SPOOL": str(tmp_path / "spool.db")}
+    for args in (
+        ["scan", "--device", "cpu:0", "--budget", "1s", "--all", "--lock-dir", str(tmp_path / "locks")],
+        ["report"],
+        ["incidents"],
+    ):
+        code, _, err = _run("--db", bad, *args, env=env)
+        assert code == 2, (args, err)
+        assert err.count("\n") == 1 and words in err and "spool" not in err, (args, err)
+    assert not (tmp_path / "spool.db").exists()
+
+
+def test_a_missing_psycopg_names_the_extra(tmp_path: Path) -> None:
+    """The light install (no [postgres] extra) with a server URL: one line naming what to install, exit 2."""
+    code = (
+        "import sys; sys.modules['psycopg'] = None\n"
+        "from sdcguard.cli import main\n"
+        "sys.argv = ['sdcguard', '--db', 'postgresql://db.example/sdcguard', 'report']\n"
+        "main()\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.count("\n") == 1 and "[postgres]" in p.stderr and "psycopg" in p.stderr, p.stderr

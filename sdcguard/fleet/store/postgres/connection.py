@@ -37,7 +37,7 @@ from ..schema import SCHEMA_VERSION
 from . import schema as pg_schema
 from .dialect import to_postgres
 
-__all__ = ["PostgresBackend", "PgConnection", "display_url", "lock_key"]
+__all__ = ["PostgresBackend", "PgConnection", "display_url", "lock_key", "connect_error"]
 
 _LOCK_ORDER = ("source", "tallies", "device", "quarantine")
 
@@ -88,6 +88,39 @@ class PgConnection:
         return self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
 
+_TRANSIENT_REFUSALS = (
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+    "the database system is not accepting connections",
+    "too many connections",
+    "remaining connection slots are reserved",
+    "sorry, too many clients already",
+)
+"""What a server says when it refuses a connection for now, not for good (SQLSTATE 57P03 cannot_connect_now, 57P01
+admin_shutdown, 53300 too_many_connections): an outage, like a server that does not answer."""
+
+
+def connect_error(name: str, e: psycopg.Error) -> StoreError:
+    """A failed connection as a permanent error (:class:`StoreError`: one line, exit 2, nothing spooled) or an outage
+    (:class:`StoreUnreachable`: a writer spools and goes on).
+
+    libpq gives no SQLSTATE for a connection it could not open (``e.sqlstate`` is None), only its message, so the
+    line is drawn on what the message says. The server answered and refused (its message carries ``FATAL:``: a
+    database or role that does not exist, failed authentication, no ``pg_hba.conf`` entry, a missing TLS
+    certificate it demands): permanent, unless it refused for now (:data:`_TRANSIENT_REFUSALS`: starting up,
+    shutting down, in recovery, too many connections). Nothing answered (connection refused, a timeout, a socket
+    that does not exist, a host name that does not resolve, a connection closed before any answer): an outage."""
+    text = _first_line(e)
+    full = " ".join(str(e).split()).lower()
+    if "fatal:" in full and not any(t in full for t in _TRANSIENT_REFUSALS):
+        return StoreError(f"cannot open fleet store {name}: {text} (the server refused: check the --db URL)")
+    if not isinstance(e, psycopg.OperationalError):
+        return StoreError(f"cannot open fleet store {name}: {text}")
+    return StoreUnreachable(f"cannot reach fleet store {name}: {text}")
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
@@ -126,10 +159,8 @@ class PostgresBackend:
             extra["application_name"] = "sdcguard"
         try:
             raw = psycopg.connect(url, **extra)
-        except psycopg.OperationalError as e:
-            raise StoreUnreachable(f"cannot reach fleet store {display_url(url)}: {_first_line(e)}") from None
         except psycopg.Error as e:
-            raise StoreError(f"cannot open fleet store {display_url(url)}: {_first_line(e)}") from None
+            raise connect_error(display_url(url), e) from None
         raw.adapters.register_loader("numeric", _NumericLoader)
         backend = cls(raw, url)
         try:
