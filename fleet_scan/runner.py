@@ -43,7 +43,7 @@ from .drill import check_drill
 from .events import Message, PolicyApplied, ScanSummary, event_from_json
 from .options import DEFAULT_BUDGET_S, ScanOptions
 from .progress import Reporter
-from .stop import on_stop_signals
+from .stop import on_stop_signals, shielded
 
 if TYPE_CHECKING:
     from sdcguard.fleet.policy import PolicyScope
@@ -134,9 +134,14 @@ class _Worker:
         self._out.join(timeout=5)
         self._err.join(timeout=5)
 
-    def result(self) -> DeviceSummary:
+    def result(self, *, stopped_by: int | None = None) -> DeviceSummary:
+        """The worker's summary; a worker that ended without one died (``error``), unless a stop signal
+        (``stopped_by``) ended it: then it is ``interrupted``, like a scan the signal stopped."""
         if self.summary is not None:
             return self.summary
+        if stopped_by is not None and self.proc.returncode in (-stopped_by, exit_code_for_signal(stopped_by)):
+            name = signal.Signals(stopped_by).name
+            return DeviceSummary(device=self.target.device, status="interrupted", reason=f"stopped by {name}")
         tail = (self.stderr.strip().splitlines() or [f"exit code {self.proc.returncode}"])[-1]
         return DeviceSummary(device=self.target.device, status="error", error=f"worker died: {tail}")
 
@@ -209,30 +214,59 @@ def run_scan(
     """Scan the devices named by ``specs`` (default: every GPU, else every CPU core) and apply the policy.
 
     Raises :class:`~sdcguard.errors.SdcguardError` (exit 2) for bad input, no device and suspect golden data;
-    device faults never raise, they are in the outcome.
+    device faults never raise, they are in the outcome. A stop signal (Ctrl-C, SIGTERM) before any worker started
+    raises ``KeyboardInterrupt`` at once (nothing was scanned or recorded; the command line exits 130); once the
+    workers run, they get it and record their scans as ``interrupted`` (:class:`_Stop`).
     """
-    chosen = list(targets) if targets is not None else select_targets(specs)
-    suite = _check_inputs(options, chosen)
-    from sdcguard.golden.references import write_references
+    stop = _Stop()
+    with on_stop_signals(stop.handle):
+        chosen = list(targets) if targets is not None else select_targets(specs)
+        suite = _check_inputs(options, chosen)
+        from sdcguard.golden.references import write_references
 
-    # This process's one connection: the store is created (schema, WAL) here, before the workers open it
-    # concurrently, and the policy reads and writes through it after them (None: a server that cannot be reached,
-    # the workers write to their spool).
-    store = _open_store(options.db, reporter)
-    try:
-        references = _references_dir()
+        # This process's one connection: the store is created (schema, WAL) here, before the workers open it
+        # concurrently, and the policy reads and writes through it after them (None: a server that cannot be
+        # reached, the workers write to their spool).
+        store = _open_store(options.db, reporter)
         try:
-            # Inputs and expected outputs are built here, off the devices under test, and checked against the
-            # manifest; the workers only read them (sdcguard.golden.references).
-            for note in write_references(suite, Path(references), cores=reference_cores(chosen)):
-                reporter.event(Message(text=note))
-            summaries, stopped_by = _scan_all(options, chosen, reporter, references)
+            references = _references_dir()
+            try:
+                # Inputs and expected outputs are built here, off the devices under test, and checked against the
+                # manifest; the workers only read them (sdcguard.golden.references).
+                for note in write_references(suite, Path(references), cores=reference_cores(chosen)):
+                    reporter.event(Message(text=note))
+                summaries = _scan_all(options, chosen, reporter, references, stop)
+            finally:
+                shutil.rmtree(references, ignore_errors=True)
+            return _conclude(summaries, reporter, store, policy, actions, policy_scope, stopped_by=stop.signal)
         finally:
-            shutil.rmtree(references, ignore_errors=True)
-        return _conclude(summaries, reporter, store, policy, actions, policy_scope, stopped_by=stopped_by)
-    finally:
-        if store is not None:
-            store.close()
+            if store is not None:
+                store.close()
+
+
+class _Stop:
+    """The runner's stop signals: before the workers start, the first one interrupts the scan where it is (it has
+    written nothing yet; a store transaction in flight rolls back); while they run, it is passed on to them; after
+    them, it only marks the outcome (the policy's one transaction completes)."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self.workers: list[_Worker] | None = None
+        """None until the workers start; then the workers to pass a signal on to."""
+        self.done = False
+
+    def handle(self, signum: int) -> None:
+        if self.signal is None:
+            self.signal = signum
+        if self.workers is None:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+        if self.done:
+            return
+        # The workers get the signal we got (a Ctrl-C on a terminal reaches them as SIGINT already): each finishes
+        # its case in flight and records its scan as `interrupted`, naming that signal.
+        for w in self.workers:
+            if w.proc.poll() is None:
+                w.proc.send_signal(signum)
 
 
 def _open_store(db: str, reporter: Reporter) -> Store | None:
@@ -257,30 +291,21 @@ def _open_store(db: str, reporter: Reporter) -> Store | None:
 
 
 def _scan_all(
-    options: ScanOptions, chosen: list[ScanTarget], reporter: Reporter, references: str
-) -> tuple[list[DeviceSummary], int | None]:
-    """Every device's worker, until each ends or the deadline; (their summaries, the stop signal received)."""
+    options: ScanOptions, chosen: list[ScanTarget], reporter: Reporter, references: str, stop: _Stop
+) -> list[DeviceSummary]:
+    """Every device's worker, until each ends or the deadline; their summaries."""
     workers: list[_Worker] = []
-    stop: dict[str, int | None] = {"signal": None}
-
-    def _forward(signum: int) -> None:
-        # The workers get the signal we got (a Ctrl-C on a terminal reaches them as SIGINT already): each finishes
-        # its case in flight and records its scan as `interrupted`, naming that signal.
-        if stop["signal"] is None:
-            stop["signal"] = signum
-        for w in workers:
-            if w.proc.poll() is None:
-                w.proc.send_signal(signum)
-
-    with on_stop_signals(_forward):
+    with shielded():  # signals wait while the workers start (fleet_scan.stop), then reach them through `stop`
+        stop.workers = workers
         for t in chosen:
             workers.append(_Worker(t, options, reporter, references))
-        deadline = None
-        if options.budget_s is not None:
-            deadline = time.monotonic() + options.budget_s + options.idle_window_s * 2 + _GRACE_S
-        for w in workers:
-            w.wait(deadline)
-    return [w.result() for w in workers], stop["signal"]
+    deadline = None
+    if options.budget_s is not None:
+        deadline = time.monotonic() + options.budget_s + options.idle_window_s * 2 + _GRACE_S
+    for w in workers:
+        w.wait(deadline)
+    stop.done = True
+    return [w.result(stopped_by=stop.signal) for w in workers]
 
 
 def _conclude(

@@ -19,7 +19,17 @@ import click
 from .errors import SdcguardError
 from .exit_codes import EXIT_CANNOT_RUN, exit_code_for_signal
 
-__all__ = ["OneLineErrors", "DB_ENV", "DEFAULT_DB", "default_db", "SERVER_SCHEMES", "is_server_url", "STORE"]
+__all__ = [
+    "OneLineErrors",
+    "DB_ENV",
+    "DEFAULT_DB",
+    "default_db",
+    "SERVER_SCHEMES",
+    "is_server_url",
+    "STORE",
+    "SECONDS",
+    "SECONDS_OR_ZERO",
+]
 
 DB_ENV = "SDCGUARD_DB"
 """The environment variable naming the fleet store."""
@@ -54,6 +64,30 @@ class _StoreParam(click.ParamType[str | Path]):
             self.fail(f"{text} is a directory, not a fleet store file", param, ctx)
         return Path(text)
 
+
+class _SecondsParam(click.ParamType[float]):
+    """A duration on the command line: seconds (``60``) or a number and a unit (``90s``, ``30m``, ``2h``); as
+    seconds (:func:`~sdcguard.durations.parse_seconds`). ``zero``: 0 is allowed."""
+
+    name = "DURATION"
+
+    def __init__(self, *, zero: bool = False) -> None:
+        self.zero = zero
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        from .durations import parse_seconds
+
+        option = param.opts[0] if param is not None and param.opts else "duration"
+        try:
+            return parse_seconds(value, option=option, zero=self.zero)
+        except SdcguardError as e:
+            self.fail(str(e), param, ctx)
+
+
+SECONDS = _SecondsParam()
+"""The click type of a positive duration (``--budget``)."""
+SECONDS_OR_ZERO = _SecondsParam(zero=True)
+"""The click type of a duration that may be 0 (``--idle-window``)."""
 
 STORE = _StoreParam()
 """The click type of every ``--db`` (and of ``merge``'s OUT)."""
@@ -95,10 +129,18 @@ class OneLineErrors(click.Command):
             if standalone:
                 sys.exit(e.exit_code)
             raise
-        except click.exceptions.Abort:
-            click.echo("sdcguard: aborted", err=True)
+        except click.exceptions.Abort as e:
+            # click turns a Ctrl-C (KeyboardInterrupt) into Abort: work stopped by a signal exits 128 + SIGINT,
+            # as a shell reports it; an Abort of click's own (an answer refused at a prompt) could not run.
+            interrupted = isinstance(e.__cause__ or e.__context__, KeyboardInterrupt)
+            click.echo("sdcguard: interrupted" if interrupted else "sdcguard: aborted", err=True)
             if standalone:
-                sys.exit(EXIT_CANNOT_RUN)
+                sys.exit(exit_code_for_signal(signal.SIGINT) if interrupted else EXIT_CANNOT_RUN)
+            raise
+        except KeyboardInterrupt:
+            click.echo("sdcguard: interrupted", err=True)
+            if standalone:
+                sys.exit(exit_code_for_signal(signal.SIGINT))
             raise
         except (click.ClickException, SdcguardError) as e:
             message = e.format_message() if isinstance(e, click.ClickException) else str(e)
@@ -109,7 +151,7 @@ class OneLineErrors(click.Command):
             if standalone:
                 sys.exit(EXIT_CANNOT_RUN)
             raise
-        except (KeyboardInterrupt, BrokenPipeError):
+        except BrokenPipeError:  # the reader of our output went away (`| head`): as if stopped
             sys.exit(exit_code_for_signal(signal.SIGINT))
         except Exception as e:  # a bug: still one line, the traceback on request
             if os.environ.get("SDCGUARD_DEBUG"):

@@ -40,7 +40,7 @@ from ..devices.idle import DeviceLock, DeviceLocked, IdleMonitor
 from ..devices.telemetry import telemetry_for
 from ..events import CaseFailed, Event, ScanProgress, ScanStarted
 from ..options import ScanOptions
-from ..stop import on_stop_signals
+from ..stop import on_stop_signals, receive_stop_signals, shielded
 from .backend import load_worker_suite, make_backend, make_hook
 from .record import ScanRecorder
 from .requests import RetestRequest, WorkerRequest, results_from_json
@@ -83,20 +83,28 @@ def _run_retests(
     """Retest one case in a fresh process; (results, error)."""
     request = RetestRequest(target=target, options=options, case=case_id, n=options.retests, references=references)
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "fleet_scan.device_scan.retest"],
-            input=json.dumps(request.to_json()),
-            capture_output=True,
-            text=True,
-            timeout=max(timeout_s, 0.1),
-        )
+        with shielded():  # a Ctrl-C does not kill the retest half-way: the worker stops after it (fleet_scan.stop)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "fleet_scan.device_scan.retest"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        with proc:
+            try:
+                out, err = proc.communicate(json.dumps(request.to_json()), timeout=max(timeout_s, 0.1))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                raise
     except subprocess.TimeoutExpired:
         return [], f"retest did not finish within the remaining budget ({timeout_s:.1f} s)"
     if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        tail = (err.strip().splitlines() or ["no output"])[-1]
         return [], f"retest process failed (exit {proc.returncode}): {tail}"
     try:
-        return results_from_json(json.loads(proc.stdout)), None
+        return results_from_json(json.loads(out)), None
     except (ValueError, TypeError) as e:
         return [], f"retest process gave unreadable output: {e}"
 
@@ -120,11 +128,18 @@ class _Tally:
 
 
 def scan_device(
-    target: ScanTarget, options: ScanOptions, emit: Emit, *, references: str | None = None
+    target: ScanTarget,
+    options: ScanOptions,
+    emit: Emit,
+    *,
+    references: str | None = None,
+    stop: list[str] | None = None,
 ) -> DeviceSummary:
     """Scan one device; returns its summary (also emitted, as the ``done`` event). Raises nothing for device faults.
 
-    ``references``: the directory of inputs and expected outputs the parent built off this device.
+    ``references``: the directory of inputs and expected outputs the parent built off this device. ``stop``: the
+    names of the stop signals received so far (the worker's process collects them from its start, see
+    :mod:`fleet_scan.stop`): one received before the scan's loop ends the scan at its first case, ``interrupted``.
     """
     lock = DeviceLock(target.device, Path(options.lock_dir) if options.lock_dir else None)
     try:
@@ -145,7 +160,7 @@ def scan_device(
                         device=target.device, kind=target.kind, status="busy", reason=reason, idle_error=monitor.error
                     ),
                 )
-        return _done(emit, _scan_locked(target, options, emit, monitor, references))
+        return _done(emit, _scan_locked(target, options, emit, monitor, references, [] if stop is None else stop))
     finally:
         lock.release()
 
@@ -156,12 +171,12 @@ def _done(emit: Emit, summary: DeviceSummary) -> DeviceSummary:
 
 
 def _scan_locked(
-    target: ScanTarget, options: ScanOptions, emit: Emit, monitor: IdleMonitor, references: str | None
+    target: ScanTarget, options: ScanOptions, emit: Emit, monitor: IdleMonitor, references: str | None, stop: list[str]
 ) -> DeviceSummary:
     """The scan of a device whose lock we hold: prepare, open, loop, finish."""
     from sdcguard.fleet.store.spool import open_writer
 
-    scan = _DeviceScan(target, options, emit, monitor, references)
+    scan = _DeviceScan(target, options, emit, monitor, references, stop)
     with open_writer(options.db) as store:  # a server store: its spool while the server cannot be reached
         scan.open(store)
         scan.loop()
@@ -175,7 +190,13 @@ class _DeviceScan:
     (retests included), :meth:`finish` records the end; :meth:`summary` is what the worker reports."""
 
     def __init__(
-        self, target: ScanTarget, options: ScanOptions, emit: Emit, monitor: IdleMonitor, references: str | None
+        self,
+        target: ScanTarget,
+        options: ScanOptions,
+        emit: Emit,
+        monitor: IdleMonitor,
+        references: str | None,
+        stop: list[str],
     ) -> None:
         self.target, self.options, self.emit, self.monitor, self.references = target, options, emit, monitor, references
         self.host = target.info.host or hostname()
@@ -193,7 +214,7 @@ class _DeviceScan:
         self.telemetry = telemetry_for(target)
         self.budget = Budget(options.budget_s)
         self.tally = _Tally()
-        self.stop: list[str] = []
+        self.stop = stop
         """Names of the stop signals received (see :mod:`fleet_scan.stop`)."""
         self.status: ScanStatus = "complete"
         self.reason: str | None = None
@@ -345,6 +366,15 @@ class _DeviceScan:
 def main() -> None:
     """``python -m fleet_scan.device_scan.worker``: a :class:`WorkerRequest` (JSON) on stdin, JSON-line events on
     stdout."""
+    # Started shielded by the runner (fleet_scan.stop): a stop signal from now on is a flag the scan's loop reads.
+    stop: list[str] = []
+    with on_stop_signals(lambda signum: stop.append(signal.Signals(signum).name)):
+        receive_stop_signals()
+        _serve(stop)
+
+
+def _serve(stop: list[str]) -> None:
+    """Read the request, scan, emit the events; ``stop``: the stop signals received since the process began."""
     request = WorkerRequest.from_json(json.loads(sys.stdin.read()))
     target = request.target
     if target.kind == "cpu":
@@ -369,7 +399,7 @@ def main() -> None:
             parent_gone = True
 
     try:
-        scan_device(target, request.options, emit, references=request.references)
+        scan_device(target, request.options, emit, references=request.references, stop=stop)
     except SdcguardError as e:  # before the scan began (golden data, store): no scan recorded
         emit(DeviceSummary(device=target.device, status="error", error=str(e), error_type=type(e).__name__))
         sys.exit(EXIT_CANNOT_RUN)
