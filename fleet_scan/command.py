@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from sdcguard.entry import STORE, OneLineErrors, default_db
+from sdcguard.entry import SECONDS, SECONDS_OR_ZERO, STORE, OneLineErrors, default_db
 from sdcguard.inject.spec import INJECT_SPEC_HELP, InjectSpec
 
 from .config import POLICY_SCOPES, actions_option, config_option, load_config, load_policy, parse_actions
@@ -56,10 +56,10 @@ def _given(ctx: click.Context) -> dict[str, Any]:
 )
 @click.option(
     "--budget",
-    type=float,
+    type=SECONDS,
     default=None,
-    metavar="SECONDS",
-    help=f"Wall-clock seconds per device (default {DEFAULT_BUDGET_S:g}; config [scan] budget).",
+    help=f"Wall-clock time per device: seconds, or a number and a unit (90s, 5m) (default {DEFAULT_BUDGET_S:g}s; "
+    "config [scan] budget).",
 )
 @click.option(
     "--only-idle/--all",
@@ -107,10 +107,9 @@ def _given(ctx: click.Context) -> dict[str, Any]:
 )
 @click.option(
     "--idle-window",
-    type=float,
+    type=SECONDS_OR_ZERO,
     default=None,
-    metavar="SECONDS",
-    help=f"Window of the idle check (default {_DEFAULTS['idle_window']:g}).",
+    help=f"Window of the idle check: seconds, or a number and a unit (default {_DEFAULTS['idle_window']:g}s).",
 )
 @click.option(
     "--gpu-util-max",

@@ -21,11 +21,12 @@ from typing import Any, TypeVar
 
 import click
 
+from sdcguard.durations import parse_seconds
 from sdcguard.errors import BadInput
 from sdcguard.fleet.actions import ActionTemplate
 from sdcguard.fleet.policy import PolicyScope, QuarantinePolicy
 
-from .options import ScanOptions, setting_kind, settings
+from .options import ScanOptions, setting_kind, setting_value, settings
 
 __all__ = [
     "SCAN_KEYS",
@@ -57,14 +58,16 @@ _OF_KIND: dict[type, Callable[[Any], bool]] = {
 
 
 def _setting_check(f: Field[Any]) -> Callable[[Any], bool]:
-    """A ``[scan]`` value of a :class:`ScanOptions` setting: of the setting's type, and one the options accept."""
+    """A ``[scan]`` value of a :class:`ScanOptions` setting: of the setting's type (a duration: a number of seconds
+    or a text with a unit), and one the options accept."""
     of_kind = _OF_KIND[setting_kind(f)]
+    duration = bool(f.metadata.get("duration"))
 
     def ok(v: Any) -> bool:
-        if not of_kind(v):
+        if not (of_kind(v) or (duration and isinstance(v, str))):
             return False
         try:
-            ScanOptions(db="", **{f.name: v})
+            ScanOptions(db="", **{f.name: setting_value(f, v)})
         except BadInput:
             return False
         return True
@@ -86,7 +89,8 @@ SCAN_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    """The TOML file at ``path``, every value checked; :class:`BadInput` names the first wrong one."""
+    """The TOML file at ``path``, every value checked (a ``[policy]`` duration given as text, ``window_s = "7d"``,
+    comes back in seconds); :class:`BadInput` names the first wrong one."""
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -127,8 +131,15 @@ def _check_policy(path: Path, section: dict[str, Any]) -> None:
             ok, expected = isinstance(value, bool), "true or false"
         elif kind is int:
             ok, expected = _OF_KIND[int](value) and value >= -(2**63), "a whole number"
+        elif key.endswith("_s") and isinstance(value, str):  # a duration: seconds, or a text with a unit
+            try:
+                section[key] = parse_seconds(value, option=key)
+                ok, expected = True, ""
+            except BadInput:
+                ok, expected = False, "a duration: seconds, or a number and a unit (7d, 12h)"
         else:
-            ok, expected = _number(value), "a number"
+            seconds = " of seconds, or a duration (7d)" if key.endswith("_s") else ""
+            ok, expected = _number(value), "a number" + seconds
         if not ok:
             raise BadInput(f"config {path}: [policy] {key} = {value!r}: expected {expected}")
     try:

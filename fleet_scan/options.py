@@ -15,12 +15,13 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from sdcguard.durations import parse_seconds
 from sdcguard.errors import BadInput
 from sdcguard.inject.spec import InjectSpec
 
 from .devices.idle import DEFAULT_CPU_BUSY_MAX, DEFAULT_GPU_UTIL_MAX, DEFAULT_WINDOW_S
 
-__all__ = ["ScanOptions", "DEFAULT_BUDGET_S", "DEFAULT_RETESTS", "settings", "setting_kind"]
+__all__ = ["ScanOptions", "DEFAULT_BUDGET_S", "DEFAULT_RETESTS", "settings", "setting_kind", "setting_value"]
 
 DEFAULT_BUDGET_S = 60.0
 """Per-device budget of a scan: a minute a day finds a device failing one execution in a thousand within a day
@@ -29,8 +30,8 @@ DEFAULT_RETESTS = 3
 """Retests of a failing case, in a fresh process, to tell a transient from a sticky fault."""
 
 
-def _setting(default: Any, key: str, expects: str) -> Any:
-    return field(default=default, metadata={"key": key, "expects": expects})
+def _setting(default: Any, key: str, expects: str, *, duration: bool = False) -> Any:
+    return field(default=default, metadata={"key": key, "expects": expects, "duration": duration})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +40,9 @@ class ScanOptions:
 
     db: str
     """Path of the fleet store."""
-    budget_s: float | None = _setting(DEFAULT_BUDGET_S, "budget", "a positive number of seconds, e.g. 60")
+    budget_s: float | None = _setting(
+        DEFAULT_BUDGET_S, "budget", "a positive duration: seconds or a number and a unit, e.g. 60 or 5m", duration=True
+    )
     """Wall-clock seconds per device, from the scan's start to its final record; None: one pass over the suite."""
     retests: int = _setting(DEFAULT_RETESTS, "retests", "a whole number >= 0, e.g. 3")
     """Retests of a failing case in a fresh process (0: no retest; the failure's ``sticky`` stays None)."""
@@ -48,7 +51,9 @@ class ScanOptions:
     worker and retest gets the parsed value; None in production."""
     only_idle: bool = _setting(True, "only_idle", "true or false")
     """Scan only idle devices and stop (``preempted``) when a job appears; False scans whatever is asked."""
-    idle_window_s: float = _setting(DEFAULT_WINDOW_S, "idle_window", "a number of seconds >= 0, e.g. 1.0")
+    idle_window_s: float = _setting(
+        DEFAULT_WINDOW_S, "idle_window", "a duration >= 0: seconds or a number and a unit, e.g. 1 or 2s", duration=True
+    )
     """Window of the idle check before a scan."""
     gpu_util_max: float = _setting(DEFAULT_GPU_UTIL_MAX, "gpu_util_max", "a percentage 0..100, e.g. 5")
     """A GPU above this utilization (%) over the window is busy."""
@@ -88,7 +93,7 @@ class ScanOptions:
             if value is None:
                 value = section.get(key)
             if value is not None:
-                values[f.name] = setting_kind(f)(value)
+                values[f.name] = setting_value(f, value)
         return cls(**others, **values)
 
     def to_json(self) -> dict[str, Any]:
@@ -116,3 +121,11 @@ def setting_kind(f: dataclasses.Field[Any]) -> type:
     assert kind in (float, int, bool, str), (f.name, kind)
     value_type: type = kind
     return value_type
+
+
+def setting_value(f: dataclasses.Field[Any], value: Any) -> Any:
+    """A setting's value as its field holds it: a duration's text (``5m``) or number in seconds
+    (:func:`~sdcguard.durations.parse_seconds`; :class:`BadInput` names the key), anything else of its type."""
+    if f.metadata.get("duration"):
+        return parse_seconds(value, option=f"--{f.metadata['key'].replace('_', '-')}", zero=True)
+    return setting_kind(f)(value)

@@ -10,7 +10,15 @@ from datetime import UTC, datetime
 
 from .errors import BadInput
 
-__all__ = ["DAY_S", "DEFAULT_WINDOW", "DEFAULT_WINDOW_S", "parse_duration", "since_timestamp", "iso_utc"]
+__all__ = [
+    "DAY_S",
+    "DEFAULT_WINDOW",
+    "DEFAULT_WINDOW_S",
+    "parse_duration",
+    "parse_seconds",
+    "since_timestamp",
+    "iso_utc",
+]
 
 DAY_S = 86400.0
 """Seconds in a day. The store's daily tallies count UTC days from the epoch (``int(t / DAY_S)``)."""
@@ -28,6 +36,31 @@ def parse_duration(text: str, *, option: str = "--since") -> float:
             "(e.g. 30m, 12h, 7d, 2w)"
         )
     return float(m[1]) * _UNITS[m[2].lower()]
+
+
+_NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*$")
+
+
+def parse_seconds(value: str | float, *, option: str, zero: bool = False) -> float:
+    """Seconds in a setting that takes a duration: a plain number is seconds (``60``, ``1.5``), a number with a unit
+    a duration (``90s``, ``30m``, ``2h``); ``zero`` allows 0. :class:`BadInput` (one sentence) for anything else."""
+    if isinstance(value, bool):
+        raise BadInput(f"{option} {value!r} is not a duration")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif m := _NUMBER.match(value or ""):
+        seconds = float(m[1])
+    elif (m := _RE.match(value or "")) is not None:
+        seconds = float(m[1]) * _UNITS[m[2].lower()]
+    else:
+        raise BadInput(
+            f"{option} {value!r} is not a duration: use seconds (60) or a number and a unit s, m, h, d or w "
+            "(e.g. 90s, 30m, 2h)"
+        )
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not zero):
+        least = ">= 0" if zero else "> 0"
+        raise BadInput(f"{option} {value!r}: a duration must be {least} seconds")
+    return seconds
 
 
 DEFAULT_WINDOW = "7d"

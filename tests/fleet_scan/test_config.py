@@ -71,6 +71,7 @@ def test_a_bad_scan_value_is_one_line_naming_file_key_and_expectation(tmp_path: 
         ("[policy]\nconfidence = 2\n", "confidence must be in (0, 1)"),
         ('[policy]\nquarantine_on_sticky = "no"\n', "expected true or false"),
         ("[policy]\nprobation_clean_scans = 2.5\n", "expected a whole number"),
+        ('[policy]\nwindow_s = "7 days"\n', "[policy] window_s = '7 days': expected a duration"),
         ("[policy]\nrate_treshold = 1e-4\n", "rate_treshold"),
         ("scan = 3\n", "must be a [scan] section"),
     ],
@@ -108,3 +109,23 @@ def test_any_scan_value_is_accepted_or_refused_with_its_key(tmp_path: Path, key:
         return
     check, _ = SCAN_KEYS[key]
     assert check(data["scan"][key])
+
+
+def test_durations_take_units_in_the_config_and_on_the_command_line(tmp_path: Path) -> None:
+    """A duration is seconds (a number) or a number and a unit, wherever one is taken."""
+    from fleet_scan.config import load_policy
+    from fleet_scan.options import ScanOptions
+
+    config = tmp_path / "sdcguard.toml"
+    config.write_text('[scan]\nbudget = "2m"\nidle_window = "1.5s"\n[policy]\nwindow_s = "3d"\nreap_grace_s = 60\n')
+    data = read_config(config)
+    options = ScanOptions.from_settings({}, data["scan"], db="x.db")
+    assert (options.budget_s, options.idle_window_s) == (120.0, 1.5)
+    policy = load_policy(data)
+    assert (policy.window_s, policy.reap_grace_s) == (3 * 86400.0, 60.0)
+    assert ScanOptions.from_settings({"budget": 90.0}, data["scan"], db="x.db").budget_s == 90.0
+    for bad, words in (("abc", "is not a duration"), ("0", "must be > 0"), ("-5s", "is not a duration")):
+        result = CliRunner().invoke(cli, ["--db", str(tmp_path / "x.db"), "scan", "--all", "--budget", bad])
+        assert result.exit_code == 2 and words in result.output, result.output
+        assert result.output.strip().count("\n") == 0 and "--budget" in result.output, result.output
+    assert not (tmp_path / "x.db").exists()
