@@ -7,8 +7,9 @@ from dataclasses import asdict
 
 import click
 
+from ..devices import unknown_device
 from ..durations import iso_utc, since_timestamp
-from .common import format_option, open_store, print_table
+from .common import device_id, format_option, open_store, print_table
 
 __all__ = ["incidents"]
 
@@ -24,6 +25,10 @@ def incidents(since: str, device: str | None, fmt: str) -> None:
     """
     start = since_timestamp(since, default="all")
     with open_store(readonly=True) as store:
+        if device is not None:
+            device = device_id(device)
+            if store.device(device) is None:
+                raise unknown_device(device, [d.id for d in store.devices()], what="no incidents to show")
         found = store.incidents(since=start, device=device)
     if fmt == "json":
         click.echo(json.dumps([{**asdict(i), "time": iso_utc(i.time)} for i in found], indent=1))

@@ -59,8 +59,8 @@ def scrub(ctx: click.Context, paths: tuple[Path, ...], record: bool, fmt: str) -
         for target in targets:
             result = scrub_one(target, progress=advance)
             results.append(result)
-            if fmt == "text":
-                click.echo(_line(result))
+            if fmt == "text":  # a checkpoint that is not clean is a finding: on stderr, as every error
+                click.echo(_line(result), err=result.status != "clean")
     recorded = _record(ctx, results) if record else True
     if fmt == "json":
         click.echo(json.dumps([asdict(r) for r in results], indent=1))

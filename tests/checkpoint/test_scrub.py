@@ -200,6 +200,9 @@ def test_the_cli_exit_codes_name_the_tensor_and_record_verdicts(
     flip_byte_of(root / "b", "model.head.weight")
     bad = CliRunner().invoke(cli, ["--db", str(db), "scrub", str(root / "a"), str(root / "b")])
     assert bad.exit_code == 1 and "model.head.weight" in bad.output
+    # a finding is on stderr, as every error; a clean checkpoint's line on stdout
+    assert bad.stderr.startswith("corrupt") and "model.head.weight" in bad.stderr and bad.stderr.count("\n") == 1
+    assert bad.stdout.startswith("clean") and "model.head.weight" not in bad.stdout
 
     missing = CliRunner().invoke(cli, ["--db", str(db), "scrub", str(root / "a"), str(tmp_path / "gone")])
     assert missing.exit_code == 2 and "no checkpoint at" in missing.output

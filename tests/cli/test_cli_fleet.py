@@ -102,7 +102,7 @@ def test_report_plot_writes_a_png(db: Path, tmp_path: Path) -> None:
     "args, message",
     [
         (["report", "--since", "banana"], "not a duration"),
-        (["report", "--device", "sim:99"], "no device"),
+        (["report", "--device", "sim:99"], "is not a device this store has seen"),
         (["quarantine", "release", "sim:99", "--reason", "x"], "not a device this store has seen"),
         (["quarantine", "release", "sim:2", "--reason", "x"], "not quarantined"),
         (["quarantine", "add", "sim:3", "--reason", "x"], "already quarantined"),

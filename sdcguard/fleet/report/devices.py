@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ...devices import unknown_device
 from ...durations import iso_utc
-from ...errors import BadInput
 from ...records import DeviceInfo
 from ..breaker import BreakerSettings, suite_blamed_devices
 from ..policy import QuarantinePolicy
@@ -150,7 +150,7 @@ def _local_index(device: str, kind: str) -> int | None:
 def _known(store: Store, device: str) -> DeviceInfo:
     one = store.device(device)
     if one is None:
-        raise BadInput(f"no device {device!r} in {store.path}; `sdcguard report` lists the known devices")
+        raise unknown_device(device, [d.id for d in store.devices()], what=f"no report of {device} in {store.path}")
     return one
 
 
