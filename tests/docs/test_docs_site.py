@@ -43,6 +43,32 @@ def test_the_site_builds_strict_with_every_page_and_the_api(site: Path) -> None:
 
 
 @pytest.mark.slow
+def test_the_api_reference_renders_every_public_name_and_no_raw_role(site: Path) -> None:
+    """Every name of ``sdcguard.__all__`` has its entry (an anchor at its defining module's path), and no reST role
+    of a docstring (``:meth:`step```) reaches any page as text: scripts/griffe_rst_roles.py turns them into links."""
+    import re
+
+    import sdcguard
+
+    api = (site / "api" / "index.html").read_text()
+    anchors = set(re.findall(r'id="(sdcguard\.[\w.]+)"', api))
+    missing = []
+    for name in sdcguard.__all__:
+        if name == "__version__":
+            assert "sdcguard.__version__" in api
+            continue
+        obj = getattr(sdcguard, name)
+        if f"{obj.__module__}.{obj.__qualname__}" not in anchors:
+            missing.append(f"{name} ({obj.__module__}.{obj.__qualname__})")
+    assert missing == [], f"public names missing from docs/api.md: {missing}"
+    role = re.compile(r":(?:class|meth|func|mod|data|attr|exc|obj):`")
+    for page in site.rglob("*.html"):
+        text = re.sub(r"<[^>]+>", "", page.read_text())
+        assert not role.search(text), f"{page.relative_to(site)}: {role.search(text)[0]!r}"  # type: ignore[index]
+    assert 'class="autorefs autorefs-internal"' in api  # the roles that name a rendered object link to it
+
+
+@pytest.mark.slow
 @pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM is None, reason="browser test: no chromium on PATH (apt-get install chromium)")
 @pytest.mark.parametrize(
