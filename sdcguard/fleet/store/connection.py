@@ -435,18 +435,9 @@ class StoreBase:
         (:class:`~sdcguard.errors.StoreUnreachable`): what a writer with a spool waits at most.
         """
         if is_server_url(path):
-            try:
-                from .postgres.connection import PostgresBackend
-            except ModuleNotFoundError as e:
-                if e.name is None or not e.name.startswith("psycopg"):
-                    raise
-                raise StoreError(
-                    f"a fleet store on a PostgreSQL server ({path}) needs psycopg, which is not installed here: "
-                    "install the [postgres] extra (pip install './[postgres]' from a checkout, or pip install "
-                    "'psycopg[binary]>=3.1')"
-                ) from None
+            from .postgres import open_server
 
-            backend = PostgresBackend.open(
+            backend = open_server(
                 str(path), create=create, timeout_s=timeout_s, readonly=readonly, answer_within_s=answer_within_s
             )
             return cls(backend)
