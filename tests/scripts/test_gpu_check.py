@@ -110,6 +110,28 @@ def test_sections_fit_in_eight_minutes_and_each_names_its_work() -> None:
     assert [s.name for s in select("scan, golden-data")] == ["golden-data", "scan"]
 
 
+def test_every_command_line_of_the_docs_runs_as_a_dry_run(tmp_path: Path) -> None:
+    """The page names no flag the script refuses: each of its command lines runs with --dry-run (a --promote with
+    two candidates that are not there is refused for the files, never for its arguments)."""
+    import shlex
+
+    text = (ROOT / "docs" / "gpu-check.md").read_text()
+    lines = {m.strip() for m in re.findall(r"scripts/gpu_check\.sh((?: +[^\s`#;]+)*)", text)}
+    flags = {f for line in lines for f in re.findall(r"--[a-z-]+", line)}
+    assert {"--dry-run", "--out", "--only", "--promote"} <= flags, flags
+    for line in sorted(lines):
+        args = [tmp_path / "out" if a == "/tmp/gc" else a for a in shlex.split(line)]
+        argv = [str(a) for a in args]
+        if "--promote" in argv:
+            done = _gpu_check(*argv)
+            assert done.returncode != 0 and "unknown argument" not in done.stderr, done.stderr
+            continue
+        if "--only" not in argv:
+            argv += ["--only", "golden-data"]  # the whole dry run is the test above
+        done = _gpu_check(*argv, "--dry-run", "--out", str(tmp_path / "out"))
+        assert done.returncode == 0, (line, done.stdout[-2000:], done.stderr)
+
+
 def test_the_docs_list_every_section_with_its_limit() -> None:
     text = (ROOT / "docs" / "gpu-check.md").read_text()
     rows = re.findall(r"^\| `([a-z0-9-]+)` \| (\d+) s \|", text, re.M)
