@@ -111,6 +111,27 @@ def _time_label(t: float, width: float) -> str:
     return d.strftime("%Y-%m-%d") if width >= _DAY else d.strftime("%m-%d %H:%M")
 
 
+_TICK_CHAR_PX = 6.5
+"""Width of one character of a tick label at the page's 11 px font, a little over its digits' (html_assets)."""
+
+
+def _time_ticks(f: _Frame, bins: Bins, *, width: int, grid: tuple[float, float], text_y: float) -> list[str]:
+    """The time axis of a chart: a grid line and a label at up to 9 bin edges. A label is centred on its tick, but
+    one that would cross the chart's edge ends (right) or starts (left) at it, so every label stays inside."""
+    out = []
+    every = max(1, math.ceil(bins.count / 8))
+    for b in range(0, bins.count + 1, every):
+        t = bins.origin + b * bins.width
+        x, label = f.x(t), _time_label(t, bins.width)
+        half = len(label) * _TICK_CHAR_PX / 2
+        anchor = "end" if x + half > width else "start" if x - half < 0 else "middle"
+        out.append(
+            f'<line class="grid" x1="{x:.1f}" x2="{x:.1f}" y1="{grid[0]}" y2="{grid[1]}"/>'
+            f'<text class="tick" x="{x:.1f}" y="{text_y}" text-anchor="{anchor}">{esc(label)}</text>'
+        )
+    return out
+
+
 def _decades(rates: Sequence[BinRate]) -> tuple[int, int]:
     """The log10 range of a rate axis: every positive bound and rate inside, at most 1, and one decade more at
     the bottom: that line stands for zero (a bin without failures has a rate and lower bound of 0)."""
@@ -178,15 +199,7 @@ def rate_chart(rates: Sequence[BinRate], bins: Bins, *, label: str, width: int =
             f'<line class="grid" x1="{f.x0}" x2="{f.x1}" y1="{y:.1f}" y2="{y:.1f}"/>'
             f'<text class="tick" x="{f.x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{text}</text>'
         )
-    every = max(1, math.ceil(bins.count / 8))
-    for b in range(0, bins.count + 1, every):
-        t = bins.origin + b * bins.width
-        x = f.x(t)
-        parts.append(
-            f'<line class="grid" x1="{x:.1f}" x2="{x:.1f}" y1="{f.y0}" y2="{f.y1}"/>'
-            f'<text class="tick" x="{x:.1f}" y="{height - 10}" text-anchor="middle">'
-            f"{esc(_time_label(t, bins.width))}</text>"
-        )
+    parts.extend(_time_ticks(f, bins, width=width, grid=(f.y0, f.y1), text_y=height - 10))
     parts.extend(f.bars(rates, titles=True))
     parts.append(f'<line class="axis" x1="{f.x0}" x2="{f.x1}" y1="{f.y1}" y2="{f.y1}"/></svg>')
     return "".join(parts)
@@ -272,15 +285,7 @@ def timeline(rows: Sequence[TimelineRow], bins: Bins, *, width: int = 1180, row_
         f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
         f'aria-label="quarantine timeline">'
     ]
-    every = max(1, math.ceil(bins.count / 8))
-    for b in range(0, bins.count + 1, every):
-        t = bins.origin + b * bins.width
-        x = f.x(t)
-        parts.append(
-            f'<line class="grid" x1="{x:.1f}" x2="{x:.1f}" y1="0" y2="{height - pad}"/>'
-            f'<text class="tick" x="{x:.1f}" y="{height - 8}" text-anchor="middle">'
-            f"{esc(_time_label(t, bins.width))}</text>"
-        )
+    parts.extend(_time_ticks(f, bins, width=width, grid=(0, height - pad), text_y=height - 8))
     for i, row in enumerate(rows):
         y = i * row_h + 2
         parts.append(

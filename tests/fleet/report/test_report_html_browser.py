@@ -67,6 +67,29 @@ _HARNESS_TAIL = """<script>
   table.tHead.rows[0].cells[device].click();
   out.devices_up = column(device);
   out.errors = window.__errors;
+
+  var pre = document.createElement("pre");
+  pre.id = "harness";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();
+</script>"""
+
+
+_OUTSIDE = """<script>
+(function () {
+  var out = {outside: [], texts: 0};  // labels the browser lays out past their chart's edges (cut off on screen)
+  document.querySelectorAll("svg").forEach(function (svg) {
+    var vb = svg.viewBox.baseVal;
+    svg.querySelectorAll("text").forEach(function (t) {
+      var b = t.getBBox();
+      out.texts += 1;
+      if (b.x < vb.x - 0.5 || b.x + b.width > vb.x + vb.width + 0.5) {
+        out.outside.push(t.textContent + " at " + b.x.toFixed(1) + ".." + (b.x + b.width).toFixed(1) + " of "
+          + vb.width);
+      }
+    });
+  });
   var pre = document.createElement("pre");
   pre.id = "harness";
   pre.textContent = JSON.stringify(out);
@@ -137,3 +160,33 @@ def test_clicking_a_header_sorts_the_device_table(page: Path, tmp_path: Path) ->
     assert out["sort_state"] == "ascending"
     assert [int(x) for x in out["failures_down"]] == sorted(as_numbers, reverse=True)
     assert out["devices_up"] == [f"sim:{i}" for i in range(1, 6)]
+
+
+def test_a_time_label_at_a_charts_edge_stays_inside_it(tmp_path: Path) -> None:
+    """Bins whose last edge carries a tick (8 days of 1 d: ticks at both ends, dates the longest labels): laid out
+    by the browser with the page's own style, no label of the rate chart or the timeline crosses its chart."""
+    from sdcguard.fleet.report.html_assets import PAGE_CSS
+    from sdcguard.fleet.report.svg import BinRate, Bins, Segment, TimelineRow, rate_chart, timeline
+
+    day = 86400.0
+    bins = Bins(origin=20_000 * day, width=day, count=8, end=20_008 * day)
+    rates = [BinRate(bin=b, executions=100, failures=b % 2, rate=(b % 2) / 100, low=0.0, high=0.05) for b in range(8)]
+    row = TimelineRow(
+        device="sim:1",
+        host="h",
+        segments=(Segment(state="quarantined", start=bins.origin + day, end=None, reason="x"),),
+    )
+    page = tmp_path / "charts.html"
+    page.write_text(
+        f"<!doctype html><html><head><style>{PAGE_CSS}</style>{_HARNESS_HEAD}</head><body>"
+        + rate_chart(rates, bins, label="rate")
+        + timeline([row], bins)
+        + _OUTSIDE
+        + "</body></html>",
+        encoding="utf-8",
+    )
+    run = _chromium(tmp_path, "--dump-dom", page.as_uri())
+    found = re.search(r'<pre id="harness">(.*?)</pre>', run.stdout, re.S)
+    assert found is not None, run.stderr[-2000:]
+    out = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    assert out["texts"] > 10 and out["outside"] == []
