@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import click
@@ -193,6 +194,11 @@ def check_command(command: str) -> None:
         return  # tests/test_distribution.py checks every pip line of the docs
     elif head in OTHER_PROGRAMS:
         return  # another program's command line (the store's SQLite tools): not ours to parse
+    elif head == "docker":  # an image of the Dockerfile: its target is a stage, its tag the version
+        stages = set(re.findall(r"^FROM \S+ AS (\S+)$", (ROOT / "Dockerfile").read_text(), re.M))
+        assert words[1] == "build" and words[words.index("--target") + 1] in stages, command
+        version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+        assert words[words.index("-t") + 1].endswith(f":{version}"), command
     else:
         raise AssertionError(f"an sh block runs {head!r}, which the docs test cannot check: {command}")
 
