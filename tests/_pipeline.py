@@ -25,13 +25,24 @@ def _stages() -> list[nn.Module]:
     return [nn.Sequential(*full[:2]), nn.Sequential(*full[2:])]
 
 
-def job(rank: int, world: int, dp: int, guarded: bool, fault: dict[str, Any] | None, steps: int) -> dict[str, Any]:
+def job(
+    rank: int,
+    world: int,
+    dp: int,
+    guarded: bool,
+    fault: dict[str, Any] | None,
+    steps: int,
+    schedule_name: str = "gpipe",
+    checksum_every: int = 0,
+) -> dict[str, Any]:
     """``fault``: ``{"kind": "dw" | "forward", "rank": r, "step": s, "times": n | None}`` (dw: the last stage's
-    first layer's weight gradient, a (24, 16) matmul of its backward)."""
+    first layer's weight gradient, a (24, 16) matmul of its backward). The faulty device stays faulty for the whole
+    step (a sticky fault also corrupts the guard's replays and reruns on it: the injector is entered before the
+    guard's own modes, so the matmul checksums see what it corrupts). ``schedule_name``: ``gpipe`` or ``1f1b``."""
     warnings.filterwarnings("ignore")
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     import sdcguard
     from sdcguard.adapters.pipelining import watch_stage
@@ -45,42 +56,57 @@ def job(rank: int, world: int, dp: int, guarded: bool, fault: dict[str, Any] | N
     part = _stages()[s]
     model = part
     stage = PipelineStage(model, s, pp, torch.device("cpu"), group=mesh["pp"].get_group())
-    schedule = ScheduleGPipe(stage, n_microbatches=MICRO, loss_fn=lambda out, y: F.cross_entropy(out, y))
+    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule_name]
+    schedule = kind(stage, n_microbatches=MICRO, loss_fn=lambda out, y: F.cross_entropy(out, y))
     opt = torch.optim.SGD(part.parameters(), lr=0.1)
     guard = None
     if guarded:
-        guard = sdcguard.SDCGuard(model, sdcguard.stage_output, mesh=mesh, replay_every=1, checksum_every=0,
-                                  weight_check_every=1, escalate="off")  # fmt: skip
+        guard = sdcguard.SDCGuard(
+            model,
+            sdcguard.stage_output,
+            mesh=mesh,
+            replay_every=1,
+            checksum_every=checksum_every,
+            weight_check_every=1,
+            escalate="off",
+        )
         watch_stage(guard, stage)
     mode: Any = None
     if fault is not None and fault["kind"] == "dw":
         mode = ShapeFault((24, 16), fault["rank"], fault["step"], fault.get("times"))
     elif fault is not None:
         timing = "sticky" if fault.get("times") is None else "transient"
-        mode = OpFaultMode(Fault(pattern="bitflip", bit="exponent", timing=timing), ops="addmm", phase="forward",
-                           rank=fault["rank"], steps=[fault["step"]])  # fmt: skip
+        mode = OpFaultMode(
+            Fault(pattern="bitflip", bit="exponent", timing=timing),
+            ops="addmm",
+            phase="forward",
+            rank=fault["rank"],
+            steps=[fault["step"]],
+        )
     seen = []
     for step in range(steps):
         g = torch.Generator().manual_seed(100 * step + d)
         x, y = torch.randn(4 * MICRO, 8, generator=g), torch.randint(0, 4, (4 * MICRO,), generator=g)
         if mode is not None:
             mode.step = step
-        if guard is not None:
-            guard.begin_step(step, micro_batches=MICRO)
+        commit = True
+        # The device is faulty for the whole step: below every mode the guard enters (the checksums see what it
+        # corrupts), and still when the guard replays and reruns on it. Neither fault touches the reduction.
         with mode if mode is not None else _nothing():
+            if guard is not None:
+                guard.begin_step(step, micro_batches=MICRO)
             if s == 0:
                 schedule.step(x)
             else:
                 schedule.step(target=y, losses=[])
-        for p in part.parameters():  # the stage's data-parallel reduction
-            if p.grad is not None and dp > 1:
-                dist.all_reduce(p.grad, group=mesh["dp"].get_group())
-                p.grad /= dp
-        commit = True
-        if guard is not None:
-            report = guard.end_step()
-            commit = report.commit
-            entry = {"commit": commit, "checks": report.checks, "incidents": _said(report.incidents)}
+            for p in part.parameters():  # the stage's data-parallel reduction
+                if p.grad is not None and dp > 1:
+                    dist.all_reduce(p.grad, group=mesh["dp"].get_group())
+                    p.grad /= dp
+            if guard is not None:
+                report = guard.end_step()
+                commit = report.commit
+                entry = {"commit": commit, "checks": report.checks, "incidents": _said(report.incidents)}
         if commit:
             opt.step()
         opt.zero_grad(set_to_none=True)
