@@ -32,13 +32,16 @@ RUN python3 -m venv /opt/build \
 # ------------------------------------------------------------------------------------------------ the scan node
 FROM ${CUDA_BASE} AS scan
 ARG KUBECTL_VERSION=v1.31.4
+# KUBECTL_VERSION empty: no kubectl (a fleet that drains with Slurm or a command of its own)
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         python3 python3-venv ca-certificates curl postgresql-client \
-    && curl -fsSLo /usr/local/bin/kubectl "https://dl.k8s.io/release/${KUBECTL_VERSION}/bin/linux/amd64/kubectl" \
-    && curl -fsSLo /tmp/kubectl.sha256 "https://dl.k8s.io/release/${KUBECTL_VERSION}/bin/linux/amd64/kubectl.sha256" \
-    && echo "$(cat /tmp/kubectl.sha256)  /usr/local/bin/kubectl" | sha256sum --check --strict \
-    && chmod 0755 /usr/local/bin/kubectl && rm /tmp/kubectl.sha256 \
+    && if [ -n "${KUBECTL_VERSION}" ]; then \
+        base="https://dl.k8s.io/release/${KUBECTL_VERSION}/bin/linux/amd64" \
+        && curl -fsSLo /usr/local/bin/kubectl "${base}/kubectl" && curl -fsSLo /tmp/kubectl.sha256 "${base}/kubectl.sha256" \
+        && echo "$(cat /tmp/kubectl.sha256)  /usr/local/bin/kubectl" | sha256sum --check --strict \
+        && chmod 0755 /usr/local/bin/kubectl && rm /tmp/kubectl.sha256; \
+    fi \
     && apt-get purge -y curl && apt-get autoremove -y && rm -rf /var/lib/apt/lists/*
 COPY --from=wheel /wheels /wheels
 RUN python3 -m venv /opt/sdcguard \
