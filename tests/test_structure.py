@@ -87,7 +87,11 @@ FOLDER_LAYERS: dict[str, list[set[str]]] = {
         {"config", "replica", "response", "timing", "notices"},
         {"guard"},
     ],
-    "sdcguard.fleet": [{"store"}, {"rates", "slow", "slow_fleet", "breaker", "actions", "policy", "merge"}, {"report", "plan"}],
+    "sdcguard.fleet": [
+        {"store"},
+        {"rates", "slow", "slow_fleet", "breaker", "actions", "policy", "merge"},
+        {"report", "plan"},
+    ],
 }
 """Per wing, its modules and folders (the name under the wing) from the bottom layer up: the store below what reads
 it; in training, the digest and the communication below the hooks, replay, verdicts, the two kinds of check that
