@@ -89,7 +89,7 @@ FOLDER_LAYERS: dict[str, list[set[str]]] = {
     ],
     "sdcguard.fleet": [
         {"store"},
-        {"rates", "slow", "slow_fleet", "breaker", "actions", "policy", "merge"},
+        {"rates", "slow", "slow_fleet", "breaker", "actions", "policy", "merge", "dcgm"},
         {"report", "plan"},
     ],
 }
