@@ -120,3 +120,12 @@ class Incident:
     have touched (None: no such checkpoint is known)."""
     job_size: int | None = None
     """How many devices the job's guard watched (the training breaker weighs the devices a job named against it)."""
+    recovered_step: int | None = None
+    """Under ``escalate="recover"``: the step the job went on from after the recovery (its last verified snapshot);
+    None when it did not recover."""
+    steps_lost: int | None = None
+    """Under ``escalate="recover"``: steps computed again (from the recovered step to the verdict's step)."""
+    recovery_s: float | None = None
+    """Under ``escalate="recover"``: seconds from the verdict to the start of the next step."""
+    replacement_device: str | None = None
+    """Under ``escalate="recover"``: the device id of the spare that took the leaver's place (None: none did)."""

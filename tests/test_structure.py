@@ -84,8 +84,8 @@ FOLDER_LAYERS: dict[str, list[set[str]]] = {
         {"replay"},
         {"verdicts", "step_check"},
         {"checksums", "rounds"},
-        {"config", "replica", "response", "timing", "notices"},
-        {"guard"},
+        {"config", "replica", "response", "timing", "notices", "recovery"},
+        {"guard", "rejoin"},
     ],
     "sdcguard.fleet": [
         {"store"},

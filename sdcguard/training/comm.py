@@ -142,6 +142,17 @@ class Comm:
             return cls()
         return cls(dist.new_group(sorted(ranks), use_local_synchronization=True))
 
+    def reform(self, members: Sequence[int]) -> Comm | None:
+        """A new group of ``members`` (global ranks) after a recovery (:mod:`.recovery`): every rank of the job calls
+        it with the same ``members`` (leavers and dedicated shadows too, so no rank waits on a group nobody else
+        creates); None on a rank outside it. Its order is the sorted ranks (``dist.new_group`` sorts them), which is
+        the order its reductions sum in: data-parallel ranks are numbered by it (:attr:`index`)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return Comm() if 0 in members else None
+        ranks = sorted(members)
+        group = None if ranks == list(range(dist.get_world_size())) else dist.new_group(ranks)
+        return Comm(group, members=ranks) if dist.get_rank() in ranks else None
+
     def split(self, groups: Sequence[Sequence[int]]) -> Comm:
         """This member's group among ``groups`` (global ranks; every member of this group is in exactly one of
         them), created collectively: every member calls it with the same ``groups``."""

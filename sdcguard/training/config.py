@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 OnDetect = Literal["record", "skip", "raise", "exit"]
-Escalate = Literal["raise", "exit", "off"]
+Escalate = Literal["raise", "exit", "recover", "off"]
 
 DEFAULT_CHECKSUM_EVERY = 4
 """Checksum-check the matmuls of one step in 4 by default: the least frequent setting at which one-off matmul faults
@@ -61,7 +61,10 @@ class GuardConfig:
     (the default): every rank raises ``CorruptionDetected`` at the same step, so the job stops with a traceback
     any launcher reports, and a script that wants to checkpoint or exit by the exit-code contract can catch it;
     ``exit``: every rank exits by the exit-code contract (86 on the suspect's rank, 85 elsewhere) for a wrapper that
-    restarts without the suspect node; ``off``: keep vetoing sampled steps and go on (fault-injection campaigns).
+    restarts without the suspect node; ``recover``: every rank rolls back to the last verified snapshot in one
+    job-wide decision, the suspect leaves (exit 86), a dedicated shadow takes its place or the survivors go on when
+    ``min_replicas`` allows, else every rank exits by the contract (:mod:`.recovery`); ``off``: keep vetoing
+    sampled steps and go on (fault-injection campaigns).
     ``raise`` and ``exit`` under ``on_detect`` already act on every incident; ``record`` never acts."""
     checksum_every: int = DEFAULT_CHECKSUM_EVERY
     """Check every matmul of one step in N (forward, dX and dW) against its checksum (0: never); independent of
@@ -72,6 +75,10 @@ class GuardConfig:
     checksum_splits: int = DEFAULT_SPLITS
     """The most partial sums a split-K matmul adds in its bf16/fp16 output where cuBLAS's reduced-precision
     reductions are allowed (torch's CUDA default): the bound's assumption (:mod:`.checksums.precision`)."""
+
+    min_replicas: int | None = None
+    """Under ``escalate="recover"`` without a spare: the fewest data-parallel replicas the job may go on with after
+    the suspects left (None: never go on smaller; exit by the contract instead)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.replay_every, int) or self.replay_every < 0:
@@ -84,8 +91,12 @@ class GuardConfig:
                 raise BadInput(f"{name} must be an integer >= {least}, got {value!r}")
         if self.on_detect not in ("record", "skip", "raise", "exit"):
             raise BadInput(f"on_detect must be record, skip, raise or exit, got {self.on_detect!r}")
-        if self.escalate not in ("raise", "exit", "off"):
-            raise BadInput(f"escalate must be raise, exit or off, got {self.escalate!r}")
+        if self.escalate not in ("raise", "exit", "recover", "off"):
+            raise BadInput(f"escalate must be raise, exit, recover or off, got {self.escalate!r}")
+        if self.min_replicas is not None and (
+            not isinstance(self.min_replicas, int) or isinstance(self.min_replicas, bool) or self.min_replicas < 1
+        ):
+            raise BadInput(f"min_replicas must be an integer >= 1 or None, got {self.min_replicas!r}")
         if self.shadows != "peer":
             if isinstance(self.shadows, str) or not all(isinstance(r, int) and r >= 0 for r in self.shadows):
                 raise BadInput(f'shadows must be "peer" or a list of ranks, got {self.shadows!r}')
@@ -118,3 +129,7 @@ class StepReport:
     infinite); neither checked nor silently passed. The rest of ``matmuls_run`` were not looked at."""
     unverifiable: tuple[str, ...] = ()
     """Why, one line per setting (how many, an example, the setting that widens the bound)."""
+    resume_from: int | None = None
+    """Under ``escalate="recover"``: the job recovered at this step; the model and optimizer hold the verified state
+    from before step ``resume_from``, and the loop goes on at that step, feeding the batches of
+    ``guard.data_rank`` again (None: go on as usual)."""

@@ -33,7 +33,6 @@ import torch
 from torch import nn
 
 from ..errors import BadInput
-from ..fingerprints import is_dtensor_type
 from ..logs import RankLogger, get_logger
 from ..records import Incident
 from .checksums.bound import DEFAULT_ROWS
@@ -47,8 +46,11 @@ from .hooks.ddp import wrap_ddp
 from .hooks.fsdp import is_fsdp
 from .hooks.wrappers import has_compiled_regions
 from .identity import JobView, introduce, launcher_job_id, new_job_id, parameter_signature
-from .mesh import STAGE_DIMS, Layout, build_layout, mesh_coordinates, mesh_ranks, replica_classes
+from .mesh import STAGE_DIMS, Layout, build_layout, check_mesh_group, mesh_coordinates, mesh_ranks, replica_classes
 from .notices import construction_notices
+from .recovery.setup import make_recovery
+from .recovery.state import Stateful
+from .rejoin import recover, serve_shadow
 from .replay.capture import Batch, RngHook, capture_rng, make_capture
 from .replay.observe import StepObserver
 from .replay.recompute import LossFn, Replayer, check_loss
@@ -56,7 +58,7 @@ from .replay.stage import StageObserver
 from .replica import GradientReplicaCheck, ReplicaPhases, WeightCheck
 from .response import Responder
 from .rounds.peer import PeerRound
-from .rounds.roles import Role, worker_group
+from .rounds.roles import join_job
 from .rounds.round import Round, RoundCheck
 from .rounds.shadows import DedicatedRound, ShadowServer
 from .step_check import StepCheck, StepState, decide, gather_step
@@ -123,12 +125,15 @@ class SDCGuard:
         checksum_rows: int = DEFAULT_ROWS,
         checksum_splits: int = DEFAULT_SPLITS,
         train_context: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+        optimizer: Stateful | None = None,
+        state: Sequence[Stateful] = (),
+        min_replicas: int | None = None,
     ) -> None:
         self.config = GuardConfig(
             replay_every=replay_every, shadows="peer" if shadows == "peer" else tuple(shadows),
             weight_check_every=weight_check_every, on_detect=on_detect, escalate=escalate,
             store=None if store is None else os.fspath(store), checksum_every=checksum_every,
-            checksum_rows=checksum_rows, checksum_splits=checksum_splits,
+            checksum_rows=checksum_rows, checksum_splits=checksum_splits, min_replicas=min_replicas,
         )  # fmt: skip
         self.loss_fn = loss_fn
         wiring = choose_taps(model, dedicated_shadows=self.config.shadows != "peer")
@@ -172,6 +177,11 @@ class SDCGuard:
         self._steps = self._samples = 0
         self._last_step: int | None = None
         self._sampled = self._closed = False
+        sharded = self.layout.meshed or is_fsdp(self.module)
+        self._recovery = make_recovery(escalate, self.module, optimizer, state, sharded=sharded, replicas=min_replicas)
+        self.data_rank: int = self.dp_rank  # whose batches this rank feeds: a recovery renumbers (:mod:`.recovery`)
+        self.resume_from: int | None = None  # the step the last recovery went on from (a promoted spare's start)
+        self._view, self._classes, self._batch = view, classes, None
         self._warn_setup()
 
     # ------------------------------------------------------------------------------------------------ setup
@@ -180,7 +190,9 @@ class SDCGuard:
         """Where this rank stands: its role and groups (``job_comm``, the step's gather; ``comm``, its data-parallel
         group), every rank's identity (one gather) and the job's :attr:`layout`; the parameters' replica classes."""
         coords = mesh_coordinates(self.params, mesh)
-        self.role, self.shadow_ranks, self.job_comm = self._join(group, mesh_ranks(self.params, mesh))
+        self.role, self.shadow_ranks, self.job_comm = join_job(
+            self.config.shadows, group, mesh_ranks(self.params, mesh)
+        )
         self.comm = self.job_comm
         self.rank, self.members = self.comm.rank, self.comm.members
         self.log = RankLogger(get_logger("training"), self.rank, lambda: self._step)
@@ -206,7 +218,9 @@ class SDCGuard:
             self.comm.group, self.comm.members, self.comm.size, self.comm.index,
         )  # fmt: skip
         if coords:
-            self._check_mesh(group)
+            check_mesh_group(
+                group, self.members, self.params, self.layout.width, is_fsdp(self.module) or self._ddp is not None
+            )
         return view, classes
 
     def _make_checks(self, view: JobView, classes: list[int], slow: SlowWatch | None, rows: int) -> list[StepCheck]:
@@ -241,31 +255,6 @@ class SDCGuard:
         if self._slow is not None:
             checks.append(TimingCheck(self._clock, self._slow, self.device))
         return checks
-
-    def _join(self, group: Any, ranks: list[int] | None) -> tuple[Role, tuple[int, ...], Comm]:
-        """This rank's role, the shadow ranks and the job's group: that of the step's gather (under a device mesh the
-        mesh's ranks, ``ranks``; else the data-parallel workers); this rank's data-parallel group is split off it."""
-        if ranks is None:
-            return worker_group(self.config.shadows, group)
-        if self.config.shadows != "peer":
-            raise BadInput("dedicated shadows replay a whole model on one device: use peer mode with a device mesh")
-        return "worker", (), Comm.of(ranks)
-
-    def _check_mesh(self, group: Any) -> None:
-        """With a device mesh: ``group`` (when given) is this rank's data-parallel group, and a tensor-parallel model
-        with data parallelism reduces its gradients with FSDP2 (DDP cannot wrap DTensor parameters)."""
-        if group is not None and sorted(Comm(group).members) != sorted(self.members):
-            raise BadInput(
-                f"group holds ranks {sorted(Comm(group).members)}, but this rank's data-parallel replicas in the "
-                f"device mesh are {sorted(self.members)}: pass the mesh's data-parallel group, or none"
-            )
-        dtensors = any(is_dtensor_type(type(p)) for p in self.params)
-        if dtensors and self.layout.width > 1 and not is_fsdp(self.module) and self._ddp is None:
-            raise BadInput(
-                f"a tensor-parallel model with {self.layout.width} data-parallel replicas needs FSDP2 over the "
-                "data-parallel dimension (fully_shard(model, mesh=mesh['dp'])) to reduce its gradients; the guard "
-                "does not wrap DTensor parameters in DDP"
-            )
 
     def _may_record_ops(self) -> bool:
         """Whether settling reruns may run under the op recorder (a dispatch mode): not when they run collectives
@@ -309,6 +298,9 @@ class SDCGuard:
         if micro_batches < 1:
             raise BadInput(f"micro_batches must be >= 1, got {micro_batches}")
         self._step = step
+        if self._recovery is not None:
+            self._recovery.begin_step(step, self.last_verified_step)
+            self._responder.record(self._recovery.finished(step))
         every = self.config.replay_every
         self._sampled = every > 0 and step % every == 0 and self._outcomes.replay_on
         record = self._sampled and self._round.round.records(self._samples)
@@ -320,6 +312,7 @@ class SDCGuard:
     def before_forward(self, batch: Batch) -> None:
         """Call right before each micro-batch's forward, with that micro-batch."""
         self._observer.before_forward(batch)
+        self._batch = batch
 
     def observe_loss(self, loss: torch.Tensor) -> None:
         """Call before the backward with the loss as ``loss_fn(model, batch)`` returns it (what a replay recomputes);
@@ -348,12 +341,17 @@ class SDCGuard:
         self._steps += 1
         self._last_step = step
         self._clock.end_step()
-        self._responder.handle(found, escalate=self._outcomes.escalating(found))
+        if self._recovery is not None:
+            self._recovery.fence()  # a snapshot copy in flight is read before the optimizer writes
+            if decision.commit and (state.sampled or self._checksums.vouched):
+                self._recovery.looked_at(step, vouched=self._checksums.vouched)
+        escalating = self._responder.handle(found, escalate=self._outcomes.escalating(found))
+        resume = recover(self, step, escalating) if escalating else None
         return StepReport(
             step=step, loss=loss if loss is not None else torch.full((), float("nan")), commit=decision.commit,
             incidents=tuple(found), replayed=state.sampled, checks=decision.checks,
             matmuls_run=self._checksums.run, matmuls_checked=self._checksums.checked,
-            matmuls_unverifiable=self._checksums.unverifiable, unverifiable=self._checksums.named,
+            matmuls_unverifiable=self._checksums.unverifiable, unverifiable=self._checksums.named, resume_from=resume,
         )  # fmt: skip
 
     def step(self, step: int, batch: Batch = None, *, micro_batches: Sequence[Batch] | None = None) -> StepReport:
@@ -453,14 +451,18 @@ class SDCGuard:
         if self.layout.meshed:  # every rank concludes from every slice's calibration, alike
             runs = self.job_comm.gather_objects(runs[0])
         report, found = self._outcomes.calibrated_runs(runs, self.dp_size)
-        self._responder.handle(found, escalate=self._outcomes.escalating(found))
+        escalating = self._responder.handle(found, escalate=self._outcomes.escalating(found))
+        if escalating:  # escalate="recover" before any snapshot: every rank exits by the contract
+            recover(self, -1, escalating)
         return report
 
     def serve(self) -> int:
-        """On a dedicated shadow rank: replay the samples workers send until every worker calls ``close()``."""
+        """On a dedicated shadow rank: replay the samples workers send until every worker calls ``close()``, or until
+        a recovery promotes this rank (``escalate="recover"``: then :attr:`role` is ``"worker"``, and the loop goes
+        on at :attr:`resume_from` with the batches of :attr:`data_rank`). Returns the samples replayed."""
         if self.role != "shadow":
             raise RuntimeError("guard.serve() runs on dedicated shadow ranks only")
-        return ShadowServer(self.params, self._replayer, num_workers=self.dp_size).serve()
+        return serve_shadow(self, ShadowServer(self.params, self._replayer, num_workers=self.dp_size))
 
     def close(self) -> list[Incident]:
         """End of training: collect outstanding shadow verdicts, release the shadows, remove the hooks."""
@@ -470,7 +472,7 @@ class SDCGuard:
         found: list[Incident] = []
         if self.role == "worker":
             found = [self._outcomes.rollback(i, vetoed=False) for i in self._round.close()]
-            self._responder.handle(found, escalate=self._outcomes.escalating(found))
+            self._responder.record(self._responder.handle(found, escalate=self._outcomes.escalating(found)))
         self._checksums.mode.end()
         self.taps.close()
         return found

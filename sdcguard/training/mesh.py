@@ -33,10 +33,12 @@ from typing import Any
 import torch
 
 from ..errors import BadInput
+from ..fingerprints import is_dtensor_type
+from .comm import Comm
 
 __all__ = [
     "DATA_DIMS", "MODEL_DIMS", "STAGE_DIMS", "Coordinates", "Layout", "mesh_ranks", "mesh_coordinates",
-    "replica_classes", "build_layout",
+    "replica_classes", "build_layout", "check_mesh_group",
 ]  # fmt: skip
 
 DATA_DIMS = frozenset({
@@ -200,3 +202,22 @@ def build_layout(ranks: Sequence[int], coordinates: Mapping[int, Coordinates]) -
     units = tuple(tuple(sorted(u)) for u in by_unit.values() if len(u) > 1)
     stages = any(d in STAGE_DIMS for g in ranks for d, _ in coordinates.get(g, ()))
     return Layout(ranks=tuple(ranks), slices=slices, meshed=len(slices) > 1, units=units, stages=stages)
+
+
+def check_mesh_group(
+    group: Any, members: Sequence[int], params: Sequence[torch.Tensor], width: int, reduced: bool
+) -> None:
+    """With a device mesh: ``group`` (when given) is this rank's data-parallel group (``members``), and a
+    tensor-parallel model with data parallelism reduces its gradients with FSDP2 (``reduced``: FSDP2 or the user's
+    DDP; DDP cannot wrap DTensor parameters)."""
+    if group is not None and sorted(Comm(group).members) != sorted(members):
+        raise BadInput(
+            f"group holds ranks {sorted(Comm(group).members)}, but this rank's data-parallel replicas in the "
+            f"device mesh are {sorted(members)}: pass the mesh's data-parallel group, or none"
+        )
+    if any(is_dtensor_type(type(p)) for p in params) and width > 1 and not reduced:
+        raise BadInput(
+            f"a tensor-parallel model with {width} data-parallel replicas needs FSDP2 over the data-parallel dimension "
+            "(fully_shard(model, mesh=mesh['dp'])) to reduce its gradients; the guard does not wrap DTensor "
+            "parameters in DDP"
+        )

@@ -16,14 +16,18 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from typing import Literal
+from typing import Literal, NoReturn
 
 from ..errors import CorruptionDetected
 from ..logs import get_logger
 from ..records import PASSIVE_KINDS, Incident
 from .config import EXIT_RESTART, EXIT_SUSPECT_DEVICE, Escalate, OnDetect
 
-__all__ = ["Responder", "exit_status"]
+__all__ = ["Responder", "exit_status", "exit_by_contract", "VERDICT_FILE_ENV"]
+
+VERDICT_FILE_ENV = "SDCGUARD_VERDICT_FILE"
+"""Where a rank that exits by the contract writes its verdict (its status and the incidents, one JSON object), for
+``sdcguard launch`` or a Slurm script around ``torchrun``, which reports exit 1 for any failed rank."""
 
 _log = get_logger("training")
 
@@ -31,6 +35,32 @@ _log = get_logger("training")
 def exit_status(rank: int, incidents: Sequence[Incident]) -> int:
     """A rank's exit status under the contract: :data:`~.config.EXIT_SUSPECT_DEVICE` when ``incidents`` name it."""
     return EXIT_SUSPECT_DEVICE if any(rank in i.suspect_ranks for i in incidents) else EXIT_RESTART
+
+
+def exit_by_contract(status: int, incidents: Sequence[Incident], why: str) -> NoReturn:
+    """Leave the job by the exit-code contract with ``status``: a suspect appends its incidents to
+    ``$SDCGUARD_SUSPECT_FILE``; every rank writes its verdict where a launcher finds it (``$SDCGUARD_VERDICT_FILE``,
+    and torchrun's error file, ``$TORCHELASTIC_ERROR_FILE``, whose message torchrun prints in its summary), then
+    one line on stderr, and the status."""
+    records = [asdict(i) for i in incidents]
+    if status == EXIT_SUSPECT_DEVICE and os.environ.get("SDCGUARD_SUSPECT_FILE"):
+        with contextlib.suppress(OSError):
+            with open(os.environ["SDCGUARD_SUSPECT_FILE"], "a", encoding="utf-8") as f:
+                for record in records:
+                    f.write(json.dumps(record) + "\n")
+    line = f"sdcguard: exit {status}: {why}"
+    if os.environ.get(VERDICT_FILE_ENV):
+        with contextlib.suppress(OSError):
+            with open(os.environ[VERDICT_FILE_ENV], "a", encoding="utf-8") as f:
+                f.write(
+                    json.dumps({"status": status, "message": line, "pid": os.getpid(), "incidents": records}) + "\n"
+                )
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):  # torchrun's own record of a failed worker
+        with contextlib.suppress(OSError):
+            with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w", encoding="utf-8") as f:
+                json.dump({"message": {"message": line, "extraInfo": {"timestamp": "0", "py_callstack": ""}}}, f)
+    print(line, file=sys.stderr, flush=True)
+    sys.exit(status)
 
 
 class Responder:
@@ -81,19 +111,24 @@ class Responder:
             return problem
         return None
 
-    def handle(self, found: list[Incident], *, escalate: list[Incident] | None = None) -> None:
+    def handle(self, found: list[Incident], *, escalate: list[Incident] | None = None) -> list[Incident]:
         """Keep and record ``found``; raise or exit when ``on_detect`` says so and something names a device, or
-        when ``escalate`` (a sticky or repeated unresolved verdict among ``found``) escalates under ``skip``."""
+        when ``escalate`` (a sticky or repeated unresolved verdict among ``found``) escalates under ``skip``. Under
+        ``escalate="recover"`` the escalating incidents are returned instead, unrecorded (the guard records them
+        once it knows how the recovery went: :meth:`record`); else []."""
         if not found:
-            return
+            return []
         self.incidents.extend(found)
-        self._record(found)
         actionable = [i for i in found if i.kind not in PASSIVE_KINDS]  # never raise or exit for these
-        if not actionable:
-            return
-        action = self.on_detect
-        if action == "skip" and escalate and self.escalate != "off":
+        action: str = self.on_detect
+        if actionable and action == "skip" and escalate and self.escalate != "off":
             action, actionable = self.escalate, escalate
+        if action == "recover":
+            self._record([i for i in found if i not in actionable])
+            return actionable
+        self._record(found)
+        if not actionable:
+            return []
         if action in ("raise", "exit") and self.before_acting is not None:
             self.before_acting(
                 "raise" if action == "raise" else "exit", actionable, lambda rank: exit_status(rank, actionable)
@@ -101,14 +136,18 @@ class Responder:
         if action == "raise":
             raise CorruptionDetected(f"silent data corruption: {actionable[0].detail}", tuple(actionable))
         if action == "exit":
-            suspect = exit_status(self.rank, actionable) == EXIT_SUSPECT_DEVICE
-            if suspect and os.environ.get("SDCGUARD_SUSPECT_FILE"):
-                with contextlib.suppress(OSError):
-                    with open(os.environ["SDCGUARD_SUSPECT_FILE"], "a", encoding="utf-8") as f:
-                        for i in actionable:
-                            f.write(json.dumps(asdict(i)) + "\n")
-            print(f"sdcguard: {actionable[0].detail}", file=sys.stderr, flush=True)
-            sys.exit(EXIT_SUSPECT_DEVICE if suspect else EXIT_RESTART)
+            exit_by_contract(exit_status(self.rank, actionable), actionable, actionable[0].detail)
+        return []
+
+    def record(self, updated: Sequence[Incident]) -> None:
+        """Record incidents :meth:`handle` returned, as they are now (with how the recovery went), and keep them so
+        in :attr:`incidents`."""
+        for new in updated:
+            at = next((k for k, old in enumerate(self.incidents) if old.time == new.time and old.kind == new.kind
+                       and old.step == new.step and old.suspect_ranks == new.suspect_ranks), None)  # fmt: skip
+            if at is not None:
+                self.incidents[at] = new
+        self._record(list(updated))
 
     def record_checkpoint(self, checkpoint_id: str, step: int, verified: bool, digest: str) -> None:
         """Record a checkpoint in the fleet store (by the writer rank; a failure only warns)."""

@@ -102,3 +102,12 @@ class ParamTaps:
 def is_ddp(model: nn.Module) -> TypeGuard[DistributedDataParallel]:
     """Whether ``model`` is wrapped in DDP."""
     return isinstance(model, DistributedDataParallel)
+
+
+def release_ddp(model: DistributedDataParallel) -> None:
+    """Take a DDP wrapper's autograd hooks off its parameters, so a backward through a new wrapper of the same module
+    (after a recovery re-formed the group) is not also reduced over the old group, whose ranks may be gone. Its
+    reducer would remove them when it is freed, but the loop may still hold the old wrapper."""
+    reducer = getattr(model, "reducer", None)
+    if reducer is not None:
+        reducer._remove_autograd_hooks()  # torch's own teardown of the hooks, named for compiled autograd

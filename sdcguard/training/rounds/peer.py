@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ...fingerprints import combine, signed64
 from ...records import Incident
@@ -176,6 +176,9 @@ class PeerRound:
         self, action: Literal["raise", "exit"], incidents: Sequence[Incident], status: Callable[[int], int]
     ) -> None:
         """Every rank of a peer round takes part in the step: each raises or exits on its own."""
+
+    def reform(self, plan: Any, incidents: Sequence[Incident]) -> None:
+        """Every rank of a peer round takes part in the recovery itself."""
 
     def _settle_everywhere(
         self, st: _Sampled, p: int, r: int, disagreeing: Sequence[int], result: RoundResult

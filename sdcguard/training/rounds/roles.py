@@ -11,7 +11,7 @@ import torch.distributed as dist
 from ...errors import BadInput
 from ..comm import Comm
 
-__all__ = ["Role", "Roles", "plan_roles", "worker_group"]
+__all__ = ["Role", "Roles", "plan_roles", "worker_group", "join_job"]
 
 Role = Literal["worker", "shadow"]
 
@@ -75,3 +75,15 @@ def worker_group(shadows: Literal["peer"] | tuple[int, ...], group: Any) -> tupl
     if role == "worker" and dist.get_process_group_ranks(group) != workers:
         raise BadInput("with dedicated shadows, group must hold exactly the non-shadow ranks")
     return role, tuple(shadows), Comm(group if role == "worker" else None, members=workers)
+
+
+def join_job(
+    shadows: Literal["peer"] | tuple[int, ...], group: Any, ranks: list[int] | None
+) -> tuple[Role, tuple[int, ...], Comm]:
+    """A guard's role, the shadow ranks and the job's group: that of the step's gather (under a device mesh the
+    mesh's ranks, ``ranks``; else the data-parallel workers: :func:`worker_group`)."""
+    if ranks is None:
+        return worker_group(shadows, group)
+    if shadows != "peer":
+        raise BadInput("dedicated shadows replay a whole model on one device: use peer mode with a device mesh")
+    return "worker", (), Comm.of(ranks)

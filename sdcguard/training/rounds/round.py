@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -44,6 +44,10 @@ class Round(Protocol):
     ) -> None:
         """Every rank raises or exits at this step: tell the ranks that do not take part in the step (dedicated
         shadows) to do the same; ``status(rank)``: such a rank's exit status."""
+
+    def reform(self, plan: Any, incidents: Sequence[Incident]) -> None:
+        """The job recovers by ``plan`` (:mod:`sdcguard.training.recovery`): tell the ranks that do not take part in
+        the step (dedicated shadows), after what is in flight to them has arrived."""
 
     def close(self) -> list[RoundResult]:
         """End of training: settle what is outstanding."""

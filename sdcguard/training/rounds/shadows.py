@@ -48,7 +48,7 @@ from ..replay.recompute import Replayer
 from ..verdicts.attribution import Attributor, Opinion, judge
 from ..verdicts.outcomes import RoundResult, conclude
 from .pairing import shadow_assignment
-from .wire import VERDICT_LEN, Escalation, Fetch, ShadowSample, Verdict, flat_buffers, flat_views
+from .wire import VERDICT_LEN, Escalation, Fetch, Reform, ShadowSample, Verdict, flat_buffers, flat_views
 
 __all__ = ["ShadowServer", "DedicatedRound", "ShadowSettle", "MAX_PENDING"]
 
@@ -72,17 +72,25 @@ class ShadowServer:
                 view.copy_(p)
                 p.data = view
         self._kept: dict[int, tuple[Capture, Digest, list[torch.Tensor]]] = {}
+        self.reform: Reform | None = None
+        """The workers' recovery plan when :meth:`serve` returned for one (:class:`~.wire.Reform`)."""
 
     def serve(self) -> int:
-        """Serve until every worker has stopped; returns the number of samples replayed. When the workers escalate
-        (they raise or exit: :class:`~.wire.Escalation`), so does the shadow, once every worker has said so:
-        ``CorruptionDetected``, or ``SystemExit`` with the exit-code contract's status."""
+        """Serve until every worker has stopped, or sent a recovery plan (:attr:`reform`); returns the number of
+        samples replayed. When the workers escalate (they raise or exit: :class:`~.wire.Escalation`), so does the
+        shadow, once every worker has said so: ``CorruptionDetected``, or ``SystemExit`` with the exit-code
+        contract's status."""
         stopped: set[int] = set()
         escalation: Escalation | None = None
+        self.reform = None
         while len(stopped) < self.num_workers:
             msg, sender = recv_object(None)
             if msg is None:
                 stopped.add(sender)
+            elif isinstance(msg, Reform):
+                stopped.add(sender)
+                self.reform = msg
+                self._kept.clear()
             elif isinstance(msg, Escalation):
                 stopped.add(sender)
                 escalation = msg
@@ -324,6 +332,23 @@ class DedicatedRound:
         self._pending.clear()
         for s in self.shadows:
             handles = send_object(Escalation(action=action, incidents=tuple(incidents), status=status(s)), s)
+            for w in handles[0]:
+                w.wait()
+
+    def reform(self, plan: Any, incidents: Sequence[Incident]) -> None:
+        """The job recovers: wait for what is in flight to and from the shadows (a shadow answers every sample
+        before it reads the plan), drop the outstanding verdicts, and tell every shadow the plan."""
+        if self._released:
+            return
+        self._released = True
+        for work in self._in_flight[0]:
+            work.wait()
+        for pending in self._pending:
+            if pending.verdict_work is not None:
+                pending.verdict_work.wait()
+        self._pending.clear()
+        for s in self.shadows:
+            handles = send_object(Reform(plan=plan, incidents=tuple(incidents)), s)
             for w in handles[0]:
                 w.wait()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -14,7 +14,7 @@ from ...records import Incident
 from ..digest import Digest
 from ..replay.capture import Capture
 
-__all__ = ["ShadowSample", "Fetch", "Escalation", "Verdict", "VERDICT_LEN", "flat_buffers", "flat_views"]
+__all__ = ["ShadowSample", "Fetch", "Escalation", "Reform", "Verdict", "VERDICT_LEN", "flat_buffers", "flat_views"]
 
 VERDICT_LEN = 5  # [sample, step, matched, first_unit, loss_differs]
 
@@ -45,6 +45,19 @@ class Escalation:
     incidents: tuple[Incident, ...]
     status: int
     """The shadow's exit status under ``exit`` (the exit-code contract: 86 when it is a suspect, else 85)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reform:
+    """A worker's last message to a shadow before a recovery (``escalate="recover"``): the job re-forms by ``plan``
+    (a :class:`~sdcguard.training.recovery.plan.RecoveryPlan`) for these incidents; the shadow takes part once
+    every worker has said so (it may be promoted to a worker, stay a shadow, or exit)."""
+
+    plan: Any
+    incidents: tuple[Incident, ...]
+
+    def fields(self) -> tuple[Any, tuple[Incident, ...]]:
+        return self.plan, self.incidents
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,3 @@
+"""Verified recovery (``escalate="recover"``): snapshots of verified states in host memory (:mod:`.snapshot`), the
+one job-wide decision (:mod:`.plan`), the votes (:mod:`.vote`), the engine that re-forms the job (:mod:`.engine`)
+and a guard's use of them (:mod:`.recover`)."""

@@ -1,0 +1,129 @@
+"""The engine that re-forms a job after a recovery decision, behind one small interface, so another engine
+(torchft's replica groups, NCCL's ``shrink_group`` on a GPU) is one more implementation, never a branch in the
+guard: :class:`RecoveryEngine`. :class:`TorchEngine` is plain ``torch.distributed`` (gloo on CPUs, NCCL on GPUs).
+
+- ``exclude``: a new data-parallel group without the leavers and with the promoted spares, in data-rank order
+  (every rank of the job calls it: :meth:`~sdcguard.training.comm.Comm.reform`).
+- ``heal``: every member ends holding the verified snapshot. The members' snapshots are voted on
+  (:func:`~.vote.confirmed`: a strict majority of the members that held one); one holder sends it to every member
+  that lacks it (a promoted spare, or a replica whose copy differs), and a receiver keeps it only when the bits it
+  received have the fingerprints the sender had, and their digest is the voted one.
+- ``promote``: the model for the new group: the old DDP wrapper's hooks taken off, a new DDP over the new group,
+  *warmed* with one forward and backward of a batch (its gradients, buffers and random states thrown away), so that
+  its first real step uses the buckets a fault-free run's DDP has rebuilt by then (a new DDP buckets in parameter
+  order, then rebuilds in the order gradients arrived: the two sum elements in different orders).
+- ``roll_back``: write the snapshot into the live state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from ..comm import Comm
+from ..hooks.ddp import is_ddp, release_ddp, wrap_ddp
+from .plan import RecoveryPlan
+from .snapshot import Snapshot, SnapshotKeeper, snapshot_fingerprints
+from .state import state_digest
+from .vote import State, confirmed
+
+__all__ = ["RecoveryEngine", "TorchEngine", "Healed"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Healed:
+    """What a heal left on one member."""
+
+    snapshot: Snapshot | None
+    """The verified snapshot this member now holds (None: the vote found none, or what arrived did not verify)."""
+    state: State | None
+    """The state the members voted for (None: no majority)."""
+    received: bool = False
+    """This member received it (it lacked it or held another)."""
+    batch: Any = None
+    """A batch for the new model's warm-up (this member's last one, or the source's)."""
+
+
+class RecoveryEngine(Protocol):
+    """Re-forms the job (see the module docstring). Every method is called by every rank it names, alike."""
+
+    def exclude(self, plan: RecoveryPlan) -> Comm | None:
+        """The new data-parallel group (None on a rank outside it); every rank of the job calls it."""
+
+    def heal(self, comm: Comm, mine: Snapshot | None, batch: Any) -> Healed:
+        """Every member of ``comm`` ends holding the snapshot a strict majority of its holders agree on."""
+
+    def promote(self, comm: Comm, model: nn.Module, module: nn.Module, warm: Callable[[nn.Module], None]) -> nn.Module:
+        """The model the loop trains in the new group (``warm(model)`` runs one forward and backward)."""
+
+    def roll_back(self, keeper: SnapshotKeeper, snapshot: Snapshot) -> None:
+        """Write ``snapshot`` into the live state."""
+
+
+class TorchEngine:
+    """:class:`RecoveryEngine` on plain ``torch.distributed`` (see the module docstring)."""
+
+    def __init__(self, world: Comm) -> None:
+        self.world = world
+
+    def exclude(self, plan: RecoveryPlan) -> Comm | None:
+        return self.world.reform(plan.members)
+
+    def heal(self, comm: Comm, mine: Snapshot | None, batch: Any) -> Healed:
+        held = None if mine is None else (mine.step, mine.finish().digest)
+        values: list[tuple[State | None, bool]] = comm.gather_objects((held, batch is not None))
+        states = [v for v, _ in values]
+        state = confirmed(states, voters=sum(v is not None for v in states))
+        if state is None:
+            return Healed(snapshot=None, state=None, batch=batch)
+        source = states.index(state)
+        if all(v == state and has for v, has in values):
+            return Healed(snapshot=mine, state=state, batch=batch)
+        payload = None
+        if comm.index == source:
+            assert mine is not None
+            payload = (mine.step, mine.skeleton, mine.tensors, mine.fingerprints, batch)
+        step, skeleton, tensors, fingerprints, their_batch = comm.broadcast_object(payload, src=source)
+        if held == state:
+            return Healed(snapshot=mine, state=state, batch=batch if batch is not None else their_batch)
+        fps = snapshot_fingerprints(tensors)  # what arrived, against what the source sent
+        got = Snapshot(step=step, skeleton=skeleton, tensors=tensors, fingerprints=fps,
+                       digest=state_digest(fps, skeleton))  # fmt: skip
+        ok = fps == list(fingerprints) and (got.step, got.digest) == state
+        return Healed(snapshot=got if ok else None, state=state, received=True, batch=their_batch)
+
+    def promote(self, comm: Comm, model: nn.Module, module: nn.Module, warm: Callable[[nn.Module], None]) -> nn.Module:
+        if is_ddp(model):
+            release_ddp(model)
+        if comm.alone:
+            return module
+        ddp = wrap_ddp(module, comm.group)
+        warm(ddp)
+        return ddp
+
+    def roll_back(self, keeper: SnapshotKeeper, snapshot: Snapshot) -> None:
+        keeper.restore(snapshot)
+
+
+def warm_up(loss_fn: Callable[[nn.Module, Any], torch.Tensor], batch: Any, params: list[nn.Parameter]) -> Callable[
+        [nn.Module], None]:  # fmt: skip
+    """The warm-up :meth:`TorchEngine.promote` runs: one forward and backward of ``batch`` through the new model,
+    with the random states put back and the gradients dropped (a rollback then writes the buffers back)."""
+
+    def warm(model: nn.Module) -> None:
+        cpu = torch.get_rng_state()
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        try:
+            loss_fn(model, batch).backward()
+        finally:
+            torch.set_rng_state(cpu)
+            if cuda is not None:
+                torch.cuda.set_rng_state_all(cuda)
+            for p in params:
+                p.grad = None
+
+    return warm
