@@ -1,0 +1,117 @@
+"""The jobs the recovery tests run on gloo ranks: a guarded loop with ``escalate="recover"`` and a sticky fault,
+and the fault-free references it must equal bit for bit (plain DDP loops, no guard)."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from sdcguard import SDCGuard, plan_roles
+from sdcguard.inject.faults import Fault
+from sdcguard.inject.torch_faults import OpFaultMode
+from sdcguard.testing.models import TinyTransformer, lm_loss, make_batch
+
+SEQ = 4
+STEPS = 10
+
+
+def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = TinyTransformer(d=8, heads=2, seq=SEQ, layers=1)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def _batch(step: int, data_rank: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(1000 * step + data_rank)  # dropout's stream: a function of the step and the data rank
+    return make_batch(step, data_rank, seq=SEQ)
+
+
+def _final(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    state = opt.state_dict()["state"]
+    return {
+        "weights": [p.detach().numpy().tobytes() for p in model.parameters()],
+        "optimizer": {k: {n: t.numpy().tobytes() for n, t in v.items()} for k, v in state.items()},
+    }
+
+
+def recovering(rank: int, world: int, spares: int, fault: tuple[int, int], min_replicas: int | None) -> dict[str, Any]:
+    """A sticky fault on rank ``fault[0]`` from step ``fault[1]`` on; returns how the rank ended."""
+    warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
+    roles = plan_roles(spares) if spares else None
+    model, opt = _model()
+    kw: dict[str, Any] = dict(
+        group=roles.dp_group if roles else None, shadows=list(roles.shadows) if roles else "peer",
+        replay_every=1 if spares else 2, weight_check_every=1, checksum_every=0, slow=None, optimizer=opt,
+        escalate="recover", min_replicas=min_replicas,
+    )  # fmt: skip
+    injector = OpFaultMode(
+        Fault(pattern="bitflip", bit="high_mantissa", timing="sticky", seed=5), ops="gelu", phase="forward",
+        rank=fault[0], steps=range(fault[1], STEPS),
+    )  # fmt: skip
+    resumes = []
+    try:
+        if roles is not None and roles.role == "shadow":
+            guard = SDCGuard(model, lm_loss, **kw)
+            guard.serve()
+            if guard.role != "worker":
+                return {"role": "shadow"}
+            step = guard.resume_from
+        else:
+            guard = SDCGuard(DDP(model, process_group=kw["group"]), lm_loss, **kw)
+            step = 0
+        while step < STEPS:
+            injector.step = step
+            with injector if rank == fault[0] else contextlib.nullcontext():
+                report = guard.step(step, _batch(step, guard.data_rank))
+            if report.resume_from is not None:
+                resumes.append((step, report.resume_from))
+                step = report.resume_from
+                continue
+            if report.commit:
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+            guard.after_optimizer_step()
+            step += 1
+        guard.close()
+    except SystemExit as e:
+        return {"exit": e.code}
+    recovered = [i for i in guard.incidents if i.recovered_step is not None]
+    return {
+        "data_rank": guard.data_rank,
+        "resumes": resumes,
+        "role": "worker",
+        "recovered": [
+            (i.kind, i.suspect_ranks, i.recovered_step, i.steps_lost, i.replacement_device) for i in recovered
+        ],  # fmt: skip
+        "seconds": [i.recovery_s for i in recovered],
+        **_final(model, opt),
+    }
+
+
+def fault_free(rank: int, world: int, leaves_at: int | None) -> dict[str, Any]:
+    """Plain DDP, no guard: ``world`` replicas throughout, or (``leaves_at``) rank 1 leaving before that step and
+    the others going on as a smaller job from the same state (a new DDP over the new group, warmed as a resumed
+    job's would be), data ranks numbered by place."""
+    model, opt = _model()
+    ddp: torch.nn.Module = DDP(model)
+    data_rank = rank
+    for step in range(STEPS):
+        if step == leaves_at:
+            group = dist.new_group([0, 2])
+            ddp.reducer._remove_autograd_hooks()
+            if rank == 1:
+                return {"role": "left"}
+            ddp, data_rank = DDP(model, process_group=group), [0, 2].index(rank)
+            cpu = torch.get_rng_state()
+            lm_loss(ddp, _batch(step, data_rank)).backward()  # the warm-up: DDP buckets as a fault-free run's
+            torch.set_rng_state(cpu)
+            opt.zero_grad(set_to_none=True)
+        lm_loss(ddp, _batch(step, data_rank)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {"data_rank": data_rank, **_final(model, opt)}

@@ -1,0 +1,51 @@
+"""``escalate="recover"`` in real jobs (gloo processes), each compared bit for bit with a fault-free run of the same
+steps: a sticky fault on worker 1; with a dedicated shadow as a hot spare the run finishes on three workers, worker
+1 exits 86, and every survivor's weights and optimizer state equal a fault-free three-worker run's; without a spare
+and ``min_replicas=2`` the run finishes on two replicas, equal to a fault-free run that went on with two replicas
+from the same verified state; without either every rank exits by the contract (86 the suspect, 85 the others)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdcguard.testing import run_ranks
+from tests.training.recovery._jobs import fault_free, recovering
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+
+def _same(a: dict[str, object], b: dict[str, object]) -> bool:
+    return a["weights"] == b["weights"] and a["optimizer"] == b["optimizer"]
+
+
+@pytest.mark.timeout(240)
+def test_a_spare_takes_the_faulty_workers_place_and_the_run_equals_a_fault_free_one() -> None:
+    reference = run_ranks(fault_free, 3, None, timeout=100)
+    results = run_ranks(recovering, 4, 1, (1, 4), None, timeout=120)  # 3 workers + 1 shadow (rank 3)
+    assert results[1] == {"exit": 86}
+    survivors = [r for i, r in enumerate(results) if i != 1]
+    assert sorted(r["data_rank"] for r in survivors) == [0, 1, 2]  # the spare feeds a data rank
+    for r in survivors:
+        assert _same(r, reference[r["data_rank"]]), r["data_rank"]
+    told = results[0]["recovered"]
+    assert told and told[0][1] == (1,) and told[0][4] is not None  # the replacement device
+    assert told[0][2] <= 4 and told[0][3] >= 1  # rolled back to a state from before the fault
+    assert results[0]["resumes"] == results[2]["resumes"]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("start", [3, 4], ids=["the-step-before-a-sample", "a-sampled-step"])
+def test_without_a_spare_the_survivors_go_on_as_a_smaller_job(start: int) -> None:
+    results = run_ranks(recovering, 3, 0, (1, start), 2, timeout=120)
+    assert results[1] == {"exit": 86}
+    [(at, resume)] = results[0]["resumes"]
+    assert at == 4 and resume == 3  # seen at the sample of step 4; the last verified state is the one step 3 starts
+    reference = run_ranks(fault_free, 3, resume, timeout=100)
+    for r in (results[0], results[2]):
+        assert _same(r, reference[[0, 2][r["data_rank"]]])
+
+
+@pytest.mark.timeout(200)
+def test_without_a_spare_or_min_replicas_every_rank_exits_by_the_contract() -> None:
+    results = run_ranks(recovering, 3, 0, (1, 4), None, timeout=120)
+    assert [r["exit"] for r in results] == [85, 86, 85]
