@@ -39,6 +39,11 @@ EXPECTED: dict[str, list[str]] = {
         r"scrub: corrupt step15 1 tensor\(s\) differ from what was saved: model\.0\.weight",
         r"rank [01]: loaded step10, passing over 1 newer checkpoint\(s\)",
     ],
+    "recovery.py": [
+        r"rank 3: promoted to a worker at step \d+, data rank 2",
+        r"rank 0: finished 14 steps as data rank 0; recovery: \[\(\d+, 'cpu:",
+        r"exit codes: \[0, 86, 0, 0\]",
+    ],
     "fleet.sh": [r"report: \{.*'cpu:[^']+:1': 'quarantined'.*\}", r"'cpu:[^']+:0': 'healthy'"],
 }
 NEEDS = {"lightning_ddp.py": "lightning", "hf_trainer.py": "transformers"}
