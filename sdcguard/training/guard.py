@@ -36,36 +36,32 @@ from ..errors import BadInput
 from ..logs import RankLogger, get_logger
 from ..records import Incident
 from .checksums.bound import DEFAULT_ROWS
-from .checksums.mode import ChecksumMode
 from .checksums.precision import DEFAULT_SPLITS
-from .checksums.round import ChecksumCheck
 from .comm import Comm
 from .config import DEFAULT_CHECKSUM_EVERY, Escalate, GuardConfig, OnDetect, StepReport
 from .hooks.choice import choose_taps
-from .hooks.ddp import wrap_ddp
+from .hooks.ddp import is_ddp, wrap_ddp
 from .hooks.fsdp import is_fsdp
 from .hooks.wrappers import has_compiled_regions
 from .identity import JobView, introduce, launcher_job_id, new_job_id, parameter_signature
 from .mesh import STAGE_DIMS, Layout, build_layout, check_mesh_group, mesh_coordinates, mesh_ranks, replica_classes
-from .notices import construction_notices
+from .notices import COMPILED_NOTICE, construction_notices
 from .recovery.setup import make_recovery
 from .recovery.state import Stateful
-from .rejoin import recover, serve_shadow
+from .rejoin import Rejoin
 from .replay.capture import Batch, RngHook, capture_rng, make_capture
 from .replay.observe import StepObserver
 from .replay.recompute import LossFn, Replayer, check_loss
 from .replay.stage import StageObserver
-from .replica import GradientReplicaCheck, ReplicaPhases, WeightCheck
 from .response import Responder
-from .rounds.peer import PeerRound
 from .rounds.roles import join_job
-from .rounds.round import Round, RoundCheck
-from .rounds.shadows import DedicatedRound, ShadowServer
+from .rounds.shadows import ShadowServer
 from .step_check import StepCheck, StepState, decide, gather_step
-from .timing import IdleClock, PhaseClock, RankSlowness, SlowJudge, SlowWatch, TimingCheck
+from .timing import IdleClock, PhaseClock, RankSlowness, SlowWatch
 from .verdicts.attribution import Attributor
 from .verdicts.calibration import CalibrationReport, calibrate, setup_warnings
 from .verdicts.outcomes import Outcomes
+from .wiring import Where, make_checks
 
 __all__ = ["SDCGuard"]
 
@@ -163,26 +159,31 @@ class SDCGuard:
             context=train_context,
         )  # fmt: skip
         self._rng_hook = rng_hook
-        self._checks = self._make_checks(view, classes, slow, checksum_rows)
+        self._view, self._classes = view, classes
+        self._checks = self._make_checks(slow)
         self._checksum_every = self.config.checksum_every
         """Checksum-check one step in N; 0 for a model with compiled regions (:mod:`.hooks.wrappers`)."""
         if self._checksum_every and has_compiled_regions(self.model):
             self._checksum_every = 0
             if self.job_comm.index == 0:
-                self.log.warning(
-                    "the model has compiled regions (torch.compile): the matmul checksums are off for it, since "
-                    "compiled code run under a dispatch mode computes differently; replay and the cross-replica "
-                    "checks, which run through the compiled code, stay on"
-                )
+                self.log.warning("%s", COMPILED_NOTICE)
         self._steps = self._samples = 0
         self._last_step: int | None = None
         self._sampled = self._closed = False
         sharded = self.layout.meshed or is_fsdp(self.module)
         self._recovery = make_recovery(escalate, self.module, optimizer, state, sharded=sharded, replicas=min_replicas)
+        self._rejoin = None if self._recovery is None else Rejoin(
+            self, self._recovery, loss_fn=loss_fn, params=self.params, identities=self.identities,
+            min_replicas=min_replicas,
+        )  # fmt: skip
         self.data_rank: int = self.dp_rank  # whose batches this rank feeds: a recovery renumbers (:mod:`.recovery`)
-        self.resume_from: int | None = None  # the step the last recovery went on from (a promoted spare's start)
-        self._view, self._classes, self._batch = view, classes, None
-        self._warn_setup()
+        self._batch: Batch = None
+        for notice in construction_notices(
+            speaks=self.job_comm.index == 0 and self.role == "worker", worker=self.role == "worker",
+            replicas=self._replica.active, job_size=self.job_comm.size, cuda_problems=setup_warnings(self.device),
+            setups=self.setups,
+        ):  # fmt: skip
+            self.log.warning("%s", notice)
 
     # ------------------------------------------------------------------------------------------------ setup
 
@@ -223,61 +224,24 @@ class SDCGuard:
             )
         return view, classes
 
-    def _make_checks(self, view: JobView, classes: list[int], slow: SlowWatch | None, rows: int) -> list[StepCheck]:
-        """The step's checks, in the order their columns are computed and their results concluded: the checksums
-        (their mode is popped first: no replay runs under it), the reduced gradients across replicas, the sampled
-        round, and the timing of slow ranks when timed."""
-        job_ranks = list(self.job_comm.members)
-        rank_keys = view.keys(job_ranks)
-        if len({len(k) for k in rank_keys}) > 1:
-            raise BadInput("the ranks' parameters are sharded differently (their DTensor placements differ)")
-        ids = [(g, *self.identities.get(g, (None, ""))) for g in job_ranks]
-        n = len(self.params)
-        self._replica = ReplicaPhases(self.job_comm, rank_keys, self.taps.param_names, ids, self.job, classes[:n])
-        names = [*self.taps.param_names, *(f"{name} (frozen)" for name, _ in self._frozen)]
-        self._weights = WeightCheck(
-            ReplicaPhases(self.job_comm, rank_keys, names, ids, self.job, classes), self.taps.weights,
-            [p for _, p in self._frozen],
+    def _make_checks(self, slow: SlowWatch | None) -> list[StepCheck]:
+        """The step's checks for where this rank stands now (:mod:`.wiring`)."""
+        record_ops = not (self.taps.collective_replay or self.layout.meshed or has_compiled_regions(self.model))
+        where = Where(
+            job_comm=self.job_comm, comm=self.comm, layout=self.layout, shadow_ranks=tuple(self.shadow_ranks),
+            identities=self.identities, setups=self.setups, job=self.job, device=self.device, record_ops=record_ops,
         )  # fmt: skip
-        speaks = self.job_comm.index == 0
-        self._round = RoundCheck(self._make_round(), self._outcomes, self.device, self.log, speaks=speaks)
-        if self.shadow_ranks:  # an escalation reaches the dedicated shadows too (they raise or exit alike)
-            self._responder.before_acting = self._round.round.escalate
-        mode = ChecksumMode(self.module, rows=rows, splits=self.config.checksum_splits)
-        self._checksums = ChecksumCheck(mode, self.job_comm, self._attr, self.device)
-        size = len(view.ranks)
-        self._slow = SlowJudge(
-            slow, job_ranks, self.identities, job=self.job, job_size=size, slices=self.layout.slices
-        ) if slow is not None and not isinstance(self._clock, IdleClock) else None  # fmt: skip
-        checks: list[StepCheck] = [
-            self._checksums, GradientReplicaCheck(self._replica, self.taps.reduced, self.device), self._round,
-        ]  # fmt: skip
-        if self._slow is not None:
-            checks.append(TimingCheck(self._clock, self._slow, self.device))
-        return checks
-
-    def _may_record_ops(self) -> bool:
-        """Whether settling reruns may run under the op recorder (a dispatch mode): not when they run collectives
-        (FSDP2, a mesh), and not through compiled code, which computes differently under a dispatch mode."""
-        return not (self.taps.collective_replay or self.layout.meshed or has_compiled_regions(self.model))
-
-    def _make_round(self) -> Round:
-        if self.shadow_ranks:
-            return DedicatedRound(self.comm, self.shadow_ranks, self.params, self._replayer, self._attr)
-        collective = self.taps.collective_replay or self.layout.meshed
-        return PeerRound(
-            self.comm, self._replayer, self._attr, record_ops=self._may_record_ops(), collective=collective,
-            setups=self.setups, job=self.job_comm, layout=self.layout,
+        c = make_checks(
+            where, self._view, self._classes, taps=self.taps, params=self.params, frozen=self._frozen,
+            module=self.module, replayer=self._replayer, attr=self._attr, outcomes=self._outcomes,
+            responder=self._responder, clock=self._clock, slow=slow, rows=self.config.checksum_rows,
+            splits=self.config.checksum_splits, log=self.log,
         )  # fmt: skip
-
-    def _warn_setup(self) -> None:
-        if self.role != "worker":
-            return
-        for notice in construction_notices(
-            speaks=self.job_comm.index == 0, replicas=self._replica.active, job_size=self.job_comm.size,
-            cuda_problems=setup_warnings(self.device), setups=self.setups,
-        ):  # fmt: skip
-            self.log.warning("%s", notice)
+        self._replica, self._weights, self._round, self._checksums, self._slow = (
+            c.replica, c.weights, c.round, c.checksums, c.slow,
+        )  # fmt: skip
+        self._record_ops = record_ops
+        return c.all
 
     # ------------------------------------------------------------------------------------------- the step
 
@@ -346,7 +310,7 @@ class SDCGuard:
             if decision.commit and (state.sampled or self._checksums.vouched):
                 self._recovery.looked_at(step, vouched=self._checksums.vouched)
         escalating = self._responder.handle(found, escalate=self._outcomes.escalating(found))
-        resume = recover(self, step, escalating) if escalating else None
+        resume = self._recover(step, escalating) if escalating else None
         return StepReport(
             step=step, loss=loss if loss is not None else torch.full((), float("nan")), commit=decision.commit,
             incidents=tuple(found), replayed=state.sampled, checks=decision.checks,
@@ -445,7 +409,7 @@ class SDCGuard:
             raise RuntimeError("calibrate() runs on the data-parallel workers")
         cap = make_capture(step=-1, rank=self.dp_rank, micro_batch=0, batch=batch, rng=capture_rng(self._rng_hook))
         report, j = calibrate(
-            self.comm, self._replayer, cap, self.device, record_ops=self._may_record_ops(), setups=self.setups
+            self.comm, self._replayer, cap, self.device, record_ops=self._record_ops, setups=self.setups
         )  # every slice at once: a tensor-parallel group computes its micro-batch together
         runs = [(report, j, self.members[0])]
         if self.layout.meshed:  # every rank concludes from every slice's calibration, alike
@@ -453,7 +417,7 @@ class SDCGuard:
         report, found = self._outcomes.calibrated_runs(runs, self.dp_size)
         escalating = self._responder.handle(found, escalate=self._outcomes.escalating(found))
         if escalating:  # escalate="recover" before any snapshot: every rank exits by the contract
-            recover(self, -1, escalating)
+            self._recover(-1, escalating)
         return report
 
     def serve(self) -> int:
@@ -462,7 +426,45 @@ class SDCGuard:
         on at :attr:`resume_from` with the batches of :attr:`data_rank`). Returns the samples replayed."""
         if self.role != "shadow":
             raise RuntimeError("guard.serve() runs on dedicated shadow ranks only")
-        return serve_shadow(self, ShadowServer(self.params, self._replayer, num_workers=self.dp_size))
+        server = ShadowServer(self.params, self._replayer, num_workers=self.dp_size)
+        return self._rejoin.serve(server) if self._rejoin is not None else server.serve()
+
+    # ------------------------------------------------------------------ recovery: the seam of :mod:`.rejoin`
+
+    @property
+    def resume_from(self) -> int | None:
+        """The step the last recovery went on from (a promoted spare starts there); None before any."""
+        return None if self._rejoin is None else self._rejoin.resume_from
+
+    @property
+    def last_batch(self) -> Batch:
+        """This rank's last micro-batch (None before the first)."""
+        return self._batch
+
+    def _recover(self, step: int, escalating: list[Incident]) -> int | None:
+        v, rejoin = self._outcomes.verification, self._rejoin
+        return None if rejoin is None else rejoin.recover(step, escalating, v.last_verified_step, v.tainted_from)
+
+    def tell_shadows(self, plan: Any, incidents: Sequence[Incident]) -> None:
+        """Send a recovery's plan to the dedicated shadows (:class:`~.rejoin.Rejoin` calls it on every worker)."""
+        self._round.round.reform(plan, incidents)
+
+    def regroup(self, comm: Comm, model: nn.Module, *, shadows: Sequence[int], leavers: Sequence[int]) -> None:
+        """After a recovery (:class:`~.rejoin.Rejoin`): take up the re-formed group ``comm`` as a worker numbered by
+        its place (the order the group sums in), training ``model``, with the checks made again for its members
+        (what was learnt about determinism and earlier suspects is kept; ``leavers`` are gone)."""
+        self.job_comm = self.comm = comm
+        self.group, self.members, self.dp_size, self.dp_rank = comm.group, comm.members, comm.size, comm.index
+        self.data_rank, self.role, self.shadow_ranks = comm.index, "worker", tuple(shadows)
+        self.layout = Layout(ranks=tuple(comm.members), slices=(tuple(comm.members),))
+        self.model, self._ddp = model, model if is_ddp(model) else None
+        self._attr = Attributor(self.taps.unit_names, self.identities, job=self.job, job_size=comm.size)
+        speaks = comm.index == 0
+        self._outcomes = self._outcomes.regrouped(self._attr, list(comm.members), leavers, speaks=speaks)
+        self._responder.writer, self._responder.before_acting = speaks, None
+        self._samples = int(comm.gather_ints([self._samples]).max())  # a promoted spare's counter was its own
+        self._observer = StepObserver(self.taps, rank=self.dp_rank, device=self.device, rng_hook=self._rng_hook)
+        self._checks = self._make_checks(None)
 
     def close(self) -> list[Incident]:
         """End of training: collect outstanding shadow verdicts, release the shadows, remove the hooks."""

@@ -1,20 +1,36 @@
-"""What the guard says once, when it starts: setups that limit what its checks can see (and the compiled-model note
-lives with the checksums' switch in the guard). Pure: the messages from facts every rank holds; the guard logs them
-on the ranks that speak."""
+"""What the guard says once, when it starts: setups that limit what its checks can see, and the compiled-model
+note (said where the guard turns the checksums off). Pure: the messages from facts every rank holds; the guard
+logs them on the ranks that speak."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["construction_notices"]
+__all__ = ["construction_notices", "COMPILED_NOTICE"]
+
+COMPILED_NOTICE = (
+    "the model has compiled regions (torch.compile): the matmul checksums are off for it, since compiled code run "
+    "under a dispatch mode computes differently; replay and the cross-replica checks, which run through the compiled "
+    "code, stay on"
+)
+"""What the guard says when it turns the checksums off for a compiled model."""
 
 
 def construction_notices(
-    *, speaks: bool, replicas: bool, job_size: int, cuda_problems: list[str], setups: Mapping[int, tuple[str, ...]]
+    *,
+    speaks: bool,
+    replicas: bool,
+    job_size: int,
+    cuda_problems: list[str],
+    setups: Mapping[int, tuple[str, ...]],
+    worker: bool = True,
 ) -> list[str]:
-    """The warnings of a starting worker (``speaks``: one rank of the job says the job-wide ones; ``replicas``: some
-    two ranks hold the same shard; ``cuda_problems``: settings that keep CUDA replays from being bit-identical)."""
-    out = []
+    """The warnings of a starting rank (``speaks``: one rank of the job says the job-wide ones; ``replicas``: some
+    two ranks hold the same shard; ``cuda_problems``: settings that keep CUDA replays from being bit-identical;
+    ``worker``: a dedicated shadow says none)."""
+    out: list[str] = []
+    if not worker:
+        return out
     if speaks and job_size > 1 and not replicas:
         out.append(
             "no two ranks hold the same shard of any parameter (FSDP2 over every rank, or FSDP2 x TP without a "

@@ -1,85 +1,125 @@
-"""A guard after a recovery decision (``escalate="recover"``): the job-wide plan, this rank's part in it, and the
-guard taken up again in the re-formed group (its checks made again for the new members).
+"""A guard's part in a recovery (``escalate="recover"``): the job-wide plan, this rank's part in it, and the guard
+taken up again in the re-formed group.
 
-Split from :mod:`.guard` by job: everything here runs once per recovery, on the guard's own state.
+Split from :mod:`.guard` by job: everything here runs once per recovery. It is an object of its own
+(:class:`Rejoin`) that reaches the guard only through a small public seam (:class:`Member`): what the plan reads
+(the rank, the workers, the shadows, the model and the last batch), :meth:`Member.tell_shadows` (the shadows learn
+the plan) and :meth:`Member.regroup` (the guard takes up the new group and makes its checks again).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from torch import nn
 
 from ..records import Incident
 from .comm import Comm
-from .hooks.ddp import is_ddp
-from .mesh import Layout
 from .recovery.engine import warm_up
 from .recovery.plan import RecoveryPlan, plan_recovery
-from .replay.observe import StepObserver
+from .recovery.recover import Recovery
+from .replay.recompute import LossFn
 from .rounds.shadows import ShadowServer
-from .verdicts.attribution import Attributor
-from .verdicts.outcomes import Outcomes
 
-Guard = Any
-"""An :class:`~sdcguard.training.guard.SDCGuard` (not imported: the guard imports this module)."""
-
-__all__ = ["recover", "follow", "serve_shadow"]
+__all__ = ["Member", "Rejoin"]
 
 
-def recover(guard: Guard, step: int, incidents: list[Incident]) -> int | None:
-    """The job-wide plan (:mod:`.recovery.plan`) from what every worker holds alike (the escalating incidents came
-    out of the step's gather); the dedicated shadows are told; this worker follows it. The step to go on at."""
-    suspects = {r for i in incidents for r in i.suspect_ranks}
-    plan = plan_recovery(step, guard.comm.members, guard.shadow_ranks, suspects, min_replicas=guard.config.min_replicas)
-    guard._round.round.reform(plan, incidents)
-    return follow(guard, plan, incidents)
+class Member(Protocol):
+    """What a recovery reads from and asks of the guard it belongs to (an :class:`~.guard.SDCGuard`)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def members(self) -> Sequence[int]:
+        """The data-parallel workers, in data-rank order."""
+
+    @property
+    def shadow_ranks(self) -> tuple[int, ...]: ...
+
+    @property
+    def model(self) -> nn.Module:
+        """The model as the loop trains it (DDP-wrapped)."""
+
+    @property
+    def module(self) -> nn.Module:
+        """The module without data-parallel wrapper."""
+
+    @property
+    def last_batch(self) -> Any:
+        """This rank's last micro-batch (a warm-up batch for a new DDP), or None."""
+
+    def tell_shadows(self, plan: RecoveryPlan, incidents: Sequence[Incident]) -> None:
+        """Send the plan to the dedicated shadows (they take part in every collective of the recovery)."""
+
+    def regroup(self, comm: Comm, model: nn.Module, *, shadows: Sequence[int], leavers: Sequence[int]) -> None:
+        """Take up the re-formed group ``comm`` as a worker (numbered by its place), training ``model``."""
 
 
-def serve_shadow(guard: Guard, server: ShadowServer) -> int:
-    """A dedicated shadow's serving loop: a recovery's plan returns from it, and the shadow follows the plan, as a
-    promoted worker (the loop ends) or as a shadow again (it serves the new group's workers)."""
-    while True:
-        server.serve()
-        if server.reform is None or guard._recovery is None or follow(guard, *server.reform.fields()) is not None:
-            return server.replays
-        server.num_workers = guard.dp_size
+class Rejoin:
+    """One guard's recoveries (see the module docstring).
 
+    Args:
+        member: the guard.
+        recovery: its snapshots and engine.
+        loss_fn: the guard's loss function (a new DDP's warm-up runs it once).
+        params: the parameters whose gradients a warm-up drops.
+        identities: global rank -> (device id, host): a promoted spare's device goes into the incidents.
+        min_replicas: the fewest workers the job may go on with without a spare.
+    """
 
-def follow(guard: Guard, plan: RecoveryPlan, incidents: Sequence[Incident]) -> int | None:
-    """This rank's part of ``plan`` (a worker's, or a dedicated shadow's told by the workers); the step the job goes
-    on at (None: a shadow that stays one). A leaver, and every rank when the job cannot go on, exits here."""
-    assert guard._recovery is not None
-    joined = guard._recovery.execute(
-        plan, guard.rank, incidents, model=guard.model, module=guard.module, batch=guard._batch,
-        warm=lambda batch: warm_up(guard.loss_fn, batch, guard.params),
-    )  # fmt: skip
-    if joined.comm is None:
-        guard.dp_size = len(plan.members)
-        return None
-    assert joined.snapshot is not None and joined.model is not None
-    _rejoin(guard, plan, joined.comm, joined.model)
-    spare = next(iter(plan.promoted), None)
-    device = None if spare is None else guard.identities.get(spare, (None, ""))[0]
-    guard._recovery.went_on(plan, incidents, joined.snapshot.step, device)
-    guard.resume_from = joined.snapshot.step
-    return guard.resume_from
+    def __init__(
+        self, member: Member, recovery: Recovery, *, loss_fn: LossFn, params: list[nn.Parameter],
+        identities: dict[int, tuple[str | None, str]], min_replicas: int | None,
+    ) -> None:  # fmt: skip
+        self.member, self.recovery = member, recovery
+        self.loss_fn, self.params, self.identities, self.min_replicas = loss_fn, params, identities, min_replicas
+        self.resume_from: int | None = None
+        """The step the last recovery went on from."""
 
+    def recover(
+        self, step: int, incidents: list[Incident], last_verified: int | None, tainted_from: int | None
+    ) -> int | None:
+        """The job-wide plan (:mod:`.recovery.plan`) from what every worker holds alike (the escalating incidents
+        came out of the step's gather); the dedicated shadows are told; this worker follows it (``last_verified``:
+        the guard's last verified step now, its verdicts of this step included; ``tainted_from``: the earliest step
+        the fault could have touched). The step to go on at."""
+        m = self.member
+        suspects = {r for i in incidents for r in i.suspect_ranks}
+        plan = plan_recovery(step, m.members, m.shadow_ranks, suspects, min_replicas=self.min_replicas)
+        m.tell_shadows(plan, incidents)
+        return self.follow(plan, incidents, last_verified, tainted_from)
 
-def _rejoin(guard: Guard, plan: RecoveryPlan, comm: Comm, model: nn.Module) -> None:
-    """Take up the re-formed group: a worker in it, numbered by its place (the order the group sums in), with the
-    checks made again for its members (what was learnt about determinism and earlier suspects is kept)."""
-    guard.job_comm = guard.comm = comm
-    guard.group, guard.members, guard.dp_size, guard.dp_rank = comm.group, comm.members, comm.size, comm.index
-    guard.data_rank, guard.role, guard.shadow_ranks = comm.index, "worker", plan.shadows
-    guard.layout = Layout(ranks=tuple(comm.members), slices=(tuple(comm.members),))
-    guard.model, guard._ddp = model, model if is_ddp(model) else None
-    guard._attr = Attributor(guard.taps.unit_names, guard.identities, job=guard.job, job_size=comm.size)
-    old, speaks = guard._outcomes, comm.index == 0
-    guard._outcomes = Outcomes(guard._attr, list(comm.members), guard.device, speaks=speaks)
-    guard._outcomes.determinism, guard._outcomes.unresolved = old.determinism, old.unresolved - set(plan.leavers)
-    guard._responder.writer, guard._responder.before_acting = speaks, None
-    guard._samples = int(comm.gather_ints([guard._samples]).max())  # a promoted spare's counter was its own
-    guard._observer = StepObserver(guard.taps, rank=guard.dp_rank, device=guard.device, rng_hook=guard._rng_hook)
-    guard._checks = guard._make_checks(guard._view, guard._classes, None, guard.config.checksum_rows)
+    def serve(self, server: ShadowServer) -> int:
+        """A dedicated shadow's serving loop: a recovery's plan returns from it, and the shadow follows the plan, as
+        a promoted worker (the loop ends) or as a shadow again (it serves the new group's workers)."""
+        while True:
+            server.serve()
+            if server.reform is None:
+                return server.replays
+            plan, incidents = server.reform.fields()
+            if self.follow(plan, incidents, None, None) is not None:
+                return server.replays
+            server.num_workers = len(plan.members)
+
+    def follow(
+        self, plan: RecoveryPlan, incidents: Sequence[Incident], last_verified: int | None, tainted_from: int | None
+    ) -> int | None:
+        """This rank's part of ``plan`` (a worker's, or a dedicated shadow's told by the workers); the step the job
+        goes on at (None: a shadow that stays one). A leaver, and every rank when the job cannot go on, exits here."""
+        m = self.member
+        joined = self.recovery.execute(
+            plan, m.rank, incidents, model=m.model, module=m.module, batch=m.last_batch, last_verified=last_verified,
+            tainted_from=tainted_from,
+            warm=lambda batch: warm_up(self.loss_fn, batch, self.params),
+        )  # fmt: skip
+        if joined.comm is None:
+            return None
+        assert joined.snapshot is not None and joined.model is not None
+        m.regroup(joined.comm, joined.model, shadows=plan.shadows, leavers=plan.leavers)
+        spare = next(iter(plan.promoted), None)
+        device = None if spare is None else self.identities.get(spare, (None, ""))[0]
+        self.recovery.went_on(plan, incidents, joined.snapshot.step, device)
+        self.resume_from = joined.snapshot.step
+        return self.resume_from

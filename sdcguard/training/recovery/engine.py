@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from ..comm import Comm
+from ..comm import Comm, recv_tensors_, send_tensors
 from ..hooks.ddp import is_ddp, release_ddp, wrap_ddp
 from .plan import RecoveryPlan
 from .snapshot import Snapshot, SnapshotKeeper, snapshot_fingerprints
@@ -81,15 +81,24 @@ class TorchEngine:
         if state is None:
             return Healed(snapshot=None, state=None, batch=batch)
         source = states.index(state)
-        if all(v == state and has for v, has in values):
+        lacking = [i for i, v in enumerate(states) if v != state]
+        if not lacking and all(has for _, has in values):
             return Healed(snapshot=mine, state=state, batch=batch)
-        payload = None
-        if comm.index == source:
-            assert mine is not None
-            payload = (mine.step, mine.skeleton, mine.tensors, mine.fingerprints, batch)
-        step, skeleton, tensors, fingerprints, their_batch = comm.broadcast_object(payload, src=source)
-        if held == state:
+        # What the receivers need to allocate and check comes as one small object (step, skeleton, the tensors'
+        # shapes and dtypes, the source's fingerprints, a warm-up batch); the tensors themselves go point to point
+        # from the source to each member that lacks the state, as tensors (no pickle of the weights).
+        header = None
+        if comm.index == source and mine is not None:
+            header = (mine.step, mine.skeleton, [(t.shape, t.dtype) for t in mine.tensors], mine.fingerprints, batch)
+        step, skeleton, layout, fingerprints, their_batch = comm.broadcast_object(header, src=source)
+        if comm.index == source and mine is not None:
+            for i in lacking:
+                for work in send_tensors([t for t in mine.tensors if t.numel()], comm.members[i]):
+                    work.wait()
+        if comm.index not in lacking:
             return Healed(snapshot=mine, state=state, batch=batch if batch is not None else their_batch)
+        tensors = [torch.empty(shape, dtype=dtype) for shape, dtype in layout]
+        recv_tensors_([t for t in tensors if t.numel()], comm.members[source])
         fps = snapshot_fingerprints(tensors)  # what arrived, against what the source sent
         got = Snapshot(step=step, skeleton=skeleton, tensors=tensors, fingerprints=fps,
                        digest=state_digest(fps, skeleton))  # fmt: skip

@@ -91,6 +91,19 @@ class Recovery:
             if step - 1 <= through:
                 self.keeper.promote()
 
+    def _settle(self, last_verified: int | None, tainted_from: int | None) -> None:
+        """At a recovery: the candidate becomes the verified snapshot when the checks vouch for it now, else it is
+        dropped (it may hold the fault); a verified snapshot of a state the fault may have touched (a step after
+        ``tainted_from``) is forgotten."""
+        through = max(self._vouched, -1 if last_verified is None else last_verified)
+        clean = (lambda snap: True) if tainted_from is None else (lambda snap: snap.step <= tainted_from)
+        candidate = self.keeper.candidate
+        if candidate is not None and candidate.step - 1 <= through and clean(candidate):
+            self.keeper.promote()
+        self.keeper.drop_candidate()
+        if self.keeper.verified is not None and not clean(self.keeper.verified):
+            self.keeper.forget()
+
     def fence(self) -> None:
         """Before the optimizer changes the tensors a copy in flight reads (no host synchronisation)."""
         self.keeper.fence()
@@ -99,12 +112,17 @@ class Recovery:
 
     def execute(
         self, plan: RecoveryPlan, rank: int, incidents: Sequence[Incident], *, model: nn.Module, module: nn.Module,
-        batch: Any, warm: Callable[[Any], Callable[[nn.Module], None]],
+        batch: Any, warm: Callable[[Any], Callable[[nn.Module], None]], last_verified: int | None = None,
+        tainted_from: int | None = None,
     ) -> Rejoined:  # fmt: skip
         """This rank's part of the recovery (see the module docstring); exits by the contract where the plan or
-        the vote says so."""
+        the vote says so. ``last_verified``: the guard's last verified step with this step's verdicts in (a
+        candidate they now vouch for is the newest verified state: with dedicated shadows the verdict that vouches
+        for it may arrive in the same step as the one that names the fault); ``tainted_from``: the earliest step the
+        fault could have touched (a snapshot of a later state is never rolled back to: a checksum-checked step
+        vouches for the matmuls only)."""
         self.verdict_at = time.monotonic()
-        self.keeper.drop_candidate()
+        self._settle(last_verified, tainted_from)
         self._looked_at = None
         if plan.action == "exit":
             exit_by_contract(plan.status(rank), incidents, _why(plan, "no spare, and too few replicas to go on"))

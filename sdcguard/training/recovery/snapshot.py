@@ -150,6 +150,11 @@ class SnapshotKeeper:
         if self.candidate is not None:
             self._spare, self.candidate = self.candidate.tensors, None
 
+    def forget(self) -> None:
+        """Forget the verified snapshot (it may hold a fault found since)."""
+        if self.verified is not None:
+            self._spare, self.verified = self.verified.tensors, None
+
     def adopt(self, snap: Snapshot) -> None:
         """Keep ``snap`` (received in a heal, or loaded at a restart) as the verified snapshot."""
         self.verified, self.candidate = snap, None

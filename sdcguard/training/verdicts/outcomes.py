@@ -132,6 +132,15 @@ class Outcomes:
         self.unresolved: set[int] = set()
         """Ranks an unresolved verdict named so far (a repeat escalates; kept in the guard's ``state_dict``)."""
 
+    def regrouped(
+        self, attributor: Attributor, members: list[int], leavers: Sequence[int], *, speaks: bool
+    ) -> Outcomes:
+        """These outcomes for the group a recovery re-formed: what was learnt about determinism and the unresolved
+        suspects that stay is kept; what was verified starts again (the job rolled back)."""
+        new = Outcomes(attributor, members, self.device, speaks=speaks)
+        new.determinism, new.unresolved = self.determinism, self.unresolved - set(leavers)
+        return new
+
     def settled(self, result: RoundResult) -> list[Incident]:
         """A round's incidents, or one ``nondeterministic`` incident when it shows software at work (never vetoed
         for: ``result.corrupt`` is cleared); the ranks it verified are noted."""
