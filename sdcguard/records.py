@@ -129,3 +129,21 @@ class Incident:
     """Under ``escalate="recover"``: seconds from the verdict to the start of the next step."""
     replacement_device: str | None = None
     """Under ``escalate="recover"``: the device id of the spare that took the leaver's place (None: none did)."""
+    first_step: int | None = None
+    """The earliest step the fault could have touched (the step after the suspect's last clean sample): a sticky
+    fault seen at ``step`` may have been in every step from here on. None when only ``step`` could be."""
+    rollback_step: int | None = None
+    """The newest verified state from before the fault, named by the step it starts: what a recovery rolls back to
+    and a restart should load (``rollback`` names a checkpoint of it or of an older state when one is known). None
+    when no state is verified yet."""
+
+    def steps(self) -> str:
+        """The steps the fault may have touched: ``3-4``, or ``4`` when only the step it was seen at."""
+        first = self.first_step
+        return f"{first}-{self.step}" if first is not None and first < self.step else str(self.step)
+
+    def roll_back_to(self) -> str:
+        """Where to roll back to, for a table: the checkpoint, else the verified state, else ``-``."""
+        if self.rollback:
+            return self.rollback
+        return f"state before step {self.rollback_step}" if self.rollback_step is not None else "-"

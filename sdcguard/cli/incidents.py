@@ -40,12 +40,12 @@ def incidents(since: str, device: str | None, fmt: str) -> None:
             [
                 iso_utc(i.time) or "",
                 i.kind,
-                str(i.step),
+                i.steps(),
                 ",".join(map(str, i.suspect_ranks)),
                 ",".join(i.devices or ((i.device,) if i.device else ())),
                 ",".join(i.hosts),
                 i.job or "-",
-                i.rollback or "-",
+                i.roll_back_to(),
                 i.detail,
             ]
             for i in found

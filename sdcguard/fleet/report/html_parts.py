@@ -191,10 +191,10 @@ def incidents_section(found: Sequence[Incident], limit: int) -> str:
         return head + '<p class="note">No training incident recorded in this window.</p>'
     shown = list(found)[::-1][:limit]
     body = [
-        f"<tr>{time_cell(i.time)}{td(i.kind)}{td(i.step, n=True)}{td(i.job or '-')}"
+        f"<tr>{time_cell(i.time)}{td(i.kind)}{td(i.steps(), n=True, v=i.step)}{td(i.job or '-')}"
         f"{td(','.join(map(str, i.suspect_ranks)) or '-')}"
         f"{td(', '.join(i.devices or ((i.device,) if i.device else ())) or '-')}{td(', '.join(i.hosts) or '-')}"
-        f"{td(i.rollback or '-')}{td(i.detail, cls='wrap')}</tr>"
+        f"{td(i.roll_back_to())}{td(i.detail, cls='wrap')}</tr>"
         for i in shown
     ]
     more = f" ({len(found) - len(shown):,} older not shown)" if len(found) > len(shown) else ""

@@ -229,4 +229,9 @@ class Outcomes:
         if not (incident.kind == "gradient_replica" and vetoed):
             v.taint(earliest)
         note = v.rollback(earliest)
-        return replace(incident, rollback=note.checkpoint_id if note else None)
+        last = v.last_verified_step  # below the taint: a state from before the fault
+        verified = None if last is None or last + 1 > earliest else last + 1
+        return replace(
+            incident, rollback=note.checkpoint_id if note else None, first_step=min(earliest, incident.step),
+            rollback_step=verified,
+        )  # fmt: skip

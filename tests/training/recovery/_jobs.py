@@ -4,6 +4,7 @@ and the fault-free references it must equal bit for bit (plain DDP loops, no gua
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from typing import Any
 
@@ -39,15 +40,22 @@ def _final(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]
     }
 
 
-def recovering(rank: int, world: int, spares: int, fault: tuple[int, int], min_replicas: int | None) -> dict[str, Any]:
-    """A sticky fault on rank ``fault[0]`` from step ``fault[1]`` on; returns how the rank ended."""
+def recovering(
+    rank: int, world: int, spares: int, fault: tuple[int, int], min_replicas: int | None, *,
+    escalate: str = "recover", verdicts: str | None = None, replay_every: int | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """A sticky fault on rank ``fault[0]`` from step ``fault[1]`` on; returns how the rank ended (``verdicts``: a
+    folder where each rank's verdict file goes)."""
     warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
+    if verdicts is not None:
+        os.environ["SDCGUARD_VERDICT_FILE"] = os.path.join(verdicts, f"rank{rank}.jsonl")
     roles = plan_roles(spares) if spares else None
     model, opt = _model()
+    every = replay_every if replay_every is not None else (1 if spares else 2)
     kw: dict[str, Any] = dict(
         group=roles.dp_group if roles else None, shadows=list(roles.shadows) if roles else "peer",
-        replay_every=1 if spares else 2, weight_check_every=1, checksum_every=0, slow=None, optimizer=opt,
-        escalate="recover", min_replicas=min_replicas,
+        replay_every=every, weight_check_every=1, checksum_every=0, slow=None, optimizer=opt,
+        escalate=escalate, min_replicas=min_replicas,
     )  # fmt: skip
     injector = OpFaultMode(
         Fault(pattern="bitflip", bit="high_mantissa", timing="sticky", seed=5), ops="gelu", phase="forward",

@@ -6,8 +6,13 @@ from the same verified state; without either every rank exits by the contract (8
 
 from __future__ import annotations
 
+import functools
+import json
+from pathlib import Path
+
 import pytest
 
+from sdcguard.records import Incident
 from sdcguard.testing import run_ranks
 from tests.training.recovery._jobs import fault_free, recovering
 
@@ -49,3 +54,16 @@ def test_without_a_spare_the_survivors_go_on_as_a_smaller_job(start: int) -> Non
 def test_without_a_spare_or_min_replicas_every_rank_exits_by_the_contract() -> None:
     results = run_ranks(recovering, 3, 0, (1, 4), None, timeout=120)
     assert [r["exit"] for r in results] == [85, 86, 85]
+
+
+@pytest.mark.timeout(200)
+def test_an_exit_names_every_step_the_fault_may_have_touched_and_the_state_to_roll_back_to(tmp_path: Path) -> None:
+    # The drill: a sticky fault from step 3 (not sampled) seen at the sample of step 4, escalate="exit".
+    job = functools.partial(recovering, escalate="exit", verdicts=str(tmp_path))
+    results = run_ranks(job, 3, 0, (1, 3), None, timeout=120)
+    assert [r["exit"] for r in results] == [85, 86, 85]
+    verdict = json.loads((tmp_path / "rank1.jsonl").read_text().splitlines()[0])
+    assert verdict["status"] == 86
+    [incident] = [Incident(**{**i, "suspect_ranks": tuple(i["suspect_ranks"])}) for i in verdict["incidents"]]
+    assert (incident.step, incident.first_step, incident.rollback_step) == (4, 3, 3)
+    assert incident.steps() == "3-4" and incident.roll_back_to() == "state before step 3"
