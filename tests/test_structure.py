@@ -37,6 +37,7 @@ CORE = {
     "resources",
     "fingerprints",
     "exit_codes",
+    "contract",
     "entry",
     "fp8",
     "logs",
@@ -46,7 +47,8 @@ CORE = {
     "_fpcore",
 }
 """The core's top-level modules under ``sdcguard``: the six of the design, plus ``exit_codes`` and ``entry`` (the
-exit codes, and the one-line error rule every command line shares), ``fp8`` (the e4m3 table of the golden suite
+exit codes, and the one-line error rule every command line shares), ``contract`` (the training job's exit-code
+contract and verdict file, which ``sdcguard launch`` reads without torch), ``fp8`` (the e4m3 table of the golden suite
 and the injector), ``kernels`` (the CUDA loader of the golden suite and the fingerprint), ``cpu_time`` (the slow
 drills' CPU burning, used by the golden backend and the injector), ``logs`` (the ``sdcguard`` logger) and
 ``_fpcore`` (the fingerprint's C engine)."""
@@ -84,7 +86,7 @@ FOLDER_LAYERS: dict[str, list[set[str]]] = {
         {"replay"},
         {"verdicts", "step_check"},
         {"checksums", "rounds"},
-        {"config", "replica", "response", "timing", "notices", "recovery"},
+        {"config", "replica", "response", "timing", "notices", "recovery", "placement", "wiring"},
         {"guard", "rejoin"},
     ],
     "sdcguard.fleet": [

@@ -33,6 +33,7 @@ _COMMANDS: dict[str, str] = {
     "golden": "sdcguard.cli.golden:golden",
     "forward": "sdcguard.cli.forward:forward",
     "db": "sdcguard.cli.db:db",
+    "launch": "sdcguard.cli.launch:launch",
 }
 
 

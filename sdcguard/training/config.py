@@ -13,16 +13,7 @@ from .checksums.bound import DEFAULT_ROWS
 from .checksums.precision import DEFAULT_SPLITS
 from .step_check import Check
 
-__all__ = [
-    "DEFAULT_CHECKSUM_EVERY",
-    "GuardConfig",
-    "StepReport",
-    "OnDetect",
-    "Escalate",
-    "Check",
-    "EXIT_SUSPECT_DEVICE",
-    "EXIT_RESTART",
-]
+__all__ = ["DEFAULT_CHECKSUM_EVERY", "GuardConfig", "StepReport", "OnDetect", "Escalate", "Check"]
 
 OnDetect = Literal["record", "skip", "raise", "exit"]
 Escalate = Literal["raise", "exit", "recover", "off"]
@@ -31,11 +22,6 @@ DEFAULT_CHECKSUM_EVERY = 4
 """Checksum-check the matmuls of one step in 4 by default: the least frequent setting at which one-off matmul faults
 are caught on their step at least 10 times as often as by replay at its default (80% of them on a checked step, so
 20% at one in 4, against replay's 2%; docs/matmul-checksums.md has the figures and what each setting costs)."""
-
-EXIT_SUSPECT_DEVICE = 86
-"""Exit status of a rank whose device was named as a suspect (``on_detect="exit"``): do not restart it here."""
-EXIT_RESTART = 85
-"""Exit status of the other ranks (``on_detect="exit"``): the job should restart without the suspect node."""
 
 
 @dataclass(frozen=True, kw_only=True)

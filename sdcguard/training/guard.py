@@ -43,18 +43,18 @@ from .hooks.choice import choose_taps
 from .hooks.ddp import is_ddp, wrap_ddp
 from .hooks.fsdp import is_fsdp
 from .hooks.wrappers import has_compiled_regions
-from .identity import JobView, introduce, launcher_job_id, new_job_id, parameter_signature
-from .mesh import STAGE_DIMS, Layout, build_layout, check_mesh_group, mesh_coordinates, mesh_ranks, replica_classes
+from .identity import JobView
+from .mesh import Layout
 from .notices import COMPILED_NOTICE, construction_notices
-from .recovery.setup import make_recovery
+from .placement import place
+from .recovery.recover import Restored
 from .recovery.state import Stateful
-from .rejoin import Rejoin
+from .rejoin import make_rejoin
 from .replay.capture import Batch, RngHook, capture_rng, make_capture
 from .replay.observe import StepObserver
 from .replay.recompute import LossFn, Replayer, check_loss
 from .replay.stage import StageObserver
 from .response import Responder
-from .rounds.roles import join_job
 from .rounds.shadows import ShadowServer
 from .step_check import StepCheck, StepState, decide, gather_step
 from .timing import IdleClock, PhaseClock, RankSlowness, SlowWatch
@@ -100,6 +100,13 @@ class SDCGuard:
         train_context: the context the training step's forward and backward run in (torchtitan's
             ``train_context``; ``torch.distributed.tensor.parallel.loss_parallel`` for a parallel loss): every
             replay runs in it too, and so does :meth:`step`.
+        optimizer: the optimizer (``escalate="recover"``: its state is in every snapshot; a dedicated shadow passes
+            one over its own module, so it can be promoted).
+        state: more objects with ``state_dict``/``load_state_dict`` a recovery restores (a scheduler, a data
+            loader's position, random states), in the same order on every rank.
+        min_replicas: under ``escalate="recover"`` without a spare, the fewest replicas the job goes on with.
+        snapshot_dir: a node-local shared-memory folder (``/dev/shm/<job>``) the verified snapshots live in, so
+            they survive a restart (:meth:`restore`); None: process memory.
     """
 
     def __init__(
@@ -124,6 +131,7 @@ class SDCGuard:
         optimizer: Stateful | None = None,
         state: Sequence[Stateful] = (),
         min_replicas: int | None = None,
+        snapshot_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.config = GuardConfig(
             replay_every=replay_every, shadows="peer" if shadows == "peer" else tuple(shadows),
@@ -170,12 +178,11 @@ class SDCGuard:
         self._steps = self._samples = 0
         self._last_step: int | None = None
         self._sampled = self._closed = False
-        sharded = self.layout.meshed or is_fsdp(self.module)
-        self._recovery = make_recovery(escalate, self.module, optimizer, state, sharded=sharded, replicas=min_replicas)
-        self._rejoin = None if self._recovery is None else Rejoin(
-            self, self._recovery, loss_fn=loss_fn, params=self.params, identities=self.identities,
-            min_replicas=min_replicas,
+        self._rejoin = make_rejoin(
+            self, escalate, optimizer, state, loss_fn=loss_fn, min_replicas=min_replicas, snapshot_dir=snapshot_dir,
+            sharded=self.layout.meshed or is_fsdp(self.module),
         )  # fmt: skip
+        self._recovery = None if self._rejoin is None else self._rejoin.recovery
         self.data_rank: int = self.dp_rank  # whose batches this rank feeds: a recovery renumbers (:mod:`.recovery`)
         self._batch: Batch = None
         for notice in construction_notices(
@@ -188,41 +195,20 @@ class SDCGuard:
     # ------------------------------------------------------------------------------------------------ setup
 
     def _place(self, group: Any, mesh: Any) -> tuple[JobView, list[int]]:
-        """Where this rank stands: its role and groups (``job_comm``, the step's gather; ``comm``, its data-parallel
-        group), every rank's identity (one gather) and the job's :attr:`layout`; the parameters' replica classes."""
-        coords = mesh_coordinates(self.params, mesh)
-        self.role, self.shadow_ranks, self.job_comm = join_job(
-            self.config.shadows, group, mesh_ranks(self.params, mesh)
+        """Where this rank stands (:mod:`.placement`): its role and groups, every rank's identity, the layout."""
+        reduced = is_fsdp(self.module) or self._ddp is not None
+        p = place(
+            self.config.shadows, group, mesh, taps=self.taps, module=self.module, device=self.device, reduced=reduced
         )
-        self.comm = self.job_comm
-        self.rank, self.members = self.comm.rank, self.comm.members
-        self.log = RankLogger(get_logger("training"), self.rank, lambda: self._step)
-        self._frozen = [(n, p) for n, p in self.module.named_parameters() if not p.requires_grad]
-        """Parameters nothing trains (a LoRA job's base): in the weight check (:class:`~.replica.WeightCheck`)."""
-        classes, keys = replica_classes([*self.params, *(p for _, p in self._frozen)])
-        stage = tuple((d, c) for d, c in coords if d in STAGE_DIMS)
-        keys = tuple(tuple(sorted((*k, *stage))) for k in keys)  # a pipeline stage's replicas hold the same layers
-        world = Comm() if self.shadow_ranks else self.job_comm
-        signature = parameter_signature(list(zip(self.taps.param_names, self.params)))
-        view = introduce(world, self.device, keys, launcher_job_id() or new_job_id(), coords, signature)
-        if not coords and self.role == "worker" and len({view.ranks[g].params for g in self.job_comm.members}) > 1:
-            raise BadInput(
-                "the ranks hold different parameters, so they are not replicas of each other (pipeline stages?): "
-                "guard each set of replicas with group= its process group (one group per pipeline stage)"
-            )
-        self.layout = build_layout(self.job_comm.members, view.coordinates) if coords else Layout(
-            ranks=tuple(self.job_comm.members), slices=(tuple(self.members),)
+        self.role, self.shadow_ranks, self.job_comm, self.comm, self.layout = (
+            p.role, p.shadow_ranks, p.job_comm, p.comm, p.layout,
         )  # fmt: skip
-        """The job's ranks grouped for the checks (:mod:`.mesh`): who compares and who replays whom."""
-        self.comm = self.job_comm.split(self.layout.slices) if coords else self.comm
+        self.rank, self._frozen = self.job_comm.rank, p.frozen
+        self.log = RankLogger(get_logger("training"), self.rank, lambda: self._step)
         self.group, self.members, self.dp_size, self.dp_rank = (
             self.comm.group, self.comm.members, self.comm.size, self.comm.index,
         )  # fmt: skip
-        if coords:
-            check_mesh_group(
-                group, self.members, self.params, self.layout.width, is_fsdp(self.module) or self._ddp is not None
-            )
-        return view, classes
+        return p.view, p.classes
 
     def _make_checks(self, slow: SlowWatch | None) -> list[StepCheck]:
         """The step's checks for where this rank stands now (:mod:`.wiring`)."""
@@ -435,6 +421,15 @@ class SDCGuard:
     def resume_from(self) -> int | None:
         """The step the last recovery went on from (a promoted spare starts there); None before any."""
         return None if self._rejoin is None else self._rejoin.resume_from
+
+    def restore(self, fallback: Callable[[], int] | None = None) -> Restored:
+        """At the start of a restarted job (every worker, before its first step; ``snapshot_dir=``): the newest
+        verified snapshot in host memory that a vote of the replicas confirms, else ``fallback()`` (it loads the
+        last verified disk checkpoint and returns the step to go on at); which, in the result and a log line
+        (:meth:`~.rejoin.Rejoin.restore`)."""
+        if self._rejoin is None or self.role != "worker":
+            raise BadInput('guard.restore() runs on the workers of a guard with escalate="recover"')
+        return self._rejoin.restore(self.comm, fallback)
 
     @property
     def last_batch(self) -> Batch:

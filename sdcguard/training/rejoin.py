@@ -9,20 +9,26 @@ the plan) and :meth:`Member.regroup` (the guard takes up the new group and makes
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from torch import nn
 
+from ..logs import get_logger
 from ..records import Incident
 from .comm import Comm
 from .recovery.engine import warm_up
 from .recovery.plan import RecoveryPlan, plan_recovery
-from .recovery.recover import Recovery
+from .recovery.recover import Recovery, Restored
+from .recovery.setup import make_recovery
+from .recovery.state import Stateful
 from .replay.recompute import LossFn
 from .rounds.shadows import ShadowServer
 
-__all__ = ["Member", "Rejoin"]
+__all__ = ["Member", "Rejoin", "make_rejoin"]
+
+_log = get_logger("training")
 
 
 class Member(Protocol):
@@ -37,6 +43,10 @@ class Member(Protocol):
 
     @property
     def shadow_ranks(self) -> tuple[int, ...]: ...
+
+    @property
+    def identities(self) -> dict[int, tuple[str | None, str]]:
+        """Global rank -> (device id, host)."""
 
     @property
     def model(self) -> nn.Module:
@@ -91,6 +101,17 @@ class Rejoin:
         m.tell_shadows(plan, incidents)
         return self.follow(plan, incidents, last_verified, tainted_from)
 
+    def restore(self, comm: Comm, fallback: Callable[[], int] | None) -> Restored:
+        """At the start of a restarted job (:meth:`~.guard.SDCGuard.restore`): what survived in this node's shared
+        memory (:mod:`.recovery.shared`), voted on; the first worker says which state the job goes on from."""
+        keeper = self.recovery.keeper
+        found, refused = keeper.shared.survivor(keeper.live.read()[1]) if keeper.shared is not None else (None, [])
+        restored = self.recovery.restore(comm, found, fallback, "; ".join(refused))
+        if comm.index == 0:
+            _log.warning("restart: %s", restored.detail)
+        self.resume_from = restored.step
+        return restored
+
     def serve(self, server: ShadowServer) -> int:
         """A dedicated shadow's serving loop: a recovery's plan returns from it, and the shadow follows the plan, as
         a promoted worker (the loop ends) or as a shadow again (it serves the new group's workers)."""
@@ -123,3 +144,21 @@ class Rejoin:
         self.recovery.went_on(plan, incidents, joined.snapshot.step, device)
         self.resume_from = joined.snapshot.step
         return self.resume_from
+
+
+def make_rejoin(
+    member: Member, escalate: str, optimizer: Stateful | None, state: Sequence[Stateful], *, loss_fn: LossFn,
+    min_replicas: int | None, snapshot_dir: str | os.PathLike[str] | None, sharded: bool,
+) -> Rejoin | None:  # fmt: skip
+    """The recoveries of a guard (``member``) built from its settings (:func:`~.recovery.setup.make_recovery`
+    refuses what it cannot re-form); None unless ``escalate="recover"``."""
+    recovery = make_recovery(
+        escalate, member.module, optimizer, state, sharded=sharded, replicas=min_replicas, snapshot_dir=snapshot_dir,
+        rank=member.rank,
+    )  # fmt: skip
+    if recovery is None:
+        return None
+    return Rejoin(
+        member, recovery, loss_fn=loss_fn, params=list(member.module.parameters()), identities=member.identities,
+        min_replicas=min_replicas,
+    )  # fmt: skip

@@ -2,8 +2,9 @@
 
 Exit-code contract (``on_detect="exit"``): every rank of the data-parallel group holds the same incidents and
 leaves at the same step, so no rank waits on a dead peer. Ranks named as suspects exit with
-:data:`~.config.EXIT_SUSPECT_DEVICE` (86): "do not restart on this node"; the others with
-:data:`~.config.EXIT_RESTART` (85): "restart me (without the suspect node)". A suspect rank also appends the
+:data:`~sdcguard.contract.EXIT_SUSPECT_DEVICE` (86): "do not restart on this node"; the others with
+:data:`~sdcguard.contract.EXIT_RESTART` (85): "restart me (without the suspect node)"; each writes its verdict where
+a launcher wrapper finds it (:mod:`sdcguard.contract`). A suspect rank also appends the
 incidents as JSON lines to ``$SDCGUARD_SUSPECT_FILE`` when that variable is set, so a node-level wrapper around
 ``torchrun`` can tell "leave the job" from "rejoin".
 """
@@ -18,16 +19,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Literal, NoReturn
 
+from ..contract import EXIT_RESTART, EXIT_SUSPECT_DEVICE, Verdict, under_torchrun, write_verdict
 from ..errors import CorruptionDetected
 from ..logs import get_logger
 from ..records import PASSIVE_KINDS, Incident
-from .config import EXIT_RESTART, EXIT_SUSPECT_DEVICE, Escalate, OnDetect
+from .config import Escalate, OnDetect
 
-__all__ = ["Responder", "exit_status", "exit_by_contract", "VERDICT_FILE_ENV"]
-
-VERDICT_FILE_ENV = "SDCGUARD_VERDICT_FILE"
-"""Where a rank that exits by the contract writes its verdict (its status and the incidents, one JSON object), for
-``sdcguard launch`` or a Slurm script around ``torchrun``, which reports exit 1 for any failed rank."""
+__all__ = ["Responder", "exit_status", "exit_by_contract"]
 
 _log = get_logger("training")
 
@@ -37,11 +35,12 @@ def exit_status(rank: int, incidents: Sequence[Incident]) -> int:
     return EXIT_SUSPECT_DEVICE if any(rank in i.suspect_ranks for i in incidents) else EXIT_RESTART
 
 
-def exit_by_contract(status: int, incidents: Sequence[Incident], why: str) -> NoReturn:
+def exit_by_contract(status: int, incidents: Sequence[Incident], why: str, *, left: bool = False) -> NoReturn:
     """Leave the job by the exit-code contract with ``status``: a suspect appends its incidents to
-    ``$SDCGUARD_SUSPECT_FILE``; every rank writes its verdict where a launcher finds it (``$SDCGUARD_VERDICT_FILE``,
-    and torchrun's error file, ``$TORCHELASTIC_ERROR_FILE``, whose message torchrun prints in its summary), then
-    one line on stderr, and the status."""
+    ``$SDCGUARD_SUSPECT_FILE``; every rank writes its verdict where a launcher finds it
+    (:func:`sdcguard.contract.write_verdict`), then one line on stderr, and the status. ``left``: this rank leaves
+    alone and the job goes on without it; under torchrun it then exits 0, since torchrun's agent stops every worker
+    of the node when one exits non-zero (``sdcguard launch`` still reports 86 for the node, from the verdict)."""
     records = [asdict(i) for i in incidents]
     if status == EXIT_SUSPECT_DEVICE and os.environ.get("SDCGUARD_SUSPECT_FILE"):
         with contextlib.suppress(OSError):
@@ -49,18 +48,9 @@ def exit_by_contract(status: int, incidents: Sequence[Incident], why: str) -> No
                 for record in records:
                     f.write(json.dumps(record) + "\n")
     line = f"sdcguard: exit {status}: {why}"
-    if os.environ.get(VERDICT_FILE_ENV):
-        with contextlib.suppress(OSError):
-            with open(os.environ[VERDICT_FILE_ENV], "a", encoding="utf-8") as f:
-                f.write(
-                    json.dumps({"status": status, "message": line, "pid": os.getpid(), "incidents": records}) + "\n"
-                )
-    if os.environ.get("TORCHELASTIC_ERROR_FILE"):  # torchrun's own record of a failed worker
-        with contextlib.suppress(OSError):
-            with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w", encoding="utf-8") as f:
-                json.dump({"message": {"message": line, "extraInfo": {"timestamp": "0", "py_callstack": ""}}}, f)
+    write_verdict(Verdict(status=status, message=line, left=left, pid=os.getpid(), incidents=records))
     print(line, file=sys.stderr, flush=True)
-    sys.exit(status)
+    sys.exit(0 if left and under_torchrun() else status)
 
 
 class Responder:

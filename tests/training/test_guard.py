@@ -17,11 +17,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
+from sdcguard.contract import EXIT_SUSPECT_DEVICE
 from sdcguard.errors import BadInput, CorruptionDetected
 from sdcguard.inject.faults import Fault
 from sdcguard.inject.torch_faults import OpFaultMode
 from sdcguard.testing.models import TinyTransformer, lm_loss, make_batch
-from sdcguard.training.config import EXIT_SUSPECT_DEVICE, GuardConfig
+from sdcguard.training.config import GuardConfig
 from sdcguard.training.digest import LocalRecord
 from sdcguard.training.guard import SDCGuard
 from sdcguard.training.hooks.ddp import ParamTaps

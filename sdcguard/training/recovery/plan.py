@@ -20,12 +20,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["RecoveryPlan", "plan_recovery", "EXIT_SUSPECT", "EXIT_OTHERS"]
+from ...contract import EXIT_RESTART, EXIT_SUSPECT_DEVICE
 
-EXIT_SUSPECT = 86
-"""The exit status of a leaver (the exit-code contract's "do not restart on this node")."""
-EXIT_OTHERS = 85
-"""The exit status of the other ranks when the job cannot go on ("restart without the suspect node")."""
+__all__ = ["RecoveryPlan", "plan_recovery"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,7 +44,7 @@ class RecoveryPlan:
 
     def status(self, rank: int) -> int:
         """A rank's exit status under the contract."""
-        return EXIT_SUSPECT if rank in self.leavers else EXIT_OTHERS
+        return EXIT_SUSPECT_DEVICE if rank in self.leavers else EXIT_RESTART
 
     def data_rank(self, rank: int) -> int | None:
         """The data-parallel index ``rank`` feeds after the recovery (None: it is not a worker)."""

@@ -22,19 +22,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from torch import nn
 
+from ...contract import EXIT_RESTART, EXIT_SUSPECT_DEVICE
 from ...fingerprints import signed64
 from ...records import Incident
 from ..comm import Comm
 from ..response import exit_by_contract
 from .engine import RecoveryEngine
-from .plan import EXIT_OTHERS, EXIT_SUSPECT, RecoveryPlan
+from .plan import RecoveryPlan
 from .snapshot import Snapshot, SnapshotKeeper
 
-__all__ = ["Recovery", "Rejoined"]
+__all__ = ["Recovery", "Rejoined", "Restored"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +48,18 @@ class Rejoined:
     """The model the loop trains in it."""
     snapshot: Snapshot | None
     """The verified state every member holds now."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Restored:
+    """What :meth:`Recovery.restore` loaded at the start of a restarted job (the same on every worker)."""
+
+    source: Literal["snapshot", "checkpoint", "none"]
+    """A verified snapshot that survived in host memory, the disk checkpoint the fallback loaded, or nothing."""
+    step: int | None
+    """The step the loop goes on at (None: from the start, nothing was loaded)."""
+    detail: str
+    """One line: which, and why not the snapshot."""
 
 
 class Recovery:
@@ -128,12 +141,14 @@ class Recovery:
             exit_by_contract(plan.status(rank), incidents, _why(plan, "no spare, and too few replicas to go on"))
         comm = self.engine.exclude(plan)
         if rank in plan.leavers:
-            exit_by_contract(EXIT_SUSPECT, incidents, _why(plan, "this rank left the job; the others went on"))
+            exit_by_contract(
+                EXIT_SUSPECT_DEVICE, incidents, _why(plan, "this rank left the job; the others went on"), left=True
+            )
         if comm is None:
             return Rejoined(comm=None, model=None, snapshot=None)
         healed = self.engine.heal(comm, self.keeper.verified, batch)
         if healed.state is None:
-            exit_by_contract(EXIT_OTHERS, incidents, _why(plan, "no verified snapshot that the replicas agree on"))
+            exit_by_contract(EXIT_RESTART, incidents, _why(plan, "no verified snapshot that the replicas agree on"))
         snap = healed.snapshot
         if snap is not None:
             self.engine.roll_back(self.keeper, snap)
@@ -145,9 +160,37 @@ class Recovery:
         digests = [row[0] for row in comm.gather_ints([signed64(mine)]).tolist()]
         expected = signed64(healed.state[1])
         if any(d != expected for d in digests):  # the post-heal vote: nobody commits a state it does not hold
-            status = EXIT_SUSPECT if signed64(mine) != expected else EXIT_OTHERS
+            status = EXIT_SUSPECT_DEVICE if signed64(mine) != expected else EXIT_RESTART
             exit_by_contract(status, incidents, _why(plan, "a replica does not hold the verified state after the heal"))
         return Rejoined(comm=comm, model=model, snapshot=snap)
+
+    def restore(self, comm: Comm, found: Snapshot | None, fallback: Callable[[], int] | None, why: str) -> Restored:
+        """At the start of a restarted job, on every worker alike: the newest snapshot a strict majority of the
+        holders confirm (``found``: this rank's, from :func:`~.shared.survivors`; ``why``: why others were refused) is
+        healed to every member, rolled back to and voted on like a recovery's; without one, ``fallback()`` loads
+        the last verified disk checkpoint and returns the step to go on at."""
+        self.verdict_at = time.monotonic()
+        healed = self.engine.heal(comm, found, None)
+        if healed.state is None:
+            refused = f" ({why})" if why else ""
+            if fallback is None:
+                return Restored(source="none", step=None, detail=f"no verified snapshot survived{refused}")
+            step = fallback()
+            return Restored(
+                source="checkpoint", step=step,
+                detail=f"no snapshot the replicas confirm{refused}: the last verified disk checkpoint, step {step}",
+            )  # fmt: skip
+        snap = healed.snapshot
+        if snap is not None:
+            self.engine.roll_back(self.keeper, snap)
+            self.keeper.adopt(snap)
+        mine = self.keeper.live_digest() if snap is not None else 0
+        digests = [row[0] for row in comm.gather_ints([signed64(mine)]).tolist()]
+        if any(d != signed64(healed.state[1]) for d in digests):
+            status = EXIT_SUSPECT_DEVICE if signed64(mine) != signed64(healed.state[1]) else EXIT_RESTART
+            exit_by_contract(status, [], "restart: a replica does not hold the snapshot the others confirm")
+        step = healed.state[0]
+        return Restored(source="snapshot", step=step, detail=f"the verified snapshot in host memory, step {step}")
 
     def went_on(self, plan: RecoveryPlan, incidents: Sequence[Incident], resume: int, replacement: str | None) -> None:
         """The recovery of ``plan`` left this rank going on at step ``resume`` (``replacement``: the spare's

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from ...fingerprints import copy_and_fingerprint, fingerprints_on_device, unsigned64
 from .state import LiveState, state_digest
 
-__all__ = ["Snapshot", "SnapshotKeeper"]
+__all__ = ["Snapshot", "SnapshotKeeper", "HostSlots"]
 
 
 @dataclass(eq=False)
@@ -79,11 +79,34 @@ def snapshot_fingerprints(tensors: Sequence[torch.Tensor]) -> list[int]:
     return out
 
 
+class HostSlots(Protocol):
+    """Where a keeper's host buffers live when they must outlive the process (:class:`~.shared.SharedSlots`)."""
+
+    def buffers(self, live: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Buffers for a copy of ``live`` that do not hold the published snapshot."""
+
+    def publish(self, snap: Snapshot) -> None:
+        """``snap`` (in buffers from :meth:`buffers`, complete) is the verified one now."""
+
+    def keep(self, snap: Snapshot) -> Snapshot:
+        """``snap`` copied into buffers of its own when it is elsewhere, and published."""
+
+    def withdraw(self) -> None:
+        """No verified snapshot any more."""
+
+    def survivor(self, live: Sequence[torch.Tensor]) -> tuple[Snapshot | None, list[str]]:
+        """At a restart: the newest intact snapshot that outlived the last process, for a state shaped like
+        ``live``, and why others were refused."""
+
+
 class SnapshotKeeper:
     """The verified snapshot and at most one candidate (see the module docstring)."""
 
-    def __init__(self, live: LiveState) -> None:
+    def __init__(self, live: LiveState, shared: HostSlots | None = None) -> None:
         self.live = live
+        self.shared = shared
+        """The slots in node-local shared memory the buffers live in, so the verified snapshot survives a restart
+        (:mod:`.shared`); None: process memory."""
         self.verified: Snapshot | None = None
         self.candidate: Snapshot | None = None
         self._spare: list[torch.Tensor] = []
@@ -107,6 +130,8 @@ class SnapshotKeeper:
         return snap
 
     def _buffers(self, live: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if self.shared is not None:
+            return self.shared.buffers(live)
         spare, self._spare = self._spare, []
         if [(t.shape, t.dtype) for t in spare] == [(t.shape, t.dtype) for t in live]:
             return spare
@@ -143,6 +168,8 @@ class SnapshotKeeper:
         if self.verified is not None:
             self._spare = self.verified.tensors
         self.verified, self.candidate = self.candidate.finish(), None
+        if self.shared is not None:
+            self.shared.publish(self.verified)
         return self.verified
 
     def drop_candidate(self) -> None:
@@ -154,10 +181,13 @@ class SnapshotKeeper:
         """Forget the verified snapshot (it may hold a fault found since)."""
         if self.verified is not None:
             self._spare, self.verified = self.verified.tensors, None
+        if self.shared is not None:
+            self.shared.withdraw()
 
     def adopt(self, snap: Snapshot) -> None:
         """Keep ``snap`` (received in a heal, or loaded at a restart) as the verified snapshot."""
-        self.verified, self.candidate = snap, None
+        self.candidate = None
+        self.verified = snap if self.shared is None else self.shared.keep(snap)
 
     def restore(self, snap: Snapshot) -> None:
         """Write ``snap`` back into the live state (the module's tensors in place; the rest loaded from clones)."""
