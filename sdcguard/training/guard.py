@@ -432,6 +432,12 @@ class SDCGuard:
         return self._rejoin.restore(self.comm, fallback)
 
     @property
+    def snapshot_step(self) -> int | None:
+        """The step the verified snapshot starts (what a recovery would roll back to now); None: none kept."""
+        verified = None if self._recovery is None else self._recovery.keeper.verified
+        return None if verified is None else verified.step
+
+    @property
     def last_batch(self) -> Batch:
         """This rank's last micro-batch (None before the first)."""
         return self._batch

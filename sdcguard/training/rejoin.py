@@ -105,7 +105,7 @@ class Rejoin:
         """At the start of a restarted job (:meth:`~.guard.SDCGuard.restore`): what survived in this node's shared
         memory (:mod:`.recovery.shared`), voted on; the first worker says which state the job goes on from."""
         keeper = self.recovery.keeper
-        found, refused = keeper.shared.survivor(keeper.live.read()[1]) if keeper.shared is not None else (None, [])
+        found, refused = keeper.shared.survivor(keeper.live.fits) if keeper.shared is not None else (None, [])
         restored = self.recovery.restore(comm, found, fallback, "; ".join(refused))
         if comm.index == 0:
             _log.warning("restart: %s", restored.detail)

@@ -10,8 +10,8 @@ copy in it is complete: a crash mid-copy leaves the last published snapshot inta
 
 A restarted job (:func:`survivors`) reads this rank's record first, then the other records of the folder (a rank
 that moved to another node finds the snapshot a rank of its replica class left there: data-parallel replicas hold
-the same state), newest first, and keeps the first whose bits still have their fingerprints and whose layout is
-the live state's. What a vote of the replicas then confirms is :meth:`~.recover.Recovery.restore`'s.
+the same state), newest first, and keeps the first whose bits still have their fingerprints and which fits the live
+state (the same model). What a vote of the replicas then confirms is :meth:`~.recover.Recovery.restore`'s.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import base64
 import json
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,9 @@ from .state import state_digest
 __all__ = ["SharedSlots", "survivors", "Survivor"]
 
 _ALIGN = 64
+
+Fits = Callable[[Any, list[torch.Tensor]], "str | None"]
+"""Why a kept state (skeleton, tensors) cannot be written into the live one, or None (:meth:`.state.LiveState.fits`)."""
 
 
 def _layout(tensors: Sequence[torch.Tensor]) -> tuple[list[tuple[list[int], str, int]], int]:
@@ -128,9 +131,9 @@ class SharedSlots:
         self._path("json").unlink(missing_ok=True)
         self.published = None
 
-    def survivor(self, live: Sequence[torch.Tensor]) -> tuple[Snapshot | None, list[str]]:
+    def survivor(self, fits: Fits) -> tuple[Snapshot | None, list[str]]:
         """:func:`survivors` of this folder for this rank."""
-        found = survivors(self.folder, self.rank, live)
+        found = survivors(self.folder, self.rank, fits)
         return found.snapshot, found.refused
 
 
@@ -141,9 +144,12 @@ class Survivor:
         self.snapshot, self.source, self.refused = snapshot, source, refused
 
 
-def survivors(folder: str | os.PathLike[str], rank: int, live: Sequence[torch.Tensor]) -> Survivor:
-    """The newest intact snapshot in ``folder`` for a state shaped like ``live``: this rank's record first, then
-    the others (see the module docstring). Its tensors are copies in this process's memory."""
+def survivors(
+    folder: str | os.PathLike[str], rank: int, fits: Callable[[Any, list[torch.Tensor]], str | None]
+) -> Survivor:
+    """The newest intact snapshot in ``folder`` that ``fits`` the live state (None: it does, else why not): this
+    rank's record first, then the others (see the module docstring). Its tensors are copies in this process's
+    memory."""
     root = Path(folder)
     if not root.is_dir():
         return Survivor(None, "", [])
@@ -154,20 +160,17 @@ def survivors(folder: str | os.PathLike[str], rank: int, live: Sequence[torch.Te
             records.append((path.name != f"rank{rank}.json", -int(record["step"]), path, record))
         except (OSError, ValueError, KeyError):
             continue
-    want, _ = _layout(live)
     refused: list[str] = []
     for _, _, path, record in sorted(records, key=lambda r: r[:2]):
-        why = _check(root, record, want)
+        why = _check(root, record, fits)
         if isinstance(why, Snapshot):
             return Survivor(why, str(path), refused)
         refused.append(f"{path.name} (step {record.get('step')}): {why}")
     return Survivor(None, "", refused)
 
 
-def _check(root: Path, record: dict[str, Any], want: list[Any]) -> Snapshot | str:
+def _check(root: Path, record: dict[str, Any], fits: Fits) -> Snapshot | str:
     layout = [(list(s), d, int(o)) for s, d, o in record["layout"]]
-    if [(s, d) for s, d, _ in layout] != [(s, d) for s, d, _ in want]:
-        return "another model's state (its tensors' shapes or dtypes differ)"
     path = root / f"rank{record['rank']}.slot{record['slot']}"
     try:
         size = path.stat().st_size
@@ -178,6 +181,9 @@ def _check(root: Path, record: dict[str, Any], want: list[Any]) -> Snapshot | st
     if fps != [int(f) for f in record["fingerprints"]]:
         return "its bits differ from their fingerprints (corrupted in memory)"
     skeleton = pickle.loads(base64.b64decode(record["skeleton"]))
+    unfit = fits(skeleton, tensors)
+    if unfit is not None:
+        return unfit
     digest = state_digest(fps, skeleton)
     if digest != int(record["digest"]):
         return "its digest differs from the record's"

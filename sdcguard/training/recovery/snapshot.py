@@ -15,7 +15,7 @@ tensors (no host synchronisation).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -94,9 +94,9 @@ class HostSlots(Protocol):
     def withdraw(self) -> None:
         """No verified snapshot any more."""
 
-    def survivor(self, live: Sequence[torch.Tensor]) -> tuple[Snapshot | None, list[str]]:
-        """At a restart: the newest intact snapshot that outlived the last process, for a state shaped like
-        ``live``, and why others were refused."""
+    def survivor(self, fits: Callable[[Any, list[torch.Tensor]], str | None]) -> tuple[Snapshot | None, list[str]]:
+        """At a restart: the newest intact snapshot that outlived the last process and ``fits`` the live state
+        (None: it does, else why not), and why others were refused."""
 
 
 class SnapshotKeeper:

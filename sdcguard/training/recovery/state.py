@@ -106,6 +106,20 @@ class LiveState:
         }
         return flatten(whole, tensors), tensors
 
+    def fits(self, skeleton: Any, tensors: Sequence[torch.Tensor]) -> str | None:
+        """Why a kept state cannot be written into this one (another model: its parameters' and buffers' names,
+        shapes or dtypes differ), or None. The optimizer's state may be empty here (before its first step)."""
+        try:
+            kept = unflatten(skeleton["module"], tensors)
+        except (KeyError, IndexError, TypeError):
+            return "not a state this guard keeps"
+        live = {k: local_tensor(v.detach()) for k, v in self.module.state_dict(keep_vars=True).items()}
+        if sorted(kept) != sorted(live):
+            return "another model's state (its parameters' and buffers' names differ)"
+        if any((kept[k].shape, kept[k].dtype) != (v.shape, v.dtype) for k, v in live.items()):
+            return "another model's state (its tensors' shapes or dtypes differ)"
+        return None
+
     def write(
         self, skeleton: Any, tensors: Sequence[torch.Tensor], clone: Callable[[torch.Tensor], torch.Tensor]
     ) -> None:
