@@ -8,10 +8,11 @@ and the skeleton's plain values), written to a temporary name and renamed, so a 
 one before. A copy goes into the slot the verified snapshot does not use; the record names a slot only once the
 copy in it is complete: a crash mid-copy leaves the last published snapshot intact.
 
-A restarted job (:func:`survivors`) reads this rank's record first, then the other records of the folder (a rank
-that moved to another node finds the snapshot a rank of its replica class left there: data-parallel replicas hold
-the same state), newest first, and keeps the first whose bits still have their fingerprints and which fits the live
-state (the same model). What a vote of the replicas then confirms is :meth:`~.recover.Recovery.restore`'s.
+A restarted job (:func:`survivors`) reads the records of the folder newest first (this rank's first among equals; a
+rank that moved to another node finds the snapshot a rank of its replica class left there: data-parallel replicas
+hold the same state, and a leaver's record is an older verified state of the same run), and keeps the first whose
+bits still have their fingerprints and which fits the live state (the same model). What a vote of the replicas then
+confirms is :meth:`~.recover.Recovery.restore`'s.
 """
 
 from __future__ import annotations
@@ -147,8 +148,8 @@ class Survivor:
 def survivors(
     folder: str | os.PathLike[str], rank: int, fits: Callable[[Any, list[torch.Tensor]], str | None]
 ) -> Survivor:
-    """The newest intact snapshot in ``folder`` that ``fits`` the live state (None: it does, else why not): this
-    rank's record first, then the others (see the module docstring). Its tensors are copies in this process's
+    """The newest intact snapshot in ``folder`` that ``fits`` the live state (None: it does, else why not; this
+    rank's record first among records of one step: see the module docstring). Its tensors are copies in this process's
     memory."""
     root = Path(folder)
     if not root.is_dir():
@@ -157,7 +158,7 @@ def survivors(
     for path in sorted(root.glob("rank*.json")):
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
-            records.append((path.name != f"rank{rank}.json", -int(record["step"]), path, record))
+            records.append((-int(record["step"]), path.name != f"rank{rank}.json", path, record))
         except (OSError, ValueError, KeyError):
             continue
     refused: list[str] = []
