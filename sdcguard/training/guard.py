@@ -293,8 +293,8 @@ class SDCGuard:
         self._clock.end_step()
         if self._recovery is not None:
             self._recovery.fence()  # a snapshot copy in flight is read before the optimizer writes
-            if decision.commit and (state.sampled or self._checksums.vouched):
-                self._recovery.looked_at(step, vouched=self._checksums.vouched)
+            if decision.commit and state.sampled:
+                self._recovery.sampled(step)
         escalating = self._responder.handle(found, escalate=self._outcomes.escalating(found))
         resume = self._recover(step, escalating) if escalating else None
         return StepReport(

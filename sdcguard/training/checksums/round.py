@@ -24,14 +24,13 @@ from .mode import ChecksumFailure, ChecksumMode
 
 __all__ = ["columns", "WIDTH", "checksum_incidents", "FailureNote", "ChecksumCheck"]
 
-WIDTH = 3
+WIDTH = 2
 """The columns :func:`columns` adds to the step's gather."""
 
 
-def columns(failures: Sequence[ChecksumFailure], checked: int = 0) -> list[int]:
-    """This rank's values for the gather: failed matmuls, those that failed again on the recompute, and whether it
-    checked any (whether its checks could fire at all)."""
-    return [len(failures), sum(1 for f in failures if f.sticky), int(checked > 0)]
+def columns(failures: Sequence[ChecksumFailure]) -> list[int]:
+    """This rank's values for the gather: failed matmuls, and those that failed again on the recompute."""
+    return [len(failures), sum(1 for f in failures if f.sticky)]
 
 
 def _describe(f: ChecksumFailure) -> str:
@@ -104,18 +103,15 @@ class ChecksumCheck:
         """The matmuls this rank ran, checked and found unverifiable on the last checked step (0 on other steps)."""
         self.named: tuple[str, ...] = ()
         """Why those were unverifiable, one line per setting (:meth:`ChecksumMode.named`)."""
-        self.vouched = False
-        """The last step concluded was checked on every rank, each checked some matmuls, and none failed."""
 
     def columns(self, state: StepState) -> torch.Tensor:
         self._checked = self.mode.active
         self._failures = self.mode.end()  # recomputes a failed matmul on this device before anyone is blamed
         self.run, self.checked = (self.mode.run, self.mode.checked) if self._checked else (0, 0)
         self.unverifiable, self.named = (self.mode.unverifiable, self.mode.named()) if self._checked else (0, ())
-        return torch.tensor(columns(self._failures, self.checked), dtype=torch.int64, device=self.device)
+        return torch.tensor(columns(self._failures), dtype=torch.int64, device=self.device)
 
     def conclude(self, state: StepState, rows: Sequence[Sequence[int]]) -> CheckResult:
-        self.vouched = self._checked and all(row[2] and not row[0] for row in rows)
         found = checksum_incidents(self.comm, self.attr, state.step, rows, self._failures)
         return CheckResult(
             incidents=tuple(found), veto=any(row[0] for row in rows), ran="checksum" if self._checked else None

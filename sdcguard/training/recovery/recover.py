@@ -1,14 +1,14 @@
 """A guard's recovery (``escalate="recover"``): when to keep a snapshot, and what every rank does once the job
 decided to recover (:mod:`.plan`), through its engine (:mod:`.engine`).
 
-Snapshots (:meth:`Recovery.begin_step`): at the start of step ``s`` the live state is copied as the candidate when
-step ``s - 1`` was looked at by a check that covers every rank (a sampled step in peer mode; any sampled step with
-dedicated shadows, whose verdicts come later; a checksum-checked step); the candidate becomes the verified snapshot
-once the checks vouch for step ``s - 1`` on every rank: ``guard.last_verified_step`` (every rank's latest clean
-sample at or after it, nothing tainted since) or a checksum-checked step where every rank checked matmuls and none
-failed. Under a sticky fault that started at step ``f`` the verified snapshot is therefore the state of a step
-``<= f``: the faulty device's samples from ``f`` on all fail. A one-off fault on a step no check saw is not
-covered.
+Snapshots (:meth:`Recovery.begin_step`): at the start of step ``s`` the live state is copied as the pending snapshot
+when step ``s - 1`` was sampled on every rank and committed; it becomes the verified snapshot once the samples vouch
+for step ``s - 1``: ``guard.last_verified_step >= s - 1`` (every rank's latest clean sample at or after it, nothing
+tainted since). Under a sticky fault that started at step ``f`` the verified snapshot is therefore the state of a
+step ``<= f``: the faulty device's samples from ``f`` on all fail. A one-off fault on a step no check saw is not
+covered. Only samples vouch for a snapshot: a checksum-checked step vouches for its matmuls, not for an elementwise
+fault, and a snapshot after every checked step (one in 4 at the defaults) would cost more than the goal of 1% of a
+step (docs/recovery.md).
 
 The recovery (:meth:`Recovery.execute`), on every rank of the job alike: the engine excludes the leavers; a leaver
 exits by the contract (86) once the group is re-formed; the members heal (every member holds the voted snapshot),
@@ -75,10 +75,8 @@ class Recovery:
         self.keeper = keeper
         self.engine = engine
         self.min_replicas = min_replicas
-        self._looked_at: int | None = None
-        """The last step a check that covers every rank looked at (its state is the next candidate)."""
-        self._vouched: int = -1
-        """The last step a checksum-checked step vouched for on every rank."""
+        self._sampled: int | None = None
+        """The last step sampled on every rank and committed (the state after it is the next snapshot)."""
         self.verdict_at: float | None = None
         """When the last recovery was decided (``time.monotonic()``), until the next step starts."""
         self._told: tuple[list[Incident], int, int, str | None] | None = None
@@ -86,36 +84,36 @@ class Recovery:
 
     # ---------------------------------------------------------------------------------------------- snapshots
 
-    def looked_at(self, step: int, *, vouched: bool) -> None:
-        """Step ``step`` was checked on every rank (``vouched``: and the checks vouch for it now)."""
-        self._looked_at = step
-        if vouched:
-            self._vouched = max(self._vouched, step)
+    def sampled(self, step: int) -> None:
+        """Step ``step`` was sampled on every rank and committed (its verdicts may come later)."""
+        self._sampled = step
 
     def begin_step(self, step: int, last_verified: int | None) -> None:
-        """Promote the candidate once its predecessor step is vouched for; take a new one when the step before this
-        one was looked at and no candidate waits (the verified snapshot is never overwritten)."""
-        through = max(self._vouched, -1 if last_verified is None else last_verified)
-        candidate = self.keeper.candidate
-        if candidate is not None and candidate.step - 1 <= through:
-            self.keeper.promote()
-        if self._looked_at == step - 1 and self.keeper.candidate is None:
-            self.keeper.take(step)
-            if step - 1 <= through:
-                self.keeper.promote()
+        """Anchor the pending snapshot once the samples vouch for it; when the step before this one was sampled and
+        no snapshot is pending, take the state this step starts from as the pending one
+        (:class:`~.snapshot.SnapshotKeeper`)."""
+        self._anchor(last_verified)
+        if self._sampled == step - 1 and "pending" not in self.keeper.lanes:
+            self.keeper.take(step, "pending")
+            self._anchor(last_verified)
+
+    def _anchor(self, last_verified: int | None, clean: Callable[[Snapshot], bool] = lambda snap: True) -> None:
+        """The pending snapshot becomes the anchored one when the samples vouch for it (and it is ``clean``)."""
+        snap = self.keeper.lanes.get("pending")
+        if snap is not None and last_verified is not None and snap.step - 1 <= last_verified and clean(snap):
+            self.keeper.put("anchored", snap)
+            self.keeper.put("pending", None)
 
     def _settle(self, last_verified: int | None, tainted_from: int | None) -> None:
-        """At a recovery: the candidate becomes the verified snapshot when the checks vouch for it now, else it is
-        dropped (it may hold the fault); a verified snapshot of a state the fault may have touched (a step after
-        ``tainted_from``) is forgotten."""
-        through = max(self._vouched, -1 if last_verified is None else last_verified)
+        """At a recovery: what the samples vouch for now is anchored; the pending snapshot is dropped (nothing
+        vouches for it), and so is an anchored one from after the earliest step the fault could have touched
+        (``tainted_from``: it cannot be, by the rule of :mod:`~..verdicts.verification`; checked all the same)."""
         clean = (lambda snap: True) if tainted_from is None else (lambda snap: snap.step <= tainted_from)
-        candidate = self.keeper.candidate
-        if candidate is not None and candidate.step - 1 <= through and clean(candidate):
-            self.keeper.promote()
-        self.keeper.drop_candidate()
-        if self.keeper.verified is not None and not clean(self.keeper.verified):
-            self.keeper.forget()
+        self._anchor(last_verified, clean)
+        self.keeper.put("pending", None)
+        anchored = self.keeper.lanes.get("anchored")
+        if anchored is not None and not clean(anchored):
+            self.keeper.put("anchored", None)
 
     def fence(self) -> None:
         """Before the optimizer changes the tensors a copy in flight reads (no host synchronisation)."""
@@ -129,14 +127,13 @@ class Recovery:
         tainted_from: int | None = None,
     ) -> Rejoined:  # fmt: skip
         """This rank's part of the recovery (see the module docstring); exits by the contract where the plan or
-        the vote says so. ``last_verified``: the guard's last verified step with this step's verdicts in (a
-        candidate they now vouch for is the newest verified state: with dedicated shadows the verdict that vouches
+        the vote says so. ``last_verified``: the guard's last verified step with this step's verdicts in (a pending
+        snapshot they now vouch for is the newest verified state: with dedicated shadows the verdict that vouches
         for it may arrive in the same step as the one that names the fault); ``tainted_from``: the earliest step the
-        fault could have touched (a snapshot of a later state is never rolled back to: a checksum-checked step
-        vouches for the matmuls only)."""
+        fault could have touched (a snapshot of a later state is never rolled back to)."""
         self.verdict_at = time.monotonic()
         self._settle(last_verified, tainted_from)
-        self._looked_at = None
+        self._sampled = None
         if plan.action == "exit":
             exit_by_contract(plan.status(rank), incidents, _why(plan, "no spare, and too few replicas to go on"))
         comm = self.engine.exclude(plan)

@@ -1,12 +1,12 @@
-"""Snapshots that survive a restart: the keeper's two host buffers live in files of a node-local shared-memory
+"""Snapshots that survive a restart: the keeper's host buffers live in files of a node-local shared-memory
 folder (``snapshot_dir``, e.g. ``/dev/shm/<job>``), so the snapshot copy *is* the surviving copy (no second copy),
 and the verified one is published by a small record beside them.
 
-Per rank: ``rank<R>.slot0`` and ``rank<R>.slot1`` (each snapshot's tensors, one after another, 64-byte aligned) and
-``rank<R>.json`` (the verified snapshot: its step, digest, the fingerprint of every tensor, their layout, the slot,
-and the skeleton's plain values), written to a temporary name and renamed, so a reader sees a whole record or the
-one before. A copy goes into the slot the verified snapshot does not use; the record names a slot only once the
-copy in it is complete: a crash mid-copy leaves the last published snapshot intact.
+Per rank: ``rank<R>.slot0`` to ``rank<R>.slot3`` (the keeper's buffers: each snapshot's tensors, one after another,
+64-byte aligned) and ``rank<R>.json`` (the verified snapshot: its step, digest, the fingerprint of every tensor, their
+layout, the slot, and the skeleton's plain values), written to a temporary name and renamed, so a reader sees a whole
+record or the one before. A copy goes into a slot no kept snapshot uses; the record names a slot only once the copy in
+it is complete: a crash mid-copy leaves the last published snapshot intact.
 
 A restarted job (:func:`survivors`) reads the records of the folder newest first (this rank's first among equals; a
 rank that moved to another node finds the snapshot a rank of its replica class left there: data-parallel replicas
@@ -34,6 +34,9 @@ from .state import state_digest
 __all__ = ["SharedSlots", "survivors", "Survivor"]
 
 _ALIGN = 64
+_SLOTS = 3
+"""Slots per rank: the keeper's two lanes and the one the record names (a snapshot let go by the keeper stays
+published until the next one is)."""
 
 Fits = Callable[[Any, list[torch.Tensor]], "str | None"]
 """Why a kept state (skeleton, tensors) cannot be written into the live one, or None (:meth:`.state.LiveState.fits`)."""
@@ -83,9 +86,11 @@ class SharedSlots:
     def _path(self, what: str) -> Path:
         return self.folder / f"rank{self.rank}.{what}"
 
-    def buffers(self, live: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Host buffers for a copy of ``live``: views into the slot the published snapshot does not use."""
-        slot = 1 if self.published == 0 else 0
+    def buffers(self, live: Sequence[torch.Tensor], busy: Sequence[Sequence[torch.Tensor]]) -> list[torch.Tensor]:
+        """Host buffers for a copy of ``live``: views into a slot that neither the published snapshot nor one of
+        ``busy`` uses."""
+        used = {self.published, *(self.slot_of(b) for b in busy)}
+        slot = next(i for i in range(_SLOTS) if i not in used)
         layout, size = _layout(live)
         kept = self._slots.get(slot)
         if kept is None or kept[0] != layout:
@@ -100,10 +105,11 @@ class SharedSlots:
                 return slot
         return None
 
-    def keep(self, snap: Snapshot) -> Snapshot:
-        """``snap`` in a slot (copied there when its tensors are elsewhere: a heal's, a restart's), published."""
+    def keep(self, snap: Snapshot, busy: Sequence[Sequence[torch.Tensor]]) -> Snapshot:
+        """``snap`` in a slot (copied there when its tensors are elsewhere: a heal's, a restart's; into none of
+        ``busy``), published."""
         if self.slot_of(snap.tensors) is None:
-            buffers = self.buffers(snap.tensors)
+            buffers = self.buffers(snap.tensors, busy)
             for dst, src in zip(buffers, snap.tensors):
                 dst.copy_(src)
             snap = Snapshot(step=snap.step, skeleton=snap.skeleton, tensors=buffers,

@@ -1,11 +1,12 @@
 """Verified snapshots in host memory: the state a recovery rolls back to, kept off the critical path.
 
-A :class:`Snapshot` is a host copy of the live training state (:class:`~.state.LiveState`) after some step, with
-the fingerprint of every tensor and one digest of the whole (:func:`~.state.state_digest`), taken on the device
-before the copy (so the copy is checked against what was live). :class:`SnapshotKeeper` double-buffers them: the
-newest *verified* snapshot is never overwritten; a new copy goes into the other buffer, a *candidate*, and becomes
-the verified one only when the guard's checks vouch for its step. The candidate is taken at the start of a step
-whose predecessor a check looked at (see :meth:`SnapshotKeeper.take`), so it is the state that step starts from.
+A :class:`Snapshot` is a host copy of the live training state (:class:`~.state.LiveState`) after some step, with the
+fingerprint of every tensor and one digest of the whole (:func:`~.state.state_digest`), taken on the device before the
+copy (so the copy is checked against what was live). :class:`SnapshotKeeper` keeps two: the *verified* one (the newest
+the samples vouch for) and a *pending* one, taken at the start of the step after a sampled step (so it is the state
+that step starts from) into other buffers, which becomes the verified one once the samples vouch for it (at once in
+peer mode; steps later with dedicated shadows, whose verdicts lag). A verified snapshot is never overwritten by a copy
+in flight.
 
 The copy: on a CPU, into host buffers kept across snapshots, the fingerprint in the same pass; on a GPU, into
 pinned host buffers on a side stream that waits for the current one, so it overlaps the step's forward and
@@ -17,14 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
 from ...fingerprints import copy_and_fingerprint, fingerprints_on_device, unsigned64
 from .state import LiveState, state_digest
 
-__all__ = ["Snapshot", "SnapshotKeeper", "HostSlots"]
+__all__ = ["Snapshot", "SnapshotKeeper", "HostSlots", "Lane"]
 
 
 @dataclass(eq=False)
@@ -82,14 +83,14 @@ def snapshot_fingerprints(tensors: Sequence[torch.Tensor]) -> list[int]:
 class HostSlots(Protocol):
     """Where a keeper's host buffers live when they must outlive the process (:class:`~.shared.SharedSlots`)."""
 
-    def buffers(self, live: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Buffers for a copy of ``live`` that do not hold the published snapshot."""
+    def buffers(self, live: Sequence[torch.Tensor], busy: Sequence[Sequence[torch.Tensor]]) -> list[torch.Tensor]:
+        """Buffers for a copy of ``live``, none of those ``busy`` (the snapshots kept)."""
 
     def publish(self, snap: Snapshot) -> None:
         """``snap`` (in buffers from :meth:`buffers`, complete) is the verified one now."""
 
-    def keep(self, snap: Snapshot) -> Snapshot:
-        """``snap`` copied into buffers of its own when it is elsewhere, and published."""
+    def keep(self, snap: Snapshot, busy: Sequence[Sequence[torch.Tensor]]) -> Snapshot:
+        """``snap`` copied into buffers of its own when it is elsewhere (none of ``busy``), and published."""
 
     def withdraw(self) -> None:
         """No verified snapshot any more."""
@@ -99,23 +100,39 @@ class HostSlots(Protocol):
         (None: it does, else why not), and why others were refused."""
 
 
+Lane = Literal["anchored", "pending"]
+"""Where a keeper holds a snapshot (see :class:`SnapshotKeeper`)."""
+
+
 class SnapshotKeeper:
-    """The verified snapshot and at most one candidate (see the module docstring)."""
+    """Snapshots in two lanes (see the module docstring), each at most one:
+
+    - ``anchored``: the verified snapshot, the newest the samples vouch for (``guard.last_verified_step``);
+    - ``pending``: taken after a sampled step, waiting for the samples to vouch for it (with dedicated shadows their
+      verdicts come steps later): it becomes the anchored one.
+
+    Args:
+        live: the state snapshots copy and restores write.
+        shared: where the buffers live when the snapshots must survive a restart (:mod:`.shared`); None: process
+            memory.
+    """
 
     def __init__(self, live: LiveState, shared: HostSlots | None = None) -> None:
         self.live = live
         self.shared = shared
-        """The slots in node-local shared memory the buffers live in, so the verified snapshot survives a restart
-        (:mod:`.shared`); None: process memory."""
-        self.verified: Snapshot | None = None
-        self.candidate: Snapshot | None = None
-        self._spare: list[torch.Tensor] = []
-        """Host buffers of a dropped or superseded snapshot, reused by the next copy of the same layout."""
+        self.lanes: dict[Lane, Snapshot] = {}
+        self._spares: list[list[torch.Tensor]] = []
+        """Host buffers of dropped or superseded snapshots, reused by the next copies of the same layout."""
         self._stream: Any = None
+        self._in_flight: Snapshot | None = None
 
-    def take(self, step: int) -> Snapshot:
-        """Copy the live state as the candidate for the state step ``step`` starts from (replacing an unverified
-        candidate; the verified snapshot is left alone)."""
+    @property
+    def verified(self) -> Snapshot | None:
+        """The verified snapshot (the anchored one)."""
+        return self.lanes.get("anchored")
+
+    def take(self, step: int, lane: Lane) -> Snapshot:
+        """Copy the live state into ``lane`` as the state step ``step`` starts from (what it held is let go)."""
         skeleton, live = self.live.read()
         buffers = self._buffers(live)
         if any(t.device.type == "cuda" for t in live):
@@ -124,17 +141,33 @@ class SnapshotKeeper:
             fps = [unsigned64(v) for v in copy_and_fingerprint([t.contiguous() for t in live], buffers)]
             snap = Snapshot(step=step, skeleton=skeleton, tensors=buffers, fingerprints=fps,
                             digest=state_digest(fps, skeleton))  # fmt: skip
-        if self.candidate is not None:
-            self._spare = self.candidate.tensors
-        self.candidate = snap
+        self._in_flight = snap
+        self.put(lane, snap)
         return snap
+
+    def put(self, lane: Lane, snap: Snapshot | None) -> None:
+        """``snap`` into ``lane`` (None: empty it); what the lane held is let go, and the newest verified snapshot
+        published where it must survive a restart."""
+        old = self.lanes.pop(lane, None)
+        if snap is not None:
+            self.lanes[lane] = snap
+        if old is not None and all(old is not s for s in self.lanes.values()) and len(self._spares) < 2:
+            self._spares.append(old.tensors)
+        if self.shared is not None and lane != "pending":
+            verified = self.verified
+            if verified is None:
+                self.shared.withdraw()
+            else:
+                self.shared.publish(verified.finish())
 
     def _buffers(self, live: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         if self.shared is not None:
-            return self.shared.buffers(live)
-        spare, self._spare = self._spare, []
-        if [(t.shape, t.dtype) for t in spare] == [(t.shape, t.dtype) for t in live]:
-            return spare
+            return self.shared.buffers(live, [s.tensors for s in self.lanes.values()])
+        layout = [(t.shape, t.dtype) for t in live]
+        for i, spare in enumerate(self._spares):
+            if [(t.shape, t.dtype) for t in spare] == layout:
+                return self._spares.pop(i)
+        self._spares.clear()
         pin = torch.cuda.is_available() and any(t.device.type == "cuda" for t in live)
         return [torch.empty(t.shape, dtype=t.dtype, pin_memory=pin) for t in live]
 
@@ -158,36 +191,16 @@ class SnapshotKeeper:
 
     def fence(self) -> None:
         """Make the current CUDA stream wait for a copy in flight before the optimizer changes what it reads."""
-        if self._stream is not None and self.candidate is not None and self.candidate._event is not None:
-            torch.cuda.current_stream().wait_event(self.candidate._event)
-
-    def promote(self) -> Snapshot | None:
-        """The candidate becomes the verified snapshot (the old verified one's buffers are reused later)."""
-        if self.candidate is None:
-            return self.verified
-        if self.verified is not None:
-            self._spare = self.verified.tensors
-        self.verified, self.candidate = self.candidate.finish(), None
-        if self.shared is not None:
-            self.shared.publish(self.verified)
-        return self.verified
-
-    def drop_candidate(self) -> None:
-        """Forget the candidate (a check found its state may be corrupt)."""
-        if self.candidate is not None:
-            self._spare, self.candidate = self.candidate.tensors, None
-
-    def forget(self) -> None:
-        """Forget the verified snapshot (it may hold a fault found since)."""
-        if self.verified is not None:
-            self._spare, self.verified = self.verified.tensors, None
-        if self.shared is not None:
-            self.shared.withdraw()
+        snap = self._in_flight
+        if self._stream is not None and snap is not None and snap._event is not None:
+            torch.cuda.current_stream().wait_event(snap._event)
 
     def adopt(self, snap: Snapshot) -> None:
-        """Keep ``snap`` (received in a heal, or loaded at a restart) as the verified snapshot."""
-        self.candidate = None
-        self.verified = snap if self.shared is None else self.shared.keep(snap)
+        """Keep ``snap`` (received in a heal, or loaded at a restart) as the anchored snapshot, the only one."""
+        busy = [s.tensors for s in self.lanes.values()]
+        kept = snap if self.shared is None else self.shared.keep(snap, busy)
+        self.put("pending", None)
+        self.put("anchored", kept)
 
     def restore(self, snap: Snapshot) -> None:
         """Write ``snap`` back into the live state (the module's tensors in place; the rest loaded from clones)."""

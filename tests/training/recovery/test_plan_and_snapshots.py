@@ -91,14 +91,14 @@ def test_a_restore_is_exact_and_training_on_never_changes_the_verified_snapshot(
     model, opt = _trained()
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     keeper = SnapshotKeeper(LiveState(model, opt, [sched]))
-    snap = keeper.take(2)
-    assert keeper.promote() is snap and keeper.live_digest() == snap.digest
+    snap = keeper.take(2, "anchored")
+    assert keeper.verified is snap and keeper.live_digest() == snap.digest
     for _ in range(2):
         model(torch.randn(5, 4)).sum().backward()  # the BatchNorm statistics change too
         opt.step()
         sched.step()
     assert keeper.live_digest() != snap.digest
-    keeper.take(4)  # a candidate goes into the other buffer: the verified one stays
+    keeper.take(4, "pending")  # a new copy goes into other buffers: the verified one stays
     assert keeper.verified is snap and snap.intact()
     keeper.restore(snap)
     assert keeper.live_digest() == snap.digest and opt.param_groups[0]["lr"] == 1e-2
@@ -109,7 +109,7 @@ def test_a_restore_is_exact_and_training_on_never_changes_the_verified_snapshot(
 def test_a_flipped_bit_in_a_kept_snapshot_is_seen() -> None:
     model, opt = _trained()
     keeper = SnapshotKeeper(LiveState(model, opt))
-    snap = keeper.take(2)
+    snap = keeper.take(2, "pending")
     snap.tensors[0].view(-1).view(torch.int32)[0] ^= 1 << 3
     assert not snap.intact()
 
