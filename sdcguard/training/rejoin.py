@@ -96,8 +96,11 @@ class Rejoin:
         the guard's last verified step now, its verdicts of this step included; ``tainted_from``: the earliest step
         the fault could have touched). The step to go on at."""
         m = self.member
-        suspects = {r for i in incidents for r in i.suspect_ranks}
-        plan = plan_recovery(step, m.members, m.shadow_ranks, suspects, min_replicas=self.min_replicas)
+        named = {r for i in incidents if i.kind != "unresolved" for r in i.suspect_ranks}
+        undecided = {r for i in incidents if i.kind == "unresolved" for r in i.suspect_ranks}
+        plan = plan_recovery(
+            step, m.members, m.shadow_ranks, named, min_replicas=self.min_replicas, undecided=undecided
+        )  # fmt: skip
         m.tell_shadows(plan, incidents)
         return self.follow(plan, incidents, last_verified, tainted_from)
 

@@ -5,7 +5,10 @@ a leaver's place, who goes on, or that the job must exit.
 Rules, in order:
 
 1. The *leavers* are the suspects of the escalating incidents that are ranks of the job (workers or dedicated
-   shadows): nobody else ever leaves.
+   shadows): nobody else ever leaves. An ``unresolved`` verdict names two or more devices and cannot say which is
+   faulty: its suspects are *undecided*, and when one of them is not also named by a verdict that settles it, the
+   job cannot go on without risking a healthy device's leaving: every rank exits by the contract with 85 (86 only
+   on the named leavers), the incident in the store naming every suspect.
 2. Each worker that leaves is replaced by a dedicated shadow that does not leave, lowest rank first (a *spare*).
 3. The new data-parallel group is the workers that stay plus the promoted spares, in rank order: the order its
    reductions sum in, so the data-parallel ranks are numbered by it (a fault-free run of the same size sums the
@@ -59,10 +62,17 @@ def plan_recovery(
     *,
     min_replicas: int | None,
     spares: bool = True,
+    undecided: Iterable[int] = (),
 ) -> RecoveryPlan:
-    """The plan for suspects named at ``step`` (``spares``: the shadows may be promoted)."""
+    """The plan for suspects named at ``step`` (``undecided``: suspects of unresolved verdicts; ``spares``: the
+    shadows may be promoted)."""
     job = set(workers) | set(shadows)
     leavers = tuple(sorted(set(suspects) & job))
+    if (set(undecided) & job) - set(leavers):
+        return RecoveryPlan(
+            step=step, workers=tuple(workers), leavers=leavers, members=(), promoted=(), shadows=tuple(shadows),
+            action="exit",
+        )  # fmt: skip
     staying_shadows = [s for s in sorted(shadows) if s not in leavers]
     leaving_workers = [w for w in workers if w in leavers]
     promoted = tuple(staying_shadows[: len(leaving_workers)]) if spares else ()
