@@ -23,18 +23,27 @@ def _same(a: dict[str, object], b: dict[str, object]) -> bool:
     return a["weights"] == b["weights"] and a["optimizer"] == b["optimizer"]
 
 
+@pytest.fixture(scope="module")
+def three_workers() -> list[dict[str, object]]:
+    """A fault-free three-worker run (plain DDP), the reference of every run with a spare."""
+    return run_ranks(fault_free, 3, None, timeout=100)
+
+
 @pytest.mark.timeout(240)
-def test_a_spare_takes_the_faulty_workers_place_and_the_run_equals_a_fault_free_one() -> None:
-    reference = run_ranks(fault_free, 3, None, timeout=100)
-    results = run_ranks(recovering, 4, 1, (1, 4), None, timeout=120)  # 3 workers + 1 shadow (rank 3)
+@pytest.mark.parametrize("start", [3, 4], ids=["the-step-before-its-sample", "its-sampled-step"])
+def test_a_spare_takes_the_faulty_workers_place_and_the_run_equals_a_fault_free_one(
+    start: int, three_workers: list[dict[str, object]]
+) -> None:
+    # replay_every=1 with one shadow: the samples rotate over the workers, worker 1's at steps 1, 4, 7
+    results = run_ranks(recovering, 4, 1, (1, start), None, timeout=120)  # 3 workers + 1 shadow (rank 3)
     assert results[1] == {"exit": 86}
     survivors = [r for i, r in enumerate(results) if i != 1]
     assert sorted(r["data_rank"] for r in survivors) == [0, 1, 2]  # the spare feeds a data rank
     for r in survivors:
-        assert _same(r, reference[r["data_rank"]]), r["data_rank"]
+        assert _same(r, three_workers[r["data_rank"]]), r["data_rank"]
     told = results[0]["recovered"]
     assert told and told[0][1] == (1,) and told[0][4] is not None  # the replacement device
-    assert told[0][2] <= 4 and told[0][3] >= 1  # rolled back to a state from before the fault
+    assert told[0][2] <= start and told[0][3] >= 1  # rolled back to a state from before the fault
     assert results[0]["resumes"] == results[2]["resumes"]
 
 
