@@ -73,10 +73,7 @@ def train(rank, store_path):
         with fault:
             report = guard.step(step, batch_of(step, guard.data_rank))
         if report.resume_from is not None:  # restored: go on at that step, with this rank's data rank's batches
-            print(
-                f"rank {rank}: recovered at step {step}, going on at step {report.resume_from}, "
-                f"data rank {guard.data_rank}"
-            )
+            print(f"rank {rank}: recovered at {step}, going on at {report.resume_from} as data rank {guard.data_rank}")
             step = report.resume_from
             continue
         if report.commit:
