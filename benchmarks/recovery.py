@@ -11,17 +11,16 @@ step of the verdict) and the seconds from the verdict (the incident's time) to t
 - ``restart, shared memory``: every rank exits by the contract, a new job (new processes) goes on from the verified
   snapshot that survived in shared memory (``snapshot_dir``, ``guard.restore``);
 - ``exit + DCP restart``: today's path: every rank exits, a new job loads the last verified DCP checkpoint, saved
-  every ``K`` steps, K the Young-Daly interval the docs recommend, sqrt(2 x save time x mean time between
-  interruptions) in steps, for this job's step and save times and the fleet's interruption rate below.
+  in this short run a few steps before the fault; the model takes Young's interval, sqrt(2 x save time x mean time
+  between interruptions), the interval the planning model recommends.
 
-Then the snapshot's cost at the defaults (``replay_every=50``, ``checksum_every=4``: a snapshot after every
-checked step): one copy and fingerprint of the job's whole state, timed, times the share of steps that take one,
-against the step's own time. And the goodput model: ``--devices`` devices whose per-device interruption rates are
-drawn from a seeded fleet (most devices at a base rate, one in 1,000 ten times as often) and counted over a
-simulated year, so the job is interrupted every ``1/lambda`` seconds (the issue's 16,384-GPU job: every ~1.8 h);
-each interruption costs ``lost steps x step + seconds to the next commit`` and checkpoints cost ``save / (K x
-step)``; a restart at scale takes ``--restart-s`` more (the anchor: today's path gives Gemini's 85% with it).
-Goodput = (1 - overhead) / (1 + lambda x cost per interruption)::
+Then the snapshot's cost at the defaults (``replay_every=50``: a snapshot after every sampled step): one copy and
+fingerprint of the job's whole state, timed, times the share of steps that take one, against the step's own time.
+And the goodput model: ``--devices`` devices whose per-device interruption rates are drawn from a seeded fleet (most
+devices at a base rate, one in 1,000 ten times as often) and counted over a simulated year, so the job is
+interrupted every ``1/lambda`` seconds (the issue's 16,384-GPU job: every ~1.8 h); the planning model's formulas
+(:mod:`sdcguard.fleet.plan.intervals`) at a step of ``--step-at-scale`` and a save of ``--save-at-scale`` seconds,
+a restart at scale set so that today's path gives Gemini's 85% (the anchor)::
 
     python benchmarks/recovery.py                 # about a minute here
     python benchmarks/recovery.py --json out.json
@@ -31,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import shutil
@@ -220,30 +218,35 @@ def fleet_rate(devices: int, seed: int, mtbi_h: float) -> tuple[float, int]:
     return events / year, events
 
 
-def goodput(rate: float, lost_s: float, overhead: float) -> float:
-    """The share of time that ends in kept steps: ``lost_s`` seconds lost per interruption at ``rate`` per second,
-    ``overhead`` of every step spent on keeping state."""
-    return (1 - overhead) / (1 + rate * lost_s)
-
-
 def _model_fleet(
     a: argparse.Namespace, rows: dict[str, dict[str, float]], rate: float, snapshot: float
 ) -> dict[str, Any]:
-    """The goodput of each way at scale (see the module docstring): today's checkpoint every K = sqrt(2 x save x
-    MTBI) seconds (Young-Daly), losing K/2 on average plus the steps from the fault to the verdict, and a restart
-    of the job at scale set so that today's path gives 85% (Gemini's figure); the others lose their measured steps,
-    and a restart or the measured recovery seconds."""
-    step = a.step_at_scale
-    interval = math.sqrt(2 * a.save_at_scale / rate)
-    overhead = a.save_at_scale / interval
-    lag = rows["recover, spare"]["lost"] - 1  # the steps a verdict comes after its fault, at best
-    today_lost = interval / 2 + lag * step
-    restart = ((1 - overhead) / 0.85 - 1) / rate - today_lost
-    out: dict[str, Any] = {"interval_s": interval, "restart_s": restart, "checkpoint_share": overhead}
-    out["exit + DCP restart"] = goodput(rate, today_lost + restart, overhead)
-    out["restart, shared memory"] = goodput(rate, rows["restart, shared memory"]["lost"] * step + restart, snapshot)
-    for name in ("recover, no spare", "recover, spare"):
-        out[name] = goodput(rate, rows[name]["lost"] * step + rows[name]["seconds"], snapshot)
+    """The goodput of each way at scale, with the planning model's formulas (:mod:`sdcguard.fleet.plan.intervals`,
+    docs/plan.md): today's path checkpoints at Young's interval and restarts from the checkpoint at every
+    interruption (Daly's exact goodput), the restart's time set so that it gives 85% (Gemini's figure, the anchor);
+    the others keep the same checkpoints (for what they cannot recover from) and take every interruption of the
+    model in their own way: in place (the measured lost steps and seconds) or by a restart from the snapshot (the
+    measured lost steps and the same restart), the snapshot's share of each step on top."""
+    from sdcguard.fleet.plan.intervals import RecoveryCost, goodput, goodput_with_recovery, young
+
+    step, save, mtbf = a.step_at_scale, a.save_at_scale, 1 / rate
+    interval = young(save, mtbf)
+    lo, hi = 0.0, mtbf  # the restart that makes today's path give 85%, by bisection (goodput falls as it grows)
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if goodput(interval, save, mid, mtbf) > 0.85 else (lo, mid)
+    restart = (lo + hi) / 2
+    out: dict[str, Any] = {"interval_s": interval, "restart_s": restart, "checkpoint_share": save / (interval + save)}
+    out["exit + DCP restart"] = goodput(interval, save, restart, mtbf)
+    ways = {
+        "restart, shared memory": (rows["restart, shared memory"]["lost"] * step, restart),
+        "recover, no spare": (rows["recover, no spare"]["lost"] * step, rows["recover, no spare"]["seconds"]),
+        "recover, spare": (rows["recover, spare"]["lost"] * step, rows["recover, spare"]["seconds"]),
+    }
+    for name, (lost, seconds) in ways.items():
+        cost = RecoveryCost(lost_s=lost, recovery_s=seconds)
+        kept = goodput_with_recovery(interval, save, restart, loud_per_s=0.0, recoverable_per_s=rate, cost=cost)
+        out[name] = kept * (1 - snapshot)
     return out
 
 
@@ -307,8 +310,8 @@ def main(argv: list[str] | None = None) -> int:
                 "step_s": _median(results[0]["step_s"]),
             }
         step_s, save_s = rows["recover, no spare"]["step_s"], float("nan")
-        # Today's path saves a verified DCP checkpoint every K steps; in this short run one is saved a few steps
-        # before the fault (the run's lost steps), and the model takes the expected loss at the Young-Daly K.
+        # Today's path saves a verified DCP checkpoint; in this short run one is saved a few steps before the fault
+        # (the run's lost steps); the model takes Young's interval.
         run_every = a.every * max(1, (a.fault - 1) // a.every)
         for name, shm, every in [
             ("restart, shared memory", str(tmp / "shm"), 0),
@@ -367,7 +370,7 @@ def _print(
     print(
         f"fleet: {a.devices} devices, {events} interruptions in a simulated year: one every {1 / rate / 3600:.2f} h; "
         f"at scale a step {a.step_at_scale:g} s, a DCP save {a.save_at_scale:g} s, checkpoint every "
-        f"{model['interval_s'] / 60:.1f} min (Young-Daly, {model['checkpoint_share']:.1%} of the time), a restart "
+        f"{model['interval_s'] / 60:.1f} min (Young's, {model['checkpoint_share']:.1%} of the time), a restart "
         f"{model['restart_s']:.0f} s (today's path at 85%)"
     )
     for name in rows:
