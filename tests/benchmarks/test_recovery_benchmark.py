@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 @pytest.mark.timeout(300)
 def test_it_measures_the_four_ways_and_derives_the_goodput_from_them(tmp_path: Path) -> None:
     out = tmp_path / "recovery.json"
-    args = ["--workers", "3", "--width", "16", "--every", "1", "--fault", "5", "--steps", "10", "--reps", "3"]
+    args = ["--workers", "3", "--width", "16", "--every", "1", "--fault", "4", "--steps", "8", "--reps", "3"]
     p = run_benchmark("recovery.py", *args, "--json", str(out), timeout=280)
     assert p.returncode == 0, p.stderr[-3000:]
     figures = json.loads(out.read_text())

@@ -30,11 +30,12 @@ def three_workers() -> list[dict[str, object]]:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("start", [3, 4], ids=["the-step-before-its-sample", "its-sampled-step"])
+@pytest.mark.parametrize("start", [3], ids=["the-step-before-its-sample"])
 def test_a_spare_takes_the_faulty_workers_place_and_the_run_equals_a_fault_free_one(
     start: int, three_workers: list[dict[str, object]]
 ) -> None:
-    # replay_every=1 with one shadow: the samples rotate over the workers, worker 1's at steps 1, 4, 7
+    # replay_every=1 with one shadow: the samples rotate over the workers, worker 1's at steps 1, 4, 7. The fault
+    # from its sampled step (4) is the attribution matrix's recover cell that CI runs (test_attribution_matrix.py).
     results = run_ranks(recovering, 4, 1, (1, start), None, timeout=120)  # 3 workers + 1 shadow (rank 3)
     assert results[1] == {"exit": 86}
     survivors = [r for i, r in enumerate(results) if i != 1]
