@@ -296,7 +296,7 @@ class SDCGuard:
             if decision.commit and state.sampled:
                 self._recovery.sampled(step)
         escalating = self._responder.handle(found, escalate=self._outcomes.escalating(found))
-        resume = self._recover(step, escalating) if escalating else None
+        resume = self._rejoin.recover(step, escalating, self._outcomes.verification) if self._rejoin else None
         return StepReport(
             step=step, loss=loss if loss is not None else torch.full((), float("nan")), commit=decision.commit,
             incidents=tuple(found), replayed=state.sampled, checks=decision.checks,
@@ -402,8 +402,8 @@ class SDCGuard:
             runs = self.job_comm.gather_objects(runs[0])
         report, found = self._outcomes.calibrated_runs(runs, self.dp_size)
         escalating = self._responder.handle(found, escalate=self._outcomes.escalating(found))
-        if escalating:  # escalate="recover" before any snapshot: every rank exits by the contract
-            self._recover(-1, escalating)
+        if escalating and self._rejoin is not None:  # "recover" before any snapshot: every rank exits by the contract
+            self._rejoin.recover(-1, escalating, self._outcomes.verification)
         return report
 
     def serve(self) -> int:
@@ -423,10 +423,9 @@ class SDCGuard:
         return None if self._rejoin is None else self._rejoin.resume_from
 
     def restore(self, fallback: Callable[[], int] | None = None) -> Restored:
-        """At the start of a restarted job (every worker, before its first step; ``snapshot_dir=``): the newest
-        verified snapshot in host memory that a vote of the replicas confirms, else ``fallback()`` (it loads the
-        last verified disk checkpoint and returns the step to go on at); which, in the result and a log line
-        (:meth:`~.rejoin.Rejoin.restore`)."""
+        """A restarted job's workers, before the first step (``snapshot_dir=``): the newest verified snapshot in host
+        memory a vote of the replicas confirms, else ``fallback()`` (it loads the last verified disk checkpoint and
+        returns the step to go on at); which, in the result and a log line (:meth:`~.rejoin.Rejoin.restore`)."""
         if self._rejoin is None or self.role != "worker":
             raise BadInput('guard.restore() runs on the workers of a guard with escalate="recover"')
         return self._rejoin.restore(self.comm, fallback)
@@ -441,10 +440,6 @@ class SDCGuard:
     def last_batch(self) -> Batch:
         """This rank's last micro-batch (None before the first)."""
         return self._batch
-
-    def _recover(self, step: int, escalating: list[Incident]) -> int | None:
-        v, rejoin = self._outcomes.verification, self._rejoin
-        return None if rejoin is None else rejoin.recover(step, escalating, v.last_verified_step, v.tainted_from)
 
     def tell_shadows(self, plan: Any, incidents: Sequence[Incident]) -> None:
         """Send a recovery's plan to the dedicated shadows (:class:`~.rejoin.Rejoin` calls it on every worker)."""
@@ -478,6 +473,8 @@ class SDCGuard:
             self._responder.record(self._responder.handle(found, escalate=self._outcomes.escalating(found)))
         self._checksums.mode.end()
         self.taps.close()
+        if self._rejoin is not None:
+            self._rejoin.close()
         return found
 
     def state_dict(self) -> dict[str, Any]:

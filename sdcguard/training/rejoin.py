@@ -25,6 +25,7 @@ from .recovery.setup import make_recovery
 from .recovery.state import Stateful
 from .replay.recompute import LossFn
 from .rounds.shadows import ShadowServer
+from .verdicts.verification import Verification
 
 __all__ = ["Member", "Rejoin", "make_rejoin"]
 
@@ -88,13 +89,14 @@ class Rejoin:
         self.resume_from: int | None = None
         """The step the last recovery went on from."""
 
-    def recover(
-        self, step: int, incidents: list[Incident], last_verified: int | None, tainted_from: int | None
-    ) -> int | None:
+    def recover(self, step: int, incidents: list[Incident], verification: Verification) -> int | None:
         """The job-wide plan (:mod:`.recovery.plan`) from what every worker holds alike (the escalating incidents
-        came out of the step's gather); the dedicated shadows are told; this worker follows it (``last_verified``:
-        the guard's last verified step now, its verdicts of this step included; ``tainted_from``: the earliest step
-        the fault could have touched). The step to go on at."""
+        came out of the step's gather); the dedicated shadows are told; this worker follows it (``verification``:
+        the guard's, this step's verdicts in: its last verified step, and the earliest step the fault could have
+        touched). The step to go on at; None when ``incidents`` is empty."""
+        if not incidents:
+            return None
+        last_verified, tainted_from = verification.last_verified_step, verification.tainted_from
         m = self.member
         named = {r for i in incidents if i.kind != "unresolved" for r in i.suspect_ranks}
         undecided = {r for i in incidents if i.kind == "unresolved" for r in i.suspect_ranks}
@@ -114,6 +116,11 @@ class Rejoin:
             _log.warning("restart: %s", restored.detail)
         self.resume_from = restored.step
         return restored
+
+    def close(self) -> None:
+        """The job ended well: the snapshots kept in shared memory for a restart are let go (the node's memory)."""
+        if self.recovery.keeper.shared is not None:
+            self.recovery.keeper.shared.clear()
 
     def serve(self, server: ShadowServer) -> int:
         """A dedicated shadow's serving loop: a recovery's plan returns from it, and the shadow follows the plan, as

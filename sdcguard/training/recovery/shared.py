@@ -18,6 +18,7 @@ confirms is :meth:`~.recover.Recovery.restore`'s.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import pickle
@@ -137,6 +138,16 @@ class SharedSlots:
         """No surviving snapshot any more (the one published may hold a fault found since)."""
         self._path("json").unlink(missing_ok=True)
         self.published = None
+
+    def clear(self) -> None:
+        """The job ended well: this rank's record and slot files are removed (node memory), the folder too when it is
+        left empty."""
+        self.withdraw()
+        self._slots.clear()
+        for slot in range(_SLOTS):
+            self._path(f"slot{slot}").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.folder.rmdir()
 
     def survivor(self, fits: Fits) -> tuple[Snapshot | None, list[str]]:
         """:func:`survivors` of this folder for this rank."""

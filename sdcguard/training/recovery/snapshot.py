@@ -95,6 +95,9 @@ class HostSlots(Protocol):
     def withdraw(self) -> None:
         """No verified snapshot any more."""
 
+    def clear(self) -> None:
+        """The job is over: remove what this rank keeps (its record and slots)."""
+
     def survivor(self, fits: Callable[[Any, list[torch.Tensor]], str | None]) -> tuple[Snapshot | None, list[str]]:
         """At a restart: the newest intact snapshot that outlived the last process and ``fits`` the live state
         (None: it does, else why not), and why others were refused."""

@@ -11,6 +11,7 @@ in place fails in ``Gloo connectFullMesh failed ... Connection refused`` even wi
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,9 +23,28 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 JOB = Path(__file__).with_name("torchrun_job.py")
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _launch(tmp: Path, ranks: int, *args: int) -> subprocess.CompletedProcess[str]:
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--max-restarts", "0",
-                "--monitor-interval", "0.2"]  # fmt: skip
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(ranks),
+        "--max-restarts",
+        "0",
+        "--monitor-interval",
+        "0.2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+    ]
     job = [str(JOB), str(tmp / "out"), str(tmp / "shm"), *map(str, args)]
     return subprocess.run(
         [sys.executable, "-m", "sdcguard", "launch", "--", *torchrun, *job], capture_output=True, text=True,
@@ -56,3 +76,4 @@ def test_a_leaver_under_torchrun_leaves_alone_and_a_restarted_job_resumes_from_s
     for rank in (0, 1):
         last = _notes(tmp_path, rank)[-1]
         assert (last["restored"], last["from"], last["ended"]) == ("snapshot", 7, "finished")
+    assert not list((tmp_path / "shm").glob("rank[01].*"))  # a job that ended well frees the node's memory
