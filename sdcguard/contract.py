@@ -72,8 +72,9 @@ class Verdict:
 
 
 def under_torchrun() -> bool:
-    """Whether this process is a worker that torchrun's elastic agent started (it sets ``TORCHELASTIC_RUN_ID``)."""
-    return bool(os.environ.get("TORCHELASTIC_RUN_ID"))
+    """Whether this process is a worker that torchrun's elastic agent started (it sets ``TORCHELASTIC_RESTART_COUNT``
+    for every worker it starts)."""
+    return "TORCHELASTIC_RESTART_COUNT" in os.environ
 
 
 def write_verdict(verdict: Verdict) -> None:

@@ -53,17 +53,17 @@ class TracebackFilter:
         elif line.startswith(b"Traceback (most recent call last):"):
             self._state, self._held = "traceback", [line]
         else:
-            self._write(line)
+            self._emit(line)
 
     def held(self) -> list[bytes]:
         return list(self._held)
 
     def _flush(self) -> None:
         for line in self._held:
-            self._write(line)
+            self._emit(line)
         self._held, self._state = [], "normal"
 
-    def _write(self, line: bytes) -> None:
+    def _emit(self, line: bytes) -> None:
         self.out.write(line)
         self.out.flush()
 

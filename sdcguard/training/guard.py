@@ -166,8 +166,7 @@ class SDCGuard:
             self.taps, loss_fn, device=self.device, params=self.params, rng_hook=rng_hook, timed=self._clock.replay,
             context=train_context,
         )  # fmt: skip
-        self._rng_hook = rng_hook
-        self._view, self._classes = view, classes
+        self._rng_hook, self._view, self._classes = rng_hook, view, classes
         self._checks = self._make_checks(slow)
         self._checksum_every = self.config.checksum_every
         """Checksum-check one step in N; 0 for a model with compiled regions (:mod:`.hooks.wrappers`)."""
@@ -183,8 +182,7 @@ class SDCGuard:
             sharded=self.layout.meshed or is_fsdp(self.module),
         )  # fmt: skip
         self._recovery = None if self._rejoin is None else self._rejoin.recovery
-        self.data_rank: int = self.dp_rank  # whose batches this rank feeds: a recovery renumbers (:mod:`.recovery`)
-        self._batch: Batch = None
+        self.data_rank, self._batch = self.dp_rank, None  # whose batches it feeds: a recovery renumbers them
         for notice in construction_notices(
             speaks=self.job_comm.index == 0 and self.role == "worker", worker=self.role == "worker",
             replicas=self._replica.active, job_size=self.job_comm.size, cuda_problems=setup_warnings(self.device),

@@ -31,7 +31,8 @@ _log = get_logger("training")
 
 
 def exit_status(rank: int, incidents: Sequence[Incident]) -> int:
-    """A rank's exit status under the contract: :data:`~.config.EXIT_SUSPECT_DEVICE` when ``incidents`` name it."""
+    """A rank's exit status under the contract: :data:`~sdcguard.contract.EXIT_SUSPECT_DEVICE` when ``incidents``
+    name it."""
     return EXIT_SUSPECT_DEVICE if any(rank in i.suspect_ranks for i in incidents) else EXIT_RESTART
 
 
