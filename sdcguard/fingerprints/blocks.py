@@ -15,7 +15,35 @@ import numpy as np
 
 from .definition import BLOCK_WORDS
 
-__all__ = ["xp_byte_pieces", "xp_word_blocks", "stage", "torch_byte_pieces", "torch_word_blocks"]
+__all__ = ["xp_byte_pieces", "xp_word_blocks", "stage", "torch_byte_pieces", "torch_word_blocks", "resolved_bits"]
+
+_SIGNED = {2: "int16", 4: "int32", 8: "int64"}
+
+
+def resolved_bits(x: Any) -> Any:
+    """``x`` as a dense tensor of its logical values, a lazy conjugate or negation applied to the sign bits with
+    integer operations. ``resolve_conj`` computes: CUDA's conjugate (seen on an H200, torch 2.11) rewrites the bits
+    of a NaN, so a conjugate view fingerprinted on a GPU differed from the same view on the CPU. A sign flip by
+    XOR is the same bits on every device."""
+    import torch
+
+    conj, neg = x.is_conj(), x.is_neg()
+    if not (conj or neg):
+        return x.contiguous()
+    if not (x.dtype.is_floating_point or x.dtype.is_complex):
+        return x.resolve_neg().contiguous()  # integers: exact arithmetic, a negation is not a sign flip
+    base = x.conj() if conj else x  # clears the lazy bit without computing
+    if neg:
+        base = torch._neg_view(base)
+    dense = base.clone(memory_format=torch.contiguous_format)  # a copy: the XOR below must not touch x
+    parts = torch.view_as_real(dense) if dense.dtype.is_complex else dense
+    words = parts.view(getattr(torch, _SIGNED[parts.element_size()]))
+    sign = torch.iinfo(words.dtype).min  # the sign bit alone
+    if neg:
+        words.bitwise_xor_(sign)
+    if conj:
+        words[..., 1].bitwise_xor_(sign)
+    return dense
 
 
 def xp_byte_pieces(a: Any, xp: Any, max_bytes: int) -> Iterator[Any]:
@@ -97,7 +125,7 @@ def torch_byte_pieces(x: Any, max_bytes: int) -> Iterator[Any]:
         rows = max(1, max_bytes // max(1, row_bytes))
         for s in range(0, x.shape[0] if x.dim() else 1, rows):
             piece = x[s : s + rows] if x.dim() else x
-            piece = piece.resolve_conj().resolve_neg().contiguous()
+            piece = resolved_bits(piece)
             yield piece.reshape(-1).view(__import__("torch").uint8)
         return
     for i in range(x.shape[0]):

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .blocks import stage, torch_byte_pieces, xp_byte_pieces
+from .blocks import resolved_bits, stage, torch_byte_pieces, xp_byte_pieces
 from .definition import BLOCK_WORDS, CHUNK_WORDS, CHUNKS_PER_BLOCK, MASK64, PHI, mix_int, weights, xp_partial
 
 __all__ = [
@@ -282,7 +282,7 @@ def _copy_strided(x: Any, address: int, nbytes: int) -> None:
     else:
         import torch
 
-        torch.from_numpy(out).view(x.dtype).view(x.shape).copy_(x.resolve_conj().resolve_neg())
+        torch.from_numpy(out).view(x.dtype).view(x.shape).copy_(resolved_bits(x) if x.is_conj() or x.is_neg() else x)
 
 
 class StreamingFingerprint:

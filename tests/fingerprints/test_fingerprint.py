@@ -474,3 +474,49 @@ def test_copy_and_fingerprint_refuses_what_it_cannot_copy_into() -> None:
             copy_and_fingerprint([x.cuda()], [x])
     with pytest.raises(TypeError, match="expected numpy arrays"):
         copy_and_fingerprint([[1.0]], [x])
+
+
+def _sign_flipped(raw: np.ndarray, dtype: torch.dtype, *, conj: bool, neg: bool) -> torch.Tensor:
+    """The documented bits of a lazy conjugate or negation: the sign bits XORed, nothing else touched."""
+    t = torch.from_numpy(raw.copy()).view(dtype)
+    words = torch.view_as_real(t) if dtype.is_complex else t
+    ints = words.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[words.element_size()])
+    sign = torch.iinfo(ints.dtype).min
+    if neg:
+        ints.bitwise_xor_(sign)
+    if conj:
+        ints[..., 1].bitwise_xor_(sign)
+    return t
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    dtype=st.sampled_from([torch.complex64, torch.complex128, torch.float32, torch.float16, torch.bfloat16]),
+    n=st.integers(1, 3 * CHUNK_WORDS),
+    seed=st.integers(0, 2**32 - 1),
+    neg=st.booleans(),
+)
+def test_lazy_conjugates_and_negations_flip_sign_bits_alone_nans_included(
+    dtype: torch.dtype, n: int, seed: int, neg: bool
+) -> None:
+    """Every bit pattern (a quarter of random complex numbers hold a NaN part): a lazy view's fingerprint is the
+    fingerprint of the same bits with the sign bits XORed, on the CPU engine and the torch-op path (the one CUDA
+    takes). The H200 run of 2026-12-04 found CUDA's ``resolve_conj`` rewriting NaN bits."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    raw = np.random.default_rng(seed).integers(0, 256, n * itemsize, dtype=np.uint8)
+    x = torch.from_numpy(raw.copy()).view(dtype)
+    conj = dtype.is_complex
+    view = x.conj() if conj else x
+    if neg:
+        view = torch._neg_view(view)
+    want = fingerprint(_sign_flipped(raw, dtype, conj=conj, neg=neg).view(torch.uint8).numpy())
+    assert fingerprint(view) == want
+    assert int(fingerprint_on_device(view, torch_ops=True)) == signed64(want)
+
+
+@pytest.mark.gpu
+def test_a_lazy_conjugate_on_cuda_fingerprints_as_on_the_host() -> None:
+    raw = np.random.default_rng(7).integers(0, 256, 8 * 20000, dtype=np.uint8)  # NaN parts among them
+    host = torch.from_numpy(raw).view(torch.complex64).conj()
+    assert fingerprint(host.cuda()) == fingerprint(host)
+    assert fingerprint(host.cuda().conj().imag) == fingerprint(host.conj().imag)
