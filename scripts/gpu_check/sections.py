@@ -51,7 +51,7 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(
         name="golden-suite",
-        timeout_s=75,
+        timeout_s=45,
         module="golden_suite",
         title="every golden family passes on every GPU, with throughput next to cupy.matmul and a device copy",
     ),
@@ -75,7 +75,7 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(
         name="checksums",
-        timeout_s=40,
+        timeout_s=70,
         module="checksums",
         title="the matmul checksums at torch's defaults in fp32, TF32 and bf16: no false alarm, faults by bit "
         "class, the unverifiable count, a checked step's cost",
