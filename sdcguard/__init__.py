@@ -86,7 +86,7 @@ MOVED: dict[str, str] = {
     "sdcguard.training.layout": "sdcguard.checkpoint.layout",
     "sdcguard.training.local_ranks": "sdcguard.testing.ranks",
     "sdcguard.fleet.schema": "sdcguard.fleet.store.schema",
-    "sdcguard.fleet.connection": "sdcguard.fleet.store.connection",
+    "sdcguard.fleet.connection": "sdcguard.fleet.store.core",
     "sdcguard.fleet.queries": "sdcguard.fleet.store.queries",
     "sdcguard.fleet.rows": "sdcguard.fleet.store.rows",
     "sdcguard.fleet.maintenance": "sdcguard.fleet.store.maintenance",

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from ..entry import is_server_url
 from ..errors import BadInput
-from .store.connection import check_merge_input
 from .store.rows import MergeStats
+from .store.sqlite.files import check_merge_input
 from .store.store import Store
 
 __all__ = ["MergeStats", "merge_stores", "check_merge_input", "expand_inputs"]

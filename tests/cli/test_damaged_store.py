@@ -117,11 +117,11 @@ def test_the_library_refuses_it_for_writing_and_a_large_one_for_reading_when_a_r
         Store.open(damaged_db)
     # Up to CHECK_READS_UP_TO bytes (the file's, not its header's) a reading open checks the whole file first.
     size = os.path.getsize(damaged_db)
-    monkeypatch.setattr("sdcguard.fleet.store.connection.CHECK_READS_UP_TO", size)
+    monkeypatch.setattr("sdcguard.fleet.store.sqlite.files.CHECK_READS_UP_TO", size)
     with pytest.raises(StoreError, match="damaged"):
         Store.open(damaged_db, readonly=True).close()
     # Past it a reading open skips the whole-file check; the damaged page still refuses the read.
-    monkeypatch.setattr("sdcguard.fleet.store.connection.CHECK_READS_UP_TO", size - 1)
+    monkeypatch.setattr("sdcguard.fleet.store.sqlite.files.CHECK_READS_UP_TO", size - 1)
     with Store.open(damaged_db, readonly=True) as store:  # opened unchecked
         with pytest.raises(StoreError, match="damaged"):
             store.failed_executions(since=0.0)  # reads the rows of the damaged table

@@ -9,7 +9,7 @@ speak for, and takes the others' as kept. Those it computes, the *changed* devic
 
 - every device whose version differs from the kept one, or that the kept report does not know: each write that
   changes what a report keeps of a device (its results, scans, tallies, identity, a merge of any of these)
-  adds one to its version in the same transaction (:meth:`~..store.connection.StoreBase._lock_devices`);
+  adds one to its version in the same transaction (:meth:`~..store.core.StoreCore.lock_devices`);
 - every device with an execution or a complete scan that started between the kept window's start and this one's
   (its oldest evidence left the window);
 - every device a training ``slow`` incident of either window names (its slowness is read live).

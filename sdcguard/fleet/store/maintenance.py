@@ -47,7 +47,7 @@ from typing import Any
 
 from ...durations import DAY_S as _DAY_S
 from ...errors import BadInput
-from .connection import StoreBase, read_only_uri
+from .connection import StoreBase
 from .merging import (
     check_marks,
     identities_changing,
@@ -60,6 +60,7 @@ from .merging import (
 )
 from .rows import MergeStats, PruneStats
 from .schema import COUNTED_SCAN
+from .sqlite.files import read_only_uri
 from .tallies import ADD_TALLIES, FAMILIES, apply_deltas, running_tables, thin_case_tallies
 
 __all__ = ["StoreMaintenance"]
@@ -69,7 +70,7 @@ class StoreMaintenance(StoreBase):
     """Merge and prune (part of :class:`sdcguard.fleet.store.store.Store`)."""
 
     def merge_from(self, path: Path, *, full: bool = False) -> MergeStats:
-        """Merge the store at ``path`` (a SQLite file, checked by :func:`~.connection.check_merge_input`) into this
+        """Merge the store at ``path`` (a SQLite file, checked by :func:`~.sqlite.files.check_merge_input`) into this
         one: read through ``ATTACH`` into a SQLite store, copied into temporary tables of the same transaction
         (:mod:`.postgres.transfer`: only what the watermarks let through) into a PostgreSQL store."""
         if self.backend == "postgresql":

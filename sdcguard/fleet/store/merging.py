@@ -79,7 +79,7 @@ def merge_scans(
     analyze: Callable[[str], None] = lambda table: None,
 ) -> tuple[int, int, int, list[int]]:
     """New scans and those still open at the last merge, with their rows; ``(new scans, new rows, skipped, late
-    days)``. ``lock``: takes the devices' locks (:meth:`~.connection.StoreBase._lock_devices`) before their
+    days)``. ``lock``: takes the devices' locks (:meth:`~.core.StoreCore.lock_devices`) before their
     tallies change. ``analyze``: gives the planner the size of a temporary table just filled (a server's planner
     otherwise takes it for a large one and reads the store's results whole).
 

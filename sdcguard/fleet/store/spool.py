@@ -32,8 +32,8 @@ from ...entry import is_server_url
 from ...errors import StoreError, StoreUnreachable
 from ...logs import get_logger
 from ...records import CaseResult, DeviceInfo, Incident, ScanStatus
-from .connection import check_merge_input
 from .rows import MergeStats, Tally
+from .sqlite.files import check_merge_input
 from .store import Store
 
 __all__ = [

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..connection import read_only_uri
 from ..merging import WATERMARKED, check_marks, read_mark
+from ..sqlite.files import read_only_uri
 
 __all__ = ["copy_merge_input", "COPIED"]
 
