@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
 
-from sdcguard.fleet.store.schema import SCHEMA_VERSION  # noqa: E402
+from sdcguard.fleet.store.schema.migrations import SCHEMA_VERSION  # noqa: E402
 from sdcguard.fleet.store.store import Store  # noqa: E402
 
 _SERVER_META = ("schema_version", "application", "created_by")

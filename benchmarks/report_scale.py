@@ -55,7 +55,7 @@ from sdcguard.fleet.merge import merge_stores  # noqa: E402
 from sdcguard.fleet.policy import QuarantinePolicy, apply_policy  # noqa: E402
 from sdcguard.fleet.report.devices import build_report, report_json  # noqa: E402
 from sdcguard.fleet.report.html import build_html  # noqa: E402
-from sdcguard.fleet.store.schema import SCHEMA_VERSION  # noqa: E402
+from sdcguard.fleet.store.schema.migrations import SCHEMA_VERSION  # noqa: E402
 from sdcguard.fleet.store.store import Store  # noqa: E402
 from sdcguard.records import DeviceInfo  # noqa: E402
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from sdcguard.errors import GoldenDataError
 from sdcguard.exit_codes import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK, exit_code_for_signal
-from sdcguard.fleet.store.schema import MIN_EXECUTIONS
+from sdcguard.fleet.store.schema.tables import MIN_EXECUTIONS
 
 from .device_scan.requests import WorkerRequest
 from .device_scan.summary import SKIPPED, DeviceSummary
@@ -418,7 +418,8 @@ def _conclude_finished(
         )
     elif empty := [s for s in summaries if s.scanned and not s.executions]:
         # A scan that executed no golden case tested nothing: "all passed" would be a lie, and the store never
-        # counts it as a complete scan (sdcguard.fleet.store.schema.COUNTED_SCAN), so it ends no probation either.
+        # counts it as a complete scan (sdcguard.fleet.store.schema.tables.COUNTED_SCAN), so it ends no probation
+        # either.
         outcome.exit_code = EXIT_CANNOT_RUN
         why = "; ".join(
             f"{s.device}: 0 executions ({s.status}"

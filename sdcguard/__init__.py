@@ -85,7 +85,7 @@ MOVED: dict[str, str] = {
     "sdcguard.training.record": "sdcguard.checkpoint.record",
     "sdcguard.training.layout": "sdcguard.checkpoint.layout",
     "sdcguard.training.local_ranks": "sdcguard.testing.ranks",
-    "sdcguard.fleet.schema": "sdcguard.fleet.store.schema",
+    "sdcguard.fleet.schema": "sdcguard.fleet.store.schema.migrations",
     "sdcguard.fleet.connection": "sdcguard.fleet.store.core",
     "sdcguard.fleet.queries": "sdcguard.fleet.store.queries",
     "sdcguard.fleet.rows": "sdcguard.fleet.store.rows",

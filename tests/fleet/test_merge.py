@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from sdcguard.errors import StoreError
 from sdcguard.fleet.merge import merge_stores
-from sdcguard.fleet.store.schema import APPLICATION_ID, SCHEMA_VERSION
+from sdcguard.fleet.store.schema.migrations import SCHEMA_VERSION
+from sdcguard.fleet.store.schema.tables import APPLICATION_ID
 from sdcguard.fleet.store.store import Store
 from sdcguard.records import Incident
 from tests._fleet import NOW, query, result
@@ -144,12 +145,12 @@ def test_merge_refuses_an_older_schema_without_touching_it(tmp_path: Path) -> No
 
 
 def test_a_version_1_store_migrates_forward_keeping_its_rows(tmp_path: Path) -> None:
-    from sdcguard.fleet.store.schema import MIGRATIONS
+    from sdcguard.fleet.store.schema.migrations import SQLITE_MIGRATIONS
 
     p = tmp_path / "v1.db"
     conn = sqlite3.connect(p, isolation_level=None)
     conn.execute("BEGIN")
-    MIGRATIONS[1](conn)
+    SQLITE_MIGRATIONS[1](conn)
     conn.execute("PRAGMA user_version = 1")
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     conn.execute(

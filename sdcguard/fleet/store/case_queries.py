@@ -1,7 +1,8 @@
 """The slowness statistic's inputs from the store: passing first executions per device and case and their summed
-device time, from the case tallies (:mod:`.schema` version 10, kept by :mod:`.maintenance`) for whole days and from
-rows for a window's partial first day; and per scan for the few devices whose own history the statistic weighs.
-:class:`CaseQueries` is a part of the store's read queries (:class:`~.queries.StoreQueries` builds on it)."""
+device time, from the case tallies (schema version 10, :mod:`.schema.tally_tables`; kept by :mod:`.maintenance`) for
+whole days and from rows for a window's partial first day; and per scan for the few devices whose own history the
+statistic weighs. :class:`CaseQueries` is a part of the store's read queries (:class:`~.queries.StoreQueries` builds on
+it)."""
 
 from __future__ import annotations
 

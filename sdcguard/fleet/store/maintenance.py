@@ -29,9 +29,10 @@ retention, a spool forwarded after a long outage) are merged and rolled up in th
 row's start), device and family: :class:`DayTallies` for a scan's batch (the store's write path), minus and plus
 one pass over the rows a merge replaces and writes, minus what a prune deletes.
 
-**Case tallies** (the slowness statistic's running totals per device, case and day, :mod:`.schema` version 10):
-the same writes collect signed changes in ``temp.case_delta``, :func:`~.tallies.apply_deltas` folds them in. A
-prune deletes none, and keeps of the days before the horizon each key's latest; a later change there lands on the eve.
+**Case tallies** (the slowness statistic's running totals per device, case and day, schema version 10:
+:mod:`.schema.tally_tables`): the same writes collect signed changes in ``temp.case_delta``,
+:func:`~.tallies.apply_deltas` folds them in. A prune deletes none, and keeps of the days before the horizon each key's
+latest; a later change there lands on the eve.
 
 **Family tallies** (the rates' running totals per device, family and day, version 12): kept like the case tallies,
 from the same changes as the day tallies; a prune takes from them what it rolls up from the end of each pruned day
@@ -59,7 +60,7 @@ from .merging import (
     set_meta,
 )
 from .rows import MergeStats, PruneStats
-from .schema import COUNTED_SCAN
+from .schema.tables import COUNTED_SCAN
 from .sqlite.files import read_only_uri
 from .tallies import ADD_TALLIES, FAMILIES, apply_deltas, running_tables, thin_case_tallies
 

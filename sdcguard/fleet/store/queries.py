@@ -37,7 +37,7 @@ from .rows import (
     SeriesPoint,
     device_status,
 )
-from .schema import COUNTED_SCAN
+from .schema.tables import COUNTED_SCAN
 from .tally_queries import TallyQueries, first_day
 
 __all__ = ["StoreQueries"]
@@ -289,7 +289,7 @@ class StoreQueries(CaseQueries, TallyQueries):
 
     def clean_scans_since(self, since: Mapping[str, float]) -> dict[str, int]:
         """For each device, its complete scans without a failure that started at or after its own time (a scan
-        that executed nothing is not one: :data:`~.schema.COUNTED_SCAN`)."""
+        that executed nothing is not one: :data:`~.schema.tables.COUNTED_SCAN`)."""
         if not since:
             return {}
         rows = self._rows(

@@ -1,10 +1,10 @@
 """The store's running totals, kept exact in the transaction of every write that changes the rows they sum: the day
-tallies (executions, failures and testing time per UTC day, device and family, the rows held), the case tallies
-(the slowness statistic's running totals per device, case and day, :mod:`.schema` version 10) and the family
-tallies (the rates' running totals per device, family and day, version 12). A scan's batch adds through
-:class:`DayTallies`; a merge subtracts and adds the rows it replaces and writes; a prune deletes no running total
-and keeps, of the days before the horizon, each key's latest (the family tallies lose what the prune rolls up from
-the end of each pruned day on, which the roll-ups then count)."""
+tallies (executions, failures and testing time per UTC day, device and family, the rows held), the case tallies (the
+slowness statistic's running totals per device, case and day, schema version 10: :mod:`.schema.tally_tables`) and the
+family tallies (the rates' running totals per device, family and day, version 12). A scan's batch adds through
+:class:`DayTallies`; a merge subtracts and adds the rows it replaces and writes; a prune deletes no running total and
+keeps, of the days before the horizon, each key's latest (the family tallies lose what the prune rolls up from the end
+of each pruned day on, which the roll-ups then count)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,6 @@ __all__ = [
     "apply_deltas",
     "apply_running_deltas",
     "thin_case_tallies",
-    "migrate_report_summaries",
-    "DAY_INDEXES",
 ]
 
 
@@ -266,57 +264,3 @@ def thin_case_tallies(conn: Any, horizon: float) -> None:
         )
         conn.execute(f"DELETE FROM main.{t} WHERE {devices} AND day < ?", (eve,))
         conn.execute(f"UPDATE main.{runs.totals} SET first = ?, day = MAX(day, ?) WHERE first < ?", (eve, eve, eve))
-
-
-_V12 = """
-CREATE TABLE IF NOT EXISTS family_tallies (
-    device TEXT NOT NULL,
-    day INTEGER NOT NULL,
-    family TEXT NOT NULL,
-    executions INTEGER NOT NULL,
-    failures INTEGER NOT NULL,
-    test_s REAL NOT NULL,
-    PRIMARY KEY (device, day, family)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS family_totals (
-    device TEXT NOT NULL,
-    family TEXT NOT NULL,
-    first INTEGER NOT NULL,
-    day INTEGER NOT NULL,
-    executions INTEGER NOT NULL,
-    failures INTEGER NOT NULL,
-    test_s REAL NOT NULL,
-    PRIMARY KEY (device, family)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS scans_counted ON scans(device, started_at, id, finished_at)
-    WHERE status = 'complete' AND executions >= 1;
-DELETE FROM family_tallies;
-DELETE FROM family_totals
-"""
-
-
-DAY_INDEXES = (
-    "CREATE INDEX IF NOT EXISTS family_tallies_day ON family_tallies(day, device, family, executions, failures, "
-    "test_s)",
-    "CREATE INDEX IF NOT EXISTS case_tallies_day ON case_tallies(day, device, case_id, executions, seconds)",
-)
-"""A server store's day-led indexes over both kinds of running totals: a window's eve rows read in day order, so
-PostgreSQL merge-joins them with the totals (90 ms instead of 450 ms of look-ups per key at 2,000 devices).
-SQLite has no merge join: it looks each eve row up by its key either way, so its stores go without them (16% of a
-fleet file, and a second index to write with every running total)."""
-
-
-def migrate_report_summaries(conn: Any) -> None:
-    """Schema version 12 on either backend (``conn``: SQLite's connection, or the server's that speaks the same
-    SQL): the family tallies, computed from the day tallies (the rows held; a day before the horizon lands on its
-    eve); and ``scans_counted``, the complete scans that count (``schema.COUNTED_SCAN``, the same condition word
-    for word, or SQLite could not use it) in the order a device's latest is found in, with its end: one index entry
-    per device, no table row. (A server adds :data:`DAY_INDEXES`.)"""
-    for statement in _V12.split(";\n"):
-        conn.execute(statement)
-    running_tables(conn)
-    conn.execute(
-        "INSERT INTO temp.family_delta(device, family, day, executions, failures, test_s) "
-        "SELECT device, family, day, executions, failures, test_s FROM main.day_tallies"
-    )
-    apply_deltas(conn, FAMILIES)

@@ -12,7 +12,7 @@ from ...durations import DAY_S
 from .case_queries import in_devices
 from .connection import StoreBase
 from .rows import ScanCounts, Tally
-from .schema import COUNTED_SCAN
+from .schema.tables import COUNTED_SCAN
 
 __all__ = ["TallyQueries", "first_day"]
 
@@ -140,7 +140,7 @@ class TallyQueries(StoreBase):
         self, *, since: float | None, device: str | None = None, devices: Sequence[str] | None = None
     ) -> dict[str, ScanCounts]:
         """Per device (every one, ``device`` or ``devices``): complete scans started in the window, and the end of
-        its latest complete scan ever (a scan counts when :data:`~.schema.COUNTED_SCAN`)."""
+        its latest complete scan ever (a scan counts when :data:`~.schema.tables.COUNTED_SCAN`)."""
         if device is not None:
             devices = [device]
         dev, dp = in_devices(devices)

@@ -20,7 +20,7 @@ from sdcguard.fleet.merge import merge_stores
 from sdcguard.fleet.slow import SlowSettings, judge_slow, peer_group
 from sdcguard.fleet.slow_fleet import fleet_slowness
 from sdcguard.fleet.store.rows import CaseTimes, CaseTiming
-from sdcguard.fleet.store.schema import MIGRATIONS
+from sdcguard.fleet.store.schema.migrations import SQLITE_MIGRATIONS
 from sdcguard.fleet.store.store import Store
 from sdcguard.records import DeviceInfo
 from tests._fleet import assert_tallies_match_rows, result
@@ -373,7 +373,7 @@ def test_an_older_store_gains_its_case_tallies_and_the_migration_can_run_again(t
     _assert_running_totals(path, {})
     with closing(sqlite3.connect(path)) as c, c:  # once more over a schema-10 store: the same tallies
         before = [c.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall() for t in ("case_tallies", "case_totals")]
-        MIGRATIONS[10](c)
+        SQLITE_MIGRATIONS[10](c)
         assert [
             c.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall() for t in ("case_tallies", "case_totals")
         ] == before

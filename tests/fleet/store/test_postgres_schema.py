@@ -9,9 +9,13 @@ import sqlite3
 import pytest
 
 from sdcguard.fleet.store.postgres.dialect import to_postgres
-from sdcguard.fleet.store.postgres.schema import BASE_VERSION, MIGRATIONS
-from sdcguard.fleet.store.schema import MIGRATIONS as SQLITE_MIGRATIONS
-from sdcguard.fleet.store.schema import SCHEMA_VERSION, migrate
+from sdcguard.fleet.store.schema.migrations import (
+    BASE_VERSION,
+    POSTGRES_MIGRATIONS,
+    SCHEMA_VERSION,
+    SQLITE_MIGRATIONS,
+    migrate,
+)
 from sdcguard.fleet.store.store import Store
 from sdcguard.testing.postgres import PostgresServer
 from tests._fleet import result
@@ -85,8 +89,8 @@ def test_both_backends_have_the_same_tables_columns_and_keys(pg_server: Postgres
 
 
 def test_every_version_past_the_base_has_both_migrations() -> None:
-    assert set(MIGRATIONS) == {v for v in SQLITE_MIGRATIONS if v > BASE_VERSION}
-    assert max([BASE_VERSION, *MIGRATIONS]) == SCHEMA_VERSION
+    assert set(POSTGRES_MIGRATIONS) == {v for v in SQLITE_MIGRATIONS if v > BASE_VERSION}
+    assert max([BASE_VERSION, *POSTGRES_MIGRATIONS]) == SCHEMA_VERSION
 
 
 def test_a_new_server_store_takes_every_migration_past_the_base(new_store) -> None:  # type: ignore[no-untyped-def]

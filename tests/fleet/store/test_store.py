@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sdcguard.errors import BadInput, SchemaTooNew, StoreError
-from sdcguard.fleet.store.schema import SCHEMA_VERSION
+from sdcguard.fleet.store.schema.migrations import SCHEMA_VERSION
 from sdcguard.fleet.store.store import Store
 from sdcguard.records import CaseResult, DeviceInfo, Incident
 from tests._fleet import NOW, result, scan, snapshot

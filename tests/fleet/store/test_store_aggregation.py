@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from sdcguard.fleet.rates import clopper_pearson, device_rates, fleet_rates
 from sdcguard.fleet.report.devices import build_report
-from sdcguard.fleet.store.schema import APPLICATION_ID, MIGRATIONS
+from sdcguard.fleet.store.schema.migrations import SQLITE_MIGRATIONS
+from sdcguard.fleet.store.schema.tables import APPLICATION_ID
 from sdcguard.fleet.store.store import Store
 from sdcguard.records import CaseResult, Incident
 
@@ -153,7 +154,7 @@ def _v3_store(path: Path, runs: list[Execution]) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("BEGIN")
     for v in (1, 2, 3):
-        MIGRATIONS[v](conn)
+        SQLITE_MIGRATIONS[v](conn)
     conn.execute("PRAGMA user_version = 3")
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     for d in ("sim:0", "sim:1"):

@@ -33,7 +33,7 @@ from psycopg.adapt import Loader
 
 from .... import __version__
 from ....errors import SchemaTooNew, StoreError, StoreUnreachable
-from ..schema import SCHEMA_VERSION
+from ..schema.migrations import SCHEMA_VERSION
 from . import schema as pg_schema
 from .dialect import to_postgres
 

@@ -4,7 +4,8 @@ IMMEDIATE`` transaction per write.
 The file is checked before SQLite opens it (:mod:`.files`). Every write runs in one ``BEGIN IMMEDIATE`` transaction:
 it takes the write lock up front, so concurrent writers (several scanner processes, a training job) wait on the busy
 timeout instead of failing half-way with "database is locked", and a process killed at any moment leaves the store as
-it was before or after the write. An older store is migrated forward (:func:`~..schema.migrate`) in one transaction.
+it was before or after the write. An older store is migrated forward (:func:`~..schema.migrations.migrate`) in one
+transaction.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any, Literal
 
 from .... import __version__
 from ....errors import SchemaTooNew, StoreError
-from ..schema import APPLICATION_ID, SCHEMA_VERSION, migrate
+from ..schema.migrations import SCHEMA_VERSION, migrate
+from ..schema.tables import APPLICATION_ID
 from . import files
 from .files import check_header, check_intact, damaged, read_only_uri, too_new, writable_problem
 

@@ -12,7 +12,8 @@ import urllib.parse
 from pathlib import Path
 
 from ....errors import SchemaTooNew, StoreError
-from ..schema import APPLICATION_ID, SCHEMA_VERSION, SQLITE_MAGIC
+from ..schema.migrations import SCHEMA_VERSION
+from ..schema.tables import APPLICATION_ID, SQLITE_MAGIC
 
 __all__ = [
     "check_header",

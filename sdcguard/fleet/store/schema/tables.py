@@ -1,32 +1,36 @@
-"""The fleet store's schema: the one definition of its tables, indexes and forward migrations.
+"""The record's tables, both backends' steps: devices, scans, their results, incidents, the quarantine and its
+history, policy decisions and actions (version 1), the indexes the report reads (2, 3), the store at fleet scale
+(4: one row per scan and case for passing first attempts, roll-ups of pruned days, merge watermarks, pass
+digests, every incident's whole record), merge marks that notice an input going backwards (7) and devices'
+versions (13). Listed, with every other step, in :mod:`.migrations`.
 
-The schema version lives in ``PRAGMA user_version`` (bytes 60-63 of the file header) and the file is marked as an
-sdcguard store with ``PRAGMA application_id`` (bytes 68-71), so :mod:`sdcguard.fleet.store.store` can read both from the
-header *before* SQLite touches the file: a newer or foreign file is refused byte-for-byte untouched.
+The file is marked as an sdcguard store (``PRAGMA application_id``, bytes 68-71 of the header) and its schema
+version lives in ``PRAGMA user_version`` (bytes 60-63), so :mod:`..sqlite.files` reads both from the header
+*before* SQLite touches the file: a newer or foreign file is refused byte-for-byte untouched.
 
 Natural keys (``scans.uuid``, ``results(scan, seq)``, ``incidents.uuid``, ``*.uuid``) make ``sdcguard merge``
 idempotent: merging the same per-node store twice inserts nothing the second time.
-
-Version 4 (the store at fleet scale): one ``results`` row per (scan, case) for its passing first attempts
-(``executions``, total ``duration_s``, first ``started_at``, ``last_started_at``), every failed execution and every
-retest its own row; daily roll-ups of pruned scans; merge watermarks; every incident's whole record as JSON.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-
-from . import tallies, versions
+from typing import Any
 
 __all__ = [
-    "SCHEMA_VERSION",
-    "APPLICATION_ID",
     "SQLITE_MAGIC",
-    "MIGRATIONS",
-    "migrate",
-    "COUNTED_SCAN",
+    "APPLICATION_ID",
     "MIN_EXECUTIONS",
+    "COUNTED_SCAN",
+    "script",
+    "v1",
+    "v2",
+    "v3",
+    "v4",
+    "v7",
+    "v13",
+    "postgres_v13",
 ]
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -185,7 +189,9 @@ CREATE INDEX IF NOT EXISTS results_retests ON results(started_at, device, family
 """
 
 
-def _script(sql: str) -> Callable[[sqlite3.Connection], None]:
+def script(sql: str) -> Callable[[sqlite3.Connection], None]:
+    """A migration step that runs ``sql``, statement by statement, inside the caller's transaction."""
+
     def run(conn: sqlite3.Connection) -> None:
         # Statement by statement: executescript() would COMMIT the caller's transaction.
         for statement in sql.split(";\n"):
@@ -298,36 +304,6 @@ CREATE TABLE IF NOT EXISTS merge_sources (
 INSERT OR IGNORE INTO meta(key, value) VALUES ('store_id', lower(hex(randomblob(16))))
 """
 
-# Version 5: the checkpoints the training guard saved (``sdcguard.checkpoint.save`` with a guard, the Lightning
-# and HF adapters): id, step, whether every rank's checks vouched for the state, the fingerprint digest. Few rows
-# (one per save); merged whole by ``uuid``.
-_V5 = """
-CREATE TABLE IF NOT EXISTS checkpoints (
-    id INTEGER PRIMARY KEY,
-    uuid TEXT NOT NULL UNIQUE,
-    checkpoint_id TEXT NOT NULL,
-    step INTEGER NOT NULL,
-    verified INTEGER NOT NULL,
-    digest TEXT NOT NULL,
-    job TEXT,
-    time REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS checkpoints_time ON checkpoints(time)
-"""
-
-# Version 6: ``rollup_days``, the roll-ups summed over the fleet per day, so a fleet-wide series over a year of
-# pruned days reads one row a day, not one per device and family.
-_V6 = """
-CREATE TABLE IF NOT EXISTS rollup_days (
-    day INTEGER PRIMARY KEY,
-    executions INTEGER NOT NULL,
-    failures INTEGER NOT NULL,
-    test_s REAL NOT NULL
-);
-INSERT OR IGNORE INTO rollup_days(day, executions, failures, test_s)
-    SELECT day, TOTAL(executions), TOTAL(failures), TOTAL(test_s) FROM rollups GROUP BY day
-"""
-
 
 # Version 7: merge watermarks that notice an input going backwards. ``scans.id`` is an INTEGER PRIMARY KEY
 # without AUTOINCREMENT, so SQLite reuses ids once a node's newest scans are pruned, and a node store restored
@@ -336,165 +312,25 @@ INSERT OR IGNORE INTO rollup_days(day, executions, failures, test_s)
 # there, or none, reads that table of the input in full (natural keys keep it from counting anything twice). A
 # watermark from before this version has no uuid: the first merge after the upgrade reads each input in full
 # once, which also recovers scans an earlier merge skipped.
-def _v7(conn: sqlite3.Connection) -> None:
+def v7(conn: sqlite3.Connection) -> None:
     columns = {r[1] for r in conn.execute("PRAGMA table_info(merge_sources)")}
     if "marks" not in columns:  # (a store stamped back to an older version by hand still has it)
         conn.execute("ALTER TABLE merge_sources ADD COLUMN marks TEXT NOT NULL DEFAULT '{}'")
 
 
-# Version 8: per-day tallies of the rows still held, so a report over a window reads whole days from tallies and
-# only the partial first day from rows. ``day_tallies`` holds, per UTC day (of a row's ``started_at``), device and
-# family, exactly what the rows of ``results`` add up to (first-attempt executions, their failures, testing
-# seconds with retests), kept in the same transaction as every write of rows: a batch of a scan
-# (:meth:`Store.record_results`), a merge (minus the rows it replaces, plus the rows it writes), a prune (minus the
-# rows it deletes). Its key leads with the device, so a GROUP BY device reads it in order whatever the window.
-# ``results_time`` (led by ``started_at``) replaces ``results_rates``: the rows a query still reads are a time
-# range (the partial first day of a window, a plot's bins), never a device's whole history. ``scans_device``
-# gains ``executions``: a scan counts only when it executed something (``COUNTED_SCAN``), and the report's scan
-# counts stay index-only.
-_V8 = """
-CREATE TABLE IF NOT EXISTS day_tallies (
-    device TEXT NOT NULL,
-    family TEXT NOT NULL,
-    day INTEGER NOT NULL,
-    executions INTEGER NOT NULL,
-    failures INTEGER NOT NULL,
-    test_s REAL NOT NULL,
-    PRIMARY KEY (device, family, day)
-) WITHOUT ROWID;
-DELETE FROM day_tallies;
-INSERT INTO day_tallies(device, family, day, executions, failures, test_s)
-    SELECT device, family, CAST(started_at / 86400.0 AS INTEGER) AS d, TOTAL((attempt = 0) * executions),
-      TOTAL(attempt = 0 AND passed = 0), TOTAL(duration_s) FROM results GROUP BY device, family, d;
-DROP INDEX IF EXISTS results_rates;
-CREATE INDEX IF NOT EXISTS results_time ON results(started_at, device, family, executions, duration_s);
-DROP INDEX IF EXISTS scans_device;
-CREATE INDEX scans_device ON scans(device, status, started_at, executions)
-"""
+def v13(conn: sqlite3.Connection) -> None:
+    """Each device's version (what moves it: :data:`~..core.ADD_ONE`) on SQLite: the column, every device at 0.
+    Idempotent, as every migration: a store stamped older than it is may have the column already."""
+    if not any(r[1] == "version" for r in conn.execute("PRAGMA table_info(devices)").fetchall()):
+        conn.execute("ALTER TABLE devices ADD COLUMN version INTEGER NOT NULL DEFAULT 0")
 
 
-# Version 9: a checkpoint's ``status`` (``saved``, or ``failed``: an asynchronous save whose background write failed,
-# never a place to roll back to) with its ``detail``; ``checkpoint_scrubs``, one row per checkpoint re-read at rest
-# by ``sdcguard scrub`` (clean, corrupt with the tensors named, or unreadable). Merged whole by ``uuid``.
-_V9_TABLES = """
-CREATE TABLE IF NOT EXISTS checkpoint_scrubs (
-    id INTEGER PRIMARY KEY,
-    uuid TEXT NOT NULL UNIQUE,
-    checkpoint_id TEXT NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('clean','corrupt','unreadable')),
-    tensors INTEGER NOT NULL,
-    bytes INTEGER NOT NULL,
-    bad TEXT NOT NULL DEFAULT '[]',
-    detail TEXT NOT NULL DEFAULT '',
-    host TEXT NOT NULL,
-    time REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS checkpoint_scrubs_checkpoint ON checkpoint_scrubs(checkpoint_id, time)
-"""
+def postgres_v13(conn: Any) -> None:
+    """Each device's version on a server: a column with a constant default, added without rewriting the table."""
+    conn.raw.execute("ALTER TABLE devices ADD COLUMN IF NOT EXISTS version BIGINT NOT NULL DEFAULT 0")
 
 
-def _v9(conn: sqlite3.Connection) -> None:
-    columns = {r[1] for r in conn.execute("PRAGMA table_info(checkpoints)")}
-    if "status" not in columns:  # (a store stamped back to an older version by hand still has them)
-        conn.execute(
-            "ALTER TABLE checkpoints ADD COLUMN status TEXT NOT NULL DEFAULT 'saved' "
-            "CHECK (status IN ('saved','failed'))"
-        )
-    if "detail" not in columns:
-        conn.execute("ALTER TABLE checkpoints ADD COLUMN detail TEXT NOT NULL DEFAULT ''")
-    _script(_V9_TABLES)(conn)
-
-
-# Version 10: the slowness statistic's inputs as tallies, so a window reads two rows per device and case whatever its
-# length. ``case_tallies`` holds, per device, golden case and UTC day (of a row's ``started_at``) on which something
-# changed, the *running totals* of passing first executions and their device seconds through the end of that
-# day; ``case_totals`` the same through the key's last such day (``day``), its first (``first``), and the case's
-# family. With daily scans
-# a per-day amount is as many rows as ``results`` holds (one per scan and case); a running total makes any window
-# "the totals less the running total on the eve of its first whole day". The tallies' key leads with the device,
-# then the day: a window's eve rows of one device lie together (a report's lookups touch a page per device, not
-# one per device and case). Kept in the same transactions as the rows (a scan's batch, a merge); a prune deletes
-# no tally (the executions it removes still count in the totals) and keeps of the days before the horizon only
-# each device and case's latest running total, the one a window that starts at the horizon subtracts. Computed
-# here from the rows held (what an older store pruned before has no case for). ``results_time`` gains
-# ``case_id``, ``passed`` and ``attempt``: the partial first day of a window reads its passing first executions
-# per case from the index alone.
-_V10 = """
-CREATE TABLE IF NOT EXISTS case_tallies (
-    device TEXT NOT NULL,
-    day INTEGER NOT NULL,
-    case_id TEXT NOT NULL,
-    executions INTEGER NOT NULL,
-    seconds REAL NOT NULL,
-    PRIMARY KEY (device, day, case_id)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS case_totals (
-    device TEXT NOT NULL,
-    case_id TEXT NOT NULL,
-    family TEXT NOT NULL,
-    first INTEGER NOT NULL,
-    day INTEGER NOT NULL,
-    executions INTEGER NOT NULL,
-    seconds REAL NOT NULL,
-    PRIMARY KEY (device, case_id)
-) WITHOUT ROWID;
-DELETE FROM case_tallies;
-DELETE FROM case_totals;
-DROP TABLE IF EXISTS temp._case_run;
-CREATE TEMP TABLE _case_run (device TEXT, case_id TEXT, day INTEGER, family TEXT, n INTEGER, s REAL,
-    PRIMARY KEY (device, case_id, day)) WITHOUT ROWID;
-INSERT INTO temp._case_run(device, case_id, day, family, n, s)
-    SELECT device, case_id, day, MIN(family) OVER k, SUM(n) OVER w, SUM(s) OVER w FROM (
-      SELECT device, case_id, CAST(started_at / 86400.0 AS INTEGER) AS day, MIN(family) AS family,
-        SUM(executions) AS n, TOTAL(duration_s) AS s
-      FROM results WHERE passed = 1 AND attempt = 0 GROUP BY device, case_id, day)
-    WINDOW w AS (PARTITION BY device, case_id ORDER BY day), k AS (PARTITION BY device, case_id);
-INSERT INTO case_tallies(device, day, case_id, executions, seconds)
-    SELECT device, day, case_id, n, s FROM temp._case_run ORDER BY device, day, case_id;
-INSERT INTO case_totals(device, case_id, family, first, day, executions, seconds)
-    SELECT device, case_id, family, (SELECT MIN(x.day) FROM temp._case_run x WHERE x.device = r.device
-      AND x.case_id = r.case_id), MAX(day), n, s FROM temp._case_run r GROUP BY device, case_id;
-DROP TABLE temp._case_run;
-DROP INDEX IF EXISTS results_time;
-CREATE INDEX results_time ON results(started_at, device, family, executions, duration_s, case_id, passed, attempt)
-"""
-
-# Version 11: a scrub's ``unverified`` outcome and the items it names; the table rebuilt for its CHECK, rows kept.
-_V11 = """
-CREATE TABLE checkpoint_scrubs_v11 (
-    id INTEGER PRIMARY KEY, uuid TEXT NOT NULL UNIQUE, checkpoint_id TEXT NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('clean','corrupt','unreadable','unverified')),
-    tensors INTEGER NOT NULL, bytes INTEGER NOT NULL, bad TEXT NOT NULL DEFAULT '[]',
-    unverified TEXT NOT NULL DEFAULT '[]', detail TEXT NOT NULL DEFAULT '', host TEXT NOT NULL, time REAL NOT NULL
-);
-INSERT INTO checkpoint_scrubs_v11(id, uuid, checkpoint_id, status, tensors, bytes, bad, detail, host, time)
-    SELECT id, uuid, checkpoint_id, status, tensors, bytes, bad, detail, host, time FROM checkpoint_scrubs;
-DROP TABLE checkpoint_scrubs;
-ALTER TABLE checkpoint_scrubs_v11 RENAME TO checkpoint_scrubs;
-CREATE INDEX checkpoint_scrubs_checkpoint ON checkpoint_scrubs(checkpoint_id, time)
-"""
-
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
-    1: _script(_V1),
-    2: _script(_V2),
-    3: _script(_V3),
-    4: _script(_V4),
-    5: _script(_V5),
-    6: _script(_V6),
-    7: _v7,
-    8: _script(_V8),
-    9: _v9,
-    10: _script(_V10),
-    11: _script(_V11),
-    12: tallies.migrate_report_summaries,  # the rates' running totals, the day-led indexes (:mod:`.tallies`)
-    13: versions.add_versions,  # each device's version (:mod:`.versions`)
-}
-"""``version -> function`` bringing a store from ``version - 1`` to ``version``; run in one transaction."""
-
-
-def migrate(conn: sqlite3.Connection, current: int, *, upto: int = SCHEMA_VERSION) -> None:
-    """Apply every migration after ``current`` up to ``upto`` inside the caller's transaction; stamp the version."""
-    for version in range(current + 1, upto + 1):
-        MIGRATIONS[version](conn)
-    conn.execute(f"PRAGMA user_version = {upto}")
-    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+v1 = script(_V1)
+v2 = script(_V2)
+v3 = script(_V3)
+v4 = script(_V4)
