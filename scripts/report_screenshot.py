@@ -72,10 +72,10 @@ def build_demo_store(path: Path, now: float) -> None:
             apply_policy(store, QuarantinePolicy(), now=t + 3600.0)
             if rnd % ROUNDS == ROUNDS - 1:  # the training job's daily checkpoint
                 step = (rnd + 1) // ROUNDS * 1000
-                store.record_checkpoint(
+                store.training.record_checkpoint(
                     checkpoint_id=f"llm-7b/step-{step}", step=step, verified=True, job="4242", now=t + 7200.0
                 )
-        store.record_incident(
+        store.training.record_incident(
             Incident(
                 kind="replay",
                 step=DAYS * 1000 - 380,

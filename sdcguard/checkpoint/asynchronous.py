@@ -400,7 +400,7 @@ class AsyncCheckpointer:
             from ..fleet.store.spool import open_writer
 
             with open_writer(store) as db:  # a server's outage: its spool (never blocks past the timeout)
-                db.record_checkpoint(
+                db.training.record_checkpoint(
                     checkpoint_id=job.path, step=job.step if job.step is not None else -1, job=job_id, **row
                 )
         except Exception as e:  # never crash training over bookkeeping

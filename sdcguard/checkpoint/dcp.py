@@ -209,7 +209,7 @@ def store_candidates(store: str | os.PathLike[str], root: Path) -> list[Candidat
     from ..fleet.store.store import Store
 
     with Store.open(Path(store), readonly=True) as db:
-        rows = [c for c in db.checkpoints() if c.verified and c.status == "saved"]
+        rows = [c for c in db.training.checkpoints() if c.verified and c.status == "saved"]
     inside = [c for c in rows if Path(c.checkpoint_id) == root or root in Path(c.checkpoint_id).parents]
     newest = sorted(inside, key=lambda c: (c.step, c.time), reverse=True)
     seen: set[str] = set()

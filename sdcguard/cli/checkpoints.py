@@ -32,7 +32,7 @@ def checkpoints(since: str, job: str | None, fmt: str) -> None:
     """
     start = since_timestamp(since, default="all")
     with open_store(readonly=True) as store:
-        found = store.checkpoints(since=start, job=job)
+        found = store.training.checkpoints(since=start, job=job)
     if fmt == "json":
         click.echo(json.dumps([{**asdict(c), "time": iso_utc(c.time)} for c in found], indent=1))
         return

@@ -29,7 +29,7 @@ def incidents(since: str, device: str | None, fmt: str) -> None:
             device = device_id(device)
             if store.device(device) is None:
                 raise unknown_device(device, [d.id for d in store.devices()], what="no incidents to show")
-        found = store.incidents(since=start, device=device)
+        found = store.training.incidents(since=start, device=device)
     if fmt == "json":
         click.echo(json.dumps([{**asdict(i), "time": iso_utc(i.time)} for i in found], indent=1))
         return

@@ -87,7 +87,7 @@ def _record(ctx: click.Context, results: list[ScrubResult]) -> bool:
     try:
         with open_store(create=True) as store:
             for r in results:
-                store.record_scrub(
+                store.training.record_scrub(
                     checkpoint_id=r.checkpoint_id,
                     status=r.status,
                     tensors=r.tensors,

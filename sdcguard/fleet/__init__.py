@@ -6,5 +6,5 @@ on a node's own store or the fleet's merged one), :mod:`.merge` (per-node stores
 :mod:`.report.plot`, :mod:`.report.prometheus` (what operators read) and :mod:`.actions` (drain, taint, any command).
 
 Nothing here imports torch or cupy: a scan node and the report run without them. The training side records
-incidents through :meth:`.store.Store.record_incident` only.
+incidents through :meth:`.store.training.Training.record_incident` only.
 """

@@ -270,7 +270,7 @@ def _fleet_rules(
     failures = store.failed_executions(since=since)
     verdict = judge_suite(store, failures, policy, now=t, since=since)
     evidence = [f for f in failures if not verdict.is_suspect(f)]
-    training = judge_training(store.incidents(since=t - policy.window_s), policy)
+    training = judge_training(store.training.incidents(since=t - policy.window_s), policy)
     notes.extend(Decision(device=None, decision="breaker", reason=why) for why in verdict.trips)
     notes.extend(
         Decision(device=None, decision="training_breaker", reason=why) for why in training.tripped_jobs.values()

@@ -82,7 +82,7 @@ def fleet_slowness(
         verdicts = judge_slow(store.case_times(since=since), groups, s, history=history)
         if keep:
             keep_verdicts(store, verdicts, since=since, now=t, settings=s)
-    for i in store.incidents(since=since):
+    for i in store.training.incidents(since=since):
         if i.kind != SLOW_KIND or i.device is None:
             continue
         mine = verdicts.get(i.device)

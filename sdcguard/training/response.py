@@ -148,7 +148,7 @@ class Responder:
             from ..fleet.store.spool import open_writer
 
             with open_writer(self.store) as store:  # a server's outage: its spool, and a warning once
-                store.record_checkpoint(
+                store.training.record_checkpoint(
                     checkpoint_id=checkpoint_id, step=step, verified=verified, digest=digest, job=self.job
                 )
         except Exception as e:  # never crash training over bookkeeping
@@ -162,7 +162,7 @@ class Responder:
 
             with open_writer(self.store) as store:  # a server's outage: its spool, and a warning once
                 for incident in found:
-                    store.record_incident(incident)
+                    store.training.record_incident(incident)
         except Exception as e:  # never crash training over bookkeeping: the incident stays in memory
             _log.warning(
                 "could not record %d incident(s) in %s: %s; they are kept in guard.incidents", len(found), self.store, e

@@ -105,7 +105,7 @@ def test_an_async_save_round_trips_and_is_verified_when_settled(tmp_path: Path) 
     assert scrub_one(tmp_path / "s2").status == "clean"  # the rewritten record still checks itself and the index
     assert [c[:3] for c in guard.state_dict()["verification"]["checkpoints"]] == [[str(tmp_path / "s2"), 2, True]]
     with Store.open(tmp_path / "fleet.db") as store:
-        assert [(c.checkpoint_id, c.step, c.verified, c.status) for c in store.checkpoints()] == [
+        assert [(c.checkpoint_id, c.step, c.verified, c.status) for c in store.training.checkpoints()] == [
             (str(tmp_path / "s2"), 2, True, "saved")
         ]
 
@@ -158,7 +158,7 @@ def test_a_damaged_host_copy_stops_the_write_and_names_the_tensor(tmp_path: Path
     assert not (tmp_path / "c" / ".metadata").exists() and not (tmp_path / "c" / checkpoint.SIDECAR).exists()
     assert guard.state_dict()["verification"]["checkpoints"] == []  # never a place to roll back to
     with Store.open(tmp_path / "fleet.db") as store:
-        [row] = store.checkpoints()
+        [row] = store.training.checkpoints()
     assert row.status == "failed" and not row.verified and "fc1.weight" in row.detail
 
 
@@ -181,7 +181,7 @@ def test_a_background_write_that_fails_is_reported_and_never_verified(tmp_path: 
     assert not (target / checkpoint.SIDECAR).exists() and not (target / ".metadata").exists()
     assert guard.state_dict()["verification"]["checkpoints"] == []
     with Store.open(tmp_path / "fleet.db") as store:
-        [row] = store.checkpoints()
+        [row] = store.training.checkpoints()
     assert (row.checkpoint_id, row.status, row.verified) == (str(target), "failed", False) and row.detail
     assert row.job == guard.job  # listed with the job's other checkpoints (sdcguard checkpoints --job)
     shown = CliRunner().invoke(cli, ["--db", str(tmp_path / "fleet.db"), "checkpoints"])
@@ -208,7 +208,7 @@ def test_a_save_without_a_guard_records_the_job_by_the_guards_rule(
     saver.save({"model": model.state_dict()}, checkpoint_id=tmp_path / "c", store=tmp_path / "fleet.db", step=3)
     assert saver.close() is not None
     with Store.open(tmp_path / "fleet.db") as store:
-        [row] = store.checkpoints()
+        [row] = store.training.checkpoints()
     assert row.job == job
 
 
@@ -314,7 +314,7 @@ def test_ranks_agree_on_async_saves_without_touching_the_training_group(tmp_path
     assert results[0]["settled"] == [(1, True, True), (3, ok3, ok3)]
     assert results[0]["notes"] == [[f"{tmp_path}/step1", 1, True]] + ([[f"{tmp_path}/step3", 3, True]] if ok3 else [])
     with Store.open(tmp_path / "fleet.db") as store:
-        rows = [(c.checkpoint_id, c.step, c.verified, c.status) for c in store.checkpoints()]
+        rows = [(c.checkpoint_id, c.step, c.verified, c.status) for c in store.training.checkpoints()]
     assert rows == [
         (f"{tmp_path}/step1", 1, True, "saved"),
         (f"{tmp_path}/step3", 3, ok3, "saved" if ok3 else "failed"),

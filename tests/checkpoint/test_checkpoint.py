@@ -199,8 +199,8 @@ def test_a_fault_between_samples_names_the_checkpoint_before_it(tmp_path: Path, 
     assert results[0]["saved"] == results[1]["saved"] == results[2]["saved"]  # one digest on every rank
     # the fleet store holds each checkpoint once (the writer rank), and the incidents' restart point
     with Store.open(tmp_path / "fleet.db") as store:
-        recorded = store.checkpoints()
-        stored = [i for i in store.incidents() if i.kind == "replay"]
+        recorded = store.training.checkpoints()
+        stored = [i for i in store.training.incidents() if i.kind == "replay"]
     assert [(c.checkpoint_id, c.step, c.verified, c.digest) for c in recorded] == [
         (f"{tmp_path}/step{s}", s, v, d) for s, (v, d) in sorted(results[0]["saved"].items())
     ]

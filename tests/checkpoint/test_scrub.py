@@ -179,7 +179,7 @@ def test_tensors_without_a_fingerprint_or_saved_with_transforms_are_unverified_n
     done = CliRunner().invoke(cli, ["--db", str(db), "scrub", str(transformed)])
     assert done.exit_code == 2 and done.output.startswith("unverified") and "1 unverified" in done.output
     with Store.open(db) as store:
-        [row] = store.scrubs()
+        [row] = store.training.scrubs()
     assert (row.status, row.unverified, row.tensors) == ("unverified", (sorted(sizes)[1],), len(sizes) - 1)
     found, tried = latest_good(tmp_path)  # never falls back to an unverified checkpoint
     assert found is None and sorted(t.status for t in tried) == ["corrupt", "unverified"]
@@ -211,7 +211,7 @@ def test_the_cli_exit_codes_name_the_tensor_and_record_verdicts(
     assert shown.exit_code == 1 and json.loads(shown.output)[0]["bad"] == ["model.head.weight"]
 
     with Store.open(db) as store:
-        rows = [(Path(s.checkpoint_id).name, s.status, s.bad) for s in store.scrubs()]
+        rows = [(Path(s.checkpoint_id).name, s.status, s.bad) for s in store.training.scrubs()]
     assert rows == [
         ("a", "clean", ()),
         ("b", "clean", ()),
@@ -251,7 +251,7 @@ def test_fallback_loads_the_newest_checkpoint_that_is_verified_and_still_verifie
 
     # from the fleet store's record (as after a merge on another node)
     with Store.open(db) as store:
-        assert [(Path(c.checkpoint_id).name, c.verified) for c in store.checkpoints()] == [
+        assert [(Path(c.checkpoint_id).name, c.verified) for c in store.training.checkpoints()] == [
             ("step0", True),
             ("step1", True),
             ("step2", True),

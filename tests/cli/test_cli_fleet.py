@@ -37,7 +37,7 @@ def db(tmp_path: Path) -> Path:
         scan(store, "sim:2", clean("sim:2", 30, t=t, family="alu"), t=t)
         scan(store, "sim:3", clean("sim:3", 5, t=t), t=t)
         store.quarantine("sim:3", reason="MCE", by="alice@ops")
-        store.record_incident(
+        store.training.record_incident(
             Incident(
                 kind="replay",
                 step=12,

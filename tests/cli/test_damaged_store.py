@@ -45,7 +45,7 @@ def damaged_db(tmp_path: Path) -> Path:
             dev = f"sim:{n}"
             cases = [result(dev, case=f"gemm.fp32.c{i}", t=NOW - 3600 + i) for i in range(60)]
             scan(store, dev, [*cases, result(dev, passed=False, case="alu.u32.chain")])
-        store.record_incident(
+        store.training.record_incident(
             Incident(kind="replay", step=3, suspect_ranks=(1,), device="sim:1", time=NOW, detail="grads differ")
         )
         store.quarantine("sim:2", reason="MCE", by="ops")

@@ -112,7 +112,7 @@ def test_scrub_creates_no_store_nobody_asked_for_and_says_so(checkpoints: dict[s
     code, err = _cli("--db", str(tmp_path / "named.db"), "scrub", str(checkpoints["clean"]), cwd=tmp_path)
     assert code == 0 and "not recorded" not in err, err
     with Store.open(tmp_path / "named.db", readonly=True) as store:
-        assert [s.status for s in store.scrubs()] == ["clean"]
+        assert [s.status for s in store.training.scrubs()] == ["clean"]
 
 
 def test_scrub_prints_no_torch_deprecation_warning(checkpoints: dict[str, Path], tmp_path: Path) -> None:

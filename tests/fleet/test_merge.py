@@ -38,7 +38,7 @@ def _fill(path: Path, spec: tuple[list, list, list], tag: str) -> None:
                 finish="complete" if finished else None,
             )
         for k, dev in enumerate(incidents):
-            store.record_incident(
+            store.training.record_incident(
                 Incident(
                     kind="replay",
                     step=k,
@@ -50,7 +50,7 @@ def _fill(path: Path, spec: tuple[list, list, list], tag: str) -> None:
                     time=NOW - 50 + k,
                 )
             )
-            store.record_checkpoint(
+            store.training.record_checkpoint(
                 checkpoint_id=f"{tag}/step{k}", step=k, verified=k % 2 == 0, job=tag, now=NOW - 40 + k
             )
         for dev in quarantined:
@@ -245,7 +245,7 @@ def _incremental(
                 s.finish_scan(sid, "complete" if arg else "preempted", finished_at=tick())
             elif kind == "incident":
                 dev = f"sim:{n}{arg}"
-                s.record_incident(
+                s.training.record_incident(
                     Incident(
                         kind="replay",
                         step=int(tick()),

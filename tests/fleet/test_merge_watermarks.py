@@ -190,7 +190,7 @@ def test_the_fleet_holds_every_count_the_nodes_recorded(tmp_path_factory: pytest
             m.scans[u] = (f"sim:{n}{dev}", size, clock[0])
         elif kind == "incident":
             with Store.open(path) as s:
-                iid = s.record_incident(
+                iid = s.training.record_incident(
                     Incident(
                         kind="replay",
                         step=int(clock[0]),
@@ -230,7 +230,7 @@ def test_the_fleet_holds_every_count_the_nodes_recorded(tmp_path_factory: pytest
     assert _executions(fleet) == expected
     with Store.open(fleet, create=False) as s:
         assert {r["uuid"] for r in s.scans()} == set(seen_scans)
-        assert len(s.incidents()) == len(seen_incidents)
+        assert len(s.training.incidents()) == len(seen_incidents)
     with closing(sqlite3.connect(fleet)) as c:
         assert {r[0] for r in c.execute("SELECT uuid FROM incidents")} == seen_incidents
     for path in [fleet, *paths]:
@@ -245,7 +245,7 @@ def _job(path: Path, job: str, node: str, incidents: int, start: float) -> None:
     with Store.open(path) as s:
         for k in range(incidents):
             dev = f"sim:{node}{k % 2}"
-            s.record_incident(
+            s.training.record_incident(
                 Incident(
                     kind="replay",
                     step=k,
@@ -258,7 +258,7 @@ def _job(path: Path, job: str, node: str, incidents: int, start: float) -> None:
                     time=start + k,
                 )
             )
-            s.record_checkpoint(checkpoint_id=f"{job}/step{k}", step=k, verified=True, job=job, now=start + k)
+            s.training.record_checkpoint(checkpoint_id=f"{job}/step{k}", step=k, verified=True, job=job, now=start + k)
 
 
 def test_incidents_of_several_jobs_on_several_nodes_reach_the_fleet_once(tmp_path: Path) -> None:
@@ -285,8 +285,8 @@ def test_incidents_of_several_jobs_on_several_nodes_reach_the_fleet_once(tmp_pat
         if rnd == 1:
             merge_stores(fleet, [*nodes, *spools])  # a merge job that ran twice
     with Store.open(fleet, create=False) as s:
-        got = [(i.job, i.step) for i in s.incidents()]
-        checkpoints = [(c.job, c.step) for c in s.checkpoints()]
+        got = [(i.job, i.step) for i in s.training.incidents()]
+        checkpoints = [(c.job, c.step) for c in s.training.checkpoints()]
     assert len(got) == len(expected) and set(got) == expected  # none lost, none twice
     assert len(checkpoints) == len(expected) and set(checkpoints) == expected
 
@@ -307,5 +307,5 @@ def test_merge_takes_directories_of_node_stores_and_job_spools(tmp_path: Path) -
         assert out.exit_code == 0, out.output
     assert out.output.count("+0 incidents") == 3
     with Store.open(fleet, create=False) as s:
-        assert sorted((i.job, i.step) for i in s.incidents()) == [("4242", 0), ("4242", 1), ("4243", 0)]
+        assert sorted((i.job, i.step) for i in s.training.incidents()) == [("4242", 0), ("4242", 1), ("4243", 0)]
     assert _executions(fleet) == {"sim:1": 3}

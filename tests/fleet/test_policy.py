@@ -60,7 +60,7 @@ def test_rate_lower_bound_above_threshold_quarantines(store: Store) -> None:
 
 def test_repeated_training_incidents_quarantine(store: Store) -> None:
     for step in (10, 20):
-        store.record_incident(
+        store.training.record_incident(
             Incident(
                 kind="replay",
                 step=step,
@@ -72,7 +72,7 @@ def test_repeated_training_incidents_quarantine(store: Store) -> None:
                 time=NOW - 100,
             )
         )
-    store.record_incident(
+    store.training.record_incident(
         Incident(
             kind="replay",
             step=5,
@@ -84,7 +84,7 @@ def test_repeated_training_incidents_quarantine(store: Store) -> None:
             time=NOW - 100,
         )
     )
-    store.record_incident(
+    store.training.record_incident(
         Incident(
             kind="replay",
             step=1,

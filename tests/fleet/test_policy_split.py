@@ -122,7 +122,7 @@ def test_incidents_naming_two_of_three_devices_quarantine_nobody(store: Store) -
     """Issue 17: a nondeterministic model; every replay mismatch named two ranks, rotating over all three."""
     pairs = [(2, 0), (0, 1), (1, 2)]
     for step in range(24):
-        store.record_incident(_incident(pairs[step % 3], step=step))
+        store.training.record_incident(_incident(pairs[step % 3], step=step))
     out = apply_policy(store, now=NOW)
     assert out.quarantined == []
     assert out.training_breaker_jobs == ["job-1"]
@@ -134,7 +134,7 @@ def test_incidents_naming_two_of_three_devices_quarantine_nobody(store: Store) -
 def test_a_device_named_alone_again_and_again_is_quarantined(store: Store) -> None:
     """The control: the same job shape, but the replays single out one device by majority."""
     for step in range(24):
-        store.record_incident(_incident((1,), step=step, job="job-2"))
+        store.training.record_incident(_incident((1,), step=step, job="job-2"))
     out = apply_policy(store, now=NOW)
     assert out.quarantined == ["sim:1"] and out.training_breaker_jobs == []
     assert "24 training incidents named it alone" in out.reasons[0]
@@ -142,9 +142,9 @@ def test_a_device_named_alone_again_and_again_is_quarantined(store: Store) -> No
 
 def test_unattributed_and_nondeterministic_incidents_never_count(store: Store) -> None:
     for step in range(5):
-        store.record_incident(_incident((0, 1), step=step, job="a"))  # two suspects: no majority
-        store.record_incident(_incident((0,), step=step, kind="nondeterministic", job="b"))
-        store.record_incident(
+        store.training.record_incident(_incident((0, 1), step=step, job="a"))  # two suspects: no majority
+        store.training.record_incident(_incident((0,), step=step, kind="nondeterministic", job="b"))
+        store.training.record_incident(
             Incident(kind="replay", step=step, suspect_ranks=(0,), device=None, detail="x", job="c", time=NOW - 100)
         )
     assert apply_policy(store, now=NOW).quarantined == []
@@ -152,8 +152,8 @@ def test_unattributed_and_nondeterministic_incidents_never_count(store: Store) -
 
 def test_one_job_naming_three_devices_alone_trips_its_breaker_only(store: Store) -> None:
     for step in range(6):
-        store.record_incident(_incident((step % 3,), step=step, job="flaky"))  # 3 devices, each alone, twice
-        store.record_incident(_incident((7,), step=step, job="steady"))  # another job: one device
+        store.training.record_incident(_incident((step % 3,), step=step, job="flaky"))  # 3 devices, each alone, twice
+        store.training.record_incident(_incident((7,), step=step, job="steady"))  # another job: one device
     out = apply_policy(store, now=NOW)
     assert out.training_breaker_jobs == ["flaky"] and out.quarantined == ["sim:7"]
 
@@ -210,8 +210,8 @@ def test_the_policy_command_says_what_it_decided_in_its_exit_code(tmp_path: Path
 
 def test_an_unresolved_incident_shows_every_suspect_as_suspect_and_quarantines_nobody(store: Store) -> None:
     """Two devices disagree and nothing decides: neither is counted alone, both show as suspects in the report."""
-    store.record_incident(_incident((0, 1), step=3, kind="unresolved"))
-    store.record_incident(_incident((2,), step=4, kind="nondeterministic"))
+    store.training.record_incident(_incident((0, 1), step=3, kind="unresolved"))
+    store.training.record_incident(_incident((2,), step=4, kind="nondeterministic"))
     statuses = store.statuses(suspect_since=NOW - 86400)
     assert statuses["sim:0"] == statuses["sim:1"] == "suspect"
     assert statuses.get("sim:2", "healthy") == "healthy"

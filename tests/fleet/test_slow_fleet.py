@@ -211,7 +211,7 @@ def test_a_slow_training_incident_marks_the_device_slow_and_never_suspect_or_qua
     with Store.open(tmp_path / "f.db") as store:
         _fill(store, {"cpu:vm:0": 1.0, "cpu:vm:1": 1.0})
         for k in range(3):
-            store.record_incident(_slow_incident("cpu:vm:1", t=NOW - 600 + k))
+            store.training.record_incident(_slow_incident("cpu:vm:1", t=NOW - 600 + k))
         rows = {r.device: r.as_dict() for r in build_report(store, since=NOW - 86400)}
         assert rows["cpu:vm:1"]["slow"] is True and rows["cpu:vm:1"]["slow_basis"] == "training"
         assert rows["cpu:vm:1"]["status"] == "healthy"

@@ -112,7 +112,7 @@ def test_a_training_incident_after_the_verdicts_were_kept_still_marks_its_device
     with Store.open(tmp_path / "f.db") as store:
         _fill(store, NOW - 3600)
         fleet_slowness(store, since=NOW - DAY_S, now=NOW, keep=True)
-        store.record_incident(
+        store.training.record_incident(
             Incident(
                 kind="slow",
                 step=3,

@@ -280,7 +280,7 @@ def test_incidents_reach_the_store_and_a_broken_store_only_warns(tmp_path: Path)
         report = guard.step(4, make_batch(4, 0))
     assert report.incidents
     with Store.open(db, create=False) as store:
-        stored = store.incidents()
+        stored = store.training.incidents()
     assert len(stored) == 1 and stored[0].step == 4 and stored[0].kind == "replay"
 
     bad = tmp_path / "missing-dir" / "sub" / "fleet.db"

@@ -48,4 +48,4 @@ def test_a_good_store_is_opened_silently_and_ready(tmp_path: Path) -> None:
         _guard(path)
     assert not [m for m in messages if "store" in m], messages
     with Store.open(path, readonly=True) as store:
-        assert store.incidents() == []
+        assert store.training.incidents() == []

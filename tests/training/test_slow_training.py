@@ -77,7 +77,7 @@ def test_a_rank_slowed_by_1_5x_is_named_within_20_steps_and_nothing_is_vetoed(tm
     from sdcguard.fleet.store.store import Store
 
     with Store.open(db) as store:
-        (incident,) = store.incidents()
+        (incident,) = store.training.incidents()
         assert incident.kind == "slow" and incident.device is not None
         rows = {r.device: r for r in build_report(store, since=None)}
         assert rows[incident.device].status == "healthy" and rows[incident.device].as_dict()["slow"] is True

@@ -290,7 +290,7 @@ def build_html(
     t = time.time() if now is None else now
     rows = build_report(store, since=since, confidence=confidence, slow=slow, now=t, slow_max_age_s=slow_max_age_s)
     history = store.quarantine_history()
-    incidents = store.incidents(since=since)
+    incidents = store.training.incidents(since=since)
     bins = _page_bins(store, since, t, history, incidents)
     hosts = {r.device: r.host for r in rows}
     marks: dict[str, list[float]] = {}
@@ -305,7 +305,7 @@ def build_html(
         _device_table(rows, limits.table_rows),
         quarantine_section(history, hosts, bins, since, limits),
         incidents_section(incidents, limits.events),
-        checkpoints_section(store.checkpoints(since=since), limits.events),
+        checkpoints_section(store.training.checkpoints(since=since), limits.events),
     ]
     title = f"sdcguard fleet report, {iso_utc(t)}"
     meta = (

@@ -236,7 +236,9 @@ def kept_lines(
     kept_since = None if window_s is None else kept.at - window_s
     if since is not None and kept_since is not None and kept_since < since:
         changed |= store.devices_started_between(kept_since, since)
-    changed |= {i.device for i in store.incidents(since=kept_since) if i.kind == SLOW_KIND and i.device is not None}
+    changed |= {
+        i.device for i in store.training.incidents(since=kept_since) if i.kind == SLOW_KIND and i.device is not None
+    }
     changed &= versions.keys()
     rows = (
         build_report(

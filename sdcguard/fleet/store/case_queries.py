@@ -6,9 +6,8 @@ it)."""
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from itertools import compress
 from typing import Any
 
@@ -17,16 +16,10 @@ import numpy as np
 from ...durations import DAY_S
 from ...errors import StoreError
 from .connection import StoreBase
+from .core import in_devices
 from .rows import CaseTimes, CaseTiming
 
-__all__ = ["CaseQueries", "in_devices"]
-
-
-def in_devices(devices: Iterable[str] | None, column: str = "device") -> tuple[str, list[Any]]:
-    """``AND column IN (...)`` for an optional device list (one JSON parameter, any length)."""
-    if devices is None:
-        return "", []
-    return f" AND {column} IN (SELECT value FROM json_each(?))", [json.dumps(list(devices))]
+__all__ = ["CaseQueries"]
 
 
 class CaseQueries(StoreBase):

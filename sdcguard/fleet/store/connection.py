@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 from .core import BUSY_TIMEOUT_S, StoreCore, open_backend
+from .training import Training
 
 __all__ = ["StoreBase"]
 
@@ -27,6 +28,8 @@ class StoreBase:
         """``(case, digest)`` pairs this connection knows ``pass_digests`` holds (rows are never deleted)."""
         self._known_devices: set[str] = set()
         """Devices this connection knows the ``devices`` table holds (rows are never deleted)."""
+        self.training = Training(core)
+        """Incidents, checkpoints and scrubs (:class:`~.training.Training`)."""
 
     @property
     def backend(self) -> Literal["sqlite", "postgresql"]:

@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 from ...entry import is_server_url
 from .sqlite.backend import SqliteBackend
 
-__all__ = ["Backend", "StoreCore", "open_backend", "ADD_ONE", "BUSY_TIMEOUT_S"]
+__all__ = ["Backend", "StoreCore", "open_backend", "where_clause", "in_devices", "ADD_ONE", "BUSY_TIMEOUT_S"]
 
 BUSY_TIMEOUT_S = 30.0
 """How long a write waits for another process's lock (SQLite's busy timeout), or to connect (a server)."""
@@ -88,6 +88,22 @@ def open_backend(
             str(path), create=create, timeout_s=timeout_s, readonly=readonly, answer_within_s=answer_within_s
         )
     return SqliteBackend.open(Path(path), create=create, timeout_s=timeout_s, readonly=readonly)
+
+
+def where_clause(*conditions: tuple[str, Any]) -> tuple[str, list[Any]]:
+    """``WHERE`` joining the conditions whose value is not None, and their parameters: each is ``(sql, value)``,
+    the value bound to the condition's ``?`` (a condition without one is a flag, on when its value is not None)."""
+    kept = [(sql, value) for sql, value in conditions if value is not None]
+    if not kept:
+        return "", []
+    return "WHERE " + " AND ".join(sql for sql, _ in kept), [value for sql, value in kept if "?" in sql]
+
+
+def in_devices(devices: Iterable[str] | None, column: str = "device") -> tuple[str, list[Any]]:
+    """``AND column IN (...)`` for an optional device list (one JSON parameter, any length)."""
+    if devices is None:
+        return "", []
+    return f" AND {column} IN (SELECT value FROM json_each(?))", [json.dumps(list(devices))]
 
 
 class StoreCore:

@@ -25,42 +25,15 @@ from typing import Any, Literal
 
 from ...durations import DAY_S, DEFAULT_WINDOW_S
 from ...records import CaseResult, DeviceInfo, Incident
-from .case_queries import CaseQueries, in_devices
-from .rows import (
-    CaseCoverage,
-    CheckpointEntry,
-    Decision,
-    DeviceStatus,
-    FailedExecution,
-    QuarantineEntry,
-    ScrubEntry,
-    SeriesPoint,
-    device_status,
-)
+from .case_queries import CaseQueries
+from .core import in_devices, where_clause
+from .rows import CaseCoverage, Decision, DeviceStatus, FailedExecution, QuarantineEntry, SeriesPoint, device_status
 from .schema.tables import COUNTED_SCAN
 from .tally_queries import TallyQueries, first_day
 
 __all__ = ["StoreQueries"]
 _INCIDENT_FIELDS = frozenset(Incident.__dataclass_fields__)
 _TUPLE_FIELDS = ("suspect_ranks", "devices", "hosts")
-
-
-def _where(*conditions: tuple[str, Any]) -> tuple[str, list[Any]]:
-    """``WHERE`` joining the conditions whose value is not None, and their parameters: each is ``(sql, value)``,
-    the value bound to the condition's ``?`` (a condition without one is a flag, on when its value is not None)."""
-    kept = [(sql, value) for sql, value in conditions if value is not None]
-    if not kept:
-        return "", []
-    return "WHERE " + " AND ".join(sql for sql, _ in kept), [value for sql, value in kept if "?" in sql]
-
-
-def incident_from_json(text: str) -> Incident:
-    """An :class:`Incident` from its stored record; fields this version does not know are left out."""
-    data = {k: v for k, v in json.loads(text).items() if k in _INCIDENT_FIELDS}
-    for key in _TUPLE_FIELDS:
-        if key in data:
-            data[key] = tuple(data[key])
-    return Incident(**data)
 
 
 def _row_result(r: dict[str, Any]) -> CaseResult:
@@ -140,7 +113,7 @@ class StoreQueries(CaseQueries, TallyQueries):
 
     def scans(self, *, device: str | None = None) -> list[dict[str, Any]]:
         """Scan rows (newest first), optionally of one device."""
-        where, params = _where(("device = ?", device or None))
+        where, params = where_clause(("device = ?", device or None))
         return self._dicts(f"SELECT * FROM scans {where} ORDER BY started_at DESC, id DESC", params)
 
     def results(
@@ -152,56 +125,13 @@ class StoreQueries(CaseQueries, TallyQueries):
         scan_id: int | None = None,
     ) -> list[CaseResult]:
         """Recorded rows as :class:`CaseResult` (a passing row may stand for several executions), oldest first."""
-        where, params = _where(
+        where, params = where_clause(
             ("device = ?", device),
             ("started_at >= ?", since),
             ("passed = 0", True if failed_only else None),
             ("scan = ?", scan_id),
         )
         return [_row_result(r) for r in self._dicts(f"SELECT * FROM results {where} ORDER BY started_at, id", params)]
-
-    def incidents(self, *, since: float | None = None, device: str | None = None) -> list[Incident]:
-        """Recorded incidents, oldest first; with ``device``, those naming it."""
-        where, params = _where(
-            ("i.time >= ?", since), ("i.id IN (SELECT incident FROM incident_devices WHERE device = ?)", device)
-        )
-        rows = self._rows(f"SELECT i.record FROM incidents i {where} ORDER BY i.time, i.id", params)
-        return [incident_from_json(r[0]) for r in rows]
-
-    def checkpoints(self, *, since: float | None = None, job: str | None = None) -> list[CheckpointEntry]:
-        """Recorded checkpoints, oldest first; with ``job``, that job's."""
-        where, params = _where(("time >= ?", since), ("job = ?", job))
-        return [
-            CheckpointEntry(
-                checkpoint_id=r["checkpoint_id"],
-                step=int(r["step"]),
-                verified=bool(r["verified"]),
-                digest=r["digest"],
-                job=r["job"],
-                time=float(r["time"]),
-                status=r["status"],
-                detail=r["detail"],
-            )
-            for r in self._dicts(f"SELECT * FROM checkpoints {where} ORDER BY time, id", params)
-        ]
-
-    def scrubs(self, *, since: float | None = None, checkpoint_id: str | None = None) -> list[ScrubEntry]:
-        """Checkpoints re-read at rest (``sdcguard scrub``), oldest first; with ``checkpoint_id``, that one's."""
-        where, params = _where(("time >= ?", since), ("checkpoint_id = ?", checkpoint_id))
-        return [
-            ScrubEntry(
-                checkpoint_id=r["checkpoint_id"],
-                status=r["status"],
-                tensors=int(r["tensors"]),
-                bytes=int(r["bytes"]),
-                bad=tuple(json.loads(r["bad"])),
-                unverified=tuple(json.loads(r["unverified"])),
-                detail=r["detail"],
-                host=r["host"],
-                time=float(r["time"]),
-            )
-            for r in self._dicts(f"SELECT * FROM checkpoint_scrubs {where} ORDER BY time, id", params)
-        ]
 
     # ------------------------------------------------------------------ what the policy weighs
     def failed_executions(self, *, since: float, devices: Sequence[str] | None = None) -> list[FailedExecution]:
@@ -338,22 +268,9 @@ class StoreQueries(CaseQueries, TallyQueries):
         states = self.quarantine_states()
         if failing is None:
             failing = self.failing_devices(since=suspect_since, devices=devices)
-        named = self.incident_suspects(since=suspect_since)
+        named = self.training.suspects(since=suspect_since)
         ids = list(devices) if devices is not None else [r[0] for r in self._rows("SELECT id FROM devices")]
         return {d: device_status(states.get(d), d in failing or d in named) for d in ids}
-
-    def incident_suspects(self, *, since: float | None) -> set[str]:
-        """Devices a training incident named as a suspect since ``since`` (alone, or among the suspects of an
-        unresolved one); ``nondeterministic`` incidents name nobody."""
-        where, params = ("AND i.time >= ?", [since]) if since is not None else ("", [])
-        return {
-            r[0]
-            for r in self._rows(
-                "SELECT DISTINCT d.device FROM incident_devices d JOIN incidents i ON i.id = d.incident "
-                f"WHERE i.kind NOT IN ('nondeterministic', 'slow') {where}",
-                params,
-            )
-        }
 
     def quarantine_status(
         self, device: str, *, window_s: float = DEFAULT_WINDOW_S, now: float | None = None

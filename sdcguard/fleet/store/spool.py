@@ -22,10 +22,10 @@ import dataclasses
 import os
 import time
 import uuid as _uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ...devices import hostname
 from ...entry import is_server_url
@@ -38,6 +38,7 @@ from .store import Store
 
 __all__ = [
     "SpooledStore",
+    "SpoolTraining",
     "open_writer",
     "default_spool",
     "forward",
@@ -57,6 +58,7 @@ _down: dict[str, float] = {}
 """Server URL -> when (monotonic) this process tries it again: a writer waits out a timeout once, not per write."""
 _warned: set[str] = set()
 _log = get_logger("store")
+T = TypeVar("T")
 
 
 def default_spool() -> Path:
@@ -96,6 +98,34 @@ def forward_spool(db: str | os.PathLike[str], spool: str | os.PathLike[str] | No
     if not is_server_url(db):
         return None
     return SpooledStore(str(db), Path(spool) if spool is not None else default_spool()).forward()
+
+
+class SpoolTraining:
+    """``store.training``'s writes (:class:`~.training.Training`) for a server store with a spool: each fixes the
+    row's natural key (and its time) once, so both places get the same row and a write whose fate on the server is
+    unknown (the connection dropped during ``COMMIT``) is never recorded twice.
+
+    Args:
+        writer: the :class:`SpooledStore` that says where a write goes.
+    """
+
+    def __init__(self, writer: SpooledStore) -> None:
+        self._writer = writer
+
+    def record_incident(self, incident: Incident, *, uuid: str | None = None) -> None:
+        """As :meth:`~.training.Training.record_incident`."""
+        key = uuid or _uuid.uuid4().hex
+        self._writer.either(lambda store: store.training.record_incident(incident, uuid=key))
+
+    def record_checkpoint(self, **row: Any) -> None:
+        """As :meth:`~.training.Training.record_checkpoint`."""
+        fixed = {"now": time.time(), **row, "uuid": _uuid.uuid4().hex}
+        self._writer.either(lambda store: store.training.record_checkpoint(**fixed))
+
+    def record_scrub(self, **row: Any) -> None:
+        """As :meth:`~.training.Training.record_scrub`."""
+        fixed = {"now": time.time(), **row, "uuid": _uuid.uuid4().hex}
+        self._writer.either(lambda store: store.training.record_scrub(**fixed))
 
 
 @dataclass
@@ -176,6 +206,8 @@ class SpooledStore:
         self._scans: dict[int, _ScanLog] = {}
         self.spooled = 0
         """Writes this process sent to the spool."""
+        self.training = SpoolTraining(self)
+        """Incidents, checkpoints and scrubs, on the server or in the spool (:class:`SpoolTraining`)."""
 
     # ------------------------------------------------------------------ where a write goes
     def _server_store(self) -> Store | None:
@@ -208,15 +240,18 @@ class SpooledStore:
         self.spooled += 1
         return self._spool
 
-    def _either(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """``name(*args, **kwargs)`` on the server, or on the spool when the server cannot take it."""
+    def either(self, write: Callable[[Store], T]) -> T:
+        """``write`` on the server store, or on the spool when the server cannot take it."""
         server = self._server_store()
         if server is not None:
             try:
-                return getattr(server, name)(*args, **kwargs)
+                return write(server)
             except StoreUnreachable as e:
                 self._lost(e)
-        return getattr(self.spool(), name)(*args, **kwargs)
+        return write(self.spool())
+
+    def _either(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self.either(lambda store: getattr(store, name)(*args, **kwargs))
 
     # ------------------------------------------------------------------ what a scan reads
     def tallies(self, **kwargs: Any) -> list[Tally]:
@@ -233,15 +268,6 @@ class SpooledStore:
 
     def reap(self, **kwargs: Any) -> int:
         return int(self._either("reap", **kwargs))
-
-    def record_incident(self, incident: Incident) -> None:
-        self._either("record_incident", incident, uuid=_uuid.uuid4().hex)
-
-    def record_checkpoint(self, **kwargs: Any) -> None:
-        self._either("record_checkpoint", **{"now": time.time(), **kwargs, "uuid": _uuid.uuid4().hex})
-
-    def record_scrub(self, **kwargs: Any) -> None:
-        self._either("record_scrub", **{"now": time.time(), **kwargs, "uuid": _uuid.uuid4().hex})
 
     def begin_scan(
         self,

@@ -12,7 +12,6 @@ outcome. Counts, rates, bounds and testing time are exactly those of one row per
 
 from __future__ import annotations
 
-import dataclasses
 import getpass
 import json
 import operator
@@ -24,7 +23,7 @@ from typing import Any
 
 from ...devices import hostname, unknown_device
 from ...errors import BadInput, StoreError
-from ...records import CaseResult, DeviceInfo, Incident, ScanStatus
+from ...records import CaseResult, DeviceInfo, ScanStatus
 from .maintenance import StoreMaintenance
 from .quarantine import add_decision, add_history, end_probation, need_reason, quarantine_device
 from .queries import StoreQueries
@@ -220,120 +219,6 @@ class Store(StoreQueries, StoreMaintenance):
 
         with self._write() as conn:
             return grant(conn, role, kind, run=run)  # type: ignore[arg-type]  # checked there
-
-    # ------------------------------------------------------------------ incidents
-    def record_incident(self, incident: Incident, *, uuid: str | None = None) -> int:
-        """Record a training incident; returns its id. The whole record is kept as JSON next to the indexed
-        columns, so an optional field added to :class:`Incident` later needs no change here. ``uuid``: its
-        natural key (default: a new one); an incident whose uuid the store holds is not recorded again."""
-        named = {d for d in (incident.device, *incident.devices) if d}
-        record = jdump(dataclasses.asdict(incident))
-        with self._write() as conn:
-            host = incident.hosts[0] if incident.hosts else "unknown"
-            self._lock_devices(named)
-            for i, d in enumerate(incident.devices or ((incident.device,) if incident.device else ())):
-                ensure_device(conn, d, incident.hosts[i] if i < len(incident.hosts) else host, incident.time)
-            cur = conn.execute(
-                "INSERT INTO incidents(uuid, kind, step, suspect_ranks, device, devices, hosts, detail, parameter, "
-                "sticky, job, time, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT(uuid) DO UPDATE SET uuid = excluded.uuid RETURNING id",
-                (
-                    uuid or _uuid.uuid4().hex,
-                    incident.kind,
-                    incident.step,
-                    jdump(list(incident.suspect_ranks)),
-                    incident.device,
-                    jdump(list(incident.devices)),
-                    jdump(list(incident.hosts)),
-                    incident.detail,
-                    incident.parameter,
-                    None if incident.sticky is None else int(incident.sticky),
-                    incident.job,
-                    incident.time,
-                    record,
-                ),
-            )
-            iid = int(cur.fetchone()[0])  # (the row already there when its uuid was: a spool's copy)
-            conn.executemany(
-                "INSERT OR IGNORE INTO incident_devices(incident, device) VALUES (?, ?)",
-                [(iid, d) for d in sorted(named)],
-            )
-            return iid
-
-    def record_checkpoint(
-        self,
-        *,
-        checkpoint_id: str,
-        step: int,
-        verified: bool,
-        digest: str = "",
-        job: str | None = None,
-        now: float | None = None,
-        status: str = "saved",
-        detail: str = "",
-        uuid: str | None = None,
-    ) -> int:
-        """Record a checkpoint the training guard saved (``status="failed"``: its write failed, with ``detail``;
-        never verified); returns its row id. ``uuid``: its natural key (default: a new one), recorded once."""
-        if not checkpoint_id:
-            raise BadInput("a checkpoint needs an id")
-        if status not in ("saved", "failed"):
-            raise BadInput(f"checkpoint status must be 'saved' or 'failed', not {status!r}")
-        with self._write() as conn:
-            cur = conn.execute(
-                "INSERT INTO checkpoints(uuid, checkpoint_id, step, verified, digest, job, time, status, detail) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(uuid) DO UPDATE SET uuid = excluded.uuid RETURNING id",
-                (
-                    uuid or _uuid.uuid4().hex,
-                    str(checkpoint_id),
-                    int(step),
-                    int(bool(verified) and status == "saved"),
-                    digest or "",
-                    job,
-                    time.time() if now is None else now,
-                    status,
-                    detail,
-                ),
-            )
-            return int(cur.fetchone()[0])
-
-    def record_scrub(
-        self,
-        *,
-        checkpoint_id: str,
-        status: str,
-        tensors: int,
-        bytes: int,
-        bad: Sequence[str] = (),
-        unverified: Sequence[str] = (),
-        detail: str = "",
-        now: float | None = None,
-        uuid: str | None = None,
-    ) -> int:
-        """Record one checkpoint re-read at rest (``sdcguard scrub``); returns its row id. ``unverified``: the items
-        it could not compare (no recorded fingerprint, saved with transforms). ``uuid``: its natural key (default: a
-        new one), recorded once."""
-        if status not in ("clean", "corrupt", "unreadable", "unverified"):
-            raise BadInput(f"scrub status must be clean, corrupt, unverified or unreadable, not {status!r}")
-        with self._write() as conn:
-            cur = conn.execute(
-                "INSERT INTO checkpoint_scrubs(uuid, checkpoint_id, status, tensors, bytes, bad, unverified, detail, "
-                "host, time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT(uuid) DO UPDATE SET uuid = excluded.uuid RETURNING id",
-                (
-                    uuid or _uuid.uuid4().hex,
-                    str(checkpoint_id),
-                    status,
-                    int(tensors),
-                    int(bytes),
-                    json.dumps(list(bad)),
-                    json.dumps(list(unverified)),
-                    detail,
-                    hostname(),
-                    time.time() if now is None else now,
-                ),
-            )
-            return int(cur.fetchone()[0])
 
     # ------------------------------------------------------------------ quarantine by hand
     def quarantine(

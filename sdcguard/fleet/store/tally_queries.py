@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from ...durations import DAY_S
-from .case_queries import in_devices
 from .connection import StoreBase
+from .core import in_devices
 from .rows import ScanCounts, Tally
 from .schema.tables import COUNTED_SCAN
 

@@ -116,7 +116,7 @@ def test_a_large_fleet_gives_a_bounded_page(store: Store) -> None:
             scan(store, dev, [*clean(dev, 10, t=t), wrong], host=hosts[n + k], t=t)
         store.quarantine(f"sim:{n}", reason="sticky", now=t + 100)
     for i in range(300):
-        store.record_incident(
+        store.training.record_incident(
             Incident(kind="replay", step=i, suspect_ranks=(0,), device="sim:0", detail="d" * 80, time=NOW - 3000 + i)
         )
     page = _page(store)

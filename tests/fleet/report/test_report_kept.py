@@ -167,12 +167,12 @@ def test_a_slow_incident_is_applied_live_as_it_comes_and_as_it_leaves(tmp_path: 
         leaving = Incident(
             kind=SLOW_KIND, step=3, suspect_ranks=(1,), device=DEVICES[4], detail="2x", time=NOW - 2 * DAY_S + 600
         )
-        store.record_incident(leaving)  # in the window of the refresh, out of it 20 minutes later
+        store.training.record_incident(leaving)  # in the window of the refresh, out of it 20 minutes later
         _refresh(store, NOW)
         incident = Incident(
             kind=SLOW_KIND, step=3, suspect_ranks=(1,), device=DEVICES[5], detail="1.9x slower", time=NOW - 3000
         )
-        store.record_incident(incident)
+        store.training.record_incident(incident)
         kept, computed = _both(store, NOW + 1200 - 2 * DAY_S, NOW + 1200)
         assert kept is not None and kept.json() == computed
         slow = {r["device"]: r["slow"] for r in json.loads(computed)}
@@ -225,7 +225,7 @@ def test_the_report_from_a_kept_one_is_the_computed_report_under_any_interleavin
                 store.release(op[1], reason="test", now=clock)
             elif op[0] == "incident":
                 kind = SLOW_KIND if op[2] else "replay"
-                store.record_incident(
+                store.training.record_incident(
                     Incident(kind=kind, step=1, suspect_ranks=(0,), device=op[1], detail="test", time=clock - 60)
                 )
             elif op[0] == "prune":

@@ -96,8 +96,8 @@ def test_every_version_past_the_base_has_both_migrations() -> None:
 def test_a_new_server_store_takes_every_migration_past_the_base(new_store) -> None:  # type: ignore[no-untyped-def]
     """(Version 11: a scrub's ``unverified`` outcome, its constraint replaced and its column added in place.)"""
     with Store.open(new_store("postgresql")) as s:
-        s.record_scrub(checkpoint_id="ckpt", status="unverified", tensors=2, bytes=8, unverified=["opt.state"])
-        (scrub,) = s.scrubs()
+        s.training.record_scrub(checkpoint_id="ckpt", status="unverified", tensors=2, bytes=8, unverified=["opt.state"])
+        (scrub,) = s.training.scrubs()
     assert (scrub.status, scrub.unverified) == ("unverified", ("opt.state",))
 
 

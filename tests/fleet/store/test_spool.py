@@ -93,7 +93,7 @@ def test_nothing_lost_nothing_twice_under_any_interleaving(
             elif kind == "incident":
                 device = f"sim:{n}"
                 with SpooledStore(url, spool, retry_after_s=0) as w:
-                    w.record_incident(
+                    w.training.record_incident(
                         Incident(
                             kind="replay",
                             step=incidents,
@@ -121,7 +121,7 @@ def test_nothing_lost_nothing_twice_under_any_interleaving(
         got = {(t.device, "executions"): t.executions for t in s.tallies(by="device")}
         got |= {(t.device, "failures"): t.failures for t in s.tallies(by="device")}
         assert {k: v for k, v in got.items() if v} == {k: v for k, v in ledger.items() if v}
-        assert len(s.incidents()) == incidents
+        assert len(s.training.incidents()) == incidents
     assert query(admin, "SELECT COUNT(*) FROM incidents")[0][0] == incidents
 
 
@@ -202,7 +202,7 @@ def test_a_training_job_spools_its_incidents_and_warns_once(
     forward(url, tmp_path / "job-spool.db")
     forward(url, tmp_path / "job-spool.db")
     with Store.open(admin) as s:
-        assert s.incidents() == [incident, incident]
+        assert s.training.incidents() == [incident, incident]
 
 
 def test_two_policy_runs_at_once_quarantine_once(new_store: Callable[[str], str]) -> None:
@@ -240,7 +240,7 @@ def test_a_writer_role_writes_scans_and_incidents_but_deletes_nothing(pg_server:
     with Store.open(url) as w:
         sid = w.begin_scan(device="sim:1", host="h", budget_s=5.0, started_at=START)
         w.record_results(sid, [result("sim:1", t=START), result("sim:1", passed=False, t=START + 1)], finish="complete")
-        w.record_incident(
+        w.training.record_incident(
             Incident(
                 kind="replay",
                 step=1,

@@ -119,11 +119,11 @@ def test_incident_round_trip(
         time=NOW,
     )
     with Store.open(new_store(backend)) as store:
-        iid = store.record_incident(inc)
+        iid = store.training.record_incident(inc)
         assert iid > 0
-        assert store.incidents() == [inc]
+        assert store.training.incidents() == [inc]
         for d in devices:
-            assert store.incidents(device=d) == [inc]
+            assert store.training.incidents(device=d) == [inc]
 
 
 def test_device_upsert_keeps_known_facts(store_db: str) -> None:

@@ -230,7 +230,7 @@ def test_a_schema_3_store_migrates_with_every_number_unchanged(
             assert scan["total"] == len(mine)
         passing = {(e.scan, e.case) for e in runs if e.passed and e.attempt == 0}
         assert len(store.results()) == len(passing) + sum(1 for e in runs if not e.passed or e.attempt)
-        (inc,) = store.incidents()
+        (inc,) = store.training.incidents()
         assert (inc.kind, inc.step, inc.suspect_ranks, inc.device, inc.sticky, inc.job) == (
             "replay",
             7,
@@ -248,7 +248,7 @@ def test_a_schema_3_store_migrates_with_every_number_unchanged(
 
 def test_an_incident_with_a_field_this_version_does_not_know_still_reads(tmp_path: Path) -> None:
     with Store.open(tmp_path / "s.db") as store:
-        store.record_incident(
+        store.training.record_incident(
             Incident(
                 kind="replay",
                 step=3,
@@ -266,5 +266,5 @@ def test_an_incident_with_a_field_this_version_does_not_know_still_reads(tmp_pat
     conn.commit()
     conn.close()
     with Store.open(tmp_path / "s.db") as store:
-        (inc,) = store.incidents()
+        (inc,) = store.training.incidents()
         assert (inc.kind, inc.step, inc.device) == ("replay", 3, "sim:0")

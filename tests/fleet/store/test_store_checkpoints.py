@@ -30,42 +30,42 @@ def test_checkpoints_round_trip_in_order(tmp_path_factory: pytest.TempPathFactor
     path = tmp_path_factory.mktemp("ckpt") / "fleet.db"
     with Store.open(path) as store:
         for k, (cid, step, verified, digest, job) in enumerate(rows):
-            store.record_checkpoint(
+            store.training.record_checkpoint(
                 checkpoint_id=cid, step=step, verified=verified, digest=digest, job=job, now=1000.0 + k
             )
     with Store.open(path, create=False) as store:
-        back = store.checkpoints()
+        back = store.training.checkpoints()
         assert [(c.checkpoint_id, c.step, c.verified, c.digest, c.job, c.time) for c in back] == [
             (cid, step, verified, digest, job, 1000.0 + k) for k, (cid, step, verified, digest, job) in enumerate(rows)
         ]
         for job in {r[4] for r in rows if r[4] is not None}:
-            assert [c.job for c in store.checkpoints(job=job)] == [r[4] for r in rows if r[4] == job]
-        assert len(store.checkpoints(since=1000.0 + len(rows) - 1)) == min(1, len(rows))
+            assert [c.job for c in store.training.checkpoints(job=job)] == [r[4] for r in rows if r[4] == job]
+        assert len(store.training.checkpoints(since=1000.0 + len(rows) - 1)) == min(1, len(rows))
 
 
 def test_a_checkpoint_needs_an_id(tmp_path: Path) -> None:
     with Store.open(tmp_path / "fleet.db") as store, pytest.raises(BadInput, match="needs an id"):
-        store.record_checkpoint(checkpoint_id="", step=1, verified=True)
+        store.training.record_checkpoint(checkpoint_id="", step=1, verified=True)
 
 
 def test_a_schema_4_store_gains_the_checkpoints_table(tmp_path: Path) -> None:
     path = tmp_path / "fleet.db"
     with Store.open(path) as store:
-        store.record_checkpoint(checkpoint_id="c0", step=0, verified=True, now=5.0)
+        store.training.record_checkpoint(checkpoint_id="c0", step=0, verified=True, now=5.0)
     with sqlite3.connect(path) as conn:  # as a version-4 sdcguard left it
         conn.execute("DROP TABLE checkpoints")
         conn.execute("PRAGMA user_version = 4")
     with Store.open(path) as store:
-        assert store.checkpoints() == []
-        store.record_checkpoint(checkpoint_id="c1", step=1, verified=False, now=6.0)
-        assert [c.checkpoint_id for c in store.checkpoints()] == ["c1"]
+        assert store.training.checkpoints() == []
+        store.training.record_checkpoint(checkpoint_id="c1", step=1, verified=False, now=6.0)
+        assert [c.checkpoint_id for c in store.training.checkpoints()] == ["c1"]
 
 
 def test_a_schema_10_store_keeps_its_scrubs_and_gains_the_unverified_outcome(tmp_path: Path) -> None:
     path = tmp_path / "fleet.db"
     with Store.open(path) as store:
-        store.record_scrub(checkpoint_id="c0", status="clean", tensors=3, bytes=100, now=5.0)
-        store.record_scrub(checkpoint_id="c1", status="corrupt", tensors=3, bytes=100, bad=["w"], now=6.0)
+        store.training.record_scrub(checkpoint_id="c0", status="clean", tensors=3, bytes=100, now=5.0)
+        store.training.record_scrub(checkpoint_id="c1", status="corrupt", tensors=3, bytes=100, bad=["w"], now=6.0)
     with sqlite3.connect(path) as conn:  # as a version-10 sdcguard left it: no unverified outcome, no such column
         conn.execute("ALTER TABLE checkpoint_scrubs RENAME TO new")
         conn.execute(
@@ -82,11 +82,13 @@ def test_a_schema_10_store_keeps_its_scrubs_and_gains_the_unverified_outcome(tmp
         conn.execute("CREATE INDEX checkpoint_scrubs_checkpoint ON checkpoint_scrubs(checkpoint_id, time)")
         conn.execute("PRAGMA user_version = 10")
     with Store.open(path) as store:
-        assert [(s.checkpoint_id, s.status, s.bad, s.unverified) for s in store.scrubs()] == [
+        assert [(s.checkpoint_id, s.status, s.bad, s.unverified) for s in store.training.scrubs()] == [
             ("c0", "clean", (), ()),
             ("c1", "corrupt", ("w",), ()),
         ]
-        store.record_scrub(checkpoint_id="c2", status="unverified", tensors=2, bytes=90, unverified=["b"], now=7.0)
-        assert store.scrubs(checkpoint_id="c2")[0].unverified == ("b",)
+        store.training.record_scrub(
+            checkpoint_id="c2", status="unverified", tensors=2, bytes=90, unverified=["b"], now=7.0
+        )
+        assert store.training.scrubs(checkpoint_id="c2")[0].unverified == ("b",)
         with pytest.raises(BadInput, match="clean, corrupt, unverified or unreadable"):
-            store.record_scrub(checkpoint_id="c3", status="fine", tensors=0, bytes=0)
+            store.training.record_scrub(checkpoint_id="c3", status="fine", tensors=0, bytes=0)

@@ -33,7 +33,7 @@ for s in range(scans):
         store.record_results(sid, rows[:half])
         store.record_results(sid, rows[half:], finish="complete")
         if s % 5 == 0:
-            store.record_incident(Incident(kind="replay", step=s, suspect_ranks=(worker,), device=device,
+            store.training.record_incident(Incident(kind="replay", step=s, suspect_ranks=(worker,), device=device,
                                            detail="drill", devices=(device,), hosts=(f"node{worker}",)))
 print("ok")
 """
@@ -64,7 +64,7 @@ def test_eight_writers_lose_nothing_and_never_see_locked(store_db: str) -> None:
         # every execution is counted (passing ones folded per scan and case: 40 cases, 1 in 7 failing)
         assert [t.executions for t in tallies] == [scans * per_scan] * workers
         assert [t.failures for t in tallies] == [scans * len(range(0, per_scan, 7))] * workers
-        assert len(store.incidents()) == workers * len(range(0, scans, 5))
+        assert len(store.training.incidents()) == workers * len(range(0, scans, 5))
     assert query(path, "SELECT COUNT(*) FROM scans WHERE status = 'complete'")[0][0] == workers * scans
     # Per scan, rows are numbered 0..n-1 without gaps or duplicates (the two batches never interleaved badly),
     # and they hold every execution of the scan.

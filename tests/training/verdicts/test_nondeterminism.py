@@ -81,7 +81,7 @@ def test_a_nondeterministic_model_trains_on_and_blames_no_device(tmp_path: Path,
     assert len(results[0]["warnings"]) == 1 and cause in results[0]["warnings"][0]  # said once, with the cause
     assert not results[1]["warnings"]  # once per job, by the group's first rank
     with Store.open(db) as store:
-        incidents = store.incidents()
+        incidents = store.training.incidents()
         assert [i.kind for i in incidents] == ["nondeterministic"]
         outcome = apply_policy(store, QuarantinePolicy())
         assert not outcome.quarantined and not store.quarantine_list()
