@@ -88,7 +88,7 @@ def _kept(db: str, verdicts: dict[str, Any]) -> dict[str, object]:
             start = time.perf_counter()
             back = kept_verdicts(store, since=since, now=now, max_age_s=3600)
             reads.append(time.perf_counter() - start)
-        size = len(json.dumps(store.kept_summary(f"slowness.{round(DEFAULT_WINDOW_S)}")))  # its summary
+        size = len(json.dumps(store.summaries.kept(f"slowness.{round(DEFAULT_WINDOW_S)}")))  # its summary
     same = back is not None and {d: dataclasses.replace(v, judged_at=None) for d, v in back.items()} == verdicts
     return {"keep": keep_s, "reads": reads, "same": same, "mb": size / 1e6}
 

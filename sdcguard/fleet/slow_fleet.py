@@ -60,7 +60,7 @@ def fleet_slowness(
 
     At fleet scale the statistic reads every (device, case) pair of the window (3.1 million at 100,000 devices and
     31 cases), which no interactive read can afford; so its verdicts can be kept in the store: ``keep`` stores what
-    was computed (:meth:`~.store.Store.keep_summary`, one summary per window length: ``now - since``), and
+    was computed (:meth:`~.store.summaries.Summaries.keep`, one summary per window length: ``now - since``), and
     ``max_age_s`` > 0 reads a kept summary instead of computing, when it was computed at most ``max_age_s`` before
     ``now`` over a window of the same length with the same ``settings`` (each verdict's ``judged_at`` says when).
     Training incidents are always read live. ``sdcguard db refresh`` and every fleet policy run keep them."""
@@ -114,7 +114,7 @@ def keep_verdicts(
     """Keep ``verdicts``, judged at ``now`` over the window from ``since`` with ``settings``, in the store (replacing
     those kept for a window of that length): what :func:`kept_verdicts` and :func:`fleet_slowness` read back."""
     s = settings or SlowSettings()
-    store.keep_summary(_kept_name(_window(since, now)), _summary(verdicts, s, now))
+    store.summaries.keep(_kept_name(_window(since, now)), _summary(verdicts, s, now))
 
 
 def kept_verdicts(
@@ -186,7 +186,7 @@ def _read_kept(
     short) is ignored with a warning: the verdicts are derived data, computed again."""
     name = _kept_name(window_s)
     try:
-        kept = store.kept_summary(name)
+        kept = store.summaries.kept(name)
         if kept is None or kept.get("format") != _KEPT_FORMAT or kept.get("settings") != dataclasses.asdict(s):
             return None
         at = float(kept["at"])

@@ -133,7 +133,7 @@ def keep_report(
     :func:`kept_lines`, replacing the one kept for a window of that length; returns its devices. Its slowness
     verdicts are those kept up to ``slow_max_age_s`` old (a refresh keeps them just before), else computed."""
     s = slow or SlowSettings()
-    versions = store.device_versions()  # before the rows: a write in between leaves its device changed
+    versions = store.summaries.device_versions()  # before the rows: a write in between leaves its device changed
     rows = build_report(
         store, since=since, confidence=confidence, slow=s, breaker=breaker, now=now, slow_max_age_s=slow_max_age_s
     )
@@ -158,7 +158,7 @@ def keep_report(
         "ranks": _pack([_RANKS[r.status] for r in rows], "<u1"),
         "offsets": _pack([*starts, at, *marks, *ends], "<u8"),
     }
-    store.keep_summary(_name(window_s), header, body="".join(texts))
+    store.summaries.keep(_name(window_s), header, body="".join(texts))
     return len(rows)
 
 
@@ -180,7 +180,7 @@ def _read(
 ) -> _Kept | None:
     name = _name(window_s)
     try:
-        got = store.kept_summary_body(name)
+        got = store.summaries.kept_with_body(name)
         if got is None:
             return None
         head, body = got
@@ -230,12 +230,12 @@ def kept_lines(
     kept = _read(store, window_s, since, t, _settings(confidence, s), slow_max_age_s) if slow_max_age_s > 0 else None
     if kept is None:
         return None
-    versions = store.device_versions()
+    versions = store.summaries.device_versions()
     index = {d: i for i, d in enumerate(kept.devices)}
     changed = {d for d, v in versions.items() if (i := index.get(d)) is None or kept.versions[i] != v}
     kept_since = None if window_s is None else kept.at - window_s
     if since is not None and kept_since is not None and kept_since < since:
-        changed |= store.devices_started_between(kept_since, since)
+        changed |= store.summaries.devices_started_between(kept_since, since)
     changed |= {
         i.device for i in store.training.incidents(since=kept_since) if i.kind == SLOW_KIND and i.device is not None
     }

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 from .core import BUSY_TIMEOUT_S, StoreCore, open_backend
+from .summaries import Summaries
 from .training import Training
 
 __all__ = ["StoreBase"]
@@ -30,6 +31,8 @@ class StoreBase:
         """Devices this connection knows the ``devices`` table holds (rows are never deleted)."""
         self.training = Training(core)
         """Incidents, checkpoints and scrubs (:class:`~.training.Training`)."""
+        self.summaries = Summaries(core)
+        """Kept summaries and the devices' versions (:class:`~.summaries.Summaries`)."""
 
     @property
     def backend(self) -> Literal["sqlite", "postgresql"]:

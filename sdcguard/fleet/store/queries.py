@@ -74,24 +74,6 @@ class StoreQueries(CaseQueries, TallyQueries):
             )
         ]
 
-    def device_versions(self) -> dict[str, int]:
-        """Every known device's version: one more with every write that changed what a report says of it."""
-        return dict(self._rows("SELECT id, version FROM devices"))
-
-    def devices_started_between(self, lo: float, hi: float) -> set[str]:
-        """The devices with an execution or a complete scan that started in ``[lo, hi)`` (rows held: pruned days
-        have none): those whose figures change when a window's start moves from ``lo`` to ``hi`` within a UTC
-        day."""
-        return {
-            r[0]
-            for r in self._rows(
-                "SELECT DISTINCT device FROM results INDEXED BY results_time WHERE started_at >= ? AND started_at < ? "
-                "UNION SELECT DISTINCT device FROM scans INDEXED BY scans_status WHERE status = 'complete' "
-                "AND started_at >= ? AND started_at < ?",
-                (lo, hi, lo, hi),
-            )
-        }
-
     def device(self, device: str) -> DeviceInfo | None:
         """One device, or None if the store does not know it."""
         found = [
@@ -304,19 +286,6 @@ class StoreQueries(CaseQueries, TallyQueries):
             (since if since is not None else float("-inf"),),
         )
         return [Decision(device=d, decision=k, reason=r, time=t) for d, k, r, t in rows]
-
-    # ------------------------------------------------------------------ kept summaries
-    def kept_summary(self, name: str) -> dict[str, Any] | None:
-        """The summary last kept under ``name`` (:meth:`~.store.Store.keep_summary`), None if none was."""
-        value = self._meta(f"summary.{name}")
-        return None if value is None else dict(json.loads(value))
-
-    def kept_summary_body(self, name: str) -> tuple[dict[str, Any], str] | None:
-        """The summary last kept under ``name`` with the text kept beside it (``body``, read in the same
-        statement: the two written together), None if none was."""
-        rows = dict(self._rows("SELECT key, value FROM meta WHERE key IN (?, ?)", (f"summary.{name}", f"body.{name}")))
-        head, body = rows.get(f"summary.{name}"), rows.get(f"body.{name}")
-        return None if head is None or body is None else (dict(json.loads(head)), str(body))
 
     # ------------------------------------------------------------------ plots
     def first_execution_time(self) -> float | None:

@@ -300,18 +300,6 @@ class Store(StoreQueries, StoreMaintenance):
                     out.append(d)
         return out
 
-    def keep_summary(self, name: str, summary: Mapping[str, Any], *, body: str | None = None) -> None:
-        """Keep a derived summary (JSON-able) under ``name``, replacing the one kept before: figures too costly to
-        recompute on every read at fleet scale (the slowness verdicts,
-        :func:`~sdcguard.fleet.slow_fleet.fleet_slowness`; a report's rows, :mod:`sdcguard.fleet.report.kept`).
-        ``body``: a text kept with it, as it is (no JSON string to escape and unescape). Derived data: never
-        merged, forwarded or pruned; :meth:`kept_summary` and :meth:`kept_summary_body` read it back."""
-        upsert = "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
-        with self._write() as conn:
-            conn.execute(upsert, (f"summary.{name}", json.dumps(summary, separators=(",", ":"))))
-            if body is not None:
-                conn.execute(upsert, (f"body.{name}", body))
-
     def pending_actions(self, names: Sequence[str], *, now: float) -> list[PendingAction]:
         """Actions (by template name) not yet run successfully for each device's current quarantine; one action
         row per (quarantine event, template) is created here the first time."""

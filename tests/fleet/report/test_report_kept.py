@@ -253,7 +253,7 @@ def test_the_cli_reads_the_kept_report_and_says_the_same(tmp_path: Path) -> None
     assert refreshed.exit_code == 0, refreshed.output
     assert "kept the report of 6 devices over 7d" in refreshed.output
     with Store.open(db) as store:
-        assert store.kept_summary_body(f"report.{round(7 * DAY_S)}") is not None
+        assert store.summaries.kept_with_body(f"report.{round(7 * DAY_S)}") is not None
     for f, out in before.items():
         after = runner.invoke(cli, ["--db", db, "report", "--format", f])
         assert after.exit_code == 0 and out.exit_code == 0
