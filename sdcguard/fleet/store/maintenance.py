@@ -31,8 +31,8 @@ one pass over the rows a merge replaces and writes, minus what a prune deletes.
 
 **Case tallies** (the slowness statistic's running totals per device, case and day, schema version 10:
 :mod:`.schema.tally_tables`): the same writes collect signed changes in ``temp.case_delta``,
-:func:`~.tallies.apply_deltas` folds them in. A prune deletes none, and keeps of the days before the horizon each key's
-latest; a later change there lands on the eve.
+:func:`~.writes.tallies.apply_deltas` folds them in. A prune deletes none, and keeps of the days before the horizon each
+key's latest; a later change there lands on the eve.
 
 **Family tallies** (the rates' running totals per device, family and day, version 12): kept like the case tallies,
 from the same changes as the day tallies; a prune takes from them what it rolls up from the end of each pruned day
@@ -49,7 +49,10 @@ from typing import Any
 from ...durations import DAY_S as _DAY_S
 from ...errors import BadInput
 from .connection import StoreBase
-from .merging import (
+from .rows import MergeStats, PruneStats
+from .schema.tables import COUNTED_SCAN
+from .sqlite.files import read_only_uri
+from .writes.merging import (
     check_marks,
     identities_changing,
     merge_appended,
@@ -59,10 +62,7 @@ from .merging import (
     remember,
     set_meta,
 )
-from .rows import MergeStats, PruneStats
-from .schema.tables import COUNTED_SCAN
-from .sqlite.files import read_only_uri
-from .tallies import ADD_TALLIES, FAMILIES, apply_deltas, running_tables, thin_case_tallies
+from .writes.tallies import ADD_TALLIES, FAMILIES, apply_deltas, running_tables, thin_case_tallies
 
 __all__ = ["StoreMaintenance"]
 

@@ -27,8 +27,8 @@ from ...records import CaseResult, DeviceInfo, ScanStatus
 from .maintenance import StoreMaintenance
 from .quarantine import add_decision, add_history, end_probation, need_reason, quarantine_device
 from .queries import StoreQueries
-from .results import append_results, ensure_device, jdump, merge_patch
 from .rows import Decision, PendingAction, QuarantineEntry
+from .writes.results import append_results, ensure_device, jdump, merge_patch
 
 __all__ = ["Store", "QuarantineEntry", "default_actor"]
 

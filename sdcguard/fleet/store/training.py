@@ -13,8 +13,8 @@ from ...devices import hostname
 from ...errors import BadInput
 from ...records import Incident
 from .core import StoreCore, where_clause
-from .results import ensure_device, jdump
 from .rows import CheckpointEntry, ScrubEntry
+from .writes.results import ensure_device, jdump
 
 __all__ = ["Training", "incident_from_json"]
 

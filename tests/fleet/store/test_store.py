@@ -263,7 +263,7 @@ def test_unreadable_file_is_refused(tmp_path: Path) -> None:
 
 def test_a_result_row_names_every_column_of_the_insert() -> None:
     # rows are bound by column name: a column added to the table or reordered cannot shift the others
-    from sdcguard.fleet.store import results as results_module
+    from sdcguard.fleet.store.writes import results as results_module
 
     row = results_module.result_row(1, 0, result("sim:0"))
     assert set(row) == set(results_module.RESULT_COLUMNS)

@@ -1,14 +1,14 @@
 """A SQLite merge input (a node's store, a job's spool) copied into a PostgreSQL store's transaction, so the merge's
-one SQL text (:mod:`..merging`, which reads the input as ``src.<table>``) runs on the server unchanged.
+one SQL text (:mod:`..writes.merging`, which reads the input as ``src.<table>``) runs on the server unchanged.
 
-SQLite ATTACHes the input; a server cannot open a file on the node, so the input is read here (one read
-transaction: a consistent snapshot while its scanner keeps writing) and what the merge will read of it is copied
-(``COPY``) into this connection's temporary tables ``pg_temp.src_<table>`` (emptied first): of the watermarked tables
-the rows from the watermark on (the row *at* the watermark too, whose uuid :func:`~..merging.check_marks` checks),
-of the scans those past the watermark and those still open at the last merge with their results, of the small
-tables (devices, digests, actions, checkpoints, scrubs, meta) every row. When the watermark does not hold
-(:func:`~..merging.check_marks` rewinds a table), that table is copied whole. The input's lock is taken first,
-so two merges of one input (a spool forwarded twice at once) run one after the other.
+SQLite ATTACHes the input; a server cannot open a file on the node, so the input is read here (one read transaction: a
+consistent snapshot while its scanner keeps writing) and what the merge will read of it is copied (``COPY``) into this
+connection's temporary tables ``pg_temp.src_<table>`` (emptied first): of the watermarked tables the rows from the
+watermark on (the row *at* the watermark too, whose uuid :func:`~..writes.merging.check_marks` checks), of the scans
+those past the watermark and those still open at the last merge with their results, of the small tables (devices,
+digests, actions, checkpoints, scrubs, meta) every row. When the watermark does not hold
+(:func:`~..writes.merging.check_marks` rewinds a table), that table is copied whole. The input's lock is taken first, so
+two merges of one input (a spool forwarded twice at once) run one after the other.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..merging import WATERMARKED, check_marks, read_mark
 from ..sqlite.files import read_only_uri
+from ..writes.merging import WATERMARKED, check_marks, read_mark
 
 __all__ = ["copy_merge_input", "COPIED"]
 

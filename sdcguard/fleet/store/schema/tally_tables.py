@@ -1,12 +1,12 @@
 """The running totals' tables, both backends' steps: the roll-ups summed over the fleet per day (version 6), the
 day tallies (8), the case tallies (10) and the family tallies (12), which the store keeps exact in every write
-(:mod:`..tallies`). Listed, with every other step, in :mod:`.migrations`."""
+(:mod:`..writes.tallies`). Listed, with every other step, in :mod:`.migrations`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..tallies import FAMILIES, apply_deltas, running_tables
+from ..writes.tallies import FAMILIES, apply_deltas, running_tables
 from .tables import script
 
 __all__ = ["v6", "v8", "v10", "v12", "postgres_v12", "DAY_INDEXES"]

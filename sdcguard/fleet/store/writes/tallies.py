@@ -1,6 +1,6 @@
 """The store's running totals, kept exact in the transaction of every write that changes the rows they sum: the day
 tallies (executions, failures and testing time per UTC day, device and family, the rows held), the case tallies (the
-slowness statistic's running totals per device, case and day, schema version 10: :mod:`.schema.tally_tables`) and the
+slowness statistic's running totals per device, case and day, schema version 10: :mod:`..schema.tally_tables`) and the
 family tallies (the rates' running totals per device, family and day, version 12). A scan's batch adds through
 :class:`DayTallies`; a merge subtracts and adds the rows it replaces and writes; a prune deletes no running total and
 keeps, of the days before the horizon, each key's latest (the family tallies lose what the prune rolls up from the end
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...durations import DAY_S as _DAY_S
+from ....durations import DAY_S as _DAY_S
 
 __all__ = [
     "ADD_TALLIES",

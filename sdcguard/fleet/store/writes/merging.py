@@ -1,5 +1,5 @@
 """Merging another store's rows into this one, inside the merge's transaction (the rules are in
-:mod:`.maintenance`'s docstring): devices, scans and their results past the watermarks, the append-only tables by
+:mod:`..maintenance`'s docstring): devices, scans and their results past the watermarks, the append-only tables by
 uuid, the watermarks themselves, and the quarantine state replayed from the merged history."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ...durations import DAY_S as _DAY_S
+from ....durations import DAY_S as _DAY_S
 from .tallies import apply_running_deltas, tally_rows
 
 __all__ = [
@@ -79,7 +79,7 @@ def merge_scans(
     analyze: Callable[[str], None] = lambda table: None,
 ) -> tuple[int, int, int, list[int]]:
     """New scans and those still open at the last merge, with their rows; ``(new scans, new rows, skipped, late
-    days)``. ``lock``: takes the devices' locks (:meth:`~.core.StoreCore.lock_devices`) before their
+    days)``. ``lock``: takes the devices' locks (:meth:`~..core.StoreCore.lock_devices`) before their
     tallies change. ``analyze``: gives the planner the size of a temporary table just filled (a server's planner
     otherwise takes it for a large one and reads the store's results whole).
 

@@ -8,9 +8,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ...devices import device_kind
-from ...errors import BadInput
-from ...records import CaseResult
+from ....devices import device_kind
+from ....errors import BadInput
+from ....records import CaseResult
 from .tallies import DayTallies, day_of
 
 __all__ = ["RESULT_COLUMNS", "INSERT_RESULT", "append_results", "result_row", "ensure_device", "jdump", "merge_patch"]
