@@ -39,7 +39,7 @@ def build_store(path: Path, *, devices: int, days: int, keep_days: int, now: flo
     rng = np.random.default_rng(1)
     start = (now // DAY - days) * DAY
     with Store.open(path) as store:
-        store.upsert_devices(
+        store.scans.record_devices(
             [DeviceInfo(id=sim_id(n), host=fleet.host(n), kind="sim") for n in range(devices)], now=start
         )
         for day in range(days):

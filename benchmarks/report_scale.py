@@ -1,6 +1,6 @@
 """The fleet store at fleet scale: a year of daily scans of 10,000 devices, recorded the way the scanner records.
 
-Every scan goes through the real recording path (``Store.begin_scan`` + ``record_results``, the store folding
+Every scan goes through the real recording path (``store.scans.begin`` + ``store.scans.record``, the store folding
 each case's passing executions into one row, every failure its own row; ``fleet_scan.sim`` produces the results:
 the real suite's 31 cases, the default 60 s budget, one device in 1,000 defective). In order:
 
@@ -100,7 +100,7 @@ def _node_stores(job: tuple[Path, SimFleet, list[str], float, int, int]) -> int:
         members = [n for n in range(fleet.devices) if fleet.host(n) == host]
         rng = np.random.default_rng([fleet.seed, int(host[7:]), first])
         with Store.open(directory / f"{host}.db") as store:
-            store.upsert_devices([DeviceInfo(id=sim_id(n), host=host, kind="sim") for n in members], now=start)
+            store.scans.record_devices([DeviceInfo(id=sim_id(n), host=host, kind="sim") for n in members], now=start)
             for day in range(first, first + days):
                 scans += _scan_day(store, fleet, p, members, start + day * DAY, rng)
     return scans
@@ -396,7 +396,7 @@ def _quarter_hour(fleet_db: Any, start: float) -> int:
     The stores here scan in each day's first hour, so the window's start passes no scan at most times of day: every
     48th device is scanned instead, through the real recording path, from ``start`` on; returns how many."""
     with Store.open(fleet_db) as store:
-        known = store.devices()
+        known = store.scans.devices()
         fleet = SimFleet(devices=len(known), seed=0)
         p = fleet.failure_probabilities()
         rng = np.random.default_rng([fleet.seed, 15])

@@ -3,7 +3,7 @@ file, the writers taking turns) and PostgreSQL (a connection each) side by side,
 in the report.
 
 Each writer is a process with its own connection, recording scans the way the scanner does
-(``fleet_scan.device_scan.record``): ``begin_scan``, then batches of 256 results (the real suite's 31 case ids,
+(``fleet_scan.device_scan.record``): ``store.scans.begin``, then batches of 256 results (the real suite's 31 case ids,
 passing first attempts folded by the store into one row per case, one failure in 1,000), the last batch with the
 final status. All writers start together (a barrier) and the clock runs from the barrier to the last commit.
 A "result" is one execution a scanner recorded (a ``CaseResult``); the rows the store writes are fewer (folding).
@@ -74,10 +74,10 @@ def _writer(job: tuple[str, int, int, int, Any]) -> tuple[int, float]:
         n = 0
         for s in range(scans):
             t = 1.8e9 + s * 3600.0
-            sid = store.begin_scan(device=device, host=f"node{w // 8}", budget_s=60.0, started_at=t)
+            sid = store.scans.begin(device=device, host=f"node{w // 8}", budget_s=60.0, started_at=t)
             for k in range(batches):
                 rows = _batch(device, t + k * 3.0, k)
-                store.record_results(sid, rows, finish="complete" if k == batches - 1 else None, finished_at=t + 60)
+                store.scans.record(sid, rows, finish="complete" if k == batches - 1 else None, finished_at=t + 60)
                 n += len(rows)
         return n, time.perf_counter()
 
@@ -98,8 +98,8 @@ def _ingest(db: str, writers: int, scans: int, batches: int) -> tuple[int, float
 def _visible(db: str) -> tuple[float, float]:
     """Seconds from a scan's last commit to a report (in-process on another connection; the CLI) showing it."""
     with Store.open(db) as writer, Store.open(db) as reader:
-        sid = writer.begin_scan(device="sim:fresh", host="node-x", budget_s=60.0, started_at=time.time() - 60)
-        writer.record_results(sid, _batch("sim:fresh", time.time() - 59, 0), finish="complete")
+        sid = writer.scans.begin(device="sim:fresh", host="node-x", budget_s=60.0, started_at=time.time() - 60)
+        writer.scans.record(sid, _batch("sim:fresh", time.time() - 59, 0), finish="complete")
         t0 = time.perf_counter()
         rows = build_report(reader, since=time.time() - DAY_S, device="sim:fresh")
         assert rows and rows[0].scans == 1

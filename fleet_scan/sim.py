@@ -1,14 +1,14 @@
 """The ``sim:`` backend: a simulated fleet scanned daily the way it is deployed.
 
 Each host (``devices_per_host`` devices) has its own node store, as on Kubernetes or Slurm. A day's scan of a device
-does what :mod:`fleet_scan.device_scan.worker` does, at the level the store and the policy see: ``begin_scan``, the
-executions the default budget allows spread over the real suite's cases in the scanner's own order
+does what :mod:`fleet_scan.device_scan.worker` does, at the level the store and the policy see: ``store.scans.begin``,
+the executions the default budget allows spread over the real suite's cases in the scanner's own order
 (:func:`fleet_scan.device_scan.schedule.order_cases`, past failures first), a retest of each failing case (reproduced
 with the device's own probability: a transient does not come back, a bad golden file always does), and the final batch
 with ``finish="complete"``. The store folds the passing executions of each case into one row per scan, exactly as it
-does for the scanner; every failed execution is its own row with its own output digest. Then each node
-applies the node policy to its own store (``scope="node"``), the fleet store merges every node store
-(incrementally) and the fleet policy runs on it (``scope="fleet"``), as ``deploy/`` does.
+does for the scanner; every failed execution is its own row with its own output digest. Then each node applies the node
+policy to its own store (``scope="node"``), the fleet store merges every node store (incrementally) and the fleet policy
+runs on it (``scope="fleet"``), as ``deploy/`` does.
 
 Faults: a defective device fails any execution with its probability; every device has a rare transient rate; a
 **bad golden file** (one day) makes every device fail one case with its right answer, which is the output the
@@ -245,7 +245,7 @@ def scan_sim_device(
     # As the real budget loop: cycles of the plan while the next case fits (the final flush reserve kept free).
     total = int((budget_s - 0.05) / (sum(c.seconds for c in plan) / len(plan)))
     base, extra = divmod(total, len(plan))
-    scan_id = store.begin_scan(device=dev, host=host, budget_s=budget_s, meta={"sim": True}, started_at=t)
+    scan_id = store.scans.begin(device=dev, host=host, budget_s=budget_s, meta={"sim": True}, started_at=t)
     results: list[CaseResult] = []
     executions = failures = 0
     failing_families: set[str] = set()
@@ -293,7 +293,7 @@ def scan_sim_device(
         if retests:
             fails += _retests(dev, case, at, digest, golden, retests, again_p, rng, fails)
         results.extend(fails)
-    store.record_results(scan_id, results, finish="complete", finished_at=t + budget_s, total=None)
+    store.scans.record(scan_id, results, finish="complete", finished_at=t + budget_s, total=None)
     return executions, failures, failing_families
 
 
@@ -341,7 +341,7 @@ class SimRun:
         self.log: list[SimDay] = []
         for host, members in self.hosts.items():
             with Store.open(self.node_store(host)) as node:
-                node.upsert_devices(
+                node.scans.record_devices(
                     [DeviceInfo(id=self.ids[n], host=host, kind="sim", model="simulated") for n in members], now=start
                 )
 

@@ -47,7 +47,7 @@ def build_demo_store(path: Path, now: float) -> None:
             DeviceInfo(id=f"sim:{n}", host=f"node-{n // PER_HOST:02d}", kind="sim", model="SimGPU 80GB")
             for n in range(HOSTS * PER_HOST)
         ]
-        store.upsert_devices(devices, now=start)
+        store.scans.record_devices(devices, now=start)
         store.quarantine("sim:9", reason="ECC double-bit errors in dmesg", by="alice@ops", now=start + 0.5 * DAY)
         store.release("sim:9", reason="board reseated, ECC clean", by="alice@ops", now=start + 3.2 * DAY)
         for rnd in range(DAYS * ROUNDS):

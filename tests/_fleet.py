@@ -56,9 +56,11 @@ def scan(
     finish: str | None = "complete",
     t: float = NOW - 3600,
 ) -> int:
-    store.upsert_device(DeviceInfo(id=device, host=host, kind=device.split(":")[0] if ":" in device else "gpu"), now=t)
-    sid = store.begin_scan(device=device, host=host, budget_s=60.0, started_at=t)
-    store.record_results(sid, results, finish=finish, finished_at=t + 60)
+    store.scans.record_devices(
+        [DeviceInfo(id=device, host=host, kind=device.split(":")[0] if ":" in device else "gpu")], now=t
+    )
+    sid = store.scans.begin(device=device, host=host, budget_s=60.0, started_at=t)
+    store.scans.record(sid, results, finish=finish, finished_at=t + 60)
     return sid
 
 

@@ -1,10 +1,10 @@
 """Recording one device's scan in the fleet store, so that a scanner killed at any moment leaves it consistent.
 
-``begin_scan`` creates the scan as ``running``; results go in batches (every :data:`BATCH` results or
+``store.scans.begin`` creates the scan as ``running``; results go in batches (every :data:`BATCH` results or
 :data:`FLUSH_EVERY_S` seconds), each batch one transaction, and the store folds each case's passing first
 attempts into the scan's one row for that case (failures and retests stay one row each). The last batch, the
 final status and ``total`` (every execution the scanner produced, retests included) land in one transaction
-(``record_results(..., finish=status, total=...)``). A scanner killed mid-way therefore leaves a ``running`` scan
+(``store.scans.record(..., finish=status, total=...)``). A scanner killed mid-way therefore leaves a ``running`` scan
 holding the batches it committed, never a ``complete`` scan with missing results: a complete scan's rows always
 add up to its ``total``, and the next scan of that device (which holds the device's lock, so nobody else is
 scanning it) marks such leftovers ``interrupted``.
@@ -68,7 +68,7 @@ class ScanRecorder:
         if finish is None and not self._pending:
             return
         t0 = self._clock()
-        self.store.record_results(
+        self.store.scans.record(
             self.scan_id, self._pending, finish=finish, total=self.seq if finish is not None else None, meta=meta
         )
         self.slowest_flush_s = max(self.slowest_flush_s, self._clock() - t0)

@@ -225,10 +225,10 @@ class _DeviceScan:
     def open(self, store: Any) -> None:
         """Record the device, reap its stale scans, order the cases (past failures first) and begin the scan."""
         device, options = self.target.device, self.options
-        store.upsert_device(self.target.info)
+        store.scans.record_devices([self.target.info])
         # We hold the device's lock: no other scanner on this host is scanning it now, so a scan of it still
         # `running` here was left by a killed scanner (the policy's time-based reaping would get there later).
-        stale = store.reap(device=device, host=self.host)
+        stale = store.scans.reap(device=device, host=self.host)
         past = _past_failures(store, device)
         self.plan = order_cases(self.runnable, past)
         meta: dict[str, Any] = {
@@ -245,7 +245,7 @@ class _DeviceScan:
             "telemetry_before": self.telemetry.snapshot(),
         }
         self.budget.start()
-        self.scan_id = store.begin_scan(device=device, host=self.host, budget_s=options.budget_s, meta=meta)
+        self.scan_id = store.scans.begin(device=device, host=self.host, budget_s=options.budget_s, meta=meta)
         self.recorder = ScanRecorder(store, self.scan_id)
         self.emit(ScanStarted(device=device, scan=self.scan_id, budget_s=options.budget_s))
 

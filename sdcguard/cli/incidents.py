@@ -27,8 +27,8 @@ def incidents(since: str, device: str | None, fmt: str) -> None:
     with open_store(readonly=True) as store:
         if device is not None:
             device = device_id(device)
-            if store.device(device) is None:
-                raise unknown_device(device, [d.id for d in store.devices()], what="no incidents to show")
+            if store.scans.device(device) is None:
+                raise unknown_device(device, [d.id for d in store.scans.devices()], what="no incidents to show")
         found = store.training.incidents(since=start, device=device)
     if fmt == "json":
         click.echo(json.dumps([{**asdict(i), "time": iso_utc(i.time)} for i in found], indent=1))

@@ -79,10 +79,10 @@ def add(device: str, reason: str, new: bool) -> None:
     except BadInput as e:
         raise BadInput(f"cannot quarantine {device!r}: {e}") from None
     with open_store(create=new) as store:
-        if not new and store.device(device) is None:
+        if not new and store.scans.device(device) is None:
             raise unknown_device(
                 device,
-                [d.id for d in store.devices()],
+                [d.id for d in store.scans.devices()],
                 what=f"cannot quarantine {device}",
                 hint="; pass --new to quarantine a device no scan has recorded yet",
             )
@@ -100,10 +100,10 @@ def release(device: str, reason: str) -> None:
     """
     device = device_id(device)
     with open_store() as store:
-        if store.device(device) is None:
+        if store.scans.device(device) is None:
             raise unknown_device(
                 device,
-                [d.id for d in store.devices()],
+                [d.id for d in store.scans.devices()],
                 what=f"cannot release {device}",
                 hint="; `sdcguard quarantine list` shows the quarantined devices",
             )
@@ -122,8 +122,8 @@ def history(device: str | None, fmt: str) -> None:
     with open_store(readonly=True) as store:
         wanted = device_id(device) if device else None
         rows = store.quarantine_history(wanted)
-        if wanted is not None and not rows and store.device(wanted) is None:
-            raise unknown_device(wanted, [d.id for d in store.devices()], what="no quarantine history")
+        if wanted is not None and not rows and store.scans.device(wanted) is None:
+            raise unknown_device(wanted, [d.id for d in store.scans.devices()], what="no quarantine history")
     if fmt == "json":
         click.echo(json.dumps([{**r, "time": iso_utc(r["time"])} for r in rows], indent=1))
         return

@@ -232,7 +232,7 @@ def apply_policy(
     policy = policy or QuarantinePolicy()
     t = time.time() if now is None else now
     out = PolicyOutcome(scope=scope)
-    out.reaped = store.reap(grace_s=policy.reap_grace_s, now=t)
+    out.reaped = store.scans.reap(grace_s=policy.reap_grace_s, now=t)
     notes: list[Decision] = []
     passed: dict[str, str] = {}
     if scope == "node":

@@ -72,7 +72,7 @@ def fleet_slowness(
         else None
     )
     if verdicts is None:
-        known = store.devices() if known is None else known
+        known = store.scans.devices() if known is None else known
         groups = {d.id: peer_group(d.kind, d.model, d.host) for d in known}
         # Every device's times per case come from the store's case tallies (two rows per device and case whatever the
         # window); per-scan rows only where a device's own history can matter (a group too small for a spread).
@@ -98,7 +98,7 @@ def fleet_slowness(
                 reason=f"training job {i.job}, step {i.step}: {i.detail}",
             )
     if devices is None and known is None:
-        known = store.devices()
+        known = store.scans.devices()
     wanted = {d.id for d in known} if devices is None and known is not None else set(devices or ())
     return {d: v for d, v in verdicts.items() if d in wanted}
 

@@ -201,8 +201,8 @@ def test_incidents_command(db: Path) -> None:
 def test_merge_is_idempotent(tmp_path: Path, db: Path) -> None:
     other = tmp_path / "node2.db"
     with Store.open(other) as store:
-        sid = store.begin_scan(device="sim:7", host="node2", budget_s=10)
-        store.record_results(sid, [result("sim:7")] * 3)  # still running when first merged
+        sid = store.scans.begin(device="sim:7", host="node2", budget_s=10)
+        store.scans.record(sid, [result("sim:7")] * 3)  # still running when first merged
     out = tmp_path / "fleet-all.db"
     before = snapshot(db)
     assert _run("merge", str(out), str(db), str(other))[0] == 0
@@ -231,10 +231,10 @@ def test_merge_is_idempotent(tmp_path: Path, db: Path) -> None:
     assert counts() == first
     # The running scan finishes on node2 and more results land: a new merge brings exactly those.
     with Store.open(other) as store:
-        store.record_results(sid, [result("sim:7", passed=False)], finish="complete")
+        store.scans.record(sid, [result("sim:7", passed=False)], finish="complete")
     _run("merge", str(out), str(other))
     with Store.open(out, create=False) as s:
-        (sc,) = s.scans(device="sim:7")
+        (sc,) = s.scans.history(device="sim:7")
         assert (sc["status"], sc["executions"], sc["failures"]) == ("complete", 4, 1)
         assert s.quarantine_status("sim:3") == "quarantined"
     # Merging a store into itself is refused.
@@ -293,7 +293,7 @@ def test_table_of_a_large_fleet_lists_what_needs_attention(tmp_path: Path) -> No
     path = tmp_path / "big.db"
     t = NOW_ISH - 600
     with Store.open(path) as store:
-        store.upsert_devices([DeviceInfo(id=f"sim:{i}", host="n", kind="sim") for i in range(60)], now=t)
+        store.scans.record_devices([DeviceInfo(id=f"sim:{i}", host="n", kind="sim") for i in range(60)], now=t)
         scan(store, "sim:7", [result("sim:7", passed=False, t=t)], t=t)
     code, out, _ = _run("--db", str(path), "report")
     # the caption wraps with the table's width: compare its words

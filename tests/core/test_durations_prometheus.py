@@ -56,7 +56,7 @@ def test_since_all_and_default() -> None:
 @given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20))
 def test_any_host_name_survives_the_textfile(tmp_path_factory: pytest.TempPathFactory, host: str) -> None:
     with Store.open(tmp_path_factory.mktemp("prom") / "s.db") as store:
-        store.upsert_device(DeviceInfo(id="sim:3", host=host, kind="sim", model='A"100\\x'), now=NOW)
+        store.scans.record_devices([DeviceInfo(id="sim:3", host=host, kind="sim", model='A"100\\x')], now=NOW)
         scan(store, "sim:3", [result("sim:3", t=NOW - 10)], host=host)
         text = render_textfile(store, now=NOW)
     samples = {f.name: f.samples for f in text_string_to_metric_families(text)}
@@ -70,7 +70,7 @@ def test_every_series_carries_the_same_documented_labels(tmp_path: Path) -> None
     from sdcguard.fleet.report.prometheus import LABELS, METRICS
 
     with Store.open(tmp_path / "s.db") as store:
-        store.upsert_device(DeviceInfo(id="sim:1", host="h", kind="sim", model="A100"), now=NOW)
+        store.scans.record_devices([DeviceInfo(id="sim:1", host="h", kind="sim", model="A100")], now=NOW)
         scan(store, "sim:1", [result("sim:1", t=NOW - 10)])
         scan(store, "sim:2", [result("sim:2", t=NOW - 10)])  # no model known
         text = render_textfile(store, now=NOW)

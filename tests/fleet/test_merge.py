@@ -31,8 +31,8 @@ def _fill(path: Path, spec: tuple[list, list, list], tag: str) -> None:
     with Store.open(path) as store:
         for i, (dev, passes, finished) in enumerate(scans):
             d = f"sim:{dev}"
-            sid = store.begin_scan(device=d, host=tag, budget_s=10.0, started_at=NOW - 1000 + i)
-            store.record_results(
+            sid = store.scans.begin(device=d, host=tag, budget_s=10.0, started_at=NOW - 1000 + i)
+            store.scans.record(
                 sid,
                 [result(d, passed=p, t=NOW - 900 + j) for j, p in enumerate(passes)],
                 finish="complete" if finished else None,
@@ -236,13 +236,15 @@ def _incremental(
             s = stores[n]
             if kind == "begin" or (kind == "record" and not open_scans[n]):
                 dev = f"sim:{n}{arg}"
-                open_scans[n].append((s.begin_scan(device=dev, host=f"node{n}", budget_s=10.0, started_at=tick()), dev))
+                open_scans[n].append(
+                    (s.scans.begin(device=dev, host=f"node{n}", budget_s=10.0, started_at=tick()), dev)
+                )
             if kind == "record":
                 sid, dev = open_scans[n][-1]
-                s.record_results(sid, [result(dev, passed=i != arg, t=tick()) for i in range(3)])
+                s.scans.record(sid, [result(dev, passed=i != arg, t=tick()) for i in range(3)])
             elif kind == "finish" and open_scans[n]:
                 sid, _ = open_scans[n].pop(0)
-                s.finish_scan(sid, "complete" if arg else "preempted", finished_at=tick())
+                s.scans.finish(sid, "complete" if arg else "preempted", finished_at=tick())
             elif kind == "incident":
                 dev = f"sim:{n}{arg}"
                 s.training.record_incident(
@@ -282,20 +284,20 @@ def test_a_merge_reads_only_what_is_new(tmp_path: Path) -> None:
     node = tmp_path / "node.db"
     with Store.open(node) as s:
         for i in range(30):
-            sid = s.begin_scan(device="sim:1", host="n", budget_s=1.0, started_at=NOW - 10_000 + i)
-            s.record_results(sid, [result("sim:1", t=NOW - 10_000 + i)], finish="complete")
+            sid = s.scans.begin(device="sim:1", host="n", budget_s=1.0, started_at=NOW - 10_000 + i)
+            s.scans.record(sid, [result("sim:1", t=NOW - 10_000 + i)], finish="complete")
     (first,) = merge_stores(tmp_path / "fleet.db", [node])
     assert (first.scans, first.results) == (30, 30)
     with Store.open(node) as s:
-        sid = s.begin_scan(device="sim:1", host="n", budget_s=1.0, started_at=NOW - 100)
-        s.record_results(sid, [result("sim:1", t=NOW - 100)])  # left running: taken again at the next merge
+        sid = s.scans.begin(device="sim:1", host="n", budget_s=1.0, started_at=NOW - 100)
+        s.scans.record(sid, [result("sim:1", t=NOW - 100)])  # left running: taken again at the next merge
     (second,) = merge_stores(tmp_path / "fleet.db", [node])
     assert (second.scans, second.results) == (1, 1)
     with Store.open(node) as s:
-        s.record_results(sid, [result("sim:1", t=NOW - 99)] * 4, finish="complete")
+        s.scans.record(sid, [result("sim:1", t=NOW - 99)] * 4, finish="complete")
     (third,) = merge_stores(tmp_path / "fleet.db", [node])
     assert (third.scans, third.results) == (0, 0)  # the same row, grown to 5 executions
     with Store.open(tmp_path / "fleet.db", create=False) as f:
-        (latest,) = [x for x in f.scans() if x["started_at"] == NOW - 100]
+        (latest,) = [x for x in f.scans.history() if x["started_at"] == NOW - 100]
         assert (latest["status"], latest["executions"], latest["total"]) == ("complete", 5, None)
         assert f.tallies(by="device")[0].executions == 35

@@ -28,14 +28,14 @@ DAY = 86400.0
 def _scan(path: Path, device: str, n: int, t: float) -> str:
     """One complete scan of ``n`` passing executions at ``t``; returns its uuid."""
     with Store.open(path) as s:
-        sid = s.begin_scan(device=device, host=path.stem, budget_s=60.0, started_at=t)
-        s.record_results(
+        sid = s.scans.begin(device=device, host=path.stem, budget_s=60.0, started_at=t)
+        s.scans.record(
             sid,
             [result(device, t=t + i, case=f"alu.{i}", family="alu") for i in range(n)],
             finish="complete",
             finished_at=t + 60,
         )
-        (row,) = [r for r in s.scans() if r["id"] == sid]
+        (row,) = [r for r in s.scans.history() if r["id"] == sid]
         return str(row["uuid"])
 
 
@@ -72,7 +72,7 @@ def test_a_merge_after_a_node_prune_takes_the_scans_that_reused_old_ids(tmp_path
         assert s.prune(before=NOW - 10 * DAY).scans == 3
     _scan(node, "sim:1", 7, NOW - DAY)
     with Store.open(node) as s:
-        assert [r["id"] for r in s.scans()] == [1]  # the id of a scan the fleet already has
+        assert [r["id"] for r in s.scans.history()] == [1]  # the id of a scan the fleet already has
     (second,) = merge_stores(fleet, [node])
     assert second.scans == 1 and second.results == 7 and second.rewound == ("scans",)
     assert _executions(fleet) == {"sim:1": 3 * 2 + 7}
@@ -229,7 +229,7 @@ def test_the_fleet_holds_every_count_the_nodes_recorded(tmp_path_factory: pytest
         expected[dev] = expected.get(dev, 0) + n
     assert _executions(fleet) == expected
     with Store.open(fleet, create=False) as s:
-        assert {r["uuid"] for r in s.scans()} == set(seen_scans)
+        assert {r["uuid"] for r in s.scans.history()} == set(seen_scans)
         assert len(s.training.incidents()) == len(seen_incidents)
     with closing(sqlite3.connect(fleet)) as c:
         assert {r[0] for r in c.execute("SELECT uuid FROM incidents")} == seen_incidents

@@ -216,7 +216,7 @@ def _calls(tmp_path: Path, name: str) -> list[list[str]]:
 def test_actions_get_argv_without_a_shell_and_failures_are_retried(store: Store, tmp_path: Path) -> None:
     drain = _recorder(tmp_path, "drain")
     broken = _recorder(tmp_path, "broken", exit_code=3)
-    store.upsert_device(__import__("sdcguard").DeviceInfo(id="sim:1", host="node7", kind="sim"))
+    store.scans.record_devices([__import__("sdcguard").DeviceInfo(id="sim:1", host="node7", kind="sim")])
     scan(store, "sim:1", [result("sim:1", passed=False, sticky=True, t=NOW - 5)], host="node7")
     actions = [
         ActionTemplate(name="broken", argv=(str(broken), "{device}")),

@@ -161,14 +161,14 @@ def test_the_median_lower_bound_is_an_order_statistic_at_or_below_the_median(xs:
 
 def _fill(store: Store, speeds: dict[str, float], *, t: float = NOW - 3600) -> None:
     for n, (d, s) in enumerate(sorted(speeds.items())):
-        store.upsert_device(DeviceInfo(id=d, host="vm", kind="cpu", model="Xeon", index=n), now=t)
-        sid = store.begin_scan(device=d, host="vm", budget_s=60.0, started_at=t)
+        store.scans.record_devices([DeviceInfo(id=d, host="vm", kind="cpu", model="Xeon", index=n)], now=t)
+        sid = store.scans.begin(device=d, host="vm", budget_s=60.0, started_at=t)
         rows = [
             CaseResult(device=d, case=c, family=f, seed=1, passed=True, duration_s=base * s, started_at=t + k)
             for c, f, base in CASES
             for k in range(5)
         ]
-        store.record_results(sid, rows, finish="complete", finished_at=t + 60)
+        store.scans.record(sid, rows, finish="complete", finished_at=t + 60)
 
 
 def _slow_incident(device: str, *, t: float = NOW - 600) -> Incident:

@@ -38,14 +38,14 @@ SPEEDS = {"cpu:a:0": 1.0, "cpu:a:1": 1.0, "cpu:a:2": 1.0, "cpu:a:3": 1.0, "cpu:a
 def _scan(store: Store, device: str, speed: float, t: float) -> None:
     host = device.split(":")[1]
     model = "Xeon" if host == "a" else "Epyc"
-    store.upsert_device(DeviceInfo(id=device, host=host, kind="cpu", model=model), now=t)
-    sid = store.begin_scan(device=device, host=host, budget_s=60.0, started_at=t)
+    store.scans.record_devices([DeviceInfo(id=device, host=host, kind="cpu", model=model)], now=t)
+    sid = store.scans.begin(device=device, host=host, budget_s=60.0, started_at=t)
     rows = [
         CaseResult(device=device, case=c, family=f, seed=1, passed=True, duration_s=base * speed, started_at=t + k)
         for c, f, base in CASES
         for k in range(5)
     ]
-    store.record_results(sid, rows, finish="complete", finished_at=t + 60)
+    store.scans.record(sid, rows, finish="complete", finished_at=t + 60)
 
 
 def _fill(store: Store, t: float) -> None:

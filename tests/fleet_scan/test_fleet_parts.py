@@ -145,22 +145,22 @@ def test_recorder_writes_every_result_and_the_total_lands_with_the_final_status(
 
     with tempfile.TemporaryDirectory() as tmp, Store.open(Path(tmp) / "s.db") as store:
         device = cpu_id(0)
-        scan = store.begin_scan(device=device, host=hostname(), budget_s=1.0)
+        scan = store.scans.begin(device=device, host=hostname(), budget_s=1.0)
         rec = ScanRecorder(store, scan, batch=batch, flush_every_s=1e9)
         for i in range(n):
             rec.add(_result(device, i, passed=i % 7 != 3))
             # before the end the scan is running and holds whole batches (what was committed), nothing else
-            row = store.scans()[0]
+            row = store.scans.history()[0]
             assert row["status"] == "running" and row["total"] is None
             assert row["executions"] == rec.recorded == (i + 1) // batch * batch
         rec.finish("complete", meta={"telemetry_after": {"t": 1}})
-        rows = store.results(scan_id=scan)
+        rows = store.scans.results(scan_id=scan)
         fails = [i for i in range(n) if i % 7 == 3]
         # one row per passing case, one per failed execution; every execution accounted for
         assert len(rows) == len({i % 3 for i in range(n) if i % 7 != 3}) + len(fails)
         assert sum(r.executions for r in rows) == n
         assert sorted(r.started_at for r in rows if not r.passed) == [1000.0 + i for i in fails]
-        (row,) = store.scans()
+        (row,) = store.scans.history()
         assert row["status"] == "complete" and row["total"] == n and row["failures"] == len(fails)
         assert '"telemetry_after"' in row["meta"]
 
@@ -214,8 +214,8 @@ def test_simulated_fleet_goes_through_node_stores_the_merge_and_both_policies(tm
     bad = run.day(1, bad_case=run.cases[0].id)  # every remaining device fails one case identically
     assert bad.breaker_tripped and bad.quarantined == [] and bad.by_node == []
     with Store.open(run.fleet_store, create=False) as store:
-        rows = store.results()
-        scans = store.scans()
+        rows = store.scans.results()
+        scans = store.scans.history()
     # the scanner's rows: one per (scan, case) passing, one per failed execution or retest
     assert len(scans) == 40 + 38
     assert sum(r.executions for r in rows if not r.attempt) == day0.executions + bad.executions

@@ -148,9 +148,11 @@ def _local_index(device: str, kind: str) -> int | None:
 
 
 def _known(store: Store, device: str) -> DeviceInfo:
-    one = store.device(device)
+    one = store.scans.device(device)
     if one is None:
-        raise unknown_device(device, [d.id for d in store.devices()], what=f"no report of {device} in {store.path}")
+        raise unknown_device(
+            device, [d.id for d in store.scans.devices()], what=f"no report of {device} in {store.path}"
+        )
     return one
 
 
@@ -179,7 +181,7 @@ def build_report(
     verdicts kept up to this long before ``now`` (default: the clock) instead of computing them (0: compute;
     :func:`~..slow_fleet.fleet_slowness`)."""
     t = time.time() if now is None else now
-    known = [_known(store, device)] if device is not None else store.devices(devices)
+    known = [_known(store, device)] if device is not None else store.scans.devices(devices)
     wanted = [d.id for d in known] if device is not None or devices is not None else None
     rates = device_rates(store, since=since, devices=wanted, confidence=confidence, by_family=families)
     scans = store.scan_counts(since=since, devices=wanted)

@@ -74,7 +74,7 @@ def plot_rates(
     if devices is None:
         picked = store.most_failing(since=start, limit=_MAX_DEVICES)
         picked += [d for d in sorted(states) if d not in picked][: max(0, _MAX_DEVICES - len(picked))]
-        known = store.devices()
+        known = store.scans.devices()
         if len(known) <= _MAX_DEVICES:  # a small fleet: draw everyone
             picked += [d.id for d in known if d.id not in picked]
     else:

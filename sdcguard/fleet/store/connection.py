@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 from .core import BUSY_TIMEOUT_S, StoreCore, open_backend
+from .scans import Scans
 from .summaries import Summaries
 from .training import Training
 
@@ -25,10 +26,8 @@ class StoreBase:
         self._conn = core.backend.conn
         self.path: str | Path = core.path
         """The store's file, or (a server) its URL without credentials: what messages name."""
-        self._known_digests: set[tuple[str, str]] = set()
-        """``(case, digest)`` pairs this connection knows ``pass_digests`` holds (rows are never deleted)."""
-        self._known_devices: set[str] = set()
-        """Devices this connection knows the ``devices`` table holds (rows are never deleted)."""
+        self.scans = Scans(core)
+        """Devices, scans and their results (:class:`~.scans.Scans`)."""
         self.training = Training(core)
         """Incidents, checkpoints and scrubs (:class:`~.training.Training`)."""
         self.summaries = Summaries(core)

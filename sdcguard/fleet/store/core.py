@@ -30,7 +30,7 @@ ADD_ONE = "UPDATE main.devices SET version = version + 1 WHERE id IN (SELECT val
 Devices' versions (schema version 13): a number per device, one more with every write that changes what a report
 keeps of it (its results, scans and tallies, its identity, a merge of its scans or of a new identity), in that
 write's transaction. Every such write locks the device first (:meth:`StoreCore.lock_devices`), and the lock adds the
-one, so no write can forget it; a new identity (:meth:`~.store.Store.upsert_devices`) adds one too, and a recorded
+one, so no write can forget it; a new identity (:meth:`~.scans.Scans.record_devices`) adds one too, and a recorded
 incident moves the devices it names (a report reads incidents live: status, slowness). A merge locks every device
 of its input without moving it, then moves those it changes. A kept report (:mod:`sdcguard.fleet.report.kept`)
 reads the versions before it computes its rows and again when it is read: a device whose version moved is computed

@@ -24,9 +24,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from ...durations import DAY_S, DEFAULT_WINDOW_S
-from ...records import CaseResult, DeviceInfo, Incident
+from ...records import Incident
 from .case_queries import CaseQueries
-from .core import in_devices, where_clause
+from .core import in_devices
 from .rows import CaseCoverage, Decision, DeviceStatus, FailedExecution, QuarantineEntry, SeriesPoint, device_status
 from .schema.tables import COUNTED_SCAN
 from .tally_queries import TallyQueries, first_day
@@ -36,84 +36,14 @@ _INCIDENT_FIELDS = frozenset(Incident.__dataclass_fields__)
 _TUPLE_FIELDS = ("suspect_ranks", "devices", "hosts")
 
 
-def _row_result(r: dict[str, Any]) -> CaseResult:
-    return CaseResult(
-        device=r["device"],
-        case=r["case_id"],
-        family=r["family"],
-        seed=r["seed"],
-        passed=bool(r["passed"]),
-        duration_s=r["duration_s"],
-        started_at=r["started_at"],
-        output_digest=r["output_digest"],
-        mismatches=r["mismatches"],
-        element=r["element"],
-        expected=r["expected"],
-        actual=r["actual"],
-        xor_mask=r["xor_mask"],
-        location=r["location"],
-        attempt=r["attempt"],
-        sticky=None if r["sticky"] is None else bool(r["sticky"]),
-        detail=json.loads(r["detail"]),
-        executions=r["executions"],
-        last_started_at=r["last_started_at"],
-    )
-
-
 class StoreQueries(CaseQueries, TallyQueries):
     """Named read queries of the fleet store (part of :class:`sdcguard.fleet.store.store.Store`)."""
-
-    # ------------------------------------------------------------------ devices, scans, results, incidents
-    def devices(self, ids: Sequence[str] | None = None) -> list[DeviceInfo]:
-        """Every known device (or those of ``ids`` the store knows), by id."""
-        scope, sp = in_devices(ids, "id")
-        return [
-            DeviceInfo(id=r[0], host=r[1], kind=r[2], model=r[3], serial=r[4], pci_bus_id=r[5], index=r[6])
-            for r in self._rows(
-                f"SELECT id, host, kind, model, serial, pci_bus_id, idx FROM devices WHERE true{scope} ORDER BY id", sp
-            )
-        ]
-
-    def device(self, device: str) -> DeviceInfo | None:
-        """One device, or None if the store does not know it."""
-        found = [
-            d
-            for d in self._rows(
-                "SELECT id, host, kind, model, serial, pci_bus_id, idx FROM devices WHERE id = ?", (device,)
-            )
-        ]
-        if not found:
-            return None
-        r = found[0]
-        return DeviceInfo(id=r[0], host=r[1], kind=r[2], model=r[3], serial=r[4], pci_bus_id=r[5], index=r[6])
 
     def row_count(self, table: Literal["results", "scans", "devices", "incidents", "rollups"]) -> int:
         """``SELECT COUNT(*)`` of one table: the floor every aggregation is measured against."""
         if table not in ("results", "scans", "devices", "incidents", "rollups"):
             raise ValueError(f"no table {table!r}")
         return int(self._one(f"SELECT COUNT(*) FROM {table}"))
-
-    def scans(self, *, device: str | None = None) -> list[dict[str, Any]]:
-        """Scan rows (newest first), optionally of one device."""
-        where, params = where_clause(("device = ?", device or None))
-        return self._dicts(f"SELECT * FROM scans {where} ORDER BY started_at DESC, id DESC", params)
-
-    def results(
-        self,
-        *,
-        device: str | None = None,
-        since: float | None = None,
-        failed_only: bool = False,
-        scan_id: int | None = None,
-    ) -> list[CaseResult]:
-        """Recorded rows as :class:`CaseResult` (a passing row may stand for several executions), oldest first."""
-        where, params = where_clause(
-            ("device = ?", device),
-            ("started_at >= ?", since),
-            ("passed = 0", True if failed_only else None),
-            ("scan = ?", scan_id),
-        )
-        return [_row_result(r) for r in self._dicts(f"SELECT * FROM results {where} ORDER BY started_at, id", params)]
 
     # ------------------------------------------------------------------ what the policy weighs
     def failed_executions(self, *, since: float, devices: Sequence[str] | None = None) -> list[FailedExecution]:

@@ -22,13 +22,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...devices import hostname, unknown_device
-from ...errors import BadInput, StoreError
-from ...records import CaseResult, DeviceInfo, ScanStatus
+from ...errors import BadInput
 from .maintenance import StoreMaintenance
 from .quarantine import add_decision, add_history, end_probation, need_reason, quarantine_device
 from .queries import StoreQueries
 from .rows import Decision, PendingAction, QuarantineEntry
-from .writes.results import append_results, ensure_device, jdump, merge_patch
 
 __all__ = ["Store", "QuarantineEntry", "default_actor"]
 
@@ -53,144 +51,6 @@ class Store(StoreQueries, StoreMaintenance):
 
     One ``Store`` belongs to one thread (SQLite connections are not shared); open one per process or thread.
     """
-
-    # ------------------------------------------------------------------ devices
-    def upsert_device(self, info: DeviceInfo, *, now: float | None = None) -> None:
-        """Insert or update a device; fields left ``None`` keep what is known."""
-        self.upsert_devices([info], now=now)
-
-    def upsert_devices(self, infos: Sequence[DeviceInfo], *, now: float | None = None) -> None:
-        """:meth:`upsert_device` for many devices in one transaction."""
-        t = time.time() if now is None else now
-        ordered = sorted(infos, key=_ID)
-        with self._write() as conn:
-            conn.executemany(
-                "INSERT INTO devices(id, host, kind, model, serial, pci_bus_id, idx, first_seen, last_seen) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET host = excluded.host, "
-                "kind = excluded.kind, model = COALESCE(excluded.model, devices.model), "
-                "serial = COALESCE(excluded.serial, devices.serial), "
-                "pci_bus_id = COALESCE(excluded.pci_bus_id, devices.pci_bus_id), "
-                "idx = COALESCE(excluded.idx, devices.idx), first_seen = MIN(devices.first_seen, excluded.first_seen), "
-                "last_seen = MAX(devices.last_seen, excluded.last_seen), version = devices.version + 1",
-                [(i.id, i.host, i.kind, i.model, i.serial, i.pci_bus_id, i.index, t, t) for i in ordered],
-            )
-
-    # ------------------------------------------------------------------ scans and results
-    def begin_scan(
-        self,
-        *,
-        device: str,
-        host: str,
-        budget_s: float | None,
-        meta: dict[str, Any] | None = None,
-        started_at: float | None = None,
-        uuid: str | None = None,
-    ) -> int:
-        """Start one device's scan (status ``running``); returns its id for :meth:`record_results`. ``uuid``: the
-        scan's natural key (default: a new one), which a spool's copy of a scan keeps."""
-        t = time.time() if started_at is None else started_at
-        with self._write() as conn:
-            if device not in self._known_devices:  # known: record_results keeps its last_seen
-                ensure_device(conn, device, host, t)
-            cur = conn.execute(
-                "INSERT INTO scans(uuid, device, host, started_at, budget_s, status, meta) "
-                "VALUES (?, ?, ?, ?, ?, 'running', ?) RETURNING id",
-                (uuid or _uuid.uuid4().hex, device, host, t, budget_s, jdump(meta or {})),
-            )
-            scan_id = int(cur.fetchone()[0])
-        self._known_devices.add(device)
-        return scan_id
-
-    def record_results(
-        self,
-        scan_id: int,
-        results: Sequence[CaseResult],
-        *,
-        finish: ScanStatus | None = None,
-        finished_at: float | None = None,
-        total: int | None = None,
-        meta: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Append results to a scan in one transaction; with ``finish``, set its final status in the same one.
-
-        Passing first attempts are folded into the scan's one row per case (and family); failed executions and retests
-        get a row each. ``total``: the executions (retests included) the scanner produced in the whole scan, kept with
-        the final status so a complete scan with missing results can be told. ``meta``: keys merged into the scan's
-        meta.
-        """
-        if finish is not None and finish not in _TERMINAL:
-            raise BadInput(f"finish must be one of {sorted(_TERMINAL)}, got {finish!r}")
-        with self._write() as conn:
-            row = conn.execute(
-                "SELECT device, host, status, (SELECT COALESCE(MAX(seq), -1) + 1 FROM results WHERE scan = ?), meta "
-                "FROM scans WHERE id = ?",
-                (scan_id, scan_id),
-            ).fetchone()
-            if row is None:
-                raise StoreError(f"no scan {scan_id} in {self.path}")
-            scan_device, scan_host, status, seq, old_meta = row
-            self._lock_devices({scan_device, *(r.device for r in results)})
-            if status not in ("running", "interrupted"):
-                raise StoreError(f"scan {scan_id} is already {status}; start a new scan")
-            executions, failures = append_results(
-                conn, scan_id, seq, scan_device, scan_host, results, self._known_digests
-            )
-            seen = (
-                finished_at
-                if finished_at is not None
-                else max((r.last_started_at or r.started_at for r in results), default=None)
-            )
-            end = None if finish is None else time.time() if finished_at is None else finished_at
-            conn.execute(
-                "UPDATE scans SET executions = executions + ?, failures = failures + ?, "
-                "status = COALESCE(CAST(? AS TEXT), status), "
-                "finished_at = COALESCE(?, finished_at), total = COALESCE(?, total) WHERE id = ?",
-                (executions, failures, finish, end, total if finish is not None else None, scan_id),
-            )
-            if meta:
-                patched = merge_patch(json.loads(old_meta), json.loads(jdump(dict(meta))))
-                conn.execute("UPDATE scans SET meta = ? WHERE id = ?", (jdump(patched), scan_id))
-            if seen is not None:
-                # Simulated fleets pass their own clock: "seen" is the latest time this write speaks of.
-                conn.execute(
-                    "UPDATE devices SET last_seen = MAX(last_seen, ?) WHERE id = ?", (float(seen), scan_device)
-                )
-
-    def finish_scan(self, scan_id: int, status: ScanStatus, *, finished_at: float | None = None) -> None:
-        """Set a scan's final status without adding results."""
-        self.record_results(scan_id, (), finish=status, finished_at=finished_at)
-
-    def reap(
-        self,
-        *,
-        grace_s: float = 600.0,
-        default_budget_s: float = 3600.0,
-        now: float | None = None,
-        device: str | None = None,
-        host: str | None = None,
-    ) -> int:
-        """Mark scans left ``running`` by a killed scanner as ``interrupted``; returns how many.
-
-        The one reaping path. Without ``device``: a scan is stale when ``started_at + budget (or
-        default_budget_s) + grace_s`` has passed (the policy's sweep). With ``device`` and ``host``: every scan of
-        that device on that host still ``running`` (the scanner holding the device's lock knows nobody else is
-        scanning it).
-        """
-        t = time.time() if now is None else now
-        with self._write() as conn:
-            if device is not None:
-                cur = conn.execute(
-                    "UPDATE scans SET status = 'interrupted', finished_at = ? WHERE status = 'running' "
-                    "AND device = ? AND host = ?",
-                    (t, device, host),
-                )
-            else:
-                cur = conn.execute(
-                    "UPDATE scans SET status = 'interrupted', finished_at = ? WHERE status = 'running' "
-                    "AND started_at + COALESCE(budget_s, ?) + ? < ?",
-                    (t, default_budget_s, grace_s, t),
-                )
-            return cur.rowcount
 
     # ------------------------------------------------------------------ a server's spool
     def mark_spool(self, server: str) -> None:

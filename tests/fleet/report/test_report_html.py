@@ -105,7 +105,9 @@ def test_a_year_of_roll_ups_is_binned_by_week_and_every_execution_is_in_a_bin(tm
 def test_a_large_fleet_gives_a_bounded_page(store: Store) -> None:
     """10,000 devices, 60 of them failing on 20 hosts, 300 incidents: under 1 MB, the caps said on the page."""
     hosts = [f"host{n // 8:04d}" for n in range(10_000)]
-    store.upsert_devices([DeviceInfo(id=f"sim:{n}", host=hosts[n], kind="sim") for n in range(10_000)], now=NOW - DAY)
+    store.scans.record_devices(
+        [DeviceInfo(id=f"sim:{n}", host=hosts[n], kind="sim") for n in range(10_000)], now=NOW - DAY
+    )
     t = NOW - 3600
     for n in range(0, 160, 8):
         for k in range(3):

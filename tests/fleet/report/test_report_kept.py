@@ -122,7 +122,7 @@ def test_a_merge_changes_the_versions_of_the_devices_it_changes_only(tmp_path: P
     with Store.open(tmp_path / "node.db") as node:
         _scan(node, DEVICES[4], NOW - 4 * 3600, failed=True)
         _scan(node, "cpu:new:0", NOW - 4 * 3600)
-        node.upsert_device(DeviceInfo(id=DEVICES[2], host="moved", kind="cpu", model="Xeon"), now=NOW)
+        node.scans.record_devices([DeviceInfo(id=DEVICES[2], host="moved", kind="cpu", model="Xeon")], now=NOW)
     merge_stores(tmp_path / "fleet.db", [tmp_path / "node.db"])
     with Store.open(tmp_path / "fleet.db") as fleet:
         kept, computed = _both(fleet, NOW + 60 - 2 * DAY_S, NOW + 60)
@@ -234,7 +234,7 @@ def test_the_report_from_a_kept_one_is_the_computed_report_under_any_interleavin
                 with Store.open(Path(tmp) / "node.db") as node:
                     _scan(node, op[1], clock + op[2] * 60, failed=op[3])
                     if op[3]:
-                        node.upsert_device(DeviceInfo(id=op[1], host=f"moved{op[2]}", kind="cpu"), now=clock)
+                        node.scans.record_devices([DeviceInfo(id=op[1], host=f"moved{op[2]}", kind="cpu")], now=clock)
                 merge_stores(Path(tmp) / "f.db", [Path(tmp) / "node.db"])
             for w in WINDOWS:
                 since = None if w is None else clock - w

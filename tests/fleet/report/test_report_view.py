@@ -110,7 +110,7 @@ def test_each_row_has_the_devices_local_index(tmp_path: Path) -> None:
     gpu = "GPU-8f2b6c1e-0000-4000-8000-000000000001"
     other = "GPU-8f2b6c1e-0000-4000-8000-000000000002"
     with Store.open(tmp_path / "f.db") as store:
-        store.upsert_devices(
+        store.scans.record_devices(
             [
                 DeviceInfo(id="cpu:node-7:13", host="node-7", kind="cpu"),
                 DeviceInfo(id="sim:120", host="h", kind="sim"),

@@ -42,8 +42,8 @@ def test_coverage_of_the_buckets_asked_counts_the_devices_that_ran_the_case_ther
     first = int(START // BUCKET)
     with Store.open(db) as s:
         for dev in {d for d, _, _, _ in rows}:
-            sid = s.begin_scan(device=f"sim:{dev}", host="n0", budget_s=60.0, started_at=START)
-            s.record_results(
+            sid = s.scans.begin(device=f"sim:{dev}", host="n0", budget_s=60.0, started_at=START)
+            s.scans.record(
                 sid,
                 [
                     result(f"sim:{dev}", case=f"c{c}", t=START + t, attempt=a, passed=False)
@@ -80,8 +80,8 @@ def test_a_capped_count_past_one_devices_many_rows_still_finds_the_others(
     device and must count on (the rows are not all read, the devices are not enough)."""
     with Store.open(new_store(backend)) as s:
         for dev, times in (("sim:0", range(20)), ("sim:1", [30]), ("sim:2", [31])):
-            sid = s.begin_scan(device=dev, host="n0", budget_s=60.0, started_at=START)
-            s.record_results(sid, [result(dev, case="c0", t=START + t, passed=False) for t in times])
+            sid = s.scans.begin(device=dev, host="n0", budget_s=60.0, started_at=START)
+            s.scans.record(sid, [result(dev, case="c0", t=START + t, passed=False) for t in times])
         b = int(START // BUCKET)
         (got,) = s.case_coverage([("c0", b)], since=START, bucket_s=BUCKET, enough={("c0", b): cap})
     assert got.devices == want

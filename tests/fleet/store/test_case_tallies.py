@@ -158,7 +158,7 @@ def _expected_slowness(path: Path, ledger: Ledger, since: float | None):  # type
     """The verdicts from the rows: each device's times per case from :func:`_expected_window`, the history of the
     devices of small groups from their held rows per scan (as the store gives them), the same rule."""
     with Store.open(path, create=False) as s:
-        devices = s.devices()
+        devices = s.scans.devices()
     groups = {d.id: peer_group(d.kind, d.model, d.host) for d in devices}
     sizes = {g: sum(1 for x in groups.values() if x == g) for g in groups.values()}
     family = {r[1]: r[3] for r in _recorded(path, ledger)}
@@ -254,14 +254,14 @@ def test_the_slowness_from_tallies_equals_the_slowness_from_rows(
         if kind == "scan":
             with Store.open(nodes[n]) as s:
                 device = f"cpu:n{n}:{dev}"
-                s.upsert_device(
-                    DeviceInfo(id=device, host=f"n{n}", kind="cpu", model="Xeon" if dev else None), now=clock
+                s.scans.record_devices(
+                    [DeviceInfo(id=device, host=f"n{n}", kind="cpu", model="Xeon" if dev else None)], now=clock
                 )
-                sid = s.begin_scan(device=device, host=f"n{n}", budget_s=60.0, started_at=clock)
+                sid = s.scans.begin(device=device, host=f"n{n}", budget_s=60.0, started_at=clock)
                 for batch in batches:  # hours apart: a case's folded row grows across midnight
-                    s.record_results(sid, _batch_results(device, clock, batch, speed[4 * n + dev]))
+                    s.scans.record(sid, _batch_results(device, clock, batch, speed[4 * n + dev]))
                 if finish:
-                    s.finish_scan(sid, "complete", finished_at=clock + 61 * 3600.0)
+                    s.scans.finish(sid, "complete", finished_at=clock + 61 * 3600.0)
         elif kind == "more" and nodes[n].exists():
             with closing(sqlite3.connect(nodes[n])) as c:
                 running = c.execute(
@@ -270,7 +270,7 @@ def test_the_slowness_from_tallies_equals_the_slowness_from_rows(
             if running is not None:  # its rows of a case grow, days after they started (a prune between)
                 sid, device = running
                 with Store.open(nodes[n]) as s:
-                    s.record_results(
+                    s.scans.record(
                         sid,
                         _batch_results(device, clock, batches[0], speed[4 * n + int(device[-1])]),
                         finish="complete" if finish else None,
@@ -304,17 +304,17 @@ def test_a_scan_running_across_the_horizon_changes_the_running_total_on_the_hori
     node, fleet = tmp_path / "n.db", tmp_path / "fleet.db"
     device = "cpu:n:0"
     with Store.open(node) as s:
-        long = s.begin_scan(device=device, host="n", budget_s=None, started_at=START)
-        s.record_results(long, [result(device, t=START + 60, case="c0", duration_s=1 / 4)])
-        short = s.begin_scan(device=device, host="n", budget_s=60.0, started_at=START + DAY)
-        s.record_results(short, [result(device, t=START + DAY + 60, case="c0", duration_s=1 / 8)], finish="complete")
-        other = s.begin_scan(device="cpu:n:1", host="n", budget_s=60.0, started_at=START + 2 * DAY)
-        s.record_results(other, [result("cpu:n:1", t=START + 2 * DAY, case="c0")], finish="complete")
+        long = s.scans.begin(device=device, host="n", budget_s=None, started_at=START)
+        s.scans.record(long, [result(device, t=START + 60, case="c0", duration_s=1 / 4)])
+        short = s.scans.begin(device=device, host="n", budget_s=60.0, started_at=START + DAY)
+        s.scans.record(short, [result(device, t=START + DAY + 60, case="c0", duration_s=1 / 8)], finish="complete")
+        other = s.scans.begin(device="cpu:n:1", host="n", budget_s=60.0, started_at=START + 2 * DAY)
+        s.scans.record(other, [result("cpu:n:1", t=START + 2 * DAY, case="c0")], finish="complete")
     merge_stores(fleet, [node])
     ledger: Ledger = {}
     _prune(fleet, START + 3 * DAY, ledger)  # the short scans go (days 1 and 2), the long one (running) stays
     with Store.open(node) as s:  # the long scan's row of day 0 grows, three days on
-        s.record_results(
+        s.scans.record(
             long,
             [result(device, t=START + 3.5 * DAY, case="c0", duration_s=1 / 2)],
             finish="complete",
@@ -337,9 +337,9 @@ def _fill(path: Path) -> None:
         for i in range(3):
             for dev in range(4):
                 device = f"cpu:h:{dev}"
-                s.upsert_device(DeviceInfo(id=device, host="h", kind="cpu", model="Xeon"), now=START)
-                sid = s.begin_scan(device=device, host="h", budget_s=60.0, started_at=START + i * DAY + dev)
-                s.record_results(
+                s.scans.record_devices([DeviceInfo(id=device, host="h", kind="cpu", model="Xeon")], now=START)
+                sid = s.scans.begin(device=device, host="h", budget_s=60.0, started_at=START + i * DAY + dev)
+                s.scans.record(
                     sid,
                     [
                         result(

@@ -57,9 +57,9 @@ def test_day_tallies_follow_every_write(tmp_path_factory: pytest.TempPathFactory
         if kind == "scan":
             with Store.open(nodes[n]) as s:
                 device = f"sim:{n}{dev}"
-                sid = s.begin_scan(device=device, host=f"n{n}", budget_s=60.0, started_at=clock)
+                sid = s.scans.begin(device=device, host=f"n{n}", budget_s=60.0, started_at=clock)
                 for batch in batches:  # hours apart: a case's folded row grows across midnight
-                    s.record_results(
+                    s.scans.record(
                         sid,
                         [
                             result(
@@ -75,7 +75,7 @@ def test_day_tallies_follow_every_write(tmp_path_factory: pytest.TempPathFactory
                         ],
                     )
                 if finish:
-                    s.finish_scan(sid, "complete", finished_at=clock + 61 * 3600.0)
+                    s.scans.finish(sid, "complete", finished_at=clock + 61 * 3600.0)
         elif kind == "merge":
             existing = [p for p in nodes if p.exists()]
             if existing:
@@ -101,8 +101,8 @@ def test_an_older_store_gains_its_day_tallies(tmp_path: Path) -> None:
     path = tmp_path / "fleet.db"
     with Store.open(path) as s:
         for i in range(3):
-            sid = s.begin_scan(device="sim:1", host="n", budget_s=60.0, started_at=START + i * DAY)
-            s.record_results(
+            sid = s.scans.begin(device="sim:1", host="n", budget_s=60.0, started_at=START + i * DAY)
+            s.scans.record(
                 sid, [result("sim:1", t=START + i * DAY + j, passed=j != 2) for j in range(4)], finish="complete"
             )
         before = s.tallies(since=START + 0.5 * DAY, by="device")

@@ -113,15 +113,15 @@ def test_a_window_from_the_family_tallies_equals_the_rows_and_roll_ups(
             with Store.open(stores[n]) as s:
                 if kind == "scan":
                     device = f"sim:{n}{dev}"
-                    latest[n] = (s.begin_scan(device=device, host=f"n{n}", budget_s=60.0, started_at=clock), device)
+                    latest[n] = (s.scans.begin(device=device, host=f"n{n}", budget_s=60.0, started_at=clock), device)
                 sid, device = latest[n]
-                mine = [x for x in s.scans(device=device) if x["id"] == sid]
+                mine = [x for x in s.scans.history(device=device) if x["id"] == sid]
                 if not mine or mine[0]["status"] not in ("running", "interrupted"):
                     continue  # finished, or pruned
                 for batch in batches:  # hours apart: a case's folded row grows across midnight
-                    s.record_results(sid, _results(device, clock, batch))
+                    s.scans.record(sid, _results(device, clock, batch))
                 if finish:
-                    s.finish_scan(sid, "complete", finished_at=clock + 41 * 3600.0)
+                    s.scans.finish(sid, "complete", finished_at=clock + 41 * 3600.0)
         elif kind == "merge":
             existing = [p for p in stores[:2] if Path(p).exists()]
             if existing:
@@ -143,11 +143,11 @@ def test_a_scan_pruned_across_the_horizons_midnight_counts_once_in_a_window_from
     of that day, or a window from the horizon counts it twice (it did; found by the property test above in CI)."""
     db = new_store(backend)
     with Store.open(db) as s:
-        early = s.begin_scan(device="sim:00", host="n0", budget_s=60.0, started_at=START + 0.4 * DAY)
-        s.record_results(early, _results("sim:00", START + 0.4 * DAY, [(0, False, 0, 0)]))  # left running
-        late = s.begin_scan(device="sim:00", host="n0", budget_s=60.0, started_at=START + 0.8 * DAY)
-        s.record_results(late, _results("sim:00", START + 0.8 * DAY, [(5, False, 0, 0)]))  # 01:12 the next day
-        s.finish_scan(late, "complete", finished_at=START + 2.5 * DAY)
+        early = s.scans.begin(device="sim:00", host="n0", budget_s=60.0, started_at=START + 0.4 * DAY)
+        s.scans.record(early, _results("sim:00", START + 0.4 * DAY, [(0, False, 0, 0)]))  # left running
+        late = s.scans.begin(device="sim:00", host="n0", budget_s=60.0, started_at=START + 0.8 * DAY)
+        s.scans.record(late, _results("sim:00", START + 0.8 * DAY, [(5, False, 0, 0)]))  # 01:12 the next day
+        s.scans.finish(late, "complete", finished_at=START + 2.5 * DAY)
         s.prune(before=START + 2.2 * DAY)  # asked for day 2; nothing to prune on day 1, so the horizon is day 1
         assert s.pruned_before == START + DAY
         assert [(t.executions, t.failures) for t in s.tallies(since=START + DAY, by="device")] == [(1, 1)]
@@ -158,10 +158,10 @@ def test_a_schema_11_store_gains_its_family_tallies_with_every_window_unchanged(
     path = tmp_path / "fleet.db"
     with Store.open(path) as s:
         for i in range(4):
-            sid = s.begin_scan(device="sim:1", host="n", budget_s=60.0, started_at=START + i * DAY + 80_000)
-            s.record_results(sid, _results("sim:1", START + i * DAY + 80_000, [(0, True, 0, 0), (1, False, 1, 0)]))
-            s.record_results(sid, _results("sim:1", START + i * DAY + 80_000, [(2, True, 0, 0), (3, True, 1, 1)]))
-            s.finish_scan(sid, "complete")
+            sid = s.scans.begin(device="sim:1", host="n", budget_s=60.0, started_at=START + i * DAY + 80_000)
+            s.scans.record(sid, _results("sim:1", START + i * DAY + 80_000, [(0, True, 0, 0), (1, False, 1, 0)]))
+            s.scans.record(sid, _results("sim:1", START + i * DAY + 80_000, [(2, True, 0, 0), (3, True, 1, 1)]))
+            s.scans.finish(sid, "complete")
         s.prune(before=START + 2 * DAY)
         windows = {o: _from_store(s, START + 2 * DAY + o, "device_family") for o in (0.0, 0.5 * DAY, DAY)}
     with closing(sqlite3.connect(path)) as c, c:  # as schema 11 left it

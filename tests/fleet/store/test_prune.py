@@ -25,7 +25,7 @@ def _history(path: Path, days: int = 40, seed: int = 1) -> None:
         for day in range(days):
             for dev in ("sim:1", "sim:2", "sim:3"):
                 t = START + day * DAY + rng.uniform(0, DAY - 200)
-                sid = store.begin_scan(device=dev, host="node", budget_s=60.0, started_at=t)
+                sid = store.scans.begin(device=dev, host="node", budget_s=60.0, started_at=t)
                 rows = [
                     result(
                         dev,
@@ -40,8 +40,8 @@ def _history(path: Path, days: int = 40, seed: int = 1) -> None:
                     rows.append(result(dev, passed=False, t=t + 30, sticky=False))
                     rows.append(result(dev, passed=True, attempt=1, t=t + 31))
                 status = "complete" if rng.random() < 0.9 else "preempted"
-                store.record_results(sid, rows, finish=status, finished_at=t + 60)
-        store.begin_scan(device="sim:1", host="node", budget_s=60.0, started_at=START + 2 * DAY)  # left running
+                store.scans.record(sid, rows, finish=status, finished_at=t + 60)
+        store.scans.begin(device="sim:1", host="node", budget_s=60.0, started_at=START + 2 * DAY)  # left running
 
 
 def _figures(store: Store, since: float | None) -> tuple:
@@ -70,9 +70,9 @@ def test_prune_keeps_every_figure_over_whole_days(tmp_path: Path) -> None:
         for w in windows:
             assert _figures(store, w) == before[w], w
         assert store.row_count("results") < rows_before
-        assert min(r.started_at for r in store.results()) >= START + 20 * DAY
+        assert min(r.started_at for r in store.scans.results()) >= START + 20 * DAY
         # the running scan is not anyone's to roll up
-        assert [s["status"] for s in store.scans() if s["started_at"] < START + 20 * DAY] == ["running"]
+        assert [s["status"] for s in store.scans.history() if s["started_at"] < START + 20 * DAY] == ["running"]
         again = store.prune(before=START + 20 * DAY)
         assert (again.scans, again.results) == (0, 0)
         for w in windows:
@@ -143,14 +143,14 @@ def test_interrupted_scans_are_pruned_and_rolled_up_like_complete_ones(tmp_path:
     with Store.open(path) as store:
         for day, status in enumerate(("interrupted", "complete", "interrupted")):
             t = START + day * DAY
-            sid = store.begin_scan(device="sim:1", host="node", budget_s=60.0, started_at=t)
+            sid = store.scans.begin(device="sim:1", host="node", budget_s=60.0, started_at=t)
             rows = [result("sim:1", t=t + i) for i in range(4)]
-            store.record_results(sid, rows, finish=status, finished_at=t + 60)
-        sid = store.begin_scan(device="sim:1", host="node", budget_s=60.0, started_at=START + DAY + 5)
-        store.record_results(sid, [result("sim:1", t=START + DAY + 6)])  # still running: left alone
+            store.scans.record(sid, rows, finish=status, finished_at=t + 60)
+        sid = store.scans.begin(device="sim:1", host="node", budget_s=60.0, started_at=START + DAY + 5)
+        store.scans.record(sid, [result("sim:1", t=START + DAY + 6)])  # still running: left alone
         whole = store.tallies(by="device")
         stats = store.prune(before=START + 10 * DAY)
         assert stats.scans == 3 and stats.results == 3
-        assert [s["status"] for s in store.scans()] == ["running"]
+        assert [s["status"] for s in store.scans.history()] == ["running"]
         assert store.tallies(by="device") == whole == [whole[0]] and whole[0].executions == 13
         assert store.scan_counts(since=None)["sim:1"].complete == 1  # interrupted never counts as complete

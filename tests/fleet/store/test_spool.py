@@ -79,13 +79,13 @@ def test_nothing_lost_nothing_twice_under_any_interleaving(
             if kind == "scan":
                 device = f"sim:{n}"
                 with SpooledStore(url, spool, retry_after_s=0) as w:
-                    sid = w.begin_scan(device=device, host="node", budget_s=60.0, started_at=clock)
+                    sid = w.scans.begin(device=device, host="node", budget_s=60.0, started_at=clock)
                     for b, batch in enumerate(batches):
                         rows = [
                             result(device, passed=p, case=f"c{c}", t=clock + b * 60 + i)
                             for i, (p, c) in enumerate(batch)
                         ]
-                        w.record_results(sid, rows, finish="complete" if finish and b == len(batches) - 1 else None)
+                        w.scans.record(sid, rows, finish="complete" if finish and b == len(batches) - 1 else None)
                         ledger[(device, "executions")] += len(rows)
                         ledger[(device, "failures")] += sum(not p for p, _ in batch)
                         if outage_after == b:  # the server goes away between two batches of this scan
@@ -132,8 +132,8 @@ def test_a_server_killed_mid_transaction_loses_nothing_and_a_spool_forwarded_twi
         url = server.fresh_url()
         spool = tmp_path / "spool.db"
         w = SpooledStore(url, spool)
-        sid = w.begin_scan(device="sim:1", host="node", budget_s=60.0, started_at=START)
-        w.record_results(sid, [result("sim:1", t=START + i) for i in range(4)] + [result("sim:1", passed=False)])
+        sid = w.scans.begin(device="sim:1", host="node", budget_s=60.0, started_at=START)
+        w.scans.record(sid, [result("sim:1", t=START + i) for i in range(4)] + [result("sim:1", passed=False)])
         import psycopg
 
         from sdcguard.fleet.store.postgres.connection import lock_key
@@ -141,7 +141,7 @@ def test_a_server_killed_mid_transaction_loses_nothing_and_a_spool_forwarded_twi
         blocker = psycopg.connect(url, autocommit=False)
         blocker.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key("device", "sim:1"),))
         batch = threading.Thread(
-            target=w.record_results, args=(sid, [result("sim:1", t=START + 10 + i) for i in range(3)])
+            target=w.scans.record, args=(sid, [result("sim:1", t=START + 10 + i) for i in range(3)])
         )
         batch.start()
         waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
@@ -153,7 +153,7 @@ def test_a_server_killed_mid_transaction_loses_nothing_and_a_spool_forwarded_twi
         server.kill()
         batch.join(60)
         assert not batch.is_alive()
-        w.record_results(sid, [result("sim:1", t=START + 20 + i) for i in range(2)], finish="complete", total=10)
+        w.scans.record(sid, [result("sim:1", t=START + 20 + i) for i in range(2)], finish="complete", total=10)
         w.close()
         server.start()
         first, second = forward(url, spool), forward(url, spool)
@@ -161,7 +161,7 @@ def test_a_server_killed_mid_transaction_loses_nothing_and_a_spool_forwarded_twi
         with Store.open(url) as s:
             (t,) = s.tallies(by="device")
             assert (t.executions, t.failures) == (10, 1)
-            (scan,) = s.scans()
+            (scan,) = s.scans.history()
             assert (scan["status"], scan["executions"], scan["total"]) == ("complete", 10, 10)
 
 
@@ -238,8 +238,8 @@ def test_a_writer_role_writes_scans_and_incidents_but_deletes_nothing(pg_server:
     assert any("GRANT INSERT, UPDATE ON ALL TABLES" in x for x in statements)
     url = _as(admin, "sdcguard_scanner")
     with Store.open(url) as w:
-        sid = w.begin_scan(device="sim:1", host="h", budget_s=5.0, started_at=START)
-        w.record_results(sid, [result("sim:1", t=START), result("sim:1", passed=False, t=START + 1)], finish="complete")
+        sid = w.scans.begin(device="sim:1", host="h", budget_s=5.0, started_at=START)
+        w.scans.record(sid, [result("sim:1", t=START), result("sim:1", passed=False, t=START + 1)], finish="complete")
         w.training.record_incident(
             Incident(
                 kind="replay",

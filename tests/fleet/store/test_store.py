@@ -61,11 +61,11 @@ def test_results_round_trip(new_store: Callable[[str], str], backend: str, resul
     as one row holding their count, summed time and first and last start, however the batches were cut."""
     path = new_store(backend)
     with Store.open(path) as store:
-        sid = store.begin_scan(device="sim:0", host="h", budget_s=None)
-        store.record_results(sid, results[:cut])
-        store.record_results(sid, results[cut:], finish="complete", total=len(results))
+        sid = store.scans.begin(device="sim:0", host="h", budget_s=None)
+        store.scans.record(sid, results[:cut])
+        store.scans.record(sid, results[cut:], finish="complete", total=len(results))
     with Store.open(path, create=False) as store:
-        back = store.results(scan_id=sid)
+        back = store.scans.results(scan_id=sid)
         individual = [r for r in results if not r.passed or r.attempt]
         assert sorted((r for r in back if not r.passed or r.attempt), key=_order) == sorted(individual, key=_order)
         # one row per (case, family): the strategy may give one case id two families
@@ -78,7 +78,7 @@ def test_results_round_trip(new_store: Callable[[str], str], backend: str, resul
             last = max(r.started_at for r in mine)
             assert row.executions == len(mine) and row.duration_s == pytest.approx(sum(r.duration_s for r in mine))
             assert row.started_at == first and (row.last_started_at or row.started_at) == last
-        (row,) = store.scans()
+        (row,) = store.scans.history()
         assert row["status"] == "complete" and row["total"] == len(results)
         assert row["executions"] == sum(not r.attempt for r in results)
         assert row["failures"] == sum(not r.passed and not r.attempt for r in results)
@@ -128,9 +128,9 @@ def test_incident_round_trip(
 
 def test_device_upsert_keeps_known_facts(store_db: str) -> None:
     with Store.open(store_db) as store:
-        store.upsert_device(DeviceInfo(id="sim:1", host="a", kind="sim", model="H100", index=1), now=NOW)
-        store.upsert_device(DeviceInfo(id="sim:1", host="b", kind="sim"), now=NOW + 5)
-        (d,) = store.devices()
+        store.scans.record_devices([DeviceInfo(id="sim:1", host="a", kind="sim", model="H100", index=1)], now=NOW)
+        store.scans.record_devices([DeviceInfo(id="sim:1", host="b", kind="sim")], now=NOW + 5)
+        (d,) = store.scans.devices()
         assert (d.host, d.model, d.index) == ("b", "H100", 1)
 
 
@@ -138,30 +138,30 @@ def test_finish_lands_with_results_and_finished_scan_refuses_more(store_db: str)
     with Store.open(store_db) as store:
         sid = scan(store, "sim:1", [result("sim:1")])
         with pytest.raises(StoreError, match="already complete"):
-            store.record_results(sid, [result("sim:1")])
+            store.scans.record(sid, [result("sim:1")])
         with pytest.raises(StoreError, match="no scan"):
-            store.record_results(9999, [result("sim:1")])
-        assert len(store.results()) == 1
+            store.scans.record(9999, [result("sim:1")])
+        assert len(store.scans.results()) == 1
 
 
 def test_a_failed_write_leaves_nothing(store_db: str) -> None:
     with Store.open(store_db) as store:
-        sid = store.begin_scan(device="sim:1", host="h", budget_s=10)
+        sid = store.scans.begin(device="sim:1", host="h", budget_s=10)
         bad = result("sim:1", passed=False)
         object.__setattr__(bad, "seed", object())  # not storable: the batch must fail as a whole
         with pytest.raises((sqlite3.Error, StoreError)):
-            store.record_results(sid, [result("sim:1"), bad], finish="complete")
-        assert store.results() == []
-        assert store.scans()[0]["status"] == "running"
+            store.scans.record(sid, [result("sim:1"), bad], finish="complete")
+        assert store.scans.results() == []
+        assert store.scans.history()[0]["status"] == "running"
 
 
 def test_reap_marks_stale_running_scans_interrupted(store_db: str) -> None:
     with Store.open(store_db) as store:
-        old = store.begin_scan(device="sim:1", host="h", budget_s=60, started_at=NOW - 7200)
-        fresh = store.begin_scan(device="sim:2", host="h", budget_s=60, started_at=NOW - 30)
-        store.record_results(old, [result("sim:1", passed=False)])
-        assert store.reap(now=NOW) == 1
-        status = {s["id"]: s["status"] for s in store.scans()}
+        old = store.scans.begin(device="sim:1", host="h", budget_s=60, started_at=NOW - 7200)
+        fresh = store.scans.begin(device="sim:2", host="h", budget_s=60, started_at=NOW - 30)
+        store.scans.record(old, [result("sim:1", passed=False)])
+        assert store.scans.reap(now=NOW) == 1
+        status = {s["id"]: s["status"] for s in store.scans.history()}
         assert status == {old: "interrupted", fresh: "running"}
         # The failure found before the scanner died still counts.
         assert store.quarantine_status("sim:1", now=NOW) == "suspect"

@@ -92,11 +92,11 @@ def _reference(runs: list[Execution], since: float | None, key: str) -> dict[tup
 def _record(path: Path, scans: list[tuple[str, int, float, list[Execution], list[int]]]) -> None:
     with Store.open(path) as store:
         for device, _, start, runs, cuts in scans:
-            sid = store.begin_scan(device=device, host="h", budget_s=60.0, started_at=start)
+            sid = store.scans.begin(device=device, host="h", budget_s=60.0, started_at=start)
             bounds = [0, *cuts, len(runs)]
             for lo, hi in zip(bounds, bounds[1:]):
-                store.record_results(sid, [e.result() for e in runs[lo:hi]])
-            store.finish_scan(sid, "complete", finished_at=start + 100)
+                store.scans.record(sid, [e.result() for e in runs[lo:hi]])
+            store.scans.finish(sid, "complete", finished_at=start + 100)
 
 
 @settings(max_examples=40)
@@ -125,24 +125,24 @@ def test_folded_rows_give_the_per_execution_rates_bounds_and_test_hours(
         assert fleet.overall.executions == sum(v[0] for v in ref.values())
         assert fleet.overall.failures == sum(v[1] for v in ref.values())
         # rows: one per (scan, case) with a passing first attempt, one per failure or retest
-        rows = store.results()
+        rows = store.scans.results()
         passing = {(e.scan, e.case) for e in runs if e.passed and e.attempt == 0}
         assert len(rows) == len(passing) + sum(1 for e in runs if not e.passed or e.attempt)
 
 
 def test_a_scan_grows_the_store_by_its_cases_not_its_executions(tmp_path: Path) -> None:
     with Store.open(tmp_path / "s.db") as store:
-        sid = store.begin_scan(device="sim:0", host="h", budget_s=60.0, started_at=T0)
+        sid = store.scans.begin(device="sim:0", host="h", budget_s=60.0, started_at=T0)
         for batch in range(40):  # 40 flushes of 250 executions over 3 cases
-            store.record_results(
+            store.scans.record(
                 sid,
                 [
                     Execution("sim:0", 0, sorted(CASES)[i % 3], True, 0, 0.015625, T0 + batch * 250 + i).result()
                     for i in range(250)
                 ],
             )
-        store.finish_scan(sid, "complete")
-        rows = store.results()
+        store.scans.finish(sid, "complete")
+        rows = store.scans.results()
         assert len(rows) == 3 and sum(r.executions for r in rows) == 10_000
         first = {r.case: r for r in rows}["alu.a"]
         assert (first.started_at, first.last_started_at) == (T0, T0 + 39 * 250 + 249)
@@ -223,13 +223,13 @@ def test_a_schema_3_store_migrates_with_every_number_unchanged(
             # a training incident naming the device makes it a suspect too (the store's one incident names sim:1)
             assert report[device].status == ("suspect" if k or device == "sim:1" else "healthy")
             assert report[device].scans == len({e.scan for e in runs if e.device == device})
-        for scan in store.scans():
+        for scan in store.scans.history():
             mine = [e for e in runs if e.scan + 1 == scan["id"]]
             assert scan["executions"] == sum(e.attempt == 0 for e in mine)
             assert scan["failures"] == sum(e.attempt == 0 and not e.passed for e in mine)
             assert scan["total"] == len(mine)
         passing = {(e.scan, e.case) for e in runs if e.passed and e.attempt == 0}
-        assert len(store.results()) == len(passing) + sum(1 for e in runs if not e.passed or e.attempt)
+        assert len(store.scans.results()) == len(passing) + sum(1 for e in runs if not e.passed or e.attempt)
         (inc,) = store.training.incidents()
         assert (inc.kind, inc.step, inc.suspect_ranks, inc.device, inc.sticky, inc.job) == (
             "replay",
@@ -240,8 +240,8 @@ def test_a_schema_3_store_migrates_with_every_number_unchanged(
             "j",
         )
         # the migrated store takes new scans like a fresh one
-        sid = store.begin_scan(device="sim:0", host="h", budget_s=1.0, started_at=T0 + 10_000)
-        store.record_results(
+        sid = store.scans.begin(device="sim:0", host="h", budget_s=1.0, started_at=T0 + 10_000)
+        store.scans.record(
             sid, [Execution("sim:0", 99, "alu.a", True, 0, 0.5, T0 + 10_000).result()], finish="complete"
         )
 

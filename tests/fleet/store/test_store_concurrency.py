@@ -26,12 +26,12 @@ device = f"sim:{worker}"
 for s in range(scans):
     # A fresh connection per scan, as separate scanner invocations would open it.
     with Store.open(path) as store:
-        sid = store.begin_scan(device=device, host=f"node{worker}", budget_s=10.0)
+        sid = store.scans.begin(device=device, host=f"node{worker}", budget_s=10.0)
         half = per_scan // 2
         rows = [CaseResult(device=device, case=f"alu.c{i}", family="alu", seed=i, passed=(i % 7 != 0),
                            duration_s=0.01) for i in range(per_scan)]
-        store.record_results(sid, rows[:half])
-        store.record_results(sid, rows[half:], finish="complete")
+        store.scans.record(sid, rows[:half])
+        store.scans.record(sid, rows[half:], finish="complete")
         if s % 5 == 0:
             store.training.record_incident(Incident(kind="replay", step=s, suspect_ranks=(worker,), device=device,
                                            detail="drill", devices=(device,), hosts=(f"node{worker}",)))

@@ -29,7 +29,7 @@ INSERT OR IGNORE INTO rollup_days(day, executions, failures, test_s)
 # only the partial first day from rows. ``day_tallies`` holds, per UTC day (of a row's ``started_at``), device and
 # family, exactly what the rows of ``results`` add up to (first-attempt executions, their failures, testing
 # seconds with retests), kept in the same transaction as every write of rows: a batch of a scan
-# (:meth:`Store.record_results`), a merge (minus the rows it replaces, plus the rows it writes), a prune (minus the
+# (:meth:`~..scans.Scans.record`), a merge (minus the rows it replaces, plus the rows it writes), a prune (minus the
 # rows it deletes). Its key leads with the device, so a GROUP BY device reads it in order whatever the window.
 # ``results_time`` (led by ``started_at``) replaces ``results_rates``: the rows a query still reads are a time
 # range (the partial first day of a window, a plot's bins), never a device's whole history. ``scans_device``

@@ -13,7 +13,16 @@ from ....errors import BadInput
 from ....records import CaseResult
 from .tallies import DayTallies, day_of
 
-__all__ = ["RESULT_COLUMNS", "INSERT_RESULT", "append_results", "result_row", "ensure_device", "jdump", "merge_patch"]
+__all__ = [
+    "RESULT_COLUMNS",
+    "INSERT_RESULT",
+    "append_results",
+    "result_row",
+    "case_result",
+    "ensure_device",
+    "jdump",
+    "merge_patch",
+]
 
 RESULT_COLUMNS = (
     "scan",
@@ -230,4 +239,29 @@ def ensure_device(conn: Any, device: str, host: str, t: float) -> None:
         "INSERT INTO devices(id, host, kind, first_seen, last_seen) VALUES (?, ?, ?, ?, ?) "
         "ON CONFLICT(id) DO UPDATE SET last_seen = MAX(devices.last_seen, excluded.last_seen)",
         (device, host, kind, t, t),
+    )
+
+
+def case_result(r: dict[str, Any]) -> CaseResult:
+    """The :class:`CaseResult` of one ``results`` row (by column name): what :func:`result_row` wrote."""
+    return CaseResult(
+        device=r["device"],
+        case=r["case_id"],
+        family=r["family"],
+        seed=r["seed"],
+        passed=bool(r["passed"]),
+        duration_s=r["duration_s"],
+        started_at=r["started_at"],
+        output_digest=r["output_digest"],
+        mismatches=r["mismatches"],
+        element=r["element"],
+        expected=r["expected"],
+        actual=r["actual"],
+        xor_mask=r["xor_mask"],
+        location=r["location"],
+        attempt=r["attempt"],
+        sticky=None if r["sticky"] is None else bool(r["sticky"]),
+        detail=json.loads(r["detail"]),
+        executions=r["executions"],
+        last_started_at=r["last_started_at"],
     )
