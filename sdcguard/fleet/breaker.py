@@ -127,9 +127,9 @@ def judge_suite(
     # A wide bucket alone needs only whether its failing devices exceed the share of those that ran the case:
     # counting stops at the fewest devices that answer no (the same verdict for every larger count).
     enough = {k: _not_exceeded_from(len(v), policy.breaker_share) for k, v in wide.items() if k not in exact}
-    coverage = store.case_coverage(set(wide) | exact, since=since, bucket_s=bucket, enough=enough)
+    coverage = store.failures.case_coverage(set(wide) | exact, since=since, bucket_s=bucket, enough=enough)
     ran = {(c.case, c.bucket): c.devices for c in coverage}
-    passes = store.pass_digests({c for c, _ in groups})
+    passes = store.failures.pass_digests({c for c, _ in groups})
     for (case, digest), devices in sorted(groups.items()):
         hits = [f for f in failures if f.case == case and f.digest == digest]
         by_bucket: dict[int, set[str]] = defaultdict(set)
@@ -173,7 +173,7 @@ def suite_blamed_devices(store: Store, policy: BreakerSettings, *, since: float,
     """``device -> failures`` for each device that failed since ``since`` only in ways the breaker blames on the
     suite or the software (:func:`judge_suite` over every device's failures of the window): what the report must
     not call a ``suspect`` device, since those failures are never evidence against it."""
-    failures = store.failed_executions(since=since)
+    failures = store.failures.executions(since=since)
     verdict = judge_suite(store, failures, policy, now=now, since=since)
     counts: dict[str, int] = defaultdict(int)
     cleared: dict[str, bool] = {}

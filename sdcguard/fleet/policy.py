@@ -140,7 +140,7 @@ class PolicyOutcome:
 def _node_candidates(store: Store, policy: QuarantinePolicy, t: float, devices: Sequence[str] | None) -> dict[str, str]:
     if not policy.quarantine_on_sticky:
         return {}
-    failures = store.failed_executions(since=t - policy.window_s)
+    failures = store.failures.executions(since=t - policy.window_s)
     scope = None if devices is None else set(devices)
     sticky = [f for f in failures if f.sticky and (scope is None or f.device in scope)]
     if not sticky:
@@ -150,8 +150,8 @@ def _node_candidates(store: Store, policy: QuarantinePolicy, t: float, devices: 
         if f.digest:
             shared.setdefault((f.case, f.digest), set()).add(f.device)
     cases = {f.case for f in sticky}
-    passers = store.case_passers(cases, since=min(f.started_at for f in sticky) - policy.breaker_window_s)
-    passes = store.pass_digests(cases)
+    passers = store.failures.case_passers(cases, since=min(f.started_at for f in sticky) - policy.breaker_window_s)
+    passes = store.failures.pass_digests(cases)
     found: dict[str, str] = {}
     for f in sticky:
         peers = sorted(passers[f.case] - {f.device})
@@ -267,7 +267,7 @@ def _fleet_rules(
 ) -> tuple[dict[str, str], dict[str, str]]:
     """The fleet's rules: ``(device -> why quarantine, device -> why probation ends)``; breaker notes appended."""
     since = min(t - policy.window_s, t - policy.breaker_window_s)
-    failures = store.failed_executions(since=since)
+    failures = store.failures.executions(since=since)
     verdict = judge_suite(store, failures, policy, now=t, since=since)
     evidence = [f for f in failures if not verdict.is_suspect(f)]
     training = judge_training(store.training.incidents(since=t - policy.window_s), policy)

@@ -124,5 +124,5 @@ def test_the_library_refuses_it_for_writing_and_a_large_one_for_reading_when_a_r
     monkeypatch.setattr("sdcguard.fleet.store.sqlite.files.CHECK_READS_UP_TO", size - 1)
     with Store.open(damaged_db, readonly=True) as store:  # opened unchecked
         with pytest.raises(StoreError, match="damaged"):
-            store.failed_executions(since=0.0)  # reads the rows of the damaged table
+            store.failures.executions(since=0.0)  # reads the rows of the damaged table
     assert os.path.getsize(damaged_db) > 0

@@ -27,7 +27,7 @@ class _Exact:
         self._store = store
 
     def case_coverage(self, *args: Any, enough: Any = None, **kw: Any) -> list[CaseCoverage]:
-        return self._store.case_coverage(*args, **kw)
+        return self._store.failures.case_coverage(*args, **kw)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
@@ -60,7 +60,7 @@ def test_the_verdict_with_counts_stopped_early_equals_the_verdict_with_exact_cou
                 ],
                 t=START,
             )
-        failures = s.failed_executions(since=START)
+        failures = s.failures.executions(since=START)
         now = START + 3 * DAY
         capped = judge_suite(s, failures, policy, now=now, since=START)
         exact = judge_suite(_Exact(s), failures, policy, now=now, since=START)  # type: ignore[arg-type]

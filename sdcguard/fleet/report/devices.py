@@ -190,7 +190,7 @@ def build_report(
         failing = {d for d, r in rates.items() if r.overall.failures > 0}
         counted = {d: r.overall.failures for d, r in rates.items()}
     else:
-        failing = store.failing_devices(since=suspect_start, devices=[d.id for d in known])
+        failing = store.failures.devices(since=suspect_start, devices=[d.id for d in known])
         counted = {}
     if failing:
         blamed = suite_blamed_devices(store, breaker or QuarantinePolicy(), since=suspect_start or 0.0, now=t)

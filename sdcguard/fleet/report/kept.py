@@ -49,8 +49,8 @@ from ...records import SLOW_KIND
 from ..breaker import BreakerSettings, suite_blamed_devices
 from ..policy import QuarantinePolicy
 from ..slow import SlowSettings
+from ..store.core import first_day
 from ..store.rows import DeviceStatus
-from ..store.tally_queries import first_day
 from .devices import REPORT_FIELDS, STATUS_ORDER, DeviceReport, build_report
 
 if TYPE_CHECKING:

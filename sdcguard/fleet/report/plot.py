@@ -72,7 +72,7 @@ def plot_rates(
     start, width, unit_s = window.start, window.width_s, window.unit_s
     states = store.quarantine_states()
     if devices is None:
-        picked = store.most_failing(since=start, limit=_MAX_DEVICES)
+        picked = store.failures.most_failing(since=start, limit=_MAX_DEVICES)
         picked += [d for d in sorted(states) if d not in picked][: max(0, _MAX_DEVICES - len(picked))]
         known = store.scans.devices()
         if len(known) <= _MAX_DEVICES:  # a small fleet: draw everyone

@@ -10,16 +10,27 @@ the write changes what a report says of a device. One belongs to one thread.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from ...durations import DAY_S
 from ...entry import is_server_url
 from .sqlite.backend import SqliteBackend
 
-__all__ = ["Backend", "StoreCore", "open_backend", "where_clause", "in_devices", "ADD_ONE", "BUSY_TIMEOUT_S"]
+__all__ = [
+    "Backend",
+    "StoreCore",
+    "open_backend",
+    "where_clause",
+    "in_devices",
+    "first_day",
+    "ADD_ONE",
+    "BUSY_TIMEOUT_S",
+]
 
 BUSY_TIMEOUT_S = 30.0
 """How long a write waits for another process's lock (SQLite's busy timeout), or to connect (a server)."""
@@ -106,6 +117,12 @@ def in_devices(devices: Iterable[str] | None, column: str = "device") -> tuple[s
     return f" AND {column} IN (SELECT value FROM json_each(?))", [json.dumps(list(devices))]
 
 
+def first_day(since: float | None) -> int | None:
+    """The first roll-up day (UTC days since the epoch) that counts in a window starting at ``since``: beyond the
+    retention horizon a window's start is resolved to the UTC day."""
+    return None if since is None else math.ceil(since / DAY_S)
+
+
 class StoreCore:
     """One connection's transactions, locks and reads, which the store's jobs share.
 
@@ -163,6 +180,14 @@ class StoreCore:
         pruned)."""
         value = self.meta("pruned_before")
         return None if value is None else float(value)
+
+    def has_rollups(self, since: float | None) -> bool:
+        """Whether the roll-ups of pruned days hold a day that counts in a window starting at ``since``."""
+        last = self.meta("rollup_last_day")
+        if last is None:
+            return False
+        day = first_day(since)
+        return day is None or int(last) >= day
 
     def close(self) -> None:
         """Close the connection (idempotent)."""

@@ -4,22 +4,16 @@ and complete scans per device (see :mod:`.queries` for which executions count)."
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from ...durations import DAY_S
 from .connection import StoreBase
-from .core import in_devices
+from .core import first_day, in_devices
 from .rows import ScanCounts, Tally
 from .schema.tables import COUNTED_SCAN
 
-__all__ = ["TallyQueries", "first_day"]
-
-
-def first_day(since: float | None) -> int | None:
-    """The first roll-up day that counts in a window starting at ``since``."""
-    return None if since is None else math.ceil(since / DAY_S)
+__all__ = ["TallyQueries"]
 
 
 class TallyQueries(StoreBase):
@@ -65,7 +59,7 @@ class TallyQueries(StoreBase):
             )
         if since is not None and day is not None and day * DAY_S > since:
             add(self._partial_day(keys, since, day * DAY_S, scope, sp))
-        if self._has_rollups(since):
+        if self._core.has_rollups(since):
             table, window, wp = ("rollup_totals", "", []) if day is None else ("rollups", " AND day >= ?", [day])
             add(
                 self._rows(
@@ -129,13 +123,6 @@ class TallyQueries(StoreBase):
             groups[tuple(r[:width])][1] += r[width]
         return [(*key, n, k, secs) for key, (n, k, secs) in groups.items()]
 
-    def _has_rollups(self, since: float | None) -> bool:
-        last = self._meta("rollup_last_day")
-        if last is None:
-            return False
-        day = first_day(since)
-        return day is None or int(last) >= day
-
     def scan_counts(
         self, *, since: float | None, device: str | None = None, devices: Sequence[str] | None = None
     ) -> dict[str, ScanCounts]:
@@ -174,7 +161,7 @@ class TallyQueries(StoreBase):
             day = first_day(since)
             if day is None:
                 rolled = self._rows(f"SELECT device, complete FROM scan_rollup_totals WHERE true{dev}", dp)
-            elif self._has_rollups(since):
+            elif self._core.has_rollups(since):
                 rolled = self._rows(
                     f"SELECT device, TOTAL(complete) FROM scan_rollups WHERE day >= ?{dev} GROUP BY device", [day, *dp]
                 )

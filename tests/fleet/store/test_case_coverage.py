@@ -53,9 +53,10 @@ def test_coverage_of_the_buckets_asked_counts_the_devices_that_ran_the_case_ther
             )
         pairs = [(f"c{c}", first + b) for c, b in asked]
         enough = {p: cap for p, cap in zip(pairs, caps) if cap is not None}
-        got = {(x.case, x.bucket): x.devices for x in s.case_coverage(pairs, since=since, bucket_s=BUCKET)}
+        got = {(x.case, x.bucket): x.devices for x in s.failures.case_coverage(pairs, since=since, bucket_s=BUCKET)}
         capped = {
-            (x.case, x.bucket): x.devices for x in s.case_coverage(pairs, since=since, bucket_s=BUCKET, enough=enough)
+            (x.case, x.bucket): x.devices
+            for x in s.failures.case_coverage(pairs, since=since, bucket_s=BUCKET, enough=enough)
         }
     want: dict[tuple[str, int], int] = {}
     for case, b in set(pairs):
@@ -68,7 +69,7 @@ def test_coverage_of_the_buckets_asked_counts_the_devices_that_ran_the_case_ther
 
 def test_nothing_asked_counts_nothing(tmp_path: Path) -> None:
     with Store.open(str(tmp_path / "s.db")) as s:
-        assert s.case_coverage([], since=0.0, bucket_s=BUCKET) == []
+        assert s.failures.case_coverage([], since=0.0, bucket_s=BUCKET) == []
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -83,5 +84,5 @@ def test_a_capped_count_past_one_devices_many_rows_still_finds_the_others(
             sid = s.scans.begin(device=dev, host="n0", budget_s=60.0, started_at=START)
             s.scans.record(sid, [result(dev, case="c0", t=START + t, passed=False) for t in times])
         b = int(START // BUCKET)
-        (got,) = s.case_coverage([("c0", b)], since=START, bucket_s=BUCKET, enough={("c0", b): cap})
+        (got,) = s.failures.case_coverage([("c0", b)], since=START, bucket_s=BUCKET, enough={("c0", b): cap})
     assert got.devices == want

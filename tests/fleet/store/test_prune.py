@@ -54,7 +54,7 @@ def _figures(store: Store, since: float | None) -> tuple:
     series = tuple(
         store.rate_series(start=since or START, width_s=DAY, devices=devices) for devices in (None, ["sim:1", "sim:3"])
     )  # day bins: the fleet's read from rollup_days
-    return tallies, counts, report, store.failing_devices(since=since), series
+    return tallies, counts, report, store.failures.devices(since=since), series
 
 
 def test_prune_keeps_every_figure_over_whole_days(tmp_path: Path) -> None:
