@@ -134,7 +134,7 @@ def main() -> None:
             db = str(Path(tmp) / "ingest.db") if backend == "sqlite" else server.url()
             n, wall = _ingest(db, args.writers, args.scans, args.batches)
             with Store.open(db) as s:
-                (t,) = s.tallies(by="family")
+                (t,) = s.counts.tallies(by="family")
                 assert t.executions == n, (t.executions, n)  # nothing lost, nothing twice
                 rows = s.row_count("results")
             print(

@@ -90,7 +90,7 @@ MOVED: dict[str, str] = {
     "sdcguard.fleet.queries": "sdcguard.fleet.store.queries",
     "sdcguard.fleet.rows": "sdcguard.fleet.store.rows",
     "sdcguard.fleet.maintenance": "sdcguard.fleet.store.maintenance",
-    "sdcguard.fleet.case_queries": "sdcguard.fleet.store.case_queries",
+    "sdcguard.fleet.case_queries": "sdcguard.fleet.store.counts",
     "sdcguard.fleet.html": "sdcguard.fleet.report.html",
     "sdcguard.fleet.html_assets": "sdcguard.fleet.report.html_assets",
     "sdcguard.fleet.svg": "sdcguard.fleet.report.svg",

@@ -197,7 +197,7 @@ def _fleet_candidates(
                 )
     k = Counter(f.device for f in mine)
     if k:
-        tallies = store.tallies(since=since, devices=sorted(k), by="device")
+        tallies = store.counts.tallies(since=since, devices=sorted(k), by="device")
         n = [t_.executions for t_ in tallies]
         # tallies by device have a device (Tally's fields are optional for other groupings)
         low, _ = clopper_pearson_arrays([k[t_.device] for t_ in tallies], n, policy.confidence)  # type: ignore[index]
@@ -299,7 +299,7 @@ def _fleet_rules(
         for f in evidence:
             if f.device in probation and f.started_at >= probation[f.device]:
                 found[f.device] = f"failed case {f.case} while on probation after a manual release"
-    clean = store.clean_scans_since(probation)
+    clean = store.counts.clean_scans(probation)
     passed = {
         dev: f"{n} clean complete scans since the release (policy needs {policy.probation_clean_scans})"
         for dev, n in sorted(clean.items())

@@ -15,7 +15,7 @@ quarantined by chance at most ``1 - C`` of the time. With zero failures the uppe
 The bounds are quantiles of the beta distribution, computed with ``scipy.special.betaincinv`` (exactly what
 ``scipy.stats.beta.ppf`` calls, without importing all of ``scipy.stats``: the report CLI starts faster).
 
-The counts come from :meth:`sdcguard.fleet.store.store.Store.tallies` (grouped in SQL over a covering index and two
+The counts come from :meth:`sdcguard.fleet.store.counts.Counts.tallies` (grouped in SQL over a covering index and two
 small partial ones); this module is only the statistics.
 """
 
@@ -143,12 +143,12 @@ def device_rates(
     family; without ``by_family`` the store groups by device only and ``families`` stays empty."""
     _check_confidence(confidence)
     if not by_family:
-        tallies = store.tallies(since=since, devices=devices, by="device")
+        tallies = store.counts.tallies(since=since, devices=devices, by="device")
         return {
             str(t.device): DeviceRates(device=str(t.device), overall=r)
             for t, r in zip(tallies, _from_tallies(tallies, confidence))
         }
-    tallies = store.tallies(since=since, devices=devices, by="device_family")
+    tallies = store.counts.tallies(since=since, devices=devices, by="device_family")
     if not tallies:
         return {}
     per_family = _from_tallies(tallies, confidence)
@@ -177,7 +177,7 @@ def device_rates(
 def fleet_rates(store: Store, *, since: float | None = None, confidence: float = 0.95) -> DeviceRates:
     """The whole fleet's rate (``device="fleet"``), overall and per kernel family."""
     _check_confidence(confidence)
-    tallies = store.tallies(since=since, by="family")
+    tallies = store.counts.tallies(since=since, by="family")
     fam = {t.family: r for t, r in zip(tallies, _from_tallies(tallies, confidence))}
     overall = _rates(
         np.array([sum(t.failures for t in tallies)]),

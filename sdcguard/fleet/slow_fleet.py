@@ -54,9 +54,9 @@ def fleet_slowness(
     keep: bool = False,
 ) -> dict[str, Slowness]:
     """Every device's verdict from the store: the golden cases' times since ``since`` (:func:`judge_slow`, the whole
-    fleet as peers; :meth:`~.store.Store.case_times` says how a window reads them), and training jobs' ``slow``
+    fleet as peers; :meth:`~.store.counts.Counts.case_times` says how a window reads them), and training jobs' ``slow``
     incidents (a device named by one is slow, basis ``training``). ``known``: every device of the store, when the
-    caller has read them already (:meth:`~.store.Store.devices`).
+    caller has read them already (:meth:`~.store.scans.Scans.devices`).
 
     At fleet scale the statistic reads every (device, case) pair of the window (3.1 million at 100,000 devices and
     31 cases), which no interactive read can afford; so its verdicts can be kept in the store: ``keep`` stores what
@@ -78,8 +78,8 @@ def fleet_slowness(
         # window); per-scan rows only where a device's own history can matter (a group too small for a spread).
         sizes = Counter(groups.values())
         small = sorted(d for d, g in groups.items() if sizes[g] <= s.min_peers)
-        history = store.case_timings(since=since, devices=small) if small else []
-        verdicts = judge_slow(store.case_times(since=since), groups, s, history=history)
+        history = store.counts.case_timings(since=since, devices=small) if small else []
+        verdicts = judge_slow(store.counts.case_times(since=since), groups, s, history=history)
         if keep:
             keep_verdicts(store, verdicts, since=since, now=t, settings=s)
     for i in store.training.incidents(since=since):

@@ -69,7 +69,7 @@ def test_db_init_grant_and_merge_into_the_server(pg_server: PostgresServer, tmp_
         assert code == 0, err
     assert "+0 scans" in out
     with Store.open(url) as s:
-        assert [(t.device, t.executions) for t in s.tallies(by="device")] == [("sim:4", 7)]
+        assert [(t.device, t.executions) for t in s.counts.tallies(by="device")] == [("sim:4", 7)]
 
 
 @pytest.mark.slow
@@ -92,7 +92,7 @@ def test_a_scan_while_the_server_is_away_is_spooled_then_forwarded(tmp_path: Pat
         assert p.returncode == 0, p.stderr
         assert "spool" in p.stderr + p.stdout
         with Store.open(tmp_path / "spool.db") as spool:
-            ((device, executions),) = [(t.device, t.executions) for t in spool.tallies(by="device")]
+            ((device, executions),) = [(t.device, t.executions) for t in spool.counts.tallies(by="device")]
         assert executions > 0
         server.start()
         for expected in (1, 0):
@@ -106,7 +106,7 @@ def test_a_scan_while_the_server_is_away_is_spooled_then_forwarded(tmp_path: Pat
             assert q.returncode == 0, q.stderr
             assert f"+{expected} scans" in q.stdout
         with Store.open(url) as s:
-            assert [(t.device, t.executions) for t in s.tallies(by="device")] == [(device, executions)]
+            assert [(t.device, t.executions) for t in s.counts.tallies(by="device")] == [(device, executions)]
 
 
 def test_libpq_settings_pass_through_tls_among_them(pg_server: PostgresServer) -> None:

@@ -300,4 +300,4 @@ def test_a_merge_reads_only_what_is_new(tmp_path: Path) -> None:
     with Store.open(tmp_path / "fleet.db", create=False) as f:
         (latest,) = [x for x in f.scans.history() if x["started_at"] == NOW - 100]
         assert (latest["status"], latest["executions"], latest["total"]) == ("complete", 5, None)
-        assert f.tallies(by="device")[0].executions == 35
+        assert f.counts.tallies(by="device")[0].executions == 35

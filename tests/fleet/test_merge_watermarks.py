@@ -41,7 +41,7 @@ def _scan(path: Path, device: str, n: int, t: float) -> str:
 
 def _executions(fleet: Path) -> dict[str, int]:
     with Store.open(fleet, create=False) as s:
-        return {t.device: t.executions for t in s.tallies(by="device")}
+        return {t.device: t.executions for t in s.counts.tallies(by="device")}
 
 
 def _backup(src: Path, dst: Path) -> None:

@@ -172,7 +172,7 @@ def test_a_scan_that_executed_nothing_never_counts_toward_probation(store: Store
     policy = QuarantinePolicy(probation_clean_scans=3)
     assert apply_policy(store, policy, now=NOW).released == []
     assert store.quarantine_status("sim:1") == "probation"
-    counts = store.scan_counts(since=NOW - 8000)["sim:1"]
+    counts = store.counts.scans(since=NOW - 8000)["sim:1"]
     assert counts.complete == 0 and counts.last_complete == NOW - 10_000 + 60
     for i in range(3):
         scan(store, "sim:1", clean("sim:1", 1, t=NOW - 5000 + i * 100), t=NOW - 5000 + i * 100)

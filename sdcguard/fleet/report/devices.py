@@ -184,7 +184,7 @@ def build_report(
     known = [_known(store, device)] if device is not None else store.scans.devices(devices)
     wanted = [d.id for d in known] if device is not None or devices is not None else None
     rates = device_rates(store, since=since, devices=wanted, confidence=confidence, by_family=families)
-    scans = store.scan_counts(since=since, devices=wanted)
+    scans = store.counts.scans(since=since, devices=wanted)
     suspect_start = suspect_since if suspect_since is not None else since
     if suspect_since is None or suspect_since == since:
         failing = {d for d, r in rates.items() if r.overall.failures > 0}

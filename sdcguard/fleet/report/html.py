@@ -74,7 +74,7 @@ def _series(
     store: Store, bins: Bins, devices: Sequence[str] | None, confidence: float
 ) -> dict[str | None, list[BinRate]]:
     """Per-bin rates with bounds: per device (``devices``) or for the fleet (None)."""
-    points = store.rate_series(start=bins.origin, width_s=bins.width, devices=devices)
+    points = store.counts.series(start=bins.origin, width_s=bins.width, devices=devices)
     lows, highs = clopper_pearson_arrays([p.failures for p in points], [p.executions for p in points], confidence)
     grouped: dict[str | None, list[tuple[SeriesPoint, float, float]]] = {}
     for p, lo, hi in zip(points, lows.tolist(), highs.tolist(), strict=True):
@@ -260,7 +260,7 @@ def _page_bins(
     first = [
         t
         for t in (
-            store.first_execution_time(),
+            store.counts.first_execution(),
             min((float(h["time"]) for h in history), default=None),
             min((i.time for i in incidents), default=None),
         )

@@ -68,7 +68,7 @@ def plot_rates(
     if not path.parent.is_dir():
         raise BadInput(f"cannot write {path}: directory {path.parent} does not exist")
     t = time.time() if now is None else now
-    window = plot_window(since, store.first_execution_time(), t)
+    window = plot_window(since, store.counts.first_execution(), t)
     start, width, unit_s = window.start, window.width_s, window.unit_s
     states = store.quarantine_states()
     if devices is None:
@@ -82,7 +82,7 @@ def plot_rates(
     fig, ax = plt.subplots(figsize=(10, 5))
     if picked:
         series: dict[str, tuple[list[float], list[float]]] = {}
-        for p in store.rate_series(start=start, width_s=width, devices=picked):
+        for p in store.counts.series(start=start, width_s=width, devices=picked):
             xs, ys = series.setdefault(p.device or "", ([], []))
             xs.append((start + (p.bin + 0.5) * width - t) / unit_s)
             ys.append(p.failures / p.executions if p.executions else 0.0)
@@ -100,7 +100,7 @@ def plot_rates(
                 ax.plot(xs, ys, "o-", label=dev)
         title = "SDC failure rate per device"
     else:
-        points = store.rate_series(start=start, width_s=width, devices=None)
+        points = store.counts.series(start=start, width_s=width, devices=None)
         ax.plot(
             [(start + (p.bin + 0.5) * width - t) / unit_s for p in points],
             [p.failures / p.executions if p.executions else 0.0 for p in points],

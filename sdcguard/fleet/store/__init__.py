@@ -1,8 +1,8 @@
-"""The fleet store, which alone holds SQL: :mod:`.schema` (tables, indexes, migrations), :mod:`.connection` (opening
-a SQLite file with care, transactions), :mod:`.postgres` (the same store on a PostgreSQL server), :mod:`.store`
-(the :class:`~.store.Store` API and its writes), :mod:`.queries` and :mod:`.case_queries` (named reads),
-:mod:`.maintenance` (merge, prune, tallies), :mod:`.spool` (a server store's writers and their local spool) and
-:mod:`.rows` (what reads return)."""
+"""The fleet store, which alone holds SQL: :class:`~.store.Store`, its jobs (:mod:`.scans`, :mod:`.failures`,
+:mod:`.counts`, :mod:`.training`, :mod:`.summaries`, and the parts of :mod:`.queries` and :mod:`.maintenance`) over
+:mod:`.core`; the backends (:mod:`.sqlite`, :mod:`.postgres`), the migrations (:mod:`.schema`), the SQL a write runs
+in its transaction (:mod:`.writes`), a server store's writers and their spool (:mod:`.spool`) and what reads return
+(:mod:`.rows`)."""
 
 from .store import QuarantineEntry, Store, default_actor
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 from .core import BUSY_TIMEOUT_S, StoreCore, open_backend
+from .counts import Counts
 from .failures import Failures
 from .scans import Scans
 from .summaries import Summaries
@@ -27,6 +28,8 @@ class StoreBase:
         self._conn = core.backend.conn
         self.path: str | Path = core.path
         """The store's file, or (a server) its URL without credentials: what messages name."""
+        self.counts = Counts(core)
+        """Counts over a window (:class:`~.counts.Counts`)."""
         self.failures = Failures(core)
         """Failed executions and what the breaker weighs beside them (:class:`~.failures.Failures`)."""
         self.scans = Scans(core)

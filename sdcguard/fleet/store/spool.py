@@ -22,14 +22,14 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ...devices import hostname
 from ...entry import is_server_url
 from ...errors import StoreError, StoreUnreachable
 from ...logs import get_logger
-from .rows import MergeStats, Tally
-from .spool_jobs import SpoolScans, SpoolTraining
+from .rows import MergeStats
+from .spool_jobs import SpoolCounts, SpoolScans, SpoolTraining
 from .sqlite.files import check_merge_input
 from .store import Store
 
@@ -117,6 +117,8 @@ class SpooledStore:
         """Writes this process sent to the spool."""
         self.scans = SpoolScans(self)
         """Devices and scans, on the server or in the spool (:class:`~.spool_jobs.SpoolScans`)."""
+        self.counts = SpoolCounts(self)
+        """What a scan reads of its device's history (:class:`~.spool_jobs.SpoolCounts`)."""
         self.training = SpoolTraining(self)
         """Incidents, checkpoints and scrubs, on the server or in the spool (:class:`~.spool_jobs.SpoolTraining`)."""
 
@@ -163,12 +165,6 @@ class SpooledStore:
             except StoreUnreachable as e:
                 self.lost(e)
         return write(self.spool())
-
-    # ------------------------------------------------------------------ what a scan reads
-    def tallies(self, **kwargs: Any) -> list[Tally]:
-        """As :meth:`~.store.Store.tallies`, from the server (from the spool while it cannot be reached: this
-        node's history there, which is what a scan orders its cases by)."""
-        return self.either(lambda store: store.tallies(**kwargs))
 
     # ------------------------------------------------------------------ the end
     def forward(self) -> MergeStats | None:

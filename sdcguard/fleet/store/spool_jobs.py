@@ -1,8 +1,9 @@
-"""The jobs of a writer to a server store with its spool (:class:`~.spool.SpooledStore`): ``.scans`` and
-``.training`` shaped as the store's own (:class:`~.scans.Scans`, :class:`~.training.Training`), each write going to
-the server or, while it cannot take it, to the spool (:class:`Route`), with what a write needs to land once: a row's
-natural key fixed before the first attempt, a scan's batches kept to begin it again in the spool
-(:class:`_ScanLog`). See :mod:`.spool` for when the spool is used and how it reaches the server."""
+"""The jobs of a writer to a server store with its spool (:class:`~.spool.SpooledStore`): ``.scans``, ``.training``
+and what a scan reads of ``.counts``, shaped as the store's own (:class:`~.scans.Scans`,
+:class:`~.training.Training`, :class:`~.counts.Counts`), each write going to the server or, while it cannot take
+it, to the spool (:class:`Route`), with what a write needs to land once: a row's natural key fixed before the first
+attempt, a scan's batches kept to begin it again in the spool (:class:`_ScanLog`). See :mod:`.spool` for when the
+spool is used and how it reaches the server."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from typing import Any, Protocol, TypeVar
 
 from ...errors import StoreUnreachable
 from ...records import CaseResult, DeviceInfo, Incident, ScanStatus
+from .rows import Tally
 from .store import Store
 
-__all__ = ["Route", "SpoolScans", "SpoolTraining"]
+__all__ = ["Route", "SpoolCounts", "SpoolScans", "SpoolTraining"]
 
 T = TypeVar("T")
 
@@ -40,6 +42,22 @@ class Route(Protocol):
     def either(self, write: Callable[[Store], T]) -> T:
         """``write`` on the server store, or on the spool when the server cannot take it."""
         ...
+
+
+class SpoolCounts:
+    """What a scan reads of ``store.counts`` (:class:`~.counts.Counts`) through a writer with a spool.
+
+    Args:
+        writer: where a read goes (the :class:`~.spool.SpooledStore`).
+    """
+
+    def __init__(self, writer: Route) -> None:
+        self._writer = writer
+
+    def tallies(self, **window: Any) -> list[Tally]:
+        """As :meth:`~.counts.Counts.tallies`, from the server (from the spool while it cannot be reached: this
+        node's history there, which is what a scan orders its cases by)."""
+        return self._writer.either(lambda store: store.counts.tallies(**window))
 
 
 class SpoolTraining:

@@ -1,6 +1,6 @@
-"""The circuit breaker's denominator (``Store.case_coverage``): for the (case, bucket) pairs asked, the distinct
-devices that ran the case in that bucket since ``since``, counted from the rows, on both backends. The report and
-the policy ask only for the buckets their failures fell in (a 30-day report reads those buckets' rows, not the
+"""The circuit breaker's denominator (``store.failures.case_coverage``): for the (case, bucket) pairs asked, the
+distinct devices that ran the case in that bucket since ``since``, counted from the rows, on both backends. The report
+and the policy ask only for the buckets their failures fell in (a 30-day report reads those buckets' rows, not the
 window's), so a pair must count the same whatever else is asked beside it."""
 
 from __future__ import annotations

@@ -291,7 +291,7 @@ def test_the_slowness_from_tallies_equals_the_slowness_from_rows(
         _assert_running_totals(path, ledger)
         for since in [None, *(START + x for x in since_offsets), START + 3 * DAY]:
             with Store.open(path, create=False) as s:
-                assert _got_window(s.case_times(since=since)) == _expected_window(path, ledger, since), since
+                assert _got_window(s.counts.case_times(since=since)) == _expected_window(path, ledger, since), since
                 got = fleet_slowness(s, since=since, settings=SETTINGS, now=KEPT_AT, keep=True)
                 kept = fleet_slowness(s, since=since, settings=SETTINGS, now=KEPT_AT, max_age_s=1.0)
             assert got == _expected_slowness(path, ledger, since), since
@@ -328,8 +328,8 @@ def test_a_scan_running_across_the_horizon_changes_the_running_total_on_the_hori
     assert days == [(20_002, 3, 1 / 4 + 1 / 8 + 1 / 2)]  # day 1's running total moved to the eve, and the change
     _assert_running_totals(fleet, ledger)
     with Store.open(fleet) as s:
-        assert _got_window(s.case_times(since=None))[(device, "c0")] == (3, 7 / 8)
-        assert _got_window(s.case_times(since=START + 3 * DAY)) == {}  # it all started before the horizon
+        assert _got_window(s.counts.case_times(since=None))[(device, "c0")] == (3, 7 / 8)
+        assert _got_window(s.counts.case_times(since=START + 3 * DAY)) == {}  # it all started before the horizon
 
 
 def _fill(path: Path) -> None:
@@ -359,7 +359,7 @@ def test_an_older_store_gains_its_case_tallies_and_the_migration_can_run_again(t
     path = tmp_path / "fleet.db"
     _fill(path)
     with Store.open(path) as s:
-        want = _got_window(s.case_times(since=START + 0.5 * DAY))
+        want = _got_window(s.counts.case_times(since=START + 0.5 * DAY))
         verdicts = fleet_slowness(s, since=START + 0.5 * DAY, settings=SETTINGS)
     with closing(sqlite3.connect(path)) as c, c:  # as schema 9 left it
         c.execute("DROP TABLE case_tallies")
@@ -368,7 +368,7 @@ def test_an_older_store_gains_its_case_tallies_and_the_migration_can_run_again(t
         c.execute("CREATE INDEX results_time ON results(started_at, device, family, executions, duration_s)")
         c.execute("PRAGMA user_version = 9")
     with Store.open(path) as s:
-        assert _got_window(s.case_times(since=START + 0.5 * DAY)) == want
+        assert _got_window(s.counts.case_times(since=START + 0.5 * DAY)) == want
         assert fleet_slowness(s, since=START + 0.5 * DAY, settings=SETTINGS) == verdicts
     _assert_running_totals(path, {})
     with closing(sqlite3.connect(path)) as c, c:  # once more over a schema-10 store: the same tallies
@@ -386,8 +386,8 @@ def test_pruned_rows_keep_their_tallies_and_a_window_before_the_horizon_counts_f
     with Store.open(path) as s:
         s.prune(before=START + 2 * DAY)  # days 0 and 1 go
         assert s.row_count("results") == 4 * 6  # a row per case passed, one per failure
-        everything = _got_window(s.case_times(since=None))
+        everything = _got_window(s.counts.case_times(since=None))
         assert sum(n for n, _ in everything.values()) == 3 * 4 * 11
-        from_horizon = _got_window(s.case_times(since=START + 2 * DAY))
+        from_horizon = _got_window(s.counts.case_times(since=START + 2 * DAY))
         assert sum(n for n, _ in from_horizon.values()) == 4 * 11
-        assert _got_window(s.case_times(since=START + 0.5 * DAY)) == from_horizon
+        assert _got_window(s.counts.case_times(since=START + 0.5 * DAY)) == from_horizon

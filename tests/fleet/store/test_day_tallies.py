@@ -90,11 +90,12 @@ def test_day_tallies_follow_every_write(tmp_path_factory: pytest.TempPathFactory
     if whole.exists():
         since = START + since_offset
         with Store.open(whole, create=False) as s:
-            got = {t.device: (t.executions, t.failures) for t in s.tallies(since=since, by="device")}
+            got = {t.device: (t.executions, t.failures) for t in s.counts.tallies(since=since, by="device")}
         assert got == _window_from_rows(whole, since)
     if fleet.exists() and whole.exists() and not skipped:
         with Store.open(fleet, create=False) as f, Store.open(whole, create=False) as w:
-            assert f.tallies(by="device_family") == w.tallies(by="device_family")  # all time: rows + roll-ups
+            # all time: rows + roll-ups
+            assert f.counts.tallies(by="device_family") == w.counts.tallies(by="device_family")
 
 
 def test_an_older_store_gains_its_day_tallies(tmp_path: Path) -> None:
@@ -105,12 +106,12 @@ def test_an_older_store_gains_its_day_tallies(tmp_path: Path) -> None:
             s.scans.record(
                 sid, [result("sim:1", t=START + i * DAY + j, passed=j != 2) for j in range(4)], finish="complete"
             )
-        before = s.tallies(since=START + 0.5 * DAY, by="device")
+        before = s.counts.tallies(since=START + 0.5 * DAY, by="device")
     with closing(sqlite3.connect(path)) as c, c:  # as schema 7 left it
         c.execute("DROP TABLE day_tallies")
         c.execute("DROP INDEX results_time")
         c.execute("CREATE INDEX results_rates ON results(device, family, started_at, duration_s, executions)")
         c.execute("PRAGMA user_version = 7")
     with Store.open(path) as s:
-        assert s.tallies(since=START + 0.5 * DAY, by="device") == before
+        assert s.counts.tallies(since=START + 0.5 * DAY, by="device") == before
     assert_tallies_match_rows(path)

@@ -81,7 +81,7 @@ def _from_rows(db: str, since: float, by: str) -> dict[tuple[str, ...], tuple[in
 
 def _from_store(store: Store, since: float, by: str) -> dict[tuple[str, ...], tuple[int, int, float]]:
     out = {}
-    for t in store.tallies(since=since, by=by):  # type: ignore[arg-type]
+    for t in store.counts.tallies(since=since, by=by):  # type: ignore[arg-type]
         key = tuple(k for k in (t.device, t.family) if k is not None)
         out[key] = (t.executions, t.failures, t.test_s)
     return out
@@ -150,7 +150,7 @@ def test_a_scan_pruned_across_the_horizons_midnight_counts_once_in_a_window_from
         s.scans.finish(late, "complete", finished_at=START + 2.5 * DAY)
         s.prune(before=START + 2.2 * DAY)  # asked for day 2; nothing to prune on day 1, so the horizon is day 1
         assert s.pruned_before == START + DAY
-        assert [(t.executions, t.failures) for t in s.tallies(since=START + DAY, by="device")] == [(1, 1)]
+        assert [(t.executions, t.failures) for t in s.counts.tallies(since=START + DAY, by="device")] == [(1, 1)]
     _assert_windows(db, [0.0, 0.5 * DAY])
 
 

@@ -64,7 +64,7 @@ def test_figures_do_not_depend_on_the_servers_collation(icu_db: str, tmp_path: P
     got = {}
     for db in (sqlite_db, icu_db):
         with Store.open(db, readonly=True) as s:
-            t = s.case_times(since=since)
+            t = s.counts.case_times(since=since)
             assert len(t) == len({*zip(t.device, t.case)}), "one record per device and case"
             times = {(d, c): (n, round(x, 9)) for d, c, n, x in zip(t.device, t.case, t.executions, t.seconds)}
             report = report_json(build_report(s, since=since, families=True, slow=SETTINGS))

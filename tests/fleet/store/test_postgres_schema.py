@@ -116,4 +116,4 @@ def test_an_upgrade_to_schema_12_keeps_a_writer_able_to_scan(pg_server: Postgres
     with Store.open(admin.replace("user=postgres", "user=sdcguard_v11_scanner")) as w:
         sid = w.scans.begin(device="sim:1", host="h", budget_s=5.0, started_at=20_000 * 86400.0)
         w.scans.record(sid, [result("sim:1", t=20_000 * 86400.0 + 1)], finish="complete")
-        assert [(t.executions, t.failures) for t in w.tallies(since=20_000 * 86400.0, by="device")] == [(1, 0)]
+        assert [(t.executions, t.failures) for t in w.counts.tallies(since=20_000 * 86400.0, by="device")] == [(1, 0)]

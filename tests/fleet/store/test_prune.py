@@ -45,15 +45,16 @@ def _history(path: Path, days: int = 40, seed: int = 1) -> None:
 
 
 def _figures(store: Store, since: float | None) -> tuple:
-    tallies = tuple(store.tallies(since=since, by="device_family"))
-    counts = {d: (c.complete, c.last_complete) for d, c in store.scan_counts(since=since).items()}
+    tallies = tuple(store.counts.tallies(since=since, by="device_family"))
+    counts = {d: (c.complete, c.last_complete) for d, c in store.counts.scans(since=since).items()}
     report = tuple(
         (r.device, r.overall.executions, r.overall.failures, r.overall.test_hours, r.scans, r.status, r.last_scan)
         for r in build_report(store, since=since, families=True)
     )
-    series = tuple(
-        store.rate_series(start=since or START, width_s=DAY, devices=devices) for devices in (None, ["sim:1", "sim:3"])
-    )  # day bins: the fleet's read from rollup_days
+    series = tuple(  # day bins: the fleet's read from rollup_days
+        store.counts.series(start=since or START, width_s=DAY, devices=devices)
+        for devices in (None, ["sim:1", "sim:3"])
+    )
     return tallies, counts, report, store.failures.devices(since=since), series
 
 
@@ -84,13 +85,13 @@ def test_a_merge_after_a_prune_counts_nothing_twice(tmp_path: Path) -> None:
     _history(node, days=30)
     merge_stores(fleet, [node])
     with Store.open(fleet) as store:
-        whole = store.tallies(by="device")
+        whole = store.counts.tallies(by="device")
         store.prune(before=START + 15 * DAY)
     for full in (False, True):
         (stats,) = merge_stores(fleet, [node], full=full)
         assert stats.results == 0
     with Store.open(fleet) as store:
-        assert store.tallies(by="device") == whole
+        assert store.counts.tallies(by="device") == whole
     assert stats.skipped_scans == 3 * 15
 
 
@@ -115,11 +116,11 @@ def test_a_store_killed_while_pruning_is_consistent(tmp_path: Path, cut: float) 
     path = tmp_path / "fleet.db"
     _history(path, days=10)
     with Store.open(path) as store:
-        whole = store.tallies(by="device")
+        whole = store.counts.tallies(by="device")
         store.prune(before=START + (4 + 10 * cut) * DAY)  # a first prune, as if the next one was killed
-        assert store.tallies(by="device") == whole
+        assert store.counts.tallies(by="device") == whole
         store.prune(before=START + 8 * DAY)
-        assert store.tallies(by="device") == whole
+        assert store.counts.tallies(by="device") == whole
 
 
 def test_an_older_store_gains_the_fleet_day_roll_ups(tmp_path: Path) -> None:
@@ -127,12 +128,12 @@ def test_an_older_store_gains_the_fleet_day_roll_ups(tmp_path: Path) -> None:
     _history(path, days=12)
     with Store.open(path) as store:
         store.prune(before=START + 8 * DAY)
-        series = store.rate_series(start=START, width_s=DAY, devices=None)
+        series = store.counts.series(start=START, width_s=DAY, devices=None)
     with sqlite3.connect(path) as conn:  # as a version-5 sdcguard left it: roll-ups per device, none per day
         conn.execute("DROP TABLE rollup_days")
         conn.execute("PRAGMA user_version = 5")
     with Store.open(path) as store:
-        assert store.rate_series(start=START, width_s=DAY, devices=None) == series
+        assert store.counts.series(start=START, width_s=DAY, devices=None) == series
         assert sum(p.executions for p in series[:8]) > 0
 
 
@@ -148,9 +149,9 @@ def test_interrupted_scans_are_pruned_and_rolled_up_like_complete_ones(tmp_path:
             store.scans.record(sid, rows, finish=status, finished_at=t + 60)
         sid = store.scans.begin(device="sim:1", host="node", budget_s=60.0, started_at=START + DAY + 5)
         store.scans.record(sid, [result("sim:1", t=START + DAY + 6)])  # still running: left alone
-        whole = store.tallies(by="device")
+        whole = store.counts.tallies(by="device")
         stats = store.prune(before=START + 10 * DAY)
         assert stats.scans == 3 and stats.results == 3
         assert [s["status"] for s in store.scans.history()] == ["running"]
-        assert store.tallies(by="device") == whole == [whole[0]] and whole[0].executions == 13
-        assert store.scan_counts(since=None)["sim:1"].complete == 1  # interrupted never counts as complete
+        assert store.counts.tallies(by="device") == whole == [whole[0]] and whole[0].executions == 13
+        assert store.counts.scans(since=None)["sim:1"].complete == 1  # interrupted never counts as complete

@@ -118,8 +118,8 @@ def test_nothing_lost_nothing_twice_under_any_interleaving(
     for _ in range(2):  # forwarded twice: the second sends nothing
         forward(url, spool) if spool.exists() else None
     with Store.open(admin) as s:
-        got = {(t.device, "executions"): t.executions for t in s.tallies(by="device")}
-        got |= {(t.device, "failures"): t.failures for t in s.tallies(by="device")}
+        got = {(t.device, "executions"): t.executions for t in s.counts.tallies(by="device")}
+        got |= {(t.device, "failures"): t.failures for t in s.counts.tallies(by="device")}
         assert {k: v for k, v in got.items() if v} == {k: v for k, v in ledger.items() if v}
         assert len(s.training.incidents()) == incidents
     assert query(admin, "SELECT COUNT(*) FROM incidents")[0][0] == incidents
@@ -159,7 +159,7 @@ def test_a_server_killed_mid_transaction_loses_nothing_and_a_spool_forwarded_twi
         first, second = forward(url, spool), forward(url, spool)
         assert first is not None and second is not None and second.results == second.scans == 0
         with Store.open(url) as s:
-            (t,) = s.tallies(by="device")
+            (t,) = s.counts.tallies(by="device")
             assert (t.executions, t.failures) == (10, 1)
             (scan,) = s.scans.history()
             assert (scan["status"], scan["executions"], scan["total"]) == ("complete", 10, 10)
@@ -252,7 +252,7 @@ def test_a_writer_role_writes_scans_and_incidents_but_deletes_nothing(pg_server:
                 time=START,
             )
         )
-        assert [(t.executions, t.failures) for t in w.tallies(by="device")] == [(2, 1)]
+        assert [(t.executions, t.failures) for t in w.counts.tallies(by="device")] == [(2, 1)]
         with pytest.raises(StoreError, match="permission denied"):
             w.prune(before=START + 30 * DAY)  # deleting scans and results is the owner's
     assert query(admin, "SELECT COUNT(*) FROM scans")[0][0] == 1

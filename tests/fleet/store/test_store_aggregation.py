@@ -112,7 +112,7 @@ def test_folded_rows_give_the_per_execution_rates_bounds_and_test_hours(
         for by in ("device", "device_family", "family"):
             got = {
                 tuple(x for x in (t.device, t.family) if x is not None): (t.executions, t.failures, t.test_s)
-                for t in store.tallies(since=since, by=by)
+                for t in store.counts.tallies(since=since, by=by)
             }
             assert got == _reference(runs, since, by)
         rates = device_rates(store, since=since, confidence=0.9)
@@ -213,7 +213,7 @@ def test_a_schema_3_store_migrates_with_every_number_unchanged(
         for by in ("device", "device_family", "family"):
             got = {
                 tuple(x for x in (t.device, t.family) if x is not None): (t.executions, t.failures, t.test_s)
-                for t in store.tallies(by=by)
+                for t in store.counts.tallies(by=by)
             }
             assert got == _reference(runs, None, by)
         report = {r.device: r for r in build_report(store, since=None)}

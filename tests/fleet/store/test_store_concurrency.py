@@ -60,7 +60,7 @@ def test_eight_writers_lose_nothing_and_never_see_locked(store_db: str) -> None:
         assert "locked" not in err, err
         assert p.returncode == 0 and out.strip() == "ok", err
     with Store.open(path, create=False) as store:
-        tallies = store.tallies(by="device")
+        tallies = store.counts.tallies(by="device")
         # every execution is counted (passing ones folded per scan and case: 40 cases, 1 in 7 failing)
         assert [t.executions for t in tallies] == [scans * per_scan] * workers
         assert [t.failures for t in tallies] == [scans * len(range(0, per_scan, 7))] * workers
