@@ -44,7 +44,7 @@ def build_store(path: Path, *, devices: int, days: int, keep_days: int, now: flo
         )
         for day in range(days):
             t = start + day * DAY
-            out = {e.device for e in store.quarantine_list() if e.state == "quarantined"}
+            out = {e.device for e in store.quarantine.entries() if e.state == "quarantined"}
             for n in range(devices):
                 if sim_id(n) not in out:
                     scan_sim_device(

@@ -48,11 +48,11 @@ def build_demo_store(path: Path, now: float) -> None:
             for n in range(HOSTS * PER_HOST)
         ]
         store.scans.record_devices(devices, now=start)
-        store.quarantine("sim:9", reason="ECC double-bit errors in dmesg", by="alice@ops", now=start + 0.5 * DAY)
-        store.release("sim:9", reason="board reseated, ECC clean", by="alice@ops", now=start + 3.2 * DAY)
+        store.quarantine.add("sim:9", reason="ECC double-bit errors in dmesg", by="alice@ops", now=start + 0.5 * DAY)
+        store.quarantine.release("sim:9", reason="board reseated, ECC clean", by="alice@ops", now=start + 3.2 * DAY)
         for rnd in range(DAYS * ROUNDS):
             t = start + rnd * DAY / ROUNDS
-            quarantined = {e.device for e in store.quarantine_list() if e.state == "quarantined"}
+            quarantined = {e.device for e in store.quarantine.entries() if e.state == "quarantined"}
             for n, d in enumerate(devices):
                 if d.id in quarantined:
                     continue

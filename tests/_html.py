@@ -25,7 +25,7 @@ def fill_store(store: Store, *, hostile: str = "x") -> None:
     scan(store, "sim:3", clean("sim:3", 30, t=t), host="lemon", t=t)
     scan(store, "sim:4", clean("sim:4", 30, t=t), host=f"good{hostile}", t=t)
     scan(store, "sim:5", clean("sim:5", 30, t=t), host=f"good{hostile}", t=t)
-    store.quarantine("sim:2", reason=f"sticky failure {hostile}", by=f"alice{hostile}", now=NOW - 2 * 3600)
+    store.quarantine.add("sim:2", reason=f"sticky failure {hostile}", by=f"alice{hostile}", now=NOW - 2 * 3600)
     store.training.record_checkpoint(
         checkpoint_id=f"ckpt-100{hostile}", step=100, verified=True, job="4242", now=NOW - 7200
     )

@@ -31,7 +31,7 @@ def list_(fmt: str) -> None:
     Example: sdcguard quarantine list --format json
     """
     with open_store(readonly=True) as store:
-        entries = store.quarantine_list()
+        entries = store.quarantine.entries()
     if fmt == "json":
         click.echo(
             json.dumps(
@@ -86,7 +86,7 @@ def add(device: str, reason: str, new: bool) -> None:
                 what=f"cannot quarantine {device}",
                 hint="; pass --new to quarantine a device no scan has recorded yet",
             )
-        store.quarantine(device, reason=reason, new=new)
+        store.quarantine.add(device, reason=reason, new=new)
     click.echo(f"{device} quarantined")
 
 
@@ -107,7 +107,7 @@ def release(device: str, reason: str) -> None:
                 what=f"cannot release {device}",
                 hint="; `sdcguard quarantine list` shows the quarantined devices",
             )
-        store.release(device, reason=reason)
+        store.quarantine.release(device, reason=reason)
     click.echo(f"{device} released: on probation until enough clean scans")
 
 
@@ -121,7 +121,7 @@ def history(device: str | None, fmt: str) -> None:
     """
     with open_store(readonly=True) as store:
         wanted = device_id(device) if device else None
-        rows = store.quarantine_history(wanted)
+        rows = store.quarantine.history(wanted)
         if wanted is not None and not rows and store.scans.device(wanted) is None:
             raise unknown_device(wanted, [d.id for d in store.scans.devices()], what="no quarantine history")
     if fmt == "json":
@@ -146,7 +146,7 @@ def decisions(since: str, fmt: str) -> None:
 
     start = since_timestamp(since)
     with open_store(readonly=True) as store:
-        rows = store.decisions(since=start)
+        rows = store.quarantine.decisions(since=start)
     if fmt == "json":
         click.echo(
             json.dumps(

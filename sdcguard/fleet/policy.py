@@ -239,7 +239,7 @@ def apply_policy(
         found = _node_candidates(store, policy, t, devices)
     else:
         found, passed = _fleet_rules(store, policy, t, devices, notes, out)
-    recorded = store.record_policy_run(now=t, notes=notes, quarantine=found, passed_probation=passed)
+    recorded = store.quarantine.record_policy_run(now=t, notes=notes, quarantine=found, passed_probation=passed)
     for d in recorded:
         out.decisions.append(d)
         out.reasons.append(d.reason)
@@ -280,7 +280,7 @@ def _fleet_rules(
     found: dict[str, str] = {}
     slow = _slow_rule(store, policy, t, devices, notes)
     if not verdict.trips:
-        states = store.quarantine_states()
+        states = store.quarantine.states()
         found = {
             d: why
             for d, why in {
@@ -292,7 +292,7 @@ def _fleet_rules(
     # Probation: any evidence failure since the release brings the device back into quarantine.
     probation = {
         e.device: e.since
-        for e in store.quarantine_list()
+        for e in store.quarantine.entries()
         if e.state == "probation" and (devices is None or e.device in devices)
     }
     if not verdict.trips:
@@ -322,7 +322,7 @@ def _slow_rule(
         now=t,
         keep=True,
     )
-    noted = {d.device for d in store.decisions(since=since) if d.decision == "slow"}
+    noted = {d.device for d in store.quarantine.decisions(since=since) if d.decision == "slow"}
     drain: dict[str, str] = {}
     for device, v in sorted(verdicts.items()):
         if not v.slow:
@@ -339,7 +339,7 @@ def _run_actions(store: Store, actions: Sequence[ActionTemplate], out: PolicyOut
     # Commands run outside any transaction (a slow kubectl must not hold the store's write lock). Two policy
     # runs at the same moment may both run a pending action: drain/taint/cordon commands are idempotent.
     by_name = {a.name: a for a in actions}
-    for row in store.pending_actions(sorted(by_name), now=t):
+    for row in store.quarantine.pending_actions(sorted(by_name), now=t):
         template = by_name.get(row.action)
         if template is None:
             continue  # a template no longer configured: left pending, not run
@@ -351,7 +351,7 @@ def _run_actions(store: Store, actions: Sequence[ActionTemplate], out: PolicyOut
             "succeeded" if result.ok else f"failed ({status}{result.output.strip()[-200:]}); retried next run"
         )
         decision = Decision(device=row.device, decision=kind, reason=why)
-        store.record_action_attempt(
+        store.quarantine.record_action_attempt(
             row.id,
             argv=result.argv,
             returncode=result.returncode,

@@ -18,7 +18,7 @@ def test_a_copied_store_reports_the_same_and_takes_new_scans(tmp_path: Path, pg_
     with Store.open(path) as store:
         for i in range(3):
             scan(store, f"cpu:n{i}:0", [*clean(f"cpu:n{i}:0", 4), result(f"cpu:n{i}:0", passed=i != 1)])
-        store.quarantine("cpu:n1:0", reason="test", now=NOW)
+        store.quarantine.add("cpu:n1:0", reason="test", now=NOW)
         want = report_json(build_report(store, since=None, now=NOW, families=True))
     url = pg_server.fresh_url()
     p = run_benchmark("copy_to_server.py", str(path), url)

@@ -36,7 +36,7 @@ def db(tmp_path: Path) -> Path:
         scan(store, "sim:1", [*clean("sim:1", 20, t=t), result("sim:1", passed=False, t=t + 30)], t=t)
         scan(store, "sim:2", clean("sim:2", 30, t=t, family="alu"), t=t)
         scan(store, "sim:3", clean("sim:3", 5, t=t), t=t)
-        store.quarantine("sim:3", reason="MCE", by="alice@ops")
+        store.quarantine.add("sim:3", reason="MCE", by="alice@ops")
         store.training.record_incident(
             Incident(
                 kind="replay",
@@ -236,7 +236,7 @@ def test_merge_is_idempotent(tmp_path: Path, db: Path) -> None:
     with Store.open(out, create=False) as s:
         (sc,) = s.scans.history(device="sim:7")
         assert (sc["status"], sc["executions"], sc["failures"]) == ("complete", 4, 1)
-        assert s.quarantine_status("sim:3") == "quarantined"
+        assert s.quarantine.status("sim:3") == "quarantined"
     # Merging a store into itself is refused.
     assert _run("merge", str(out), str(out))[0] == 2
 

@@ -48,7 +48,7 @@ def damaged_db(tmp_path: Path) -> Path:
         store.training.record_incident(
             Incident(kind="replay", step=3, suspect_ranks=(1,), device="sim:1", time=NOW, detail="grads differ")
         )
-        store.quarantine("sim:2", reason="MCE", by="ops")
+        store.quarantine.add("sim:2", reason="MCE", by="ops")
     _damage(path)
     return path
 

@@ -146,7 +146,7 @@ def test_db_after_the_command_says_where_it_goes(args: list[str]) -> None:
 def test_release_of_a_mistyped_id_suggests_the_near_one(tmp_path: Path) -> None:
     db = _store(tmp_path / "s.db")
     with Store.open(db) as store:
-        store.quarantine("sim:1", reason="MCE", by="ops")
+        store.quarantine.add("sim:1", reason="MCE", by="ops")
     r = CliRunner().invoke(cli, ["--db", str(db), "quarantine", "release", "sim:11", "--reason", "fixed"])
     assert r.exit_code == 2
     assert "did you mean sim:1?" in r.stderr and "sim:11 is not a device this store has seen" in r.stderr
@@ -209,7 +209,7 @@ def test_an_action_that_never_ran_says_why_without_a_none(tmp_path: Path) -> Non
         scan(store, "sim:1", [result("sim:1", passed=False, attempt=1, sticky=True)], t=NOW - 50)
         missing = ActionTemplate.from_text("/nonexistent/drain {device}")
         apply_policy(store, QuarantinePolicy(), now=NOW, actions=[missing])
-        reasons = [d.reason for d in store.decisions() if d.decision == "action_failed"]
+        reasons = [d.reason for d in store.quarantine.decisions() if d.decision == "action_failed"]
     assert reasons and all("None" not in r and "cannot run" in r for r in reasons), reasons
 
 

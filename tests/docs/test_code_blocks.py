@@ -86,7 +86,7 @@ def _demo_store(path: Path) -> None:
         for n in (1, 2, 3):
             dev = f"sim:{n}"
             scan(store, dev, [*clean(dev, 5, t=t), *([result(dev, passed=False, t=t + 9)] if n == 2 else [])], t=t)
-        store.quarantine("sim:2", reason="sticky failure", by="policy")
+        store.quarantine.add("sim:2", reason="sticky failure", by="policy")
         store.training.record_incident(
             Incident(kind="replay", step=7, suspect_ranks=(1,), device="sim:2", detail="grads differ", time=t)
         )

@@ -54,7 +54,7 @@ def _fill(path: Path, spec: tuple[list, list, list], tag: str) -> None:
                 checkpoint_id=f"{tag}/step{k}", step=k, verified=k % 2 == 0, job=tag, now=NOW - 40 + k
             )
         for dev in quarantined:
-            store.quarantine(f"sim:{dev}", reason=f"by {tag}", by=tag, now=NOW)
+            store.quarantine.add(f"sim:{dev}", reason=f"by {tag}", by=tag, now=NOW)
 
 
 def _content(path: str | Path) -> dict[str, list[tuple]]:
@@ -261,8 +261,8 @@ def _incremental(
                 )
             elif kind == "quarantine":
                 dev = f"sim:{n}{arg}"
-                if dev not in {e.device for e in s.quarantine_list()}:
-                    s.quarantine(dev, reason="by hand", by="ops", now=tick())
+                if dev not in {e.device for e in s.quarantine.entries()}:
+                    s.quarantine.add(dev, reason="by hand", by="ops", now=tick())
             if merge_after:
                 merge_stores(inc, nodes)
         merge_stores(inc, nodes)

@@ -27,7 +27,7 @@ def store(tmp_path: Path) -> Store:
 
 
 def _decisions(store: Store) -> list[tuple[str | None, str]]:
-    return [(d.device, d.decision) for d in store.decisions()]
+    return [(d.device, d.decision) for d in store.quarantine.decisions()]
 
 
 def test_sticky_failure_quarantines_and_is_recorded(store: Store) -> None:
@@ -36,10 +36,10 @@ def test_sticky_failure_quarantines_and_is_recorded(store: Store) -> None:
     out = apply_policy(store, QuarantinePolicy(), now=NOW)
     assert out.quarantined == ["sim:1"] and not out.breaker_tripped
     assert "sticky" in out.reasons[0]
-    assert store.quarantine_status("sim:1") == "quarantined"
-    assert store.quarantine_status("sim:2", now=NOW) == "healthy"
+    assert store.quarantine.status("sim:1") == "quarantined"
+    assert store.quarantine.status("sim:2", now=NOW) == "healthy"
     assert _decisions(store) == [("sim:1", "quarantine")]
-    (h,) = store.quarantine_history("sim:1")
+    (h,) = store.quarantine.history("sim:1")
     assert h["by"] == "policy" and "sticky" in h["reason"]
     # A second run changes nothing and decides nothing new.
     again = apply_policy(store, QuarantinePolicy(), now=NOW + 1)
@@ -53,7 +53,7 @@ def test_rate_lower_bound_above_threshold_quarantines(store: Store) -> None:
     out = apply_policy(store, now=NOW)
     assert out.quarantined == ["sim:1"]
     assert "lower 95% bound" in out.reasons[0]
-    assert store.quarantine_status("sim:2", now=NOW) == "suspect"
+    assert store.quarantine.status("sim:2", now=NOW) == "suspect"
     # A lower threshold (quicker to quarantine) takes sim:2 too.
     assert apply_policy(store, QuarantinePolicy(rate_threshold=1e-6), now=NOW).quarantined == ["sim:2"]
 
@@ -107,7 +107,7 @@ def test_same_wrong_digest_on_two_devices_trips_the_breaker(store: Store) -> Non
     out = apply_policy(store, now=NOW)
     assert out.breaker_tripped and out.quarantined == []
     assert "same wrong output" in out.reasons[0] and "nobody quarantined" in out.reasons[0]
-    assert store.quarantine_list() == []
+    assert store.quarantine.entries() == []
     assert _decisions(store) == [(None, "breaker")]
     # Operators see it from the CLI too.
     from click.testing import CliRunner
@@ -144,34 +144,34 @@ def test_probation_ends_after_clean_scans_and_a_failure_requarantines(store: Sto
     scan(store, "sim:1", clean("sim:1", 10), t=NOW - 10_000)
     scan(store, "sim:2", clean("sim:2", 10), t=NOW - 10_000)
     for d in ("sim:1", "sim:2"):
-        store.quarantine(d, reason="bad", now=NOW - 9000)
-        store.release(d, reason="fixed", now=NOW - 8000)
+        store.quarantine.add(d, reason="bad", now=NOW - 9000)
+        store.quarantine.release(d, reason="fixed", now=NOW - 8000)
     policy = QuarantinePolicy(probation_clean_scans=3)
     for i in range(2):
         scan(store, "sim:1", clean("sim:1", 10, t=NOW - 7000 + i * 100), t=NOW - 7000 + i * 100)
     assert apply_policy(store, policy, now=NOW).released == []
-    assert store.quarantine_status("sim:1") == "probation"
+    assert store.quarantine.status("sim:1") == "probation"
     scan(store, "sim:1", clean("sim:1", 10, t=NOW - 6000), t=NOW - 6000)
     scan(store, "sim:2", [*clean("sim:2", 5000, t=NOW - 6000), result("sim:2", passed=False, t=NOW - 100)])
     out = apply_policy(store, policy, now=NOW)
     assert out.released == ["sim:1"] and out.quarantined == ["sim:2"]
-    assert store.quarantine_status("sim:1", now=NOW) == "healthy"
-    assert store.quarantine_status("sim:2") == "quarantined"
+    assert store.quarantine.status("sim:1", now=NOW) == "healthy"
+    assert store.quarantine.status("sim:2") == "quarantined"
     assert "probation" in [r for r in out.reasons if r.startswith("sim:2")][0]
-    assert [h["action"] for h in store.quarantine_history("sim:1")] == ["quarantine", "release", "probation_passed"]
+    assert [h["action"] for h in store.quarantine.history("sim:1")] == ["quarantine", "release", "probation_passed"]
 
 
 def test_a_scan_that_executed_nothing_never_counts_toward_probation(store: Store) -> None:
     """A complete scan of zero executions tested nothing: not a clean scan, not a scan in the report, no
     last_scan."""
     scan(store, "sim:1", clean("sim:1", 10), t=NOW - 10_000)
-    store.quarantine("sim:1", reason="bad", now=NOW - 9000)
-    store.release("sim:1", reason="fixed", now=NOW - 8000)
+    store.quarantine.add("sim:1", reason="bad", now=NOW - 9000)
+    store.quarantine.release("sim:1", reason="fixed", now=NOW - 8000)
     for i in range(5):
         scan(store, "sim:1", [], t=NOW - 7000 + i * 100)  # complete, 0 executions
     policy = QuarantinePolicy(probation_clean_scans=3)
     assert apply_policy(store, policy, now=NOW).released == []
-    assert store.quarantine_status("sim:1") == "probation"
+    assert store.quarantine.status("sim:1") == "probation"
     counts = store.counts.scans(since=NOW - 8000)["sim:1"]
     assert counts.complete == 0 and counts.last_complete == NOW - 10_000 + 60
     for i in range(3):
@@ -233,7 +233,7 @@ def test_actions_get_argv_without_a_shell_and_failures_are_retried(store: Store,
     assert argv[3].startswith("Reason=sticky failure") and argv[3].endswith("; rm -rf /")  # one argument, no shell
     assert sorted(out.actions_failed) == [("sim:1", "broken"), ("sim:1", "missing")]
     assert out.actions_ok == [("sim:1", "drain")]
-    attempts = store.action_attempts()
+    attempts = store.quarantine.action_attempts()
     assert sorted((r["action"], r["ok"], r["returncode"]) for r in attempts) == [
         ("broken", 0, 3),
         ("drain", 1, 0),
@@ -291,17 +291,17 @@ def test_policy_invariants(tmp_path_factory: pytest.TempPathFactory, fleet) -> N
             scan(store, d, rows)
         out = apply_policy(store, now=NOW)
         if out.breaker_tripped:
-            assert out.quarantined == [] and store.quarantine_list() == []
+            assert out.quarantined == [] and store.quarantine.entries() == []
             assert any("circuit breaker" in r for r in out.reasons)
-        decided = {d.device: d.reason for d in store.decisions() if d.decision == "quarantine"}
+        decided = {d.device: d.reason for d in store.quarantine.decisions() if d.decision == "quarantine"}
         assert set(decided) == set(out.quarantined)
         assert all(decided[d] for d in decided)
-        assert {e.device for e in store.quarantine_list()} == set(out.quarantined)
+        assert {e.device for e in store.quarantine.entries()} == set(out.quarantined)
         for d in out.quarantined:
-            assert [h["action"] for h in store.quarantine_history(d)] == ["quarantine"]
+            assert [h["action"] for h in store.quarantine.history(d)] == ["quarantine"]
         again = apply_policy(store, now=NOW + 1)
         assert again.quarantined == [] and again.breaker_tripped == out.breaker_tripped
-        assert {e.device for e in store.quarantine_list()} == set(out.quarantined)
+        assert {e.device for e in store.quarantine.entries()} == set(out.quarantined)
 
 
 def test_failures_blamed_on_the_suite_are_never_evidence_later(store: Store) -> None:

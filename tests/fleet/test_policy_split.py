@@ -128,7 +128,7 @@ def test_incidents_naming_two_of_three_devices_quarantine_nobody(store: Store) -
     assert out.training_breaker_jobs == ["job-1"]
     (note,) = [d for d in out.decisions if d.decision == "training_breaker"]
     assert "named 3 distinct devices" in note.reason and "nobody quarantined" in note.reason
-    assert [d.decision for d in store.decisions()] == ["training_breaker"]
+    assert [d.decision for d in store.quarantine.decisions()] == ["training_breaker"]
 
 
 def test_a_device_named_alone_again_and_again_is_quarantined(store: Store) -> None:
@@ -212,7 +212,7 @@ def test_an_unresolved_incident_shows_every_suspect_as_suspect_and_quarantines_n
     """Two devices disagree and nothing decides: neither is counted alone, both show as suspects in the report."""
     store.training.record_incident(_incident((0, 1), step=3, kind="unresolved"))
     store.training.record_incident(_incident((2,), step=4, kind="nondeterministic"))
-    statuses = store.statuses(suspect_since=NOW - 86400)
+    statuses = store.quarantine.statuses(suspect_since=NOW - 86400)
     assert statuses["sim:0"] == statuses["sim:1"] == "suspect"
     assert statuses.get("sim:2", "healthy") == "healthy"
     assert apply_policy(store, now=NOW).quarantined == []

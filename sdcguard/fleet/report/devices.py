@@ -196,7 +196,7 @@ def build_report(
         blamed = suite_blamed_devices(store, breaker or QuarantinePolicy(), since=suspect_start or 0.0, now=t)
         # Cleared only when the rows hold every failure the rates count (none sits in a pruned day's roll-up).
         failing -= {d for d, n in blamed.items() if counted.get(d, n) == n}
-    statuses = store.statuses(suspect_since=suspect_start, devices=[d.id for d in known], failing=failing)
+    statuses = store.quarantine.statuses(suspect_since=suspect_start, devices=[d.id for d in known], failing=failing)
     slowness = fleet_slowness(
         store,
         since=suspect_start,

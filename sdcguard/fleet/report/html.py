@@ -289,7 +289,7 @@ def build_html(
     operator wrote it (``7d``, ``all``), for the heading. ``slow_max_age_s``: as :func:`~.devices.build_report`'s."""
     t = time.time() if now is None else now
     rows = build_report(store, since=since, confidence=confidence, slow=slow, now=t, slow_max_age_s=slow_max_age_s)
-    history = store.quarantine_history()
+    history = store.quarantine.history()
     incidents = store.training.incidents(since=since)
     bins = _page_bins(store, since, t, history, incidents)
     hosts = {r.device: r.host for r in rows}

@@ -260,7 +260,7 @@ def kept_lines(
     if failing:
         blamed = suite_blamed_devices(store, breaker or QuarantinePolicy(), since=since or 0.0, now=t)
         failing -= {d for d, n in blamed.items() if d in failing and kept.failures[index[d]] == n}
-    statuses = store.statuses(suspect_since=since, devices=[kept.devices[i] for i in same], failing=failing)
+    statuses = store.quarantine.statuses(suspect_since=since, devices=[kept.devices[i] for i in same], failing=failing)
     n, off, body = len(kept.devices), kept.offsets, kept.body
     for i in same:
         d = kept.devices[i]

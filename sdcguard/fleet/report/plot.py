@@ -70,7 +70,7 @@ def plot_rates(
     t = time.time() if now is None else now
     window = plot_window(since, store.counts.first_execution(), t)
     start, width, unit_s = window.start, window.width_s, window.unit_s
-    states = store.quarantine_states()
+    states = store.quarantine.states()
     if devices is None:
         picked = store.failures.most_failing(since=start, limit=_MAX_DEVICES)
         picked += [d for d in sorted(states) if d not in picked][: max(0, _MAX_DEVICES - len(picked))]
@@ -86,7 +86,7 @@ def plot_rates(
             xs, ys = series.setdefault(p.device or "", ([], []))
             xs.append((start + (p.bin + 0.5) * width - t) / unit_s)
             ys.append(p.failures / p.executions if p.executions else 0.0)
-        since_q = {e.device: e.since for e in store.quarantine_list()}
+        since_q = {e.device: e.since for e in store.quarantine.entries()}
         for dev in picked:
             xs, ys = series.get(dev, ([], []))
             state = states.get(dev)

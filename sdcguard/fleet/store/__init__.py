@@ -4,6 +4,6 @@
 in its transaction (:mod:`.writes`), a server store's writers and their spool (:mod:`.spool`) and what reads return
 (:mod:`.rows`)."""
 
-from .store import QuarantineEntry, Store, default_actor
+from .store import Store
 
-__all__ = ["Store", "QuarantineEntry", "default_actor"]
+__all__ = ["Store"]

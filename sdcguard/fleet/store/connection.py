@@ -12,6 +12,7 @@ from typing import Any, Literal, Self
 from .core import BUSY_TIMEOUT_S, StoreCore, open_backend
 from .counts import Counts
 from .failures import Failures
+from .quarantine import Quarantine
 from .scans import Scans
 from .summaries import Summaries
 from .training import Training
@@ -36,6 +37,9 @@ class StoreBase:
         """Devices, scans and their results (:class:`~.scans.Scans`)."""
         self.training = Training(core)
         """Incidents, checkpoints and scrubs (:class:`~.training.Training`)."""
+        self.quarantine = Quarantine(core, failures=self.failures, training=self.training)
+        """Quarantine, probation, the policy's decisions and actions, devices' statuses
+        (:class:`~.quarantine.Quarantine`)."""
         self.summaries = Summaries(core)
         """Kept summaries and the devices' versions (:class:`~.summaries.Summaries`)."""
 

@@ -116,7 +116,7 @@ class Decision:
     ``slow`` (a device slower than its peers: a finding, not a quarantine)."""
     reason: str
     time: float | None = None
-    """When it was recorded (filled in by :meth:`Store.decisions`)."""
+    """When it was recorded (filled in by :meth:`~.quarantine.Quarantine.decisions`)."""
 
 
 @dataclass(frozen=True, kw_only=True)

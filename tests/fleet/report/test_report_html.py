@@ -64,7 +64,7 @@ def test_every_string_from_the_store_is_escaped(store: Store) -> None:
     fill_store(store, hostile=HOSTILE)
     odd = f"GPU-{HOSTILE}"  # a device id from another tool: recorded as it is, drawn everywhere a device is
     scan(store, odd, [*clean(odd, 5, t=NOW - 600), result(odd, passed=False, t=NOW - 590)], host="lemon", t=NOW - 600)
-    store.quarantine(odd, reason="by hand", now=NOW - 300)
+    store.quarantine.add(odd, reason="by hand", now=NOW - 300)
     page = _page(store)
     assert page.count("GPU-&lt;script&gt;") >= 5  # sparkline row, table, timeline label and tip, history
     assert "alert('x')" not in page and "<script>alert" not in page
@@ -91,8 +91,8 @@ def test_a_year_of_roll_ups_is_binned_by_week_and_every_execution_is_in_a_bin(tm
                 dev = f"sim:{d}"
                 fail = [result(dev, passed=False, t=t + 9)] if d == 0 and day % 30 == 0 else []
                 scan(store, dev, [*clean(dev, 3, t=t), *fail], host=f"node{d // 2}", t=t)
-        store.quarantine("sim:0", reason="rate", now=start + 200 * DAY)
-        store.release("sim:0", reason="board replaced", now=start + 220 * DAY)
+        store.quarantine.add("sim:0", reason="rate", now=start + 200 * DAY)
+        store.quarantine.release("sim:0", reason="board replaced", now=start + 220 * DAY)
         store.prune(before=NOW - 30 * DAY)
         page = _page(store, since=None)
         total = sum(r.overall.executions for r in build_report(store, since=None))
@@ -116,7 +116,7 @@ def test_a_large_fleet_gives_a_bounded_page(store: Store) -> None:
             # breaker's rule), and the report no longer calls such devices suspect.
             wrong = result(dev, passed=False, case=f"alu.u32.c{n + k}", t=t + 20)
             scan(store, dev, [*clean(dev, 10, t=t), wrong], host=hosts[n + k], t=t)
-        store.quarantine(f"sim:{n}", reason="sticky", now=t + 100)
+        store.quarantine.add(f"sim:{n}", reason="sticky", now=t + 100)
     for i in range(300):
         store.training.record_incident(
             Incident(kind="replay", step=i, suspect_ranks=(0,), device="sim:0", detail="d" * 80, time=NOW - 3000 + i)

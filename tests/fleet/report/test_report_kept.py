@@ -76,7 +76,7 @@ def test_a_kept_report_computes_only_the_changed_devices_and_equals_the_computed
             assert kept is not None and kept.json() == computed
             assert _computed_rows(kept) == 0
         _scan(store, DEVICES[0], NOW + 120)  # one device scans: only its row is computed
-        store.quarantine(DEVICES[1], reason="by hand", now=NOW + 130)  # a status changes: its kept text is patched
+        store.quarantine.add(DEVICES[1], reason="by hand", now=NOW + 130)  # a status changes: its kept text is patched
         kept, computed = _both(store, NOW + 200 - 2 * DAY_S, NOW + 200)
         assert kept is not None and kept.json() == computed
         assert _computed_rows(kept) == 1
@@ -219,10 +219,10 @@ def test_the_report_from_a_kept_one_is_the_computed_report_under_any_interleavin
                 clock += op[1] * 60
             elif op[0] == "refresh":
                 _refresh(store, clock)
-            elif op[0] == "quarantine" and store.quarantine_status(op[1], now=clock) != "quarantined":
-                store.quarantine(op[1], reason="test", now=clock)
-            elif op[0] == "release" and store.quarantine_status(op[1], now=clock) == "quarantined":
-                store.release(op[1], reason="test", now=clock)
+            elif op[0] == "quarantine" and store.quarantine.status(op[1], now=clock) != "quarantined":
+                store.quarantine.add(op[1], reason="test", now=clock)
+            elif op[0] == "release" and store.quarantine.status(op[1], now=clock) == "quarantined":
+                store.quarantine.release(op[1], reason="test", now=clock)
             elif op[0] == "incident":
                 kind = SLOW_KIND if op[2] else "replay"
                 store.training.record_incident(

@@ -214,7 +214,7 @@ def test_two_policy_runs_at_once_quarantine_once(new_store: Callable[[str], str]
     def run() -> None:
         with Store.open(url) as s:
             start.wait()
-            decided.append(len(s.record_policy_run(now=START, quarantine={"sim:3": "sticky failure"})))
+            decided.append(len(s.quarantine.record_policy_run(now=START, quarantine={"sim:3": "sticky failure"})))
 
     threads = [threading.Thread(target=run) for _ in range(8)]
     for t in threads:
@@ -223,8 +223,8 @@ def test_two_policy_runs_at_once_quarantine_once(new_store: Callable[[str], str]
         t.join(60)
     assert sorted(decided) == [0] * 7 + [1]
     with Store.open(url) as s:
-        assert [h["action"] for h in s.quarantine_history("sim:3")] == ["quarantine"]
-        assert len(s.decisions()) == 1
+        assert [h["action"] for h in s.quarantine.history("sim:3")] == ["quarantine"]
+        assert len(s.quarantine.decisions()) == 1
 
 
 def test_a_writer_role_writes_scans_and_incidents_but_deletes_nothing(pg_server: PostgresServer) -> None:

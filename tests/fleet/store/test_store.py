@@ -164,28 +164,28 @@ def test_reap_marks_stale_running_scans_interrupted(store_db: str) -> None:
         status = {s["id"]: s["status"] for s in store.scans.history()}
         assert status == {old: "interrupted", fresh: "running"}
         # The failure found before the scanner died still counts.
-        assert store.quarantine_status("sim:1", now=NOW) == "suspect"
+        assert store.quarantine.status("sim:1", now=NOW) == "suspect"
 
 
 def test_quarantine_round_trip_with_history(store_db: str) -> None:
     with Store.open(store_db) as store:
         scan(store, "sim:1", [result("sim:1")])
-        assert store.quarantine_status("sim:1", now=NOW) == "healthy"
-        store.quarantine("sim:1", reason="MCE in dmesg", by="alice@ops", now=NOW)
-        assert store.quarantine_status("sim:1") == "quarantined"
+        assert store.quarantine.status("sim:1", now=NOW) == "healthy"
+        store.quarantine.add("sim:1", reason="MCE in dmesg", by="alice@ops", now=NOW)
+        assert store.quarantine.status("sim:1") == "quarantined"
         with pytest.raises(BadInput, match="already quarantined"):
-            store.quarantine("sim:1", reason="again")
-        store.release("sim:1", reason="board swapped", by="bob@ops", now=NOW + 10)
-        assert store.quarantine_status("sim:1") == "probation"
+            store.quarantine.add("sim:1", reason="again")
+        store.quarantine.release("sim:1", reason="board swapped", by="bob@ops", now=NOW + 10)
+        assert store.quarantine.status("sim:1") == "probation"
         with pytest.raises(BadInput, match="not quarantined"):
-            store.release("sim:1", reason="twice")
-        hist = store.quarantine_history("sim:1")
+            store.quarantine.release("sim:1", reason="twice")
+        hist = store.quarantine.history("sim:1")
         assert [(h["action"], h["by"], h["reason"], h["time"]) for h in hist] == [
             ("quarantine", "alice@ops", "MCE in dmesg", NOW),
             ("release", "bob@ops", "board swapped", NOW + 10),
         ]
         with pytest.raises(BadInput, match="reason"):
-            store.quarantine("sim:2", reason="  ")
+            store.quarantine.add("sim:2", reason="  ")
 
 
 # ---------------------------------------------------------------- refusing bad files, untouched

@@ -84,7 +84,7 @@ def test_a_nondeterministic_model_trains_on_and_blames_no_device(tmp_path: Path,
         incidents = store.training.incidents()
         assert [i.kind for i in incidents] == ["nondeterministic"]
         outcome = apply_policy(store, QuarantinePolicy())
-        assert not outcome.quarantined and not store.quarantine_list()
+        assert not outcome.quarantined and not store.quarantine.entries()
 
 
 @pytest.mark.slow
