@@ -69,7 +69,7 @@ def copy_store(source: Path, url: str) -> None:
             pg.commit()
     with Store.open(url) as store:
         t = time.perf_counter()
-        store.vacuum()
+        store.maintenance.vacuum()
         print(f"VACUUM (ANALYZE): {time.perf_counter() - t:.1f} s")
 
 

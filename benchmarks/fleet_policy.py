@@ -153,7 +153,7 @@ def _run(args: tuple[str, str, dict[str, Any], dict[str, Any]]) -> dict[str, Any
         for day in range(days):
             run.day(day, bad_case=bad_case if scenario == "bad" and day == bad_day else None)
         with Store.open(run.fleet_store, create=False) as store:
-            rows, scans = store.row_count("results"), store.row_count("scans")
+            rows, scans = store.maintenance.row_count("results"), store.maintenance.row_count("scans")
         out = {
             "scenario": scenario,
             "policy": name,

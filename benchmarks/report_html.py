@@ -62,8 +62,8 @@ def build_store(path: Path, *, devices: int, days: int, keep_days: int, now: flo
                     )
             apply_policy(store, QuarantinePolicy(), now=t + 7200.0)
             if day + 1 > keep_days:
-                store.prune(before=t + DAY - keep_days * DAY)
-        store.vacuum()
+                store.maintenance.prune(before=t + DAY - keep_days * DAY)
+        store.maintenance.vacuum()
 
 
 def _timed(fn: object) -> tuple[object, float, float]:
@@ -74,9 +74,10 @@ def _timed(fn: object) -> tuple[object, float, float]:
 
 def measure(path: Path, now: float) -> None:
     with Store.open(path, create=False) as store:
+        count = store.maintenance.row_count
         print(
-            f"store {path.stat().st_size / 1e6:.0f} MB: {store.row_count('devices'):,} devices, "
-            f"{store.row_count('results'):,} result rows, {store.row_count('rollups'):,} roll-up rows"
+            f"store {path.stat().st_size / 1e6:.0f} MB: {count('devices'):,} devices, "
+            f"{count('results'):,} result rows, {count('rollups'):,} roll-up rows"
         )
         print(f"{'':40}{'wall':>9}{'CPU':>9}{'page':>10}")
         for label, since in (("7d", now - 7 * DAY), ("30d", now - 30 * DAY), ("all", None)):

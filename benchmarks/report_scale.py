@@ -201,7 +201,7 @@ def _run(args: argparse.Namespace, base: Path, fleet_db: Any) -> None:
         return
     stats, t_merge, c_merge = _timed(lambda: merge_stores(fleet_db, node_paths))
     with Store.open(fleet_db, create=False, readonly=True) as store:
-        merged_rows, t_count0, c_count0 = _timed(lambda: store.row_count("results"))
+        merged_rows, t_count0, c_count0 = _timed(lambda: store.maintenance.row_count("results"))
     print(
         f"1. {len(node_paths):,} node stores of {args.merge_days} days ({scans:,} scans of {len(DEFAULT_CASES)} "
         f"cases, recorded in {build_nodes:.0f} s on {args.workers} processes), merged into an empty fleet store:"
@@ -231,7 +231,7 @@ def _run(args: argparse.Namespace, base: Path, fleet_db: Any) -> None:
         for day in range(args.merge_days + 1, args.days):
             scans += _scan_day(store, fleet, p, list(range(fleet.devices)), start + day * DAY, rng)
             w = time.perf_counter()
-            store.prune(before=start + (day + 1 - args.keep_days) * DAY)
+            store.maintenance.prune(before=start + (day + 1 - args.keep_days) * DAY)
             t_prune += time.perf_counter() - w
             if (day + 1) % 30 == 0:
                 print(
@@ -239,7 +239,7 @@ def _run(args: argparse.Namespace, base: Path, fleet_db: Any) -> None:
                     file=sys.stderr,
                     flush=True,
                 )
-        store.vacuum()
+        store.maintenance.vacuum()
     year = time.perf_counter() - t0
     now = start + args.days * DAY
     print(
@@ -250,8 +250,8 @@ def _run(args: argparse.Namespace, base: Path, fleet_db: Any) -> None:
     _measure(fleet_db, now, args.keep_days)
     for keep in args.then_keep:
         with Store.open(fleet_db) as store:
-            store.prune(before=now - keep * DAY)
-            store.vacuum()
+            store.maintenance.prune(before=now - keep * DAY)
+            store.maintenance.vacuum()
         print(f"\n3. the same store pruned further, to {keep} days of rows:")
         _measure(fleet_db, now, keep)
 
@@ -262,7 +262,7 @@ def _via_file(file_db: Path, fleet_db: Any, node_paths: list[Path], scans: int, 
     stats, t_merge, c_merge = _timed(lambda: merge_stores(file_db, node_paths))
     (load,), t_load, c_load = _timed(lambda: merge_stores(fleet_db, [file_db]))
     with Store.open(fleet_db, create=False, readonly=True) as store:
-        rows, t_count, c_count = _timed(lambda: store.row_count("results"))
+        rows, t_count, c_count = _timed(lambda: store.maintenance.row_count("results"))
     print(
         f"1. {len(node_paths):,} node stores of {args.merge_days} days ({scans:,} scans of {len(DEFAULT_CASES)} "
         f"cases, recorded in {build_s:.0f} s on {args.workers} processes), merged into a fleet file, the file "
@@ -308,10 +308,11 @@ def _size(fleet_db: Any) -> int:
 def _measure(fleet_db: Any, now: float, keep: int) -> None:
     size = _size(fleet_db)
     with Store.open(fleet_db, create=False, readonly=True) as store:
-        rows, t_count, c_count = _timed(lambda: store.row_count("results"))
+        count = store.maintenance.row_count
+        rows, t_count, c_count = _timed(lambda: count("results"))
         print(
             f"store: {size / 1e6:.0f} MB; {rows:,} result rows (the last {keep} days), "
-            f"{store.row_count('scans'):,} scans, {store.row_count('rollups'):,} daily roll-up rows; load average "
+            f"{count('scans'):,} scans, {count('rollups'):,} daily roll-up rows; load average "
             f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
         )
         print(f"{'':48}{'wall':>9}{'CPU':>9}")

@@ -136,7 +136,7 @@ def main() -> None:
             with Store.open(db) as s:
                 (t,) = s.counts.tallies(by="family")
                 assert t.executions == n, (t.executions, n)  # nothing lost, nothing twice
-                rows = s.row_count("results")
+                rows = s.maintenance.row_count("results")
             print(
                 f"{backend:10} {n:,} results ({rows:,} rows) in {wall:.2f} s: {n / wall:,.0f} results/s, "
                 f"{args.writers * args.scans * args.batches / wall:,.0f} transactions/s; load average "

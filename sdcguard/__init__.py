@@ -87,7 +87,7 @@ MOVED: dict[str, str] = {
     "sdcguard.training.local_ranks": "sdcguard.testing.ranks",
     "sdcguard.fleet.schema": "sdcguard.fleet.store.schema.migrations",
     "sdcguard.fleet.connection": "sdcguard.fleet.store.core",
-    "sdcguard.fleet.queries": "sdcguard.fleet.store.queries",
+    "sdcguard.fleet.queries": "sdcguard.fleet.store.counts",
     "sdcguard.fleet.rows": "sdcguard.fleet.store.rows",
     "sdcguard.fleet.maintenance": "sdcguard.fleet.store.maintenance",
     "sdcguard.fleet.case_queries": "sdcguard.fleet.store.counts",

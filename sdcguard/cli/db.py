@@ -35,7 +35,7 @@ def init() -> None:
     with open_store(create=True) as store:
         if store.backend != "postgresql":
             raise BadInput(f"{store.path} is a SQLite file: `db init` sets up a store on a PostgreSQL server")
-        click.echo(f"fleet store ready in {store.path} (store id {store.store_id})")
+        click.echo(f"fleet store ready in {store.path} (store id {store.maintenance.store_id})")
 
 
 @db.command("refresh")
@@ -98,7 +98,7 @@ def grant(role: str, reader: bool, print_only: bool) -> None:
     Example: sdcguard --db postgresql://db.example/sdcguard db grant scanner
     """
     with open_store(create=False) as store:
-        statements = store.grant(role, "reader" if reader else "writer", run=not print_only)
+        statements = store.maintenance.grant(role, "reader" if reader else "writer", run=not print_only)
     for statement in statements:
         click.echo(statement + ";")
     if not print_only:

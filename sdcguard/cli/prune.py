@@ -38,9 +38,9 @@ def prune(before: str, vacuum: bool) -> None:
             f"--before {before} is shorter than {days}: the policy's window needs every row of the last {days}"
         )
     with open_store() as store:
-        stats = store.prune(before=time.time() - seconds)
+        stats = store.maintenance.prune(before=time.time() - seconds)
         if vacuum:
-            store.vacuum()
+            store.maintenance.vacuum()
 
     click.echo(
         f"rolled up {stats.scans} scans ({stats.results} rows) started before {iso_utc(stats.before)} into "

@@ -1,7 +1,7 @@
 """``sdcguard merge``: per-node stores into one fleet store, incrementally and idempotently.
 
-Each input is checked (read-only) first: missing, not a store, or of another schema version is refused before
-anything is written. Then each is merged in its own transaction by :meth:`sdcguard.fleet.store.store.Store.merge_from`,
+Each input is checked (read-only) first: missing, not a store, or of another schema version is refused before anything
+is written. Then each is merged in its own transaction by :meth:`sdcguard.fleet.store.maintenance.Maintenance.merge`,
 which takes only what is new in it since its last merge (see :mod:`sdcguard.fleet.store.maintenance`).
 
 An input may be a directory: every ``*.db`` file in it is an input (the scanner's node stores, the training
@@ -48,4 +48,4 @@ def merge_stores(out: str | Path, inputs: Sequence[Path], *, full: bool = False)
             raise BadInput(f"cannot merge {p} into itself")
         check_merge_input(Path(p))
     with Store.open(out, create=True) as store:
-        return [store.merge_from(Path(p), full=full) for p in inputs]
+        return [store.maintenance.merge(Path(p), full=full) for p in inputs]

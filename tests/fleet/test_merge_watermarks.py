@@ -69,7 +69,7 @@ def test_a_merge_after_a_node_prune_takes_the_scans_that_reused_old_ids(tmp_path
     (first,) = merge_stores(fleet, [node])
     assert first.scans == 3 and first.rewound == ()
     with Store.open(node) as s:
-        assert s.prune(before=NOW - 10 * DAY).scans == 3
+        assert s.maintenance.prune(before=NOW - 10 * DAY).scans == 3
     _scan(node, "sim:1", 7, NOW - DAY)
     with Store.open(node) as s:
         assert [r["id"] for r in s.scans.history()] == [1]  # the id of a scan the fleet already has
@@ -115,7 +115,7 @@ def test_the_merge_says_when_an_input_went_backwards(tmp_path: Path) -> None:
     _scan(node, "sim:1", 2, NOW - 20 * DAY)
     merge_stores(fleet, [node])
     with Store.open(node) as s:
-        s.prune(before=NOW - 10 * DAY)
+        s.maintenance.prune(before=NOW - 10 * DAY)
     _scan(node, "sim:1", 2, NOW - DAY)
     out = CliRunner().invoke(cli, ["merge", str(fleet), str(node)])
     assert out.exit_code == 0, out.output
@@ -207,7 +207,7 @@ def test_the_fleet_holds_every_count_the_nodes_recorded(tmp_path_factory: pytest
                 m.incidents.add(c.execute("SELECT uuid FROM incidents WHERE id = ?", (iid,)).fetchone()[0])
         elif kind == "prune" and path.exists():
             with Store.open(path) as s:
-                horizon = s.prune(before=clock[0] - size * DAY).before  # size 0: every scan before today
+                horizon = s.maintenance.prune(before=clock[0] - size * DAY).before  # size 0: every scan before today
             m.scans = {u: v for u, v in m.scans.items() if v[2] >= horizon}
         elif kind == "merge":
             merge()

@@ -271,7 +271,7 @@ def _page_bins(
     start = max(min(first), since) if since is not None else min(first)
     if start >= now:
         start = now - 60.0
-    return choose_bins(start, now, whole_days_before=store.pruned_before)
+    return choose_bins(start, now, whole_days_before=store.maintenance.pruned_before)
 
 
 def build_html(

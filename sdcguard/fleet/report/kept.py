@@ -151,7 +151,7 @@ def keep_report(
         "at": now,
         "window_s": window_s,
         "first_day": first_day(since),
-        "pruned_before": store.pruned_before,
+        "pruned_before": store.maintenance.pruned_before,
         "devices": [r.device for r in rows],
         "versions": _pack([versions.get(r.device, -1) for r in rows], "<i8"),
         "failures": _pack([r.overall.failures for r in rows], "<i8"),
@@ -189,7 +189,7 @@ def _read(
         at = float(head["at"])
         if not 0 <= now - at <= max_age_s or head["first_day"] != first_day(since):
             return None  # too old, or the window's first day moved: its whole days are others
-        if head["pruned_before"] != store.pruned_before:
+        if head["pruned_before"] != store.maintenance.pruned_before:
             return None
         devices = list(head["devices"])
         n = len(devices)

@@ -44,11 +44,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ...durations import DAY_S as _DAY_S
 from ...errors import BadInput
-from .connection import StoreBase
+from .core import StoreCore
 from .rows import MergeStats, PruneStats
 from .schema.tables import COUNTED_SCAN
 from .sqlite.files import read_only_uri
@@ -64,59 +64,66 @@ from .writes.merging import (
 )
 from .writes.tallies import ADD_TALLIES, FAMILIES, apply_deltas, running_tables, thin_case_tallies
 
-__all__ = ["StoreMaintenance"]
+__all__ = ["Maintenance"]
 
 
-class StoreMaintenance(StoreBase):
-    """Merge and prune (part of :class:`sdcguard.fleet.store.store.Store`)."""
+class Maintenance:
+    """Merge, prune, vacuum, roles, a spool's mark, and the store's identity and horizon.
 
-    def merge_from(self, path: Path, *, full: bool = False) -> MergeStats:
+    Args:
+        core: the store's core (:class:`~.core.StoreCore`).
+    """
+
+    def __init__(self, core: StoreCore) -> None:
+        self._core = core
+
+    def merge(self, path: Path, *, full: bool = False) -> MergeStats:
         """Merge the store at ``path`` (a SQLite file, checked by :func:`~.sqlite.files.check_merge_input`) into this
         one: read through ``ATTACH`` into a SQLite store, copied into temporary tables of the same transaction
         (:mod:`.postgres.transfer`: only what the watermarks let through) into a PostgreSQL store."""
-        if self.backend == "postgresql":
+        if self._core.kind == "postgresql":
             from .postgres.transfer import copy_merge_input
 
-            with self._write() as conn:
-                copy_merge_input(conn, Path(path), full=full, lock=self._backend.lock)
+            with self._core.write() as conn:
+                copy_merge_input(conn, Path(path), full=full, lock=self._core.backend.lock)
                 stats = self._merge_attached(str(path), full=full)
-            self._backend.refresh_statistics()
+            self._core.backend.refresh_statistics()
             return stats
-        conn = self._conn
+        conn = self._core.backend.conn
         conn.execute("ATTACH DATABASE ? AS src", (read_only_uri(Path(path)),))
         try:
-            with self._write():
+            with self._core.write():
                 return self._merge_attached(str(path), full=full)
         finally:
             conn.execute("DETACH DATABASE src")
 
     def _merge_attached(self, path: str, *, full: bool) -> MergeStats:
-        conn = self._conn
+        conn = self._core.backend.conn
         source = conn.execute("SELECT value FROM src.meta WHERE key = 'store_id'").fetchone()[0]
-        self._backend.lock("source", [source])  # one merge of an input at a time (a spool forwarded twice at once)
+        self._core.backend.lock("source", [source])  # one merge of an input at a time (a spool forwarded twice at once)
         after, remembered, reopened = read_mark(conn, source, full=full)
         rewound = check_marks(conn, after, remembered)
-        horizon = self.pruned_before or float("-inf")
+        horizon = self._core.pruned_before or float("-inf")
         # the input's devices before their rows: a scan writing one of them directly waits here, not in a circle;
         # their versions move only where the merge changes them (a new identity here, merged scans below)
-        self._lock_devices((r[0] for r in conn.execute("SELECT id FROM src.devices").fetchall()), changed=False)
-        self._lock_devices(identities_changing(conn))
+        self._core.lock_devices((r[0] for r in conn.execute("SELECT id FROM src.devices").fetchall()), changed=False)
+        self._core.lock_devices(identities_changing(conn))
         devices = merge_devices(conn)
         new_scans, results, skipped, late = merge_scans(
             conn,
             after["scans"],
             reopened,
             horizon,
-            self._lock_devices,
+            self._core.lock_devices,
             late_ok=not full and "scans" not in rewound,
-            analyze=self._backend.analyze,
+            analyze=self._core.backend.analyze,
         )
         for day in late:  # what the merge brought from before the horizon goes to the roll-ups at once
             _prune_day(conn, day * _DAY_S, min((day + 1) * _DAY_S, horizon))
         if late:
             set_meta(conn, "rollup_last_day", int(conn.execute("SELECT MAX(day) FROM rollups").fetchone()[0]))
             thin_case_tallies(conn, horizon)
-        self._backend.lock("quarantine")  # the merged history replays the quarantine state
+        self._core.backend.lock("quarantine")  # the merged history replays the quarantine state
         incidents, history = merge_appended(
             conn, after["incidents"], after["quarantine_history"], after["policy_decisions"], after["action_attempts"]
         )
@@ -137,16 +144,16 @@ class StoreMaintenance(StoreBase):
         daily roll-ups and delete its rows; returns what was done. Scans still ``running`` are left alone;
         ``interrupted`` ones are final by then and go like the others (their executions count, as everywhere).
         The case tallies still count the rows deleted (:func:`thin_case_tallies`)."""
-        spool_for = self._meta("spool_for")
+        spool_for = self._core.meta("spool_for")
         if spool_for is not None:
             raise BadInput(
-                f"{self.path} is the spool of {spool_for}: it holds what an outage kept from the server and is "
+                f"{self._core.path} is the spool of {spool_for}: it holds what an outage kept from the server and is "
                 "never pruned; send it with `sdcguard forward` (the server is where old scans are pruned)"
             )
         horizon = math.floor(before / _DAY_S) * _DAY_S
         days = [
             int(r[0])
-            for r in self._rows(
+            for r in self._core.rows(
                 f"SELECT DISTINCT CAST(started_at / {_DAY_S} AS INTEGER) FROM scans WHERE started_at < ? "
                 "AND status != 'running' ORDER BY 1",
                 (horizon,),
@@ -155,24 +162,69 @@ class StoreMaintenance(StoreBase):
         scans = results = rollup_rows = 0
         for day in days:
             lo, hi = day * _DAY_S, min((day + 1) * _DAY_S, horizon)
-            with self._write() as conn:
-                self._backend.lock("tallies")  # every other writer waits (they take it shared)
+            with self._core.write() as conn:
+                self._core.backend.lock("tallies")  # every other writer waits (they take it shared)
                 s, r, n = _prune_day(conn, lo, hi)
                 scans, results, rollup_rows = scans + s, results + r, rollup_rows + n
                 last = conn.execute("SELECT MAX(day) FROM rollups").fetchone()[0]
                 if last is not None:
                     set_meta(conn, "rollup_last_day", int(last))
-                set_meta(conn, "pruned_before", max(hi, float(self._meta("pruned_before") or hi)))
-        with self._write() as conn:
-            self._backend.lock("tallies")
+                set_meta(conn, "pruned_before", max(hi, float(self._core.meta("pruned_before") or hi)))
+        with self._core.write() as conn:
+            self._core.backend.lock("tallies")
             if not days:
-                set_meta(conn, "pruned_before", max(horizon, float(self._meta("pruned_before") or horizon)))
-            thin_case_tallies(conn, float(self._meta("pruned_before") or horizon))
+                set_meta(conn, "pruned_before", max(horizon, float(self._core.meta("pruned_before") or horizon)))
+            thin_case_tallies(conn, float(self._core.meta("pruned_before") or horizon))
         return PruneStats(before=horizon, scans=scans, results=results, rollup_rows=rollup_rows)
 
     def vacuum(self) -> None:
         """Rewrite the file without its free pages (after a prune or a migration that folded many rows)."""
-        self._backend.vacuum()
+        self._core.backend.vacuum()
+
+    def mark_spool(self, server: str) -> None:
+        """Mark this (SQLite) store as the spool of the server store ``server`` (its URL, which holds no
+        password): :meth:`prune` then refuses it (:mod:`.spool`)."""
+        if self.spool_for != server:
+            with self._core.write() as conn:
+                conn.execute(
+                    "INSERT INTO meta(key, value) VALUES ('spool_for', ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (server,),
+                )
+
+    @property
+    def spool_for(self) -> str | None:
+        """The server store this store is the spool of (None: it is none)."""
+        return self._core.meta("spool_for")
+
+    def grant(self, role: str, kind: str = "writer", *, run: bool = True) -> list[str]:
+        """Grant the server role ``role`` what a scan node or job (``writer``) or a reader needs on this store
+        (:mod:`.postgres.roles`); ``run`` False only says how. Returns the SQL statements."""
+        if self._core.kind != "postgresql":
+            raise BadInput(f"{self._core.path} is a SQLite file: its access is the file's permissions, not roles")
+        from .postgres.roles import grant
+
+        with self._core.write() as conn:
+            return grant(conn, role, kind, run=run)  # type: ignore[arg-type]  # checked there
+
+    def row_count(self, table: Literal["results", "scans", "devices", "incidents", "rollups"]) -> int:
+        """``SELECT COUNT(*)`` of one table: the floor every aggregation is measured against."""
+        if table not in ("results", "scans", "devices", "incidents", "rollups"):
+            raise ValueError(f"no table {table!r}")
+        return int(self._core.one(f"SELECT COUNT(*) FROM {table}"))
+
+    @property
+    def store_id(self) -> str:
+        """This store's identity (a uuid made when it was created): merges remember their inputs by it."""
+        value = self._core.meta("store_id")
+        assert value is not None, "every schema-4 store has a store_id"
+        return value
+
+    @property
+    def pruned_before(self) -> float | None:
+        """The retention horizon: scans that started before it live only in the daily roll-ups (None: never
+        pruned)."""
+        return self._core.pruned_before
 
 
 def _prune_day(conn: Any, lo: float, hi: float) -> tuple[int, int, int]:

@@ -4,7 +4,7 @@ Scan nodes and training jobs write to the server directly (:class:`SpooledStore`
 the connection or does not answer within the timeout (:class:`~sdcguard.errors.StoreUnreachable`), the write goes
 to the spool instead, the logger says so once, and so does every later write of this process (the server is not
 waited for again). ``sdcguard forward``, the next scan and the next write that finds the server back send the spool
-to it with the merge (:meth:`~.maintenance.StoreMaintenance.merge_from`), by its watermarks: nothing lost, nothing
+to it with the merge (:meth:`~.maintenance.Maintenance.merge`), by its watermarks: nothing lost, nothing
 twice, however outages, scans, prunes of the server and forwards interleave.
 
 Nothing twice even when the server's fate of the failed write is unknown (the connection dropped during ``COMMIT``):
@@ -85,7 +85,7 @@ def forward(url: str, spool: str | os.PathLike[str], *, timeout_s: float = WRITE
         return None
     check_merge_input(path)
     with Store.open(url, timeout_s=timeout_s) as server:
-        return server.merge_from(path)
+        return server.maintenance.merge(path)
 
 
 def forward_spool(db: str | os.PathLike[str], spool: str | os.PathLike[str] | None = None) -> MergeStats | None:
@@ -152,7 +152,7 @@ class SpooledStore:
         if self._spool is None:
             self.spool_path.parent.mkdir(parents=True, exist_ok=True)
             self._spool = Store.open(self.spool_path)
-            self._spool.mark_spool(self.url)
+            self._spool.maintenance.mark_spool(self.url)
         self.spooled += 1
         return self._spool
 

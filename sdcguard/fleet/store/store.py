@@ -1,64 +1,112 @@
-"""The fleet store: one SQLite file (WAL) holding devices, scans, results, incidents and quarantine state.
+"""The fleet store: devices, scans, results, incidents, checkpoints and the quarantine, in one SQLite file (WAL) or
+on a PostgreSQL server, reached through the jobs it does.
 
-This module holds the writes; :mod:`.queries` the named reads, :mod:`.maintenance` merging and pruning,
-:mod:`.connection` opening and transactions, :mod:`.schema` the tables. Nothing outside these modules writes
-SQL: everything else asks :class:`Store` by name and gets records (:mod:`.rows`).
+A :class:`Store` is its jobs, each one object holding its reads and writes together, composed over one
+:class:`~.core.StoreCore` (the backend, its transactions, the device lock that moves versions):
 
-The store grows with scans and cases, not with executions: the passing first attempts of one case in one scan
-are one row (their count, summed time, first and last start, and output digest), folded together as batches
-arrive; every failed execution and every retest is its own row with its bits, element, location and retest
-outcome. Counts, rates, bounds and testing time are exactly those of one row per execution.
+- ``store.scans`` (:class:`~.scans.Scans`): devices, scans and their results, as a scanner records them;
+- ``store.failures`` (:class:`~.failures.Failures`): failed executions and what the circuit breaker weighs;
+- ``store.counts`` (:class:`~.counts.Counts`): counts over a window (rates, scans, slowness inputs, series);
+- ``store.quarantine`` (:class:`~.quarantine.Quarantine`): quarantine, probation, the policy's decisions and
+  actions, devices' statuses;
+- ``store.training`` (:class:`~.training.Training`): incidents, checkpoints and scrubs;
+- ``store.summaries`` (:class:`~.summaries.Summaries`): kept summaries and devices' versions;
+- ``store.maintenance`` (:class:`~.maintenance.Maintenance`): merge, prune, vacuum, roles, a spool's mark.
+
+Nothing outside the store writes SQL: everything else asks a job by name and gets records (:mod:`.rows`). A caller
+takes the job it uses. A server store's writers and their spool offer the writers' jobs the same way
+(:mod:`.spool`).
 """
 
 from __future__ import annotations
 
-import operator
+import os
+from pathlib import Path
+from typing import Literal
 
-from ...errors import BadInput
-from .maintenance import StoreMaintenance
-from .queries import StoreQueries
+from .core import BUSY_TIMEOUT_S, StoreCore, open_backend
+from .counts import Counts
+from .failures import Failures
+from .maintenance import Maintenance
+from .quarantine import Quarantine
+from .scans import Scans
+from .summaries import Summaries
+from .training import Training
 
 __all__ = ["Store"]
 
-_TERMINAL: frozenset[str] = frozenset({"complete", "preempted", "interrupted", "error"})
 
+class Store:
+    """The fleet store: its jobs over one connection. Open with :meth:`Store.open`; use as a context manager or
+    call :meth:`close`. One ``Store`` belongs to one thread (SQLite connections are not shared); open one per
+    process or thread.
 
-_ID = operator.attrgetter("id")
-"""Devices' rows are updated in id order, as every other write takes them."""
-
-
-class Store(StoreQueries, StoreMaintenance):
-    """The fleet store. Open with :meth:`Store.open`; use as a context manager or call :meth:`close`.
-
-    One ``Store`` belongs to one thread (SQLite connections are not shared); open one per process or thread.
+    Args:
+        core: the opened store's core (:meth:`open` makes it).
     """
 
-    # ------------------------------------------------------------------ a server's spool
-    def mark_spool(self, server: str) -> None:
-        """Mark this (SQLite) store as the spool of the server store ``server`` (its URL, which holds no
-        password): :meth:`prune` then refuses it (:mod:`.spool`)."""
-        if self.spool_for != server:
-            with self._write() as conn:
-                conn.execute(
-                    "INSERT INTO meta(key, value) VALUES ('spool_for', ?) "
-                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                    (server,),
-                )
+    def __init__(self, core: StoreCore) -> None:
+        self._core = core
+        self.path: str | Path = core.path
+        """The store's file, or (a server) its URL without credentials: what messages name."""
+        self.backend: Literal["sqlite", "postgresql"] = core.kind
+        """Which database holds this store: a SQLite file or a PostgreSQL server."""
+        self.read_only_reason: str | None = core.backend.read_only_reason
+        """Why this store was opened read-only (None: opened for writing)."""
+        self.scans = Scans(core)
+        """Devices, scans and their results."""
+        self.failures = Failures(core)
+        """Failed executions and what the circuit breaker weighs beside them."""
+        self.counts = Counts(core)
+        """Counts over a window."""
+        self.training = Training(core)
+        """Incidents, checkpoints and scrubs."""
+        self.quarantine = Quarantine(core, failures=self.failures, training=self.training)
+        """Quarantine, probation, the policy's decisions and actions, devices' statuses."""
+        self.summaries = Summaries(core)
+        """Kept summaries and devices' versions."""
+        self.maintenance = Maintenance(core)
+        """Merge, prune, vacuum, roles, a spool's mark; the store's identity and retention horizon."""
 
-    @property
-    def spool_for(self) -> str | None:
-        """The server store this store is the spool of (None: it is none)."""
-        return self._meta("spool_for")
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        timeout_s: float = BUSY_TIMEOUT_S,
+        readonly: bool = False,
+        answer_within_s: float | None = None,
+    ) -> Store:
+        """Open (and with ``create``, create or migrate) the store at ``path``: a SQLite file, or a PostgreSQL
+        server's ``postgresql://`` URL (:mod:`.postgres`; credentials come from libpq's environment or service
+        file, never from the URL).
 
-    # ------------------------------------------------------------------ roles (a server store)
-    def grant(self, role: str, kind: str = "writer", *, run: bool = True) -> list[str]:
-        """Grant the server role ``role`` what a scan node or job (``writer``) or a reader needs on this store
-        (:mod:`.postgres.roles`); ``run`` False only says how. Returns the SQL statements."""
-        if self.backend != "postgresql":
-            raise BadInput(f"{self.path} is a SQLite file: its access is the file's permissions, not roles")
-        from .postgres.roles import grant
+        ``readonly``: the caller only reads. A store this process may write is opened as usual (an older one is
+        migrated); one it may not (a read-only file or directory) is opened read-only
+        (:func:`~.sqlite.files.read_only_uri`). Without ``readonly``, a store this process may not write is
+        refused with one line saying so.
 
-        with self._write() as conn:
-            return grant(conn, role, kind, run=run)  # type: ignore[arg-type]  # checked there
+        Raises :class:`~sdcguard.errors.StoreError` (not SQLite, unreadable, read-only for a writer, missing
+        directory, missing file without ``create``; a server that cannot be reached:
+        :class:`~sdcguard.errors.StoreUnreachable`) or :class:`~sdcguard.errors.SchemaTooNew`; in every such case the
+        store is left untouched. An older store is migrated forward in one transaction.
 
-    # ------------------------------------------------------------------ what a policy run decided
+        ``timeout_s``: how long to wait for a lock (SQLite's busy timeout) or to connect (a server).
+        ``answer_within_s``: a server's statements that take longer are cancelled
+        (:class:`~sdcguard.errors.StoreUnreachable`): what a writer with a spool waits at most.
+        """
+        backend = open_backend(
+            path, create=create, timeout_s=timeout_s, readonly=readonly, answer_within_s=answer_within_s
+        )
+        return cls(StoreCore(backend))
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        self._core.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -93,7 +93,7 @@ def test_a_year_of_roll_ups_is_binned_by_week_and_every_execution_is_in_a_bin(tm
                 scan(store, dev, [*clean(dev, 3, t=t), *fail], host=f"node{d // 2}", t=t)
         store.quarantine.add("sim:0", reason="rate", now=start + 200 * DAY)
         store.quarantine.release("sim:0", reason="board replaced", now=start + 220 * DAY)
-        store.prune(before=NOW - 30 * DAY)
+        store.maintenance.prune(before=NOW - 30 * DAY)
         page = _page(store, since=None)
         total = sum(r.overall.executions for r in build_report(store, since=None))
     assert "per 7 d bin" in page

@@ -146,7 +146,7 @@ def test_a_kept_report_is_not_used_where_it_cannot_speak(tmp_path: Path, caplog:
         late = NOW + 17 * 3600  # the window's start passed a UTC midnight: other whole days
         assert kept_lines(store, since=late - 2 * DAY_S, now=late, slow_max_age_s=DAY_S) is None
         assert kept_lines(store, since=None, now=late, slow_max_age_s=DAY_S) is not None  # all time has no start
-        store.prune(before=NOW - DAY_S)
+        store.maintenance.prune(before=NOW - DAY_S)
         assert kept_lines(store, since=since, now=NOW + 60, slow_max_age_s=MAX_AGE) is None
         _refresh(store, NOW)
         assert kept_lines(store, since=since, now=NOW + 60, slow_max_age_s=MAX_AGE) is not None
@@ -229,7 +229,7 @@ def test_the_report_from_a_kept_one_is_the_computed_report_under_any_interleavin
                     Incident(kind=kind, step=1, suspect_ranks=(0,), device=op[1], detail="test", time=clock - 60)
                 )
             elif op[0] == "prune":
-                store.prune(before=clock - op[1] * DAY_S)
+                store.maintenance.prune(before=clock - op[1] * DAY_S)
             elif op[0] == "merge":  # a node's store: a scan of its own (the same node's, merged again: nothing)
                 with Store.open(Path(tmp) / "node.db") as node:
                     _scan(node, op[1], clock + op[2] * 60, failed=op[3])

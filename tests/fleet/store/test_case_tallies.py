@@ -52,7 +52,7 @@ def _prune(path: Path, before: float, ledger: Ledger) -> None:
     horizon = math.floor(before / DAY) * DAY
     ledger.setdefault(str(path), []).extend(_held(path, " AND s.started_at < ? AND s.status != 'running'", (horizon,)))
     with Store.open(path) as s:
-        s.prune(before=before)
+        s.maintenance.prune(before=before)
 
 
 def _scan_uuids(path: Path) -> set[str]:
@@ -88,7 +88,7 @@ def _expected_window(path: Path, ledger: Ledger, since: float | None) -> dict[tu
     their start) and its partial first day: the rows held from the start to midnight, or, when the rows held of
     that day before the start are fewer, the whole day less those."""
     with Store.open(path, create=False) as s:
-        horizon = s.pruned_before
+        horizon = s.maintenance.pruned_before
     out: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
     taken: list[tuple] = []
     if since is None:
@@ -384,8 +384,8 @@ def test_pruned_rows_keep_their_tallies_and_a_window_before_the_horizon_counts_f
     path = tmp_path / "fleet.db"
     _fill(path)  # days 0, 1 and 2: 11 passing executions of 5 cases per device a day
     with Store.open(path) as s:
-        s.prune(before=START + 2 * DAY)  # days 0 and 1 go
-        assert s.row_count("results") == 4 * 6  # a row per case passed, one per failure
+        s.maintenance.prune(before=START + 2 * DAY)  # days 0 and 1 go
+        assert s.maintenance.row_count("results") == 4 * 6  # a row per case passed, one per failure
         everything = _got_window(s.counts.case_times(since=None))
         assert sum(n for n, _ in everything.values()) == 3 * 4 * 11
         from_horizon = _got_window(s.counts.case_times(since=START + 2 * DAY))

@@ -83,7 +83,7 @@ def test_day_tallies_follow_every_write(tmp_path_factory: pytest.TempPathFactory
                 merge_stores(whole, existing)
         elif kind == "prune" and fleet.exists():
             with Store.open(fleet) as s:
-                s.prune(before=clock - dev * DAY)
+                s.maintenance.prune(before=clock - dev * DAY)
     for path in [*nodes, fleet, whole]:
         if path.exists():
             assert_tallies_match_rows(path)

@@ -89,7 +89,7 @@ def _from_store(store: Store, since: float, by: str) -> dict[tuple[str, ...], tu
 
 def _assert_windows(db: str, offsets: list[float]) -> None:
     with Store.open(db, create=db.startswith("postgresql://")) as s:  # (a server store no write reached yet)
-        base = max(START, s.pruned_before or START)
+        base = max(START, s.maintenance.pruned_before or START)
         for offset in offsets:
             for by in ("device", "device_family", "family"):
                 assert _from_store(s, base + offset, by) == _from_rows(db, base + offset, by), (offset, by)
@@ -128,7 +128,7 @@ def test_a_window_from_the_family_tallies_equals_the_rows_and_roll_ups(
                 merge_stores(stores[2], existing)
         elif kind == "prune":
             with Store.open(stores[n]) as s:
-                s.prune(before=clock - dev * DAY)
+                s.maintenance.prune(before=clock - dev * DAY)
     for db in stores:
         if db.startswith("postgresql://") or Path(db).exists():
             _assert_windows(db, offsets)
@@ -148,8 +148,9 @@ def test_a_scan_pruned_across_the_horizons_midnight_counts_once_in_a_window_from
         late = s.scans.begin(device="sim:00", host="n0", budget_s=60.0, started_at=START + 0.8 * DAY)
         s.scans.record(late, _results("sim:00", START + 0.8 * DAY, [(5, False, 0, 0)]))  # 01:12 the next day
         s.scans.finish(late, "complete", finished_at=START + 2.5 * DAY)
-        s.prune(before=START + 2.2 * DAY)  # asked for day 2; nothing to prune on day 1, so the horizon is day 1
-        assert s.pruned_before == START + DAY
+        # asked for day 2; nothing to prune on day 1, so the horizon is day 1
+        s.maintenance.prune(before=START + 2.2 * DAY)
+        assert s.maintenance.pruned_before == START + DAY
         assert [(t.executions, t.failures) for t in s.counts.tallies(since=START + DAY, by="device")] == [(1, 1)]
     _assert_windows(db, [0.0, 0.5 * DAY])
 
@@ -162,7 +163,7 @@ def test_a_schema_11_store_gains_its_family_tallies_with_every_window_unchanged(
             s.scans.record(sid, _results("sim:1", START + i * DAY + 80_000, [(0, True, 0, 0), (1, False, 1, 0)]))
             s.scans.record(sid, _results("sim:1", START + i * DAY + 80_000, [(2, True, 0, 0), (3, True, 1, 1)]))
             s.scans.finish(sid, "complete")
-        s.prune(before=START + 2 * DAY)
+        s.maintenance.prune(before=START + 2 * DAY)
         windows = {o: _from_store(s, START + 2 * DAY + o, "device_family") for o in (0.0, 0.5 * DAY, DAY)}
     with closing(sqlite3.connect(path)) as c, c:  # as schema 11 left it
         for table in ("family_tallies", "family_totals"):

@@ -107,7 +107,7 @@ def test_an_upgrade_to_schema_12_keeps_a_writer_able_to_scan(pg_server: Postgres
     with Store.open(admin) as s:
         pg_server.admin("DROP ROLE IF EXISTS sdcguard_v11_scanner")
         pg_server.admin("CREATE ROLE sdcguard_v11_scanner LOGIN")
-        s.grant("sdcguard_v11_scanner")
+        s.maintenance.grant("sdcguard_v11_scanner")
     schema = admin.split("search_path%3D")[1]
     for table in ("family_tallies", "family_totals"):  # as a schema-11 store was
         pg_server.admin(f"DROP TABLE {schema}.{table}")

@@ -64,17 +64,17 @@ def test_prune_keeps_every_figure_over_whole_days(tmp_path: Path) -> None:
     windows = [None, START, START + 10 * DAY, START + 25 * DAY, START + 39 * DAY]
     with Store.open(path) as store:
         before = {w: _figures(store, w) for w in windows}
-        rows_before = store.row_count("results")
-        stats = store.prune(before=START + 20 * DAY + 3600)  # rounded down to the midnight
+        rows_before = store.maintenance.row_count("results")
+        stats = store.maintenance.prune(before=START + 20 * DAY + 3600)  # rounded down to the midnight
         assert stats.before == START + 20 * DAY and stats.scans == 3 * 20 and stats.rollup_rows > 0
-        assert store.pruned_before == START + 20 * DAY
+        assert store.maintenance.pruned_before == START + 20 * DAY
         for w in windows:
             assert _figures(store, w) == before[w], w
-        assert store.row_count("results") < rows_before
+        assert store.maintenance.row_count("results") < rows_before
         assert min(r.started_at for r in store.scans.results()) >= START + 20 * DAY
         # the running scan is not anyone's to roll up
         assert [s["status"] for s in store.scans.history() if s["started_at"] < START + 20 * DAY] == ["running"]
-        again = store.prune(before=START + 20 * DAY)
+        again = store.maintenance.prune(before=START + 20 * DAY)
         assert (again.scans, again.results) == (0, 0)
         for w in windows:
             assert _figures(store, w) == before[w], w
@@ -86,7 +86,7 @@ def test_a_merge_after_a_prune_counts_nothing_twice(tmp_path: Path) -> None:
     merge_stores(fleet, [node])
     with Store.open(fleet) as store:
         whole = store.counts.tallies(by="device")
-        store.prune(before=START + 15 * DAY)
+        store.maintenance.prune(before=START + 15 * DAY)
     for full in (False, True):
         (stats,) = merge_stores(fleet, [node], full=full)
         assert stats.results == 0
@@ -117,9 +117,9 @@ def test_a_store_killed_while_pruning_is_consistent(tmp_path: Path, cut: float) 
     _history(path, days=10)
     with Store.open(path) as store:
         whole = store.counts.tallies(by="device")
-        store.prune(before=START + (4 + 10 * cut) * DAY)  # a first prune, as if the next one was killed
+        store.maintenance.prune(before=START + (4 + 10 * cut) * DAY)  # a first prune, as if the next one was killed
         assert store.counts.tallies(by="device") == whole
-        store.prune(before=START + 8 * DAY)
+        store.maintenance.prune(before=START + 8 * DAY)
         assert store.counts.tallies(by="device") == whole
 
 
@@ -127,7 +127,7 @@ def test_an_older_store_gains_the_fleet_day_roll_ups(tmp_path: Path) -> None:
     path = tmp_path / "fleet.db"
     _history(path, days=12)
     with Store.open(path) as store:
-        store.prune(before=START + 8 * DAY)
+        store.maintenance.prune(before=START + 8 * DAY)
         series = store.counts.series(start=START, width_s=DAY, devices=None)
     with sqlite3.connect(path) as conn:  # as a version-5 sdcguard left it: roll-ups per device, none per day
         conn.execute("DROP TABLE rollup_days")
@@ -150,7 +150,7 @@ def test_interrupted_scans_are_pruned_and_rolled_up_like_complete_ones(tmp_path:
         sid = store.scans.begin(device="sim:1", host="node", budget_s=60.0, started_at=START + DAY + 5)
         store.scans.record(sid, [result("sim:1", t=START + DAY + 6)])  # still running: left alone
         whole = store.counts.tallies(by="device")
-        stats = store.prune(before=START + 10 * DAY)
+        stats = store.maintenance.prune(before=START + 10 * DAY)
         assert stats.scans == 3 and stats.results == 3
         assert [s["status"] for s in store.scans.history()] == ["running"]
         assert store.counts.tallies(by="device") == whole == [whole[0]] and whole[0].executions == 13

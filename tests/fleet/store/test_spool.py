@@ -112,7 +112,7 @@ def test_nothing_lost_nothing_twice_under_any_interleaving(
                 SpooledStore(url, spool, retry_after_s=0).forward()  # nothing while the server is away
             elif kind == "prune":
                 with Store.open(admin) as s:
-                    s.prune(before=clock - n * DAY)
+                    s.maintenance.prune(before=clock - n * DAY)
     finally:
         _outage(pg_server, writer_role, False)
     for _ in range(2):  # forwarded twice: the second sends nothing
@@ -231,10 +231,10 @@ def test_a_writer_role_writes_scans_and_incidents_but_deletes_nothing(pg_server:
     admin = pg_server.fresh_url()
     with Store.open(admin) as s:
         with pytest.raises(BadInput, match="no role"):
-            s.grant("nobody_here")
+            s.maintenance.grant("nobody_here")
         pg_server.admin("DROP ROLE IF EXISTS sdcguard_scanner")
         pg_server.admin("CREATE ROLE sdcguard_scanner LOGIN")
-        statements = s.grant("sdcguard_scanner")
+        statements = s.maintenance.grant("sdcguard_scanner")
     assert any("GRANT INSERT, UPDATE ON ALL TABLES" in x for x in statements)
     url = _as(admin, "sdcguard_scanner")
     with Store.open(url) as w:
@@ -254,12 +254,12 @@ def test_a_writer_role_writes_scans_and_incidents_but_deletes_nothing(pg_server:
         )
         assert [(t.executions, t.failures) for t in w.counts.tallies(by="device")] == [(2, 1)]
         with pytest.raises(StoreError, match="permission denied"):
-            w.prune(before=START + 30 * DAY)  # deleting scans and results is the owner's
+            w.maintenance.prune(before=START + 30 * DAY)  # deleting scans and results is the owner's
     assert query(admin, "SELECT COUNT(*) FROM scans")[0][0] == 1
 
 
 def test_a_spool_is_never_pruned(tmp_path: Path) -> None:
     with Store.open(tmp_path / "spool.db") as s:
-        s.mark_spool("postgresql://db.example/sdcguard")
+        s.maintenance.mark_spool("postgresql://db.example/sdcguard")
         with pytest.raises(BadInput, match="spool"):
-            s.prune(before=START)
+            s.maintenance.prune(before=START)
