@@ -24,7 +24,7 @@ import click
 from sdcguard.durations import parse_seconds
 from sdcguard.errors import BadInput
 from sdcguard.fleet.actions import ActionTemplate
-from sdcguard.fleet.policy import PolicyScope, QuarantinePolicy
+from sdcguard.fleet.policy.settings import PolicyScope, QuarantinePolicy
 
 from .options import ScanOptions, setting_kind, setting_value, settings
 

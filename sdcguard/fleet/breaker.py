@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -39,11 +39,13 @@ from ..records import PASSIVE_KINDS, SLOW_KIND, Incident
 from .store.rows import FailedExecution
 
 if TYPE_CHECKING:
-    from .store.store import Store
+    from .store.failures import Failures
 
 __all__ = [
     "BreakerSettings",
     "SuiteVerdict",
+    "SuiteEvidence",
+    "read_suite_evidence",
     "judge_suite",
     "suite_blamed_devices",
     "TrainingVerdict",
@@ -104,14 +106,35 @@ def _not_exceeded_from(failing: int, share: float) -> int:
     return total
 
 
-def judge_suite(
-    store: Store, failures: Sequence[FailedExecution], policy: BreakerSettings, *, now: float, since: float
-) -> SuiteVerdict:
-    """Judge ``failures`` (every device's failed first attempts since ``since``) against what the other
-    devices did with the same cases."""
-    verdict = SuiteVerdict(bucket_s=policy.breaker_window_s)
-    bucket = verdict.bucket_s
-    recent = now - policy.breaker_window_s
+@dataclass(frozen=True)
+class SuiteEvidence:
+    """What the scanner's breaker weighs beside the failures (:func:`read_suite_evidence`): how many devices ran each
+    failing case in the time buckets its verdict needs (for a bucket judged on its failures alone, counted only as far
+    as the verdict needs: :meth:`~.store.failures.Failures.case_coverage`'s ``enough``), and every output each case
+    that failed the same way on several devices passed with."""
+
+    coverage: Mapping[tuple[str, int], int]
+    """``(case, bucket) -> devices`` that ran the case in that bucket (a bucket nobody ran is not there)."""
+    passes: Mapping[str, frozenset[str]]
+    """``case -> every output digest it passed with``."""
+
+
+@dataclass(frozen=True)
+class _Questions:
+    """What a verdict over ``failures`` needs to know of the other devices (the same for reading and judging)."""
+
+    groups: dict[tuple[str, str], set[str]]
+    """``(case, digest) -> devices`` that gave that wrong output, for those shared by enough devices."""
+    wide: dict[tuple[str, int], set[str]]
+    """``(case, bucket) -> devices`` that failed it there, for the buckets with enough failing devices."""
+    exact: set[tuple[str, int]]
+    """The buckets of the shared wrong outputs: their share is a figure in a message, so counted whole."""
+    enough: dict[tuple[str, int], int]
+    """A wide bucket judged alone: the count of devices past which its verdict cannot change."""
+
+
+def _questions(failures: Sequence[FailedExecution], policy: BreakerSettings) -> _Questions:
+    bucket = policy.breaker_window_s
     same: dict[tuple[str, str], set[str]] = defaultdict(set)
     failing: dict[tuple[str, int], set[str]] = defaultdict(set)
     for f in failures:
@@ -120,23 +143,51 @@ def judge_suite(
         failing[(f.case, int(f.started_at // bucket))].add(f.device)
     groups = {k: v for k, v in same.items() if len(v) >= policy.breaker_same_digest_devices}
     wide = {k: v for k, v in failing.items() if len(v) >= policy.breaker_min_devices}
-    cases = {c for c, _ in groups} | {c for c, _ in wide}
-    if not cases:
-        return verdict
     exact = {(f.case, int(f.started_at // bucket)) for f in failures if (f.case, f.digest) in groups}
     # A wide bucket alone needs only whether its failing devices exceed the share of those that ran the case:
     # counting stops at the fewest devices that answer no (the same verdict for every larger count).
     enough = {k: _not_exceeded_from(len(v), policy.breaker_share) for k, v in wide.items() if k not in exact}
-    coverage = store.failures.case_coverage(set(wide) | exact, since=since, bucket_s=bucket, enough=enough)
-    ran = {(c.case, c.bucket): c.devices for c in coverage}
-    passes = store.failures.pass_digests({c for c, _ in groups})
-    for (case, digest), devices in sorted(groups.items()):
+    return _Questions(groups=groups, wide=wide, exact=exact, enough=enough)
+
+
+def read_suite_evidence(
+    failures: Sequence[FailedExecution], policy: BreakerSettings, *, source: Failures, since: float
+) -> SuiteEvidence:
+    """Read from the store's failures job (``source``) what :func:`judge_suite` weighs beside ``failures`` (every
+    device's failed first attempts since ``since``): nothing when no wrong output is shared and no bucket has enough
+    failing devices to be judged."""
+    q = _questions(failures, policy)
+    if not q.groups and not q.wide:
+        return SuiteEvidence(coverage={}, passes={})
+    coverage = source.case_coverage(
+        set(q.wide) | q.exact, since=since, bucket_s=policy.breaker_window_s, enough=q.enough
+    )
+    passes = source.pass_digests({c for c, _ in q.groups})
+    return SuiteEvidence(
+        coverage={(c.case, c.bucket): c.devices for c in coverage},
+        passes={case: frozenset(digests) for case, digests in passes.items()},
+    )
+
+
+def judge_suite(
+    failures: Sequence[FailedExecution], evidence: SuiteEvidence, policy: BreakerSettings, *, now: float
+) -> SuiteVerdict:
+    """Judge ``failures`` (every device's failed first attempts in the window ``evidence`` was read for) against
+    what the other devices did with the same cases. A pure function of its arguments."""
+    verdict = SuiteVerdict(bucket_s=policy.breaker_window_s)
+    bucket = verdict.bucket_s
+    recent = now - policy.breaker_window_s
+    q = _questions(failures, policy)
+    if not q.groups and not q.wide:
+        return verdict
+    ran = evidence.coverage
+    for (case, digest), devices in sorted(q.groups.items()):
         hits = [f for f in failures if f.case == case and f.digest == digest]
         by_bucket: dict[int, set[str]] = defaultdict(set)
         for f in hits:
             by_bucket[int(f.started_at // bucket)].add(f.device)
         share = max(len(d) / max(ran.get((case, b), len(d)), 1) for b, d in by_bucket.items())
-        if digest in passes[case]:
+        if digest in evidence.passes.get(case, frozenset()):
             why = "the very output other devices pass it with (their golden file differs)"
         elif share > policy.breaker_share:
             why = f"{share:.0%} of the devices that ran it"
@@ -157,7 +208,7 @@ def judge_suite(
     for f in failures:
         key = (f.case, int(f.started_at // bucket))
         latest[key] = max(latest.get(key, f.started_at), f.started_at)
-    for (case, b), devices in sorted(wide.items()):
+    for (case, b), devices in sorted(q.wide.items()):
         total = ran.get((case, b), len(devices))
         if len(devices) > policy.breaker_share * total:
             verdict.suspect_buckets.add((case, b))
@@ -169,12 +220,13 @@ def judge_suite(
     return verdict
 
 
-def suite_blamed_devices(store: Store, policy: BreakerSettings, *, since: float, now: float) -> dict[str, int]:
+def suite_blamed_devices(source: Failures, policy: BreakerSettings, *, since: float, now: float) -> dict[str, int]:
     """``device -> failures`` for each device that failed since ``since`` only in ways the breaker blames on the
-    suite or the software (:func:`judge_suite` over every device's failures of the window): what the report must
-    not call a ``suspect`` device, since those failures are never evidence against it."""
-    failures = store.failures.executions(since=since)
-    verdict = judge_suite(store, failures, policy, now=now, since=since)
+    suite or the software (:func:`judge_suite` over every device's failures of the window, read from the store's
+    failures job, ``source``): what the report must not call a ``suspect`` device, since those failures are never
+    evidence against it."""
+    failures = source.executions(since=since)
+    verdict = judge_suite(failures, read_suite_evidence(failures, policy, source=source, since=since), policy, now=now)
     counts: dict[str, int] = defaultdict(int)
     cleared: dict[str, bool] = {}
     for f in failures:

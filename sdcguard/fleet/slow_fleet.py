@@ -9,19 +9,30 @@ import dataclasses
 import math
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..logs import get_logger
-from ..records import SLOW_KIND, DeviceInfo
+from ..records import SLOW_KIND, DeviceInfo, Incident
 from .slow import Slowness, SlowSettings, judge_slow, peer_group
+from .store.rows import CaseTimes, CaseTiming
 
 if TYPE_CHECKING:
     from .store.store import Store
 
-__all__ = ["fleet_slowness", "keep_verdicts", "kept_verdicts"]
+__all__ = [
+    "SlownessInputs",
+    "read_slowness",
+    "judge_fleet",
+    "with_training",
+    "fleet_slowness",
+    "keep_verdicts",
+    "kept_verdicts",
+]
 
 _log = get_logger("fleet")
 
@@ -42,6 +53,64 @@ def _window(since: float | None, now: float) -> float | None:
     return None if since is None else now - since
 
 
+@dataclass(frozen=True)
+class SlownessInputs:
+    """What the slowness rule weighs, read from the store at once (:func:`read_slowness`)."""
+
+    known: tuple[DeviceInfo, ...]
+    """Every device of the store."""
+    groups: Mapping[str, str]
+    """Each of them -> its peer group (:func:`~.slow.peer_group`: kind and model, or host)."""
+    times: CaseTimes
+    """Passing first executions per device and case in the window and their summed device time."""
+    history: Sequence[CaseTiming]
+    """The same per scan, for the devices of a peer group too small for a spread (their own history counts)."""
+
+
+def read_slowness(
+    store: Store, *, since: float | None, settings: SlowSettings, known: Sequence[DeviceInfo] | None = None
+) -> SlownessInputs:
+    """Read what :func:`judge_fleet` weighs: every device's times per case from the store's case tallies (two rows
+    per device and case whatever the window), and per-scan rows only where a device's own history can matter (a
+    group too small for a spread). ``known``: every device of the store, when the caller has read them already."""
+    devices = tuple(store.scans.devices() if known is None else known)
+    groups = {d.id: peer_group(d.kind, d.model, d.host) for d in devices}
+    sizes = Counter(groups.values())
+    small = sorted(d for d, g in groups.items() if sizes[g] <= settings.min_peers)
+    history = store.counts.case_timings(since=since, devices=small) if small else []
+    return SlownessInputs(known=devices, groups=groups, times=store.counts.case_times(since=since), history=history)
+
+
+def judge_fleet(inputs: SlownessInputs, settings: SlowSettings) -> dict[str, Slowness]:
+    """Every device's verdict by the rule of :mod:`.slow` (:func:`judge_slow`, the whole fleet as peers): a pure
+    function of what :func:`read_slowness` read. What the store keeps (:func:`keep_verdicts`)."""
+    return judge_slow(inputs.times, inputs.groups, settings, history=inputs.history)
+
+
+def with_training(
+    verdicts: Mapping[str, Slowness], incidents: Iterable[Incident], *, wanted: AbstractSet[str]
+) -> dict[str, Slowness]:
+    """``verdicts`` of the ``wanted`` devices, with the training jobs' ``slow`` incidents (a device named by one is
+    slow, basis ``training``). A pure function of its arguments."""
+    out = {d: v for d, v in verdicts.items() if d in wanted}
+    for i in incidents:
+        if i.kind != SLOW_KIND or i.device is None or i.device not in wanted:
+            continue
+        mine = out.get(i.device)
+        if mine is None or not mine.slow:
+            out[i.device] = Slowness(
+                device=i.device,
+                slow=True,
+                basis="training",
+                confidence="medium",
+                slowdown=mine.slowdown if mine else None,
+                slowdown_low=mine.slowdown_low if mine else None,
+                families=mine.families if mine else {},
+                reason=f"training job {i.job}, step {i.step}: {i.detail}",
+            )
+    return out
+
+
 def fleet_slowness(
     store: Store,
     *,
@@ -53,10 +122,10 @@ def fleet_slowness(
     max_age_s: float = 0.0,
     keep: bool = False,
 ) -> dict[str, Slowness]:
-    """Every device's verdict from the store: the golden cases' times since ``since`` (:func:`judge_slow`, the whole
-    fleet as peers; :meth:`~.store.counts.Counts.case_times` says how a window reads them), and training jobs' ``slow``
-    incidents (a device named by one is slow, basis ``training``). ``known``: every device of the store, when the
-    caller has read them already (:meth:`~.store.scans.Scans.devices`).
+    """Every device's verdict from the store: the golden cases' times since ``since`` (:func:`read_slowness`,
+    :func:`judge_fleet`; :meth:`~.store.counts.Counts.case_times` says how a window reads them), and training jobs'
+    ``slow`` incidents (:func:`with_training`). ``known``: every device of the store, when the caller has read them
+    already (:meth:`~.store.scans.Scans.devices`).
 
     At fleet scale the statistic reads every (device, case) pair of the window (3.1 million at 100,000 devices and
     31 cases), which no interactive read can afford; so its verdicts can be kept in the store: ``keep`` stores what
@@ -72,35 +141,15 @@ def fleet_slowness(
         else None
     )
     if verdicts is None:
-        known = store.scans.devices() if known is None else known
-        groups = {d.id: peer_group(d.kind, d.model, d.host) for d in known}
-        # Every device's times per case come from the store's case tallies (two rows per device and case whatever the
-        # window); per-scan rows only where a device's own history can matter (a group too small for a spread).
-        sizes = Counter(groups.values())
-        small = sorted(d for d, g in groups.items() if sizes[g] <= s.min_peers)
-        history = store.counts.case_timings(since=since, devices=small) if small else []
-        verdicts = judge_slow(store.counts.case_times(since=since), groups, s, history=history)
+        inputs = read_slowness(store, since=since, settings=s, known=known)
+        known = inputs.known
+        verdicts = judge_fleet(inputs, s)
         if keep:
             keep_verdicts(store, verdicts, since=since, now=t, settings=s)
-    for i in store.training.incidents(since=since):
-        if i.kind != SLOW_KIND or i.device is None:
-            continue
-        mine = verdicts.get(i.device)
-        if mine is None or not mine.slow:
-            verdicts[i.device] = Slowness(
-                device=i.device,
-                slow=True,
-                basis="training",
-                confidence="medium",
-                slowdown=mine.slowdown if mine else None,
-                slowdown_low=mine.slowdown_low if mine else None,
-                families=mine.families if mine else {},
-                reason=f"training job {i.job}, step {i.step}: {i.detail}",
-            )
     if devices is None and known is None:
         known = store.scans.devices()
     wanted = {d.id for d in known} if devices is None and known is not None else set(devices or ())
-    return {d: v for d, v in verdicts.items() if d in wanted}
+    return with_training(verdicts, store.training.incidents(since=since), wanted=wanted)
 
 
 def keep_verdicts(

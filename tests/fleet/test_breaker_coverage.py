@@ -10,8 +10,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sdcguard.fleet.breaker import judge_suite
+from sdcguard.fleet.breaker import judge_suite, read_suite_evidence
 from sdcguard.fleet.policy import QuarantinePolicy
+from sdcguard.fleet.store.failures import Failures
 from sdcguard.fleet.store.rows import CaseCoverage
 from sdcguard.fleet.store.store import Store
 from tests._fleet import result, scan
@@ -21,16 +22,17 @@ START = 20_000 * DAY
 
 
 class _Exact:
-    """The store, its coverage counted whole whatever ``enough`` says (the breaker before counts stopped)."""
+    """The store's failures, their coverage counted whole whatever ``enough`` says (the breaker before counts
+    stopped)."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, failures: Failures) -> None:
+        self._failures = failures
 
     def case_coverage(self, *args: Any, enough: Any = None, **kw: Any) -> list[CaseCoverage]:
-        return self._store.failures.case_coverage(*args, **kw)
+        return self._failures.case_coverage(*args, **kw)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
+        return getattr(self._failures, name)
 
 
 # per device: (day, case, passed, digest) of its executions; few digests, so shared wrong outputs happen
@@ -62,6 +64,8 @@ def test_the_verdict_with_counts_stopped_early_equals_the_verdict_with_exact_cou
             )
         failures = s.failures.executions(since=START)
         now = START + 3 * DAY
-        capped = judge_suite(s, failures, policy, now=now, since=START)
-        exact = judge_suite(_Exact(s), failures, policy, now=now, since=START)  # type: ignore[arg-type]
+        counted = read_suite_evidence(failures, policy, source=s.failures, since=START)
+        whole = read_suite_evidence(failures, policy, source=_Exact(s.failures), since=START)  # type: ignore[arg-type]
+        capped = judge_suite(failures, counted, policy, now=now)
+        exact = judge_suite(failures, whole, policy, now=now)
     assert capped == exact

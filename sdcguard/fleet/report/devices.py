@@ -26,7 +26,7 @@ from ...devices import unknown_device
 from ...durations import iso_utc
 from ...records import DeviceInfo
 from ..breaker import BreakerSettings, suite_blamed_devices
-from ..policy import QuarantinePolicy
+from ..policy.settings import QuarantinePolicy
 from ..rates import Rate, clopper_pearson, device_rates
 from ..slow import Slowness, SlowSettings
 from ..slow_fleet import fleet_slowness
@@ -193,7 +193,7 @@ def build_report(
         failing = store.failures.devices(since=suspect_start, devices=[d.id for d in known])
         counted = {}
     if failing:
-        blamed = suite_blamed_devices(store, breaker or QuarantinePolicy(), since=suspect_start or 0.0, now=t)
+        blamed = suite_blamed_devices(store.failures, breaker or QuarantinePolicy(), since=suspect_start or 0.0, now=t)
         # Cleared only when the rows hold every failure the rates count (none sits in a pruned day's roll-up).
         failing -= {d for d, n in blamed.items() if counted.get(d, n) == n}
     statuses = store.quarantine.statuses(suspect_since=suspect_start, devices=[d.id for d in known], failing=failing)

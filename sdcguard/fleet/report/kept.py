@@ -47,7 +47,7 @@ import numpy as np
 from ...logs import get_logger
 from ...records import SLOW_KIND
 from ..breaker import BreakerSettings, suite_blamed_devices
-from ..policy import QuarantinePolicy
+from ..policy.settings import QuarantinePolicy
 from ..slow import SlowSettings
 from ..store.core import first_day
 from ..store.rows import DeviceStatus
@@ -258,7 +258,7 @@ def kept_lines(
     same = [i for i, d in enumerate(kept.devices) if d not in changed and d in versions]
     failing = {kept.devices[i] for i in same if kept.failures[i] > 0}
     if failing:
-        blamed = suite_blamed_devices(store, breaker or QuarantinePolicy(), since=since or 0.0, now=t)
+        blamed = suite_blamed_devices(store.failures, breaker or QuarantinePolicy(), since=since or 0.0, now=t)
         failing -= {d for d, n in blamed.items() if d in failing and kept.failures[index[d]] == n}
     statuses = store.quarantine.statuses(suspect_since=since, devices=[kept.devices[i] for i in same], failing=failing)
     n, off, body = len(kept.devices), kept.offsets, kept.body
