@@ -1,12 +1,10 @@
 """Folding passing executions into one row per (scan, case) changes no figure; older stores migrate forward.
 
 The reference is the per-execution computation: every execution its own record, counted in Python. Durations are
-multiples of 1/64 s, so sums are exact in any order and test-hours can be compared for equality.
-"""
+multiples of 1/64 s, so sums are exact in any order and test-hours can be compared for equality."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +18,11 @@ from sdcguard.fleet.report.devices import build_report
 from sdcguard.fleet.store.schema.migrations import SQLITE_MIGRATIONS
 from sdcguard.fleet.store.schema.tables import APPLICATION_ID
 from sdcguard.fleet.store.store import Store
-from sdcguard.records import CaseResult, Incident
+from sdcguard.records import CaseResult
 
 CASES = {"gemm.a": "gemm", "gemm.b": "gemm", "alu.a": "alu"}
+
+
 T0 = 1_800_000_000.0
 
 
@@ -244,27 +244,3 @@ def test_a_schema_3_store_migrates_with_every_number_unchanged(
         store.scans.record(
             sid, [Execution("sim:0", 99, "alu.a", True, 0, 0.5, T0 + 10_000).result()], finish="complete"
         )
-
-
-def test_an_incident_with_a_field_this_version_does_not_know_still_reads(tmp_path: Path) -> None:
-    with Store.open(tmp_path / "s.db") as store:
-        store.training.record_incident(
-            Incident(
-                kind="replay",
-                step=3,
-                suspect_ranks=(0,),
-                device="sim:0",
-                detail="d",
-                devices=("sim:0",),
-                hosts=("h",),
-                time=T0,
-            )
-        )
-    conn = sqlite3.connect(tmp_path / "s.db")
-    record = json.loads(conn.execute("SELECT record FROM incidents").fetchone()[0])
-    conn.execute("UPDATE incidents SET record = ?", (json.dumps({**record, "opinions": [1, 2, 3]}),))
-    conn.commit()
-    conn.close()
-    with Store.open(tmp_path / "s.db") as store:
-        (inc,) = store.training.incidents()
-        assert (inc.kind, inc.step, inc.device) == ("replay", 3, "sim:0")

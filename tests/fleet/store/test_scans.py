@@ -1,27 +1,30 @@
-"""The fleet store: round trips, atomic finish, stale scans, and refusing what is not a store (untouched)."""
+"""``store.scans``: results round trip, a device's known facts kept, an atomic finish, stale scans reaped, a
+failed write leaving nothing, and the results row written by column name."""
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sdcguard.errors import BadInput, SchemaTooNew, StoreError
-from sdcguard.fleet.store.schema.migrations import SCHEMA_VERSION
+from sdcguard.errors import StoreError
 from sdcguard.fleet.store.store import Store
-from sdcguard.records import CaseResult, DeviceInfo, Incident
-from tests._fleet import NOW, result, scan, snapshot
+from sdcguard.records import CaseResult, DeviceInfo
+from tests._fleet import NOW, result, scan
 from tests.conftest import BACKENDS
 
 # PostgreSQL's text holds no NUL character and its UTF-8 no lone surrogate (the store's ids and texts never have
 # either): neither backend gets one.
 _CHARS = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")
+
+
 hexes = st.text("0123456789abcdef", min_size=1, max_size=16).map(lambda s: "0x" + s)
+
+
 results_st = st.builds(
     CaseResult,
     device=st.sampled_from(["sim:0", "sim:1", "cpu:h:3"]),
@@ -84,48 +87,6 @@ def test_results_round_trip(new_store: Callable[[str], str], backend: str, resul
         assert row["failures"] == sum(not r.passed and not r.attempt for r in results)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@settings(max_examples=30)
-@given(
-    kind=st.text(_CHARS, min_size=1, max_size=20),
-    step=st.integers(0, 2**40),
-    ranks=st.lists(st.integers(0, 1023), max_size=4),
-    detail=st.text(_CHARS, max_size=60),
-    sticky=st.none() | st.booleans(),
-    job=st.none() | st.text(_CHARS, max_size=10),
-)
-def test_incident_round_trip(
-    new_store: Callable[[str], str],
-    backend: str,
-    kind: str,
-    step: int,
-    ranks: list[int],
-    detail: str,
-    sticky: bool | None,
-    job: str | None,
-) -> None:
-    devices = tuple(f"sim:{r}" for r in ranks)
-    inc = Incident(
-        kind=kind,
-        step=step,
-        suspect_ranks=tuple(ranks),
-        device=devices[0] if devices else None,
-        detail=detail,
-        devices=devices,
-        hosts=tuple(f"h{r}" for r in ranks),
-        parameter="layer.0.weight",
-        sticky=sticky,
-        job=job,
-        time=NOW,
-    )
-    with Store.open(new_store(backend)) as store:
-        iid = store.training.record_incident(inc)
-        assert iid > 0
-        assert store.training.incidents() == [inc]
-        for d in devices:
-            assert store.training.incidents(device=d) == [inc]
-
-
 def test_device_upsert_keeps_known_facts(store_db: str) -> None:
     with Store.open(store_db) as store:
         store.scans.record_devices([DeviceInfo(id="sim:1", host="a", kind="sim", model="H100", index=1)], now=NOW)
@@ -165,100 +126,6 @@ def test_reap_marks_stale_running_scans_interrupted(store_db: str) -> None:
         assert status == {old: "interrupted", fresh: "running"}
         # The failure found before the scanner died still counts.
         assert store.quarantine.status("sim:1", now=NOW) == "suspect"
-
-
-def test_quarantine_round_trip_with_history(store_db: str) -> None:
-    with Store.open(store_db) as store:
-        scan(store, "sim:1", [result("sim:1")])
-        assert store.quarantine.status("sim:1", now=NOW) == "healthy"
-        store.quarantine.add("sim:1", reason="MCE in dmesg", by="alice@ops", now=NOW)
-        assert store.quarantine.status("sim:1") == "quarantined"
-        with pytest.raises(BadInput, match="already quarantined"):
-            store.quarantine.add("sim:1", reason="again")
-        store.quarantine.release("sim:1", reason="board swapped", by="bob@ops", now=NOW + 10)
-        assert store.quarantine.status("sim:1") == "probation"
-        with pytest.raises(BadInput, match="not quarantined"):
-            store.quarantine.release("sim:1", reason="twice")
-        hist = store.quarantine.history("sim:1")
-        assert [(h["action"], h["by"], h["reason"], h["time"]) for h in hist] == [
-            ("quarantine", "alice@ops", "MCE in dmesg", NOW),
-            ("release", "bob@ops", "board swapped", NOW + 10),
-        ]
-        with pytest.raises(BadInput, match="reason"):
-            store.quarantine.add("sim:2", reason="  ")
-
-
-# ---------------------------------------------------------------- refusing bad files, untouched
-def test_text_file_is_refused_untouched(tmp_path: Path) -> None:
-    p = tmp_path / "notes.txt"
-    p.write_text("this is not a database\n" * 20)
-    before = snapshot(p)
-    with pytest.raises(StoreError, match="not a SQLite database"):
-        Store.open(p)
-    assert snapshot(p) == before
-    assert sorted(x.name for x in tmp_path.iterdir()) == ["notes.txt"]  # no -wal / -shm either
-
-
-def test_foreign_sqlite_database_is_refused_untouched(tmp_path: Path) -> None:
-    p = tmp_path / "other.db"
-    conn = sqlite3.connect(p)
-    conn.execute("CREATE TABLE t(x)")
-    conn.commit()
-    conn.close()
-    before = snapshot(p)
-    with pytest.raises(StoreError, match="not an sdcguard fleet store"):
-        Store.open(p)
-    assert snapshot(p) == before
-
-
-def test_future_schema_is_refused_untouched(tmp_path: Path) -> None:
-    p = tmp_path / "future.db"
-    Store.open(p).close()
-    conn = sqlite3.connect(p)
-    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    conn.commit()
-    conn.close()
-    before = snapshot(p)
-    with pytest.raises(SchemaTooNew, match="newer sdcguard"):
-        Store.open(p)
-    assert snapshot(p) == before
-
-
-def test_missing_directory_creates_nothing(tmp_path: Path) -> None:
-    with pytest.raises(StoreError, match="does not exist"):
-        Store.open(tmp_path / "nope" / "s.db")
-    assert not (tmp_path / "nope").exists()
-
-
-def test_missing_file_without_create_creates_nothing(tmp_path: Path) -> None:
-    with pytest.raises(StoreError, match="no fleet store"):
-        Store.open(tmp_path / "s.db", create=False)
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_path_under_a_file_is_refused_untouched(tmp_path: Path) -> None:
-    f = tmp_path / "notes.txt"
-    f.write_text("x")
-    before = snapshot(f)
-    with pytest.raises(StoreError, match="is not a directory"):
-        Store.open(f / "fleet.db")
-    assert snapshot(f) == before
-
-
-def test_directory_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(StoreError, match="directory"):
-        Store.open(tmp_path)
-
-
-@pytest.mark.skipif(
-    not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() == 0, reason="root reads any file"
-)
-def test_unreadable_file_is_refused(tmp_path: Path) -> None:
-    p = tmp_path / "s.db"
-    Store.open(p).close()
-    p.chmod(0)
-    with pytest.raises(StoreError, match="permission denied"):
-        Store.open(p)
 
 
 def test_a_result_row_names_every_column_of_the_insert() -> None:
