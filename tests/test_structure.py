@@ -1,6 +1,7 @@
 """The shape of the code, read from the code: the import graph has no circle and only goes down the layers (between
 the wings and, inside the training and fleet wings, between their folders), no folder of the library holds more
-than 15 modules, no module is over 500 lines, no function over 80, and docstrings name modules that exist.
+than 15 modules, no module is over 500 lines (the fleet store's over 400), no function over 80, no class is only the
+base of one class in another module, the fleet store's rooms import one way, and docstrings name modules that exist.
 
 The layers, bottom up (a module imports its own layer's modules and the layers below, never above):
 
@@ -103,6 +104,9 @@ MAX_FOLDER_MODULES = 15
 
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
+STORE = "sdcguard/fleet/store/"
+MAX_STORE_MODULE_LINES = 400
+"""The fleet store's modules are smaller still: a job, the core, a backend, a kind of migration each."""
 SIZE_EXCEPTIONS: dict[str, str] = {}
 """``path`` or ``path:function`` -> why it may be longer (none today; ``sdcguard/training/checksum*.py`` and the
 store's files, being changed elsewhere, were checked and are within the limits)."""
@@ -218,6 +222,93 @@ def test_no_module_over_500_lines_no_function_over_80() -> None:
     ]
     assert long_modules == []
     assert _long_functions() == []
+
+
+def test_no_module_of_the_fleet_store_over_400_lines() -> None:
+    """The store grew into one 61-method class split across files by line count; it is held by job instead."""
+    long_modules = [
+        f"{m.rel} ({n} lines)"
+        for m in library()
+        if m.rel.startswith(STORE) and (n := len(m.path.read_text().splitlines())) > MAX_STORE_MODULE_LINES
+    ]
+    assert long_modules == []
+
+
+def _only_bases(sources: dict[str, tuple[ast.Module, bool]]) -> list[str]:
+    """The classes of ``sources`` (``module -> (tree, is_package)``) with one subclass, in another module, and no
+    other use: nothing names them but that subclass's bases and the imports that bring them there."""
+    defined = {
+        (name, n.name) for name, (tree, _) in sources.items() for n in ast.walk(tree) if isinstance(n, ast.ClassDef)
+    }
+    subclasses: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    uses: dict[tuple[str, str], int] = {}
+    for name, (tree, is_package) in sources.items():
+        package = name.split(".") if is_package else name.split(".")[:-1]
+        local = {cls: (module, cls) for module, cls in defined if module == name}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                source = ".".join([*package[: len(package) - node.level + 1], node.module or ""]).strip(".")
+                for a in node.names:
+                    local[a.asname or a.name] = (source if node.level else node.module or "", a.name)
+        bases = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for base in node.bases:
+                    if isinstance(base, ast.Name) and local.get(base.id) in defined:
+                        subclasses.setdefault(local[base.id], []).append((name, node.name))
+                        bases.add(id(base))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and id(node) not in bases and local.get(node.id) in defined:
+                uses[local[node.id]] = uses.get(local[node.id], 0) + 1
+    return [
+        f"{module}.{cls} is only the base of {sub[0][0]}.{sub[0][1]}"
+        for (module, cls), sub in sorted(subclasses.items())
+        if len(sub) == 1 and sub[0][0] != module and not uses.get((module, cls))
+    ]
+
+
+def test_no_class_is_only_the_base_of_one_class_in_another_module() -> None:
+    """Compose, don't inherit: a class whose one role is to be the base of one class in another module is a part of
+    that class kept elsewhere (the store's StoreQueries and StoreMaintenance were: ``Store`` inherited them, and
+    nothing else named them), so give it a job of its own and make it an attribute. A base with two or more
+    subclasses is a shared shape (an error's kinds, a protocol's implementations), one used on its own too (made,
+    passed, named in a type) is a class in its own right, and one beside its only subclass is its module's own
+    business."""
+    assert _only_bases({m.name: (m.tree, m.is_package) for m in library()}) == []
+
+
+def test_the_only_base_rule_finds_a_part_kept_elsewhere() -> None:
+    """The rule above flags what it is for, and only that: ``Reads`` (used nowhere but as ``Store``'s base, in
+    another module) is flagged; ``Shape`` (two subclasses) and ``Used`` (made on its own too) are not."""
+    sources = {
+        "pkg.parts": "class Reads:\n    pass\n\n\nclass Shape:\n    pass\n\n\nclass Used:\n    pass\n",
+        "pkg.whole": (
+            "from .parts import Reads, Shape, Used\n\n\nclass Store(Reads):\n    pass\n\n\n"
+            "class A(Shape):\n    pass\n\n\nclass B(Shape):\n    pass\n\n\nclass C(Used):\n    pass\n\n\n"
+            "default = Used()\n"
+        ),
+    }
+    found = _only_bases({name: (ast.parse(text), False) for name, text in sources.items()})
+    assert found == ["pkg.parts.Reads is only the base of pkg.whole.Store"]
+
+
+def _room(name: str) -> str:
+    """A module of the fleet store's room: its subfolder (``sqlite``, ``postgres``, ``schema``, ``writes``) as one
+    room, a module at the store's top as its own."""
+    parts = name.split(".")
+    return ".".join(parts[:4]) if len(parts) > 4 else name
+
+
+def test_the_stores_rooms_import_one_way() -> None:
+    """No import back up: with each of the store's subfolders taken as one room, no room imports a room that
+    imports it (as postgres/transfer.py once imported connection.py, which imported postgres/)."""
+    prefix = "sdcguard.fleet.store."
+    edges: dict[str, set[str]] = {}
+    for name, targets in graph().items():
+        if name.startswith(prefix):
+            here = _room(name)
+            edges.setdefault(here, set()).update(_room(t) for t in targets if t.startswith(prefix) and _room(t) != here)
+    assert cycles({k: frozenset(v) for k, v in edges.items()}) == []
 
 
 # ------------------------------------------------------------------------------------ references in docstrings
