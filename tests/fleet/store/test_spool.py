@@ -3,15 +3,18 @@ and forwarding sends what the server lacks. Nothing lost, nothing twice, under a
 (beginning between two batches of a scan or before it), scans, incidents, prunes of the server and forwards; a
 server killed mid-transaction; quarantine decided once by concurrent policy runs; a least-privilege writer role.
 
-Outages are real: the writers log in as a role of their own, and an outage is that role refused at login with its
-sessions terminated (``ALTER ROLE ... NOLOGIN``, ``pg_terminate_backend``), which a writer sees as it sees a
-server gone.
+Outages are real: the writers reach the server through a door of their own, a folder whose socket is a link to the
+server's. An outage takes the link away (a writer's connect finds no socket there, as when the server is gone) and
+ends the writers' sessions (``pg_terminate_backend``). A role refused at login (``NOLOGIN``) would not do: the
+server answers ``FATAL``, which the store takes for a wrong URL, an error rather than an outage.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import urllib.parse
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -40,14 +43,33 @@ def writer_role(pg_server: PostgresServer) -> str:
     return WRITER
 
 
-def _as(url: str, role: str) -> str:
-    return url.replace("user=postgres", f"user={role}")
+@pytest.fixture(scope="module")
+def door(pg_server: PostgresServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The writers' way in: a folder holding a link to the server's socket (libpq's ``host=`` takes a folder)."""
+    folder = tmp_path_factory.mktemp("door")
+    os.chmod(folder, 0o755)
+    _outage(pg_server, folder, WRITER, False)
+    return folder
 
 
-def _outage(server: PostgresServer, role: str, down: bool) -> None:
-    server.admin(f"ALTER ROLE {role} {'NOLOGIN' if down else 'LOGIN'}")
+def _as(url: str, role: str, door: Path | None = None) -> str:
+    """``url`` for ``role``, through ``door`` where given."""
+    url = url.replace("user=postgres", f"user={role}")
+    if door is None:
+        return url
+    parts = urllib.parse.urlsplit(url)
+    query = dict(urllib.parse.parse_qsl(parts.query))
+    query["host"] = str(door)
+    return parts._replace(query=urllib.parse.urlencode(query)).geturl()
+
+
+def _outage(server: PostgresServer, door: Path, role: str, down: bool) -> None:
+    link = door / f".s.PGSQL.{server.port}"
     if down:
+        link.unlink(missing_ok=True)
         server.admin("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", params=(role,))
+    elif not link.is_symlink():
+        link.symlink_to(server.dir / link.name)
 
 
 _batches = st.lists(
@@ -64,10 +86,10 @@ _op = st.one_of(
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_op, min_size=1, max_size=14))
 def test_nothing_lost_nothing_twice_under_any_interleaving(
-    pg_server: PostgresServer, writer_role: str, tmp_path_factory: pytest.TempPathFactory, ops: list
+    pg_server: PostgresServer, writer_role: str, door: Path, tmp_path_factory: pytest.TempPathFactory, ops: list
 ) -> None:
     admin = pg_server.fresh_url()
-    url = _as(admin, writer_role)
+    url = _as(admin, writer_role, door)
     spool = tmp_path_factory.mktemp("spool") / "spool.db"
     ledger: Counter[tuple[str, str]] = Counter()  # (device, "executions" | "failures") as written
     incidents = 0
@@ -89,7 +111,7 @@ def test_nothing_lost_nothing_twice_under_any_interleaving(
                         ledger[(device, "executions")] += len(rows)
                         ledger[(device, "failures")] += sum(not p for p, _ in batch)
                         if outage_after == b:  # the server goes away between two batches of this scan
-                            _outage(pg_server, writer_role, True)
+                            _outage(pg_server, door, writer_role, True)
             elif kind == "incident":
                 device = f"sim:{n}"
                 with SpooledStore(url, spool, retry_after_s=0) as w:
@@ -107,14 +129,14 @@ def test_nothing_lost_nothing_twice_under_any_interleaving(
                     )
                 incidents += 1
             elif kind in ("down", "up"):
-                _outage(pg_server, writer_role, kind == "down")
+                _outage(pg_server, door, writer_role, kind == "down")
             elif kind == "forward":
                 SpooledStore(url, spool, retry_after_s=0).forward()  # nothing while the server is away
             elif kind == "prune":
                 with Store.open(admin) as s:
                     s.maintenance.prune(before=clock - n * DAY)
     finally:
-        _outage(pg_server, writer_role, False)
+        _outage(pg_server, door, writer_role, False)
     for _ in range(2):  # forwarded twice: the second sends nothing
         forward(url, spool) if spool.exists() else None
     with Store.open(admin) as s:
@@ -168,6 +190,7 @@ def test_a_server_killed_mid_transaction_loses_nothing_and_a_spool_forwarded_twi
 def test_a_training_job_spools_its_incidents_and_warns_once(
     pg_server: PostgresServer,
     writer_role: str,
+    door: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -178,7 +201,7 @@ def test_a_training_job_spools_its_incidents_and_warns_once(
 
     admin = pg_server.fresh_url()
     Store.open(admin).close()
-    url = _as(admin, writer_role)
+    url = _as(admin, writer_role, door)
     monkeypatch.setenv("SDCGUARD_SPOOL", str(tmp_path / "job-spool.db"))
     incident = Incident(
         kind="replay",
@@ -190,7 +213,7 @@ def test_a_training_job_spools_its_incidents_and_warns_once(
         hosts=("h",),
         time=START,
     )
-    _outage(pg_server, writer_role, True)
+    _outage(pg_server, door, writer_role, True)
     try:
         responder = Responder("record", url, rank=0, writer=True, job="job-1")
         with caplog.at_level(logging.WARNING, logger="sdcguard.store"):
@@ -198,7 +221,7 @@ def test_a_training_job_spools_its_incidents_and_warns_once(
             responder.handle([incident])
         assert len([r for r in caplog.records if "spool" in r.getMessage()]) == 1
     finally:
-        _outage(pg_server, writer_role, False)
+        _outage(pg_server, door, writer_role, False)
     forward(url, tmp_path / "job-spool.db")
     forward(url, tmp_path / "job-spool.db")
     with Store.open(admin) as s:
