@@ -22,6 +22,12 @@ Rules need different views, so the policy runs in two places (``scope``):
   4. Probation (after a manual release): any failure since the release re-quarantines the device;
      ``probation_clean_scans`` complete clean scans end it.
 
+A release by hand is a boundary of evidence, in both scopes: failures, training incidents (to the training breaker
+too) and a device's rate from before its last release never quarantine it again (a device released inside the
+window is rated on its executions since), nor make it ``suspect`` in a report; a device released inside the
+window is not drained for slowness (the window's timings predate it) until a window has passed. A hold
+(``quarantine add``) is lifted only by a release: probation, which a run may end, follows a release alone.
+
 A run (:func:`~.run.apply_policy`) reaps, then reads everything the rules weigh at once (:func:`~.run.read_inputs`:
 one frozen :class:`~.rules.PolicyInputs`), decides (:func:`~.rules.decide`: a pure function of those inputs and the
 settings, like the training side's verdicts), and records every decision with its reason (``policy_decisions``, and

@@ -57,6 +57,12 @@ class PolicyInputs:
     """(fleet) What the slowness rule weighs (:func:`~..slow_fleet.read_slowness`)."""
     slow_noted: frozenset[str] = frozenset()
     """(fleet) The devices a ``slow`` decision in the window already names."""
+    releases: Mapping[str, float] = field(default_factory=dict)
+    """Each device released by hand -> when it last was: evidence from before that never quarantines it again."""
+
+    def after_release(self, device: str, t: float) -> bool:
+        """Whether evidence of ``device`` at ``t`` counts: it is not older than the device's last release."""
+        return t >= self.releases.get(device, float("-inf"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,7 +95,11 @@ def _node_candidates(inputs: PolicyInputs, policy: QuarantinePolicy) -> dict[str
     if not policy.quarantine_on_sticky:
         return {}
     scope = inputs.devices
-    sticky = [f for f in inputs.failures if f.sticky and (scope is None or f.device in scope)]
+    sticky = [
+        f
+        for f in inputs.failures
+        if f.sticky and (scope is None or f.device in scope) and inputs.after_release(f.device, f.started_at)
+    ]
     if not sticky:
         return {}
     shared: dict[tuple[str, str], set[str]] = {}
@@ -116,8 +126,12 @@ def _node_candidates(inputs: PolicyInputs, policy: QuarantinePolicy) -> dict[str
 def _fleet_rules(inputs: PolicyInputs, policy: QuarantinePolicy) -> PolicyVerdict:
     """The fleet's rules: quarantines (the breakers first), probations passed, and the notes."""
     verdict = judge_suite(inputs.failures, inputs.suite, policy, now=inputs.now)
-    evidence = [f for f in inputs.failures if not verdict.is_suspect(f)]
-    training = judge_training(inputs.incidents, policy)
+    evidence = [
+        f for f in inputs.failures if not verdict.is_suspect(f) and inputs.after_release(f.device, f.started_at)
+    ]
+    # an incident counts unless every device it names was released after it
+    incidents = [i for i in inputs.incidents if _counts_after_releases(i, inputs)]
+    training = judge_training(incidents, policy)
     notes = [Decision(device=None, decision="breaker", reason=why) for why in verdict.trips]
     notes += [Decision(device=None, decision="training_breaker", reason=why) for why in training.tripped_jobs.values()]
     slowness, slow_notes, slow = _slow_rule(inputs, policy)
@@ -153,6 +167,12 @@ def _fleet_rules(inputs: PolicyInputs, policy: QuarantinePolicy) -> PolicyVerdic
         training_breaker_jobs=tuple(sorted(training.tripped_jobs)),
         slowness=slowness,
     )
+
+
+def _counts_after_releases(incident: Incident, inputs: PolicyInputs) -> bool:
+    """An incident counts unless every device it names was released after it (one naming none counts)."""
+    named = incident.devices or ((incident.device,) if incident.device else ())
+    return not named or any(inputs.after_release(d, incident.time) for d in named)
 
 
 def _fleet_candidates(
@@ -210,12 +230,14 @@ def _slow_rule(
     verdicts = with_training(computed, inputs.incidents, wanted=wanted)
     notes: list[Decision] = []
     drain: dict[str, str] = {}
+    window = inputs.now - policy.window_s
     for device, v in sorted(verdicts.items()):
         if not v.slow:
             continue
         why = f"slow ({v.basis}, {v.confidence} confidence): {v.reason}"
         if device not in inputs.slow_noted:
             notes.append(Decision(device=device, decision="slow", reason=why))
-        if policy.slow_drain:
+        # the slowness of a window that began before the device's release is partly older evidence: no drain
+        if policy.slow_drain and inputs.after_release(device, window):
             drain[device] = why + "; slow_drain is on"
     return computed, notes, drain

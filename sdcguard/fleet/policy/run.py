@@ -56,13 +56,14 @@ def read_inputs(
     devices in are those of the failures read), none from a decision."""
     scoped = None if devices is None else frozenset(devices)
     window = now - policy.window_s
+    releases = store.quarantine.releases()
     if scope == "node":
         if not policy.quarantine_on_sticky:
             return PolicyInputs(now=now, scope=scope, devices=scoped)
         failures = tuple(store.failures.executions(since=window))
         sticky = [f for f in failures if f.sticky and (scoped is None or f.device in scoped)]
         if not sticky:
-            return PolicyInputs(now=now, scope=scope, devices=scoped, failures=failures)
+            return PolicyInputs(now=now, scope=scope, devices=scoped, failures=failures, releases=releases)
         cases = {f.case for f in sticky}
         passers = store.failures.case_passers(cases, since=min(f.started_at for f in sticky) - policy.breaker_window_s)
         return PolicyInputs(
@@ -70,13 +71,19 @@ def read_inputs(
             scope=scope,
             devices=scoped,
             failures=failures,
+            releases=releases,
             passers={c: frozenset(d) for c, d in passers.items()},
             pass_digests={c: frozenset(d) for c, d in store.failures.pass_digests(cases).items()},
         )
     since = min(window, now - policy.breaker_window_s)
     failures = tuple(store.failures.executions(since=since))
     failing = sorted({f.device for f in failures if f.started_at >= window and (scoped is None or f.device in scoped)})
-    tallies = store.counts.tallies(since=window, devices=failing, by="device") if failing else []
+    # a device released in the window is rated on its executions since the release
+    late = [d for d in failing if releases.get(d, window) > window]
+    plain = [d for d in failing if d not in late]
+    tallies = store.counts.tallies(since=window, devices=plain, by="device") if plain else []
+    for d in late:
+        tallies += store.counts.tallies(since=releases[d], devices=[d], by="device")
     quarantine = tuple(store.quarantine.entries())
     probation = {
         e.device: e.since for e in quarantine if e.state == "probation" and (scoped is None or e.device in scoped)
@@ -92,6 +99,7 @@ def read_inputs(
         quarantine=quarantine,
         clean_scans=store.counts.clean_scans(probation),
         slowness=read_slowness(store, since=window, settings=policy.slow_settings),
+        releases=releases,
         slow_noted=frozenset(
             d.device for d in store.quarantine.decisions(since=window) if d.decision == "slow" and d.device is not None
         ),

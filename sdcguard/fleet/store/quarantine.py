@@ -185,6 +185,14 @@ class Quarantine:
         )
         return [QuarantineEntry(device=r[0], state=r[1], since=r[2], reason=r[3], by=r[4], host=r[5]) for r in rows]
 
+    def releases(self) -> dict[str, float]:
+        """``device -> when it was last released by hand``: the boundary of its evidence (nothing from before it
+        quarantines the device again, see :mod:`sdcguard.fleet.policy`)."""
+        rows = self._core.rows(
+            "SELECT device, MAX(time) FROM quarantine_history WHERE action = 'release' GROUP BY device"
+        )
+        return {d: float(t) for d, t in rows}
+
     def history(self, device: str | None = None) -> list[dict[str, Any]]:
         """Every quarantine change (who, when, why, action), oldest first."""
         where, params = ("WHERE device = ?", (device,)) if device else ("", ())
@@ -213,7 +221,12 @@ class Quarantine:
             failing = self._failures.devices(since=suspect_since, devices=devices)
         named = self._training.suspects(since=suspect_since)
         ids = list(devices) if devices is not None else [r[0] for r in self._core.rows("SELECT id FROM devices")]
-        return {d: device_status(states.get(d), d in failing or d in named) for d in ids}
+        suspect = (set(failing) | set(named)) & set(ids)
+        for d, t in self.releases().items():  # evidence from before a release makes no device suspect
+            if d in suspect and (suspect_since is None or t > suspect_since):
+                if not (self._failures.devices(since=t, devices=[d]) or d in self._training.suspects(since=t)):
+                    suspect.discard(d)
+        return {d: device_status(states.get(d), d in suspect) for d in ids}
 
     def status(self, device: str, *, window_s: float = DEFAULT_WINDOW_S, now: float | None = None) -> DeviceStatus:
         """One device's status (see :func:`sdcguard.fleet.store.rows.device_status`); suspect over ``window_s``."""
