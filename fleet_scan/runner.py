@@ -282,7 +282,7 @@ def _open_store(db: str, reporter: Reporter) -> Store | None:
     try:
         store = Store.open(db)
     except StoreUnreachable as e:
-        reporter.event(Message(text=f"{e}; the scan writes to the spool {default_spool()}"))
+        reporter.event(Message(text=f"{e}; the scan writes to the spool {default_spool(db)}"))
         return None
     sent = forward_spool(db)
     if sent is not None and (sent.scans or sent.incidents):

@@ -18,6 +18,7 @@ only what an outage kept from the server, and its row ids never go back.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from typing import TypeVar
 
 from ...devices import hostname
 from ...entry import is_server_url
-from ...errors import StoreError, StoreUnreachable
+from ...errors import BadInput, StoreError, StoreUnreachable
 from ...logs import get_logger
 from .rows import MergeStats
 from .spool_jobs import SpoolCounts, SpoolScans, SpoolTraining
@@ -37,6 +38,9 @@ __all__ = [
     "SpooledStore",
     "open_writer",
     "default_spool",
+    "legacy_spool",
+    "spool_owner",
+    "SpoolOfAnotherServer",
     "forward",
     "forward_spool",
     "SPOOL_ENV",
@@ -57,14 +61,44 @@ _log = get_logger("store")
 T = TypeVar("T")
 
 
-def default_spool() -> Path:
-    """``$SDCGUARD_SPOOL``, else ``~/.local/state/sdcguard/spool-<host>.db`` (per host: a home directory may be
-    shared by many nodes)."""
+def default_spool(url: str) -> Path:
+    """``$SDCGUARD_SPOOL``, else ``~/.local/state/sdcguard/spool-<host>-<server>.db``: per host (a home directory
+    may be shared by many nodes) and per server (``<server>``: 12 hex digits of the URL's SHA-256), so two stores
+    written from one host never share a spool."""
     named = os.environ.get(SPOOL_ENV)
     if named:
         return Path(named)
-    state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-    return state / "sdcguard" / f"spool-{hostname()}.db"
+    return _spool_dir() / f"spool-{hostname()}-{hashlib.sha256(url.encode()).hexdigest()[:12]}.db"
+
+
+def legacy_spool() -> Path:
+    """Where spools were kept before their path named the server (one per host, whatever the server)."""
+    return _spool_dir() / f"spool-{hostname()}.db"
+
+
+def _spool_dir() -> Path:
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "sdcguard"
+
+
+class SpoolOfAnotherServer(StoreError):
+    """A spool holds the writes of another server than the one it was to be sent to or written for."""
+
+    def __init__(self, spool: Path, owner: str, url: str) -> None:
+        super().__init__(
+            f"the spool {spool} holds writes for {owner}, not {url}: nothing sent, the spool kept; send it to its own "
+            f"server with `sdcguard --db '{owner}' forward --spool {spool}`, or give this store its own spool "
+            f"(${SPOOL_ENV})"
+        )
+        self.owner = owner
+
+
+def spool_owner(spool: Path) -> str | None:
+    """The server store ``spool`` was written for (None: no spool there, or a store that is no spool)."""
+    if not spool.exists():
+        return None
+    check_merge_input(spool)
+    with Store.open(spool, readonly=True) as s:
+        return s.maintenance.spool_for
 
 
 def open_writer(
@@ -74,16 +108,22 @@ def open_writer(
     :class:`SpooledStore` with ``spool`` (default :func:`default_spool`)."""
     if not is_server_url(db):
         return Store.open(db)
-    return SpooledStore(str(db), Path(spool) if spool is not None else default_spool(), timeout_s=timeout_s)
+    return SpooledStore(str(db), Path(spool) if spool is not None else default_spool(str(db)), timeout_s=timeout_s)
 
 
 def forward(url: str, spool: str | os.PathLike[str], *, timeout_s: float = WRITE_TIMEOUT_S) -> MergeStats | None:
     """Send the spool to the server (a merge by the watermarks); None when there is no spool. Raises
-    :class:`~sdcguard.errors.StoreUnreachable` while the server cannot be reached."""
+    :class:`~sdcguard.errors.StoreUnreachable` while the server cannot be reached, :class:`SpoolOfAnotherServer`
+    (nothing sent) when the spool was written for another server, :class:`~sdcguard.errors.BadInput` when the file
+    is a store but no spool (``sdcguard merge`` takes those)."""
     path = Path(spool)
     if not path.exists():
         return None
-    check_merge_input(path)
+    owner = spool_owner(path)
+    if owner is None:
+        raise BadInput(f"{path} is a fleet store but no spool: `sdcguard merge` folds a node's store into another")
+    if owner != url:
+        raise SpoolOfAnotherServer(path, owner, url)
     with Store.open(url, timeout_s=timeout_s) as server:
         return server.maintenance.merge(path)
 
@@ -93,7 +133,9 @@ def forward_spool(db: str | os.PathLike[str], spool: str | os.PathLike[str] | No
     or the server cannot be reached (said once through the logger)."""
     if not is_server_url(db):
         return None
-    return SpooledStore(str(db), Path(spool) if spool is not None else default_spool()).forward()
+    if spool is None and SPOOL_ENV not in os.environ and spool_owner(legacy_spool()) == str(db):
+        SpooledStore(str(db), legacy_spool()).forward()  # a spool from before its path named the server
+    return SpooledStore(str(db), Path(spool) if spool is not None else default_spool(str(db))).forward()
 
 
 class SpooledStore:
@@ -151,8 +193,13 @@ class SpooledStore:
         """The spool, opened (and created) when first needed."""
         if self._spool is None:
             self.spool_path.parent.mkdir(parents=True, exist_ok=True)
-            self._spool = Store.open(self.spool_path)
-            self._spool.maintenance.mark_spool(self.url)
+            spool = Store.open(self.spool_path)
+            owner = spool.maintenance.spool_for
+            if owner is not None and owner != self.url:  # never mix two servers' writes in one spool
+                spool.close()
+                raise SpoolOfAnotherServer(self.spool_path, owner, self.url)
+            spool.maintenance.mark_spool(self.url)
+            self._spool = spool
         self.spooled += 1
         return self._spool
 
@@ -178,7 +225,7 @@ class SpooledStore:
             return forward(self.url, self.spool_path, timeout_s=self.timeout_s)
         except StoreUnreachable as e:
             self.lost(e)
-        except StoreError as e:  # e.g. a writer role may not roll up scans older than the server's retention
+        except (StoreError, BadInput) as e:  # another server's spool; a writer role may not roll up old scans
             _log.warning("could not forward the spool %s to %s: %s", self.spool_path, self.url, e)
         return None
 

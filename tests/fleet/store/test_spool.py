@@ -286,3 +286,45 @@ def test_a_spool_is_never_pruned(tmp_path: Path) -> None:
         s.maintenance.mark_spool("postgresql://db.example/sdcguard")
         with pytest.raises(BadInput, match="spool"):
             s.maintenance.prune(before=START)
+
+
+def test_a_spool_is_sent_to_its_own_server_only(
+    pg_server: PostgresServer, writer_role: str, door: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two servers: a spool written while the first was away is refused by the second (one line, exit 2 from the
+    CLI, nothing sent, the spool kept), no writer of the second adds to it, and the first gets it. Each server has
+    a default spool of its own on one host."""
+    from click.testing import CliRunner
+
+    from sdcguard.cli import cli
+    from sdcguard.fleet.store.spool import SpoolOfAnotherServer, default_spool
+
+    monkeypatch.delenv("SDCGUARD_SPOOL", raising=False)
+    admin = pg_server.fresh_url()
+    Store.open(admin).close()
+    url = _as(admin, writer_role, door)
+    spool = tmp_path / "spool.db"
+    incident = Incident(kind="replay", step=1, suspect_ranks=(0,), device="sim:1", detail="x", time=START)
+    _outage(pg_server, door, writer_role, True)
+    try:
+        with SpooledStore(url, spool, retry_after_s=0) as w:
+            w.training.record_incident(incident)
+    finally:
+        _outage(pg_server, door, writer_role, False)
+    with PostgresServer() as other:
+        elsewhere = other.fresh_url()
+        Store.open(elsewhere).close()
+        assert default_spool(elsewhere) != default_spool(url)
+        assert default_spool(elsewhere).parent == default_spool(url).parent
+        with pytest.raises(SpoolOfAnotherServer, match="holds writes for"):
+            forward(elsewhere, spool)
+        got = CliRunner().invoke(cli, ["--db", elsewhere, "forward", "--spool", str(spool)])
+        assert got.exit_code == 2 and "not " + elsewhere in got.output and len(got.output.strip().splitlines()) == 1
+        with pytest.raises(SpoolOfAnotherServer):
+            SpooledStore(elsewhere, spool).spool()
+        with Store.open(elsewhere) as s:
+            assert s.training.incidents() == []
+    assert spool.exists()
+    assert forward(url, spool) is not None
+    with Store.open(admin) as s:
+        assert s.training.incidents() == [incident]
