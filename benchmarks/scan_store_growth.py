@@ -42,6 +42,7 @@ def _scan(db: Path, budget: float, *extra: str) -> None:
             "--lock-dir",
             str(db.parent / "locks"),
             *extra,
+            *(("--drill-store", str(db)) if "--inject" in extra else ()),  # a drill's own store, read as any store
         ],
         check=False,
         capture_output=True,

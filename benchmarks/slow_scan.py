@@ -27,8 +27,20 @@ def _run(db: Path, budget: float, *extra: str) -> tuple[dict[str, dict[str, obje
     """The report's rows after one scan, and what the scan said when it did not exit 0."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     base = [sys.executable, "-m", "sdcguard", "--db", str(db)]
+    drill = ("--drill-store", str(db)) if "--inject" in extra else ()  # a drill's own store, read as any store
     scan = subprocess.run(
-        [*base, "scan", "--all", "--json", "--budget", str(budget), "--lock-dir", str(db.parent / "locks"), *extra],
+        [
+            *base,
+            "scan",
+            "--all",
+            "--json",
+            "--budget",
+            str(budget),
+            "--lock-dir",
+            str(db.parent / "locks"),
+            *extra,
+            *drill,
+        ],
         check=False,
         capture_output=True,
         text=True,

@@ -74,6 +74,15 @@ def _given(ctx: click.Context) -> dict[str, Any]:
     metavar="SPEC",
     help="Fire drill: make devices behave as faulty hardware (grammar below).",
 )
+@click.option(
+    "--drill-store",
+    "drill_store",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="SDCGUARD_DRILL_STORE",
+    default=None,
+    help="Where a fire drill (--inject) is recorded: a SQLite store of drills, never the fleet's record (default: "
+    "beside --db, X.drills.db; `sdcguard report --drills` reads it).",
+)
 @click.option("--json", "json_lines", is_flag=True, help="Progress as JSON lines even on a terminal.")
 @click.option(
     "--retests",
@@ -133,6 +142,7 @@ def scan(
     budget: float | None,
     only_idle: bool,
     inject: Sequence[str],
+    drill_store: Path | None,
     json_lines: bool,
     retests: int | None,
     actions: Sequence[str],
@@ -172,12 +182,23 @@ def scan(
     scope: PolicyScope = policy_scope or section.get("policy_scope", "fleet")  # both checked: click, load_config
     # The fire drill is parsed here, once: the workers and retests get the parsed spec (BadInput: one line, exit 2).
     drill = InjectSpec.parse(";".join(inject)) if inject else None
+    from sdcguard.fleet.store.drills import drill_running, drill_store_for
+
+    drilling = drill is not None or drill_running()
+    if drilling:  # a drill never enters the fleet's record (sdcguard.fleet.store.drills)
+        db = Path(drill_store_for(str(db), drill_store))
     options = ScanOptions.from_settings(_given(ctx), section, db=str(db), inject=drill, json=json_lines)
     specs = list(devices) or list(section.get("devices", []))
     with make_reporter(json_lines) as reporter:
         outcome = run_scan(options, specs, reporter=reporter, policy=policy, actions=templates, policy_scope=scope)
     if outcome.exit_code:
         click.echo(f"sdcguard: {outcome.message}", err=True)
+    if drilling and outcome.exit_code != 2:
+        click.echo(
+            f"sdcguard: a fire drill: its results are in the drill store {db}, apart from the fleet's record "
+            "(`sdcguard report --drills` shows them)",
+            err=True,
+        )
     ctx.exit(outcome.exit_code)
 
 

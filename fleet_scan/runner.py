@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from sdcguard.errors import GoldenDataError
 from sdcguard.exit_codes import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK, exit_code_for_signal
+from sdcguard.fleet.store.drills import drill_running
 from sdcguard.fleet.store.schema.tables import MIN_EXECUTIONS
 
 from .device_scan.requests import WorkerRequest
@@ -227,7 +228,7 @@ def run_scan(
         # This process's one connection: the store is created (schema, WAL) here, before the workers open it
         # concurrently, and the policy reads and writes through it after them (None: a server that cannot be
         # reached, the workers write to their spool).
-        store = _open_store(options.db, reporter)
+        store = _open_store(options.db, reporter, drill=options.inject is not None or drill_running())
         try:
             references = _references_dir()
             try:
@@ -269,16 +270,25 @@ class _Stop:
                 w.proc.send_signal(signum)
 
 
-def _open_store(db: str, reporter: Reporter) -> Store | None:
-    """The store of this process; for a server, its spool forwarded first (what an earlier outage kept), and
-    None (said) while it cannot be reached."""
+def _open_store(db: str, reporter: Reporter, *, drill: bool) -> Store | None:
+    """The store of this process (a ``drill``'s: the drill store, :mod:`sdcguard.fleet.store.drills`); for a server,
+    its spool forwarded first (what an earlier outage kept), and None (said) while it cannot be reached."""
     from sdcguard.entry import is_server_url
     from sdcguard.errors import StoreUnreachable
+    from sdcguard.fleet.store.drills import open_for_drills, refuse_drill_store
     from sdcguard.fleet.store.spool import default_spool, forward_spool
     from sdcguard.fleet.store.store import Store
 
+    if drill:
+        return open_for_drills(db)
     if not is_server_url(db):
-        return Store.open(db)
+        store = Store.open(db)
+        try:
+            refuse_drill_store(store)
+        except BaseException:
+            store.close()
+            raise
+        return store
     try:
         store = Store.open(db)
     except StoreUnreachable as e:

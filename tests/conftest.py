@@ -56,6 +56,14 @@ def _no_process_group_left_behind() -> object:
         dist.destroy_process_group()
 
 
+@pytest.fixture(autouse=True)
+def _no_drill_left_behind() -> Iterator[None]:
+    """An injector made in this process marks it a drill (``$SDCGUARD_DRILL``: its records go to a drill store):
+    the mark ends with the test that made it, so the next test's records go where it says."""
+    yield
+    os.environ.pop("SDCGUARD_DRILL", None)
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PostgresServer]:
     """A throwaway PostgreSQL server for the whole session (:mod:`sdcguard.testing.postgres`), started the first

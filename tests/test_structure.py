@@ -67,8 +67,8 @@ documented import paths)."""
 CROSSING_ALLOWED = {
     (
         "sdcguard.checkpoint.dcp",
-        "sdcguard.fleet.store.store",
-    ): "DESIGN.md: training records verified checkpoints through the store's public API",
+        "sdcguard.fleet.store.spool",
+    ): "DESIGN.md: training reads its verified checkpoints through the store's public API (a drill: its drill store)",
     (
         "sdcguard.training.response",
         "sdcguard.fleet.store.spool",

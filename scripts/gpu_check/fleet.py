@@ -4,9 +4,9 @@
 completes with a telemetry snapshot, then ``sdcguard report --format json`` shows the GPU healthy with exactly the
 executions the scan ran, and nothing is quarantined.
 
-``drill``: ``sdcguard --db <fresh> scan --device cuda:0 --budget 15 --retests 1 --inject cuda:0:bitflip``: the
-scan exits 1, the failure reproduces on retest (sticky), the policy quarantines the GPU, and ``sdcguard
-quarantine list`` and ``report`` say so.
+``drill``: ``sdcguard --db <fresh> scan --device cuda:0 --budget 15 --retests 1 --inject cuda:0:bitflip
+--drill-store <fresh>``: the scan exits 1, the failure reproduces on retest (sticky), the policy quarantines the GPU
+in the drill store, and ``sdcguard quarantine list`` and ``report`` on it say so.
 
 Each store is fresh (a temporary folder), so what they hold comes from this run alone. The functions take the
 device spec, so the tests drive the same code with ``cpu:0``.
@@ -140,6 +140,8 @@ def drill_checks(
         "1",
         "--inject",
         inject,
+        "--drill-store",  # a drill is recorded in a drill store (never the fleet's): this fresh one, read below
+        str(db),
         "--json",
         *(() if only_idle else ("--all",)),
         timeout=timeout,

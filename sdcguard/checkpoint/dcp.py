@@ -205,10 +205,11 @@ def _load_one(state_dict: dict[str, Any], path: Path, *, strict: bool, **kwargs:
 
 
 def store_candidates(store: str | os.PathLike[str], root: Path) -> list[Candidate]:
-    """The checkpoints the fleet store recorded as verified and saved, at or under ``root``, newest step first."""
-    from ..fleet.store.store import Store
+    """The checkpoints the fleet store recorded as verified and saved, at or under ``root``, newest step first (in a
+    drill, those its drill store recorded: :func:`~sdcguard.fleet.store.spool.open_reader`)."""
+    from ..fleet.store.spool import open_reader
 
-    with Store.open(Path(store), readonly=True) as db:
+    with open_reader(store) as db:
         rows = [c for c in db.training.checkpoints() if c.verified and c.status == "saved"]
     inside = [c for c in rows if Path(c.checkpoint_id) == root or root in Path(c.checkpoint_id).parents]
     newest = sorted(inside, key=lambda c: (c.step, c.time), reverse=True)

@@ -26,13 +26,14 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def open_store(create: bool = False, *, readonly: bool = False) -> Store:
-    """Open the store named by ``--db`` / ``$SDCGUARD_DB`` (errors become one line, exit 2, via the group).
+def open_store(create: bool = False, *, readonly: bool = False, db: str | None = None) -> Store:
+    """Open the store named by ``--db`` / ``$SDCGUARD_DB``, or ``db`` (errors become one line, exit 2, via the
+    group).
 
     ``readonly``: the command only reads, so a store this user may not write is opened read-only; a writing
     command on such a store is refused with one line naming it read-only."""
     state = click.get_current_context().find_root().obj
-    return Store.open(state.db, create=create, readonly=readonly)
+    return Store.open(db if db is not None else state.db, create=create, readonly=readonly)
 
 
 def device_id(text: str) -> str:

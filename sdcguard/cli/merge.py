@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..entry import STORE
-from ..fleet.merge import merge_stores
+from ..fleet.merge import drills_left_out, merge_stores
 
 __all__ = ["merge"]
 
@@ -31,6 +31,8 @@ def merge(out: str | Path, inputs: tuple[Path, ...], full: bool) -> None:
     Example: sdcguard merge fleet.db /shared/sdcguard/nodes /shared/sdcguard/jobs
     """
     stats = merge_stores(out, inputs, full=full)
+    for p in drills_left_out(out, inputs):
+        click.echo(f"{p}: a drill store, left out (fire drills never enter the fleet's record)", err=True)
     if not stats:
         click.echo(f"nothing to merge: no *.db store in {', '.join(map(str, inputs))}")
     for s in stats:

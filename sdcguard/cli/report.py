@@ -19,9 +19,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from fleet_scan.config import config_option, load_config, load_policy  # noqa: E402
 
 from ..durations import DEFAULT_WINDOW, since_timestamp  # noqa: E402
+from ..errors import BadInput  # noqa: E402
 from ..fleet.report.devices import build_report, report_csv_rows  # noqa: E402
 from ..fleet.report.kept import ReportLines, kept_lines  # noqa: E402
 from ..fleet.store.rows import DeviceStatus  # noqa: E402
+from ..fleet.store.store import Store  # noqa: E402
 from .common import (  # noqa: E402
     DEFAULT_SLOW_MAX_AGE,
     confidence_option,
@@ -85,6 +87,19 @@ def _print_report(lines: ReportLines, *, since: str, confidence: float, show_all
         [line for d in lines.dicts(listed) for line in _lines(d)],
         caption=caption,
     )
+
+
+def _open(drills: bool, drill_store: Path | None) -> Store:
+    """The store the report reads: the fleet's, or with ``drills`` its drill store (said on stderr)."""
+    if not drills:
+        return open_store(readonly=True)
+    from ..fleet.store.drills import drill_store_for
+
+    path = drill_store_for(click.get_current_context().find_root().obj.db, drill_store)
+    if not Path(path).exists():
+        raise BadInput(f"no fire drill recorded: no drill store at {path} (a scan with --inject writes one)")
+    click.echo(f"fire drills, from the drill store {path} (never part of the fleet's figures)", err=True)
+    return open_store(readonly=True, db=path)
 
 
 def _lines(d: dict[str, Any]) -> list[list[str]]:
@@ -160,6 +175,19 @@ def _lines(d: dict[str, Any]) -> list[list[str]]:
     help="Compute every device's row, even where `sdcguard db refresh` kept this window's report (by default the "
     "report reads it, for up to --slow-max-age, and computes only the rows of the devices that changed since).",
 )
+@click.option(
+    "--drills",
+    is_flag=True,
+    help="Report the fire drills instead (the drill store beside --db, or --drill-store): never part of the fleet's "
+    "figures.",
+)
+@click.option(
+    "--drill-store",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="SDCGUARD_DRILL_STORE",
+    default=None,
+    help="The drill store --drills reads (default: beside --db, X.drills.db).",
+)
 @slow_max_age_option
 @config_option
 def report(
@@ -174,6 +202,8 @@ def report(
     computed: bool = False,
     slow_max_age: str = DEFAULT_SLOW_MAX_AGE,
     config_path: Path | None = None,
+    drills: bool = False,
+    drill_store: Path | None = None,
 ) -> None:
     """Per-device SDC rates with one-sided bounds, and each device's status.
 
@@ -191,7 +221,7 @@ def report(
 
     policy = load_policy(load_config(config_path))  # the [policy] slow_threshold, as the policy flags them
     slow = SlowSettings(threshold=policy.slow_threshold, confidence=policy.confidence)
-    with open_store(readonly=True) as store:
+    with _open(drills, drill_store) as store:
         lines = (
             None
             if device or families or computed  # a kept report has every device, without families

@@ -12,6 +12,7 @@ exits) logs one warning through ``sdcguard.inject`` when nothing was injected, w
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -32,6 +33,9 @@ class DrillLog:
     read against the step the training loop sets on the injector (``.step``)."""
 
     def __init__(self, owner: object, *, rank: int | None, steps: frozenset[int] | None, **shown: object) -> None:
+        # This process is a drill now: its records go to a drill store, never the fleet's record
+        # (sdcguard.fleet.store.drills reads the variable; its workers and children inherit it).
+        os.environ["SDCGUARD_DRILL"] = "1"
         settings = {"rank": rank, "steps": None if steps is None else sorted(steps), **shown}
         self.name = f"{type(owner).__name__}({', '.join(f'{k}={v}' for k, v in settings.items())})"
         weakref.finalize(owner, self.finish)  # the callback holds this log, never the owner

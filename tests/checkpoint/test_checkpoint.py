@@ -197,17 +197,21 @@ def test_a_fault_between_samples_names_the_checkpoint_before_it(tmp_path: Path, 
         assert res["last_verified"] == 6  # nothing after the fault's earliest step is vouched for
         assert res["loaded"] == (True, 6, True)
     assert results[0]["saved"] == results[1]["saved"] == results[2]["saved"]  # one digest on every rank
-    # the fleet store holds each checkpoint once (the writer rank), and the incidents' restart point
+    # the store holds each checkpoint once (the writer rank), and the incidents' restart point: a drill's store (the
+    # job runs an injector), beside the fleet's, which holds none of the drill's records (the guard made it, empty,
+    # before the injector existed)
     with Store.open(tmp_path / "fleet.db") as store:
+        assert store.training.checkpoints() == [] and store.training.incidents() == []
+    with Store.open(tmp_path / "fleet.drills.db") as store:
         recorded = store.training.checkpoints()
         stored = [i for i in store.training.incidents() if i.kind == "replay"]
     assert [(c.checkpoint_id, c.step, c.verified, c.digest) for c in recorded] == [
         (f"{tmp_path}/step{s}", s, v, d) for s, (v, d) in sorted(results[0]["saved"].items())
     ]
     assert stored and all(i.rollback == f"{tmp_path}/step6" for i in stored)
-    shown = CliRunner().invoke(cli, ["--db", str(tmp_path / "fleet.db"), "incidents", "--format", "json"])
+    shown = CliRunner().invoke(cli, ["--db", str(tmp_path / "fleet.drills.db"), "incidents", "--format", "json"])
     assert shown.exit_code == 0 and {i["rollback"] for i in json.loads(shown.output)} >= {f"{tmp_path}/step6"}
-    shown = CliRunner().invoke(cli, ["--db", str(tmp_path / "fleet.db"), "checkpoints", "--format", "json"])
+    shown = CliRunner().invoke(cli, ["--db", str(tmp_path / "fleet.drills.db"), "checkpoints", "--format", "json"])
     assert shown.exit_code == 0 and [c["verified"] for c in json.loads(shown.output)] == [
         True,
         False,

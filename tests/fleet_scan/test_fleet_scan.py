@@ -57,6 +57,7 @@ def test_scan_of_this_machine_passes_within_budget_and_report_shows_healthy(tmp_
 
 def test_inject_quarantines_that_core_only_and_runs_the_action(tmp_path: Path) -> None:
     db, locks = tmp_path / "fleet.db", tmp_path / "locks"
+    drills = tmp_path / "fleet.drills.db"  # where a drill's results go, never --db
     bad = cores()[-1]
     template, log = argv_recorder(tmp_path)
     for _ in range(2):  # repeated scans: quarantined once, the action runs once
@@ -72,13 +73,14 @@ def test_inject_quarantines_that_core_only_and_runs_the_action(tmp_path: Path) -
         assert sum(e["count"] for e in failures) == done["failures"] >= len(failures) > 0
         assert all(e["element"] is not None and e["xor_mask"] and e["device"] == cpu_id(bad) for e in failures)
         kept = store_rows(
-            db,
+            drills,
             "SELECT r.case_id, COUNT(*) FROM results r JOIN scans s ON s.id = r.scan WHERE r.passed = 0 AND "
             "r.attempt = 0 AND r.device = ? AND s.id = (SELECT MAX(id) FROM scans WHERE device = ?) GROUP BY r.case_id",
             (cpu_id(bad), cpu_id(bad)),
         )
         assert {e["case"]: e["count"] for e in failures} == dict(kept)
-    rows = report(db)
+    assert not db.exists(), "a drill never enters the fleet's record"
+    rows = report(drills)
     assert rows[cpu_id(bad)]["status"] == "quarantined"
     assert {d for d, r in rows.items() if r["status"] != "healthy"} == {cpu_id(bad)}
     calls = [json.loads(line) for line in log.read_text().splitlines()]
@@ -87,7 +89,7 @@ def test_inject_quarantines_that_core_only_and_runs_the_action(tmp_path: Path) -
     assert device == cpu_id(bad) and host == hostname() and "sticky" in reason
     # the failure is localized and was reproduced on retest in a fresh process
     failed = store_rows(
-        db,
+        drills,
         "SELECT location, xor_mask, element, sticky, attempt FROM results WHERE passed = 0 AND device = ? ORDER BY id",
         (cpu_id(bad),),
     )
@@ -99,7 +101,7 @@ def test_inject_quarantines_that_core_only_and_runs_the_action(tmp_path: Path) -
 def test_an_intermittent_fire_drill_keeps_every_failure_and_its_rate(tmp_path: Path) -> None:
     """Passing executions fold into a row per case; each failed one keeps its own row; the rate is estimated
     right (bounds at 99.9% contain the injected 5%: a miss here is a one-in-500 event, not noise)."""
-    db = tmp_path / "fleet.db"
+    db, drills = tmp_path / "fleet.db", tmp_path / "fleet.drills.db"
     core = cores()[0]
     proc = scan(
         db,
@@ -112,9 +114,9 @@ def test_an_intermittent_fire_drill_keeps_every_failure_and_its_rate(tmp_path: P
     )
     assert proc.returncode == 1, proc.stderr
     (done,) = [e for e in events(proc) if e["event"] == "done"]
-    ((failed_rows,),) = store_rows(db, "SELECT COUNT(*) FROM results WHERE passed = 0 AND attempt = 0")
+    ((failed_rows,),) = store_rows(drills, "SELECT COUNT(*) FROM results WHERE passed = 0 AND attempt = 0")
     ((passing_rows, passing),) = store_rows(
-        db, "SELECT COUNT(*), SUM(executions) FROM results WHERE passed = 1 AND attempt = 0"
+        drills, "SELECT COUNT(*), SUM(executions) FROM results WHERE passed = 1 AND attempt = 0"
     )
     assert failed_rows == done["failures"] > 0 and passing == done["executions"] - done["failures"], (
         failed_rows,
@@ -122,7 +124,7 @@ def test_an_intermittent_fire_drill_keeps_every_failure_and_its_rate(tmp_path: P
         done,
     )
     assert passing_rows <= 31  # one per case
-    r = sdcguard(db, "report", "--format", "json", "--confidence", "0.999")
+    r = sdcguard(db, "report", "--drills", "--format", "json", "--confidence", "0.999")
     (row,) = json.loads(r.stdout)
     assert row["rate_low"] <= 0.05 <= row["rate_high"], row
 
@@ -165,7 +167,7 @@ def test_identical_failures_on_two_devices_trip_the_breaker(tmp_path: Path) -> N
     )
     assert proc.returncode == 2, proc.stderr
     assert "circuit breaker" in proc.stderr and "nobody quarantined" in proc.stderr
-    assert store_rows(db, "SELECT COUNT(*) FROM quarantine") == [(0,)]
+    assert store_rows(tmp_path / "fleet.drills.db", "SELECT COUNT(*) FROM quarantine") == [(0,)]
     assert not log.exists()
     policy = [e for e in events(proc) if e["event"] == "policy"][0]
     assert policy["breaker_tripped"] and not policy["quarantined"]

@@ -144,12 +144,14 @@ def test_the_drill_is_parsed_once_and_the_store_opened_once_per_process(
     args += ["--lock-dir", str(tmp_path / "locks"), "--inject", f"cpu:{CORE}:bitflip,rate=1.0"]
     result = CliRunner().invoke(scan, args)
     assert result.exit_code == 1, result.output
-    assert parses == [f"cpu:{CORE}:bitflip,rate=1.0"] and opens == [str(db)]
+    drills = tmp_path / "fleet.drills.db"  # a drill's results go to the drill store beside --db, never --db
+    assert parses == [f"cpu:{CORE}:bitflip,rate=1.0"] and opens == [str(drills)]
+    assert not db.exists()
     children = [line.split() for line in log.read_text().splitlines()]
     started = {pid for what, pid in children if what == "start"}
     assert len(started) >= 2 and str(os.getpid()) not in started, "the worker and its retest loaded the poison"
     assert [what for what, _ in children].count("open") == 1, "the worker opened the store once, a retest never"
-    with sqlite3.connect(db) as conn:
+    with sqlite3.connect(drills) as conn:
         sticky = conn.execute("SELECT COUNT(*) FROM results WHERE passed = 0 AND attempt = 0 AND sticky = 1").fetchone()
         retests = conn.execute("SELECT COUNT(*) FROM results WHERE passed = 0 AND attempt > 0").fetchone()
         (meta,) = conn.execute("SELECT meta FROM scans").fetchone()

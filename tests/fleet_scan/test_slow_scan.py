@@ -35,7 +35,7 @@ def test_a_core_slowed_by_a_factor_of_2_is_flagged_after_one_budgeted_scan(tmp_p
     assert proc.returncode == 0, proc.stderr  # right answers, slowly: not corruption
     policy = [e for e in events(proc) if e["event"] == "policy"][0]
     assert policy["quarantined"] == [] and any(r.startswith("slow (pair") for r in policy["reasons"])
-    rows = report(db)
+    rows = report(tmp_path / "s.drills.db")  # a drill's store: the fleet's record (s.db) never sees it
     slow = {d: r for d, r in rows.items() if r["slow"]}
     assert list(slow) == [d for d in rows if d.endswith(f":{slowed}")]
     (r,) = slow.values()

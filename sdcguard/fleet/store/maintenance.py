@@ -192,6 +192,18 @@ class Maintenance:
                     (server,),
                 )
 
+    def mark_drills(self) -> None:
+        """Mark this (SQLite) store as a drill store: fire drills only (:mod:`sdcguard.fleet.store.drills`)."""
+        with self._core.write() as conn:
+            conn.execute(
+                "INSERT INTO meta(key, value) VALUES ('drills', '1') ON CONFLICT(key) DO UPDATE SET value = '1'"
+            )
+
+    @property
+    def holds_drills(self) -> bool:
+        """Whether this is a drill store (:meth:`mark_drills`)."""
+        return self._core.meta("drills") == "1"
+
     @property
     def spool_for(self) -> str | None:
         """The server store this store is the spool of (None: it is none)."""

@@ -29,6 +29,7 @@ from ...devices import hostname
 from ...entry import is_server_url
 from ...errors import BadInput, StoreError, StoreUnreachable
 from ...logs import get_logger
+from .drills import drill_running, drills_writer, store_in_use
 from .rows import MergeStats
 from .spool_jobs import SpoolCounts, SpoolScans, SpoolTraining
 from .sqlite.files import check_merge_input
@@ -37,6 +38,7 @@ from .store import Store
 __all__ = [
     "SpooledStore",
     "open_writer",
+    "open_reader",
     "default_spool",
     "legacy_spool",
     "spool_owner",
@@ -101,11 +103,20 @@ def spool_owner(spool: Path) -> str | None:
         return s.maintenance.spool_for
 
 
+def open_reader(db: str | os.PathLike[str]) -> Store:
+    """The store a training job reads its own records from, read-only: ``db``, or in a drill its drill store
+    (:func:`~.drills.store_in_use`), where the drill's writes went."""
+    return Store.open(store_in_use(db), readonly=True)
+
+
 def open_writer(
     db: str | os.PathLike[str], *, spool: str | os.PathLike[str] | None = None, timeout_s: float = WRITE_TIMEOUT_S
 ) -> Store | SpooledStore:
     """The store a scan or a training job writes to: the SQLite file itself, or for a server URL a
-    :class:`SpooledStore` with ``spool`` (default :func:`default_spool`)."""
+    :class:`SpooledStore` with ``spool`` (default :func:`default_spool`). In a drill (:func:`~.drills.drill_running`)
+    the drill store beside ``db``, never ``db``."""
+    if drill_running():
+        return drills_writer(db)
     if not is_server_url(db):
         return Store.open(db)
     return SpooledStore(str(db), Path(spool) if spool is not None else default_spool(str(db)), timeout_s=timeout_s)

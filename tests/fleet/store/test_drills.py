@@ -1,0 +1,109 @@
+"""Fire drills apart from the fleet's record (:mod:`sdcguard.fleet.store.drills`): where a drill's records go, what
+refuses to mix the two, and how a merge keeps them apart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sdcguard.cli import cli
+from sdcguard.errors import BadInput
+from sdcguard.fleet.merge import drills_left_out, merge_stores
+from sdcguard.fleet.store.drills import (
+    DRILL_ENV,
+    drill_store_for,
+    is_drill_store,
+    open_for_drills,
+    refuse_drill_store,
+    store_in_use,
+)
+from sdcguard.fleet.store.spool import open_reader, open_writer
+from sdcguard.fleet.store.store import Store
+from tests._fleet import result, scan
+
+
+def _real(path: Path, device: str = "gpu:n:0") -> None:
+    with Store.open(path) as store:
+        scan(store, device, [result(device), result(device, passed=False, sticky=True)])
+
+
+def _drill(path: Path, device: str = "gpu:n:1") -> None:
+    with open_for_drills(str(path)) as store:
+        scan(store, device, [result(device, passed=False, sticky=True)])
+
+
+def test_the_drill_store_sits_beside_the_fleets_unless_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SDCGUARD_DRILL_STORE", raising=False)
+    assert drill_store_for(tmp_path / "fleet.db") == str(tmp_path / "fleet.drills.db")
+    assert drill_store_for(tmp_path / "fleet.db", tmp_path / "mine.db") == str(tmp_path / "mine.db")
+    monkeypatch.setenv("SDCGUARD_DRILL_STORE", str(tmp_path / "env.db"))
+    assert drill_store_for(tmp_path / "fleet.db") == str(tmp_path / "env.db")
+    monkeypatch.delenv("SDCGUARD_DRILL_STORE")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    a, b = drill_store_for("postgresql://h/fleetA"), drill_store_for("postgresql://h/fleetB")
+    assert a != b and all(Path(p).parent == tmp_path / "state" / "sdcguard" for p in (a, b))
+
+
+def test_a_drill_never_goes_into_a_store_holding_real_scans_nor_a_real_scan_into_a_drill_store(tmp_path: Path) -> None:
+    real, drills = tmp_path / "fleet.db", tmp_path / "fleet.drills.db"
+    _real(real)
+    with pytest.raises(BadInput, match="holds real scans"):
+        open_for_drills(str(real))
+    with pytest.raises(BadInput, match="never a server"):
+        open_for_drills("postgresql://h/fleet")
+    _drill(drills)
+    assert is_drill_store(drills) and not is_drill_store(real) and not is_drill_store(tmp_path / "none.db")
+    with Store.open(drills) as store, pytest.raises(BadInput, match="is a drill store"):
+        refuse_drill_store(store)
+
+
+def test_a_training_drill_writes_and_reads_its_drill_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An injector marks its process a drill (``$SDCGUARD_DRILL``): its incidents and checkpoints go to the drill
+    store and its reads come from there; without the mark, the fleet's store."""
+    real = tmp_path / "fleet.db"
+    with open_writer(real) as store:
+        assert Path(store.path) == real
+    monkeypatch.setenv(DRILL_ENV, "1")
+    with open_writer(real) as store:
+        assert Path(store.path) == tmp_path / "fleet.drills.db" and store.maintenance.holds_drills
+    assert store_in_use(real) == str(tmp_path / "fleet.drills.db")
+    assert store_in_use(tmp_path / "fleet.drills.db") == str(tmp_path / "fleet.drills.db")  # never .drills.drills
+    with open_reader(real) as store:
+        assert store.maintenance.holds_drills
+
+
+def test_a_merge_keeps_drills_apart(tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes"
+    nodes.mkdir()
+    _real(nodes / "a.db", "gpu:a:0")
+    _drill(nodes / "a.drills.db", "gpu:a:0")
+    fleet = tmp_path / "fleet.db"
+    # from a directory: the drill store is left out, and said
+    stats = merge_stores(fleet, [nodes])
+    assert [Path(s.source).name for s in stats] == ["a.db"]
+    assert drills_left_out(fleet, [nodes]) == [nodes / "a.drills.db"]
+    with Store.open(fleet) as store:
+        assert len(store.failures.executions(since=0)) == 1 and not store.maintenance.holds_drills
+    # named: refused in one line
+    with pytest.raises(BadInput, match="never goes into the fleet's record"):
+        merge_stores(fleet, [nodes / "a.drills.db"])
+    # drill stores into a new store make a drill store; a real store never goes into one
+    merge_stores(tmp_path / "fleet.drills.db", [nodes / "a.drills.db"])
+    assert is_drill_store(tmp_path / "fleet.drills.db")
+    assert drills_left_out(tmp_path / "fleet.drills.db", [nodes]) == []
+    with pytest.raises(BadInput, match="holds real scans and never goes into it"):
+        merge_stores(tmp_path / "fleet.drills.db", [nodes])
+
+
+def test_report_drills_reads_the_drill_store_and_says_so(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.db"
+    _real(fleet)
+    r = CliRunner().invoke(cli, ["--db", str(fleet), "report", "--drills"])
+    assert r.exit_code == 2 and "no fire drill recorded" in r.output and len(r.output.strip().splitlines()) == 1
+    _drill(tmp_path / "fleet.drills.db")
+    r = CliRunner().invoke(cli, ["--db", str(fleet), "report", "--drills", "--format", "csv"])
+    assert r.exit_code == 0 and "gpu:n:1" in r.output and "gpu:n:0" not in r.output, r.output
+    r = CliRunner().invoke(cli, ["--db", str(fleet), "report", "--format", "csv"])
+    assert r.exit_code == 0 and "gpu:n:0" in r.output and "gpu:n:1" not in r.output, r.output
