@@ -84,13 +84,27 @@ def _reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: Any, op: A
 _SyncSetting = list[tuple[bool, bool]]
 
 
+def _param_groups(module: FSDPModule) -> list[Any]:
+    """The parameter groups of ``module``'s FSDP2 state: torch 2.13 keeps a list (``_fsdp_param_groups``), torch 2.11
+    one group or None (``_fsdp_param_group``). FSDP2 has no public accessor; AttributeError where a torch keeps
+    neither. (The first GPU run, torch 2.11, read no group: no produced-gradient hook was set, and an FSDP2 step with
+    a faulty matmul committed.)"""
+    state = module._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    if not hasattr(state, "_fsdp_param_group"):
+        raise AttributeError("FSDP2 state without _fsdp_param_groups or _fsdp_param_group")
+    group = state._fsdp_param_group
+    return [] if group is None else [group]
+
+
 def _sync_setting(module: FSDPModule) -> _SyncSetting | None:
     """The module's gradient-sync setting (``reduce_grads``, ``all_reduce_grads`` of each of its parameter groups):
     FSDP2 offers a setter (``set_requires_gradient_sync``) but no getter, so this reads torch's state, and gives None
     where a torch version keeps it elsewhere."""
     try:
-        groups = module._get_fsdp_state()._fsdp_param_groups
-        return [(bool(g.reduce_grads), bool(g.all_reduce_grads)) for g in groups]
+        return [(bool(g.reduce_grads), bool(g.all_reduce_grads)) for g in _param_groups(module)]
     except (AttributeError, TypeError):
         return None
 
@@ -98,7 +112,7 @@ def _sync_setting(module: FSDPModule) -> _SyncSetting | None:
 def _restore_sync(module: FSDPModule, setting: _SyncSetting | None) -> None:
     if setting is None:  # unknown: leave sync on, the setting FSDP2 starts with
         return
-    for g, (reduce, all_reduce) in zip(module._get_fsdp_state()._fsdp_param_groups, setting):
+    for g, (reduce, all_reduce) in zip(_param_groups(module), setting):
         g.reduce_grads, g.all_reduce_grads = reduce, all_reduce
 
 
@@ -143,10 +157,9 @@ def _unsharded(module: FSDPModule) -> list[tuple[nn.Parameter, nn.Parameter]]:
     parameter for (at its first all-gather; the same object every step after). FSDP2 has no public way to reach
     them, so this reads torch's state, and gives none where a torch version keeps them elsewhere."""
     try:
-        groups = module._get_fsdp_state()._fsdp_param_groups
         return [
             (fp.sharded_param, fp._unsharded_param)
-            for g in groups
+            for g in _param_groups(module)
             for fp in g.fsdp_params
             if getattr(fp, "_unsharded_param", None) is not None
         ]
