@@ -231,17 +231,45 @@ brings a finished scan from before the horizon, which it rolls up at once; the t
 ledger did not (the store was right, the oracle missed rows a merge prunes)."""
 
 
-@settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
-)
-@example(ops=LATE_SCAN_ROLLED_UP_BY_A_MERGE, since_offsets=[0.0, 0.0], speed=[1] * 8)
-@given(
-    st.lists(_op, min_size=6, max_size=18),
-    st.lists(st.floats(0, 6 * DAY), min_size=2, max_size=2),
-    st.lists(st.sampled_from([1, 2, 3]), min_size=8, max_size=8),
-)
+def _tallies_property(examples: int):  # type: ignore[no-untyped-def]
+    """The property below over ``examples`` interleavings, CI's counterexample always among them."""
+    return lambda test: settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )(
+        example(ops=LATE_SCAN_ROLLED_UP_BY_A_MERGE, since_offsets=[0.0, 0.0], speed=[1] * 8)(
+            given(
+                st.lists(_op, min_size=6, max_size=18),
+                st.lists(st.floats(0, 6 * DAY), min_size=2, max_size=2),
+                st.lists(st.sampled_from([1, 2, 3]), min_size=8, max_size=8),
+            )(test)
+        )
+    )
+
+
+@_tallies_property(40)
 def test_the_slowness_from_tallies_equals_the_slowness_from_rows(
     tmp_path_factory: pytest.TempPathFactory, ops, since_offsets, speed
+) -> None:
+    _slowness_from_tallies_equals_rows(tmp_path_factory, ops, since_offsets, speed)
+
+
+@pytest.mark.slow
+@pytest.mark.soak
+@_tallies_property(500)
+def test_the_slowness_from_tallies_equals_the_slowness_from_rows_over_500_interleavings(
+    tmp_path_factory: pytest.TempPathFactory, ops, since_offsets, speed
+) -> None:
+    """The same property at 500 examples (about two minutes on a 2-core machine): `pytest -m slow` or `-m soak`."""
+    _slowness_from_tallies_equals_rows(tmp_path_factory, ops, since_offsets, speed)
+
+
+def _slowness_from_tallies_equals_rows(
+    tmp_path_factory: pytest.TempPathFactory,
+    ops,
+    since_offsets,
+    speed,  # type: ignore[no-untyped-def]
 ) -> None:
     d = tmp_path_factory.mktemp("cases")
     nodes = [d / "n0.db", d / "n1.db"]
