@@ -51,3 +51,5 @@ print(
     f"rank {args.process_index}: {trainer.state.global_step} steps, {len(guard.incidents)} incidents, "
     f"last verified step {guard.last_verified_step}"
 )
+if torch.distributed.is_initialized():  # the Trainer made the group: end it before exit (a live gloo group's threads
+    torch.distributed.destroy_process_group()  # at interpreter shutdown once aborted rank 1 with SIGABRT)

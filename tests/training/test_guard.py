@@ -279,7 +279,7 @@ def test_incidents_reach_the_store_and_a_broken_store_only_warns(tmp_path: Path)
     with OpFaultMode(fault, ops="embedding", phase="forward"):
         report = guard.step(4, make_batch(4, 0))
     assert report.incidents
-    with Store.open(db, create=False) as store:
+    with Store.open(tmp_path / "fleet.drills.db", create=False) as store:  # an injector's job: a drill
         stored = store.training.incidents()
     assert len(stored) == 1 and stored[0].step == 4 and stored[0].kind == "replay"
 

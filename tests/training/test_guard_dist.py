@@ -174,7 +174,8 @@ def test_ddp_one_off_sticky_collective_and_weight_faults_are_named(tmp_path: Pat
     db = tmp_path / "fleet.db"
     results = run_ranks(_job, 3, "ddp", plan, steps, str(db), timeout=260)
     _expect("ddp", plan, results)
-    with Store.open(db, create=False) as store:  # the group's first rank recorded every incident, once
+    # the group's first rank recorded every incident, once, in the drill store (the job makes injectors: a drill)
+    with Store.open(tmp_path / "fleet.drills.db", create=False) as store:
         assert len(store.training.incidents()) == results[0]["total"] == 5
     assert all(d is not None for d in results[0]["devices"])  # each names one device
 
