@@ -34,6 +34,7 @@ _COMMANDS: dict[str, str] = {
     "forward": "sdcguard.cli.forward:forward",
     "db": "sdcguard.cli.db:db",
     "launch": "sdcguard.cli.launch:launch",
+    "plan": "sdcguard.cli.plan:plan",
 }
 
 

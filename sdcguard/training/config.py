@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -13,7 +14,16 @@ from .checksums.bound import DEFAULT_ROWS
 from .checksums.precision import DEFAULT_SPLITS
 from .step_check import Check
 
-__all__ = ["DEFAULT_CHECKSUM_EVERY", "GuardConfig", "StepReport", "OnDetect", "Escalate", "Check"]
+__all__ = [
+    "DEFAULT_CHECKSUM_EVERY",
+    "DEFAULT_REPLAY_EVERY",
+    "GuardConfig",
+    "StepReport",
+    "OnDetect",
+    "Escalate",
+    "Check",
+    "from_environment",
+]
 
 OnDetect = Literal["record", "skip", "raise", "exit"]
 Escalate = Literal["raise", "exit", "recover", "off"]
@@ -23,12 +33,29 @@ DEFAULT_CHECKSUM_EVERY = 4
 are caught on their step at least 10 times as often as by replay at its default (80% of them on a checked step, so
 20% at one in 4, against replay's 2%; docs/matmul-checksums.md has the figures and what each setting costs)."""
 
+DEFAULT_REPLAY_EVERY = 50
+"""Replay one step in 50 by default (docs/costs.md: what each period costs)."""
+
+
+def from_environment(value: int | None, variable: str, default: int) -> int:
+    """A period the code left unset (None): ``$variable`` where the launcher set it (``sdcguard plan --format env``
+    writes ``SDCGUARD_REPLAY_EVERY`` and ``SDCGUARD_CHECKSUM_EVERY``), else ``default``. A value the code gives wins.
+    A launcher sets one environment for every rank, so every rank samples the same steps."""
+    if value is not None:
+        return value
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return default
+    if not text.isdigit():
+        raise BadInput(f"${variable}={text!r}: must be an integer >= 0")
+    return int(text)
+
 
 @dataclass(frozen=True, kw_only=True)
 class GuardConfig:
     """Validated settings of a guard (``SDCGuard`` builds it from its keyword arguments)."""
 
-    replay_every: int = 50
+    replay_every: int = DEFAULT_REPLAY_EVERY
     """Replay one step in N (0: never)."""
     shadows: Literal["peer"] | tuple[int, ...] = "peer"
     """``"peer"``: data-parallel ranks replay each other; or the global ranks of dedicated shadows."""
@@ -65,6 +92,16 @@ class GuardConfig:
     min_replicas: int | None = None
     """Under ``escalate="recover"`` without a spare: the fewest data-parallel replicas the job may go on with after
     the suspects left (None: never go on smaller; exit by the contract instead)."""
+
+    @classmethod
+    def of(cls, *, replay_every: int | None, checksum_every: int | None, **settings: Any) -> GuardConfig:
+        """The guard's settings from its arguments, the periods it left unset (None) from the environment
+        (:func:`from_environment`)."""
+        return cls(
+            replay_every=from_environment(replay_every, "SDCGUARD_REPLAY_EVERY", DEFAULT_REPLAY_EVERY),
+            checksum_every=from_environment(checksum_every, "SDCGUARD_CHECKSUM_EVERY", DEFAULT_CHECKSUM_EVERY),
+            **settings,
+        )
 
     def __post_init__(self) -> None:
         if not isinstance(self.replay_every, int) or self.replay_every < 0:

@@ -38,7 +38,7 @@ from ..records import Incident
 from .checksums.bound import DEFAULT_ROWS
 from .checksums.precision import DEFAULT_SPLITS
 from .comm import Comm
-from .config import DEFAULT_CHECKSUM_EVERY, Escalate, GuardConfig, OnDetect, StepReport
+from .config import Escalate, GuardConfig, OnDetect, StepReport
 from .hooks.choice import choose_taps
 from .hooks.ddp import is_ddp, wrap_ddp
 from .hooks.fsdp import is_fsdp
@@ -82,7 +82,7 @@ class SDCGuard:
             ``cp``: :mod:`.mesh`); by default read from the model's ``DTensor`` parameters. With a mesh the guard
             compares ranks holding the same shard, replays a micro-batch by a whole tensor-parallel group, and
             decides every step for the whole job.
-        replay_every: replay one step in N on another device (0: never).
+        replay_every: replay one step in N on another device (0: never); None: ``$SDCGUARD_REPLAY_EVERY``, else 50.
         shadows: ``"peer"`` (data-parallel ranks replay each other's micro-batch) or the global ranks of dedicated
             shadows (see :func:`sdcguard.plan_roles`).
         weight_check_every: compare the weights across replicas every N steps in :meth:`after_optimizer_step`
@@ -94,7 +94,8 @@ class SDCGuard:
             ``"exit"`` or ``"off"`` (:class:`~.config.GuardConfig` says more).
         rng_hook: saves and restores random states the guard does not know (a data loader's own generator).
         slow: when a rank is named slow (:class:`~.timing.SlowWatch`); None turns timing off.
-        checksum_every: check every matmul of one step in N against its checksum (0: never).
+        checksum_every: check every matmul of one step in N against its checksum (0: never); None:
+            ``$SDCGUARD_CHECKSUM_EVERY``, else 4.
         checksum_rows: rows of a matmul's result summed per checksum.
         checksum_splits: the split-K partial sums the bound allows for in bf16/fp16 (:mod:`.checksums.precision`).
         train_context: the context the training step's forward and backward run in (torchtitan's
@@ -116,7 +117,7 @@ class SDCGuard:
         *,
         group: Any = None,
         mesh: Any = None,
-        replay_every: int = 50,
+        replay_every: int | None = None,
         shadows: Literal["peer"] | Sequence[int] = "peer",
         weight_check_every: int = 100,
         store: str | os.PathLike[str] | None = None,
@@ -124,7 +125,7 @@ class SDCGuard:
         escalate: Escalate = "raise",
         rng_hook: RngHook | None = None,
         slow: SlowWatch | None = SlowWatch(),
-        checksum_every: int = DEFAULT_CHECKSUM_EVERY,
+        checksum_every: int | None = None,
         checksum_rows: int = DEFAULT_ROWS,
         checksum_splits: int = DEFAULT_SPLITS,
         train_context: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
@@ -133,7 +134,7 @@ class SDCGuard:
         min_replicas: int | None = None,
         snapshot_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        self.config = GuardConfig(
+        self.config = GuardConfig.of(
             replay_every=replay_every, shadows="peer" if shadows == "peer" else tuple(shadows),
             weight_check_every=weight_check_every, on_detect=on_detect, escalate=escalate,
             store=None if store is None else os.fspath(store), checksum_every=checksum_every,
