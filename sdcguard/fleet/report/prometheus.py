@@ -3,8 +3,9 @@
 Labels follow the DCGM exporter, so sdcguard series join dashboards built for it: ``gpu`` (the device's index
 on its host: NVML index, CPU core, simulated device number), ``UUID`` (the device id: ``GPU-<uuid>`` for a GPU),
 ``Hostname``, ``modelName`` (empty where the model is unknown); plus ``device`` (the sdcguard id) and ``kind``.
-Every series of every metric carries exactly these (:data:`LABELS`; ``sdcguard_device_status`` adds
-``status``), so series of one device always match on all of them. Ratios end in ``_ratio`` (Prometheus naming).
+Every series of every per-device metric carries exactly these (:data:`LABELS`; ``sdcguard_device_status`` adds
+``status``), so series of one device always match on all of them; ``sdcguard_breaker_trips_total`` is the
+fleet's, with none. Ratios end in ``_ratio`` (Prometheus naming).
 The file is written to a temporary file in the same directory and renamed over the target
 (:func:`.files.write_atomic`), so the collector never reads half a file.
 
@@ -22,7 +23,7 @@ from ..store.store import Store
 from .devices import DeviceReport, build_report
 from .files import write_atomic
 
-__all__ = ["render_textfile", "write_textfile", "LABELS", "METRICS"]
+__all__ = ["render_textfile", "write_textfile", "render_spools", "LABELS", "METRICS", "SPOOL_METRICS"]
 
 LABELS = ("gpu", "UUID", "Hostname", "modelName", "device", "kind")
 """The labels of every series, in this order."""
@@ -37,8 +38,17 @@ METRICS = (
     "sdcguard_device_status",
     "sdcguard_device_slow",
     "sdcguard_slowdown_ratio",
+    "sdcguard_training_incidents_total",
+    "sdcguard_breaker_trips_total",
 )
-"""Every metric the textfile holds."""
+"""Every metric the textfile holds (``sdcguard_breaker_trips_total`` has no labels: the breaker is the fleet's)."""
+SPOOL_METRICS = (
+    "sdcguard_spool_pending_scans",
+    "sdcguard_spool_pending_incidents",
+    "sdcguard_spool_oldest_pending_timestamp_seconds",
+    "sdcguard_spool_last_forward_timestamp_seconds",
+)
+"""The metrics of a node's spools (:func:`render_spools`), labelled ``Hostname`` and ``spool`` (its file)."""
 
 _STATUSES = ("healthy", "suspect", "quarantined", "probation")
 
@@ -64,6 +74,11 @@ def render_textfile(
     those of the suspect window)."""
     t = time.time() if now is None else now
     rows = build_report(store, since=None, suspect_since=t - suspect_window_s, now=t, slow_max_age_s=slow_max_age_s)
+    incidents: dict[str, int] = {}
+    for i in store.training.incidents():
+        for d in i.devices or ((i.device,) if i.device else ()):
+            incidents[d] = incidents.get(d, 0) + 1
+    trips = sum(1 for d in store.quarantine.decisions() if d.decision in ("breaker", "training_breaker"))
     metrics: list[tuple[str, str, str, list[tuple[str, float | int | None]]]] = [
         (
             "sdcguard_executions_total",
@@ -126,6 +141,18 @@ def render_textfile(
             "The device's time for the golden cases / its peers' median time.",
             [(_labels(r), r.slowness.slowdown) for r in rows if r.slowness and r.slowness.slowdown is not None],
         ),
+        (
+            "sdcguard_training_incidents_total",
+            "counter",
+            "Training incidents naming the device (any check: replay, checksums, weights, slow).",
+            [(_labels(r), incidents.get(r.device, 0)) for r in rows],
+        ),
+        (
+            "sdcguard_breaker_trips_total",
+            "counter",
+            "Policy runs in which a circuit breaker tripped (the golden suite's or the training incidents').",
+            [("", trips)],
+        ),
     ]
     lines = []
     for name, kind, help_text, samples in metrics:
@@ -140,3 +167,29 @@ def write_textfile(store: Store, path: Path, *, now: float | None = None, slow_m
     text = render_textfile(store, now=now, slow_max_age_s=slow_max_age_s)
     write_atomic(path, text)
     return text.count("sdcguard_executions_total{")
+
+
+def render_spools(spools: list[Path], *, host: str) -> str:
+    """A node's textfile of its spools' backlogs (:attr:`~..store.maintenance.Maintenance.backlog`): what waits
+    for a server that could not be reached, and since when (an alert fires when it waits an hour)."""
+    from ..store.store import Store
+
+    backlogs = []
+    for path in spools:
+        with Store.open(path, readonly=True) as spool:
+            backlogs.append((path, spool.maintenance.backlog))
+    metrics = [
+        ("sdcguard_spool_pending_scans", "Scans in the spool not yet forwarded to its server.", "scans"),
+        ("sdcguard_spool_pending_incidents", "Training incidents in the spool not yet forwarded.", "incidents"),
+        ("sdcguard_spool_oldest_pending_timestamp_seconds", "Unix time the oldest of them was written.", "oldest"),
+        ("sdcguard_spool_last_forward_timestamp_seconds", "Unix time the spool was last forwarded.", "last_forward"),
+    ]
+    lines = []
+    for name, help_text, field in metrics:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        for path, b in backlogs:
+            value = getattr(b, field)
+            if value is not None:
+                labels = f'{{Hostname="{_escape(host)}",spool="{_escape(str(path))}"}}'
+                lines.append(f"{name}{labels} {_num(value)}")
+    return "\n".join(lines) + "\n"

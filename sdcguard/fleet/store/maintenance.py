@@ -49,7 +49,7 @@ from typing import Any, Literal
 from ...durations import DAY_S as _DAY_S
 from ...errors import BadInput
 from .core import StoreCore
-from .rows import MergeStats, PruneStats
+from .rows import MergeStats, PruneStats, SpoolBacklog
 from .schema.tables import COUNTED_SCAN
 from .sqlite.files import read_only_uri
 from .writes.merging import (
@@ -198,6 +198,41 @@ class Maintenance:
             conn.execute(
                 "INSERT INTO meta(key, value) VALUES ('drills', '1') ON CONFLICT(key) DO UPDATE SET value = '1'"
             )
+
+    def high_water(self) -> tuple[int, int]:
+        """The newest scan and incident ids: what a forward that starts now sends at least."""
+        return (
+            int(self._core.one("SELECT COALESCE(MAX(id), 0) FROM scans")),
+            int(self._core.one("SELECT COALESCE(MAX(id), 0) FROM incidents")),
+        )
+
+    def mark_forwarded(self, began: float, sent: tuple[int, int]) -> None:
+        """Record in this spool that a forward which began at ``began``, when its :meth:`high_water` was ``sent``,
+        reached its server (:func:`~.spool.forward` calls it after the merge): its backlog (:meth:`backlog`) starts
+        again from there, so what a writer added during the forward still counts as waiting."""
+        with self._core.write() as conn:
+            for key, value in (("forwarded_at", began), ("forwarded_scan", sent[0]), ("forwarded_incident", sent[1])):
+                conn.execute(
+                    "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (key, str(value)),
+                )
+
+    @property
+    def backlog(self) -> SpoolBacklog:
+        """What this spool holds that has not reached its server since its last forward (:meth:`mark_forwarded`):
+        scans begun or finished since, incidents recorded since, and when the oldest of them was written."""
+        at = self._core.meta("forwarded_at")
+        last = None if at is None else float(at)
+        scan, incident = (int(self._core.meta(k) or 0) for k in ("forwarded_scan", "forwarded_incident"))
+        scans, first_scan = self._core.rows(
+            "SELECT COUNT(*), MIN(started_at) FROM scans WHERE id > ? OR COALESCE(finished_at, 0) > ?",
+            (scan, last if last is not None else float("inf")),
+        )[0]
+        incidents, first_incident = self._core.rows(
+            "SELECT COUNT(*), MIN(time) FROM incidents WHERE id > ?", (incident,)
+        )[0]
+        oldest = min((t for t in (first_scan, first_incident) if t is not None), default=None)
+        return SpoolBacklog(scans=int(scans), incidents=int(incidents), oldest=oldest, last_forward=last)
 
     @property
     def holds_drills(self) -> bool:

@@ -24,6 +24,7 @@ __all__ = [
     "SeriesPoint",
     "MergeStats",
     "PruneStats",
+    "SpoolBacklog",
     "CheckpointEntry",
     "ScrubEntry",
     "CheckpointStatus",
@@ -155,6 +156,18 @@ class MergeStats:
     rewound: tuple[str, ...] = ()
     """Tables of the input that went backwards since the last merge (the row at the watermark is gone or is
     another: its newest rows pruned, or the store restored from an older backup), so they were read in full."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpoolBacklog:
+    """What a spool holds that has not reached its server (:meth:`~.maintenance.Maintenance.backlog`)."""
+
+    scans: int
+    incidents: int
+    oldest: float | None
+    """When the oldest of them was written (None: nothing waits)."""
+    last_forward: float | None
+    """When the spool was last forwarded whole (None: never)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -40,6 +40,7 @@ __all__ = [
     "open_writer",
     "open_reader",
     "default_spool",
+    "spools_here",
     "legacy_spool",
     "spool_owner",
     "SpoolOfAnotherServer",
@@ -71,6 +72,14 @@ def default_spool(url: str) -> Path:
     if named:
         return Path(named)
     return _spool_dir() / f"spool-{hostname()}-{hashlib.sha256(url.encode()).hexdigest()[:12]}.db"
+
+
+def spools_here() -> list[Path]:
+    """This host's spools: ``$SDCGUARD_SPOOL`` where set, else every ``spool-<host>-*.db`` in the spool folder."""
+    named = os.environ.get(SPOOL_ENV)
+    if named:
+        return [Path(named)] if Path(named).exists() else []
+    return sorted(_spool_dir().glob(f"spool-{hostname()}-*.db"))
 
 
 def legacy_spool() -> Path:
@@ -135,8 +144,13 @@ def forward(url: str, spool: str | os.PathLike[str], *, timeout_s: float = WRITE
         raise BadInput(f"{path} is a fleet store but no spool: `sdcguard merge` folds a node's store into another")
     if owner != url:
         raise SpoolOfAnotherServer(path, owner, url)
-    with Store.open(url, timeout_s=timeout_s) as server:
-        return server.maintenance.merge(path)
+    began = time.time()
+    with Store.open(path) as sent:
+        high = sent.maintenance.high_water()
+        with Store.open(url, timeout_s=timeout_s) as server:
+            stats = server.maintenance.merge(path)
+        sent.maintenance.mark_forwarded(began, high)  # its backlog starts again (sdcguard export spool)
+    return stats
 
 
 def forward_spool(db: str | os.PathLike[str], spool: str | os.PathLike[str] | None = None) -> MergeStats | None:
