@@ -145,11 +145,15 @@ def forward(url: str, spool: str | os.PathLike[str], *, timeout_s: float = WRITE
     if owner != url:
         raise SpoolOfAnotherServer(path, owner, url)
     began = time.time()
-    with Store.open(path) as sent:
+    with Store.open(path, readonly=True) as sent:
         high = sent.maintenance.high_water()
-        with Store.open(url, timeout_s=timeout_s) as server:
-            stats = server.maintenance.merge(path)
-        sent.maintenance.mark_forwarded(began, high)  # its backlog starts again (sdcguard export spool)
+    with Store.open(url, timeout_s=timeout_s) as server:
+        stats = server.maintenance.merge(path)
+    try:  # its backlog starts again (sdcguard export spool); a spool this user may only read stays as it was
+        with Store.open(path) as sent:
+            sent.maintenance.mark_forwarded(began, high)
+    except StoreError as e:
+        _log.warning("forwarded %s, but could not record it there (its backlog still counts it): %s", path, e)
     return stats
 
 

@@ -177,9 +177,14 @@ def test_a_server_killed_mid_transaction_loses_nothing_and_a_spool_forwarded_twi
         assert not batch.is_alive()
         w.scans.record(sid, [result("sim:1", t=START + 20 + i) for i in range(2)], finish="complete", total=10)
         w.close()
+        with Store.open(spool, readonly=True) as s:  # the scan waits in the spool (sdcguard export spool)
+            assert s.maintenance.backlog.scans == 1 and s.maintenance.backlog.last_forward is None
         server.start()
         first, second = forward(url, spool), forward(url, spool)
         assert first is not None and second is not None and second.results == second.scans == 0
+        with Store.open(spool, readonly=True) as s:  # sent: nothing waits
+            backlog = s.maintenance.backlog
+            assert (backlog.scans, backlog.oldest) == (0, None) and backlog.last_forward is not None
         with Store.open(url) as s:
             (t,) = s.counts.tallies(by="device")
             assert (t.executions, t.failures) == (10, 1)
