@@ -22,9 +22,9 @@ __all__ = ["cli", "main", "CliState"]
 _COMMANDS: dict[str, str] = {
     "report": "sdcguard.cli.report:report",
     "quarantine": "sdcguard.cli.quarantine:quarantine",
-    "incidents": "sdcguard.cli.incidents:incidents",
-    "checkpoints": "sdcguard.cli.checkpoints:checkpoints",
-    "scrub": "sdcguard.cli.scrub:scrub",
+    "incidents": "sdcguard.cli.training.incidents:incidents",
+    "checkpoints": "sdcguard.cli.training.checkpoints:checkpoints",
+    "scrub": "sdcguard.cli.training.scrub:scrub",
     "merge": "sdcguard.cli.merge:merge",
     "policy": "sdcguard.cli.policy:policy",
     "prune": "sdcguard.cli.prune:prune",
@@ -33,8 +33,9 @@ _COMMANDS: dict[str, str] = {
     "golden": "sdcguard.cli.golden:golden",
     "forward": "sdcguard.cli.forward:forward",
     "db": "sdcguard.cli.db:db",
-    "launch": "sdcguard.cli.launch:launch",
+    "launch": "sdcguard.cli.training.launch:launch",
     "plan": "sdcguard.cli.plan:plan",
+    "import": "sdcguard.cli.imports:import_group",
 }
 
 

@@ -69,6 +69,8 @@ def _print_report(lines: ReportLines, *, since: str, confidence: float, show_all
         # The morning view of a large fleet: what needs attention; the rest is a count (JSON/CSV list all).
         listed = ("quarantined", "probation", "suspect")
         caption += f"; {counts['healthy']} healthy devices not listed (--all lists them)"
+    shown = list(lines.dicts(listed))
+    dcgm = any(d.get("dcgm") for d in shown)  # a column only where a diagnostic was imported
     print_table(
         "sdcguard report",
         [
@@ -83,8 +85,9 @@ def _print_report(lines: ReportLines, *, since: str, confidence: float, show_all
             "rate_high",
             "scans",
             "last scan (UTC)",
+            *(["dcgm diag"] if dcgm else []),
         ],
-        [line for d in lines.dicts(listed) for line in _lines(d)],
+        [line for d in shown for line in _lines(d, dcgm)],
         caption=caption,
     )
 
@@ -102,8 +105,9 @@ def _open(drills: bool, drill_store: Path | None) -> Store:
     return open_store(readonly=True, db=path)
 
 
-def _lines(d: dict[str, Any]) -> list[list[str]]:
-    """A device's row (its JSON object), and under it (``--families``) its figures per kernel family."""
+def _lines(d: dict[str, Any], dcgm: bool) -> list[list[str]]:
+    """A device's row (its JSON object), and under it (``--families``) its figures per kernel family; ``dcgm``: with
+    the latest DCGM diagnostic's result."""
     return [
         [
             d["device"],
@@ -117,6 +121,7 @@ def _lines(d: dict[str, Any]) -> list[list[str]]:
             fmt_float(d["rate_high"]),
             str(d["scans"]),
             d["last_scan"] or "never",
+            *([d.get("dcgm") or "-"] if dcgm else []),
         ],
         *(  # --families: the device's figures per kernel family, under its row
             [
@@ -131,6 +136,7 @@ def _lines(d: dict[str, Any]) -> list[list[str]]:
                 fmt_float(f["rate_high"]),
                 "",
                 "",
+                *([""] if dcgm else []),
             ]
             for name, f in sorted(d.get("families", {}).items())
         ),

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sdcguard.cli.launch import TracebackFilter
+from sdcguard.cli.training.launch import TracebackFilter
 from sdcguard.contract import Verdict, contract_status
 
 TORCHRUN_TAIL = """Traceback (most recent call last):

@@ -18,7 +18,7 @@ from ..breaker import SuiteEvidence, SuiteVerdict, judge_suite, judge_training
 from ..rates import clopper_pearson_arrays
 from ..slow import Slowness
 from ..slow_fleet import SlownessInputs, judge_fleet, with_training
-from ..store.rows import Decision, FailedExecution, QuarantineEntry
+from ..store.rows import Decision, DiagSummary, FailedExecution, QuarantineEntry
 from .settings import PolicyScope, QuarantinePolicy
 
 __all__ = ["PolicyInputs", "PolicyVerdict", "decide"]
@@ -59,6 +59,8 @@ class PolicyInputs:
     """(fleet) The devices a ``slow`` decision in the window already names."""
     releases: Mapping[str, float] = field(default_factory=dict)
     """Each device released by hand -> when it last was: evidence from before that never quarantines it again."""
+    diagnostics: Mapping[str, DiagSummary] = field(default_factory=dict)
+    """(fleet, ``dcgm_failures`` on) Each device whose latest DCGM diagnostic in the window failed a test."""
 
     def after_release(self, device: str, t: float) -> bool:
         """Whether evidence of ``device`` at ``t`` counts: it is not older than the device's last release."""
@@ -211,6 +213,9 @@ def _fleet_candidates(
                     f"failure rate {k[device]}/{executions}: lower {policy.confidence:.0%} bound "
                     f"{lo:.3g} exceeds threshold {policy.rate_threshold:.3g}",
                 )
+    for dev, diag in sorted(inputs.diagnostics.items()):  # read only with dcgm_failures on
+        if diag.time >= since and (scope is None or dev in scope) and inputs.after_release(dev, diag.time):
+            add(dev, f"DCGM diagnostic failed: {', '.join(diag.failed)} (dcgm_failures is on)")
     if policy.incident_threshold > 0:
         for dev, count in sorted(incident_counts.items()):
             if count >= policy.incident_threshold and (scope is None or dev in scope):

@@ -100,6 +100,7 @@ def read_inputs(
         clean_scans=store.counts.clean_scans(probation),
         slowness=read_slowness(store, since=window, settings=policy.slow_settings),
         releases=releases,
+        diagnostics=store.diagnostics.failed(since=window) if policy.dcgm_failures else {},
         slow_noted=frozenset(
             d.device for d in store.quarantine.decisions(since=window) if d.decision == "slow" and d.device is not None
         ),

@@ -54,6 +54,11 @@ class QuarantinePolicy:
     """A device is slow when the lower confidence bound (at ``confidence``) of its time for the golden cases over
     its peers' median time exceeds ``1 + slow_threshold`` (:mod:`..slow`); a training job's ``slow`` incident says
     the same. Recorded as a decision ``slow``, shown beside the status; never evidence of corruption."""
+    dcgm_failures: bool = False
+    """Also quarantine a device whose latest DCGM diagnostic in the window failed a test (``sdcguard import dcgm``).
+    Off by default: DCGM's failures include what the golden suite does not judge (PCIe bandwidth, power, thermal
+    limits, a process on the GPU), and no retest reproduces them here; the report shows them beside each device, and
+    a fleet that trusts its diagnostic level turns this on."""
     slow_drain: bool = False
     """Also quarantine a slow device (the actions drain it). Off: a slow device computes right answers; the
     report, the HTML page and Prometheus show it, and the decision is recorded."""

@@ -30,10 +30,18 @@ from ..policy.settings import QuarantinePolicy
 from ..rates import Rate, clopper_pearson, device_rates
 from ..slow import Slowness, SlowSettings
 from ..slow_fleet import fleet_slowness
-from ..store.rows import DeviceStatus, ScanCounts
+from ..store.rows import DeviceStatus, DiagSummary, ScanCounts
 from ..store.store import Store
 
-__all__ = ["DeviceReport", "build_report", "report_json", "report_csv_rows", "REPORT_FIELDS", "STATUS_ORDER"]
+__all__ = [
+    "DeviceReport",
+    "build_report",
+    "report_json",
+    "report_csv_rows",
+    "REPORT_FIELDS",
+    "STATUS_ORDER",
+    "dcgm_text",
+]
 
 STATUS_ORDER: tuple[DeviceStatus, ...] = ("quarantined", "probation", "suspect", "healthy")
 """The report's order: quarantined devices first, healthy ones last (then by failures, most first, and id)."""
@@ -61,6 +69,7 @@ REPORT_FIELDS = (
     "slow_basis",
     "slow_confidence",
     "slow_judged_at",
+    "dcgm",
 )
 """The flat fields of a report row, in CSV column order (JSON adds ``families`` when asked for)."""
 
@@ -87,6 +96,8 @@ class DeviceReport:
     slowness: Slowness | None = None
     """Whether it is slower than its peers on the same golden cases (beside ``status``: a slow device can be
     healthy; :mod:`..slow`)."""
+    dcgm: DiagSummary | None = None
+    """Its latest DCGM diagnostic (``sdcguard import dcgm``), a second opinion beside the golden suite's."""
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON object of this row (``last_scan`` as ISO 8601 UTC)."""
@@ -109,6 +120,7 @@ class DeviceReport:
             "status": self.status,
             "last_scan": iso_utc(self.last_scan),
             **(self.slowness.as_dict() if self.slowness is not None else _NOT_JUDGED),
+            "dcgm": dcgm_text(self.dcgm),
             **(
                 {
                     "families": {
@@ -132,6 +144,13 @@ class DeviceReport:
             "slow_basis": s.basis if s and x is not None else "none",
             "slow_confidence": None,
         }
+
+
+def dcgm_text(d: DiagSummary | None) -> str | None:
+    """``pass``, ``warn``, ``skip``, or ``fail: memory, pcie`` (the failed tests); None: never diagnosed."""
+    if d is None:
+        return None
+    return f"fail: {', '.join(d.failed)}" if d.status == "fail" else d.status
 
 
 _NOT_JUDGED = Slowness(device="", slow=False).as_dict()
@@ -206,6 +225,7 @@ def build_report(
         now=t,
         max_age_s=slow_max_age_s,
     )
+    diagnosed = store.diagnostics.latest(wanted)
     lo0, hi0 = clopper_pearson(0, 0, confidence)
     empty = Rate(executions=0, failures=0, rate=0.0, rate_low=lo0, rate_high=hi0, test_hours=0.0)
     none = ScanCounts(0, None)
@@ -227,6 +247,7 @@ def build_report(
                 status=statuses[d.id],
                 last_scan=counts.last_complete,
                 slowness=slowness.get(d.id),
+                dcgm=diagnosed.get(d.id),
             )
         )
     order = {s: i for i, s in enumerate(STATUS_ORDER)}

@@ -28,7 +28,7 @@ from ..rates import clopper_pearson, clopper_pearson_arrays
 from ..slow import SlowSettings
 from ..store.rows import SeriesPoint
 from ..store.store import Store
-from .devices import DeviceReport, build_report
+from .devices import DeviceReport, build_report, dcgm_text
 from .files import write_atomic
 from .html_assets import PAGE_CSS, SORT_JS
 from .html_parts import (
@@ -211,6 +211,7 @@ def _hosts(rows: Sequence[DeviceReport], confidence: float, limit: int) -> str:
 
 def _device_table(rows: Sequence[DeviceReport], limit: int) -> str:
     shown = rows[:limit]
+    dcgm = any(r.dcgm is not None for r in shown)  # a column only where a DCGM diagnostic was imported
     body = [
         f"<tr>{td(r.device)}{td(r.host)}{td(r.kind)}{td(r.model or '-')}"
         f"{td(f'{r.overall.executions:,}', n=True, v=r.overall.executions)}"
@@ -219,7 +220,7 @@ def _device_table(rows: Sequence[DeviceReport], limit: int) -> str:
         f"{td(fmt(r.overall.rate_low), n=True, v=r.overall.rate_low)}"
         f"{td(fmt(r.overall.rate_high), n=True, v=r.overall.rate_high)}{status(r.status)}{slow_cell(r)}"
         f"{td(r.scans, n=True)}"
-        f"{time_cell(r.last_scan)}</tr>"
+        f"{time_cell(r.last_scan)}{td(dcgm_text(r.dcgm) or '-') if dcgm else ''}</tr>"
         for r in shown
     ]
     caption = "Click a header to sort; again to reverse."
@@ -243,6 +244,7 @@ def _device_table(rows: Sequence[DeviceReport], limit: int) -> str:
             ("slow", True),
             ("scans", True),
             ("last scan (UTC)", "time"),
+            *([("dcgm diag", False)] if dcgm else []),
         ],
         body,
         sortable=True,

@@ -67,6 +67,10 @@ def _num(v: float | int | None) -> str:
     return "NaN" if v is None else repr(float(v))
 
 
+_Metric = tuple[str, str, str, list[tuple[str, float | int | None]]]
+"""(name, type, help, its samples: (labels, value))."""
+
+
 def render_textfile(
     store: Store, *, now: float | None = None, suspect_window_s: float = DEFAULT_WINDOW_S, slow_max_age_s: float = 0.0
 ) -> str:
@@ -79,7 +83,32 @@ def render_textfile(
         for d in i.devices or ((i.device,) if i.device else ()):
             incidents[d] = incidents.get(d, 0) + 1
     trips = sum(1 for d in store.quarantine.decisions() if d.decision in ("breaker", "training_breaker"))
-    metrics: list[tuple[str, str, str, list[tuple[str, float | int | None]]]] = [
+    metrics: list[_Metric] = [
+        *_scan_metrics(rows),
+        (
+            "sdcguard_training_incidents_total",
+            "counter",
+            "Training incidents naming the device (any check: replay, checksums, weights, slow).",
+            [(_labels(r), incidents.get(r.device, 0)) for r in rows],
+        ),
+        (
+            "sdcguard_breaker_trips_total",
+            "counter",
+            "Policy runs in which a circuit breaker tripped (the golden suite's or the training incidents').",
+            [("", trips)],
+        ),
+    ]
+    lines = []
+    for name, kind, help_text, samples in metrics:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.extend(f"{name}{labels} {_num(value)}" for labels, value in samples)
+    return "\n".join(lines) + "\n"
+
+
+def _scan_metrics(rows: list[DeviceReport]) -> list[_Metric]:
+    """The metrics of each device's report row: the golden suite's counts, rates, status and slowness."""
+    return [
         (
             "sdcguard_executions_total",
             "counter",
@@ -141,25 +170,7 @@ def render_textfile(
             "The device's time for the golden cases / its peers' median time.",
             [(_labels(r), r.slowness.slowdown) for r in rows if r.slowness and r.slowness.slowdown is not None],
         ),
-        (
-            "sdcguard_training_incidents_total",
-            "counter",
-            "Training incidents naming the device (any check: replay, checksums, weights, slow).",
-            [(_labels(r), incidents.get(r.device, 0)) for r in rows],
-        ),
-        (
-            "sdcguard_breaker_trips_total",
-            "counter",
-            "Policy runs in which a circuit breaker tripped (the golden suite's or the training incidents').",
-            [("", trips)],
-        ),
     ]
-    lines = []
-    for name, kind, help_text, samples in metrics:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        lines.extend(f"{name}{labels} {_num(value)}" for labels, value in samples)
-    return "\n".join(lines) + "\n"
 
 
 def write_textfile(store: Store, path: Path, *, now: float | None = None, slow_max_age_s: float = 0.0) -> int:

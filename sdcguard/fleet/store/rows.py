@@ -25,6 +25,8 @@ __all__ = [
     "MergeStats",
     "PruneStats",
     "SpoolBacklog",
+    "DiagRecord",
+    "DiagSummary",
     "CheckpointEntry",
     "ScrubEntry",
     "CheckpointStatus",
@@ -156,6 +158,31 @@ class MergeStats:
     rewound: tuple[str, ...] = ()
     """Tables of the input that went backwards since the last merge (the row at the watermark is gone or is
     another: its newest rows pruned, or the store restored from an older backup), so they were read in full."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiagRecord:
+    """One DCGM diagnostic test's result on one device, as ``store.diagnostics.record`` takes it."""
+
+    device: str
+    category: str
+    test: str
+    status: Literal["pass", "fail", "warn", "skip"]
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiagSummary:
+    """A device's latest DCGM diagnostic run (``store.diagnostics.latest``)."""
+
+    device: str
+    run: str
+    time: float
+    status: Literal["pass", "fail", "warn", "skip"]
+    """The worst of its tests' (fail, warn, pass; skip only when every test was skipped)."""
+    failed: tuple[str, ...]
+    """The tests that failed."""
+    tests: int
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,6 +26,7 @@ from typing import Literal
 
 from .core import BUSY_TIMEOUT_S, StoreCore, open_backend
 from .counts import Counts
+from .diagnostics import Diagnostics
 from .failures import Failures
 from .maintenance import Maintenance
 from .quarantine import Quarantine
@@ -67,6 +68,8 @@ class Store:
         """Kept summaries and devices' versions."""
         self.maintenance = Maintenance(core)
         """Merge, prune, vacuum, roles, a spool's mark; the store's identity and retention horizon."""
+        self.diagnostics = Diagnostics(core)
+        """DCGM's diagnostics per GPU, a second opinion beside the golden suite's results."""
 
     @classmethod
     def open(

@@ -40,6 +40,7 @@ COPIED = (
     "action_attempts",
     "checkpoints",
     "checkpoint_scrubs",
+    "dcgm_results",
 )
 """The input's tables a merge reads."""
 

@@ -15,12 +15,12 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
-from . import checkpoints, tables, tally_tables
+from . import checkpoints, diagnostics, tables, tally_tables
 from .tables import APPLICATION_ID
 
 __all__ = ["SCHEMA_VERSION", "BASE_VERSION", "SQLITE_MIGRATIONS", "POSTGRES_MIGRATIONS", "migrate"]
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 """The version this sdcguard writes and reads up to."""
 BASE_VERSION = 10
 """The schema version a new PostgreSQL store starts at (SQLite's migrations up to it are history)."""
@@ -39,6 +39,7 @@ SQLITE_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     11: checkpoints.v11,  # a scrub's unverified outcome
     12: tally_tables.v12,  # the family tallies (the rates' running totals) and scans_counted
     13: tables.v13,  # each device's version
+    14: diagnostics.v14,  # DCGM's diagnostics, a second opinion per GPU
 }
 """SQLite's steps, from version 1."""
 
@@ -46,6 +47,7 @@ POSTGRES_MIGRATIONS: dict[int, Callable[[Any], None]] = {
     11: checkpoints.postgres_v11,
     12: tally_tables.postgres_v12,
     13: tables.postgres_v13,
+    14: diagnostics.postgres_v14,
 }
 """PostgreSQL's steps past :data:`BASE_VERSION` (the same change as SQLite's step of that version), each given the
 server's connection (:class:`~..postgres.connection.PgConnection`)."""

@@ -250,6 +250,12 @@ def merge_appended(conn: Any, inc_after: int, hist_after: int, dec_after: int, a
            SELECT uuid, checkpoint_id, status, tensors, bytes, bad, unverified, detail, host, time
            FROM src.checkpoint_scrubs WHERE true"""
     )
+    conn.execute(
+        """INSERT OR IGNORE INTO main.dcgm_results(uuid, device, host, run, time, category, test, status, warnings,
+                                                   dcgm_version, driver)
+           SELECT uuid, device, host, run, time, category, test, status, warnings, dcgm_version, driver
+           FROM src.dcgm_results WHERE true"""
+    )
     replay_quarantine(conn, hist_after)
     return incidents, history
 

@@ -22,9 +22,9 @@ from typing import IO, Any
 
 import click
 
-from ..contract import VERDICT_FILE_ENV, contract_status, read_verdicts
-from ..errors import BadInput
-from ..exit_codes import exit_code_for_signal
+from ...contract import VERDICT_FILE_ENV, contract_status, read_verdicts
+from ...errors import BadInput
+from ...exit_codes import exit_code_for_signal
 
 __all__ = ["launch", "TracebackFilter"]
 

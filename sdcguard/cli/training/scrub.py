@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..entry import DEFAULT_DB
-from ..errors import SdcguardError, needs_extra
-from ..exit_codes import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK
-from .common import format_option, open_store
+from ...entry import DEFAULT_DB
+from ...errors import SdcguardError, needs_extra
+from ...exit_codes import EXIT_CANNOT_RUN, EXIT_CORRUPTION, EXIT_OK
+from ..common import format_option, open_store
 
 if TYPE_CHECKING:
-    from ..checkpoint.scrub import ScrubResult
+    from ...checkpoint.scrub import ScrubResult
 
 __all__ = ["scrub"]
 
@@ -51,7 +51,7 @@ def scrub(ctx: click.Context, paths: tuple[Path, ...], record: bool, fmt: str) -
     """
     if importlib.util.find_spec("torch") is None:  # the scan-node install: DCP's index is torch's pickle
         raise needs_extra("sdcguard scrub", "torch", "torch")
-    from ..checkpoint.scrub import expand, scrub_one
+    from ...checkpoint.scrub import expand, scrub_one
 
     targets = expand(paths)
     with _progress(targets) as advance:

@@ -7,9 +7,9 @@ from dataclasses import asdict
 
 import click
 
-from ..devices import unknown_device
-from ..durations import iso_utc, since_timestamp
-from .common import device_id, format_option, open_store, print_table
+from ...devices import unknown_device
+from ...durations import iso_utc, since_timestamp
+from ..common import device_id, format_option, open_store, print_table
 
 __all__ = ["incidents"]
 

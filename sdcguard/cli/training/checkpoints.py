@@ -7,8 +7,8 @@ from dataclasses import asdict
 
 import click
 
-from ..durations import iso_utc, since_timestamp
-from .common import format_option, open_store, print_table
+from ...durations import iso_utc, since_timestamp
+from ..common import format_option, open_store, print_table
 
 __all__ = ["checkpoints"]
 
