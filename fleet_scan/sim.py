@@ -212,7 +212,7 @@ def _retests(
                     started_at=at,
                     attempt=a,
                     output_digest=golden,
-                )  # fmt: skip
+                )
             )
     return out
 

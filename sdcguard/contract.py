@@ -25,9 +25,15 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "EXIT_SUSPECT_DEVICE", "EXIT_RESTART", "VERDICT_FILE_ENV", "Verdict", "write_verdict", "read_verdicts",
-    "contract_status", "under_torchrun",
-]  # fmt: skip
+    "EXIT_SUSPECT_DEVICE",
+    "EXIT_RESTART",
+    "VERDICT_FILE_ENV",
+    "Verdict",
+    "write_verdict",
+    "read_verdicts",
+    "contract_status",
+    "under_torchrun",
+]
 
 EXIT_SUSPECT_DEVICE = 86
 """Exit status of a rank whose own device was named: do not restart the job on this node."""
@@ -59,16 +65,19 @@ class Verdict:
                 "left": self.left,
                 "pid": self.pid,
                 "incidents": self.incidents,
-            }  # fmt: skip
+            }
         )
 
     @classmethod
     def from_json(cls, text: str) -> Verdict:
         d = json.loads(text)
         return cls(
-            status=int(d["status"]), message=str(d.get("message", "")), left=bool(d.get("left", False)),
-            pid=int(d.get("pid", 0)), incidents=list(d.get("incidents", [])),
-        )  # fmt: skip
+            status=int(d["status"]),
+            message=str(d.get("message", "")),
+            left=bool(d.get("left", False)),
+            pid=int(d.get("pid", 0)),
+            incidents=list(d.get("incidents", [])),
+        )
 
 
 def under_torchrun() -> bool:

@@ -287,9 +287,11 @@ def _read_items(
                 fd = os.open(path / name, os.O_RDONLY)
             except OSError as e:
                 return verdict(
-                    "unreadable", f"{path / name} cannot be read ({e.strerror or e})", tensors=tally.checked,
+                    "unreadable",
+                    f"{path / name} cannot be read ({e.strerror or e})",
+                    tensors=tally.checked,
                     nbytes=tally.nbytes,
-                )  # fmt: skip
+                )
             try:
                 # Drop the file's clean cached pages first: the bytes checked come from the storage, not from a
                 # copy in memory that would hide rot on the disk. Dropped again after: the scrub leaves the cache.

@@ -31,7 +31,7 @@ from .tensors import (
     is_torch_tensor,
     is_wrapper_type,
     local_tensor,
-)  # fmt: skip
+)
 
 __all__ = [
     "fingerprint",

@@ -31,9 +31,15 @@ from .definition import (
 )
 
 __all__ = [
-    "is_torch_tensor", "is_wrapper_type", "is_dtensor_type", "local_tensor", "check_torch", "fingerprint_on_device",
-    "fingerprints_on_device", "combine_on_device",
-]  # fmt: skip
+    "is_torch_tensor",
+    "is_wrapper_type",
+    "is_dtensor_type",
+    "local_tensor",
+    "check_torch",
+    "fingerprint_on_device",
+    "fingerprints_on_device",
+    "combine_on_device",
+]
 
 
 def is_torch_tensor(x: Any) -> bool:

@@ -141,9 +141,15 @@ def _case(
     """A case named ``family.dtype.name``, seeded from its id."""
     cid = f"{family}.{dtype}.{name}"
     return Case(
-        id=cid, family=family, dtype=dtype, shape=shape, seed=_seed(cid), params=params, out_dtype=out,
+        id=cid,
+        family=family,
+        dtype=dtype,
+        shape=shape,
+        seed=_seed(cid),
+        params=params,
+        out_dtype=out,
         gpu_only=gpu_only,
-    )  # fmt: skip
+    )
 
 
 def _build() -> tuple[Case, ...]:
