@@ -32,6 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sdcguard.durations import DAY_S  # noqa: E402
 from sdcguard.fleet.plan.allocation import read_allocation  # noqa: E402
 from sdcguard.fleet.plan.intervals import daly  # noqa: E402
 from sdcguard.fleet.store.store import Store  # noqa: E402
@@ -76,7 +77,7 @@ def simulate(interval: float, checkpoint: float, restart: float, rate_per_s: flo
     """Useful work over wall time of a job checkpointing every ``interval`` seconds of work, interrupted at
     ``rate_per_s`` (exponential), each interruption costing the work since the checkpoint and ``restart``."""
     rng = np.random.default_rng(seed)
-    wall, work, end = 0.0, 0.0, days * 86400.0
+    wall, work, end = 0.0, 0.0, days * DAY_S
     while wall < end:
         t = rng.exponential(1.0 / rate_per_s)
         if t >= interval + checkpoint:
@@ -116,7 +117,7 @@ def main() -> None:
         filled = time.perf_counter() - t
         t = time.perf_counter()
         with Store.open(db, readonly=True) as store:
-            allocation = read_allocation(store, [f"sim:{i}" for i in alloc], since=T0 - 86400.0)
+            allocation = read_allocation(store, [f"sim:{i}" for i in alloc], since=T0 - DAY_S)
         read = time.perf_counter() - t
     true_per_s = float(rates[alloc].sum()) / 3600.0
     plans = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ...durations import DAY_S
 from ...errors import BadInput
 from .allocation import Allocation
 from .cadence import Cadence, choose_cadence
@@ -78,7 +79,7 @@ def make_plan(allocation: Allocation, settings: PlanSettings) -> Plan:
     # Under recovery a sticky SDC costs the steps since the last verified sample: the detection latency and on
     # average half a sampling period, times the step time, plus the recovery itself.
     lost = (chosen.sticky_mean_steps + chosen.replay_every / 2) * s.step_s
-    interval = daly_s if math.isfinite(daly_s) else 30 * 86400.0
+    interval = daly_s if math.isfinite(daly_s) else 30 * DAY_S
     g_restart = goodput(interval, s.checkpoint_s, s.restart_s, mtbf) / (1 + chosen.overhead)
     g_recover = goodput_with_recovery(
         recover_interval or interval,
@@ -102,9 +103,9 @@ def make_plan(allocation: Allocation, settings: PlanSettings) -> Plan:
         warnings.append("no loud interruption priced (crashes, hangs): give the allocation's --mtbf")
     return Plan(
         devices=len(allocation.devices),
-        sdc_per_day=sdc * 86400.0,
+        sdc_per_day=sdc * DAY_S,
         sdc_range_per_day=(low * 24.0, high * 24.0),
-        loud_per_day=loud * 86400.0,
+        loud_per_day=loud * DAY_S,
         mtbf_s=mtbf,
         young_s=young_s,
         daly_s=daly_s,
