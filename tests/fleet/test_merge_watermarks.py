@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import threading
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from sdcguard.fleet.merge import merge_stores
 from sdcguard.fleet.store.store import Store
 from sdcguard.records import Incident
 from tests._fleet import NOW, assert_tallies_match_rows, result
+from tests.conftest import BACKENDS
 
 DAY = 86400.0
 
@@ -78,6 +80,55 @@ def test_a_merge_after_a_node_prune_takes_the_scans_that_reused_old_ids(tmp_path
     assert _executions(fleet) == {"sim:1": 3 * 2 + 7}
     (third,) = merge_stores(fleet, [node])  # the watermark is right again: nothing new, nothing read again
     assert third.scans == third.results == 0 and third.rewound == ()
+
+
+def _case_executions(fleet: str) -> int:
+    """Every execution the slowness statistic's running totals (the case tallies) count, for all time."""
+    with Store.open(fleet, create=False) as s:
+        return sum(t.executions for t in s.counts.case_times(since=None).records())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_merge_whose_watermark_the_node_pruned_takes_its_new_scans_from_before_the_fleets_horizon(
+    tmp_path: Path, new_store: Callable[[str], str], backend: str
+) -> None:
+    """The node prunes the scan at the fleet's watermark, and the scans it recorded since (one running, one
+    complete, never merged) started before the fleet's horizon by the next merge. That merge reads the node in full
+    (the watermark's row is gone), and their ids above the watermark say no merge saw them: both are taken, the
+    complete one rolled up at once. They were taken for scans already in the roll-ups and lost (found by the case
+    tallies' soak property: A_NEW_SCAN_PAST_A_WATERMARK_ITS_NODE_PRUNED)."""
+    node, fleet = tmp_path / "node.db", new_store(backend)
+    day0 = 20_000 * DAY  # a UTC midnight
+    _scan(node, "sim:1", 2, day0 + 3600)  # scan id 1: the fleet's watermark of the node
+    merge_stores(fleet, [node])
+    with Store.open(fleet) as s:
+        s.maintenance.prune(before=day0 + DAY)  # the fleet rolls day 0 up
+    with Store.open(node) as s:
+        running = s.scans.begin(device="sim:1", host="node", budget_s=None, started_at=day0 + DAY + 3600)  # id 2
+        s.scans.record(running, [result("sim:1", t=day0 + DAY + 3600, case=f"alu.{i}", family="alu") for i in range(3)])
+    _scan(node, "sim:1", 5, day0 + DAY + 7200)  # id 3, complete
+    with Store.open(node) as s:
+        assert s.maintenance.prune(before=day0 + DAY).scans == 1  # scan 1 goes: the row at the watermark
+    with Store.open(fleet) as s:
+        s.maintenance.prune(before=day0 + 2 * DAY)  # nothing more to prune: the horizon passes scans 2 and 3
+        assert s.maintenance.pruned_before == day0 + 2 * DAY
+    (stats,) = merge_stores(fleet, [node])
+    assert stats.rewound == ("scans",) and stats.scans == 2 and stats.skipped_scans == 0
+    assert _executions(fleet) == {"sim:1": 2 + 3 + 5} and _case_executions(fleet) == 2 + 3 + 5
+    with Store.open(fleet, create=False) as s:
+        assert [r["status"] for r in s.scans.history()] == ["running"]  # the complete one is in the roll-ups
+    with Store.open(node) as s:  # the running scan goes on and ends: taken again, each execution counted once
+        s.scans.record(
+            running,
+            [result("sim:1", t=day0 + 2.5 * DAY, case=f"alu.{i}", family="alu") for i in range(4)],
+            finish="complete",
+            finished_at=day0 + 2.6 * DAY,
+        )
+    (stats,) = merge_stores(fleet, [node])
+    assert stats.rewound == () and stats.scans == 0
+    assert _executions(fleet) == {"sim:1": 2 + 7 + 5} and _case_executions(fleet) == 2 + 7 + 5
+    if backend == "sqlite":
+        assert_tallies_match_rows(fleet)
 
 
 def test_a_deleted_and_recreated_node_store_loses_nothing(tmp_path: Path) -> None:

@@ -23,7 +23,11 @@ deleted, one day per transaction and one pass over the day's rows, so a store ki
 consistent. Every execution is counted once, in a row or in a roll-up; what is lost is the detail of each old
 failure and the time resolution below a day. A later merge skips input scans older than the horizon that an
 earlier merge took: they are already in the roll-ups; those past the watermark (an input away longer than the
-retention, a spool forwarded after a long outage) are merged and rolled up in the same transaction.
+retention, a spool forwarded after a long outage) are merged and rolled up in the same transaction. Past the
+watermark *as remembered*, even when the merge rewinds it: an id above it did not exist at the last merge (ids
+only grow past the rows an input holds), so no merge saw that scan, whatever became of the row at the watermark
+(a node that pruned it and then recorded scans the fleet's horizon passed lost them). A scan that reused an id up
+to the watermark and started before the horizon cannot be told from one rolled up, and is skipped.
 
 **Day tallies.** ``day_tallies`` equals, at every commit, what the rows of ``results`` add up to per UTC day (of a
 row's start), device and family: :class:`DayTallies` for a scan's batch (the store's write path), minus and plus
@@ -102,6 +106,7 @@ class Maintenance:
         source = conn.execute("SELECT value FROM src.meta WHERE key = 'store_id'").fetchone()[0]
         self._core.backend.lock("source", [source])  # one merge of an input at a time (a spool forwarded twice at once)
         after, remembered, reopened = read_mark(conn, source, full=full)
+        taken = None if full else after["scans"]  # as remembered: a rewound watermark still bounds what was seen
         rewound = check_marks(conn, after, remembered)
         horizon = self._core.pruned_before or float("-inf")
         # the input's devices before their rows: a scan writing one of them directly waits here, not in a circle;
@@ -115,7 +120,7 @@ class Maintenance:
             reopened,
             horizon,
             self._core.lock_devices,
-            late_ok=not full and "scans" not in rewound,
+            taken=taken,
             analyze=self._core.backend.analyze,
         )
         for day in late:  # what the merge brought from before the horizon goes to the roll-ups at once

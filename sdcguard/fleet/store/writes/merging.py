@@ -75,7 +75,7 @@ def merge_scans(
     horizon: float,
     lock: Callable[[Iterable[str]], None],
     *,
-    late_ok: bool,
+    taken: int | None,
     analyze: Callable[[str], None] = lambda table: None,
 ) -> tuple[int, int, int, list[int]]:
     """New scans and those still open at the last merge, with their rows; ``(new scans, new rows, skipped, late
@@ -84,10 +84,13 @@ def merge_scans(
     otherwise takes it for a large one and reads the store's results whole).
 
     A scan older than the output's retention horizon is in its roll-ups already when an earlier merge took it;
-    one past the watermark never was (an input that was away longer than the retention: a spool forwarded after
-    a long outage), so with ``late_ok`` (the watermark holds: not ``full``, not rewound) it is merged like the
-    others, and the days it started on (``late days``) are for the caller to roll up at once."""
-    skipped, late_days = _select_scans(conn, scans_after, reopened, horizon, late_ok=late_ok)
+    one past ``taken`` never was (an input that was away longer than the retention: a spool forwarded after a
+    long outage), so it is merged like the others, and the days it started on (``late days``) are for the caller
+    to roll up at once. ``taken``: the input's top scan id at the last merge, the watermark as remembered even
+    when :func:`check_marks` rewinds it (its row pruned on the input, or another there): every scan an earlier
+    merge saw has an id up to it, and one above it did not exist then (ids only grow past the rows held). None
+    (``full``): unknown, every old scan is taken for one in the roll-ups."""
+    skipped, late_days = _select_scans(conn, scans_after, reopened, horizon, taken=taken)
     analyze("merge_scans")
     lock(
         r[0]
@@ -146,7 +149,7 @@ def merge_scans(
 
 
 def _select_scans(
-    conn: Any, scans_after: int, reopened: list[int], horizon: float, *, late_ok: bool
+    conn: Any, scans_after: int, reopened: list[int], horizon: float, *, taken: int | None
 ) -> tuple[int, list[int]]:
     """Fill ``temp.merge_scans`` with the input's scans this merge takes; ``(skipped, late days)``."""
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS merge_scans(src_id INTEGER PRIMARY KEY, uuid TEXT, dst_id INTEGER)")
@@ -162,9 +165,9 @@ def _select_scans(
         "src_id IN (SELECT id FROM src.scans WHERE started_at < ?) "
         f"AND uuid NOT IN (SELECT uuid FROM main.scans WHERE status IN {_OPEN})"
     )
-    if late_ok:
+    if taken is not None:
         old += " AND src_id <= ?"
-    bounds = (horizon, scans_after) if late_ok else (horizon,)
+    bounds = (horizon, taken) if taken is not None else (horizon,)
     skipped = conn.execute(f"SELECT COUNT(*) FROM temp.merge_scans WHERE {old}", bounds).fetchone()[0]
     conn.execute(f"DELETE FROM temp.merge_scans WHERE {old}", bounds)
     late_days = [
