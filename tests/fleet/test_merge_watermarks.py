@@ -64,7 +64,8 @@ def _restore(backup: Path, path: Path) -> None:
 
 
 def test_a_merge_after_a_node_prune_takes_the_scans_that_reused_old_ids(tmp_path: Path) -> None:
-    """The issue's reproduction: 3 old scans merged, the node pruned, a new scan (id 1 again) is not lost."""
+    """The issue's reproduction: 3 old scans merged, the node pruned, a new scan is not lost (it was given id 1 again
+    then; a SQLite store now never gives an id twice, and the merge takes it either way)."""
     node, fleet = tmp_path / "node.db", tmp_path / "fleet.db"
     for i in range(3):
         _scan(node, "sim:1", 2, NOW - 20 * DAY + i)
@@ -74,7 +75,7 @@ def test_a_merge_after_a_node_prune_takes_the_scans_that_reused_old_ids(tmp_path
         assert s.maintenance.prune(before=NOW - 10 * DAY).scans == 3
     _scan(node, "sim:1", 7, NOW - DAY)
     with Store.open(node) as s:
-        assert [r["id"] for r in s.scans.history()] == [1]  # the id of a scan the fleet already has
+        assert [r["id"] for r in s.scans.history()] == [4]  # above every id given (it was 1, a merged scan's)
     (second,) = merge_stores(fleet, [node])
     assert second.scans == 1 and second.results == 7 and second.rewound == ("scans",)
     assert _executions(fleet) == {"sim:1": 3 * 2 + 7}

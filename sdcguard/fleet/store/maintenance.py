@@ -169,6 +169,9 @@ class Maintenance:
             lo, hi = day * _DAY_S, min((day + 1) * _DAY_S, horizon)
             with self._core.write() as conn:
                 self._core.backend.lock("tallies")  # every other writer waits (they take it shared)
+                if self._core.kind == "sqlite":  # SQLite would give a deleted top id to the next scan: never again
+                    top = max(int(self._core.one("SELECT COALESCE(MAX(id), 0) FROM scans")), _scan_id_floor(self._core))
+                    set_meta(conn, "scan_id_floor", top)
                 s, r, n = _prune_day(conn, lo, hi)
                 scans, results, rollup_rows = scans + s, results + r, rollup_rows + n
                 last = conn.execute("SELECT MAX(day) FROM rollups").fetchone()[0]
@@ -277,6 +280,12 @@ class Maintenance:
         """The retention horizon: scans that started before it live only in the daily roll-ups (None: never
         pruned)."""
         return self._core.pruned_before
+
+
+def _scan_id_floor(core: StoreCore) -> int:
+    """The highest scan id this SQLite store ever gave (a prune may have deleted it): a new scan's id is above it,
+    so a merge's watermark never takes a new scan for one it already rolled up (:meth:`~.scans.Scans.begin`)."""
+    return int(core.meta("scan_id_floor") or 0)
 
 
 def _prune_day(conn: Any, lo: float, hi: float) -> tuple[int, int, int]:

@@ -76,10 +76,18 @@ class Scans:
         with self._core.write() as conn:
             if device not in self._known_devices:  # known: record keeps its last_seen
                 ensure_device(conn, device, host, t)
+            # above every id this store ever gave: SQLite gives a pruned top id again, and a merge's watermark
+            # would take the new scan for the one it rolled up (a prune keeps the floor: maintenance.py)
+            floor = int(self._core.meta("scan_id_floor") or 0)
+            row = (uuid or _uuid.uuid4().hex, device, host, t, budget_s, jdump(meta or {}))
             cur = conn.execute(
                 "INSERT INTO scans(uuid, device, host, started_at, budget_s, status, meta) "
-                "VALUES (?, ?, ?, ?, ?, 'running', ?) RETURNING id",
-                (uuid or _uuid.uuid4().hex, device, host, t, budget_s, jdump(meta or {})),
+                "VALUES (?, ?, ?, ?, ?, 'running', ?) RETURNING id"
+                if not floor
+                else "INSERT INTO scans(id, uuid, device, host, started_at, budget_s, status, meta) "
+                "VALUES ((SELECT MAX(COALESCE(MAX(id), 0), ?) + 1 FROM scans), ?, ?, ?, ?, ?, 'running', ?) "
+                "RETURNING id",
+                row if not floor else (floor, *row),
             )
             scan_id = int(cur.fetchone()[0])
         self._known_devices.add(device)

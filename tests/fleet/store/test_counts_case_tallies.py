@@ -248,6 +248,25 @@ one already rolled up, so scan 2, which no merge had seen, was lost (the tallies
 The store was wrong: an id above the remembered watermark is a scan no earlier merge saw, rewound or not."""
 
 
+A_PRUNED_TOP_ID_GIVEN_AGAIN = [
+    ("scan", 1, 0, _ONE, True),  # scan id 1 on node 1
+    ("merge", 0, 0, [], False),  # the fleet's watermark of node 1: scan id 1
+    _NOTHING,
+    _NOTHING,
+    ("prune", 1, 1, [], False),  # node 1 prunes scan 1, its newest
+    ("scan", 1, 0, _ONE, True),  # a new scan: SQLite gave it id 1 again
+    _NOTHING,
+    _NOTHING,
+    _NOTHING,
+    ("prune", 2, 1, [], False),
+    ("prune", 2, 1, [], False),  # the fleet's horizon passes the new scan's start
+    ("merge", 0, 0, [], False),
+]
+"""A counterexample found beside the one above (helper's search, not CI's): node 1 pruned its newest scan and gave
+its id to the next one, which the merge took for the scan at its watermark, already rolled up: lost. The store was
+wrong: a SQLite store now never gives an id twice (a prune keeps the highest it gave: ``meta.scan_id_floor``)."""
+
+
 def _tallies_property(examples: int):  # type: ignore[no-untyped-def]
     """The property below over ``examples`` interleavings, the counterexamples found so far always among them."""
     return lambda test: settings(
@@ -257,11 +276,13 @@ def _tallies_property(examples: int):  # type: ignore[no-untyped-def]
     )(
         example(ops=LATE_SCAN_ROLLED_UP_BY_A_MERGE, since_offsets=[0.0, 0.0], speed=[1] * 8)(
             example(ops=A_NEW_SCAN_PAST_A_WATERMARK_ITS_NODE_PRUNED, since_offsets=[0.0, 0.0], speed=[1] * 8)(
-                given(
-                    st.lists(_op, min_size=6, max_size=18),
-                    st.lists(st.floats(0, 6 * DAY), min_size=2, max_size=2),
-                    st.lists(st.sampled_from([1, 2, 3]), min_size=8, max_size=8),
-                )(test)
+                example(ops=A_PRUNED_TOP_ID_GIVEN_AGAIN, since_offsets=[0.0, 0.0], speed=[1] * 8)(
+                    given(
+                        st.lists(_op, min_size=6, max_size=18),
+                        st.lists(st.floats(0, 6 * DAY), min_size=2, max_size=2),
+                        st.lists(st.sampled_from([1, 2, 3]), min_size=8, max_size=8),
+                    )(test)
+                )
             )
         )
     )

@@ -155,3 +155,16 @@ def test_interrupted_scans_are_pruned_and_rolled_up_like_complete_ones(tmp_path:
         assert [s["status"] for s in store.scans.history()] == ["running"]
         assert store.counts.tallies(by="device") == whole == [whole[0]] and whole[0].executions == 13
         assert store.counts.scans(since=None)["sim:1"].complete == 1  # interrupted never counts as complete
+
+
+def test_a_pruned_scans_id_is_never_given_again(tmp_path: Path) -> None:
+    """SQLite gives a deleted top rowid to the next row; a merge's watermark would take the new scan for the pruned
+    one it already rolled up. A prune keeps the highest id given, and the next scan's id is above it."""
+    path = tmp_path / "n.db"
+    with Store.open(path) as store:
+        sid = store.scans.begin(device="sim:1", host="n", budget_s=60.0, started_at=START)
+        store.scans.record(sid, [result("sim:1", t=START + 1)], finish="complete", finished_at=START + 60)
+        store.maintenance.prune(before=START + 3 * DAY)
+        assert store.maintenance.row_count("scans") == 0
+        again = store.scans.begin(device="sim:1", host="n", budget_s=60.0, started_at=START + 4 * DAY)
+        assert again > sid
