@@ -19,7 +19,15 @@ import click
 from sdcguard.entry import SECONDS, SECONDS_OR_ZERO, STORE, OneLineErrors, default_db
 from sdcguard.inject.spec import INJECT_SPEC_HELP, InjectSpec
 
-from .config import POLICY_SCOPES, actions_option, config_option, load_config, load_policy, parse_actions
+from .config import (
+    POLICY_SCOPES,
+    actions_option,
+    config_option,
+    drill_store_option,
+    load_config,
+    load_policy,
+    parse_actions,
+)
 from .options import DEFAULT_BUDGET_S, ScanOptions, settings
 
 if TYPE_CHECKING:
@@ -74,15 +82,7 @@ def _given(ctx: click.Context) -> dict[str, Any]:
     metavar="SPEC",
     help="Fire drill: make devices behave as faulty hardware (grammar below).",
 )
-@click.option(
-    "--drill-store",
-    "drill_store",
-    type=click.Path(dir_okay=False, path_type=Path),
-    envvar="SDCGUARD_DRILL_STORE",
-    default=None,
-    help="Where a fire drill (--inject) is recorded: a SQLite store of drills, never the fleet's record (default: "
-    "beside --db, X.drills.db; `sdcguard report --drills` reads it).",
-)
+@drill_store_option
 @click.option("--json", "json_lines", is_flag=True, help="Progress as JSON lines even on a terminal.")
 @click.option(
     "--retests",

@@ -37,6 +37,7 @@ __all__ = [
     "parse_actions",
     "config_option",
     "actions_option",
+    "drill_store_option",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -186,6 +187,20 @@ def config_option(f: F) -> F:
         envvar="SDCGUARD_CONFIG",
         default=None,
         help="TOML file with [scan] and [policy] sections ($SDCGUARD_CONFIG).",
+    )(f)
+
+
+def drill_store_option(f: F) -> F:
+    """``--drill-store FILE`` (``$SDCGUARD_DRILL_STORE``): where fire drills are recorded and read
+    (:mod:`sdcguard.fleet.store.drills`)."""
+    return click.option(
+        "--drill-store",
+        "drill_store",
+        type=click.Path(dir_okay=False, path_type=Path),
+        envvar="SDCGUARD_DRILL_STORE",
+        default=None,
+        help="The store of fire drills (--inject), never the fleet's record (default: beside --db, X.drills.db; "
+        "`sdcguard report --drills` reads it).",
     )(f)
 
 

@@ -16,7 +16,7 @@ import click
 # Set before numpy is first imported (by the fleet modules below); an explicit setting wins.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from fleet_scan.config import config_option, load_config, load_policy  # noqa: E402
+from fleet_scan.config import config_option, drill_store_option, load_config, load_policy  # noqa: E402
 
 from ..durations import DEFAULT_WINDOW, since_timestamp  # noqa: E402
 from ..errors import BadInput  # noqa: E402
@@ -187,13 +187,7 @@ def _lines(d: dict[str, Any], dcgm: bool) -> list[list[str]]:
     help="Report the fire drills instead (the drill store beside --db, or --drill-store): never part of the fleet's "
     "figures.",
 )
-@click.option(
-    "--drill-store",
-    type=click.Path(dir_okay=False, path_type=Path),
-    envvar="SDCGUARD_DRILL_STORE",
-    default=None,
-    help="The drill store --drills reads (default: beside --db, X.drills.db).",
-)
+@drill_store_option
 @slow_max_age_option
 @config_option
 def report(
