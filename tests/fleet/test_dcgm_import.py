@@ -5,7 +5,6 @@ names a GPU the store cannot place. On SQLite and on the PostgreSQL server the t
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,10 +33,8 @@ def _run(db: str, *args: str) -> tuple[int, str]:
     return r.exit_code, r.output
 
 
-def test_a_failing_level3_diagnostic_shows_beside_the_golden_result(
-    new_store: Callable[[str], str], tmp_path: Path
-) -> None:
-    db = new_store("dcgm")
+def test_a_failing_level3_diagnostic_shows_beside_the_golden_result(store_db: str, tmp_path: Path) -> None:
+    db = store_db
     with Store.open(db) as store:
         _gpus(store)
     code, out = _run(db, "import", "dcgm", str(DATA / "level3-4x-memory-fail.json"), "--host", "node7")

@@ -48,8 +48,9 @@ def drill_store_for(db: str | os.PathLike[str], named: str | os.PathLike[str] | 
         return str(named)
     if os.environ.get(DRILL_STORE_ENV):
         return os.environ[DRILL_STORE_ENV]
-    if is_server_url(db):
+    if is_server_url(db):  # this host's state folder (made here: no drill has run on this host yet)
         state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "sdcguard"
+        state.mkdir(parents=True, exist_ok=True)
         return str(state / f"drills-{hostname()}-{hashlib.sha256(str(db).encode()).hexdigest()[:12]}.db")
     path = Path(db)
     stem = path.name[:-3] if path.name.endswith(".db") else path.name

@@ -3,6 +3,7 @@ refuses to mix the two, and how a merge keeps them apart."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,26 @@ def test_report_drills_reads_the_drill_store_and_says_so(tmp_path: Path) -> None
     assert r.exit_code == 0 and "gpu:n:1" in r.output and "gpu:n:0" not in r.output, r.output
     r = CliRunner().invoke(cli, ["--db", str(fleet), "report", "--format", "csv"])
     assert r.exit_code == 0 and "gpu:n:0" in r.output and "gpu:n:1" not in r.output, r.output
+
+
+@pytest.mark.slow
+def test_a_drill_against_a_server_store_goes_to_a_local_drill_store(
+    pg_server: object, new_store: Callable[[str], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's drill on a PostgreSQL store: its results in this host's drill store for that server, none on the
+    server; ``report --drills`` reads them."""
+    from tests._scan import cores
+    from tests._scan import scan as run_scan
+
+    url = new_store("postgres")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    core = cores()[-1]
+    proc = run_scan(url, tmp_path / "locks", "--device", f"cpu:{core}", "--inject", f"cpu:{core}:bitflip,rate=1.0")
+    assert proc.returncode == 1, proc.stderr
+    drills = Path(drill_store_for(url))
+    assert drills.parent == tmp_path / "state" / "sdcguard" and f"the drill store {drills}" in proc.stderr
+    with Store.open(url) as server, Store.open(drills) as local:
+        assert server.maintenance.row_count("scans") == 0 and server.quarantine.entries() == []
+        assert local.maintenance.row_count("scans") == 1 and local.maintenance.holds_drills
+    r = CliRunner().invoke(cli, ["--db", url, "report", "--drills", "--format", "json"])
+    assert r.exit_code == 0 and '"quarantined"' in r.output, r.output
