@@ -27,7 +27,7 @@ property_settings = settings(
 )
 
 
-def _store(path: Path, failures: list[int], *, passes: int = 20, duration_s: float = 30.0) -> None:
+def _store(path: Path | str, failures: list[int], *, passes: int = 20, duration_s: float = 30.0) -> None:
     """Each device: ``passes`` passing executions and its failures, every execution ``duration_s`` long."""
     with Store.open(path) as store:
         for d, k in zip(DEVICES, failures, strict=True):
@@ -94,13 +94,14 @@ def test_evidence_from_before_a_release_changes_nothing(tmp_path: Path) -> None:
     assert released[1].daly_s == clean[1].daly_s
 
 
-def _cli(db: Path, *args: str) -> tuple[int, str]:
+def _cli(db: Path | str, *args: str) -> tuple[int, str]:
     r = CliRunner().invoke(cli, ["--db", str(db), "plan", *args])
     return r.exit_code, r.output
 
 
-def test_the_command_prints_a_plan_json_and_a_line_a_launcher_sources(tmp_path: Path) -> None:
-    db = tmp_path / "f.db"
+def test_the_command_prints_a_plan_json_and_a_line_a_launcher_sources(store_db: str) -> None:
+    """On SQLite and on the PostgreSQL server the tests start."""
+    db = store_db
     _store(db, [0, 0, 0, 8])
     base = ["--hosts", "n0,n1", "--step-time", "1s", "--checkpoint-cost", "40s", "--mtbf", "12h"]
     code, out = _cli(db, *base, "--format", "env")
