@@ -126,3 +126,45 @@ class _nothing:
 
 def _said(incidents: Any) -> list[tuple[str, int, tuple[int, ...]]]:
     return [(i.kind, i.step, tuple(i.suspect_ranks)) for i in incidents]
+
+
+def four_calls(rank: int, world: int, by: str, watched: bool, steps: int = 2) -> list[Any] | str:
+    """Two stages x 2 replicas making the four calls around the schedule themselves, the guard given the mesh
+    (``by="mesh"``) or a group per stage (``by="group"``), with ``watch_stage`` or without it (``watched``). Returns
+    each step's (commit, incidents), or the error's one line."""
+    warnings.filterwarnings("ignore")
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    import sdcguard
+    from sdcguard.adapters.pipelining import watch_stage
+    from sdcguard.errors import BadInput
+
+    dp = pp = 2
+    mesh = init_device_mesh("cpu", (dp, pp), mesh_dim_names=("dp", "pp"))
+    d, s = mesh.get_coordinate()
+    part = _stages()[s]
+    stage = PipelineStage(part, s, pp, torch.device("cpu"), group=mesh["pp"].get_group())
+    schedule = Schedule1F1B(stage, n_microbatches=MICRO, loss_fn=lambda out, y: F.cross_entropy(out, y))
+    where: dict[str, Any] = {"mesh": mesh} if by == "mesh" else {"group": mesh["dp"].get_group()}
+    guard = sdcguard.SDCGuard(part, sdcguard.stage_output, replay_every=1, escalate="off", **where)
+    if watched:
+        watch_stage(guard, stage)
+    seen: list[Any] = []
+    try:
+        for step in range(steps):
+            g = torch.Generator().manual_seed(100 * step + d)
+            x, y = torch.randn(4 * MICRO, 8, generator=g), torch.randint(0, 4, (4 * MICRO,), generator=g)
+            guard.begin_step(step, micro_batches=MICRO)
+            if not watched:  # what a loop without watch_stage can hand over: the pipeline's batch
+                guard.before_forward(x)
+            schedule.step(x) if s == 0 else schedule.step(target=y, losses=[])
+            for p in part.parameters():
+                dist.all_reduce(p.grad, group=mesh["dp"].get_group())
+                p.grad /= dp
+            report = guard.end_step()
+            seen.append((report.commit, _said(report.incidents)))
+    except BadInput as e:
+        return str(e)
+    return seen

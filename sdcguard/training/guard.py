@@ -44,6 +44,7 @@ from .hooks.ddp import is_ddp, wrap_ddp
 from .hooks.fsdp import is_fsdp
 from .hooks.wrappers import has_compiled_regions
 from .identity import JobView
+from .loop import run_micro_batches
 from .mesh import Layout
 from .notices import COMPILED_NOTICE, construction_notices
 from .placement import place
@@ -52,8 +53,8 @@ from .recovery.state import Stateful
 from .rejoin import make_rejoin
 from .replay.capture import Batch, RngHook, capture_rng, make_capture
 from .replay.observe import StepObserver
-from .replay.recompute import LossFn, Replayer, check_loss
-from .replay.stage import StageObserver
+from .replay.recompute import LossFn, Replayer
+from .replay.stage import StageObserver, stage_output
 from .response import Responder
 from .rounds.shadows import ShadowServer
 from .step_check import StepCheck, StepState, decide, gather_step
@@ -157,7 +158,7 @@ class SDCGuard:
         self._responder = Responder(
             on_detect, self.config.store, rank=self.rank, writer=speaks, escalate=escalate, job=self.job
         )
-        observer = StageObserver if self.layout.stages else StepObserver
+        observer = StageObserver if self.layout.stages or loss_fn is stage_output else StepObserver
         self._observer = observer(self.taps, rank=self.dp_rank, device=self.device, rng_hook=rng_hook)
         timed = slow is not None and not self.shadow_ranks and self.role == "worker" and self.layout.width > 1
         self._clock = PhaseClock(self.device) if timed else IdleClock()
@@ -317,23 +318,20 @@ class SDCGuard:
             raise BadInput("micro_batches is empty")
         if self.role == "worker" and not self.comm.alone and self._ddp is None and not is_fsdp(self.module):
             self.model = self._ddp = wrap_ddp(self.model, self.group)  # the framework's reduction, overlapped
-        self.begin_step(step, micro_batches=len(mbs))
-        losses = []
-        try:
-            for i, mb in enumerate(mbs):
-                last = i == len(mbs) - 1
-                no_sync = self._ddp.no_sync() if self._ddp is not None and not last else contextlib.nullcontext()
-                with no_sync, self._train_context():
-                    self.before_forward(mb)
-                    loss = check_loss(self.loss_fn(self.model, mb))
-                    self.observe_loss(loss)
-                    (loss / len(mbs) if len(mbs) > 1 else loss).backward()
-                losses.append(loss.detach())
-        except BaseException:
-            self._observer.finish()
-            self._checksums.mode.end()
-            raise
-        return self.end_step(loss=losses[0] if len(losses) == 1 else torch.stack(losses).mean())
+        return run_micro_batches(self, step, mbs, ddp=self._ddp, context=self._train_context)
+
+    def watch_stage(self, watched: bool = True) -> None:
+        """:func:`~sdcguard.adapters.pipelining.watch_stage` (and its ``remove``) says whether the schedule feeds this
+        guard a pipeline stage's micro-batches; a stage's guard nothing feeds refuses its first step in one line."""
+        if not isinstance(self._observer, StageObserver):  # a group per stage, with a loss_fn of its own
+            self._observer = StageObserver(self.taps, rank=self.dp_rank, device=self.device, rng_hook=self._rng_hook)
+        self._observer.watched = watched
+
+    def abandon_step(self) -> None:
+        """After a failure between ``begin_step`` and ``end_step``: stop observing the step (its hooks disarmed, the
+        matmul checksums off), so the next ``begin_step`` starts clean. Makes no collective."""
+        self._observer.finish()
+        self._checksums.mode.end()
 
     def after_optimizer_step(self) -> list[Incident]:
         """Compare the weights across replicas when the schedule says so (call it after ``optimizer.step()``)."""
