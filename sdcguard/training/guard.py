@@ -44,7 +44,7 @@ from .hooks.ddp import is_ddp, wrap_ddp
 from .hooks.fsdp import is_fsdp
 from .hooks.wrappers import has_compiled_regions
 from .identity import JobView
-from .loop import run_micro_batches
+from .loop import micro_batches_of, run_micro_batches
 from .mesh import Layout
 from .notices import COMPILED_NOTICE, construction_notices
 from .placement import place
@@ -222,8 +222,8 @@ class SDCGuard:
             responder=self._responder, clock=self._clock, slow=slow, rows=self.config.checksum_rows,
             splits=self.config.checksum_splits, log=self.log,
         )  # fmt: skip
-        self._replica, self._weights, self._round, self._checksums, self._slow = (
-            c.replica, c.weights, c.round, c.checksums, c.slow,
+        self._replica, self._weights, self._round, self._checksums, self._memory, self._slow = (
+            c.replica, c.weights, c.round, c.checksums, c.memory, c.slow,
         )  # fmt: skip
         self._record_ops = record_ops
         return c.all
@@ -274,7 +274,8 @@ class SDCGuard:
         step = self._observer.step
         if step is None:
             raise RuntimeError("end_step() without begin_step()")
-        state = StepState(step=step, sample=self._samples, sampled=self._sampled, observed=self._observer.finish())
+        observed, losses = self._observer.finish(), self._observer.nonfinite_losses
+        state = StepState(step=step, sample=self._samples, sampled=self._sampled, observed=observed, nonfinite=losses)
         self._clock.end_compute(state.sample if state.sampled else None)
         parts = [(c.name, c.columns(state)) for c in self._checks]
         with self._clock.waiting():
@@ -296,6 +297,8 @@ class SDCGuard:
                 self._recovery.sampled(step)
         escalating = self._responder.handle(found, escalate=self._outcomes.escalating(found))
         resume = self._rejoin.recover(step, escalating, self._outcomes.verification) if self._rejoin else None
+        if resume is not None:
+            self._memory.forget()  # the weights were restored: the next optimizer step makes the new reference
         return StepReport(
             step=step, loss=loss if loss is not None else torch.full((), float("nan")), commit=decision.commit,
             incidents=tuple(found), replayed=state.sampled, checks=decision.checks,
@@ -311,11 +314,7 @@ class SDCGuard:
         the gradients are in ``.grad``; on a vetoed step ``.grad`` is None. ``loss_fn`` receives the model as given
         (the guard wraps a plain module of a distributed job in DDP); replays receive the module without wrapper.
         """
-        if (batch is None) == (micro_batches is None):
-            raise BadInput("pass exactly one of batch or micro_batches")
-        mbs = [batch] if micro_batches is None else list(micro_batches)
-        if not mbs:
-            raise BadInput("micro_batches is empty")
+        mbs = micro_batches_of(batch, micro_batches)
         if self.role == "worker" and not self.comm.alone and self._ddp is None and not is_fsdp(self.module):
             self.model = self._ddp = wrap_ddp(self.model, self.group)  # the framework's reduction, overlapped
         return run_micro_batches(self, step, mbs, ddp=self._ddp, context=self._train_context)
@@ -334,7 +333,9 @@ class SDCGuard:
         self._checksums.mode.end()
 
     def after_optimizer_step(self) -> list[Incident]:
-        """Compare the weights across replicas when the schedule says so (call it after ``optimizer.step()``)."""
+        """Every step, after ``optimizer.step()`` (and anything else that writes the weights): fingerprint this rank's
+        shards for the next step's memory check; compare the weights across replicas when the schedule says so."""
+        self._memory.settle()
         every = self.config.weight_check_every
         if self.role != "worker" or not every or self._last_step is None or self._last_step % every:
             return []

@@ -13,11 +13,12 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from ..errors import BadInput
 from .config import StepReport
 from .replay.capture import Batch
 from .replay.recompute import LossFn, check_loss
 
-__all__ = ["Stepped", "run_micro_batches"]
+__all__ = ["Stepped", "micro_batches_of", "run_micro_batches"]
 
 
 class Stepped(Protocol):
@@ -60,3 +61,13 @@ def run_micro_batches(
         guard.abandon_step()
         raise
     return guard.end_step(loss=losses[0] if n == 1 else torch.stack(losses).mean())
+
+
+def micro_batches_of(batch: Batch, micro_batches: Sequence[Batch] | None) -> list[Batch]:
+    """``guard.step``'s one ``batch`` or its ``micro_batches``, as a list (exactly one of them, not empty)."""
+    if (batch is None) == (micro_batches is None):
+        raise BadInput("pass exactly one of batch or micro_batches")
+    mbs = [batch] if micro_batches is None else list(micro_batches)
+    if not mbs:
+        raise BadInput("micro_batches is empty")
+    return mbs

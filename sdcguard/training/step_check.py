@@ -26,7 +26,7 @@ from .replay.observe import Observed
 __all__ = ["Check", "StepState", "CheckResult", "StepCheck", "StepTable", "gather_step", "Decision", "decide"]
 
 
-Check = Literal["gradient_replica", "weight_replica", "replay", "checksum"]
+Check = Literal["memory", "nonfinite", "gradient_replica", "weight_replica", "replay", "checksum"]
 """A check by the name :class:`~sdcguard.training.config.StepReport` and incidents give it."""
 
 
@@ -41,6 +41,8 @@ class StepState:
     """Whether this step is replayed (the same on every rank)."""
     observed: Observed | None
     """This rank's sampled computation (None where its micro-batch is not the one checked)."""
+    nonfinite: torch.Tensor | None = None
+    """How many of this rank's observed losses were not finite (a device tensor; None: none observed)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -57,6 +57,8 @@ class StepObserver:
         self._probe: AutocastProbe | None = None
         self._seed: list[torch.Tensor] = []
         self._armed = False
+        self.nonfinite_losses: torch.Tensor | None = None
+        """How many losses observed this step were not finite (on the device, counted without a sync)."""
 
     @property
     def active(self) -> bool:
@@ -68,6 +70,7 @@ class StepObserver:
         self.step, self._record_here, self._chosen, self._index = step, record, chosen, 0
         self._capture, self._record, self._seed, self._probe = None, None, [], None
         self._count, self._silent = self.taps.handed_over, False
+        self.nonfinite_losses = None
 
     def before_forward(self, batch: Batch) -> None:
         """Call right before a micro-batch's forward (in order; the first one is micro-batch 0)."""
@@ -87,7 +90,10 @@ class StepObserver:
         self._index += 1
 
     def observe_loss(self, loss: torch.Tensor) -> None:
-        """The loss tensor the sampled micro-batch's backward starts from (fingerprinted; its seed observed)."""
+        """The loss tensor a micro-batch's backward starts from (every one counted when not finite; the sampled one's
+        fingerprinted, its seed observed)."""
+        bad = (~torch.isfinite(local_tensor(loss).detach())).any().to(torch.int64)
+        self.nonfinite_losses = bad if self.nonfinite_losses is None else self.nonfinite_losses + bad
         if not self._armed or self._record is None:
             return
         self.taps.arm(self._record)  # again, now that the forward ran (FSDP2 made its unsharded parameters in it)
