@@ -2,7 +2,9 @@
 weight flipped in one rank's memory between two steps is vetoed on every rank at the next step and names that rank
 alone (``memory``) on DDP, pure FSDP2 (each element held by one rank only: no replica to outvote it) and FSDP2 x TP;
 no incident ever names an innocent rank alone; a NaN in one rank's data is vetoed on every rank and named on that
-rank (``nonfinite``). The rules themselves, exhaustively: :mod:`tests.training.verdicts.test_local`."""
+rank (``nonfinite``). The rules themselves, exhaustively: :mod:`tests.training.verdicts.test_local`.
+
+CI runs pure FSDP2 (the layout with no replica) and the NaN; ``-m slow`` DDP and FSDP2 x TP."""
 
 from __future__ import annotations
 
@@ -21,7 +23,10 @@ def _alike(results: list[dict]) -> list[dict]:
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize(("layout", "world"), [("ddp", 2), ("fsdp", 2), ("fsdp_tp", 4)])
+@pytest.mark.parametrize(
+    ("layout", "world"),
+    [pytest.param("ddp", 2, marks=pytest.mark.slow), ("fsdp", 2), pytest.param("fsdp_tp", 4, marks=pytest.mark.slow)],
+)
 def test_a_weight_corrupted_in_one_ranks_memory_is_vetoed_and_names_that_rank_alone(layout: str, world: int) -> None:
     faulty = 1
     steps = _alike(run_ranks(job, world, layout, "memory", faulty, timeout=180))

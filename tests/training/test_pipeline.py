@@ -127,9 +127,10 @@ def test_a_fault_in_one_stage_is_vetoed_by_every_stage(setup: str, fault: str, s
 def test_a_stage_guard_nothing_watches_refuses_its_first_step_in_one_line(by: str) -> None:
     """The four calls around a schedule without ``watch_stage`` crashed inside the replay (the pipeline's batch fed
     to a later stage: ``mat1 and mat2 shapes cannot be multiplied``); now every rank refuses the first step, saying
-    what to call. With ``watch_stage`` the same loop runs clean (a group per stage included: 1F1B)."""
+    what to call. With ``watch_stage`` the same loop runs clean with a group per stage (1F1B)."""
     refused = run_ranks(four_calls, 4, by, False, timeout=100)
     assert all(r == refused[0] and isinstance(r, str) for r in refused), refused
     assert "\n" not in refused[0] and "watch_stage(guard, stage)" in refused[0], refused[0]
-    watched = run_ranks(four_calls, 4, by, True, timeout=100)
-    assert all(seen == [(True, [])] * 2 for seen in watched), watched
+    if by == "group":  # on a mesh, the cells above run watched stages
+        watched = run_ranks(four_calls, 4, by, True, timeout=100)
+        assert all(seen == [(True, [])] * 2 for seen in watched), watched
