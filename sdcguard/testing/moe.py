@@ -62,6 +62,8 @@ class MoE(nn.Module):
         per = w1.shape[0]
         if self.ep_mesh is None:
             return _apply(tokens, experts, w1, w2)
+        import warnings
+
         import torch.distributed as dist
         import torch.distributed.nn.functional as dnn
 
@@ -73,14 +75,16 @@ class MoE(nn.Module):
         sizes_in, sizes_out = recv.tolist(), send.tolist()
         ids = torch.empty(sum(sizes_in), dtype=experts.dtype)
         dist.all_to_all_single(ids, experts, sizes_in, sizes_out, group=group)
-        arrived = dnn.all_to_all_single(
-            torch.empty(sum(sizes_in), D, dtype=tokens.dtype), tokens, sizes_in, sizes_out, group=group
-        )
-        local = ids % per
-        order = torch.argsort(local, stable=True)
-        done = torch.empty_like(arrived)
-        done[order] = _apply(arrived[order], local[order], w1, w2)
-        return dnn.all_to_all_single(torch.empty_like(tokens), done, sizes_out, sizes_in, group=group)
+        with warnings.catch_warnings():  # torch 2.13 points to a private module instead: this one is public
+            warnings.simplefilter("ignore", FutureWarning)
+            arrived = dnn.all_to_all_single(
+                torch.empty(sum(sizes_in), D, dtype=tokens.dtype), tokens, sizes_in, sizes_out, group=group
+            )
+            local = ids % per
+            order = torch.argsort(local, stable=True)
+            done = torch.empty_like(arrived)
+            done[order] = _apply(arrived[order], local[order], w1, w2)
+            return dnn.all_to_all_single(torch.empty_like(tokens), done, sizes_out, sizes_in, group=group)
 
 
 def _apply(tokens: torch.Tensor, experts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
