@@ -24,16 +24,17 @@ D, H, IN, OUT = 8, 16, 6, 4
 
 
 class MoE(nn.Module):
-    """See the module docstring. ``ep_mesh``: the 1-D ``ep`` sub-mesh, or None (every expert local)."""
+    """See the module docstring. ``ep_mesh``: the 1-D ``ep`` sub-mesh, or None (every expert local); ``d`` and
+    ``hidden``: the model's and each expert's width."""
 
-    def __init__(self, experts: int = 4, top_k: int = 2, ep_mesh: Any = None) -> None:
+    def __init__(self, experts: int = 4, top_k: int = 2, ep_mesh: Any = None, d: int = D, hidden: int = H) -> None:
         super().__init__()
-        self.experts, self.top_k, self.ep_mesh = experts, top_k, ep_mesh
-        self.inp = nn.Linear(IN, D)
-        self.router = nn.Linear(D, experts, bias=False)
-        self.w1 = nn.Parameter(torch.randn(experts, D, H) / D**0.5)
-        self.w2 = nn.Parameter(torch.randn(experts, H, D) / H**0.5)
-        self.head = nn.Linear(D, OUT)
+        self.experts, self.top_k, self.ep_mesh, self.d = experts, top_k, ep_mesh, d
+        self.inp = nn.Linear(IN, d)
+        self.router = nn.Linear(d, experts, bias=False)
+        self.w1 = nn.Parameter(torch.randn(experts, d, hidden) / d**0.5)
+        self.w2 = nn.Parameter(torch.randn(experts, hidden, d) / hidden**0.5)
+        self.head = nn.Linear(d, OUT)
         if ep_mesh is not None:
             from torch.distributed.tensor import Shard, distribute_tensor
 
@@ -54,7 +55,7 @@ class MoE(nn.Module):
         out = self._experts(tokens, experts)
         back = torch.empty_like(out)
         back[order] = out
-        mixed = (back.reshape(-1, self.top_k, D) * gates.unsqueeze(-1)).sum(dim=1)
+        mixed = (back.reshape(-1, self.top_k, self.d) * gates.unsqueeze(-1)).sum(dim=1)
         return self.head(h + mixed)
 
     def _experts(self, tokens: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
@@ -78,7 +79,7 @@ class MoE(nn.Module):
         with warnings.catch_warnings():  # torch 2.13 points to a private module instead: this one is public
             warnings.simplefilter("ignore", FutureWarning)
             arrived = dnn.all_to_all_single(
-                torch.empty(sum(sizes_in), D, dtype=tokens.dtype), tokens, sizes_in, sizes_out, group=group
+                torch.empty(sum(sizes_in), self.d, dtype=tokens.dtype), tokens, sizes_in, sizes_out, group=group
             )
             local = ids % per
             order = torch.argsort(local, stable=True)
@@ -91,7 +92,7 @@ def _apply(tokens: torch.Tensor, experts: torch.Tensor, w1: torch.Tensor, w2: to
     """Each local expert on its tokens (``tokens`` sorted by ``experts``, local indices); none: nothing to compute."""
     counts = torch.bincount(experts, minlength=w1.shape[0]).tolist()
     parts = [F.gelu(chunk @ w1[e]) @ w2[e] for e, chunk in enumerate(torch.split(tokens, counts)) if counts[e]]
-    return torch.cat(parts) if parts else tokens @ w1.new_zeros(D, D)
+    return torch.cat(parts) if parts else tokens @ w1.new_zeros(w1.shape[1], w1.shape[1])
 
 
 def moe_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
