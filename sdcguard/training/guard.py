@@ -61,6 +61,7 @@ from .step_check import StepCheck, StepState, decide, gather_step
 from .timing import IdleClock, PhaseClock, RankSlowness, SlowWatch
 from .verdicts.attribution import Attributor
 from .verdicts.calibration import CalibrationReport, calibrate, setup_warnings
+from .verdicts.local import explained
 from .verdicts.outcomes import Outcomes
 from .wiring import Where, make_checks
 
@@ -341,7 +342,8 @@ class SDCGuard:
             return []
         if not self._weights.active:
             return []
-        found = [self._outcomes.rollback(i, vetoed=False) for i in self._weights.check(self._last_step)]
+        checked = explained(self._weights.check(self._last_step), self._memory.named)  # a rank's memory explains it
+        found = [self._outcomes.rollback(i, vetoed=False) for i in checked]
         self._outcomes.verification.weights_compared(self._last_step, agreed=not found)
         self._responder.handle(found)
         return found

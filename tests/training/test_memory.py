@@ -35,6 +35,8 @@ def test_a_weight_corrupted_in_one_ranks_memory_is_vetoed_and_names_that_rank_al
     at = steps[AT]
     assert not at["commit"], at
     assert ("memory", AT, (faulty,)) in at["incidents"], at
+    # What the corrupted weights did to the others' computation is explained by it: no incident names another rank.
+    assert {s for _, _, s in at["incidents"]} == {(faulty,)}, at
     # The corrupted bits stay in memory: every later step is vetoed too (nothing commits on them).
     assert not any(e["commit"] for e in steps[AT:]), steps
     for e in steps:

@@ -55,8 +55,9 @@ def _check(setup: str, fault: str, results: list[dict[str, Any]]) -> None:
         assert {(k, s) for k, _, s in named} == {("replay", (FAULTY,))}, named
     if dp >= 3 and fault.startswith("forward"):  # crossed the TP collective: its TP group, never the partner alone
         assert {(k, s) for k, _, s in named} == {("unresolved", _tp_group(setup, FAULTY))}, named
-    if fault == "weight":  # its own shard changed in memory: named alone, replicas or not
+    if fault == "weight":  # its own shard changed in memory: named alone, replicas or not, and never every rank
         assert ("memory", (FAULTY,)) in {(k, s) for k, _, s in named}, named
+        assert {s for _, _, s in named} == {(FAULTY,)}, named
     partner = [r for r in _tp_group(setup, FAULTY) if r != FAULTY]
     assert not any(s == tuple(partner) for _, _, s in named), "the innocent TP partner was named alone"
 

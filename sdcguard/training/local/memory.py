@@ -52,6 +52,8 @@ class MemoryCheck:
         """This rank's row in the step's gather."""
         self._reference: torch.Tensor | None = None
         self._held = False
+        self.named: frozenset[int] = frozenset()
+        """The global ranks the last step's check named (the same on every rank)."""
 
     def settle(self) -> None:
         """Right after the optimizer step: the shards' fingerprints become the reference (on the device, no sync),
@@ -61,7 +63,7 @@ class MemoryCheck:
 
     def forget(self) -> None:
         """The weights were restored (a recovery): no reference until the next :meth:`settle`."""
-        self._reference, self._held = None, False
+        self._reference, self._held, self.named = None, False, frozenset()
 
     def columns(self, state: StepState) -> torch.Tensor:
         """``(a reference exists, changed tensors, the first one's index)``; zeros before any reference."""
@@ -74,5 +76,6 @@ class MemoryCheck:
     def conclude(self, state: StepState, rows: Sequence[Sequence[int]]) -> CheckResult:
         found = memory_incidents(state.step, [row[1:] for row in rows], self.names, self.identities, self.job)
         self._held = rows[self.index][1] > 0
+        self.named = frozenset(r for i in found for r in i.suspect_ranks)
         ran = any(row[0] for row in rows)
         return CheckResult(incidents=tuple(found), veto=bool(found), ran="memory" if ran else None)

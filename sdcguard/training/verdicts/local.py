@@ -13,17 +13,28 @@ The rule, applied to every rank's row of the step's gather (group order):
    was (a loss is computed by its rank alone); else the ranks whose gradients were not finite, every one of them a
    suspect (a reduction spreads one rank's NaN to every replica, or to another rank's shard, so no rank is named
    alone by it).
+3. **Explained disagreements.** A rank named by rule 1 computed with corrupted weights, and so did every rank that
+   received them (its tensor-parallel partners through their collectives, FSDP2's all-gather, its replicas' reduced
+   gradients). A disagreement of the same step whose suspects include such a rank (``gradient_replica``,
+   ``weight_replica``, ``unresolved``, ``nonfinite``) is explained by it: its suspects are narrowed to the ranks rule 1
+   named, never widened, so the corrupted rank is named alone and its innocent partners are not. An incident naming
+   none of them (another rank's own replay verdict) is kept as it is. A second fault in the same step among the
+   ranks of an explained disagreement is not told apart (the step is vetoed either way).
 
 Pure: a function of the gathered integers and every rank's identity, evaluated alike on every rank.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import replace
 
 from ...records import Incident
 
-__all__ = ["Identity", "memory_incidents", "nonfinite_incidents"]
+__all__ = ["Identity", "memory_incidents", "nonfinite_incidents", "explained", "EXPLAINABLE"]
+
+EXPLAINABLE = frozenset({"gradient_replica", "weight_replica", "unresolved", "nonfinite"})
+"""The kinds of disagreement rule 3 narrows (a ``replay`` verdict names a device on its own evidence)."""
 
 Identity = tuple[int, str | None, str]
 """A rank as incidents name it: global rank, device id, host."""
@@ -89,3 +100,34 @@ def nonfinite_incidents(
             ),
         )
     ]
+
+
+def explained(incidents: Sequence[Incident], corrupted: Collection[int] = ()) -> list[Incident]:
+    """Rule 3: ``incidents`` of one step with every disagreement that includes a rank whose own shards changed (named
+    by a ``memory`` incident among them, or in ``corrupted``) narrowed to those ranks."""
+    bad = set(corrupted) | {r for i in incidents if i.kind == "memory" for r in i.suspect_ranks}
+    out = []
+    for i in incidents:
+        keep = [k for k, r in enumerate(i.suspect_ranks) if r in bad]
+        if i.kind not in EXPLAINABLE or not keep or len(keep) == len(i.suspect_ranks):
+            out.append(i)
+            continue
+        ranks = tuple(i.suspect_ranks[k] for k in keep)
+        devices = tuple(i.devices[k] for k in keep) if len(i.devices) == len(i.suspect_ranks) else ()
+        hosts = tuple(i.hosts[k] for k in keep) if len(i.hosts) == len(i.suspect_ranks) else ()
+        others = ", ".join(str(r) for r in i.suspect_ranks if r not in bad)
+        why = (
+            f"; explained by rank(s) {', '.join(map(str, ranks))}, whose own shards changed in memory (ranks {others} "
+            "computed with the corrupted values: not suspects)"
+        )
+        out.append(
+            replace(
+                i,
+                suspect_ranks=ranks,
+                devices=devices,
+                hosts=hosts,
+                device=(devices[0] or None) if len(ranks) == 1 and devices else None,
+                detail=i.detail + why,
+            )
+        )
+    return out

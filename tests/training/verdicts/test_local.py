@@ -9,10 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sdcguard.records import Incident
 from sdcguard.training.local.finite import NonFiniteCheck
 from sdcguard.training.local.memory import MemoryCheck
 from sdcguard.training.step_check import StepState
-from sdcguard.training.verdicts.local import memory_incidents, nonfinite_incidents
+from sdcguard.training.verdicts.local import EXPLAINABLE, explained, memory_incidents, nonfinite_incidents
 
 NAMES = ["a.weight", "a.bias", "b.weight"]
 
@@ -84,3 +85,35 @@ def test_the_nonfinite_check_sees_one_nonfinite_gradient_element_and_nothing_in_
     g.view(-1)[element % g.numel()] = value
     assert check.columns(state).tolist() == [0, 1]
     assert check.conclude(state, [[0, 1]]).veto
+
+
+_KINDS = sorted(EXPLAINABLE | {"memory", "replay", "checksum"})
+_incident = st.builds(
+    lambda kind, ranks: Incident(
+        kind=kind,
+        step=3,
+        suspect_ranks=tuple(sorted(ranks)),
+        device=None,
+        detail="d",
+        devices=tuple(f"sim:{r}" for r in sorted(ranks)),
+        hosts=tuple("h" for _ in ranks),
+    ),
+    st.sampled_from(_KINDS),
+    st.sets(st.integers(0, 7), min_size=1, max_size=8),
+)
+
+
+@given(st.lists(_incident, max_size=6), st.sets(st.integers(0, 7), max_size=3))
+def test_a_ranks_memory_corruption_narrows_what_it_explains_and_nothing_else(
+    incidents: list[Incident], corrupted: set[int]
+) -> None:
+    out = explained(incidents, corrupted)
+    bad = corrupted | {r for i in incidents if i.kind == "memory" for r in i.suspect_ranks}
+    assert [i.kind for i in out] == [i.kind for i in incidents]
+    for before, after in zip(incidents, out, strict=True):
+        hit = tuple(r for r in before.suspect_ranks if r in bad)
+        if before.kind in EXPLAINABLE and hit:
+            assert after.suspect_ranks == hit and after.devices == tuple(f"sim:{r}" for r in hit)
+        else:
+            assert after == before  # never widened, never touched without a corrupted rank among its suspects
+        assert set(after.suspect_ranks) <= set(before.suspect_ranks) and after.suspect_ranks
