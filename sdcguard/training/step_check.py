@@ -43,7 +43,7 @@ class StepState:
     observed: Observed | None
     """This rank's sampled computation (None where its micro-batch is not the one checked)."""
     nonfinite: torch.Tensor | None = None
-    """How many of this rank's observed losses were not finite (a device tensor; None: none observed)."""
+    """This rank's ``(losses not finite, backwards seeded above 1)`` (a device tensor; None: no loss observed)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,6 +4,10 @@ with any is vetoed on every rank and reported (:func:`~..verdicts.local.nonfinit
 The cost is one read of the rank's gradients, on the device, no sync before the gather: each gradient is summed
 (in float32, float64 for float64) and the sums' sum tested, as a NaN or an infinity never sums to a finite value
 (and finite float32 gradients sum to an infinity only past 3e38, which no sane step reaches).
+
+A loss scaler (a ``GradScaler`` in float16) makes some gradients infinite on purpose and skips those steps itself;
+where the backward started from a seed above 1 (the scaled loss), non-finite gradients are left to it (a non-finite
+loss, taken before the scaling, still counts).
 """
 
 from __future__ import annotations
@@ -46,9 +50,11 @@ class NonFiniteCheck:
         ]
         total = torch.stack([s.to(self.device) for s in sums]).sum() if sums else torch.zeros((), device=self.device)
         bad = (~torch.isfinite(total)).to(torch.int64)
-        losses = state.nonfinite
-        lost = torch.zeros((), dtype=torch.int64, device=self.device) if losses is None else losses.to(self.device)
-        return torch.stack([lost.to(torch.int64), bad])
+        counts = state.nonfinite
+        if counts is None:
+            counts = torch.zeros(2, dtype=torch.int64, device=self.device)
+        lost, scaled = counts.to(self.device, torch.int64).unbind()
+        return torch.stack([lost, bad * (scaled == 0)])
 
     def conclude(self, state: StepState, rows: Sequence[Sequence[int]]) -> CheckResult:
         found = nonfinite_incidents(state.step, rows, self.identities, self.job)

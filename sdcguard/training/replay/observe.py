@@ -58,7 +58,8 @@ class StepObserver:
         self._seed: list[torch.Tensor] = []
         self._armed = False
         self.nonfinite_losses: torch.Tensor | None = None
-        """How many losses observed this step were not finite (on the device, counted without a sync)."""
+        """``(losses not finite, backwards seeded above 1)`` this step, int64 on the device, counted without a sync:
+        a seed above 1 is a loss scaler at work (a ``GradScaler``), whose overflowing steps it skips itself."""
 
     @property
     def active(self) -> bool:
@@ -93,7 +94,9 @@ class StepObserver:
         """The loss tensor a micro-batch's backward starts from (every one counted when not finite; the sampled one's
         fingerprinted, its seed observed)."""
         bad = (~torch.isfinite(local_tensor(loss).detach())).any().to(torch.int64)
-        self.nonfinite_losses = bad if self.nonfinite_losses is None else self.nonfinite_losses + bad
+        self._count_losses(torch.stack([bad, torch.zeros_like(bad)]))
+        if loss.requires_grad and loss.numel() == 1:  # its seed: above 1 where a loss scaler multiplied the loss
+            loss.register_hook(lambda g: self._count_losses(_seeded(g)))
         if not self._armed or self._record is None:
             return
         self.taps.arm(self._record)  # again, now that the forward ran (FSDP2 made its unsharded parameters in it)
@@ -121,6 +124,9 @@ class StepObserver:
         self._capture, self._record = None, None
         return out
 
+    def _count_losses(self, counts: torch.Tensor) -> None:
+        self.nonfinite_losses = counts if self.nonfinite_losses is None else self.nonfinite_losses + counts
+
     def _tally(self) -> None:
         """After a micro-batch's backward: did it hand any local gradient over?"""
         if self._index > 0 and self.taps.handed_over == self._count:
@@ -133,3 +139,9 @@ class StepObserver:
             self._armed = False
         if self._probe is not None:
             self._probe.remove()
+
+
+def _seeded(seed: torch.Tensor) -> torch.Tensor:
+    """``(0, whether a scalar loss's backward seed is above 1 in magnitude)``, int64 on its device."""
+    scaled = (local_tensor(seed).detach().abs() > 1).any().to(torch.int64)
+    return torch.stack([torch.zeros_like(scaled), scaled])
