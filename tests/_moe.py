@@ -16,8 +16,11 @@ from tests._tensor_parallel import ShapeFault
 EP = 2
 
 
-def job(rank: int, world: int, guarded: bool, fault: dict[str, Any] | None, steps: int) -> dict[str, Any]:
-    """``fault``: ``{"kind": "dw" | "memory", "rank": r, "step": s}`` (``dw`` sticky for the whole step)."""
+def job(
+    rank: int, world: int, guarded: bool, fault: dict[str, Any] | None, steps: int, starve: bool = False
+) -> dict[str, Any]:
+    """``fault``: ``{"kind": "dw" | "memory", "rank": r, "step": s}`` (``dw`` sticky for the whole step);
+    ``starve``: the router sends every token to experts 0 and 1 (EP rank 0's), so EP rank 1's receive none."""
     warnings.filterwarnings("ignore")
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -32,6 +35,9 @@ def job(rank: int, world: int, guarded: bool, fault: dict[str, Any] | None, step
     mesh = init_device_mesh("cpu", (dp, EP), mesh_dim_names=("dp", "ep"))
     torch.manual_seed(0)
     model = MoE(ep_mesh=mesh["ep"])
+    if starve:
+        with torch.no_grad():
+            model.router.bias[2:] = -1e4  # experts 2 and 3 never among the top 2: a probability of exactly 0
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     guard = None
     if guarded:

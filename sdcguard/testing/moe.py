@@ -31,7 +31,7 @@ class MoE(nn.Module):
         super().__init__()
         self.experts, self.top_k, self.ep_mesh, self.d = experts, top_k, ep_mesh, d
         self.inp = nn.Linear(IN, d)
-        self.router = nn.Linear(d, experts, bias=False)
+        self.router = nn.Linear(d, experts)
         self.w1 = nn.Parameter(torch.randn(experts, d, hidden) / d**0.5)
         self.w2 = nn.Parameter(torch.randn(experts, hidden, d) / hidden**0.5)
         self.head = nn.Linear(d, OUT)

@@ -86,3 +86,15 @@ def test_with_two_replicas_of_its_experts_the_faulty_rank_is_among_the_suspects(
 def test_an_expert_weight_flipped_in_memory_names_that_rank_alone() -> None:
     steps = _alike(_run(2, "memory"))
     assert ("memory", AT, (FAULTY,)) in steps[AT]["incidents"], steps[AT]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_experts_that_receive_no_token_are_nothing_to_compare_not_a_disagreement() -> None:
+    """The router sends every token to EP rank 0's experts: EP rank 1's receive none (zero gradients, an empty
+    dispatch), and the step still commits with no incident, as the unguarded run trains."""
+    guarded = run_ranks(job, 2 * EP, True, None, STEPS, True, timeout=150)
+    plain = run_ranks(job, 2 * EP, False, None, STEPS, True, timeout=150)
+    for g, p in zip(guarded, plain, strict=True):
+        assert all(e["commit"] and not e["incidents"] for e in g["seen"]), g["seen"]
+        assert g["fingerprints"] == p["fingerprints"]
