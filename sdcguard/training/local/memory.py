@@ -11,7 +11,9 @@ integers per rank).
 While a rank's shards differ from the last fingerprint, that fingerprint is kept (the optimizer step after a veto
 does not make the corrupted bits the reference): every later step is vetoed too, until the weights are restored (a
 recovery makes a new reference, :meth:`MemoryCheck.forget`). A loop that writes the weights outside the optimizer
-(an EMA swap, a parameter average) calls ``after_optimizer_step`` after that write.
+(an EMA swap, a parameter average) calls ``after_optimizer_step`` after that write. Bits that flip between a step's
+check and the optimizer's read of the weights are written into the next reference: only the cross-replica weight
+check sees those.
 """
 
 from __future__ import annotations
