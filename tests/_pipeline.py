@@ -35,8 +35,9 @@ def job(
     schedule_name: str = "gpipe",
     checksum_every: int = 0,
 ) -> dict[str, Any]:
-    """``fault``: ``{"kind": "dw" | "forward", "rank": r, "step": s, "times": n | None}`` (dw: the last stage's
-    first layer's weight gradient, a (24, 16) matmul of its backward). The faulty device stays faulty for the whole
+    """``fault``: ``{"kind": "dw" | "forward" | "memory", "rank": r, "step": s, "times": n | None}`` (dw: the last
+    stage's first layer's weight gradient, a (24, 16) matmul of its backward; memory: one element of the stage's
+    first weight flipped in the faulty rank's memory before step ``s``). The faulty device stays faulty for the whole
     step (a sticky fault also corrupts the guard's replays and reruns on it: the injector is entered before the
     guard's own modes, so the matmul checksums see what it corrupts). ``schedule_name``: ``gpipe`` or ``1f1b``."""
     warnings.filterwarnings("ignore")
@@ -48,7 +49,7 @@ def job(
     from sdcguard.adapters.pipelining import watch_stage
     from sdcguard.fingerprints import fingerprint
     from sdcguard.inject import Fault
-    from sdcguard.inject.torch_faults import OpFaultMode
+    from sdcguard.inject.torch_faults import OpFaultMode, corrupt_weights_
 
     pp = world // dp
     mesh = init_device_mesh("cpu", (dp, pp), mesh_dim_names=("dp", "pp"))
@@ -74,7 +75,7 @@ def job(
     mode: Any = None
     if fault is not None and fault["kind"] == "dw":
         mode = ShapeFault((24, 16), fault["rank"], fault["step"], fault.get("times"))
-    elif fault is not None:
+    elif fault is not None and fault["kind"] == "forward":
         timing = "sticky" if fault.get("times") is None else "transient"
         mode = OpFaultMode(
             Fault(pattern="bitflip", bit="exponent", timing=timing),
@@ -89,6 +90,9 @@ def job(
         x, y = torch.randn(4 * MICRO, 8, generator=g), torch.randint(0, 4, (4 * MICRO,), generator=g)
         if mode is not None:
             mode.step = step
+        if fault is not None and fault["kind"] == "memory" and step == fault["step"]:
+            flip = Fault(pattern="bitflip", bit=30, elements=1, seed=7)
+            corrupt_weights_(part, flip, rank=fault["rank"], names="0.weight")
         commit = True
         # The device is faulty for the whole step: below every mode the guard enters (the checksums see what it
         # corrupts), and still when the guard replays and reruns on it. Neither fault touches the reduction.
