@@ -12,7 +12,8 @@ the framework's hooks. What happens on every data-parallel rank:
    forward and backward is also checked against its checksum as it runs (:mod:`.checksums`).
 2. ``end_step``: each step check (:mod:`.step_check`) adds its slice to the step's one all-gather and concludes from
    every rank's slice: the matmul checksums (a failure is the computing rank's own, recomputed on its device first),
-   the reduced gradients compared across replicas (:mod:`.replica`), the sampled round (each rank replays another
+   each rank's own shards against what the last optimizer step wrote and non-finite values (:mod:`.local`), the
+   reduced gradients compared across replicas (:mod:`.replica`), the sampled round (each rank replays another
    rank's micro-batch, :mod:`.rounds.peer`, or sends it to a dedicated shadow, :mod:`.rounds.shadows`; a
    disagreement is settled by the rule of evidence, :mod:`.verdicts`), and slow ranks (:mod:`.timing`, the previous
    step's phase times: a ``slow`` incident never vetoes).
