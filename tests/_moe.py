@@ -88,14 +88,25 @@ class _Nothing:
 
 def plain_experts(rank: int, world: int) -> dict[str, str]:
     """Ranks building :class:`~sdcguard.testing.moe.MoE` with no mesh, each way: ``experts`` (each rank its own
-    experts, the dense layers alike), ``all`` (an unseeded model: every parameter differs) and ``none``. Returns the
-    guard's refusal, or ``"accepted"``, for each."""
+    experts, the dense layers alike), ``all`` (an unseeded model: every parameter differs) and ``none``; and
+    ``step``: DTensor experts on a ``(dp, ep=1)`` mesh trained through ``guard.step``. Returns the guard's refusal, or
+    ``"accepted"``, for each."""
     warnings.filterwarnings("ignore")
     import sdcguard
     from sdcguard.errors import BadInput
-    from sdcguard.testing.moe import MoE, moe_loss
+    from sdcguard.testing.moe import MoE, moe_batch, moe_loss
 
     said = {}
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("dp", "ep"))
+    torch.manual_seed(0)
+    meshed = MoE(ep_mesh=mesh["ep"])
+    try:  # DTensor experts on a mesh with data-parallel replicas: guard.step would wrap them in DDP
+        sdcguard.SDCGuard(meshed, moe_loss, mesh=mesh, replay_every=1).step(0, moe_batch(0, rank))
+        said["step"] = "accepted"
+    except BadInput as e:
+        said["step"] = str(e)
     for differ in ("experts", "all", "none"):
         torch.manual_seed(rank if differ == "all" else 0)
         model = MoE()

@@ -54,12 +54,14 @@ def test_a_sticky_fault_in_one_ranks_expert_gradient_is_named_alone_with_a_third
 
 
 @pytest.mark.timeout(120)
-def test_experts_held_as_plain_tensors_without_a_mesh_are_refused_in_one_line() -> None:
+def test_experts_held_as_plain_tensors_without_a_mesh_or_through_guard_step_are_refused_in_one_line() -> None:
     first, second = run_ranks(plain_experts, 2, timeout=100)
     assert first == second, (first, second)
     refused = first["experts"]
     assert "\n" not in refused and "w1" in refused and "'ep'" in refused and "mesh=" in refused, refused
     assert first["all"] == first["none"] == "accepted", first
+    step = first["step"]  # guard.step would wrap DTensor experts in DDP: refused, saying what to do instead
+    assert "\n" not in step and "DTensor" in step and "begin_step" in step, step
 
 
 @pytest.mark.slow
