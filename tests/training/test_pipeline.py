@@ -126,7 +126,7 @@ def test_a_fault_in_one_stage_is_vetoed_by_every_stage(setup: str, fault: str, s
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("by", ["mesh", "group"])
+@pytest.mark.parametrize("by", [pytest.param("mesh", marks=pytest.mark.slow), "group"])
 def test_a_stage_guard_nothing_watches_refuses_its_first_step_in_one_line(by: str) -> None:
     """The four calls around a schedule without ``watch_stage`` crashed inside the replay (the pipeline's batch fed
     to a later stage: ``mat1 and mat2 shapes cannot be multiplied``); now every rank refuses the first step, saying
