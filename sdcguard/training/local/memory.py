@@ -11,9 +11,10 @@ integers per rank).
 While a rank's shards differ from the last fingerprint, that fingerprint is kept (the optimizer step after a veto
 does not make the corrupted bits the reference): every later step is vetoed too, until the weights are restored (a
 recovery makes a new reference, :meth:`MemoryCheck.forget`). A loop that writes the weights outside the optimizer
-(an EMA swap, a parameter average) calls ``after_optimizer_step`` after that write. Bits that flip between a step's
-check and the optimizer's read of the weights are written into the next reference: only the cross-replica weight
-check sees those.
+(an EMA swap, a parameter average) calls ``after_optimizer_step`` after that write; a step whose loop did not call
+it since the last check is not checked (its reference would predate an optimizer step: a false alarm on every
+rank). Bits that flip between a step's check and the optimizer's read of the weights are written into the next
+reference: only the cross-replica weight check sees those.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class MemoryCheck:
         """This rank's row in the step's gather."""
         self._reference: torch.Tensor | None = None
         self._held = False
+        self._fresh = False
         self.named: frozenset[int] = frozenset()
         """The global ranks the last step's check named (the same on every rank)."""
 
@@ -62,14 +64,16 @@ class MemoryCheck:
         unless this rank's shards were found changed and not restored since."""
         if not self._held:
             self._reference = fingerprint_column(self.shards(), self.device)
+        self._fresh = True
 
     def forget(self) -> None:
         """The weights were restored (a recovery): no reference until the next :meth:`settle`."""
-        self._reference, self._held, self.named = None, False, frozenset()
+        self._reference, self._held, self._fresh, self.named = None, False, False, frozenset()
 
     def columns(self, state: StepState) -> torch.Tensor:
-        """``(a reference exists, changed tensors, the first one's index)``; zeros before any reference."""
-        if self._reference is None:
+        """``(a reference exists, changed tensors, the first one's index)``; zeros before any reference, or when no
+        optimizer step was settled since the last check."""
+        if self._reference is None or not self._fresh:
             return torch.zeros(3, dtype=torch.int64, device=self.device)
         changed = fingerprint_column(self.shards(), self.device) != self._reference
         one = torch.ones((), dtype=torch.int64, device=self.device)
@@ -78,6 +82,7 @@ class MemoryCheck:
     def conclude(self, state: StepState, rows: Sequence[Sequence[int]]) -> CheckResult:
         found = memory_incidents(state.step, [row[1:] for row in rows], self.names, self.identities, self.job)
         self._held = rows[self.index][1] > 0
+        self._fresh = False
         self.named = frozenset(r for i in found for r in i.suspect_ranks)
         ran = any(row[0] for row in rows)
         return CheckResult(incidents=tuple(found), veto=bool(found), ran="memory" if ran else None)

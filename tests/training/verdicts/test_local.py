@@ -117,3 +117,16 @@ def test_a_ranks_memory_corruption_narrows_what_it_explains_and_nothing_else(
         else:
             assert after == before  # never widened, never touched without a corrupted rank among its suspects
         assert set(after.suspect_ranks) <= set(before.suspect_ranks) and after.suspect_ranks
+
+
+def test_a_step_with_no_optimizer_step_settled_since_the_last_check_is_not_checked() -> None:
+    """A loop calling ``after_optimizer_step`` only now and then: the reference would predate the optimizer's writes,
+    so such a step is not checked, never a false alarm on every rank."""
+    shards = [torch.ones(4)]
+    check = MemoryCheck(lambda: shards, ["w"], _ids(1), None, torch.device("cpu"), index=0)
+    state = StepState(step=1, sample=0, sampled=False, observed=None)
+    check.settle()
+    assert check.conclude(state, [check.columns(state).tolist()]).ran == "memory"
+    shards[0] += 1  # the optimizer's write, with no after_optimizer_step after it
+    row = check.columns(state).tolist()
+    assert row == [0, 0, 0] and not check.conclude(state, [row]).incidents
