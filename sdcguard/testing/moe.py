@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..fingerprints import local_tensor
+
 __all__ = ["MoE", "moe_loss", "moe_batch", "reduce_moe_gradients"]
 
 D, H, IN, OUT = 8, 16, 6, 4
@@ -115,6 +117,6 @@ def reduce_moe_gradients(model: MoE, world_group: Any, dp_group: Any, world: int
         if p.grad is None:
             continue
         expert = name in ("w1", "w2") and model.ep_mesh is not None
-        grad = p.grad.to_local() if expert else p.grad  # type: ignore[attr-defined]
+        grad = local_tensor(p.grad) if expert else p.grad
         dist.all_reduce(grad, group=dp_group if expert else world_group)
         grad /= world
