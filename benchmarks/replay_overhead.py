@@ -26,6 +26,9 @@ Every other guard configuration runs with ``checksum_every=0``, so each check's 
 - ``2d``: the 2-D job without a guard; ``2d+checks``: ``SDCGuard(replay_every=0, checksum_every=0)``;
   ``2d+peer``: ``replay_every=10`` (another TP group replays a micro-batch together).
 
+``ep`` (``--mesh ep``; 4 ranks, ``dp=2 x ep=2``, a mixture of experts with an all-to-all dispatch:
+:mod:`benchmarks.ep_overhead`): ``ep``, ``ep+checks``, ``ep+peer``, the same three beside each other.
+
 ``comm`` (``--comm``; a wide MLP with a small batch, whose gradient all-reduce is a large share of the step):
 
 - ``plain``: DDP, whose all-reduce overlaps the backward;
@@ -36,7 +39,8 @@ Every other guard configuration runs with ``checksum_every=0``, so each check's 
 Besides step times it prints the time spent inside the guard's own calls on worker 0 (``end_step`` and
 ``after_optimizer_step``: checks, replays, exchanges, verdicts), which does not depend on comparing noisy steps. Run::
 
-    python benchmarks/replay_overhead.py [--workers 2] [--rounds 8] [--steps 10] [--comm | --mesh] [--only NAME ...]
+    python benchmarks/replay_overhead.py [--workers 2] [--rounds 8] [--steps 10] [--comm | --mesh [tp|ep]]
+                                         [--only NAME ...]
 
 On a machine with fewer cores than processes the shadow competes with the workers for CPU (it runs at the lowest
 priority here); on a real cluster it has its own device, and NCCL's latency is tens of microseconds where gloo's is
@@ -373,7 +377,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="steps per configuration per round (multiple of 10)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--comm", action="store_true", help="the comm-bound configuration (a wide MLP)")
-    parser.add_argument("--mesh", action="store_true", help="the 2-D configuration: dp=2 x tp=2 on 4 ranks")
+    parser.add_argument(
+        "--mesh",
+        nargs="?",
+        const="tp",
+        default=None,
+        choices=["tp", "ep"],
+        help="the 2-D configuration: dp=2 x tp=2 on 4 ranks (tp, the default), or dp=2 x ep=2, a mixture of experts "
+        "(ep: benchmarks/ep_overhead.py)",
+    )
     parser.add_argument("--d", type=int, default=256)
     parser.add_argument("--layers", type=int, default=None, help="default: 4 (transformer), 8 (--comm)")
     parser.add_argument("--width", type=int, default=1024, help="--comm: width of each linear layer")
@@ -390,6 +402,11 @@ def main() -> None:
     args = parser.parse_args()
     args.layers = args.layers or (8 if args.comm else 4)
     args.batch = args.batch or (64 if args.comm else 8)
+    if args.mesh == "ep":
+        from benchmarks.ep_overhead import run as run_ep
+
+        run_ep(args)
+        return
     if args.mesh:
         _mesh(args)
         return

@@ -95,8 +95,9 @@ class Incident:
     """Which check fired: ``replay`` (a device named by the rule of evidence), ``calibration`` (the same, found by
     ``guard.calibrate``), ``unresolved`` (two or more devices disagree and nothing decides: all are suspects),
     ``gradient_replica``, ``weight_replica``, ``checksum`` (a matmul's result failed its checksum on the suspect's own
-    device: local, no vote), ``nondeterministic`` (the setup, never a device), ``slow`` (a rank consistently slower
-    on the same work: never corruption, see :data:`PASSIVE_KINDS`)."""
+    device: local, no vote), ``memory`` (the suspect's own parameter shards changed outside the optimizer step: local,
+    no vote), ``nonfinite`` (a non-finite loss or gradient), ``nondeterministic`` (the setup, never a device),
+    ``slow`` (a rank consistently slower on the same work: never corruption, see :data:`PASSIVE_KINDS`)."""
     step: int
     suspect_ranks: tuple[int, ...]
     device: str | None

@@ -87,7 +87,7 @@ FOLDER_LAYERS: dict[str, list[set[str]]] = {
         {"replay"},
         {"verdicts", "step_check"},
         {"checksums", "rounds"},
-        {"config", "replica", "response", "timing", "notices", "recovery", "placement", "wiring"},
+        {"config", "replica", "response", "timing", "notices", "recovery", "placement", "wiring", "loop", "local"},
         {"guard", "rejoin"},
     ],
     "sdcguard.fleet": [

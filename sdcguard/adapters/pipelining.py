@@ -15,7 +15,8 @@ backward starts from (the stage's output). The loop makes the other two calls::
             optimizer.step()
         optimizer.zero_grad()
 
-A stage is replayed alone, by another replica of the same stage, fed the input and output gradient it captured
+A stage's guard that nothing watches refuses its first step in one line (its replays would be fed the pipeline's
+batch). A stage is replayed alone, by another replica of the same stage, fed the input and output gradient it captured
 (:mod:`sdcguard.training.replay.stage`).
 """
 
@@ -38,6 +39,7 @@ class StageHooks:
         self.stage = stage
         self._original = stage.forward_maybe_with_nosync
         stage.forward_maybe_with_nosync = self._forward
+        guard.watch_stage()
 
     def _forward(self, *args: Any, **kwargs: Any) -> Any:
         watched = self.guard.observing and not self.guard.replaying
@@ -51,6 +53,7 @@ class StageHooks:
     def remove(self) -> None:
         if self.stage.forward_maybe_with_nosync == self._forward:
             self.stage.forward_maybe_with_nosync = self._original
+            self.guard.watch_stage(False)
 
 
 def watch_stage(guard: SDCGuard, stage: Any) -> StageHooks:

@@ -12,7 +12,8 @@ the framework's hooks. What happens on every data-parallel rank:
    forward and backward is also checked against its checksum as it runs (:mod:`.checksums`).
 2. ``end_step``: each step check (:mod:`.step_check`) adds its slice to the step's one all-gather and concludes from
    every rank's slice: the matmul checksums (a failure is the computing rank's own, recomputed on its device first),
-   the reduced gradients compared across replicas (:mod:`.replica`), the sampled round (each rank replays another
+   each rank's own shards against what the last optimizer step wrote and non-finite values (:mod:`.local`), the
+   reduced gradients compared across replicas (:mod:`.replica`), the sampled round (each rank replays another
    rank's micro-batch, :mod:`.rounds.peer`, or sends it to a dedicated shadow, :mod:`.rounds.shadows`; a
    disagreement is settled by the rule of evidence, :mod:`.verdicts`), and slow ranks (:mod:`.timing`, the previous
    step's phase times: a ``slow`` incident never vetoes).
@@ -44,6 +45,7 @@ from .hooks.ddp import is_ddp, wrap_ddp
 from .hooks.fsdp import is_fsdp
 from .hooks.wrappers import has_compiled_regions
 from .identity import JobView
+from .loop import micro_batches_of, run_micro_batches
 from .mesh import Layout
 from .notices import COMPILED_NOTICE, construction_notices
 from .placement import place
@@ -52,14 +54,15 @@ from .recovery.state import Stateful
 from .rejoin import make_rejoin
 from .replay.capture import Batch, RngHook, capture_rng, make_capture
 from .replay.observe import StepObserver
-from .replay.recompute import LossFn, Replayer, check_loss
-from .replay.stage import StageObserver
+from .replay.recompute import LossFn, Replayer
+from .replay.stage import StageObserver, stage_output
 from .response import Responder
 from .rounds.shadows import ShadowServer
 from .step_check import StepCheck, StepState, decide, gather_step
 from .timing import IdleClock, PhaseClock, RankSlowness, SlowWatch
 from .verdicts.attribution import Attributor
 from .verdicts.calibration import CalibrationReport, calibrate, setup_warnings
+from .verdicts.local import explained
 from .verdicts.outcomes import Outcomes
 from .wiring import Where, make_checks
 
@@ -158,7 +161,7 @@ class SDCGuard:
         self._responder = Responder(
             on_detect, self.config.store, rank=self.rank, writer=speaks, escalate=escalate, job=self.job
         )
-        observer = StageObserver if self.layout.stages else StepObserver
+        observer = StageObserver if self.layout.stages or loss_fn is stage_output else StepObserver
         self._observer = observer(self.taps, rank=self.dp_rank, device=self.device, rng_hook=rng_hook)
         timed = slow is not None and not self.shadow_ranks and self.role == "worker" and self.layout.width > 1
         self._clock = PhaseClock(self.device) if timed else IdleClock()
@@ -222,8 +225,8 @@ class SDCGuard:
             responder=self._responder, clock=self._clock, slow=slow, rows=self.config.checksum_rows,
             splits=self.config.checksum_splits, log=self.log,
         )  # fmt: skip
-        self._replica, self._weights, self._round, self._checksums, self._slow = (
-            c.replica, c.weights, c.round, c.checksums, c.slow,
+        self._replica, self._weights, self._round, self._checksums, self._memory, self._slow = (
+            c.replica, c.weights, c.round, c.checksums, c.memory, c.slow,
         )  # fmt: skip
         self._record_ops = record_ops
         return c.all
@@ -274,7 +277,8 @@ class SDCGuard:
         step = self._observer.step
         if step is None:
             raise RuntimeError("end_step() without begin_step()")
-        state = StepState(step=step, sample=self._samples, sampled=self._sampled, observed=self._observer.finish())
+        observed, losses = self._observer.finish(), self._observer.nonfinite_losses
+        state = StepState(step=step, sample=self._samples, sampled=self._sampled, observed=observed, nonfinite=losses)
         self._clock.end_compute(state.sample if state.sampled else None)
         parts = [(c.name, c.columns(state)) for c in self._checks]
         with self._clock.waiting():
@@ -296,6 +300,8 @@ class SDCGuard:
                 self._recovery.sampled(step)
         escalating = self._responder.handle(found, escalate=self._outcomes.escalating(found))
         resume = self._rejoin.recover(step, escalating, self._outcomes.verification) if self._rejoin else None
+        if resume is not None:
+            self._memory.forget()  # the weights were restored: the next optimizer step makes the new reference
         return StepReport(
             step=step, loss=loss if loss is not None else torch.full((), float("nan")), commit=decision.commit,
             incidents=tuple(found), replayed=state.sampled, checks=decision.checks,
@@ -311,39 +317,35 @@ class SDCGuard:
         the gradients are in ``.grad``; on a vetoed step ``.grad`` is None. ``loss_fn`` receives the model as given
         (the guard wraps a plain module of a distributed job in DDP); replays receive the module without wrapper.
         """
-        if (batch is None) == (micro_batches is None):
-            raise BadInput("pass exactly one of batch or micro_batches")
-        mbs = [batch] if micro_batches is None else list(micro_batches)
-        if not mbs:
-            raise BadInput("micro_batches is empty")
+        mbs = micro_batches_of(batch, micro_batches)
         if self.role == "worker" and not self.comm.alone and self._ddp is None and not is_fsdp(self.module):
             self.model = self._ddp = wrap_ddp(self.model, self.group)  # the framework's reduction, overlapped
-        self.begin_step(step, micro_batches=len(mbs))
-        losses = []
-        try:
-            for i, mb in enumerate(mbs):
-                last = i == len(mbs) - 1
-                no_sync = self._ddp.no_sync() if self._ddp is not None and not last else contextlib.nullcontext()
-                with no_sync, self._train_context():
-                    self.before_forward(mb)
-                    loss = check_loss(self.loss_fn(self.model, mb))
-                    self.observe_loss(loss)
-                    (loss / len(mbs) if len(mbs) > 1 else loss).backward()
-                losses.append(loss.detach())
-        except BaseException:
-            self._observer.finish()
-            self._checksums.mode.end()
-            raise
-        return self.end_step(loss=losses[0] if len(losses) == 1 else torch.stack(losses).mean())
+        return run_micro_batches(self, step, mbs, ddp=self._ddp, context=self._train_context)
+
+    def watch_stage(self, watched: bool = True) -> None:
+        """:func:`~sdcguard.adapters.pipelining.watch_stage` (and its ``remove``) says whether the schedule feeds this
+        guard a pipeline stage's micro-batches; a stage's guard nothing feeds refuses its first step in one line."""
+        if not isinstance(self._observer, StageObserver):  # a group per stage, with a loss_fn of its own
+            self._observer = StageObserver(self.taps, rank=self.dp_rank, device=self.device, rng_hook=self._rng_hook)
+        self._observer.watched = watched
+
+    def abandon_step(self) -> None:
+        """After a failure between ``begin_step`` and ``end_step``: stop observing the step (its hooks disarmed, the
+        matmul checksums off), so the next ``begin_step`` starts clean. Makes no collective."""
+        self._observer.finish()
+        self._checksums.mode.end()
 
     def after_optimizer_step(self) -> list[Incident]:
-        """Compare the weights across replicas when the schedule says so (call it after ``optimizer.step()``)."""
+        """Every step, after ``optimizer.step()`` (and anything else that writes the weights): fingerprint this rank's
+        shards for the next step's memory check; compare the weights across replicas when the schedule says so."""
+        self._memory.settle()
         every = self.config.weight_check_every
         if self.role != "worker" or not every or self._last_step is None or self._last_step % every:
             return []
         if not self._weights.active:
             return []
-        found = [self._outcomes.rollback(i, vetoed=False) for i in self._weights.check(self._last_step)]
+        checked = explained(self._weights.check(self._last_step), self._memory.named)  # a rank's memory explains it
+        found = [self._outcomes.rollback(i, vetoed=False) for i in checked]
         self._outcomes.verification.weights_compared(self._last_step, agreed=not found)
         self._responder.handle(found)
         return found

@@ -1,8 +1,10 @@
 """Where each rank of a job sits in its device mesh, and what the guard compares and replays because of it.
 
 A job's ranks span named mesh dimensions. Along a *data* dimension (``dp``, ``dp_replicate``, ``dp_shard``, ...)
-ranks compute different micro-batches; along a *model* dimension (``tp``, ``cp``) they compute one micro-batch
-together, each its part. From every rank's coordinates the guard derives (:func:`build_layout`):
+ranks compute different micro-batches; along a *model* dimension (``tp``, ``cp``, expert ``etp``) they compute one
+micro-batch together, each its part; along an *expert* dimension (``ep``) they compute different micro-batches for the
+dense layers but exchange their tokens (an all-to-all dispatch and combine) with the experts each holds. From every
+rank's coordinates the guard derives (:func:`build_layout`):
 
 - the **replica classes** of the parameters (:func:`replica_classes`): parameters sharded over the same dimensions
   (``Shard``, FSDP2's ``_StridedShard``, ``Partial``: read from *every* parameter's placements) form one class, and a
@@ -14,9 +16,14 @@ together, each its part. From every rank's coordinates the guard derives (:func:
 - the **slices**: ranks with the same coordinates on every model dimension (the same tensor-parallel shard of the
   computation). A slice is a data-parallel group: its ranks replay each other's micro-batches, each rank comparing
   its local gradients with those of the rank holding the same shard;
-- the **units**: ranks with the same coordinates on every data dimension (a tensor-parallel group). They compute
-  one micro-batch together, collectives included, so they replay together: position ``i`` of every slice is one
-  unit, and a slice's ``i``-th rank replays in lockstep with the ``i``-th rank of every other slice.
+- the **units**: ranks with the same coordinates on every data dimension (a tensor-, context- or expert-parallel
+  group). They compute together, collectives included, so they replay together: position ``i`` of every slice is one
+  unit, and a slice's ``i``-th rank replays in lockstep with the ``i``-th rank of every other slice. An EP group's
+  ranks each replay their counterpart's micro-batch of another EP group, its all-to-alls among themselves.
+
+Expert parameters are ``DTensor`` parameters sharded over ``ep``, so their replica class holds the ranks with the same
+``ep`` coordinate (their expert-data-parallel replicas), while dense parameters are compared over every data rank,
+``ep`` included. Dense weights are replicated along ``cp``: its ranks are witnesses of each other's weights.
 
 Without a mesh (DDP, one process) the job is one slice and every rank its own unit; an unnamed mesh (FSDP2's default)
 is data-parallel in every dimension. Along a pipeline dimension (``pp``) ranks hold different stages: each stage's
@@ -37,21 +44,30 @@ from ..fingerprints import is_dtensor_type
 from .comm import Comm
 
 __all__ = [
-    "DATA_DIMS", "MODEL_DIMS", "STAGE_DIMS", "Coordinates", "Layout", "mesh_ranks", "mesh_coordinates",
-    "replica_classes", "build_layout", "check_mesh_group",
+    "DATA_DIMS", "MODEL_DIMS", "EXPERT_DIMS", "UNIT_DIMS", "STAGE_DIMS", "Coordinates", "Layout", "mesh_ranks",
+    "mesh_coordinates", "replica_classes", "build_layout", "check_mesh_group",
 ]  # fmt: skip
 
 DATA_DIMS = frozenset({
     "dp", "dp_replicate", "dp_shard", "dp_shard_cp", "dp_cp", "fsdp", "hsdp", "ddp", "replicate", "shard",
-    "data_parallel",
+    "data_parallel", "efsdp", "edp",
 })  # fmt: skip
 """Dimension names along which ranks compute different micro-batches (torchtitan's, Accelerate's and Lightning's)."""
-MODEL_DIMS = frozenset({"tp", "cp", "tensor_parallel"})
+MODEL_DIMS = frozenset({"tp", "cp", "tensor_parallel", "context_parallel", "etp"})
+"""Dimension names along which ranks compute one micro-batch together (tensor, context and expert-tensor
+parallelism)."""
 STAGE_DIMS = frozenset({"pp", "pipeline_parallel"})
 """Dimension names of pipeline stages: ranks along them hold different layers (each stage's replicas are compared
 and replay each other, stage by stage; a stage's replay needs no other stage)."""
-"""Dimension names along which ranks compute one micro-batch together (tensor and context parallelism)."""
-_REFUSED = {"ep": "expert parallelism"}
+EXPERT_DIMS = frozenset({"ep", "expert_parallel"})
+"""Dimension names of expert parallelism: different micro-batches, one replay unit (see the module docstring)."""
+UNIT_DIMS = MODEL_DIMS | EXPERT_DIMS
+_WORDS = {
+    "cp": "context-parallel",
+    "context_parallel": "context-parallel",
+    "ep": "expert-parallel",
+    "expert_parallel": "expert-parallel",
+}
 
 Coordinates = tuple[tuple[str, int], ...]
 """``(dimension name, coordinate)`` pairs, sorted by name."""
@@ -64,15 +80,11 @@ def _named_dims(mesh: Any) -> list[str]:
 
 
 def _check_dim(name: str) -> None:
-    if name in _REFUSED:
-        raise BadInput(
-            f"a mesh dimension {name!r} ({_REFUSED[name]}) is not supported by SDCGuard yet: guard each stage's "
-            "data-parallel replicas with a group of their own, or run without it"
-        )
-    if name not in DATA_DIMS | MODEL_DIMS | STAGE_DIMS and not name.startswith("dp"):
+    if name not in DATA_DIMS | UNIT_DIMS | STAGE_DIMS and not name.startswith("dp"):
         raise BadInput(
             f"unknown mesh dimension {name!r}: name data-parallel dimensions one of {sorted(DATA_DIMS)}, "
-            f"model-parallel ones one of {sorted(MODEL_DIMS)} and pipeline ones one of {sorted(STAGE_DIMS)}"
+            f"model-parallel ones one of {sorted(MODEL_DIMS)}, expert ones one of {sorted(EXPERT_DIMS)} and pipeline "
+            f"ones one of {sorted(STAGE_DIMS)}"
         )
 
 
@@ -159,6 +171,9 @@ class Layout:
     pipeline stage); empty: every rank its own unit."""
     stages: bool = False
     """Whether the job has pipeline stages."""
+    unit_word: str = "tensor-parallel"
+    """What a unit is, as incidents say it: ``tensor-parallel``, ``context-parallel``, ``expert-parallel`` (joined by
+    ``x`` when a unit spans several)."""
 
     def slice_of(self, rank: int) -> tuple[int, ...]:
         """The slice ``rank`` belongs to."""
@@ -181,8 +196,8 @@ def build_layout(ranks: Sequence[int], coordinates: Mapping[int, Coordinates]) -
     by_slice: dict[Hashable, list[tuple[tuple[int, ...], int]]] = {}
     for g in ranks:
         coords = dict(coordinates.get(g, ()))
-        model = tuple(sorted((d, c) for d, c in coords.items() if d in MODEL_DIMS | STAGE_DIMS))
-        data = tuple(c for d, c in sorted(coords.items()) if d not in MODEL_DIMS | STAGE_DIMS)
+        model = tuple(sorted((d, c) for d, c in coords.items() if d in UNIT_DIMS | STAGE_DIMS))
+        data = tuple(c for d, c in sorted(coords.items()) if d not in UNIT_DIMS | STAGE_DIMS)
         by_slice.setdefault(model, []).append((data, g))
     slices = tuple(tuple(g for _, g in sorted(members)) for _, members in sorted(by_slice.items()))
     if any(list(s) != sorted(s) for s in slices):
@@ -198,24 +213,28 @@ def build_layout(ranks: Sequence[int], coordinates: Mapping[int, Coordinates]) -
     by_unit: dict[Hashable, list[int]] = {}
     for g in ranks:  # a unit: one data coordinate and one pipeline stage
         coords = dict(coordinates.get(g, ()))
-        by_unit.setdefault(tuple(sorted((d, c) for d, c in coords.items() if d not in MODEL_DIMS)), []).append(g)
+        by_unit.setdefault(tuple(sorted((d, c) for d, c in coords.items() if d not in UNIT_DIMS)), []).append(g)
     units = tuple(tuple(sorted(u)) for u in by_unit.values() if len(u) > 1)
-    stages = any(d in STAGE_DIMS for g in ranks for d, _ in coordinates.get(g, ()))
-    return Layout(ranks=tuple(ranks), slices=slices, meshed=len(slices) > 1, units=units, stages=stages)
+    dims = {d for g in ranks for d, _ in coordinates.get(g, ())}
+    stages = bool(dims & STAGE_DIMS)
+    spans = {_WORDS.get(d, "tensor-parallel") for d in dims & UNIT_DIMS}
+    word = " x ".join(sorted(spans)) if spans else "tensor-parallel"
+    return Layout(ranks=tuple(ranks), slices=slices, meshed=len(slices) > 1, units=units, stages=stages, unit_word=word)
 
 
 def check_mesh_group(
-    group: Any, members: Sequence[int], params: Sequence[torch.Tensor], width: int, reduced: bool
+    group: Any, members: Sequence[int], params: Sequence[torch.Tensor], width: int, reduced: bool, expert: bool = False
 ) -> None:
     """With a device mesh: ``group`` (when given) is this rank's data-parallel group (``members``), and a
     tensor-parallel model with data parallelism reduces its gradients with FSDP2 (``reduced``: FSDP2 or the user's
-    DDP; DDP cannot wrap DTensor parameters)."""
+    DDP; DDP cannot wrap DTensor parameters). An expert-parallel job (``expert``) reduces its own: dense gradients
+    over every data rank, each expert's over its replicas, as torchtitan's and Megatron's do."""
     if group is not None and sorted(Comm(group).members) != sorted(members):
         raise BadInput(
             f"group holds ranks {sorted(Comm(group).members)}, but this rank's data-parallel replicas in the "
             f"device mesh are {sorted(members)}: pass the mesh's data-parallel group, or none"
         )
-    if any(is_dtensor_type(type(p)) for p in params) and width > 1 and not reduced:
+    if any(is_dtensor_type(type(p)) for p in params) and width > 1 and not reduced and not expert:
         raise BadInput(
             f"a tensor-parallel model with {width} data-parallel replicas needs FSDP2 over the data-parallel dimension "
             "(fully_shard(model, mesh=mesh['dp'])) to reduce its gradients; the guard does not wrap DTensor "

@@ -35,7 +35,7 @@ def construction_notices(
         out.append(
             "no two ranks hold the same shard of any parameter (FSDP2 over every rank, or FSDP2 x TP without a "
             "replicate dimension): the cross-replica checks have nothing to compare; replay and the matmul checksums "
-            "check the computation, and a weight shard corrupted in memory is seen only by replay"
+            "check the computation, and each rank's own memory check sees a weight shard corrupted in memory"
         )
     if cuda_problems:
         out.append(

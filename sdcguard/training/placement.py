@@ -16,10 +16,20 @@ from ..errors import BadInput
 from .comm import Comm
 from .hooks.taps import Taps
 from .identity import JobView, introduce, launcher_job_id, new_job_id, parameter_signature
-from .mesh import STAGE_DIMS, Layout, build_layout, check_mesh_group, mesh_coordinates, mesh_ranks, replica_classes
+from .mesh import (
+    EXPERT_DIMS,
+    STAGE_DIMS,
+    Layout,
+    build_layout,
+    check_mesh_group,
+    mesh_coordinates,
+    mesh_ranks,
+    replica_classes,
+)
+from .replica import fingerprint_column
 from .rounds.roles import Role, join_job
 
-__all__ = ["Placement", "place"]
+__all__ = ["Placement", "place", "refuse_plain_experts"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,13 +73,36 @@ def place(
             "the ranks hold different parameters, so they are not replicas of each other (pipeline stages?): "
             "guard each set of replicas with group= its process group (one group per pipeline stage)"
         )
+    if not coords and role == "worker" and job_comm.size > 1:
+        refuse_plain_experts(job_comm, taps.param_names, params, device)
     layout = build_layout(job_comm.members, view.coordinates) if coords else Layout(
         ranks=tuple(job_comm.members), slices=(tuple(job_comm.members),)
     )  # fmt: skip
     comm = job_comm.split(layout.slices) if coords else job_comm
     if coords:
-        check_mesh_group(group, comm.members, params, layout.width, reduced)
+        expert = any(d in EXPERT_DIMS for d, _ in coords)
+        check_mesh_group(group, comm.members, params, layout.width, reduced, expert)
     return Placement(
         role=role, shadow_ranks=tuple(shadow_ranks), job_comm=job_comm, comm=comm, layout=layout, view=view,
         classes=classes, frozen=frozen,
     )  # fmt: skip
+
+
+def refuse_plain_experts(
+    comm: Comm, names: Sequence[str], params: Sequence[torch.Tensor], device: torch.device
+) -> None:
+    """Without a mesh every rank is taken to hold the same parameters. Ranks that hold the same values of some
+    parameters and different values of others at construction hold experts as plain tensors (expert parallelism with
+    no mesh to say so), which would be compared as replicas: refused in one line (collective over ``comm``: one
+    gather of a fingerprint per parameter). Ranks that differ everywhere are an unseeded model that DDP's broadcast
+    makes alike; ranks alike everywhere are replicas."""
+    rows = comm.gather_ints(fingerprint_column(params, device)).tolist()
+    same = [len({row[j] for row in rows}) == 1 for j in range(len(names))]
+    differ = [n for n, s in zip(names, same, strict=True) if not s]
+    if differ and len(differ) < len(names):
+        more = f" and {len(differ) - 1} more" if len(differ) > 1 else ""
+        raise BadInput(
+            f"the ranks hold different values of {differ[0]}{more} but the same values of every other parameter "
+            "(experts held as plain tensors?): sdcguard would compare them as replicas. Give expert parameters a "
+            "mesh (DTensors sharded over an 'ep' dimension) and pass SDCGuard(mesh=...)"
+        )

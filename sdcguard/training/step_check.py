@@ -22,11 +22,12 @@ import torch
 from ..records import Incident
 from .comm import Comm
 from .replay.observe import Observed
+from .verdicts.local import explained
 
 __all__ = ["Check", "StepState", "CheckResult", "StepCheck", "StepTable", "gather_step", "Decision", "decide"]
 
 
-Check = Literal["gradient_replica", "weight_replica", "replay", "checksum"]
+Check = Literal["memory", "nonfinite", "gradient_replica", "weight_replica", "replay", "checksum"]
 """A check by the name :class:`~sdcguard.training.config.StepReport` and incidents give it."""
 
 
@@ -41,6 +42,8 @@ class StepState:
     """Whether this step is replayed (the same on every rank)."""
     observed: Observed | None
     """This rank's sampled computation (None where its micro-batch is not the one checked)."""
+    nonfinite: torch.Tensor | None = None
+    """This rank's ``(losses not finite, backwards seeded above 1)`` (a device tensor; None: no loss observed)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,11 +110,12 @@ class Decision:
 
 def decide(results: Sequence[CheckResult], *, record_only: bool) -> Decision:
     """The one rule: a step is committed unless some check vetoes it (and the guard does more than record:
-    ``on_detect="record"`` commits every step); its incidents are every check's, in the checks' order; the checks
-    that ran are named in :data:`Check`'s order."""
+    ``on_detect="record"`` commits every step); its incidents are every check's, in the checks' order, those a rank's
+    own memory corruption explains narrowed to it (:func:`~.verdicts.local.explained`); the checks that ran are named
+    in :data:`Check`'s order."""
     veto = any(r.veto for r in results)
     return Decision(
         commit=not (veto and not record_only),
-        incidents=tuple(i for r in results for i in r.incidents),
+        incidents=tuple(explained([i for r in results for i in r.incidents])),
         checks=tuple(sorted((r.ran for r in results if r.ran is not None), key=get_args(Check).index)),
     )

@@ -18,6 +18,8 @@ from .checksums.round import ChecksumCheck
 from .comm import Comm
 from .hooks.taps import Taps
 from .identity import JobView
+from .local.finite import NonFiniteCheck
+from .local.memory import MemoryCheck
 from .mesh import Layout
 from .replay.recompute import Replayer
 from .replica import GradientReplicaCheck, ReplicaPhases, WeightCheck
@@ -59,6 +61,7 @@ class Checks:
     weights: WeightCheck
     round: RoundCheck
     checksums: ChecksumCheck
+    memory: MemoryCheck
     slow: SlowJudge | None
     all: list[StepCheck]
 
@@ -69,8 +72,9 @@ def make_checks(
     outcomes: Outcomes, responder: Responder, clock: PhaseClock, slow: SlowWatch | None, rows: int,
     splits: int, log: logging.LoggerAdapter[logging.Logger],
 ) -> Checks:  # fmt: skip
-    """The checksums (their mode is popped first: no replay runs under it), the reduced gradients across replicas,
-    the sampled round, and the timing of slow ranks when timed."""
+    """The checksums (their mode is popped first: no replay runs under it), each rank's own shards against their
+    fingerprint from after the optimizer step, non-finite losses and gradients, the reduced gradients across
+    replicas, the sampled round, and the timing of slow ranks when timed."""
     job_ranks = list(where.job_comm.members)
     rank_keys = view.keys(job_ranks)
     if len({len(k) for k in rank_keys}) > 1:
@@ -78,9 +82,14 @@ def make_checks(
     ids = [(g, *where.identities.get(g, (None, ""))) for g in job_ranks]
     replica = ReplicaPhases(where.job_comm, rank_keys, taps.param_names, ids, where.job, classes[: len(params)])
     names = [*taps.param_names, *(f"{name} (frozen)" for name, _ in frozen)]
+    frozen_weights = [p.detach() for _, p in frozen]
     weights = WeightCheck(
-        ReplicaPhases(where.job_comm, rank_keys, names, ids, where.job, classes), taps.weights, [p for _, p in frozen]
+        ReplicaPhases(where.job_comm, rank_keys, names, ids, where.job, classes), taps.weights, frozen_weights
     )
+    memory = MemoryCheck(
+        lambda: [*taps.weights(), *frozen_weights], names, ids, where.job, where.device, index=where.job_comm.index
+    )
+    finite = NonFiniteCheck(taps.reduced, ids, where.job, where.device)
     speaks = where.job_comm.index == 0
     rnd = RoundCheck(_make_round(where, taps, params, replayer, attr), outcomes, where.device, log, speaks=speaks)
     escalate: Callable[..., None] | None = rnd.round.escalate if where.shadow_ranks else None
@@ -90,10 +99,18 @@ def make_checks(
     judge = SlowJudge(
         slow, job_ranks, where.identities, job=where.job, job_size=len(view.ranks), slices=where.layout.slices
     ) if slow is not None and not isinstance(clock, IdleClock) else None  # fmt: skip
-    checks: list[StepCheck] = [checksums, GradientReplicaCheck(replica, taps.reduced, where.device), rnd]
+    checks: list[StepCheck] = [
+        checksums,
+        memory,
+        finite,
+        GradientReplicaCheck(replica, taps.reduced, where.device),
+        rnd,
+    ]
     if judge is not None:
         checks.append(TimingCheck(clock, judge, where.device))
-    return Checks(replica=replica, weights=weights, round=rnd, checksums=checksums, slow=judge, all=checks)
+    return Checks(
+        replica=replica, weights=weights, round=rnd, checksums=checksums, memory=memory, slow=judge, all=checks
+    )
 
 
 def _make_round(where: Where, taps: Taps, params: list[nn.Parameter], replayer: Replayer, attr: Attributor) -> Round:

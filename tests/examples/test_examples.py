@@ -24,6 +24,7 @@ EXPECTED: dict[str, list[str]] = {
     "ddp_loop.py": [r"rank 0: 20 steps, 0 incidents, last verified step 15", r"rank 1: 20 steps, 0 incidents"],
     "fsdp2.py": [r"rank [01]: FSDP2 over 2 ranks, 12 of 12 steps committed, 0 incidents"],
     "fsdp2_tp.py": [rf"rank {r} \(dp {r // 2}, tp {r % 2}\): 12 of 12 steps committed, 0 incidents" for r in range(4)],
+    "moe_ep.py": [rf"rank {r} \(dp {r // 2}, ep {r % 2}\): 12 of 12 steps committed, 0 incidents" for r in range(4)],
     "lightning_ddp.py": [r"rank 0: 15 steps, 0 incidents", r"rank 1: 15 steps, 0 incidents"],
     "hf_trainer.py": [r"rank 0: 15 steps, 0 incidents", r"rank 1: 15 steps, 0 incidents"],
     "fault_drill.py": [

@@ -3,8 +3,8 @@
 the stage input and output gradient captured at the stage boundary; a fault in one stage is vetoed on every rank of
 every stage at its step; with a third replica of the stage the faulty rank is named; a single pipeline (no data
 parallelism) reruns each stage on its own device and catches one-off faults, and its matmul checksums catch a sticky
-one (without them it commits: tested too); a sticky fault stays on for every replay and rerun; clean runs train bit
-for bit as the unguarded ones.
+one (without them it commits: tested too); a sticky fault stays on for every replay and rerun; a stage weight flipped
+in one rank's memory is named alone in every incident; clean runs train bit for bit as the unguarded ones.
 
 CI runs one cell per setup; ``pytest -m matrix`` the rest.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from sdcguard.testing import run_ranks
-from tests._pipeline import job
+from tests._pipeline import four_calls, job
 
 pytestmark = pytest.mark.distributed
 
@@ -28,6 +28,7 @@ FAULTS = {
     "dw-once": ("dw", 1, 1),
     "forward-sticky": ("forward", 0, None),
     "forward-once": ("forward", 0, 1),
+    "memory": ("memory", 1, None),
 }
 """name -> (kind, the faulty rank's stage, times: None for sticky, every call of the step, replays and reruns too)."""
 SCHEDULES = ("gpipe", "1f1b")
@@ -66,7 +67,9 @@ def _check(setup: str, fault: str, results: list[dict[str, Any]]) -> None:
     assert not steps[AT]["commit"], f"the faulty step was committed: {steps[AT]}"
     named = [i for i in steps[AT]["incidents"] if i[1] == AT]
     assert named and all(faulty in s for _, _, s in named), named
-    if dp == 1 and times is None:  # no replica, a sticky fault: the stage's own checksums name it alone
+    if fault == "memory":  # its own shard changed: named alone with no vote, and what it caused is explained by it
+        assert ("memory", (faulty,)) in {(k, s) for k, _, s in named} and {s for _, _, s in named} == {(faulty,)}, named
+    elif dp == 1 and times is None:  # no replica, a sticky fault: the stage's own checksums name it alone
         assert {(k, s) for k, _, s in named} == {("checksum", (faulty,))}, named
     elif dp >= 3 or dp == 1:  # a third opinion (or the stage's own rerun of a one-off): the faulty rank alone
         assert {(k, s) for k, _, s in named} == {("replay", (faulty,))}, named
@@ -120,3 +123,17 @@ def test_clean_stages_commit_and_train_as_unguarded(setup: str, schedule: str) -
 @pytest.mark.parametrize("setup", list(SETUPS))
 def test_a_fault_in_one_stage_is_vetoed_by_every_stage(setup: str, fault: str, schedule: str) -> None:
     _check(setup, fault, _run(setup, fault, schedule, _checksums(setup, fault)))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("by", [pytest.param("mesh", marks=pytest.mark.slow), "group"])
+def test_a_stage_guard_nothing_watches_refuses_its_first_step_in_one_line(by: str) -> None:
+    """The four calls around a schedule without ``watch_stage`` crashed inside the replay (the pipeline's batch fed
+    to a later stage: ``mat1 and mat2 shapes cannot be multiplied``); now every rank refuses the first step, saying
+    what to call. With ``watch_stage`` the same loop runs clean with a group per stage (1F1B)."""
+    refused = run_ranks(four_calls, 4, by, False, timeout=100)
+    assert all(r == refused[0] and isinstance(r, str) for r in refused), refused
+    assert "\n" not in refused[0] and "watch_stage(guard, stage)" in refused[0], refused[0]
+    if by == "group":  # on a mesh, the cells above run watched stages
+        watched = run_ranks(four_calls, 4, by, True, timeout=100)
+        assert all(seen == [(True, [])] * 2 for seen in watched), watched

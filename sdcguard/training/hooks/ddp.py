@@ -23,6 +23,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ...errors import BadInput
+from ...fingerprints import is_dtensor_type
 from ..digest import LocalRecord
 
 __all__ = ["ParamTaps", "unwrap", "wrap_ddp", "is_ddp"]
@@ -37,7 +39,14 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def wrap_ddp(module: nn.Module, group: object = None) -> DistributedDataParallel:
     """DDP around a plain module of a distributed job, on its own device: the framework's reduction, overlapped
-    with the backward, for loops that hand the guard an unwrapped model."""
+    with the backward, for loops that hand the guard an unwrapped model. DDP cannot wrap ``DTensor`` parameters (an
+    expert-parallel model's experts): refused in one line."""
+    if any(is_dtensor_type(type(p)) for p in module.parameters()):
+        raise BadInput(
+            "guard.step wraps the model in DDP, which cannot hold DTensor parameters: an expert- or tensor-parallel "
+            "job reduces its own gradients (or with FSDP2) and makes the guard's four calls (begin_step, "
+            "before_forward, observe_loss, end_step) around its forward and backward"
+        )
     device = next(module.parameters()).device
     ids = [device] if device.type == "cuda" else None
     return DistributedDataParallel(module, device_ids=ids, process_group=group)

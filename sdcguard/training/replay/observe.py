@@ -57,6 +57,9 @@ class StepObserver:
         self._probe: AutocastProbe | None = None
         self._seed: list[torch.Tensor] = []
         self._armed = False
+        self.nonfinite_losses: torch.Tensor | None = None
+        """``(losses not finite, backwards seeded above 1)`` this step, int64 on the device, counted without a sync:
+        a seed above 1 is a loss scaler at work (a ``GradScaler``), whose overflowing steps it skips itself."""
 
     @property
     def active(self) -> bool:
@@ -68,6 +71,7 @@ class StepObserver:
         self.step, self._record_here, self._chosen, self._index = step, record, chosen, 0
         self._capture, self._record, self._seed, self._probe = None, None, [], None
         self._count, self._silent = self.taps.handed_over, False
+        self.nonfinite_losses = None
 
     def before_forward(self, batch: Batch) -> None:
         """Call right before a micro-batch's forward (in order; the first one is micro-batch 0)."""
@@ -87,7 +91,12 @@ class StepObserver:
         self._index += 1
 
     def observe_loss(self, loss: torch.Tensor) -> None:
-        """The loss tensor the sampled micro-batch's backward starts from (fingerprinted; its seed observed)."""
+        """The loss tensor a micro-batch's backward starts from (every one counted when not finite; the sampled one's
+        fingerprinted, its seed observed)."""
+        bad = (~torch.isfinite(local_tensor(loss).detach())).any().to(torch.int64)
+        self._count_losses(torch.stack([bad, torch.zeros_like(bad)]))
+        if loss.requires_grad and loss.numel() == 1:  # its seed: above 1 where a loss scaler multiplied the loss
+            loss.register_hook(lambda g: self._count_losses(_seeded(g)))
         if not self._armed or self._record is None:
             return
         self.taps.arm(self._record)  # again, now that the forward ran (FSDP2 made its unsharded parameters in it)
@@ -115,6 +124,9 @@ class StepObserver:
         self._capture, self._record = None, None
         return out
 
+    def _count_losses(self, counts: torch.Tensor) -> None:
+        self.nonfinite_losses = counts if self.nonfinite_losses is None else self.nonfinite_losses + counts
+
     def _tally(self) -> None:
         """After a micro-batch's backward: did it hand any local gradient over?"""
         if self._index > 0 and self.taps.handed_over == self._count:
@@ -127,3 +139,9 @@ class StepObserver:
             self._armed = False
         if self._probe is not None:
             self._probe.remove()
+
+
+def _seeded(seed: torch.Tensor) -> torch.Tensor:
+    """``(0, whether a scalar loss's backward seed is above 1 in magnitude)``, int64 on its device."""
+    scaled = (local_tensor(seed).detach().abs() > 1).any().to(torch.int64)
+    return torch.stack([torch.zeros_like(scaled), scaled])

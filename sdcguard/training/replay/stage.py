@@ -12,6 +12,12 @@ A schedule runs the forwards and backwards of its micro-batches in its own order
 backward; 1F1B: interleaved), so :class:`StageObserver` arms the sampled micro-batch's hooks when *its* backward
 starts (a hook on its output fires first in it) and disarms them when another micro-batch's starts; a micro-batch
 whose backward hands no local gradient over leaves the sample unjudged, as in a plain loop.
+
+Only the schedule knows where a stage's micro-batches start, so a stage's guard (a mesh with a ``pp`` dimension, or
+``loss_fn=stage_output`` with a group per stage) is fed by ``watch_stage``: without it the loop's own four calls
+would hand the guard the pipeline's batch as the stage's input, and its replays would fail deep inside the stage
+(``mat1 and mat2 shapes cannot be multiplied``). Such a guard refuses its first step in one line instead
+(:data:`UNWATCHED`).
 """
 
 from __future__ import annotations
@@ -25,7 +31,13 @@ from ...errors import BadInput
 from .capture import Batch
 from .observe import Observed, StepObserver
 
-__all__ = ["stage_output", "StageObserver", "stage_tensor"]
+__all__ = ["stage_output", "StageObserver", "stage_tensor", "UNWATCHED"]
+
+UNWATCHED = (
+    "this guard watches a pipeline stage: call sdcguard.adapters.pipelining.watch_stage(guard, stage) before the first "
+    "step, so the schedule feeds it each micro-batch's stage input and output (the loop's own calls cannot)"
+)
+"""Why a stage's guard refuses a step nothing feeds (see the module docstring)."""
 
 
 def stage_output(module: nn.Module, batch: Batch) -> torch.Tensor:
@@ -49,7 +61,12 @@ def stage_tensor(output: Any) -> torch.Tensor:
 class StageObserver(StepObserver):
     """A step observer for a pipeline stage (see the module docstring)."""
 
+    watched = False
+    """Whether ``watch_stage`` feeds it; a step begun without it is refused (:data:`UNWATCHED`)."""
+
     def begin(self, step: int, *, record: bool, chosen: int = 0) -> None:
+        if not self.watched:
+            raise BadInput(UNWATCHED)
         super().begin(step, record=record, chosen=chosen)
         self._backwards = 0
 

@@ -195,7 +195,8 @@ class PeerRound:
         by_slice = {v.slice: v for v in everyone}
         result.ops |= {op for v in by_slice.values() for op in v.ops}
         judged = [(self.layout.slices[i][p], by_slice[i].judgement) for i in disagreeing]
-        return join_units([(owner, jj) for owner, jj in judged if jj is not None], self.layout.unit_of)
+        judged_here = [(owner, jj) for owner, jj in judged if jj is not None]
+        return join_units(judged_here, self.layout.unit_of, self.layout.unit_word)
 
     def close(self) -> list[RoundResult]:
         return []

@@ -30,9 +30,12 @@ __all__ = ["join_units"]
 Unit = tuple[int, ...]
 
 
-def join_units(settled: Sequence[tuple[int, Judgement]], unit_of: Callable[[int], Unit]) -> list[tuple[int, Judgement]]:
+def join_units(
+    settled: Sequence[tuple[int, Judgement]], unit_of: Callable[[int], Unit], word: str = "tensor-parallel"
+) -> list[tuple[int, Judgement]]:
     """The slices' ``(owner, judgement)`` of one micro-batch, joined by the rule of the module docstring
-    (``unit_of(rank)``: the ranks computing with ``rank``, itself included)."""
+    (``unit_of(rank)``: the ranks computing with ``rank``, itself included; ``word``: what a unit is, as the
+    incident says it: ``tensor-parallel``, ``context-parallel``, ``expert-parallel``)."""
     if not settled:
         return []
     software = [(o, j) for o, j in settled if j.verdict == "software"]
@@ -65,8 +68,8 @@ def join_units(settled: Sequence[tuple[int, Judgement]], unit_of: Callable[[int]
     owner, first = joined[0]
     members = ", ".join(f"rank {r}" for r in sorted(suspects))
     how = (
-        f"the shards of one micro-batch disagree on several tensor-parallel ranks at once ({members}): the fault "
-        "crossed the tensor-parallel collectives (or the replicas could not decide), so its source in the group "
+        f"the shards of one micro-batch disagree on several {word} ranks at once ({members}): the fault "
+        f"crossed the {word} collectives (or the replicas could not decide), so its source in the group "
         f"cannot be traced from the shards; {first.how}"
     )
     out.append((owner, Judgement(

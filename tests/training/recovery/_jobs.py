@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from sdcguard import SDCGuard, plan_roles
 from sdcguard.inject.faults import Fault
-from sdcguard.inject.torch_faults import OpFaultMode
+from sdcguard.inject.torch_faults import OpFaultMode, corrupt_weights_
 from sdcguard.testing.models import TinyTransformer, lm_loss, make_batch
 
 SEQ = 4
@@ -42,10 +42,11 @@ def _final(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]
 
 def recovering(
     rank: int, world: int, spares: int, fault: tuple[int, int], min_replicas: int | None, *,
-    escalate: str = "recover", verdicts: str | None = None, replay_every: int | None = None,
+    escalate: str = "recover", verdicts: str | None = None, replay_every: int | None = None, memory: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
-    """A sticky fault on rank ``fault[0]`` from step ``fault[1]`` on; returns how the rank ended (``verdicts``: a
-    folder where each rank's verdict file goes)."""
+    """A sticky fault on rank ``fault[0]`` from step ``fault[1]`` on (``memory``: instead, one element of a weight
+    flipped in its memory before that step); returns how the rank ended (``verdicts``: a folder where each rank's
+    verdict file goes)."""
     warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
     if verdicts is not None:
         os.environ["SDCGUARD_VERDICT_FILE"] = os.path.join(verdicts, f"rank{rank}.jsonl")
@@ -72,9 +73,13 @@ def recovering(
         else:
             guard = SDCGuard(DDP(model, process_group=kw["group"]), lm_loss, **kw)
             step = 0
+        flipped = False
         while step < STEPS:
             injector.step = step
-            with injector if rank == fault[0] else contextlib.nullcontext():
+            if memory and rank == fault[0] and step == fault[1] and not flipped:
+                corrupt_weights_(model, Fault(pattern="bitflip", bit=30, elements=1, seed=7), names="*fc1.weight")
+                flipped = True
+            with injector if rank == fault[0] and not memory else contextlib.nullcontext():
                 report = guard.step(step, _batch(step, guard.data_rank))
             if report.resume_from is not None:
                 resumes.append((step, report.resume_from))

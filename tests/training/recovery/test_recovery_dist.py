@@ -60,6 +60,22 @@ def test_without_a_spare_the_survivors_go_on_as_a_smaller_job(start: int) -> Non
         assert _same(r, reference[[0, 2][r["data_rank"]]])
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_weight_flipped_in_one_ranks_memory_sends_that_rank_away_and_the_survivors_equal_a_fault_free_run() -> None:
+    """The memory check names the rank alone (sticky: it escalates); it leaves with 86 and the other two roll back to
+    the last verified state and go on, bit for bit a fault-free run in which it left there."""
+    job = functools.partial(recovering, memory=True)
+    results = run_ranks(job, 3, 0, (1, 4), 2, timeout=120)
+    assert results[1] == {"exit": 86}, results[1]
+    [(at, resume)] = results[0]["resumes"]
+    assert at == 4 and resume <= 4, results[0]["resumes"]
+    assert results[0]["recovered"][0][:2] == ("memory", (1,)), results[0]["recovered"]
+    reference = run_ranks(fault_free, 3, resume, timeout=100)
+    for r in (results[0], results[2]):
+        assert _same(r, reference[[0, 2][r["data_rank"]]])
+
+
 @pytest.mark.timeout(200)
 def test_an_exit_names_every_step_the_fault_may_have_touched_and_the_state_to_roll_back_to(tmp_path: Path) -> None:
     # The issue's drill: a sticky fault from step 3 (not sampled) seen at the sample of step 4, escalate="exit".

@@ -1,0 +1,133 @@
+"""Verdicts from what one rank can see of itself, with no vote: its own parameter shards changed outside the
+optimizer step (memory corruption), and non-finite values in its step (a loss or a gradient).
+
+The rule, applied to every rank's row of the step's gather (group order):
+
+1. **Memory.** A rank's shard of the parameters changes only through the optimizer step (:mod:`..local.memory`): a rank
+   whose shards differ at the step's check from what they were right after the last optimizer step had its memory
+   corrupted. It is named alone (``memory``, ``sticky``: the wrong value stays in memory), whatever the others
+   hold: no replica is needed, so it holds where none exists (a pure FSDP2 shard, a tensor-parallel shard with no
+   data-parallel copy). A rank whose shards did not change is never named by this rule.
+2. **Non-finite values.** A step in which some rank's loss or gradient is not finite is never committed
+   (``nonfinite``). Which rank produced the first one: the ranks whose own loss was not finite when not every rank's
+   was (a loss is computed by its rank alone); else the ranks whose gradients were not finite, every one of them a
+   suspect (a reduction spreads one rank's NaN to every replica, or to another rank's shard, so no rank is named
+   alone by it).
+3. **Explained disagreements.** A rank named by rule 1 computed with corrupted weights, and so did every rank that
+   received them (its tensor-parallel partners through their collectives, FSDP2's all-gather, its replicas' reduced
+   gradients). A disagreement of the same step whose suspects include such a rank (``gradient_replica``,
+   ``weight_replica``, ``unresolved``, ``nonfinite``) is explained by it: its suspects are narrowed to the ranks rule 1
+   named, never widened, so the corrupted rank is named alone and its innocent partners are not. An incident naming
+   none of them (another rank's own replay verdict) is kept as it is. A second fault in the same step among the
+   ranks of an explained disagreement is not told apart (the step is vetoed either way).
+
+Pure: a function of the gathered integers and every rank's identity, evaluated alike on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import replace
+
+from ...records import Incident
+
+__all__ = ["Identity", "memory_incidents", "nonfinite_incidents", "explained", "EXPLAINABLE"]
+
+EXPLAINABLE = frozenset({"gradient_replica", "weight_replica", "unresolved", "nonfinite"})
+"""The kinds of disagreement rule 3 narrows (a ``replay`` verdict names a device on its own evidence)."""
+
+Identity = tuple[int, str | None, str]
+"""A rank as incidents name it: global rank, device id, host."""
+
+
+def memory_incidents(
+    step: int, rows: Sequence[Sequence[int]], names: Sequence[str], identities: Sequence[Identity], job: str | None
+) -> list[Incident]:
+    """Rule 1: one incident per rank whose row says ``(changed tensors, first changed index)`` with a count above 0."""
+    out = []
+    for (changed, first), (rank, device, host) in zip(rows, identities, strict=True):
+        if changed <= 0:
+            continue
+        name = names[first] if 0 <= first < len(names) else "<a parameter>"
+        more = f" and {changed - 1} more" if changed > 1 else ""
+        out.append(
+            Incident(
+                kind="memory",
+                step=step,
+                suspect_ranks=(rank,),
+                device=device,
+                devices=(device or "",),
+                hosts=(host,),
+                parameter=name,
+                sticky=True,
+                job=job,
+                detail=(
+                    f"rank {rank}'s own shard of {name}{more} changed in memory after the optimizer step of step "
+                    f"{step - 1} and before step {step}'s check: memory corruption on that rank (no vote needed)"
+                ),
+            )
+        )
+    return out
+
+
+def nonfinite_incidents(
+    step: int, rows: Sequence[Sequence[int]], identities: Sequence[Identity], job: str | None
+) -> list[Incident]:
+    """Rule 2: ``rows`` per rank ``(non-finite losses, non-finite gradients)``; one incident, or none."""
+    losses = [i for i, (bad_loss, _) in enumerate(rows) if bad_loss > 0]
+    grads = [i for i, (_, bad_grad) in enumerate(rows) if bad_grad > 0]
+    if not losses and not grads:
+        return []
+    if losses and len(losses) < len(rows):
+        who, how = losses, "its own loss was not finite, the other ranks' were"
+    else:
+        who = sorted(set(losses) | set(grads))
+        how = "not finite on every rank that reduced it: which rank produced it first cannot be told from this step"
+    ranks = tuple(identities[i][0] for i in who)
+    devices = tuple(identities[i][1] or "" for i in who)
+    return [
+        Incident(
+            kind="nonfinite",
+            step=step,
+            suspect_ranks=ranks,
+            device=(devices[0] or None) if len(who) == 1 else None,
+            devices=devices,
+            hosts=tuple(identities[i][2] for i in who),
+            job=job,
+            detail=(
+                f"a non-finite loss or gradient at step {step} on rank(s) {', '.join(map(str, ranks))} ({how}); the "
+                "step is not committed (a device, the data or the settings: a replay tells a device from the rest)"
+            ),
+        )
+    ]
+
+
+def explained(incidents: Sequence[Incident], corrupted: Collection[int] = ()) -> list[Incident]:
+    """Rule 3: ``incidents`` of one step with every disagreement that includes a rank whose own shards changed (named
+    by a ``memory`` incident among them, or in ``corrupted``) narrowed to those ranks."""
+    bad = set(corrupted) | {r for i in incidents if i.kind == "memory" for r in i.suspect_ranks}
+    out = []
+    for i in incidents:
+        keep = [k for k, r in enumerate(i.suspect_ranks) if r in bad]
+        if i.kind not in EXPLAINABLE or not keep or len(keep) == len(i.suspect_ranks):
+            out.append(i)
+            continue
+        ranks = tuple(i.suspect_ranks[k] for k in keep)
+        devices = tuple(i.devices[k] for k in keep) if len(i.devices) == len(i.suspect_ranks) else ()
+        hosts = tuple(i.hosts[k] for k in keep) if len(i.hosts) == len(i.suspect_ranks) else ()
+        others = ", ".join(str(r) for r in i.suspect_ranks if r not in bad)
+        why = (
+            f"; explained by rank(s) {', '.join(map(str, ranks))}, whose own shards changed in memory (ranks {others} "
+            "computed with the corrupted values: not suspects)"
+        )
+        out.append(
+            replace(
+                i,
+                suspect_ranks=ranks,
+                devices=devices,
+                hosts=hosts,
+                device=(devices[0] or None) if len(ranks) == 1 and devices else None,
+                detail=i.detail + why,
+            )
+        )
+    return out
