@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["DeviceInfo", "CaseResult", "Incident", "ScanStatus", "SLOW_KIND", "PASSIVE_KINDS"]
+__all__ = ["DeviceInfo", "CaseResult", "Incident", "ScanStatus", "SLOW_KIND", "PASSIVE_KINDS", "NOT_EVIDENCE_KINDS"]
 
 ScanStatus = Literal["running", "complete", "preempted", "interrupted", "error"]
 """``running`` until the scanner finishes it; a scan left ``running`` by a killed process is never counted as
@@ -20,6 +20,10 @@ SLOW_KIND = "slow"
 PASSIVE_KINDS = frozenset({"nondeterministic", SLOW_KIND})
 """Incident kinds that never accuse a device of corruption: never a veto, an escalation, a raise or an exit, never
 evidence for quarantine or the training breaker, never ``suspect`` in the report."""
+NOT_EVIDENCE_KINDS = PASSIVE_KINDS | {"nonfinite"}
+"""Incident kinds the fleet's quarantine rule never counts against the device they name: the passive ones, and
+``nonfinite`` (a step vetoed for a NaN or an infinity, whose causes are many, a rank's own batch among them; the
+replay, checksum and memory verdicts of the same step judge the hardware)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from ..durations import DAY_S
-from ..records import PASSIVE_KINDS, SLOW_KIND, Incident
+from ..records import NOT_EVIDENCE_KINDS, SLOW_KIND, Incident
 from .store.rows import FailedExecution
 
 if TYPE_CHECKING:
@@ -237,12 +237,13 @@ def suite_blamed_devices(source: Failures, policy: BreakerSettings, *, since: fl
 
 def attributed(incident: Incident) -> bool:
     """True when an incident singles out one device by majority: it names a device, exactly one suspect rank,
-    and is not a ``nondeterministic`` replay (which never blames hardware)."""
+    and is of a kind that is evidence (not :data:`~sdcguard.records.NOT_EVIDENCE_KINDS`: a ``nondeterministic``
+    replay never blames hardware, a ``nonfinite`` step has many causes)."""
     return (
         incident.device is not None
         and len(incident.suspect_ranks) == 1
         and len({d for d in incident.devices if d} - {incident.device}) == 0
-        and incident.kind not in PASSIVE_KINDS
+        and incident.kind not in NOT_EVIDENCE_KINDS
     )
 
 
