@@ -21,9 +21,17 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
-    "Comm", "comm_device", "send_object", "recv_object", "send_stop", "send_tensors", "recv_tensors_", "send_tensor",
-    "irecv_tensor", "STOP",
-]  # fmt: skip
+    "Comm",
+    "comm_device",
+    "send_object",
+    "recv_object",
+    "send_stop",
+    "send_tensors",
+    "recv_tensors_",
+    "send_tensor",
+    "irecv_tensor",
+    "STOP",
+]
 
 STOP = -1
 """Length field of the stop message that :func:`send_stop` sends and :func:`recv_object` returns as ``None``."""

@@ -147,8 +147,13 @@ def introduce(
 ) -> JobView:
     """Every member's identity (collective over ``comm``: one gather, when the guard starts)."""
     me = RankIdentity(
-        device=local_device_id(device), host=hostname(), replica_key=replica_key, setup=setup_key(device), job=job,
-        coords=coords, params=params,
-    )  # fmt: skip
+        device=local_device_id(device),
+        host=hostname(),
+        replica_key=replica_key,
+        setup=setup_key(device),
+        job=job,
+        coords=coords,
+        params=params,
+    )
     everyone: list[RankIdentity] = comm.gather_objects(me)
     return JobView(ranks=dict(zip(comm.members, everyone)), order=tuple(comm.members))

@@ -44,14 +44,37 @@ from ..fingerprints import is_dtensor_type
 from .comm import Comm
 
 __all__ = [
-    "DATA_DIMS", "MODEL_DIMS", "EXPERT_DIMS", "UNIT_DIMS", "STAGE_DIMS", "Coordinates", "Layout", "mesh_ranks",
-    "mesh_coordinates", "replica_classes", "build_layout", "check_mesh_group",
-]  # fmt: skip
+    "DATA_DIMS",
+    "MODEL_DIMS",
+    "EXPERT_DIMS",
+    "UNIT_DIMS",
+    "STAGE_DIMS",
+    "Coordinates",
+    "Layout",
+    "mesh_ranks",
+    "mesh_coordinates",
+    "replica_classes",
+    "build_layout",
+    "check_mesh_group",
+]
 
-DATA_DIMS = frozenset({
-    "dp", "dp_replicate", "dp_shard", "dp_shard_cp", "dp_cp", "fsdp", "hsdp", "ddp", "replicate", "shard",
-    "data_parallel", "efsdp", "edp",
-})  # fmt: skip
+DATA_DIMS = frozenset(
+    {
+        "dp",
+        "dp_replicate",
+        "dp_shard",
+        "dp_shard_cp",
+        "dp_cp",
+        "fsdp",
+        "hsdp",
+        "ddp",
+        "replicate",
+        "shard",
+        "data_parallel",
+        "efsdp",
+        "edp",
+    }
+)
 """Dimension names along which ranks compute different micro-batches (torchtitan's, Accelerate's and Lightning's)."""
 MODEL_DIMS = frozenset({"tp", "cp", "tensor_parallel", "context_parallel", "etp"})
 """Dimension names along which ranks compute one micro-batch together (tensor, context and expert-tensor

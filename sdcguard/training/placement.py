@@ -53,9 +53,15 @@ class Placement:
 
 
 def place(
-    shadows: Literal["peer"] | tuple[int, ...], group: Any, mesh: Any, *, taps: Taps, module: nn.Module,
-    device: torch.device, reduced: bool,
-) -> Placement:  # fmt: skip
+    shadows: Literal["peer"] | tuple[int, ...],
+    group: Any,
+    mesh: Any,
+    *,
+    taps: Taps,
+    module: nn.Module,
+    device: torch.device,
+    reduced: bool,
+) -> Placement:
     """This rank's :class:`Placement` (collective over the job; ``reduced``: FSDP2 or the user's DDP reduce the
     gradients of a meshed model)."""
     params: Sequence[nn.Parameter] = list(taps.params)
@@ -75,17 +81,25 @@ def place(
         )
     if not coords and role == "worker" and job_comm.size > 1:
         refuse_plain_experts(job_comm, taps.param_names, params, device)
-    layout = build_layout(job_comm.members, view.coordinates) if coords else Layout(
-        ranks=tuple(job_comm.members), slices=(tuple(job_comm.members),)
-    )  # fmt: skip
+    layout = (
+        build_layout(job_comm.members, view.coordinates)
+        if coords
+        else Layout(ranks=tuple(job_comm.members), slices=(tuple(job_comm.members),))
+    )
     comm = job_comm.split(layout.slices) if coords else job_comm
     if coords:
         expert = any(d in EXPERT_DIMS for d, _ in coords)
         check_mesh_group(group, comm.members, params, layout.width, reduced, expert)
     return Placement(
-        role=role, shadow_ranks=tuple(shadow_ranks), job_comm=job_comm, comm=comm, layout=layout, view=view,
-        classes=classes, frozen=frozen,
-    )  # fmt: skip
+        role=role,
+        shadow_ranks=tuple(shadow_ranks),
+        job_comm=job_comm,
+        comm=comm,
+        layout=layout,
+        view=view,
+        classes=classes,
+        frozen=frozen,
+    )
 
 
 def refuse_plain_experts(

@@ -81,9 +81,15 @@ class Rejoin:
     """
 
     def __init__(
-        self, member: Member, recovery: Recovery, *, loss_fn: LossFn, params: list[nn.Parameter],
-        identities: dict[int, tuple[str | None, str]], min_replicas: int | None,
-    ) -> None:  # fmt: skip
+        self,
+        member: Member,
+        recovery: Recovery,
+        *,
+        loss_fn: LossFn,
+        params: list[nn.Parameter],
+        identities: dict[int, tuple[str | None, str]],
+        min_replicas: int | None,
+    ) -> None:
         self.member, self.recovery = member, recovery
         self.loss_fn, self.params, self.identities, self.min_replicas = loss_fn, params, identities, min_replicas
         self.resume_from: int | None = None
@@ -102,7 +108,7 @@ class Rejoin:
         undecided = {r for i in incidents if i.kind == "unresolved" for r in i.suspect_ranks}
         plan = plan_recovery(
             step, m.members, m.shadow_ranks, named, min_replicas=self.min_replicas, undecided=undecided
-        )  # fmt: skip
+        )
         m.tell_shadows(plan, incidents)
         return self.follow(plan, incidents, last_verified, tainted_from)
 
@@ -141,10 +147,16 @@ class Rejoin:
         goes on at (None: a shadow that stays one). A leaver, and every rank when the job cannot go on, exits here."""
         m = self.member
         joined = self.recovery.execute(
-            plan, m.rank, incidents, model=m.model, module=m.module, batch=m.last_batch, last_verified=last_verified,
+            plan,
+            m.rank,
+            incidents,
+            model=m.model,
+            module=m.module,
+            batch=m.last_batch,
+            last_verified=last_verified,
             tainted_from=tainted_from,
             warm=lambda batch: warm_up(self.loss_fn, batch, self.params),
-        )  # fmt: skip
+        )
         if joined.comm is None:
             return None
         assert joined.snapshot is not None and joined.model is not None
@@ -157,18 +169,35 @@ class Rejoin:
 
 
 def make_rejoin(
-    member: Member, escalate: str, optimizer: Stateful | None, state: Sequence[Stateful], *, loss_fn: LossFn,
-    min_replicas: int | None, snapshot_dir: str | os.PathLike[str] | None, sharded: bool,
-) -> Rejoin | None:  # fmt: skip
+    member: Member,
+    escalate: str,
+    optimizer: Stateful | None,
+    state: Sequence[Stateful],
+    *,
+    loss_fn: LossFn,
+    min_replicas: int | None,
+    snapshot_dir: str | os.PathLike[str] | None,
+    sharded: bool,
+) -> Rejoin | None:
     """The recoveries of a guard (``member``) built from its settings (:func:`~.recovery.setup.make_recovery`
     refuses what it cannot re-form); None unless ``escalate="recover"``."""
     recovery = make_recovery(
-        escalate, member.module, optimizer, state, sharded=sharded, replicas=min_replicas, snapshot_dir=snapshot_dir,
+        escalate,
+        member.module,
+        optimizer,
+        state,
+        sharded=sharded,
+        replicas=min_replicas,
+        snapshot_dir=snapshot_dir,
         rank=member.rank,
-    )  # fmt: skip
+    )
     if recovery is None:
         return None
     return Rejoin(
-        member, recovery, loss_fn=loss_fn, params=list(member.module.parameters()), identities=member.identities,
+        member,
+        recovery,
+        loss_fn=loss_fn,
+        params=list(member.module.parameters()),
+        identities=member.identities,
         min_replicas=min_replicas,
-    )  # fmt: skip
+    )

@@ -137,8 +137,11 @@ def vote(
     if tensor_keys is not None and len(found) > 1:
         # Several classes (tensor parallelism): a corrupted replicated weight reaches the other classes' tensors
         # through the collectives, so what they say of one step is one incident naming every suspect.
-        merged = (set().union(*(s for s, _, _ in found.values())), [n for _, d, _ in found.values() for n in d],
-                  [any(u[0] for _, _, u in found.values())])  # fmt: skip
+        merged = (
+            set().union(*(s for s, _, _ in found.values())),
+            [n for _, d, _ in found.values() for n in d],
+            [any(u[0] for _, _, u in found.values())],
+        )
         found = {tuple(sorted({m for cls in found for m in cls})): merged}
     what = "gradients" if kind == "gradient_replica" else "weights"
     out = []

@@ -134,8 +134,17 @@ class Responder:
         """Record incidents :meth:`handle` returned, as they are now (with how the recovery went), and keep them so
         in :attr:`incidents`."""
         for new in updated:
-            at = next((k for k, old in enumerate(self.incidents) if old.time == new.time and old.kind == new.kind
-                       and old.step == new.step and old.suspect_ranks == new.suspect_ranks), None)  # fmt: skip
+            at = next(
+                (
+                    k
+                    for k, old in enumerate(self.incidents)
+                    if old.time == new.time
+                    and old.kind == new.kind
+                    and old.step == new.step
+                    and old.suspect_ranks == new.suspect_ranks
+                ),
+                None,
+            )
             if at is not None:
                 self.incidents[at] = new
         self._record(list(updated))

@@ -67,11 +67,24 @@ class Checks:
 
 
 def make_checks(
-    where: Where, view: JobView, classes: list[int], *, taps: Taps, params: list[nn.Parameter],
-    frozen: Sequence[tuple[str, nn.Parameter]], module: nn.Module, replayer: Replayer, attr: Attributor,
-    outcomes: Outcomes, responder: Responder, clock: PhaseClock, slow: SlowWatch | None, rows: int,
-    splits: int, log: logging.LoggerAdapter[logging.Logger],
-) -> Checks:  # fmt: skip
+    where: Where,
+    view: JobView,
+    classes: list[int],
+    *,
+    taps: Taps,
+    params: list[nn.Parameter],
+    frozen: Sequence[tuple[str, nn.Parameter]],
+    module: nn.Module,
+    replayer: Replayer,
+    attr: Attributor,
+    outcomes: Outcomes,
+    responder: Responder,
+    clock: PhaseClock,
+    slow: SlowWatch | None,
+    rows: int,
+    splits: int,
+    log: logging.LoggerAdapter[logging.Logger],
+) -> Checks:
     """The checksums (their mode is popped first: no replay runs under it), each rank's own shards against their
     fingerprint from after the optimizer step, non-finite losses and gradients, the reduced gradients across
     replicas, the sampled round, and the timing of slow ranks when timed."""
@@ -96,9 +109,13 @@ def make_checks(
     if escalate is not None:  # an escalation reaches the dedicated shadows too (they raise or exit alike)
         responder.before_acting = escalate
     checksums = ChecksumCheck(ChecksumMode(module, rows=rows, splits=splits), where.job_comm, attr, where.device)
-    judge = SlowJudge(
-        slow, job_ranks, where.identities, job=where.job, job_size=len(view.ranks), slices=where.layout.slices
-    ) if slow is not None and not isinstance(clock, IdleClock) else None  # fmt: skip
+    judge = (
+        SlowJudge(
+            slow, job_ranks, where.identities, job=where.job, job_size=len(view.ranks), slices=where.layout.slices
+        )
+        if slow is not None and not isinstance(clock, IdleClock)
+        else None
+    )
     checks: list[StepCheck] = [
         checksums,
         memory,
@@ -118,6 +135,12 @@ def _make_round(where: Where, taps: Taps, params: list[nn.Parameter], replayer: 
         return DedicatedRound(where.comm, where.shadow_ranks, params, replayer, attr)
     collective = taps.collective_replay or where.layout.meshed
     return PeerRound(
-        where.comm, replayer, attr, record_ops=where.record_ops, collective=collective, setups=where.setups,
-        job=where.job_comm, layout=where.layout,
-    )  # fmt: skip
+        where.comm,
+        replayer,
+        attr,
+        record_ops=where.record_ops,
+        collective=collective,
+        setups=where.setups,
+        job=where.job_comm,
+        layout=where.layout,
+    )

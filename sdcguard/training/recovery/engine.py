@@ -100,8 +100,9 @@ class TorchEngine:
         tensors = [torch.empty(shape, dtype=dtype) for shape, dtype in layout]
         recv_tensors_([t for t in tensors if t.numel()], comm.members[source])
         fps = snapshot_fingerprints(tensors)  # what arrived, against what the source sent
-        got = Snapshot(step=step, skeleton=skeleton, tensors=tensors, fingerprints=fps,
-                       digest=state_digest(fps, skeleton))  # fmt: skip
+        got = Snapshot(
+            step=step, skeleton=skeleton, tensors=tensors, fingerprints=fps, digest=state_digest(fps, skeleton)
+        )
         ok = fps == list(fingerprints) and (got.step, got.digest) == state
         return Healed(snapshot=got if ok else None, state=state, received=True, batch=their_batch)
 
@@ -118,8 +119,9 @@ class TorchEngine:
         keeper.restore(snapshot)
 
 
-def warm_up(loss_fn: Callable[[nn.Module, Any], torch.Tensor], batch: Any, params: list[nn.Parameter]) -> Callable[
-        [nn.Module], None]:  # fmt: skip
+def warm_up(
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor], batch: Any, params: list[nn.Parameter]
+) -> Callable[[nn.Module], None]:
     """The warm-up :meth:`TorchEngine.promote` runs: one forward and backward of ``batch`` through the new model,
     with the random states put back and the gradients dropped (a rollback then writes the buffers back)."""
 

@@ -70,9 +70,14 @@ def plan_recovery(
     leavers = tuple(sorted(set(suspects) & job))
     if (set(undecided) & job) - set(leavers):
         return RecoveryPlan(
-            step=step, workers=tuple(workers), leavers=leavers, members=(), promoted=(), shadows=tuple(shadows),
+            step=step,
+            workers=tuple(workers),
+            leavers=leavers,
+            members=(),
+            promoted=(),
+            shadows=tuple(shadows),
             action="exit",
-        )  # fmt: skip
+        )
     staying_shadows = [s for s in sorted(shadows) if s not in leavers]
     leaving_workers = [w for w in workers if w in leavers]
     promoted = tuple(staying_shadows[: len(leaving_workers)]) if spares else ()
@@ -81,6 +86,11 @@ def plan_recovery(
     enough = len(members) == len(workers) or (min_replicas is not None and len(members) >= min_replicas)
     action: Literal["reform", "exit"] = "reform" if members and enough else "exit"
     return RecoveryPlan(
-        step=step, workers=tuple(workers), leavers=leavers, members=members if action == "reform" else (),
-        promoted=promoted if action == "reform" else (), shadows=left_shadows, action=action,
-    )  # fmt: skip
+        step=step,
+        workers=tuple(workers),
+        leavers=leavers,
+        members=members if action == "reform" else (),
+        promoted=promoted if action == "reform" else (),
+        shadows=left_shadows,
+        action=action,
+    )

@@ -122,10 +122,18 @@ class Recovery:
     # ----------------------------------------------------------------------------------------------- recovery
 
     def execute(
-        self, plan: RecoveryPlan, rank: int, incidents: Sequence[Incident], *, model: nn.Module, module: nn.Module,
-        batch: Any, warm: Callable[[Any], Callable[[nn.Module], None]], last_verified: int | None = None,
+        self,
+        plan: RecoveryPlan,
+        rank: int,
+        incidents: Sequence[Incident],
+        *,
+        model: nn.Module,
+        module: nn.Module,
+        batch: Any,
+        warm: Callable[[Any], Callable[[nn.Module], None]],
+        last_verified: int | None = None,
         tainted_from: int | None = None,
-    ) -> Rejoined:  # fmt: skip
+    ) -> Rejoined:
         """This rank's part of the recovery (see the module docstring); exits by the contract where the plan or
         the vote says so. ``last_verified``: the guard's last verified step with this step's verdicts in (a pending
         snapshot they now vouch for is the newest verified state: with dedicated shadows the verdict that vouches
@@ -174,9 +182,10 @@ class Recovery:
                 return Restored(source="none", step=None, detail=f"no verified snapshot survived{refused}")
             step = fallback()
             return Restored(
-                source="checkpoint", step=step,
+                source="checkpoint",
+                step=step,
                 detail=f"no snapshot the replicas confirm{refused}: the last verified disk checkpoint, step {step}",
-            )  # fmt: skip
+            )
         snap = healed.snapshot
         if snap is not None:
             self.engine.roll_back(self.keeper, snap)
@@ -210,7 +219,7 @@ class Recovery:
                 steps_lost=at_step - resume + 1,
                 recovery_s=seconds,
                 replacement_device=replacement,
-            )  # fmt: skip
+            )
             for i in incidents
         ]
 

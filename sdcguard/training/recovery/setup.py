@@ -19,9 +19,16 @@ __all__ = ["make_recovery"]
 
 
 def make_recovery(
-    escalate: str, module: nn.Module, optimizer: Stateful | None, state: Sequence[Stateful], *, sharded: bool,
-    replicas: int | None, snapshot_dir: str | os.PathLike[str] | None = None, rank: int = 0,
-) -> Recovery | None:  # fmt: skip
+    escalate: str,
+    module: nn.Module,
+    optimizer: Stateful | None,
+    state: Sequence[Stateful],
+    *,
+    sharded: bool,
+    replicas: int | None,
+    snapshot_dir: str | os.PathLike[str] | None = None,
+    rank: int = 0,
+) -> Recovery | None:
     """The recovery of a guard whose module is ``module`` (``sharded``: FSDP2 or a device mesh; ``replicas``: its
     ``min_replicas``; ``snapshot_dir``: a node-local shared-memory folder the snapshots survive a restart in,
     :mod:`.shared`, with ``rank`` naming this rank's files); None unless ``escalate="recover"``."""

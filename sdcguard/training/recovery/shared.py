@@ -113,8 +113,13 @@ class SharedSlots:
             buffers = self.buffers(snap.tensors, busy)
             for dst, src in zip(buffers, snap.tensors):
                 dst.copy_(src)
-            snap = Snapshot(step=snap.step, skeleton=snap.skeleton, tensors=buffers,
-                            fingerprints=list(snap.fingerprints), digest=snap.digest)  # fmt: skip
+            snap = Snapshot(
+                step=snap.step,
+                skeleton=snap.skeleton,
+                tensors=buffers,
+                fingerprints=list(snap.fingerprints),
+                digest=snap.digest,
+            )
         self.publish(snap)
         return snap
 
@@ -125,10 +130,15 @@ class SharedSlots:
             return
         layout, _ = _layout(snap.tensors)
         record = {
-            "version": 1, "rank": self.rank, "step": snap.step, "digest": str(snap.digest), "slot": slot,
-            "fingerprints": [str(f) for f in snap.fingerprints], "layout": layout,
+            "version": 1,
+            "rank": self.rank,
+            "step": snap.step,
+            "digest": str(snap.digest),
+            "slot": slot,
+            "fingerprints": [str(f) for f in snap.fingerprints],
+            "layout": layout,
             "skeleton": base64.b64encode(pickle.dumps(snap.skeleton, protocol=4)).decode("ascii"),
-        }  # fmt: skip
+        }
         tmp = self._path("json.tmp")
         tmp.write_text(json.dumps(record), encoding="utf-8")
         os.replace(tmp, self._path("json"))

@@ -142,8 +142,9 @@ class SnapshotKeeper:
             snap = self._take_cuda(step, skeleton, live, buffers)
         else:
             fps = [unsigned64(v) for v in copy_and_fingerprint([t.contiguous() for t in live], buffers)]
-            snap = Snapshot(step=step, skeleton=skeleton, tensors=buffers, fingerprints=fps,
-                            digest=state_digest(fps, skeleton))  # fmt: skip
+            snap = Snapshot(
+                step=step, skeleton=skeleton, tensors=buffers, fingerprints=fps, digest=state_digest(fps, skeleton)
+            )
         self._in_flight = snap
         self.put(lane, snap)
         return snap
@@ -189,8 +190,14 @@ class SnapshotKeeper:
                 dst.copy_(src, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self._stream)
-        return Snapshot(step=step, skeleton=skeleton, tensors=buffers, fingerprints=fps,
-                        _pending=(device_fps, on_device), _event=event)  # fmt: skip
+        return Snapshot(
+            step=step,
+            skeleton=skeleton,
+            tensors=buffers,
+            fingerprints=fps,
+            _pending=(device_fps, on_device),
+            _event=event,
+        )
 
     def fence(self) -> None:
         """Make the current CUDA stream wait for a copy in flight before the optimizer changes what it reads."""

@@ -146,8 +146,14 @@ class Replayer:
         try:
             with self.timed(), self.context():
                 return replay(
-                    self.taps, self.loss_fn, capture, device=self.device, rng_hook=self.rng_hook,
-                    same_process=same_process, params=self.params, param_values=values,
-                )  # fmt: skip
+                    self.taps,
+                    self.loss_fn,
+                    capture,
+                    device=self.device,
+                    rng_hook=self.rng_hook,
+                    same_process=same_process,
+                    params=self.params,
+                    param_values=values,
+                )
         finally:
             self.replaying = False

@@ -165,9 +165,13 @@ class PeerRound:
             if any(j.verdict == "software" for _, j in joined):
                 break
         conclude(
-            step, settled, self.attr, devices=max(len(layout.ranks), 1), shared_cause_at=2 if self.collective else 3,
+            step,
+            settled,
+            self.attr,
+            devices=max(len(layout.ranks), 1),
+            shared_cause_at=2 if self.collective else 3,
             result=result,
-        )  # fmt: skip
+        )
         if not result.software:
             result.clean = seen - result.blamed - result.suspects
         return [result]

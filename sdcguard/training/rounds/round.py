@@ -59,9 +59,14 @@ class RoundCheck:
     name = "round"
 
     def __init__(
-        self, round: Round, outcomes: Outcomes, device: torch.device, log: logging.LoggerAdapter[logging.Logger], *,
+        self,
+        round: Round,
+        outcomes: Outcomes,
+        device: torch.device,
+        log: logging.LoggerAdapter[logging.Logger],
+        *,
         speaks: bool,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.round = round
         self.outcomes = outcomes
         self.device = device

@@ -40,7 +40,7 @@ from ..comm import (
     send_stop,
     send_tensor,
     send_tensors,
-)  # fmt: skip
+)
 from ..digest import Digest
 from ..replay.capture import Capture
 from ..replay.observe import Observed

@@ -186,8 +186,9 @@ class Outcomes:
         slice, in any order and repeated by each of its ranks): the job's report (software if any slice's is) and
         the incidents, each slice's once, software last (it turns replay off for the run)."""
         order = ("deterministic", "hardware", "unresolved", "software")
-        unique = sorted({first: (r, j, first) for r, j, first in runs}.values(), key=lambda s: (
-            order.index(s[0].verdict), s[2]))  # fmt: skip
+        unique = sorted(
+            {first: (r, j, first) for r, j, first in runs}.values(), key=lambda s: (order.index(s[0].verdict), s[2])
+        )
         found = [i for r, j, first in unique for i in self.calibrated(r, j, first, devices)]
         return unique[-1][0] if unique[-1][0].verdict == "software" else runs[0][0], found
 
@@ -232,6 +233,8 @@ class Outcomes:
         last = v.last_verified_step  # below the taint: a state from before the fault
         verified = None if last is None or last + 1 > earliest else last + 1
         return replace(
-            incident, rollback=note.checkpoint_id if note else None, first_step=min(earliest, incident.step),
+            incident,
+            rollback=note.checkpoint_id if note else None,
+            first_step=min(earliest, incident.step),
             rollback_step=verified,
-        )  # fmt: skip
+        )

@@ -55,11 +55,20 @@ def join_units(
             continue
         keep = {r: sticky for r, sticky in j.blamed.items() if unit_of(r) not in crossed}
         if keep or not j.blamed:
-            out.append((owner, Judgement(
-                verdict="hardware", agreed=j.agreed, blamed=keep, inconsistent=j.inconsistent,
-                original_corrupt=j.original_corrupt and unit_of(owner) not in crossed,
-                how=j.how, first_unit=j.first_unit,
-            )))  # fmt: skip
+            out.append(
+                (
+                    owner,
+                    Judgement(
+                        verdict="hardware",
+                        agreed=j.agreed,
+                        blamed=keep,
+                        inconsistent=j.inconsistent,
+                        original_corrupt=j.original_corrupt and unit_of(owner) not in crossed,
+                        how=j.how,
+                        first_unit=j.first_unit,
+                    ),
+                )
+            )
     for u in sorted(crossed):
         suspects |= set(u)
     if not suspects:
@@ -72,8 +81,16 @@ def join_units(
         f"crossed the {word} collectives (or the replicas could not decide), so its source in the group "
         f"cannot be traced from the shards; {first.how}"
     )
-    out.append((owner, Judgement(
-        verdict="unresolved", suspects=tuple(sorted(suspects)), original_corrupt=True, how=how,
-        first_unit=first.first_unit,
-    )))  # fmt: skip
+    out.append(
+        (
+            owner,
+            Judgement(
+                verdict="unresolved",
+                suspects=tuple(sorted(suspects)),
+                original_corrupt=True,
+                how=how,
+                first_unit=first.first_unit,
+            ),
+        )
+    )
     return out
