@@ -86,10 +86,11 @@ def place(
         if coords
         else Layout(ranks=tuple(job_comm.members), slices=(tuple(job_comm.members),))
     )
-    comm = job_comm.split(layout.slices) if coords else job_comm
-    if coords:
+    if coords:  # refused before the groups are made: a rank that leaves early would break the others' new_group
+        mine = next(s for s in layout.slices if job_comm.rank in s)
         expert = any(d in EXPERT_DIMS for d, _ in coords)
-        check_mesh_group(group, comm.members, params, layout.width, reduced, expert)
+        check_mesh_group(group, mine, params, layout.width, reduced, expert)
+    comm = job_comm.split(layout.slices) if coords else job_comm
     return Placement(
         role=role,
         shadow_ranks=tuple(shadow_ranks),
