@@ -113,6 +113,7 @@ def fsdp_main(rank: int, world: int, plan: FrameworkPlan) -> dict[str, Any]:
             with torch.no_grad():
                 for p, s in zip(model.parameters(), shards):
                     p.to_local().copy_(s)
+            guard.after_optimizer_step()  # a write of the weights: the memory check's new reference, not a fault
         torch.manual_seed(60_000 + 7 * i + rank)
         batch = make_batch(i, rank, batch=BATCH, seq=MODEL["seq"])
         rng = torch.get_rng_state()
@@ -232,6 +233,8 @@ class _LightningProbe:
             with torch.no_grad():
                 for p, s in zip(pl_module.net.parameters(), self.snapshot):
                     p.copy_(s)
+            if self.cb.guard is not None:  # a write of the weights: the memory check's new reference, not a fault
+                self.cb.guard.after_optimizer_step()
         torch.manual_seed(70_000 + 7 * step + self.rank)
         if trial is not None:
             if self.rank == trial.rank:

@@ -198,6 +198,8 @@ class _Rank:
             for p, s in zip(self.params, snap):
                 p.copy_(s)
         self.opt.zero_grad(set_to_none=True)
+        for guard in (self.guard, self.episode_guard):  # a write of the weights: the memory check's new reference
+            guard.after_optimizer_step()
 
 
 def _public(obs: dict[str, Any]) -> dict[str, Any]:
