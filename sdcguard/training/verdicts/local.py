@@ -19,7 +19,9 @@ The rule, applied to every rank's row of the step's gather (group order):
    ``weight_replica``, ``unresolved``, ``nonfinite``) is explained by it: its suspects are narrowed to the ranks rule 1
    named, never widened, so the corrupted rank is named alone and its innocent partners are not. An incident naming
    none of them (another rank's own replay verdict) is kept as it is. A second fault in the same step among the
-   ranks of an explained disagreement is not told apart (the step is vetoed either way).
+   ranks of an explained disagreement is not told apart (the step is vetoed either way). A ``nonfinite`` incident is
+   also explained by a rank a ``replay`` or ``checksum`` verdict of the same step names alone: its computation was
+   shown wrong on its own evidence, and the NaN or infinity it made reached every rank through the reduction.
 
 Pure: a function of the gathered integers and every rank's identity, evaluated alike on every rank.
 """
@@ -35,6 +37,8 @@ __all__ = ["Identity", "memory_incidents", "nonfinite_incidents", "explained", "
 
 EXPLAINABLE = frozenset({"gradient_replica", "weight_replica", "unresolved", "nonfinite"})
 """The kinds of disagreement rule 3 narrows (a ``replay`` verdict names a device on its own evidence)."""
+OWN_EVIDENCE = frozenset({"replay", "checksum"})
+"""The verdicts that name a rank alone on its own computation, which explain a ``nonfinite`` incident (rule 3)."""
 
 Identity = tuple[int, str | None, str]
 """A rank as incidents name it: global rank, device id, host."""
@@ -106,19 +110,22 @@ def explained(incidents: Sequence[Incident], corrupted: Collection[int] = ()) ->
     """Rule 3: ``incidents`` of one step with every disagreement that includes a rank whose own shards changed (named
     by a ``memory`` incident among them, or in ``corrupted``) narrowed to those ranks."""
     bad = set(corrupted) | {r for i in incidents if i.kind == "memory" for r in i.suspect_ranks}
+    shown_wrong = {i.suspect_ranks[0] for i in incidents if i.kind in OWN_EVIDENCE and len(i.suspect_ranks) == 1}
     out = []
     for i in incidents:
-        keep = [k for k, r in enumerate(i.suspect_ranks) if r in bad]
+        explaining = bad | shown_wrong if i.kind == "nonfinite" and not bad else bad
+        keep = [k for k, r in enumerate(i.suspect_ranks) if r in explaining]
         if i.kind not in EXPLAINABLE or not keep or len(keep) == len(i.suspect_ranks):
             out.append(i)
             continue
         ranks = tuple(i.suspect_ranks[k] for k in keep)
         devices = tuple(i.devices[k] for k in keep) if len(i.devices) == len(i.suspect_ranks) else ()
         hosts = tuple(i.hosts[k] for k in keep) if len(i.hosts) == len(i.suspect_ranks) else ()
-        others = ", ".join(str(r) for r in i.suspect_ranks if r not in bad)
+        others = ", ".join(str(r) for r in i.suspect_ranks if r not in explaining)
+        cause = "own shards changed in memory" if bad else "own computation its replay or checksums showed wrong"
         why = (
-            f"; explained by rank(s) {', '.join(map(str, ranks))}, whose own shards changed in memory (ranks {others} "
-            "computed with the corrupted values: not suspects)"
+            f"; explained by rank(s) {', '.join(map(str, ranks))}, whose {cause} (ranks {others} received its values: "
+            "not suspects)"
         )
         out.append(
             replace(

@@ -109,9 +109,12 @@ def test_a_ranks_memory_corruption_narrows_what_it_explains_and_nothing_else(
 ) -> None:
     out = explained(incidents, corrupted)
     bad = corrupted | {r for i in incidents if i.kind == "memory" for r in i.suspect_ranks}
+    # a nonfinite incident is also explained by a rank a replay or checksum verdict names alone (none corrupted)
+    alone = {i.suspect_ranks[0] for i in incidents if i.kind in ("replay", "checksum") and len(i.suspect_ranks) == 1}
     assert [i.kind for i in out] == [i.kind for i in incidents]
     for before, after in zip(incidents, out, strict=True):
-        hit = tuple(r for r in before.suspect_ranks if r in bad)
+        explaining = bad | alone if before.kind == "nonfinite" and not bad else bad
+        hit = tuple(r for r in before.suspect_ranks if r in explaining)
         if before.kind in EXPLAINABLE and hit:
             assert after.suspect_ranks == hit and after.devices == tuple(f"sim:{r}" for r in hit)
         else:
@@ -130,3 +133,19 @@ def test_a_step_with_no_optimizer_step_settled_since_the_last_check_is_not_check
     shards[0] += 1  # the optimizer's write, with no after_optimizer_step after it
     row = check.columns(state).tolist()
     assert row == [0, 0, 0] and not check.conclude(state, [row]).incidents
+
+
+def test_a_nonfinite_value_a_replay_traced_to_one_rank_names_that_rank_alone() -> None:
+    """A backward fault that made an infinity on rank 1: the reduction spread it to every rank (nonfinite names all
+    three), rank 1's replay showed its computation wrong: the nonfinite incident is narrowed to rank 1."""
+
+    def incident(kind: str, ranks: tuple[int, ...]) -> Incident:
+        devices = tuple(f"sim:{r}" for r in ranks)
+        hosts = tuple("h" for _ in ranks)
+        return Incident(kind=kind, step=3, suspect_ranks=ranks, device=None, detail="d", devices=devices, hosts=hosts)
+
+    out = explained([incident("replay", (1,)), incident("nonfinite", (0, 1, 2))])
+    assert [i.suspect_ranks for i in out] == [(1,), (1,)] and out[1].devices == ("sim:1",)
+    assert "replay or checksums showed wrong" in out[1].detail
+    kept = explained([incident("replay", (0, 1)), incident("nonfinite", (0, 1, 2))])  # no rank named alone
+    assert [i.suspect_ranks for i in kept] == [(0, 1), (0, 1, 2)]
