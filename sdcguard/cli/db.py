@@ -1,5 +1,6 @@
-"""``sdcguard db init|grant|refresh``: set up a fleet store on a PostgreSQL server (as its owner), and keep the
-figures a report at fleet scale reads instead of computing them."""
+"""``sdcguard db init|grant|refresh|move-drills``: set up a fleet store on a PostgreSQL server (as its owner), keep
+the figures a report at fleet scale reads instead of computing them, and move an older store's fire drills out of
+the fleet's record."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from fleet_scan.config import config_option, load_config, load_policy
+from fleet_scan.config import config_option, drill_store_option, load_config, load_policy
 
 from ..durations import DEFAULT_WINDOW, since_timestamp
 from ..errors import BadInput
@@ -103,3 +104,27 @@ def grant(role: str, reader: bool, print_only: bool) -> None:
         click.echo(statement + ";")
     if not print_only:
         click.echo(f"granted {role} a {'reader' if reader else 'writer'}'s rights on {store.path}", err=True)
+
+
+@db.command("move-drills")
+@drill_store_option
+def move_drills(drill_store: Path | None) -> None:
+    """Move the fire drills (scans with --inject) that a store written before drills were kept apart still holds
+    into its drill store, their tallies with them: from then on they count toward no rate, bound, slowness or
+    counter of the fleet, and `sdcguard report --drills` shows them. Safe to rerun (a crash in between leaves the
+    drills in both stores; the next run finishes the move). A quarantine a drill caused stays until `sdcguard
+    quarantine release`. Run it on every store that may hold drills (node stores before a `merge --full`).
+
+    Example: sdcguard --db fleet.db db move-drills
+    """
+    from ..fleet.store.drills import drill_store_for, move_legacy_drills
+
+    with open_store(create=False) as store:
+        moved = move_legacy_drills(store, drill_store_for(click.get_current_context().find_root().obj.db, drill_store))
+    if not moved.scans:
+        click.echo(f"no drill scans in {store.path}")
+        return
+    click.echo(
+        f"moved {moved.scans:,} drill scan(s) ({moved.results:,} results) of {len(moved.devices):,} device(s) from "
+        f"{store.path} to the drill store {moved.to}"
+    )

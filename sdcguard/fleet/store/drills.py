@@ -10,12 +10,19 @@ figure or Prometheus counter of the fleet, because the fleet's store never holds
 The drill store is ``--drill-store`` (``$SDCGUARD_DRILL_STORE``), else beside the fleet's store: ``X.drills.db``
 for a SQLite ``X.db``; for a server, ``~/.local/state/sdcguard/drills-<host>-<server>.db``. A drill into a store
 that holds real scans is refused, and so is a real scan into a drill store (one line each, exit 2).
+
+A store written before drills were kept apart may hold drill scans (their ``inject`` in ``scans.meta``):
+:func:`move_legacy_drills` (``sdcguard db move-drills``) moves them into the drill store, their tallies with them,
+by a merge into the drill store first and a deletion from the fleet's second, so a crash between the two leaves the
+drill in both, and a second run finishes the move (a merge takes a scan it holds already only once).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from ...devices import hostname
@@ -34,6 +41,8 @@ __all__ = [
     "store_in_use",
     "is_drill_store",
     "drills_writer",
+    "MovedDrills",
+    "move_legacy_drills",
 ]
 
 DRILL_STORE_ENV = "SDCGUARD_DRILL_STORE"
@@ -122,3 +131,33 @@ def drills_writer(db: str | os.PathLike[str]) -> Store:
         _said.add(path)
         get_logger("store").warning("a fault drill: its records go to the drill store %s, not to %s", path, db)
     return open_for_drills(path)
+
+
+@dataclass(frozen=True)
+class MovedDrills:
+    """What :func:`move_legacy_drills` moved."""
+
+    scans: int
+    results: int
+    devices: tuple[str, ...]
+    to: str
+
+
+def move_legacy_drills(store: Store, drill_store: str) -> MovedDrills:
+    """Move the drill scans ``store`` holds from before drills were kept apart into the drill store at
+    ``drill_store`` (made if absent; refused when it holds real scans): merged there first (through a SQLite file of
+    just those scans beside it), then deleted from ``store`` with their tallies (:meth:`~.scans.Scans.take_out`).
+    Scans already pruned are in the roll-ups without their meta and stay there."""
+    refuse_drill_store(store)
+    found = store.scans.legacy_drills()
+    if not found:
+        return MovedDrills(0, 0, (), drill_store)
+    ids = sorted(found)
+    with open_for_drills(drill_store) as drills:
+        with tempfile.TemporaryDirectory(dir=Path(drill_store).parent, prefix=".move-drills-") as folder:
+            moving = str(Path(folder) / "drills.db")
+            Store.open(moving).close()
+            store.scans.copy_out(ids, moving)
+            drills.maintenance.merge(Path(moving), full=True)
+    scans, results = store.scans.take_out(ids)
+    return MovedDrills(scans, results, tuple(sorted(set(found.values()))), drill_store)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import operator
+import sqlite3
 import time
 import uuid as _uuid
 from collections.abc import Mapping, Sequence
@@ -20,10 +21,28 @@ from ...errors import BadInput, StoreError
 from ...records import CaseResult, DeviceInfo, ScanStatus
 from .core import StoreCore, in_devices, where_clause
 from .writes.results import append_results, case_result, ensure_device, jdump, merge_patch
+from .writes.tallies import apply_running_deltas, tally_rows
 
 __all__ = ["Scans"]
 
 _TERMINAL: frozenset[str] = frozenset({"complete", "preempted", "interrupted", "error"})
+
+_LEGACY_DRILL = "meta LIKE '%\"inject\": \"%' AND status != 'running'"
+"""A finished scan of a fire drill written before drills were kept apart: its meta names what it injected (a real
+scan's meta says ``"inject": null``)."""
+
+_SCAN_COLUMNS = "uuid, device, host, started_at, finished_at, budget_s, status, meta, total"
+_RESULT_COLUMNS = (
+    "scan, seq, device, case_id, family, seed, passed, duration_s, started_at, output_digest, mismatches, element, "
+    "expected, actual, xor_mask, location, attempt, sticky, detail, executions, last_started_at"
+)
+_DEVICE_COLUMNS = "id, host, kind, model, serial, pci_bus_id, idx, first_seen, last_seen"
+
+
+def _marks(columns: str) -> str:
+    """The placeholders of an INSERT of ``columns``."""
+    return ", ".join("?" * len(columns.split(", ")))
+
 
 _ID = operator.attrgetter("id")
 """Devices' rows are updated in id order, as every other write takes them."""
@@ -230,3 +249,54 @@ class Scans:
         return [
             case_result(r) for r in self._core.dicts(f"SELECT * FROM results {where} ORDER BY started_at, id", params)
         ]
+
+    def legacy_drills(self) -> dict[int, str]:
+        """The finished scans of fire drills this store holds from before drills were kept apart (``"inject"`` in
+        their meta), id to device: :func:`~.drills.move_legacy_drills` moves them to the drill store."""
+        rows = self._core.rows(f"SELECT id, device FROM scans WHERE {_LEGACY_DRILL} ORDER BY id")
+        return {int(r[0]): str(r[1]) for r in rows}
+
+    def copy_out(self, ids: Sequence[int], path: str) -> None:
+        """Write the scans ``ids``, their results and their devices into the new, empty SQLite store at ``path``
+        (one transaction there), so that a merge can take them into another store."""
+        chosen = ", ".join(str(int(i)) for i in ids) or "NULL"
+        scans = self._core.rows(f"SELECT id, {_SCAN_COLUMNS} FROM scans WHERE id IN ({chosen})")
+        results = self._core.rows(f"SELECT {_RESULT_COLUMNS} FROM results WHERE scan IN ({chosen})")
+        devices = self._core.rows(
+            f"SELECT {_DEVICE_COLUMNS} FROM devices WHERE id IN (SELECT device FROM scans WHERE id IN ({chosen}))"
+        )
+        out = sqlite3.connect(path)
+        try:
+            with out:
+                out.executemany(f"INSERT INTO devices({_DEVICE_COLUMNS}) VALUES ({_marks(_DEVICE_COLUMNS)})", devices)
+                out.executemany(f"INSERT INTO scans(id, {_SCAN_COLUMNS}) VALUES (?, {_marks(_SCAN_COLUMNS)})", scans)
+                out.executemany(f"INSERT INTO results({_RESULT_COLUMNS}) VALUES ({_marks(_RESULT_COLUMNS)})", results)
+        finally:
+            out.close()
+
+    def take_out(self, ids: Sequence[int]) -> tuple[int, int]:
+        """Delete the finished scans ``ids`` and their results in one transaction, their tallies with them (the day,
+        family and case tallies lose exactly what the rows added, as a merge replacing a scan's rows takes them
+        away); ``(scans, results)`` deleted. Their devices' versions move: every kept report of them is computed
+        again. Only for rows that were never evidence (a drill's): what a policy already decided from them stays
+        in the quarantine history."""
+        chosen = ", ".join(str(int(i)) for i in ids)
+        if not chosen:
+            return 0, 0
+        with self._core.write() as conn:
+            devices = conn.execute(
+                f"SELECT device FROM scans WHERE id IN ({chosen}) UNION "
+                f"SELECT device FROM results WHERE scan IN ({chosen})"
+            ).fetchall()
+            self._core.lock_devices(r[0] for r in devices)
+            finished = f"SELECT id FROM scans WHERE id IN ({chosen}) AND status != 'running'"
+            tally_rows(conn, finished, -1)
+            apply_running_deltas(conn)
+            results = conn.execute(f"DELETE FROM results WHERE scan IN ({finished})").rowcount
+            scans = conn.execute(f"DELETE FROM scans WHERE id IN ({chosen}) AND status != 'running'").rowcount
+            conn.execute(
+                "DELETE FROM day_tallies WHERE executions = 0 AND failures = 0 AND abs(test_s) < 1e-6 AND device IN "
+                "(SELECT value FROM json_each(?))",
+                (json.dumps(sorted({r[0] for r in devices})),),
+            )
+        return scans, results

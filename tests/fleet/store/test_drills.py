@@ -3,6 +3,7 @@ refuses to mix the two, and how a merge keeps them apart."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from sdcguard.fleet.store.drills import (
 )
 from sdcguard.fleet.store.spool import open_reader, open_writer
 from sdcguard.fleet.store.store import Store
-from tests._fleet import result, scan
+from sdcguard.records import DeviceInfo
+from tests._fleet import NOW, assert_tallies_match_rows, clean, query, result, scan
 
 
 def _real(path: Path, device: str = "gpu:n:0") -> None:
@@ -131,3 +133,100 @@ def test_a_drill_against_a_server_store_goes_to_a_local_drill_store(
         assert local.maintenance.row_count("scans") == 1 and local.maintenance.holds_drills
     r = CliRunner().invoke(cli, ["--db", url, "report", "--drills", "--format", "json"])
     assert r.exit_code == 0 and '"quarantined"' in r.output, r.output
+
+
+def _record_as_before_drills_were_apart(store: Store, device: str, t: float) -> None:
+    """A drill scan as an older release wrote it into the fleet's store: ``inject`` in its meta, failures counted."""
+    store.scans.record_devices([DeviceInfo(id=device, host="node1", kind="gpu")], now=t)
+    sid = store.scans.begin(
+        device=device, host="node1", budget_s=60.0, started_at=t, meta={"inject": f"{device}:bitflip,rate=1.0"}
+    )
+    store.scans.record(
+        sid,
+        [result(device, passed=False, sticky=True, t=t + i, case=f"alu.c{i}", family="alu") for i in range(3)],
+        finish="complete",
+        finished_at=t + 60,
+    )
+
+
+def _fleet(path: str, *, with_drills: bool) -> None:
+    """Real scans of two devices over two days; ``with_drills``: old drills of one of them in between."""
+    with Store.open(path) as store:
+        for day in (2, 1):
+            t = NOW - day * 86_400
+            scan(store, "gpu:n:0", clean("gpu:n:0", 4, t=t), t=t)
+            if with_drills:
+                _record_as_before_drills_were_apart(store, "gpu:n:1", t + 100)
+            scan(
+                store,
+                "gpu:n:1",
+                [*clean("gpu:n:1", 3, t=t + 200), *clean("gpu:n:1", 2, t=t + 210, family="alu")],
+                t=t + 200,
+            )
+
+
+def _record(url: str) -> tuple[object, ...]:
+    """What the fleet's record says: the report's rows and every tally table (testing seconds to the microsecond)."""
+    r = CliRunner().invoke(cli, ["--db", url, "report", "--format", "json", "--since", "30d"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)
+    tables = tuple(
+        sorted(
+            tuple(round(v, 6) if isinstance(v, float) else v for v in row) for row in query(url, f"SELECT * FROM {t}")
+        )
+        for t in ("day_tallies", "case_tallies", "case_totals", "family_tallies", "family_totals")
+    )
+    return rows, tables
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_an_older_stores_drills_move_to_the_drill_store_and_leave_the_record_as_if_never_run(
+    backend: str, new_store: Callable[[str], str], tmp_path: Path
+) -> None:
+    """``db move-drills``: the fleet's report and tallies equal a twin store's that never ran the drills; the drill
+    store holds them (``report --drills``); a second run moves nothing."""
+    old, twin = new_store(backend), new_store(backend)
+    _fleet(old, with_drills=True)
+    _fleet(twin, with_drills=False)
+    assert _record(old) != _record(twin)
+    drills = tmp_path / "old.drills.db"
+    r = CliRunner().invoke(cli, ["--db", old, "db", "move-drills", "--drill-store", str(drills)])
+    assert r.exit_code == 0 and "moved 2 drill scan(s) (6 results) of 1 device(s)" in r.output, r.output
+    assert _record(old) == _record(twin)
+    assert_tallies_match_rows(old)
+    with Store.open(drills) as store:
+        assert store.maintenance.holds_drills and store.maintenance.row_count("scans") == 2
+        assert len(store.scans.results(failed_only=True)) == 6
+    assert_tallies_match_rows(drills)
+    r = CliRunner().invoke(cli, ["--db", old, "db", "move-drills", "--drill-store", str(drills)])
+    assert r.exit_code == 0 and "no drill scans" in r.output, r.output
+
+
+def test_a_move_of_old_drills_cut_short_is_finished_by_the_next_and_never_into_a_real_store(
+    new_store: Callable[[str], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed between the merge into the drill store and the deletion from the fleet's: the drills are in both, and
+    the next run leaves each once in the drill store and none in the fleet's. A real store named as the drill store
+    is refused in one line, nothing moved."""
+    from sdcguard.fleet.store.scans import Scans
+
+    old, twin = new_store("sqlite"), new_store("sqlite")
+    _fleet(old, with_drills=True)
+    _fleet(twin, with_drills=False)
+    r = CliRunner().invoke(cli, ["--db", old, "db", "move-drills", "--drill-store", twin])
+    assert r.exit_code == 2 and "holds real scans" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    drills = tmp_path / "d.db"
+
+    def killed(self: Scans, ids: object) -> tuple[int, int]:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(Scans, "take_out", killed)
+        r = CliRunner().invoke(cli, ["--db", old, "db", "move-drills", "--drill-store", str(drills)])
+        assert r.exit_code == 130, r.output
+    r = CliRunner().invoke(cli, ["--db", old, "db", "move-drills", "--drill-store", str(drills)])
+    assert r.exit_code == 0 and "moved 2 drill scan(s)" in r.output, r.output
+    assert _record(old) == _record(twin)
+    with Store.open(drills) as store:
+        assert store.maintenance.row_count("scans") == 2 and len(store.scans.results()) == 6
+    assert_tallies_match_rows(drills)
