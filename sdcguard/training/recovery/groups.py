@@ -17,9 +17,9 @@ Rules, in order:
    disagree the verdict is ``unresolved`` (every group exits by the contract, as an unresolved recovery does).
 3. The *refused* are the healed groups that do not hold the confirmed state: they never commit it and heal again
    (their source, a witness holding the same wrong state, leaves by rule 2).
-4. A group commits only when every group voted, no guard vetoed, a state is confirmed, every group holds it, and the
-   averaged gradients are the same on every group; else no group commits (a corruption vetoes the step for every
-   replica group), and the step is computed again without the leavers.
+4. A group commits only when every group voted, no guard vetoed or named its device, a state is confirmed, every
+   group holds it, and the averaged gradients are the same on every group; else no group commits (a corruption
+   vetoes the step for every replica group), and the step is computed again without the leavers.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def judge_groups(votes: Sequence[GroupVote]) -> GroupsVerdict:
     healed = [i for i, v in enumerate(votes) if v.voted and v.healed]
     refused = tuple(i for i in healed if state is None or (votes[i].step, votes[i].digest) != state)
     unresolved = state is None and len({(votes[i].step, votes[i].digest) for i in witnesses}) > 1
-    why = _why(votes, state, bool(strays or refused))
+    why = _why(votes, state, bool(strays or refused), bool(named))
     return GroupsVerdict(
         commit=not why,
         state=state,
@@ -108,12 +108,14 @@ def judge_groups(votes: Sequence[GroupVote]) -> GroupsVerdict:
     )
 
 
-def _why(votes: Sequence[GroupVote], state: State | None, stray: bool) -> str:
+def _why(votes: Sequence[GroupVote], state: State | None, stray: bool, named: bool) -> str:
     """Why no group commits (rule 4), or ""."""
     if not all(v.voted for v in votes):
         return "a group's vote did not arrive"
     if any(v.corrupt for v in votes):
         return "a guard found a corruption"
+    if named:
+        return "a guard named its own device sticky"
     if state is None:
         return "no state a strict majority of the groups holds"
     if stray:
