@@ -1,0 +1,136 @@
+"""The guard as torchft's verifier (:class:`~sdcguard.training.recovery.torchft.TorchFTEngine`).
+
+A heal's own check (no torchft needed): what arrives is written only when its bits have the source's fingerprints.
+
+Real jobs (torchft's manager and lighthouse, gloo on CPU, one process per replica group, each with its guard checking
+every matmul): a sticky fault on replica group 1 vetoes the step for all three groups, group 1 exits 86, a restarted
+group 1 heals from a verified source and the run finishes; a source whose memory went bad just before it served a heal
+leaves, and the healing group is refused and heals again from another source. In both, every group that finishes holds
+the weights and AdamW state of a fault-free three-group run bit for bit: each step commits on three groups from the
+same state, and a group's batch is a function of the step and its replica rank."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from sdcguard.testing.models import TinyTransformer
+from sdcguard.training.recovery.state import state_digest
+from sdcguard.training.recovery.torchft import TorchFTEngine
+from tests.training.recovery._torchft_jobs import Ended, Group, Traced, run_groups
+
+
+class _Manager:
+    """The manager calls a heal's check makes: none but registering the callbacks and the step."""
+
+    def register_state_dict_fn(self, key: str, load: Any, serve: Any) -> None:
+        self.load, self.serve = load, serve
+
+    def current_step(self) -> int:
+        return 3
+
+
+def _engine(seed: int) -> TorchFTEngine:
+    torch.manual_seed(seed)
+    model = TinyTransformer(d=8, heads=2, seq=4, layers=1, p=0.0)
+    return TorchFTEngine(_Manager(), model, torch.optim.AdamW(model.parameters()))
+
+
+def _digest(engine: TorchFTEngine) -> int:
+    from sdcguard.training.recovery.snapshot import snapshot_fingerprints
+
+    skeleton, tensors = engine.live.read()
+    return state_digest(snapshot_fingerprints(tensors), skeleton)
+
+
+def test_a_heal_is_written_only_when_what_arrived_has_the_sources_fingerprints() -> None:
+    source, receiver = _engine(0), _engine(1)
+    own = _digest(receiver)
+    sent = source.serve()
+    sent["tensors"][2].view(torch.int32).view(-1)[0] ^= 1 << 20  # one bit flipped on the way
+    receiver.heal(sent)
+    assert receiver.healed and receiver.refusal == "the bits that arrived do not have the source's fingerprints"
+    assert _digest(receiver) == own  # its own state kept: the step's vote refuses it
+    receiver.heal(source.serve())
+    assert receiver.refusal is None and _digest(receiver) == _digest(source)
+
+
+def test_a_heal_of_another_models_state_is_refused() -> None:
+    torch.manual_seed(0)
+    other = TinyTransformer(d=16, heads=2, seq=4, layers=1, p=0.0)
+    source = TorchFTEngine(_Manager(), other, torch.optim.AdamW(other.parameters()))
+    receiver = _engine(1)
+    receiver.heal(source.serve())
+    assert receiver.refusal is not None and "another model" in receiver.refusal
+
+
+@pytest.fixture(scope="module")
+def fault_free(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    pytest.importorskip("torchft", reason="torchft is in the test extra (pip install -e '.[test]'); its jobs need it")
+    ended = run_groups([Group(0), Group(1), Group(2)], tmp_path_factory.mktemp("fault-free"), timeout=150)
+    assert [e.exitcode for e in ended] == [0, 0, 0]
+    first = ended[0].result
+    assert first is not None and all(e.result is not None and _same(e.result, first) for e in ended)
+    return first
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return bool(a["weights"] == b["weights"] and a["optimizer"] == b["optimizer"])
+
+
+def _by_replica(ended: list[Ended]) -> Iterator[tuple[int, int | None, list[Traced]]]:
+    for e in ended:
+        yield e.replica, e.exitcode, [] if e.result is None else e.result["trace"]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_sticky_fault_vetoes_the_step_for_every_group_and_the_restarted_group_heals_from_a_verified_source(
+    tmp_path: Path, fault_free: dict[str, Any]
+) -> None:
+    spare = Group(1, join_after="left1")  # group 1 restarted once it left (a scheduler's replacement)
+    ended = run_groups([Group(0), Group(1, fault_from=2), Group(2), spare], tmp_path, timeout=150)
+    exits = {(e.replica, e.exitcode) for e in ended}
+    assert exits == {(0, 0), (1, 86), (2, 0), (1, 0)}, exits
+    for replica, code, trace in _by_replica(ended):
+        if code != 0:
+            continue
+        if replica in (0, 2):  # step 2 computed with the fault: vetoed on every group, group 1 named to leave
+            vetoed = next(t for t in trace if t.step == 2)
+            assert (vetoed.commit, vetoed.why, vetoed.leavers) == (False, "a guard found a corruption", (1,))
+        else:  # the restart: healed at its first quorum, and that step's vote let it commit
+            assert trace[0].step == 2 and trace[0].healed and trace[0].commit
+        assert [t.step for t in trace if t.commit] == ([0, 1, 2, 3, 4] if replica != 1 else [2, 3, 4])
+    for e in ended:
+        if e.exitcode == 0:
+            assert e.result is not None and _same(e.result, fault_free), e.replica
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_source_whose_memory_went_bad_is_refused_and_the_healing_group_heals_again_from_a_verified_one(
+    tmp_path: Path, fault_free: dict[str, Any]
+) -> None:
+    # Groups 0-2 train; group 3 joins at step 2. Whichever group serves the first heal flips a bit of a weight in
+    # its memory just before (torchft picks the source: the first group at the quorum's step, group 0 here).
+    wait = {2: "joined"}
+    groups = [Group(r, corrupt_source=True, wait_for=dict(wait)) for r in range(3)] + [Group(3, join_after="at2")]
+    groups[0] = Group(0, corrupt_source=True, wait_for=dict(wait), announce={2: "at2"})
+    ended = run_groups(groups, tmp_path, timeout=150)
+    exits = {e.replica: e.exitcode for e in ended}
+    assert exits == {0: 86, 1: 0, 2: 0, 3: 0}, exits
+    late = next(e for e in ended if e.replica == 3).result
+    assert late is not None
+    refused, healed = late["trace"][:2]
+    assert refused.step == 2 and refused.healed and not refused.commit and refused.replica_rank in refused.refused
+    assert 0 in refused.leavers  # the source that served it leaves by the same vote
+    assert healed.step == 2 and healed.healed and healed.commit  # from group 1: verified by that step's vote
+    for e in ended:
+        if e.exitcode == 0:
+            assert e.result is not None and _same(e.result, fault_free), e.replica
