@@ -80,13 +80,44 @@ class _CorruptingSource(TorchFTEngine):
         return super().serve()
 
 
-def _group(g: Group, lighthouse: str, folder: str, min_size: int) -> None:
+class _Drill:
+    """What a test does to one group besides training: the fault it injects, the files it waits for or writes
+    before a quorum, and what the group saw at each step."""
+
+    def __init__(self, g: Group, folder: str, manager: Any) -> None:
+        self.g, self.folder, self.manager = g, Path(folder), manager
+        self.wait_for = dict(g.wait_for)
+        self.trace: list[Traced] = []
+        self.fault = None
+        if g.fault_from is not None:
+            self.fault = OpFaultMode(Fault(pattern="bitflip", bit="exponent", timing="sticky", seed=3), ops="matmul")
+
+    def before_quorum(self) -> None:
+        upcoming = self.manager.current_step()
+        if upcoming in self.g.announce:
+            (self.folder / self.g.announce[upcoming]).touch()
+        if upcoming in self.wait_for:
+            _wait(self.folder / self.wait_for.pop(upcoming))
+            time.sleep(0.5)  # the late group's quorum request reaches the lighthouse first: it joins this quorum
+
+    def faults(self, step: int) -> contextlib.AbstractContextManager[Any]:
+        if self.fault is None or self.g.fault_from is None or step < self.g.fault_from:
+            return contextlib.nullcontext()
+        self.fault.step = step
+        return self.fault
+
+    def after_step(self, step: int, engine: TorchFTEngine, commit: bool) -> None:
+        v = engine.verdict
+        assert v is not None
+        self.trace.append(Traced(step, engine.replica_rank, engine.healed, commit, v.why, v.leavers, v.refused))
+        self.before_quorum()
+
+
+def _manager(g: Group, lighthouse: str, min_size: int) -> tuple[Any, Any]:
+    """The group's manager, and the group's store it reaches the others' through (keep it alive)."""
     from torchft import Manager
     from torchft.process_group import ProcessGroupGloo
 
-    torch.set_num_threads(1)
-    if g.join_after is not None:
-        _wait(Path(folder) / g.join_after)
     store = torch.distributed.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
     seconds = datetime.timedelta(seconds=30)
     manager = Manager(
@@ -106,48 +137,40 @@ def _group(g: Group, lighthouse: str, folder: str, min_size: int) -> None:
         quorum_timeout=datetime.timedelta(seconds=60),
         connect_timeout=seconds,
     )
+    return manager, store
+
+
+def _group(g: Group, lighthouse: str, folder: str, min_size: int) -> None:
+    torch.set_num_threads(1)
+    if g.join_after is not None:
+        _wait(Path(folder) / g.join_after)
+    manager, _store = _manager(g, lighthouse, min_size)
     model, opt = _model()
     engine = TorchFTEngine(manager, model, opt) if not g.corrupt_source else _CorruptingSource(manager, model, opt)
     if isinstance(engine, _CorruptingSource):
         engine.marker = Path(folder) / "corrupted"
     guard = SDCGuard(model, lm_loss, replay_every=0, checksum_every=1, weight_check_every=0, escalate="off", slow=None)
-    fault = None
-    if g.fault_from is not None:
-        fault = OpFaultMode(Fault(pattern="bitflip", bit="exponent", timing="sticky", seed=3), ops="matmul")
     if g.join_after is not None:
         (Path(folder) / "joined").touch()
-    trace = []
-    while True:
-        upcoming = manager.current_step()
-        if upcoming in g.announce:
-            (Path(folder) / g.announce[upcoming]).touch()
-        if upcoming in g.wait_for:
-            _wait(Path(folder) / g.wait_for.pop(upcoming))
-            time.sleep(0.5)  # the late group's quorum request reaches the lighthouse first: it joins this quorum
-        step = engine.start()
-        if step >= STEPS:
-            break
+    drill = _Drill(g, folder, manager)
+    drill.before_quorum()
+    while (step := engine.start()) < STEPS:
         if engine.healed:  # the heal wrote the weights outside the optimizer: the guard's memory check starts anew
             guard.after_optimizer_step()
-        faulty = fault is not None and g.fault_from is not None and step >= g.fault_from
-        if fault is not None:
-            fault.step = step
-        with fault if faulty and fault is not None else contextlib.nullcontext():
+        with drill.faults(step):
             report = guard.step(step, make_batch(step, engine.replica_rank, seq=SEQ))
         engine.average_gradients()
-        commit = engine.should_commit(report)
-        assert engine.verdict is not None
-        v = engine.verdict
-        trace.append(Traced(step, engine.replica_rank, engine.healed, commit, v.why, v.leavers, v.refused))
+        commit = engine.should_commit(report)  # every group's vote; a leaver exits here
         if commit:
             opt.step()
         opt.zero_grad(set_to_none=True)
         guard.after_optimizer_step()
+        drill.after_step(step, engine, commit)
     state = opt.state_dict()["state"]
     result = {
         "weights": [p.detach().numpy().tobytes() for p in model.parameters()],
         "optimizer": {k: {n: t.numpy().tobytes() for n, t in v.items()} for k, v in state.items()},
-        "trace": trace,
+        "trace": drill.trace,
     }
     (Path(folder) / f"group{g.replica}-{os.getpid()}.pkl").write_bytes(pickle.dumps(result))
     manager.shutdown(wait=False)
