@@ -37,6 +37,8 @@ class Group:
     replica: int
     fault_from: int | None = None
     corrupt_source: bool = False
+    guarded: bool = True
+    """False: no guard, only the groups' vote checks the state (a plain forward and backward)."""
     join_after: str | None = None
     """A file this group waits for before it joins the job (a group that joins late); it writes ``joined`` once its
     manager runs, just before its first quorum."""
@@ -62,6 +64,19 @@ def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = TinyTransformer(d=8, heads=2, seq=SEQ, layers=1, p=0.0)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+class _Unguarded:
+    """A group without a guard: the step's forward and backward, nothing checked but what the groups' vote sees."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def step(self, step: int, batch: Any) -> None:
+        lm_loss(self.model, batch).backward()
+
+    def after_optimizer_step(self) -> list[Any]:
+        return []
 
 
 class _CorruptingSource(TorchFTEngine):
@@ -149,7 +164,11 @@ def _group(g: Group, lighthouse: str, folder: str, min_size: int) -> None:
     engine = TorchFTEngine(manager, model, opt) if not g.corrupt_source else _CorruptingSource(manager, model, opt)
     if isinstance(engine, _CorruptingSource):
         engine.marker = Path(folder) / "corrupted"
-    guard = SDCGuard(model, lm_loss, replay_every=0, checksum_every=1, weight_check_every=0, escalate="off", slow=None)
+    guard: Any = _Unguarded(model)
+    if g.guarded:
+        guard = SDCGuard(
+            model, lm_loss, replay_every=0, checksum_every=1, weight_check_every=0, escalate="off", slow=None
+        )
     if g.join_after is not None:
         (Path(folder) / "joined").touch()
     drill = _Drill(g, folder, manager)
