@@ -8,15 +8,18 @@ holds (their digests), and whether that state arrived by a heal at this step's q
 
 Rules, in order:
 
-1. The *witnesses* are the groups that voted and did not heal at this step: a healed group holds what its source
-   sent, so it is no independent witness of the state. The *confirmed* state is the newest ``(step, digest)`` held
-   by a strict majority of the witnesses (:func:`~.vote.confirmed`), the rule of every vote of a recovery.
+1. The *witnesses* are the groups that voted, did not heal at this step and are at the newest step of the votes: a
+   healed group holds what its source sent, so it is no independent witness of the state, and a group behind is
+   catching up (a heal torchft asked for did not arrive; its next quorum asks again). The *confirmed* state is the
+   newest ``(step, digest)`` held by a strict majority of the witnesses (:func:`~.vote.confirmed`), the rule of
+   every vote of a recovery.
 2. The *leavers* are the groups whose guard named their own device sticky, and the witnesses that hold another
    state than the confirmed one (their state changed outside a committed step: memory, or a bad optimizer step).
    With no confirmed state the witnesses cannot be told apart: nobody leaves by this rule, and when witnesses
    disagree the verdict is ``unresolved`` (every group exits by the contract, as an unresolved recovery does).
-3. The *refused* are the healed groups that do not hold the confirmed state: they never commit it and heal again
-   (their source, a witness holding the same wrong state, leaves by rule 2).
+3. The *refused* are the healed groups that do not hold the confirmed state, and the groups behind: they never
+   commit what they hold and heal again (a bad heal's source, a witness holding the same wrong state, leaves by
+   rule 2).
 4. A group commits only when every group voted, no guard vetoed or named its device, a state is confirmed, every
    group holds it, and the averaged gradients are the same on every group; else no group commits (a corruption
    vetoes the step for every replica group), and the step is computed again without the leavers.
@@ -90,12 +93,13 @@ class GroupsVerdict:
 
 def judge_groups(votes: Sequence[GroupVote]) -> GroupsVerdict:
     """The verdict of a step from every group's vote, in replica-rank order (the module docstring's rules)."""
-    witnesses = [i for i, v in enumerate(votes) if v.voted and not v.healed]
+    newest = max((v.step for v in votes if v.voted), default=0)
+    witnesses = [i for i, v in enumerate(votes) if v.voted and not v.healed and v.step == newest]
     state = confirmed([(votes[i].step, votes[i].digest) for i in witnesses], voters=len(witnesses))
     named = {i for i, v in enumerate(votes) if v.voted and v.named}
     strays = set() if state is None else {i for i in witnesses if (votes[i].step, votes[i].digest) != state}
-    healed = [i for i, v in enumerate(votes) if v.voted and v.healed]
-    refused = tuple(i for i in healed if state is None or (votes[i].step, votes[i].digest) != state)
+    healed_or_behind = [i for i, v in enumerate(votes) if v.voted and (v.healed or v.step < newest)]
+    refused = tuple(i for i in healed_or_behind if state is None or (votes[i].step, votes[i].digest) != state)
     unresolved = state is None and len({(votes[i].step, votes[i].digest) for i in witnesses}) > 1
     why = _why(votes, state, bool(strays or refused), bool(named))
     return GroupsVerdict(

@@ -42,13 +42,15 @@ def test_the_rules_hold_for_any_votes(vs: list[GroupVote]) -> None:
         assert all(v.voted and not v.corrupt and not v.named for v in vs) and verdict.state is not None
         assert all(h == verdict.state for h in held) and not verdict.leavers and not verdict.refused
         assert len({v.gradients for v in vs}) == 1
+    newest = max((v.step for v in vs if v.voted), default=0)
     for i, v in enumerate(vs):
+        witness = v.voted and not v.healed and v.step == newest
         if i in verdict.leavers:  # rule 2: named by its guard, or a witness with another state than the confirmed
-            assert v.voted and (v.named or (not v.healed and verdict.state is not None and held[i] != verdict.state))
-        if i in verdict.refused:  # rule 3: only a healed group, and only for a state the witnesses do not confirm
-            assert v.voted and v.healed and held[i] != verdict.state
-    if verdict.state is not None:  # rule 1: a strict majority of the witnesses holds it; healed groups do not count
-        witnesses = [held[i] for i, v in enumerate(vs) if v.voted and not v.healed]
+            assert v.voted and (v.named or (witness and verdict.state is not None and held[i] != verdict.state))
+        if i in verdict.refused:  # rule 3: a healed group or one behind, for a state the witnesses do not confirm
+            assert v.voted and not witness and held[i] != verdict.state
+    if verdict.state is not None:  # rule 1: a strict majority of the witnesses holds it; the others do not count
+        witnesses = [held[i] for i, v in enumerate(vs) if v.voted and not v.healed and v.step == newest]
         assert 2 * witnesses.count(verdict.state) > len(witnesses)
     assert not (verdict.unresolved and verdict.state is not None)
 
@@ -79,6 +81,12 @@ def test_a_healed_group_holding_the_confirmed_state_commits_with_the_others() ->
 def test_two_witnesses_that_disagree_cannot_be_told_apart() -> None:
     verdict = judge_groups([_vote(), _vote(BAD), _vote(GOOD, healed=True)])
     assert verdict.unresolved and verdict.state is None and verdict.leavers == () and verdict.refused == (2,)
+
+
+def test_a_group_whose_heal_did_not_arrive_is_behind_and_heals_again_instead_of_leaving() -> None:
+    behind = GroupVote(corrupt=False, named=False, healed=False, step=1, digest=BAD, gradients=3)
+    verdict = judge_groups([_vote(), behind, _vote()])
+    assert verdict.state == (4, GOOD) and verdict.leavers == () and verdict.refused == (1,) and not verdict.commit
 
 
 def test_a_vote_that_did_not_arrive_vetoes_the_step() -> None:
