@@ -1,6 +1,7 @@
 """The guard as torchft's verifier (:class:`~sdcguard.training.recovery.torchft.TorchFTEngine`).
 
-A heal's own check (no torchft needed): what arrives is written only when its bits have the source's fingerprints.
+Without torchft (a stand-in manager): a heal is written only when its bits have the source's fingerprints; the step's
+verdict becomes the group's action (a veto reported to its manager, a leaver's exit 86, a refused heal asked again).
 
 Real jobs (torchft's manager and lighthouse, gloo on CPU, one process per replica group, each with its guard checking
 every matmul): a sticky fault on replica group 1 vetoes the step for all three groups, group 1 exits 86, a restarted
@@ -19,13 +20,24 @@ import pytest
 import torch
 
 from sdcguard.testing.models import TinyTransformer
+from sdcguard.training.recovery.groups import GroupVote
 from sdcguard.training.recovery.state import state_digest
-from sdcguard.training.recovery.torchft import TorchFTEngine
+from sdcguard.training.recovery.torchft import StepVetoed, TorchFTEngine
 from tests.training.recovery._torchft_jobs import Ended, Group, Traced, run_groups
 
 
+class _Work:
+    def wait(self) -> None:
+        pass
+
+
 class _Manager:
-    """The manager calls a heal's check makes: none but registering the callbacks and the step."""
+    """A stand-in for torchft's manager on one group, whose all-reduce adds the other groups' votes (``others``)."""
+
+    def __init__(self, others: list[list[int]] | None = None, index: int = 0) -> None:
+        self.others, self.index = others or [], index
+        self.errors: list[Exception] = []
+        self.loaded: list[dict[str, int]] = []
 
     def register_state_dict_fn(self, key: str, load: Any, serve: Any) -> None:
         self.load, self.serve = load, serve
@@ -33,11 +45,75 @@ class _Manager:
     def current_step(self) -> int:
         return 3
 
+    def allreduce(self, tensor: torch.Tensor, should_quantize: bool = False, reduce_op: Any = None) -> _Work:
+        if tensor.dtype == torch.int64:  # the votes' table: the other groups fill their rows
+            rows = [i for i in range(tensor.shape[0]) if i != self.index]
+            for row, vote in zip(rows, self.others):
+                tensor[row] += torch.tensor(vote)
+        return _Work()
 
-def _engine(seed: int) -> TorchFTEngine:
+    def participating_rank(self) -> int:
+        return self.index
+
+    def num_participants(self) -> int:
+        return len(self.others) + 1
+
+    def batches_committed(self) -> int:
+        return 0
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.loaded.append(state)
+
+    def report_error(self, e: Exception) -> None:
+        self.errors.append(e)
+
+    def should_commit(self) -> bool:
+        return not self.errors
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
+
+
+def _engine(seed: int, manager: _Manager | None = None) -> TorchFTEngine:
     torch.manual_seed(seed)
     model = TinyTransformer(d=8, heads=2, seq=4, layers=1, p=0.0)
-    return TorchFTEngine(_Manager(), model, torch.optim.AdamW(model.parameters()))
+    return TorchFTEngine(manager or _Manager(), model, torch.optim.AdamW(model.parameters()))
+
+
+def _voting(others: list[dict[str, Any]], *, healed: bool = False) -> tuple[TorchFTEngine, _Manager]:
+    """An engine whose manager holds the other groups' votes: each the same as this group's, changed by ``others``."""
+    manager = _Manager()
+    engine = _engine(0, manager)
+    engine.average_gradients()
+    mine = engine.vote(None)
+    manager.others = [GroupVote(**{**mine.__dict__, **changes}).row() for changes in others]
+    engine.healed = healed
+    return engine, manager
+
+
+def test_a_step_the_groups_agree_on_commits() -> None:
+    engine, manager = _voting([{}, {}])
+    assert engine.should_commit(None) and not manager.errors and engine.verdict is not None and engine.verdict.commit
+
+
+def test_a_corruption_another_group_found_vetoes_this_groups_step_through_its_manager() -> None:
+    engine, manager = _voting([{"corrupt": True, "named": True}, {}])
+    assert not engine.should_commit(None)
+    assert [type(e) for e in manager.errors] == [StepVetoed] and "a guard found a corruption" in str(manager.errors[0])
+    assert engine.verdict is not None and engine.verdict.leavers == (1,)
+
+
+def test_a_group_whose_state_the_others_do_not_hold_leaves_by_the_contract() -> None:
+    engine, _ = _voting([{"digest": 5}, {"digest": 5}])
+    with pytest.raises(SystemExit) as left:
+        engine.should_commit(None)
+    assert left.value.code == 86
+
+
+def test_a_healed_state_the_others_do_not_hold_is_refused_and_asked_for_again() -> None:
+    engine, manager = _voting([{"digest": 5}, {"digest": 5}, {"digest": 5}], healed=True)
+    assert not engine.should_commit(None)
+    assert manager.loaded == [{"step": 0, "batches_committed": 0}]  # behind: torchft heals it at the next quorum
 
 
 def _digest(engine: TorchFTEngine) -> int:
