@@ -123,7 +123,8 @@ class TorchFTEngine:
         return self.manager.current_step()
 
     def average_gradients(self) -> None:
-        """Average the gradients across the groups (a parameter without one contributes zeros, on every group)."""
+        """Average the gradients across the groups. A parameter without a gradient gets zeros (every group must
+        all-reduce the same tensors), which an optimizer then applies as any gradient (AdamW's moments decay)."""
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
