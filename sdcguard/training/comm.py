@@ -9,13 +9,17 @@ Two rules hold for everything here, because a guard must never hang a job:
   the buffers live. Nothing else in sdcguard picks a communication device.
 
 Objects (captures, digests) travel pickled in a ``uint8`` tensor preceded by its length.
+
+Replica groups that meet only through an all-reduce (torchft's manager, :class:`Allreducer`) exchange through
+:func:`gather_rows_by_sum` and :func:`average_`; the same two rules hold there (every group of the quorum calls them
+in the same order, sized by the quorum every group knows).
 """
 
 from __future__ import annotations
 
 import pickle
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -31,6 +35,9 @@ __all__ = [
     "send_tensor",
     "irecv_tensor",
     "STOP",
+    "Allreducer",
+    "gather_rows_by_sum",
+    "average_",
 ]
 
 STOP = -1
@@ -247,3 +254,30 @@ def irecv_tensor(tensor: torch.Tensor, src: int) -> Any:
     """Post a non-blocking receive into ``tensor`` (on the communication device) from global rank ``src``; the
     returned work completes when it has arrived."""
     return dist.irecv(tensor, src=src)
+
+
+class Allreducer(Protocol):
+    """What the exchanges between replica groups need of torchft's ``Manager``: its fault-tolerant all-reduce over
+    the groups of the step's quorum (an error is reported to the manager, not raised, and the tensor is left as it
+    was)."""
+
+    def allreduce(self, tensor: torch.Tensor, should_quantize: bool = ..., reduce_op: Any = ...) -> Any: ...
+
+
+def gather_rows_by_sum(manager: Allreducer, row: Sequence[int], index: int, size: int) -> list[list[int]]:
+    """Every group's ``row`` of int64 values, in replica-rank order, through one all-reduce: a ``(size, len(row))``
+    table in which each group fills its own row (``index``) and leaves zeros elsewhere is summed, and a value plus
+    zeros is exact. A row that did not arrive (that group's all-reduce failed) reads as zeros."""
+    table = torch.zeros((size, len(row)), dtype=torch.int64)
+    table[index] = torch.tensor(list(row), dtype=torch.int64)
+    manager.allreduce(table, reduce_op=dist.ReduceOp.SUM).wait()
+    rows: list[list[int]] = table.tolist()
+    return rows
+
+
+def average_(manager: Allreducer, tensors: Sequence[torch.Tensor]) -> None:
+    """Average ``tensors`` (gradients) in place across the groups, one all-reduce each, all posted before any is
+    waited for (torchft's ``AVG``: a sum, then a division by the number of participants)."""
+    works = [manager.allreduce(t, reduce_op=dist.ReduceOp.AVG) for t in tensors]
+    for work in works:
+        work.wait()

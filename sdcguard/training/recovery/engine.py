@@ -1,6 +1,8 @@
 """The engine that re-forms a job after a recovery decision, behind one small interface, so another engine
 (torchft's replica groups, NCCL's ``shrink_group`` on a GPU) is one more implementation, never a branch in the
 guard: :class:`RecoveryEngine`. :class:`TorchEngine` is plain ``torch.distributed`` (gloo on CPUs, NCCL on GPUs).
+torchft's replica groups have the same verbs at the points torchft gives them (a per-step quorum, heal callbacks),
+not this interface's job-wide calls: :class:`~.torchft.TorchFTEngine`, which says why.
 
 - ``exclude``: a new data-parallel group without the leavers and with the promoted spares, in data-rank order
   (every rank of the job calls it: :meth:`~sdcguard.training.comm.Comm.reform`).
