@@ -208,7 +208,7 @@ class Outcomes:
     def escalating(self, found: list[Incident]) -> list[Incident]:
         """The incidents among ``found`` that escalate: a device named sticky, or an unresolved verdict naming a
         rank an earlier unresolved verdict named (the first one is remembered here)."""
-        out = [i for i in found if i.kind in ("replay", "calibration", "checksum", "memory") and i.sticky]
+        out = [i for i in found if i.kind in ("replay", "calibration", "checksum", "memory", "reduction") and i.sticky]
         for i in found:
             if i.kind == "unresolved":
                 if self.unresolved & set(i.suspect_ranks):
@@ -223,11 +223,11 @@ class Outcomes:
             earliest = min(v.earliest_touched(r, incident.step) for r in incident.suspect_ranks)
         elif incident.kind == "weight_replica":
             earliest = 0 if v.weights_clean is None else v.weights_clean + 1
-        elif incident.kind in ("gradient_replica", "memory"):  # agreed before; or the shards as the last step wrote
+        elif incident.kind in ("gradient_replica", "memory", "reduction"):  # checked on every step before it
             earliest = incident.step
         else:
             return incident
-        if not (incident.kind == "gradient_replica" and vetoed):
+        if not (incident.kind in ("gradient_replica", "reduction") and vetoed):
             v.taint(earliest)
         note = v.rollback(earliest)
         last = v.last_verified_step  # below the taint: a state from before the fault
