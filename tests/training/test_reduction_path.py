@@ -44,11 +44,17 @@ def _corrupting_hook(box: dict[str, int]) -> Any:
     return hook
 
 
-def _fault_job(rank: int, world: int) -> dict[str, Any]:
+def _fault_job(rank: int, world: int, wrapped: bool) -> dict[str, Any]:
     torch.manual_seed(0)
     model = TinyTransformer(d=8, heads=2, seq=SEQ, layers=1)
-    guard = SDCGuard(
-        DDP(model), lm_loss, replay_every=0, weight_check_every=1, escalate="off", checksum_every=0, slow=None
+    guard = SDCGuard(  # a plain module: guard.step wraps it in DDP, and watches that wrapper
+        DDP(model) if wrapped else model,
+        lm_loss,
+        replay_every=0,
+        weight_check_every=1,
+        escalate="off",
+        checksum_every=0,
+        slow=None,
     )
     box = {"step": -1}
     target = next(p for p in model.parameters() if p.dim() == 2)
@@ -90,13 +96,13 @@ def _expect_named(results: list[dict[str, Any]]) -> None:
 
 @pytest.mark.timeout(120)
 def test_noise_and_drop_after_the_guards_hook_are_vetoed_and_name_the_rank_with_two_ranks() -> None:
-    _expect_named(run_ranks(_fault_job, 2, timeout=100))
+    _expect_named(run_ranks(_fault_job, 2, False, timeout=100))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_noise_and_drop_after_the_guards_hook_are_vetoed_and_name_the_rank_with_three_ranks() -> None:
-    _expect_named(run_ranks(_fault_job, 3, timeout=100))
+    _expect_named(run_ranks(_fault_job, 3, True, timeout=100))
 
 
 def _clean_job(rank: int, world: int, guarded: bool) -> dict[str, Any]:
