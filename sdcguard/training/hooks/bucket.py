@@ -82,6 +82,7 @@ class ReductionWatch:
         """Put the guard's comm hook on ``ddp`` (the model the loop trains now; once per wrapper) and watch it."""
         if ddp is self._ddp:
             return True
+        self._seen = [False] * len(self.params)  # nothing expected of another wrapper's backward (a recovery's warm-up)
         self.refused = unwatchable(ddp)
         if self.refused is not None:
             self._ddp = None
@@ -114,6 +115,13 @@ class ReductionWatch:
         tensor hook expected (on the device, no sync)."""
         if ddp is not self._ddp or not self.enabled:
             return
+        try:
+            self._compare(bucket)
+        finally:
+            if bucket.is_last():  # the backward's every bucket was handed over: nothing more is expected of it
+                self._seen = [False] * len(self.params)
+
+    def _compare(self, bucket: dist.GradBucket) -> None:
         picked = [
             (i, view)
             for p, view in zip(bucket.parameters(), bucket.gradients())
