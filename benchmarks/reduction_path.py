@@ -3,8 +3,11 @@ the tensor hooks' fingerprint of what DDP should reduce and the comm hook's fing
 of a DDP training step, 2 gloo ranks on CPU.
 
     python benchmarks/reduction_path.py [--d 256] [--layers 6] [--batch 8] [--seq 256] [--rounds 10] [--threads 1]
+                                        [--mlp WIDTH]
 
-The ~9M-parameter transformer language model of ``benchmarks/memory_check.py`` trains with AdamW under DDP and
+The ~9M-parameter transformer language model of ``benchmarks/memory_check.py`` (or, with ``--mlp``, ``--layers``
+x Linear(WIDTH) with GELU on a batch of ``--batch`` rows: the gradient-heavy, communication-bound case of
+``benchmarks/replay_overhead.py --comm``) trains with AdamW under DDP and
 ``SDCGuard(replay_every=0, checksum_every=0)``. Each round runs two steps back to back, one with the check on and one
 with it off (``guard.taps.reduction.enabled``), so machine load hits both alike, and times on rank 0 the work the
 check itself does inside the backward (its two public calls, ``ReductionWatch.expect`` and ``compare``, timed by
@@ -47,12 +50,20 @@ def _rank(rank: int, world: int, cfg: dict[str, int]) -> dict[str, Any]:
     from sdcguard import SDCGuard
 
     torch.set_num_threads(cfg["threads"])
-    model = _model(cfg["vocab"], cfg["d"], cfg["layers"], cfg["seq"])
+    width = cfg["mlp"]
+    if width:
+        torch.manual_seed(0)
+        layers = [m for _ in range(cfg["layers"]) for m in (torch.nn.Linear(width, width), torch.nn.GELU())]
+        model: torch.nn.Module = torch.nn.Sequential(*layers)
+    else:
+        model = _model(cfg["vocab"], cfg["d"], cfg["layers"], cfg["seq"])
     ddp = DDP(model)
 
-    def loss_fn(m: Any, tokens: Any) -> Any:
-        logits = m(tokens[:, :-1])
-        return F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    def loss_fn(m: Any, batch: Any) -> Any:
+        if width:
+            return m(batch).square().mean()
+        logits = m(batch[:, :-1])
+        return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
 
     guard = SDCGuard(ddp, loss_fn, replay_every=0, checksum_every=0, slow=None, weight_check_every=0)
     watch = guard.taps.reduction  # type: ignore[union-attr]  # a DDP model's taps: ParamTaps
@@ -66,7 +77,10 @@ def _rank(rank: int, world: int, cfg: dict[str, int]) -> dict[str, Any]:
         for on in (True, False) if r % 2 else (False, True):
             watch.enabled = on
             inside[0] = 0.0
-            tokens = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=gen)
+            if width:
+                tokens = torch.randn(cfg["batch"], width, generator=gen)
+            else:
+                tokens = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=gen)
             t0 = time.perf_counter()
             report = guard.step(r, tokens)
             opt.step()
@@ -97,11 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--mlp", type=int, default=0, help="WIDTH: an MLP of --layers x Linear(WIDTH) instead")
     cfg = vars(ap.parse_args(argv))
     out = run_ranks(_rank, 2, cfg, timeout=3600)[0]
+    shape = (
+        f"{cfg['layers']} x Linear({cfg['mlp']}), batch {cfg['batch']}"
+        if cfg["mlp"]
+        else (f"transformer, batch {cfg['batch']} x seq {cfg['seq']}")
+    )
     print(
-        f"model: {out['params'] / 1e6:.1f}M parameters (fp32), DDP over 2 gloo ranks, batch {cfg['batch']} x seq "
-        f"{cfg['seq']}, {cfg['threads']} thread(s) per rank, median of {cfg['rounds']} rounds (rank 0)"
+        f"model: {out['params'] / 1e6:.1f}M parameters (fp32, {shape}), DDP over 2 gloo ranks, {cfg['threads']} "
+        f"thread(s) per rank, median of {cfg['rounds']} rounds (rank 0)"
     )
     print(f"training step (guard.step, AdamW, after_optimizer_step), path check off: {out['off'] * 1e3:.1f} ms")
     print(f"the path check's own work: {out['inside'] * 1e3:.2f} ms = {out['inside'] / out['off']:.2%} of a step")
