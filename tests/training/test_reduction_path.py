@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from sdcguard import SDCGuard
@@ -57,6 +59,14 @@ def _fault_job(rank: int, world: int, wrapped: bool) -> dict[str, Any]:
         slow=None,
     )
     box = {"step": -1}
+    calls = {"n": 0}
+    if wrapped:  # a comm hook of the user's own, registered after the guard: still called, the path still checked
+
+        def user_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+            calls["n"] += 1
+            return allreduce_hook(state, bucket)
+
+        guard.model.register_comm_hook(None, user_hook)
     target = next(p for p in model.parameters() if p.dim() == 2)
     if rank == FAULTY:  # after the guard's own tensor hook, as lm-resiliency's injector registers it
         target.register_hook(_corrupting_hook(box))
@@ -78,10 +88,11 @@ def _fault_job(rank: int, world: int, wrapped: bool) -> dict[str, Any]:
             }
         )
     guard.close()
-    return {"seen": seen}
+    return {"seen": seen, "user_hook_calls": calls["n"]}
 
 
-def _expect_named(results: list[dict[str, Any]]) -> None:
+def _expect_named(results: list[dict[str, Any]], wrapped: bool) -> None:
+    assert all((r["user_hook_calls"] > 0) is wrapped for r in results)
     seen = results[0]["seen"]
     assert all(r["seen"] == seen for r in results), "every rank decided alike"
     for step, e in enumerate(seen):
@@ -96,13 +107,13 @@ def _expect_named(results: list[dict[str, Any]]) -> None:
 
 @pytest.mark.timeout(120)
 def test_noise_and_drop_after_the_guards_hook_are_vetoed_and_name_the_rank_with_two_ranks() -> None:
-    _expect_named(run_ranks(_fault_job, 2, False, timeout=100))
+    _expect_named(run_ranks(_fault_job, 2, False, timeout=100), False)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_noise_and_drop_after_the_guards_hook_are_vetoed_and_name_the_rank_with_three_ranks() -> None:
-    _expect_named(run_ranks(_fault_job, 3, True, timeout=100))
+    _expect_named(run_ranks(_fault_job, 3, True, timeout=100), True)
 
 
 def _clean_job(rank: int, world: int, guarded: bool) -> dict[str, Any]:

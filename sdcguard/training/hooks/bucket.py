@@ -20,10 +20,15 @@ the last one adds to). Hooks registered on a parameter before the guard run befo
 and the replay all see what they made; a hook registered after the guard that changes the gradient is what this
 check detects (register a hook that changes gradients before constructing the guard).
 
-Not watched, and said once at construction: a DDP model with a comm hook of its own (DDP takes one), a module with
-sparse gradients, DDP's Python reducer (compiled autograd). The cost per step: one fingerprint pass over the
-gradients in the tensor hooks (and an addition where ``.grad`` already holds a value), one over the buckets in the
-comm hook, on the device without a sync, and three integers in the step's gather.
+A comm hook of the user's own keeps working: one registered after the guard (``ddp.register_comm_hook``, which the
+guard takes over on that wrapper) is called by the guard's hook right after the comparison, in place of DDP's
+reduction, so the path is still checked; one registered before it holds DDP's one place, and the wrapper is not
+watched. Not watched either, and said once at construction: a module with sparse gradients, DDP's Python reducer
+(compiled autograd); a built-in comm hook cannot be registered after the guard.
+
+The cost per step: one fingerprint pass over the gradients in the tensor hooks (and an addition where ``.grad``
+already holds a value), one over the buckets in the comm hook, on the device without a sync, and three integers in
+the step's gather.
 """
 
 from __future__ import annotations
@@ -83,6 +88,10 @@ class ReductionWatch:
         if ddp is self._ddp:
             return True
         self._seen = [False] * len(self.params)  # nothing expected of another wrapper's backward (a recovery's warm-up)
+        earlier = [h for h, _ in getattr(ddp, "_comm_hooks", ()) if isinstance(h, _BucketHook)]
+        if earlier:  # an earlier guard's hook holds the place (a guard built again on the same wrapper): this one's
+            earlier[0].watch, self._ddp, self.refused = self, ddp, None
+            return True
         self.refused = unwatchable(ddp)
         if self.refused is not None:
             self._ddp = None
@@ -90,6 +99,8 @@ class ReductionWatch:
         hook = _BucketHook(self, ddp)
         try:
             ddp.register_comm_hook(ddp.process_group, hook)
+            # a comm hook the user registers from now on is called by the guard's, after the comparison
+            ddp.register_comm_hook = hook.register  # type: ignore[method-assign]  # that wrapper's one place
         except RuntimeError:  # a built-in comm hook (register_builtin_comm_hook) holds DDP's one place
             hooks = getattr(ddp, "_comm_hooks", [])
             if hooks and hooks[-1][0] is hook:
@@ -154,10 +165,25 @@ class _BucketHook:
     def __init__(self, watch: ReductionWatch, ddp: DistributedDataParallel) -> None:
         self.watch = watch
         self.ddp = ddp
+        self.inner: tuple[Any, Any] | None = None
+        """The user's comm hook registered after the guard's, and its state."""
         self.__name__ = self.__qualname__ = "sdcguard_reduction_check"  # DDP names its hook by these
+
+    def register(self, state: object, hook: Any) -> None:
+        """``ddp.register_comm_hook`` once the guard's hook holds DDP's one place: ``hook`` reduces in DDP's stead,
+        called with ``state`` and each bucket after the comparison; once, as DDP allows."""
+        if self.inner is not None:
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
+        if not callable(hook):
+            raise TypeError("Communication hook must be callable.")
+        self.inner = (hook, state)
 
     def __call__(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         self.watch.compare(self.ddp, bucket)
+        if self.inner is not None:
+            hook, its_state = self.inner
+            future: torch.futures.Future[torch.Tensor] = hook(its_state, bucket)
+            return future
         return average_bucket(bucket.buffer(), state)
 
 
