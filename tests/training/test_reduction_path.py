@@ -1,11 +1,13 @@
 """The gradient's path into DDP's reduction (issue 47, :mod:`sdcguard.training.hooks.bucket`), over gloo in real
 processes: a gradient changed by a ``param.register_hook`` registered after the guard's (lm-resiliency's gradient
 noise and gradient drop: the guard's tap sees the clean gradient, DDP all-reduces the changed one, every replica
-agrees) is vetoed on every rank at its step and names the changing rank alone (``reduction``), one-off and sticky,
-with 2 ranks (no vote is needed: the rank sees the change itself) and 3; a clean run, with a user's hook registered
-before the guard, gradient accumulation and a group of 3 (whose average DDP computes with the reciprocal), trains bit
-for bit as plain DDP with no incident. Under FSDP2 such a hook on a parameter never runs: FSDP2 hands the sharded
-parameter its gradient directly, not through autograd, so the fault changes nothing (shown here too)."""
+agrees) is vetoed on every rank at its step and names the changing rank alone (``reduction``), one-off (in a step of
+one micro-batch, and in the first of two accumulated under ``no_sync``) and sticky, with 2 ranks (no vote is needed:
+the rank sees the change itself) and 3 (with a comm hook of the user's own registered after the guard); a clean run,
+with a user's hook registered before the guard, gradient accumulation, in-place zeroing and a group of 3 (whose
+average DDP computes with the reciprocal), trains bit for bit as plain DDP with no incident. Under FSDP2 such a hook
+on a parameter never runs: FSDP2 hands the sharded parameter its gradient directly, not through autograd, so the
+fault changes nothing (shown here too)."""
 
 from __future__ import annotations
 
@@ -26,16 +28,18 @@ from sdcguard.testing.models import TinyTransformer, lm_loss, make_batch
 pytestmark = pytest.mark.distributed
 
 SEQ = 4
-STEPS = 6
+STEPS = 8
 FAULTY = 1
 NOISE_AT = 1  # one-off: one element of the gradient plus 1e-3
-DROP_FROM = 3  # sticky: the gradient zeroed from this step on
+ACCUMULATED_AT = 3  # one-off, in the first of two micro-batches (under no_sync: DDP reduces only their sum)
+DROP_FROM = 5  # sticky: the gradient zeroed from this step on
 
 
 def _corrupting_hook(box: dict[str, int]) -> Any:
     def hook(grad: torch.Tensor) -> torch.Tensor | None:
         step = box["step"]
-        if step == NOISE_AT:
+        box["calls"] += 1
+        if step == NOISE_AT or (step == ACCUMULATED_AT and box["calls"] == 1):
             out = grad.clone()
             out.view(-1)[0] += 1e-3
             return out
@@ -58,7 +62,7 @@ def _fault_job(rank: int, world: int, wrapped: bool) -> dict[str, Any]:
         checksum_every=0,
         slow=None,
     )
-    box = {"step": -1}
+    box = {"step": -1, "calls": 0}
     calls = {"n": 0}
     if wrapped:  # a comm hook of the user's own, registered after the guard: still called, the path still checked
 
@@ -73,8 +77,9 @@ def _fault_job(rank: int, world: int, wrapped: bool) -> dict[str, Any]:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     seen = []
     for step in range(STEPS):
-        box["step"] = step
-        report = guard.step(step, make_batch(step, rank, seq=SEQ))
+        box["step"], box["calls"] = step, 0
+        mbs = [make_batch(step, rank * 2 + i, seq=SEQ) for i in range(2 if step == ACCUMULATED_AT else 1)]
+        report = guard.step(step, micro_batches=mbs)
         if report.commit:
             opt.step()
         opt.zero_grad(set_to_none=True)
@@ -98,7 +103,7 @@ def _expect_named(results: list[dict[str, Any]], wrapped: bool) -> None:
     for step, e in enumerate(seen):
         assert "reduction" in e["checks"], e
         assert e["weights"] == [], e  # every replica reduced the same changed gradient: nothing to compare
-        if step == NOISE_AT or step >= DROP_FROM:
+        if step in (NOISE_AT, ACCUMULATED_AT) or step >= DROP_FROM:
             sticky = step > DROP_FROM  # named at the check before too: the change reproduced
             assert not e["commit"] and e["incidents"] == [("reduction", step, (FAULTY,), sticky)], (step, e)
         else:

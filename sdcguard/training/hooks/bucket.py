@@ -13,12 +13,16 @@ bucket before the all-reduce. A parameter whose two fingerprints differ was chan
 on this rank: it is named alone, with no vote (:func:`~..verdicts.local.reduction_incidents`). The comm hook then
 reduces the bucket as DDP does without one (:func:`~..comm.average_bucket`), so training is bit for bit plain DDP's.
 
-Compared: only the parameters whose gradient the tensor hook saw in the backward that synchronised (a parameter
-unused in it, whose bucket view DDP fills with zeros or an old ``.grad``, is not); under ``no_sync`` accumulation
-only the last micro-batch's path (the earlier micro-batches' later hooks and accumulations are inside the ``.grad``
-the last one adds to). Hooks registered on a parameter before the guard run before its tap, so the tap, the bucket
-and the replay all see what they made; a hook registered after the guard that changes the gradient is what this
-check detects (register a hook that changes gradients before constructing the guard).
+Under ``no_sync`` accumulation DDP reduces only the sum of the micro-batches, so each earlier micro-batch's path is
+checked where the next one's tensor hook reads ``.grad`` (before adding to it): it must be what the hook expected
+once its own gradient was added, so a change made to a gradient of any micro-batch is seen, at a cost of one more
+read of ``.grad`` per parameter and micro-batch. Compared: only the parameters whose gradient the tensor hook saw (a
+parameter unused in the synchronising backward, whose bucket view DDP fills with zeros or an old ``.grad``, is not;
+nor one that no later micro-batch reaches after a ``no_sync`` one).
+
+Hooks registered on a parameter before the guard run before its tap, so the tap, the bucket and the replay all see
+what they made; a hook registered after the guard that changes the gradient is what this check detects (register a
+hook that changes gradients before constructing the guard).
 
 A comm hook of the user's own keeps working: one registered after the guard (``ddp.register_comm_hook``, which the
 guard takes over on that wrapper) is called by the guard's hook right after the comparison, in place of DDP's
@@ -27,8 +31,8 @@ watched. Not watched either, and said once at construction: a module with sparse
 (compiled autograd); a built-in comm hook cannot be registered after the guard.
 
 The cost per step: one fingerprint pass over the gradients in the tensor hooks (and an addition where ``.grad``
-already holds a value), one over the buckets in the comm hook, on the device without a sync, and three integers in
-the step's gather.
+already holds a value, and a read of it after a ``no_sync`` micro-batch), one over the buckets in the comm hook, on
+the device without a sync, and three integers in the step's gather.
 """
 
 from __future__ import annotations
@@ -74,6 +78,9 @@ class ReductionWatch:
         self._ddp: DistributedDataParallel | None = None
         self._expected = torch.zeros(len(self.params), dtype=torch.int64, device=device)
         self._seen = [False] * len(self.params)
+        """Expected at the comm hook (from a backward that synchronises)."""
+        self._pending = [False] * len(self.params)
+        """Expected at the parameter's next tensor hook (from a backward under ``no_sync``)."""
         self._compared = 0
         self._bad = torch.zeros((), dtype=torch.int64, device=device)
         self._first = torch.full((), len(self.params), dtype=torch.int64, device=device)
@@ -88,6 +95,7 @@ class ReductionWatch:
         if ddp is self._ddp:
             return True
         self._seen = [False] * len(self.params)  # nothing expected of another wrapper's backward (a recovery's warm-up)
+        self._pending = [False] * len(self.params)
         earlier = [h for h, _ in getattr(ddp, "_comm_hooks", ()) if isinstance(h, _BucketHook)]
         if earlier:  # an earlier guard's hook holds the place (a guard built again on the same wrapper): this one's
             earlier[0].watch, self._ddp, self.refused = self, ddp, None
@@ -111,15 +119,23 @@ class ReductionWatch:
         return True
 
     def expect(self, index: int, grad: torch.Tensor) -> None:
-        """From the tensor hook of parameter ``index``: fingerprint what DDP should reduce for it, when the backward
-        synchronises."""
+        """From the tensor hook of parameter ``index``: fingerprint what ``.grad`` will hold once autograd has added
+        ``grad`` to it: in a backward that synchronises, what DDP should reduce (the comm hook compares); under
+        ``no_sync``, what the next micro-batch's tensor hook must find in ``.grad`` (compared then)."""
         ddp = self._ddp
-        if ddp is None or not self.enabled or not ddp.require_backward_grad_sync:
+        if ddp is None or not self.enabled:
             return
         held = self.params[index].grad
+        if self._pending[index]:  # the micro-batch before accumulated without reduction: is .grad what it should be?
+            self._pending[index] = False
+            if held is not None:
+                self._judge(torch.tensor([index], device=self.device), fingerprints_on_device([held.detach()]))
         value = grad.detach() if held is None else held.detach() + grad.detach()
         self._expected[index : index + 1] = fingerprints_on_device([value]).to(self.device)
-        self._seen[index] = True
+        if ddp.require_backward_grad_sync:
+            self._seen[index] = True
+        else:
+            self._pending[index] = True
 
     def compare(self, ddp: DistributedDataParallel, bucket: dist.GradBucket) -> None:
         """From the comm hook, before the all-reduce: each expected parameter's view of the bucket against what its
@@ -143,10 +159,14 @@ class ReductionWatch:
         for i, _ in picked:
             self._seen[i] = False
         index = torch.tensor([i for i, _ in picked], dtype=torch.int64, device=self.device)
-        bad = fingerprints_on_device([v for _, v in picked]).to(self.device) != self._expected[index]
+        self._judge(index, fingerprints_on_device([v for _, v in picked]))
+
+    def _judge(self, index: torch.Tensor, found: torch.Tensor) -> None:
+        """Count the parameters ``index`` whose fingerprints ``found`` differ from what was expected of them."""
+        bad = found.to(self.device) != self._expected[index]
         self._bad += bad.sum()
         self._first = torch.minimum(self._first, torch.where(bad, index, len(self.params)).min())
-        self._compared += len(picked)
+        self._compared += index.numel()
 
     def take(self) -> torch.Tensor:
         """``(parameters compared, how many differed, the first one's index)`` since the last call, int64 on the
@@ -156,6 +176,7 @@ class ReductionWatch:
         self._bad = torch.zeros((), dtype=torch.int64, device=self.device)
         self._first = torch.full((), len(self.params), dtype=torch.int64, device=self.device)
         self._seen = [False] * len(self.params)
+        self._pending = [False] * len(self.params)
         return out
 
 
