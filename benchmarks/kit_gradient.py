@@ -2,7 +2,7 @@
 scorer. Not run in CI; lm-resiliency is not a dependency (``pip install lm-resiliency==0.2.0`` into a virtual
 environment first).
 
-    python benchmarks/kit_gradient.py [defaults | REPLAY_EVERY] [WORLD]
+    python benchmarks/kit_gradient.py [defaults | REPLAY_EVERY] [WORLD] [MICRO_BATCHES]
 
 Every gradient fault the kit injects on CPU (``tensor_corruption`` by single and multi bit flip, set value, scale,
 noise and sign flip; ``drop``; ``reorder``; ``stale_state``; ``duplicate``), one-off (one matching call) and sticky
@@ -82,7 +82,7 @@ def _campaign(param: str) -> Any:
     return FaultCampaign(name="sdcguard-gradient", incidents=tuple(incidents), seed=0), at + 2
 
 
-def job(rank: int, world: int, replay_every: int | None) -> dict[str, Any]:
+def job(rank: int, world: int, replay_every: int | None, micro: int) -> dict[str, Any]:
     from lm_resiliency.fault_injection import enable_fault_injection
 
     warnings.filterwarnings("ignore")
@@ -97,7 +97,7 @@ def job(rank: int, world: int, replay_every: int | None) -> dict[str, Any]:
     found: list[tuple[int, str, tuple[int, ...], bool]] = []
     commits = []
     for step in range(steps):
-        report = guard.step(step, make_batch(step, rank, seq=SEQ))
+        report = guard.step(step, micro_batches=[make_batch(step, rank * micro + i, seq=SEQ) for i in range(micro)])
         commits.append(report.commit)
         found += [(i.step, i.kind, tuple(i.suspect_ranks), report.commit) for i in report.incidents]
         opt.step()  # a vetoed step's gradients are None: the kit's iteration advances, the weights do not
@@ -155,9 +155,10 @@ def job(rank: int, world: int, replay_every: int | None) -> dict[str, Any]:
 if __name__ == "__main__":
     every = None if sys.argv[1] == "defaults" else int(sys.argv[1])
     world = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-    res = run_ranks(job, world, every, timeout=1200)
+    micro = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    res = run_ranks(job, world, every, micro, timeout=1200)
     rows = res[FAULTY]["rows"]
-    print(f"lm-resiliency 0.2.0 gradient cases, {world} ranks, guard replay_every={sys.argv[1]}")
+    print(f"lm-resiliency 0.2.0 gradient cases, {world} ranks, {micro} micro-batch(es), replay_every={sys.argv[1]}")
     print("occurrence | onset step | injection | detected | localized | named | steps to detection | vetoed | kinds")
     for r in rows:
         print(" | ".join(str(x) for x in (r[0], r[1], r[2], r[4], r[5], r[6], r[7], r[8], ",".join(r[9]))))
