@@ -3,16 +3,17 @@ the tensor hooks' fingerprint of what DDP should reduce and the comm hook's fing
 of a DDP training step, 2 gloo ranks on CPU.
 
     python benchmarks/reduction_path.py [--d 256] [--layers 6] [--batch 8] [--seq 256] [--rounds 10] [--threads 1]
-                                        [--mlp WIDTH]
+                                        [--mlp WIDTH] [--micro K]
 
 The ~9M-parameter transformer language model of ``benchmarks/memory_check.py`` (or, with ``--mlp``, ``--layers``
 x Linear(WIDTH) with GELU on a batch of ``--batch`` rows: the gradient-heavy, communication-bound case of
-``benchmarks/replay_overhead.py --comm``) trains with AdamW under DDP and
-``SDCGuard(replay_every=0, checksum_every=0)``. Each round runs two steps back to back, one with the check on and one
-with it off (``guard.taps.reduction.enabled``), so machine load hits both alike, and times on rank 0 the work the
-check itself does inside the backward (its two public calls, ``ReductionWatch.expect`` and ``compare``, timed by
-wrapping them). Prints the medians: the check's own work as a share of a step (the figure ``docs/costs.md`` quotes),
-and the paired step-time ratio (noisier: the 2 ranks share 2 cores with each other).
+``benchmarks/replay_overhead.py --comm``) trains with AdamW under DDP (``--micro``: ``K`` micro-batches of
+``--batch`` each, accumulated under ``no_sync``) and ``SDCGuard(replay_every=0, checksum_every=0)``. Each round runs
+two steps back to back, one with the check on and one with it off (``guard.taps.reduction.enabled``), so machine
+load hits both alike, and times on rank 0 the work the check itself does inside the backward (its two public calls,
+``ReductionWatch.expect`` and ``compare``, timed by wrapping them). Prints the medians: the check's own work as a
+share of a step (the figure ``docs/costs.md`` quotes), and the paired step-time ratio (noisier: the 2 ranks share 2
+cores with each other).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def _rank(rank: int, world: int, cfg: dict[str, int]) -> dict[str, Any]:
             else:
                 tokens = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=gen)
             t0 = time.perf_counter()
-            report = guard.step(r, tokens)
+            report = guard.step(r, micro_batches=[tokens] * cfg["micro"])
             opt.step()
             opt.zero_grad(set_to_none=True)
             guard.after_optimizer_step()
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--mlp", type=int, default=0, help="WIDTH: an MLP of --layers x Linear(WIDTH) instead")
+    ap.add_argument("--micro", type=int, default=1, help="micro-batches accumulated per step")
     cfg = vars(ap.parse_args(argv))
     out = run_ranks(_rank, 2, cfg, timeout=3600)[0]
     shape = (
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"model: {out['params'] / 1e6:.1f}M parameters (fp32, {shape}), DDP over 2 gloo ranks, {cfg['threads']} "
-        f"thread(s) per rank, median of {cfg['rounds']} rounds (rank 0)"
+        f"thread(s) per rank, {cfg['micro']} micro-batch(es) per step, median of {cfg['rounds']} rounds (rank 0)"
     )
     print(f"training step (guard.step, AdamW, after_optimizer_step), path check off: {out['off'] * 1e3:.1f} ms")
     print(f"the path check's own work: {out['inside'] * 1e3:.2f} ms = {out['inside'] / out['off']:.2%} of a step")
