@@ -28,7 +28,9 @@ The rule, applied to every rank's row of the step's gather (group order):
    for that parameter (:mod:`..hooks.bucket`: a hook registered after the guard's, the accumulation into ``.grad``,
    the copy into DDP's bucket, or the memory under them) is named alone (``reduction``), whatever the others found:
    every replica received its changed gradient, and only it saw the change. ``sticky`` when the same rank was named
-   at the check before too (the change reproduced). A rank whose path matched is never named by this rule.
+   at the check before too (the change reproduced). A rank whose path matched is never named by this rule. Vetoed,
+   never escalated and never evidence for quarantine (:data:`~sdcguard.records.NOT_EVIDENCE_KINDS`): a gradient hook
+   registered after the guard's is software, and as likely a cause as the device.
 
 Pure: a function of the gathered integers and every rank's identity, evaluated alike on every rank.
 """

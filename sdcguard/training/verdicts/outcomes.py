@@ -208,7 +208,7 @@ class Outcomes:
     def escalating(self, found: list[Incident]) -> list[Incident]:
         """The incidents among ``found`` that escalate: a device named sticky, or an unresolved verdict naming a
         rank an earlier unresolved verdict named (the first one is remembered here)."""
-        out = [i for i in found if i.kind in ("replay", "calibration", "checksum", "memory", "reduction") and i.sticky]
+        out = [i for i in found if i.kind in ("replay", "calibration", "checksum", "memory") and i.sticky]
         for i in found:
             if i.kind == "unresolved":
                 if self.unresolved & set(i.suspect_ranks):
