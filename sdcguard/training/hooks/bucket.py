@@ -71,7 +71,8 @@ class ReductionWatch:
         self.params = list(params)
         self.device = device
         self.enabled = True
-        """Whether the check runs (``benchmarks/replay_overhead.py`` turns it off to measure what it costs)."""
+        """Whether the check runs (``benchmarks/reduction_path.py`` and ``replay_overhead.py`` turn it off to measure
+        what it costs)."""
         self.refused: str | None = None
         """Why the last DDP model offered was not watched (None: watched, or none offered)."""
         self._index = {id(p): i for i, p in enumerate(self.params)}
@@ -84,11 +85,6 @@ class ReductionWatch:
         self._compared = 0
         self._bad = torch.zeros((), dtype=torch.int64, device=device)
         self._first = torch.full((), len(self.params), dtype=torch.int64, device=device)
-
-    @property
-    def watching(self) -> bool:
-        """Whether a DDP model's reduction is watched now."""
-        return self._ddp is not None and self.enabled
 
     def watch(self, ddp: DistributedDataParallel) -> bool:
         """Put the guard's comm hook on ``ddp`` (the model the loop trains now; once per wrapper) and watch it."""
