@@ -8,6 +8,9 @@ Two jobs' worth of configurations, each on its own copy of the model, in the sam
 - ``plain``: DDP forward + backward + SGD step, no guard (the baseline);
 - ``fwd+bwd``: forward and backward alone, no communication (the unit of the peer-mode goal);
 - ``checks``: ``SDCGuard(replay_every=0)``: every-step cross-replica checks only;
+- ``nopath``: ``checks`` without the check of the gradients' path into DDP's reduction
+  (:mod:`sdcguard.training.hooks.bucket`, switched off through ``guard.taps.reduction.enabled``): ``checks`` against
+  it is what that check costs;
 - ``peer``: ``SDCGuard(replay_every=10)``: a peer replays one step in ten;
 - ``hooks``: the same as ``peer``, driven the way the Lightning and Hugging Face callbacks drive it (the framework's
   own loop calls ``begin_step``, ``before_forward``, ``observe_loss``, its backward, ``end_step``);
@@ -33,6 +36,7 @@ Every other guard configuration runs with ``checksum_every=0``, so each check's 
 
 - ``plain``: DDP, whose all-reduce overlaps the backward;
 - ``checks``: the guard's every-step checks on the same DDP model (overlap kept: within noise of ``plain``);
+- ``nopath``: as above, without the check of the gradients' path into the reduction;
 - ``post``: the guard's former design, kept here as a baseline: local gradients computed into fresh tensors, then
   a bucketed all-reduce after the whole backward (the communication no longer overlaps).
 
@@ -70,6 +74,7 @@ LABELS = {
     "plain": "no guard (DDP)",
     "fwd+bwd": "forward+backward only",
     "checks": "guard, replay off",
+    "nopath": "guard, replay off, no path check",
     "peer": "guard, peer, replay_every=10",
     "hooks": "guard via framework hooks (adapters)",
     "shadow": "guard, dedicated shadow",
@@ -142,7 +147,7 @@ def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace,
         def batch_of(step: int) -> torch.Tensor:
             return torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(step * 7 + rank))
 
-        names = ["plain", "checks", "post"]
+        names = ["plain", "checks", "nopath", "post"]
     else:
         size = {"d": args.d, "heads": 4, "layers": args.layers, "seq": args.seq, "p": 0.1}
 
@@ -159,6 +164,7 @@ def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace,
             "plain",
             "fwd+bwd",
             "checks",
+            "nopath",
             "peer",
             "hooks",
             "shadow",
@@ -209,10 +215,13 @@ def _rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace,
             wrapped[name] = m
         else:
             wrapped[name] = DDP(m, process_group=group)
-        every = {"checks": 0, "peer": 10, "hooks": 10, "fsdp+peer": 10, "sum1": 0, "sumdefault": 0}.get(name)
+        replays = {"checks": 0, "nopath": 0, "peer": 10, "hooks": 10, "fsdp+peer": 10, "sum1": 0, "sumdefault": 0}
+        every = replays.get(name)
         if every is not None:
             sums = {"sum1": 1, "sumdefault": DEFAULT_CHECKSUM_EVERY}.get(name, 0)
             guards[name] = SDCGuard(wrapped[name], loss_fn, group=group, replay_every=every, checksum_every=sums)
+            if name == "nopath":
+                guards[name].taps.reduction.enabled = False  # a DDP model's taps: ParamTaps
         elif name == "defaults":
             guards[name] = SDCGuard(wrapped[name], loss_fn, group=group)
     opts = {n: torch.optim.SGD(m.parameters(), lr=1e-3) for n, m in models.items()}
@@ -460,6 +469,9 @@ def main() -> None:
     for name, t in inside.items():
         ref = "fsdp" if name == "fsdp+peer" else "plain"
         print(f"  {LABELS[name]:<38} {t * 1e3:7.2f} ms  {t / med[ref]:6.2%}")
+    if "nopath" in times:
+        m, lo, hi = ratio("checks", "nopath")
+        print(f"the gradients' path into DDP's reduction: checks {m:+.1%} [{lo:+.1%}, {hi:+.1%}] vs nopath")
     if not args.comm:
         fb, base = med.get("fwd+bwd", med["plain"]), med["plain"]
         goal = 0.1 * fb / base + 0.01

@@ -20,10 +20,12 @@ SLOW_KIND = "slow"
 PASSIVE_KINDS = frozenset({"nondeterministic", SLOW_KIND})
 """Incident kinds that never accuse a device of corruption: never a veto, an escalation, a raise or an exit, never
 evidence for quarantine or the training breaker, never ``suspect`` in the report."""
-NOT_EVIDENCE_KINDS = PASSIVE_KINDS | {"nonfinite"}
-"""Incident kinds the fleet's quarantine rule never counts against the device they name: the passive ones, and
+NOT_EVIDENCE_KINDS = PASSIVE_KINDS | {"nonfinite", "reduction"}
+"""Incident kinds the fleet's quarantine rule never counts against the device they name: the passive ones,
 ``nonfinite`` (a step vetoed for a NaN or an infinity, whose causes are many, a rank's own batch among them; the
-replay, checksum and memory verdicts of the same step judge the hardware)."""
+replay, checksum and memory verdicts of the same step judge the hardware) and ``reduction`` (a gradient changed
+between the rank's backward and DDP's all-reduce, most often by a gradient hook registered after the guard's: software
+as often as a device)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -71,7 +71,8 @@ SECTIONS: tuple[Section, ...] = (
         name="training",
         timeout_s=60,
         module="training",
-        title="the guard on CUDA tensors, 3 ranks over gloo: calibrate, a clean run, a sticky fault named",
+        title="the guard on CUDA tensors, 3 ranks over gloo: calibrate, a clean run, a sticky fault named, a gradient "
+        "changed on its way into DDP's all-reduce named",
     ),
     Section(
         name="checksums",

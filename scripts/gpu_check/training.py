@@ -10,7 +10,11 @@ weight_check_every=1, on_detect="skip")``) and checks:
 - a sticky fault (``OpFaultMode``: a flipped high-mantissa bit in every matmul output of rank ``FAULTY_RANK`` during
   one step) is caught at that step: no rank commits it, and the incident names rank ``FAULTY_RANK`` alone and its
   device (``GPU-<uuid>`` on a GPU);
-- the next clean step commits again.
+- the next clean step commits again;
+- the gradient's path into DDP's all-reduce is checked on every step (``reduction`` among the step's checks), and a
+  gradient changed on rank ``FAULTY_RANK`` by a tensor hook registered after the guard's (one element plus 1e-3, at
+  step ``PATH_STEP``) is vetoed on every rank and names that rank alone: the comm hook's fingerprint of the bucket
+  on the device against the tensor hook's.
 
 The same job runs on CPU tensors too (``run_job(device="cpu")``): the tests exercise this module without a GPU.
 """
@@ -27,11 +31,25 @@ from sdcguard.testing import RankFailed, run_ranks
 from .context import Context
 from .results import SectionReport
 
-__all__ = ["run", "run_job", "evaluate", "WORLD", "FAULTY_RANK", "CLEAN_STEPS", "PRECISIONS", "CUBLAS_WORKSPACE"]
+__all__ = [
+    "run",
+    "run_job",
+    "evaluate",
+    "WORLD",
+    "FAULTY_RANK",
+    "CLEAN_STEPS",
+    "PATH_STEP",
+    "STEPS",
+    "PRECISIONS",
+    "CUBLAS_WORKSPACE",
+]
 
 WORLD = 3
 FAULTY_RANK = 1
 CLEAN_STEPS = 3
+PATH_STEP = CLEAN_STEPS + 2
+"""The step whose gradient a hook registered after the guard's changes on rank ``FAULTY_RANK``."""
+STEPS = PATH_STEP + 2
 PRECISIONS = ("fp32", "bf16")
 CUBLAS_WORKSPACE = ":4096:8"
 
@@ -87,10 +105,22 @@ def _one_precision(torch: Any, rank: int, device: Any, precision: str) -> dict[s
         model, _Loss(precision, device.type), replay_every=1, weight_check_every=1, on_detect="skip", escalate="off"
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    box = {"step": -1}
+
+    def bump(grad: Any) -> Any:  # after the guard's hook: the guard saw the clean gradient, DDP reduces this one
+        if box["step"] != PATH_STEP:
+            return None
+        out = grad.clone()
+        out.view(-1)[0] += 1e-3
+        return out
+
+    if rank == FAULTY_RANK:
+        model[1].weight.register_hook(bump)
     torch.manual_seed(100 + rank)  # each rank's dropout stream differs, as in a real job
     cal = guard.calibrate(_batch(torch, 0, rank, device))
     steps = []
-    for step in range(CLEAN_STEPS + 2):  # clean steps, the faulty step, one clean step after it
+    for step in range(STEPS):  # clean steps, the faulty step, a clean one, the changed gradient, a clean one
+        box["step"] = step
         mode = None
         if step == CLEAN_STEPS:
             mode = OpFaultMode(
@@ -118,6 +148,7 @@ def _one_precision(torch: Any, rank: int, device: Any, precision: str) -> dict[s
                 "weight_incidents": _incidents(weights),
                 "seconds": time.perf_counter() - t0,
                 "injected": len(mode.records) if mode is not None else 0,
+                "checks": list(report.checks),
             }
         )
     return {
@@ -161,7 +192,7 @@ def evaluate(rep: SectionReport, ranks: list[dict[str, Any]], *, device: str, de
             all(x["calibration"]["deterministic"] for x in per),
             per[0]["calibration"]["text"],
         )
-        clean = [s for x in per for s in x["steps"] if s["step"] != CLEAN_STEPS]
+        clean = [s for x in per for s in x["steps"] if s["step"] not in (CLEAN_STEPS, PATH_STEP)]
         noisy = [s for s in clean if not s["commit"] or s["incidents"] or s["weight_incidents"]]
         rep.check(
             f"{p}: {len(clean) // WORLD} clean steps commit with zero incidents on every rank",
@@ -188,6 +219,17 @@ def evaluate(rep: SectionReport, ranks: list[dict[str, Any]], *, device: str, de
             f"{named[0]['device']}, sticky={named[0]['sticky']}"
             if named
             else "no incident at that step",
+        )
+        rep.check(
+            f"{p}: the gradient's path into DDP's all-reduce is checked on every step",
+            all("reduction" in s.get("checks", ()) for x in per for s in x["steps"]),
+        )
+        path = [next(s for s in x["steps"] if s["step"] == PATH_STEP) for x in per]
+        seen = [[(i["kind"], i["suspect_ranks"]) for i in s["incidents"]] for s in path]
+        rep.check(
+            f"{p}: a gradient changed after the guard's hook on rank {FAULTY_RANK} is vetoed and names it alone",
+            not any(s["commit"] for s in path) and all(x == [("reduction", [FAULTY_RANK])] for x in seen),
+            f"incidents at step {PATH_STEP}: {seen[0]}",
         )
         step_s = sorted(s["seconds"] for x in per for s in x["steps"])
         rep.measure(

@@ -238,7 +238,7 @@ def suite_blamed_devices(source: Failures, policy: BreakerSettings, *, since: fl
 def attributed(incident: Incident) -> bool:
     """True when an incident singles out one device by majority: it names a device, exactly one suspect rank,
     and is of a kind that is evidence (not :data:`~sdcguard.records.NOT_EVIDENCE_KINDS`: a ``nondeterministic``
-    replay never blames hardware, a ``nonfinite`` step has many causes)."""
+    replay never blames hardware, a ``nonfinite`` step has many causes, and so has a ``reduction`` one)."""
     return (
         incident.device is not None
         and len(incident.suspect_ranks) == 1

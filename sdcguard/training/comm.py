@@ -34,6 +34,7 @@ __all__ = [
     "recv_tensors_",
     "send_tensor",
     "irecv_tensor",
+    "average_bucket",
     "STOP",
     "Allreducer",
     "gather_rows_by_sum",
@@ -281,3 +282,13 @@ def average_(manager: Allreducer, tensors: Sequence[torch.Tensor]) -> None:
     works = [manager.allreduce(t, reduce_op=dist.ReduceOp.AVG) for t in tensors]
     for work in works:
         work.wait()
+
+
+def average_bucket(buffer: torch.Tensor, group: Any) -> torch.futures.Future[torch.Tensor]:
+    """DDP's own reduction of one gradient bucket, as its reducer runs it without a comm hook, for the guard's comm
+    hook (:mod:`.hooks.bucket`): every element multiplied by the reciprocal of the group's size, then summed over
+    the group, in place; a future of the bucket. Bit for bit plain DDP, whose reducer multiplies by the reciprocal
+    while it copies a gradient into its bucket (torch's ``allreduce_hook`` divides instead, which differs in the last
+    bit for a group whose size is not a power of two)."""
+    buffer.mul_(1.0 / dist.get_world_size(group))
+    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(lambda f: f.value()[0])

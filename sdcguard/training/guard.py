@@ -221,7 +221,7 @@ class SDCGuard:
         )  # fmt: skip
         c = make_checks(
             where, self._view, self._classes, taps=self.taps, params=self.params, frozen=self._frozen,
-            module=self.module, replayer=self._replayer, attr=self._attr, outcomes=self._outcomes,
+            module=self.module, replayer=self._replayer, attr=self._attr, outcomes=self._outcomes, ddp=self._ddp,
             responder=self._responder, clock=self._clock, slow=slow, rows=self.config.checksum_rows,
             splits=self.config.checksum_splits, log=self.log,
         )  # fmt: skip
@@ -319,7 +319,7 @@ class SDCGuard:
         """
         mbs = micro_batches_of(batch, micro_batches)
         if self.role == "worker" and not self.comm.alone and self._ddp is None and not is_fsdp(self.module):
-            self.model = self._ddp = wrap_ddp(self.model, self.group)  # the framework's reduction, overlapped
+            self.model = self._ddp = wrap_ddp(self.model, self.group, self.taps)  # its reduction, overlapped
         return run_micro_batches(self, step, mbs, ddp=self._ddp, context=self._train_context)
 
     def watch_stage(self, watched: bool = True) -> None:

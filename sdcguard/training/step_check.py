@@ -27,7 +27,7 @@ from .verdicts.local import explained
 __all__ = ["Check", "StepState", "CheckResult", "StepCheck", "StepTable", "gather_step", "Decision", "decide"]
 
 
-Check = Literal["memory", "nonfinite", "gradient_replica", "weight_replica", "replay", "checksum"]
+Check = Literal["memory", "nonfinite", "reduction", "gradient_replica", "weight_replica", "replay", "checksum"]
 """A check by the name :class:`~sdcguard.training.config.StepReport` and incidents give it."""
 
 

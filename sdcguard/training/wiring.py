@@ -11,15 +11,18 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import BadInput
 from .checksums.mode import ChecksumMode
 from .checksums.round import ChecksumCheck
 from .comm import Comm
+from .hooks.ddp import ParamTaps
 from .hooks.taps import Taps
 from .identity import JobView
 from .local.finite import NonFiniteCheck
 from .local.memory import MemoryCheck
+from .local.reduction import ReductionCheck
 from .mesh import Layout
 from .replay.recompute import Replayer
 from .replica import GradientReplicaCheck, ReplicaPhases, WeightCheck
@@ -84,10 +87,12 @@ def make_checks(
     rows: int,
     splits: int,
     log: logging.LoggerAdapter[logging.Logger],
+    ddp: DistributedDataParallel | None = None,
 ) -> Checks:
     """The checksums (their mode is popped first: no replay runs under it), each rank's own shards against their
-    fingerprint from after the optimizer step, non-finite losses and gradients, the reduced gradients across
-    replicas, the sampled round, and the timing of slow ranks when timed."""
+    fingerprint from after the optimizer step, non-finite losses and gradients, the gradients' path into ``ddp``'s
+    reduction (the model's DDP wrapper, watched from now on), the reduced gradients across replicas, the sampled
+    round, and the timing of slow ranks when timed."""
     job_ranks = list(where.job_comm.members)
     rank_keys = view.keys(job_ranks)
     if len({len(k) for k in rank_keys}) > 1:
@@ -104,6 +109,10 @@ def make_checks(
     )
     finite = NonFiniteCheck(taps.reduced, ids, where.job, where.device)
     speaks = where.job_comm.index == 0
+    watch = taps.reduction if isinstance(taps, ParamTaps) else None
+    if watch is not None and ddp is not None and not watch.watch(ddp) and speaks:
+        log.warning("the gradients' path into DDP's all-reduce is not checked: %s", watch.refused)
+    reduction = ReductionCheck(watch, taps.param_names, ids, where.job, where.device)
     rnd = RoundCheck(_make_round(where, taps, params, replayer, attr), outcomes, where.device, log, speaks=speaks)
     escalate: Callable[..., None] | None = rnd.round.escalate if where.shadow_ranks else None
     if escalate is not None:  # an escalation reaches the dedicated shadows too (they raise or exit alike)
@@ -120,6 +129,7 @@ def make_checks(
         checksums,
         memory,
         finite,
+        reduction,
         GradientReplicaCheck(replica, taps.reduced, where.device),
         rnd,
     ]

@@ -145,6 +145,7 @@ def test_unattributed_and_nondeterministic_incidents_never_count(store: Store) -
         store.training.record_incident(_incident((0, 1), step=step, job="a"))  # two suspects: no majority
         store.training.record_incident(_incident((0,), step=step, kind="nondeterministic", job="b"))
         store.training.record_incident(_incident((2,), step=step, kind="nonfinite", job="d"))  # a NaN: many causes
+        store.training.record_incident(_incident((2,), step=step, kind="reduction", job="e"))  # a hook, most often
         store.training.record_incident(
             Incident(kind="replay", step=step, suspect_ranks=(0,), device=None, detail="x", job="c", time=NOW - 100)
         )

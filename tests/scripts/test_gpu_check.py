@@ -361,7 +361,7 @@ def test_training_job_on_cpu_ranks_passes_every_check() -> None:
     rep = SectionReport("training", stream=open(os.devnull, "w"))
     training.evaluate(rep, ranks, device="cpu", device_prefix="cpu:")
     assert not rep.failed, rep.failed
-    assert len(rep.checks) == 6 * len(training.PRECISIONS)
+    assert len(rep.checks) == 8 * len(training.PRECISIONS)
     assert rep.measurements["bf16"]["incident"]["suspect_ranks"] == [training.FAULTY_RANK]
 
 
@@ -496,7 +496,7 @@ def test_training_checks_fail_when_the_fault_goes_unnamed() -> None:
                 "seconds": 0.1,
                 "injected": 3 if (s == training.CLEAN_STEPS and r == training.FAULTY_RANK) else 0,
             }
-            for s in range(training.CLEAN_STEPS + 2)
+            for s in range(training.STEPS)
         ]
         one = {
             "calibration": {"deterministic": True, "text": "ok"},
@@ -511,6 +511,8 @@ def test_training_checks_fail_when_the_fault_goes_unnamed() -> None:
     assert {c.name.split(": ", 1)[1] for c in rep.failed} == {
         "no rank commits the faulty step",
         f"the incident names rank {training.FAULTY_RANK} alone and its device",
+        "the gradient's path into DDP's all-reduce is checked on every step",
+        f"a gradient changed after the guard's hook on rank {training.FAULTY_RANK} is vetoed and names it alone",
     }
 
 

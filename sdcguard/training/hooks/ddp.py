@@ -4,8 +4,10 @@ Autograd hands each parameter's local gradient to a hook registered on the param
 ``.grad`` and before DDP copies it into a bucket and all-reduces it, so the hook sees exactly the gradient of the
 framework's own backward, micro-batch by micro-batch (also under ``no_sync`` accumulation, where DDP's buckets
 only ever see the sum). On a sampled micro-batch the hook fingerprints it on the device and returns nothing, so
-the framework's computation, its bucketing, its comm hook and its overlap of communication with the backward stay
-exactly as they are.
+the framework's computation, its bucketing and its overlap of communication with the backward stay exactly as they
+are. On every step of a DDP model the same hook also says what DDP should reduce for the parameter, and the guard's
+DDP comm hook checks the bucket against it before the all-reduce (:mod:`.bucket`: the gradient's path from this hook
+into the reduction).
 
 A replay runs ``torch.autograd.grad`` through the module without its DDP wrapper (no reducer, no ``.grad``), and the
 same hooks fingerprint each gradient as it is produced and hand autograd an expanded zero in its place, so the
@@ -26,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ...errors import BadInput
 from ...fingerprints import is_dtensor_type
 from ..digest import LocalRecord
+from .bucket import ReductionWatch
 
 __all__ = ["ParamTaps", "unwrap", "wrap_ddp", "is_ddp"]
 
@@ -37,10 +40,11 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
-def wrap_ddp(module: nn.Module, group: object = None) -> DistributedDataParallel:
+def wrap_ddp(module: nn.Module, group: object = None, taps: object = None) -> DistributedDataParallel:
     """DDP around a plain module of a distributed job, on its own device: the framework's reduction, overlapped
-    with the backward, for loops that hand the guard an unwrapped model. DDP cannot wrap ``DTensor`` parameters (an
-    expert-parallel model's experts): refused in one line."""
+    with the backward, for loops that hand the guard an unwrapped model; ``taps`` (a :class:`ParamTaps`) watch its
+    reduction (:mod:`.bucket`). DDP cannot wrap ``DTensor`` parameters (an expert-parallel model's experts): refused
+    in one line."""
     if any(is_dtensor_type(type(p)) for p in module.parameters()):
         raise BadInput(
             "guard.step wraps the model in DDP, which cannot hold DTensor parameters: an expert- or tensor-parallel "
@@ -49,7 +53,10 @@ def wrap_ddp(module: nn.Module, group: object = None) -> DistributedDataParallel
         )
     device = next(module.parameters()).device
     ids = [device] if device.type == "cuda" else None
-    return DistributedDataParallel(module, device_ids=ids, process_group=group)
+    ddp = DistributedDataParallel(module, device_ids=ids, process_group=group)
+    if isinstance(taps, ParamTaps):
+        taps.reduction.watch(ddp)
+    return ddp
 
 
 class ParamTaps:
@@ -75,6 +82,8 @@ class ParamTaps:
         self._record: LocalRecord | None = None
         self._replaying = False
         self.handed_over = 0
+        self.reduction = ReductionWatch(self.params, self.device)
+        """The gradients' path into DDP's reduction, on every step of a DDP model it watches (:mod:`.bucket`)."""
         self._handles = [p.register_hook(partial(self._hook, i)) for i, p in enumerate(self.params)]
 
     def _hook(self, index: int, grad: torch.Tensor) -> torch.Tensor | None:
@@ -84,6 +93,7 @@ class ParamTaps:
         if self._replaying:  # free the replay's gradient now: autograd keeps a zero-strided view of one element
             return torch.zeros((), dtype=grad.dtype, device=grad.device).expand_as(grad)
         self.handed_over += 1
+        self.reduction.expect(index, grad)
         return None
 
     def arm(self, record: LocalRecord | None) -> None:

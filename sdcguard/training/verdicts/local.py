@@ -1,5 +1,6 @@
 """Verdicts from what one rank can see of itself, with no vote: its own parameter shards changed outside the
-optimizer step (memory corruption), and non-finite values in its step (a loss or a gradient).
+optimizer step (memory corruption), non-finite values in its step (a loss or a gradient), and a gradient changed on
+its way from the backward into the reduction.
 
 The rule, applied to every rank's row of the step's gather (group order):
 
@@ -21,7 +22,15 @@ The rule, applied to every rank's row of the step's gather (group order):
    none of them (another rank's own replay verdict) is kept as it is. A second fault in the same step among the
    ranks of an explained disagreement is not told apart (the step is vetoed either way). A ``nonfinite`` incident is
    also explained by a rank a ``replay`` or ``checksum`` verdict of the same step names alone: its computation was
-   shown wrong on its own evidence, and the NaN or infinity it made reached every rank through the reduction.
+   shown wrong on its own evidence, and the NaN or infinity it made reached every rank through the reduction (so is
+   one by a rank a ``reduction`` verdict names, rule 4).
+4. **The path into the reduction.** A rank whose gradient DDP all-reduced is not the one its own backward produced
+   for that parameter (:mod:`..hooks.bucket`: a hook registered after the guard's, the accumulation into ``.grad``,
+   the copy into DDP's bucket, or the memory under them) is named alone (``reduction``), whatever the others found:
+   every replica received its changed gradient, and only it saw the change. ``sticky`` when the same rank was named
+   at the check before too (the change reproduced). A rank whose path matched is never named by this rule. Vetoed,
+   never escalated and never evidence for quarantine (:data:`~sdcguard.records.NOT_EVIDENCE_KINDS`): a gradient hook
+   registered after the guard's is software, and as likely a cause as the device.
 
 Pure: a function of the gathered integers and every rank's identity, evaluated alike on every rank.
 """
@@ -33,11 +42,11 @@ from dataclasses import replace
 
 from ...records import Incident
 
-__all__ = ["Identity", "memory_incidents", "nonfinite_incidents", "explained", "EXPLAINABLE"]
+__all__ = ["Identity", "memory_incidents", "nonfinite_incidents", "reduction_incidents", "explained", "EXPLAINABLE"]
 
 EXPLAINABLE = frozenset({"gradient_replica", "weight_replica", "unresolved", "nonfinite"})
 """The kinds of disagreement rule 3 narrows (a ``replay`` verdict names a device on its own evidence)."""
-OWN_EVIDENCE = frozenset({"replay", "checksum"})
+OWN_EVIDENCE = frozenset({"replay", "checksum", "reduction"})
 """The verdicts that name a rank alone on its own computation, which explain a ``nonfinite`` incident (rule 3)."""
 
 Identity = tuple[int, str | None, str]
@@ -104,6 +113,45 @@ def nonfinite_incidents(
             ),
         )
     ]
+
+
+def reduction_incidents(
+    step: int,
+    rows: Sequence[Sequence[int]],
+    names: Sequence[str],
+    identities: Sequence[Identity],
+    job: str | None,
+    before: Collection[int] = (),
+) -> list[Incident]:
+    """Rule 4: one incident per rank whose row says ``(parameters compared, how many differed, the first one's
+    index)`` with a count above 0; ``before``: the global ranks this rule named at the check before (sticky)."""
+    out = []
+    for (_, changed, first), (rank, device, host) in zip(rows, identities, strict=True):
+        if changed <= 0:
+            continue
+        name = names[first] if 0 <= first < len(names) else "<a parameter>"
+        more = f" and {changed - 1} more" if changed > 1 else ""
+        again = rank in before
+        out.append(
+            Incident(
+                kind="reduction",
+                step=step,
+                suspect_ranks=(rank,),
+                device=device,
+                devices=(device or "",),
+                hosts=(host,),
+                parameter=name,
+                sticky=again,
+                job=job,
+                detail=(
+                    f"rank {rank}'s gradient of {name}{more} changed between its backward and DDP's all-reduce at step "
+                    f"{step}{' (again)' if again else ''}: every replica received the changed gradient, which its "
+                    "backward did not produce (a gradient hook registered after the guard's, the accumulation into "
+                    ".grad, the copy into DDP's bucket, or the memory under them; no vote needed)"
+                ),
+            )
+        )
+    return out
 
 
 def explained(incidents: Sequence[Incident], corrupted: Collection[int] = ()) -> list[Incident]:

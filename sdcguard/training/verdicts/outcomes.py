@@ -223,11 +223,11 @@ class Outcomes:
             earliest = min(v.earliest_touched(r, incident.step) for r in incident.suspect_ranks)
         elif incident.kind == "weight_replica":
             earliest = 0 if v.weights_clean is None else v.weights_clean + 1
-        elif incident.kind in ("gradient_replica", "memory"):  # agreed before; or the shards as the last step wrote
+        elif incident.kind in ("gradient_replica", "memory", "reduction"):  # checked on every step before it
             earliest = incident.step
         else:
             return incident
-        if not (incident.kind == "gradient_replica" and vetoed):
+        if not (incident.kind in ("gradient_replica", "reduction") and vetoed):
             v.taint(earliest)
         note = v.rollback(earliest)
         last = v.last_verified_step  # below the taint: a state from before the fault
