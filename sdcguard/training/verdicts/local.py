@@ -11,9 +11,10 @@ The rule, applied to every rank's row of the step's gather (group order):
    data-parallel copy). A rank whose shards did not change is never named by this rule.
 2. **Non-finite values.** A step in which some rank's loss or gradient is not finite is never committed
    (``nonfinite``). Which rank produced the first one: the ranks whose own loss was not finite when not every rank's
-   was (a loss is computed by its rank alone); else the ranks whose gradients were not finite, every one of them a
-   suspect (a reduction spreads one rank's NaN to every replica, or to another rank's shard, so no rank is named
-   alone by it).
+   was (a loss is computed by its rank alone); else every rank of the gather, whichever held the non-finite
+   gradients: a reduction spreads one rank's NaN to every replica, or to another rank's shard only (FSDP2's
+   reduce-scatter: the rank whose shard came out non-finite is not the one that made it, as the full detection
+   campaign showed), so no rank is named alone by it; rule 3 narrows it where a rank's own evidence explains it.
 3. **Explained disagreements.** A rank named by rule 1 computed with corrupted weights, and so did every rank that
    received them (its tensor-parallel partners through their collectives, FSDP2's all-gather, its replicas' reduced
    gradients). A disagreement of the same step whose suspects include such a rank (``gradient_replica``,
@@ -94,8 +95,11 @@ def nonfinite_incidents(
     if losses and len(losses) < len(rows):
         who, how = losses, "its own loss was not finite, the other ranks' were"
     else:
-        who = sorted(set(losses) | set(grads))
-        how = "not finite on every rank that reduced it: which rank produced it first cannot be told from this step"
+        who = list(range(len(rows)))
+        how = (
+            f"not finite on rank(s) {', '.join(str(identities[i][0]) for i in sorted(set(losses) | set(grads)))} after "
+            "the reduction: which rank produced it first cannot be told from this step"
+        )
     ranks = tuple(identities[i][0] for i in who)
     devices = tuple(identities[i][1] or "" for i in who)
     return [
