@@ -132,7 +132,9 @@ def measure(config: str, *, layers: int, width: int, batch: int, steps: int) -> 
     # them resident: a fixed threshold returns every freed block, so the peak resident set is what was live.
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(64 * 1024))
     world = 3 if config == "shadow" else 2
-    return run_ranks(_rank, world, config, layers, width, batch, steps, timeout=600)
+    # Spawned, not forked from the fork server: a forked rank's first writes to the pages it inherited (torch's
+    # modules) count as growth, a few MB that differ between configurations and are no part of the guard's memory.
+    return run_ranks(_rank, world, config, layers, width, batch, steps, timeout=600, start_method="spawn")
 
 
 def main() -> None:

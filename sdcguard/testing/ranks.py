@@ -1,11 +1,12 @@
 """Run a function on N local processes joined in one gloo process group, within a deadline, never leaving one behind.
 
-``run_ranks(fn, world_size, *args, timeout=...)`` starts ``world_size`` processes (``spawn``: no fork after torch
-started threads), each joins a gloo process group through a ``FileStore`` in a fresh temporary directory, runs
-``fn(rank, world_size, *args)`` and sends back its (picklable) return value. It returns the values in rank order,
-or raises :class:`RankFailed` if any rank fails (with that rank's traceback), dies, or the timeout passes; in every
-case all ranks are killed before it returns, so a caller (a test, the GPU check, a benchmark) can never leave
-processes behind or hang.
+``run_ranks(fn, world_size, *args, timeout=...)`` starts ``world_size`` processes, each forked from a fork server
+that imported torch and the guard once (never forked from the caller, whose torch may have started threads;
+``start_method="spawn"`` starts each afresh, for a measurement of a process's own memory). Each joins a gloo process
+group through a ``FileStore`` in a fresh temporary directory, runs ``fn(rank, world_size, *args)`` and sends back its
+(picklable) return value. It returns the values in rank order, or raises :class:`RankFailed` if any rank fails (with
+that rank's traceback), dies, or the timeout passes; in every case all ranks are killed before it returns, so a
+caller (a test, the GPU check, a benchmark) can never leave processes behind or hang.
 
 ``backend="nccl"`` joins an NCCL group instead, each rank on ``cuda:<rank>`` (NCCL refuses two ranks on one device:
 the GPU check runs its FSDP2 paths on CUDA as one NCCL rank). The children see ``RANK``, ``LOCAL_RANK`` and
@@ -25,13 +26,20 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["run_ranks", "run_ranks_once", "RankFailed", "GROUP_NOT_FORMED"]
 
 GROUP_NOT_FORMED = "the process group did not form: "
 """How a :class:`RankFailed` message begins when a rank could not join the process group (then ``run_ranks`` starts
 the ranks afresh once)."""
+
+
+StartMethod = Literal["forkserver", "spawn"]
+
+_PRELOAD = ["torch", "torch.distributed", "sdcguard.training"]
+"""What the fork server imports once, so that a rank starts without importing torch again (a second or more of
+CPU per rank, most of a small test's time on a 2-core machine)."""
 
 
 class RankFailed(RuntimeError):
@@ -46,9 +54,12 @@ def _child(
     timeout: float,
     args: tuple[Any, ...],
     results: Any,
-    backend: str = "gloo",
+    backend: str,
+    environ: dict[str, str],
 ) -> None:
     try:
+        os.environ.clear()  # the parent's environment now, not the fork server's from its start
+        os.environ.update(environ)
         os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)})
         import torch
         import torch.distributed as dist
@@ -79,7 +90,12 @@ def _child(
 
 
 def run_ranks(
-    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0, backend: str = "gloo"
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 120.0,
+    backend: str = "gloo",
+    start_method: StartMethod = "forkserver",
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return their values in rank order.
 
@@ -89,26 +105,33 @@ def run_ranks(
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     start = time.monotonic()
     try:
-        return run_ranks_once(fn, world_size, *args, timeout=timeout, backend=backend)
+        return run_ranks_once(fn, world_size, *args, timeout=timeout, backend=backend, start_method=start_method)
     except RankFailed as e:
         left = timeout - (time.monotonic() - start)
         if GROUP_NOT_FORMED not in str(e) or left < 5.0:
             raise
-        return run_ranks_once(fn, world_size, *args, timeout=left, backend=backend)
+        return run_ranks_once(fn, world_size, *args, timeout=left, backend=backend, start_method=start_method)
 
 
 def run_ranks_once(
-    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float, backend: str = "gloo"
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float,
+    backend: str = "gloo",
+    start_method: StartMethod = "forkserver",
 ) -> list[Any]:
     """One attempt of :func:`run_ranks`: no second start when the process group does not form."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(_PRELOAD)
     tmp = tempfile.mkdtemp(prefix="sdcguard-ranks-")
     store_path = os.path.join(tmp, "store")
     results = ctx.Queue()
     procs = [
         ctx.Process(
             target=_child,
-            args=(fn, r, world_size, store_path, timeout, args, results, backend),
+            args=(fn, r, world_size, store_path, timeout, args, results, backend, dict(os.environ)),
             name=f"rank{r}",
             daemon=True,
         )
