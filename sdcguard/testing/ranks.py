@@ -122,7 +122,7 @@ def run_ranks_once(
     start_method: StartMethod = "forkserver",
 ) -> list[Any]:
     """One attempt of :func:`run_ranks`: no second start when the process group does not form."""
-    ctx = mp.get_context(start_method)
+    ctx = mp.get_context("forkserver") if start_method == "forkserver" else mp.get_context("spawn")
     if start_method == "forkserver":
         ctx.set_forkserver_preload(_PRELOAD)
     tmp = tempfile.mkdtemp(prefix="sdcguard-ranks-")

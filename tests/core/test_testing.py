@@ -47,8 +47,8 @@ def test_a_failing_rank_raises_with_its_traceback() -> None:
 def test_a_hanging_rank_is_killed_at_the_timeout() -> None:
     t0 = time.monotonic()
     with pytest.raises(RankFailed, match="timeout"):
-        run_ranks(_hang_on_rank_zero, 2, timeout=25)
-    assert time.monotonic() - t0 < 60
+        run_ranks(_hang_on_rank_zero, 2, timeout=10)
+    assert time.monotonic() - t0 < 45
 
 
 def test_a_group_that_did_not_form_is_started_once_more(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -56,11 +56,11 @@ def test_a_group_that_did_not_form_is_started_once_more(monkeypatch: pytest.Monk
     real = local_ranks.run_ranks_once
     fail_next = [True]
 
-    def flaky(fn, world, *args, timeout, backend="gloo"):
+    def flaky(fn, world, *args, timeout, **settings):
         calls.append(timeout)
         if fail_next.pop() if fail_next else False:
             raise RankFailed(f"rank 0 failed:\n{GROUP_NOT_FORMED}RuntimeError: Gloo connectFullMesh failed")
-        return real(fn, world, *args, timeout=timeout, backend=backend)
+        return real(fn, world, *args, timeout=timeout, **settings)
 
     monkeypatch.setattr(local_ranks, "run_ranks_once", flaky)
     assert run_ranks(_allreduce_rank, 2, 1, timeout=120) == [(0, 3), (1, 3)]
