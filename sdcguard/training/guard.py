@@ -44,11 +44,10 @@ from .hooks.choice import choose_taps
 from .hooks.ddp import is_ddp, wrap_ddp
 from .hooks.fsdp import is_fsdp
 from .hooks.wrappers import has_compiled_regions
-from .identity import JobView
 from .loop import micro_batches_of, run_micro_batches
 from .mesh import Layout
-from .notices import COMPILED_NOTICE, construction_notices
-from .placement import place
+from .notices import construction_notices
+from .placement import Placement, place
 from .recovery.recover import Restored
 from .recovery.state import Stateful
 from .rejoin import make_rejoin
@@ -56,15 +55,17 @@ from .replay.capture import Batch, RngHook, capture_rng, make_capture
 from .replay.observe import StepObserver
 from .replay.recompute import LossFn, Replayer
 from .replay.stage import StageObserver, stage_output
+from .replica import ReplicaPhases
 from .response import Responder
+from .rounds.roles import Role
 from .rounds.shadows import ShadowServer
-from .step_check import StepCheck, StepState, decide, gather_step
+from .step_check import Cadence, StepCheck, StepState, decide, gather_step
 from .timing import IdleClock, PhaseClock, RankSlowness, SlowWatch
 from .verdicts.attribution import Attributor
 from .verdicts.calibration import CalibrationReport, calibrate, setup_warnings
 from .verdicts.local import explained
 from .verdicts.outcomes import Outcomes
-from .wiring import Where, make_checks
+from .wiring import Parts, Where, make_checks
 
 __all__ = ["SDCGuard"]
 
@@ -138,18 +139,25 @@ class SDCGuard:
         snapshot_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.config = GuardConfig.of(
-            replay_every=replay_every, shadows="peer" if shadows == "peer" else tuple(shadows),
-            weight_check_every=weight_check_every, on_detect=on_detect, escalate=escalate,
-            store=None if store is None else os.fspath(store), checksum_every=checksum_every,
-            checksum_rows=checksum_rows, checksum_splits=checksum_splits, min_replicas=min_replicas,
-        )  # fmt: skip
+            replay_every=replay_every,
+            shadows="peer" if shadows == "peer" else tuple(shadows),
+            weight_check_every=weight_check_every,
+            on_detect=on_detect,
+            escalate=escalate,
+            store=None if store is None else os.fspath(store),
+            checksum_every=checksum_every,
+            checksum_rows=checksum_rows,
+            checksum_splits=checksum_splits,
+            min_replicas=min_replicas,
+        )
         self.loss_fn = loss_fn
         wiring = choose_taps(model, dedicated_shadows=self.config.shadows != "peer")
         self.model, self.module, self.taps, self._ddp = model, wiring.core, wiring.taps, wiring.ddp
         self.params = list(self.taps.params)
         self.device = self.params[0].device
         self._step: int | None = None
-        view, classes = self._place(group, mesh)
+        placed = self._place(group, mesh)
+        view = placed.view
         self.identities: dict[int, tuple[str | None, str]] = view.identities
         self.setups: dict[int, tuple[str, ...]] = view.setups
         """Global rank -> what its device runs (:func:`~.identity.setup_key`)."""
@@ -161,74 +169,79 @@ class SDCGuard:
         self._responder = Responder(
             on_detect, self.config.store, rank=self.rank, writer=speaks, escalate=escalate, job=self.job
         )
-        observer = StageObserver if self.layout.stages or loss_fn is stage_output else StepObserver
-        self._observer = observer(self.taps, rank=self.dp_rank, device=self.device, rng_hook=rng_hook)
-        timed = slow is not None and not self.shadow_ranks and self.role == "worker" and self.layout.width > 1
-        self._clock = PhaseClock(self.device) if timed else IdleClock()
-        self._train_context = train_context
-        self._replayer = Replayer(
-            self.taps, loss_fn, device=self.device, params=self.params, rng_hook=rng_hook, timed=self._clock.replay,
-            context=train_context,
-        )  # fmt: skip
-        self._rng_hook, self._view, self._classes = rng_hook, view, classes
+        self._instruments(loss_fn, rng_hook, slow, train_context)
+        compiled = has_compiled_regions(self.model)
+        self._parts = Parts(
+            taps=self.taps,
+            module=self.module,
+            placement=placed,
+            replayer=self._replayer,
+            responder=self._responder,
+            clock=self._clock,
+            config=self.config,
+            log=self.log,
+            record_ops=not (self.taps.collective_replay or self.layout.meshed or compiled),
+        )
         self._checks = self._make_checks(slow)
-        self._checksum_every = self.config.checksum_every
-        """Checksum-check one step in N; 0 for a model with compiled regions (:mod:`.hooks.wrappers`)."""
-        if self._checksum_every and has_compiled_regions(self.model):
-            self._checksum_every = 0
-            if self.job_comm.index == 0:
-                self.log.warning("%s", COMPILED_NOTICE)
-        self._steps = self._samples = 0
-        self._last_step: int | None = None
-        self._sampled = self._closed = False
-        self._rejoin = make_rejoin(
-            self, escalate, optimizer, state, loss_fn=loss_fn, min_replicas=min_replicas, snapshot_dir=snapshot_dir,
-            sharded=self.layout.meshed or is_fsdp(self.module),
-        )  # fmt: skip
-        self._recovery = None if self._rejoin is None else self._rejoin.recovery
+        checksum_every = 0 if compiled else self.config.checksum_every
+        """Checksums off for a model with compiled regions (:mod:`.hooks.wrappers`)."""
+        self._cadence = Cadence(replay_every=self.config.replay_every, checksum_every=checksum_every)
+        self._closed = False
+        sharded = self.layout.meshed or is_fsdp(self.module)
+        self._rejoin = make_rejoin(self, self.config, optimizer, state, snapshot_dir=snapshot_dir, sharded=sharded)
         self.data_rank, self._batch = self.dp_rank, None  # whose batches it feeds: a recovery renumbers them
-        for notice in construction_notices(
-            speaks=self.job_comm.index == 0 and self.role == "worker", worker=self.role == "worker",
-            replicas=self._replica.active, job_size=self.job_comm.size, cuda_problems=setup_warnings(self.device),
-            setups=self.setups,
-        ):  # fmt: skip
-            self.log.warning("%s", notice)
+        self._say_notices(compiled)
 
     # ------------------------------------------------------------------------------------------------ setup
 
-    def _place(self, group: Any, mesh: Any) -> tuple[JobView, list[int]]:
+    def _place(self, group: Any, mesh: Any) -> Placement:
         """Where this rank stands (:mod:`.placement`): its role and groups, every rank's identity, the layout."""
         reduced = is_fsdp(self.module) or self._ddp is not None
         p = place(
             self.config.shadows, group, mesh, taps=self.taps, module=self.module, device=self.device, reduced=reduced
         )
-        self.role, self.shadow_ranks, self.job_comm, self.comm, self.layout = (
-            p.role, p.shadow_ranks, p.job_comm, p.comm, p.layout,
-        )  # fmt: skip
-        self.rank, self._frozen = self.job_comm.rank, p.frozen
+        self._stand(p.role, p.shadow_ranks, p.job_comm, p.comm, p.layout)
+        self.rank = self.job_comm.rank
         self.log = RankLogger(get_logger("training"), self.rank, lambda: self._step)
-        self.group, self.members, self.dp_size, self.dp_rank = (
-            self.comm.group, self.comm.members, self.comm.size, self.comm.index,
-        )  # fmt: skip
-        return p.view, p.classes
+        return p
+
+    def _instruments(self, loss_fn: LossFn, rng_hook: RngHook | None, slow: SlowWatch | None, context: Any) -> None:
+        """What watches the step (the observer, for a whole step or a pipeline stage's micro-batches), times it (the
+        clock, when slow ranks are watched) and replays it (the replayer)."""
+        observer = StageObserver if self.layout.stages or loss_fn is stage_output else StepObserver
+        self._observer = observer(self.taps, rank=self.dp_rank, device=self.device, rng_hook=rng_hook)
+        timed = slow is not None and not self.shadow_ranks and self.role == "worker" and self.layout.width > 1
+        self._clock = PhaseClock(self.device) if timed else IdleClock()
+        self._train_context = context
+        self._replayer = Replayer(self.taps, loss_fn, rng_hook=rng_hook, timed=self._clock.replay, context=context)
+        self._rng_hook = rng_hook
+
+    def _say_notices(self, compiled: bool) -> None:
+        """What this rank says once as it starts (:mod:`.notices`)."""
+        for notice in construction_notices(
+            speaks=self.job_comm.index == 0 and self.role == "worker",
+            worker=self.role == "worker",
+            replicas=self._replica.active,
+            job_size=self.job_comm.size,
+            cuda_problems=setup_warnings(self.device),
+            setups=self.setups,
+            compiled=compiled and bool(self.config.checksum_every),
+        ):
+            self.log.warning("%s", notice)
+
+    def _stand(self, role: Role, shadow_ranks: Sequence[int], job_comm: Comm, comm: Comm, layout: Layout) -> None:
+        """Take up a place in the job: at construction, and in the group a recovery re-formed (:meth:`regroup`)."""
+        self.role, self.shadow_ranks, self.layout = role, tuple(shadow_ranks), layout
+        self.job_comm, self.comm, self.group, self.members = job_comm, comm, comm.group, comm.members
+        self.dp_size, self.dp_rank = comm.size, comm.index
 
     def _make_checks(self, slow: SlowWatch | None) -> list[StepCheck]:
         """The step's checks for where this rank stands now (:mod:`.wiring`)."""
-        record_ops = not (self.taps.collective_replay or self.layout.meshed or has_compiled_regions(self.model))
-        where = Where(
-            job_comm=self.job_comm, comm=self.comm, layout=self.layout, shadow_ranks=tuple(self.shadow_ranks),
-            identities=self.identities, setups=self.setups, job=self.job, device=self.device, record_ops=record_ops,
-        )  # fmt: skip
-        c = make_checks(
-            where, self._view, self._classes, taps=self.taps, params=self.params, frozen=self._frozen,
-            module=self.module, replayer=self._replayer, attr=self._attr, outcomes=self._outcomes, ddp=self._ddp,
-            responder=self._responder, clock=self._clock, slow=slow, rows=self.config.checksum_rows,
-            splits=self.config.checksum_splits, log=self.log,
-        )  # fmt: skip
-        self._replica, self._weights, self._round, self._checksums, self._memory, self._slow = (
-            c.replica, c.weights, c.round, c.checksums, c.memory, c.slow,
-        )  # fmt: skip
-        self._record_ops = record_ops
+        where = Where(job_comm=self.job_comm, comm=self.comm, layout=self.layout, shadow_ranks=self.shadow_ranks)
+        c = make_checks(where, self._parts, attr=self._attr, outcomes=self._outcomes, ddp=self._ddp, slow=slow)
+        self._replica: ReplicaPhases = c.replica
+        self._weights, self._round = c.weights, c.round
+        self._checksums, self._memory, self._slow = c.checksums, c.memory, c.slow
         return c.all
 
     # ------------------------------------------------------------------------------------------- the step
@@ -250,15 +263,12 @@ class SDCGuard:
         if micro_batches < 1:
             raise BadInput(f"micro_batches must be >= 1, got {micro_batches}")
         self._step = step
-        if self._recovery is not None:
-            self._recovery.begin_step(step, self.last_verified_step)
-            self._responder.record(self._recovery.finished(step))
-        every = self.config.replay_every
-        self._sampled = every > 0 and step % every == 0 and self._outcomes.replay_on
-        record = self._sampled and self._round.round.records(self._samples)
-        self._observer.begin(step, record=record, chosen=self._samples % micro_batches)
+        self._responder.record(self._rejoin.begin_step(step, self.last_verified_step))
+        samples = self._cadence.samples
+        record = self._cadence.begin(step, replay_on=self._outcomes.replay_on) and self._round.round.records(samples)
+        self._observer.begin(step, record=record, chosen=samples % micro_batches)
         self._clock.begin_step()
-        if self._checksum_every and step % self._checksum_every == 0:
+        if self._cadence.checksummed(step):
             self._checksums.mode.begin()
 
     def before_forward(self, batch: Batch) -> None:
@@ -278,36 +288,38 @@ class SDCGuard:
         if step is None:
             raise RuntimeError("end_step() without begin_step()")
         observed, losses = self._observer.finish(), self._observer.nonfinite_losses
-        state = StepState(step=step, sample=self._samples, sampled=self._sampled, observed=observed, nonfinite=losses)
+        sampled, sample = self._cadence.sampled, self._cadence.samples
+        state = StepState(step=step, sample=sample, sampled=sampled, observed=observed, nonfinite=losses)
         self._clock.end_compute(state.sample if state.sampled else None)
         parts = [(c.name, c.columns(state)) for c in self._checks]
         with self._clock.waiting():
             table = gather_step(self.job_comm, parts, self.device)
         results = [c.conclude(state, table.rows(c.name)) for c in self._checks]
-        if state.sampled:
-            self._samples += 1
         decision = decide(results, record_only=self.config.on_detect == "record")
         found = [self._outcomes.rollback(i, vetoed=not decision.commit and i.step == step) for i in decision.incidents]
         if not decision.commit:
             for p in self.params:
                 p.grad = None  # the optimizer skips parameters without gradients: the step changes nothing
-        self._steps += 1
-        self._last_step = step
+        self._cadence.end(step, sampled=state.sampled)
         self._clock.end_step()
-        if self._recovery is not None:
-            self._recovery.fence()  # a snapshot copy in flight is read before the optimizer writes
-            if decision.commit and state.sampled:
-                self._recovery.sampled(step)
+        self._rejoin.end_step(step, committed_sample=decision.commit and state.sampled)
         escalating = self._responder.handle(found, escalate=self._outcomes.escalating(found))
-        resume = self._rejoin.recover(step, escalating, self._outcomes.verification) if self._rejoin else None
+        resume = self._rejoin.recover(step, escalating, self._outcomes.verification)
         if resume is not None:
             self._memory.forget()  # the weights were restored: the next optimizer step makes the new reference
         return StepReport(
-            step=step, loss=loss if loss is not None else torch.full((), float("nan")), commit=decision.commit,
-            incidents=tuple(found), replayed=state.sampled, checks=decision.checks,
-            matmuls_run=self._checksums.run, matmuls_checked=self._checksums.checked,
-            matmuls_unverifiable=self._checksums.unverifiable, unverifiable=self._checksums.named, resume_from=resume,
-        )  # fmt: skip
+            step=step,
+            loss=loss if loss is not None else torch.full((), float("nan")),
+            commit=decision.commit,
+            incidents=tuple(found),
+            replayed=state.sampled,
+            checks=decision.checks,
+            matmuls_run=self._checksums.run,
+            matmuls_checked=self._checksums.checked,
+            matmuls_unverifiable=self._checksums.unverifiable,
+            unverifiable=self._checksums.named,
+            resume_from=resume,
+        )
 
     def step(self, step: int, batch: Batch = None, *, micro_batches: Sequence[Batch] | None = None) -> StepReport:
         """Forward, backward, checks and veto for one optimizer step of a plain loop.
@@ -339,14 +351,12 @@ class SDCGuard:
         """Every step, after ``optimizer.step()`` (and anything else that writes the weights): fingerprint this rank's
         shards for the next step's memory check; compare the weights across replicas when the schedule says so."""
         self._memory.settle()
-        every = self.config.weight_check_every
-        if self.role != "worker" or not every or self._last_step is None or self._last_step % every:
+        every, last = self.config.weight_check_every, self._cadence.last_step
+        if self.role != "worker" or not every or last is None or last % every or not self._weights.active:
             return []
-        if not self._weights.active:
-            return []
-        checked = explained(self._weights.check(self._last_step), self._memory.named)  # a rank's memory explains it
+        checked = explained(self._weights.check(last), self._memory.named)  # a rank's memory explains it
         found = [self._outcomes.rollback(i, vetoed=False) for i in checked]
-        self._outcomes.verification.weights_compared(self._last_step, agreed=not found)
+        self._outcomes.verification.weights_compared(last, agreed=not found)
         self._responder.handle(found)
         return found
 
@@ -396,15 +406,14 @@ class SDCGuard:
             raise RuntimeError("calibrate() runs on the data-parallel workers")
         cap = make_capture(step=-1, rank=self.dp_rank, micro_batch=0, batch=batch, rng=capture_rng(self._rng_hook))
         report, j = calibrate(
-            self.comm, self._replayer, cap, self.device, record_ops=self._record_ops, setups=self.setups
+            self.comm, self._replayer, cap, self.device, record_ops=self._parts.record_ops, setups=self.setups
         )  # every slice at once: a tensor-parallel group computes its micro-batch together
         runs = [(report, j, self.members[0])]
         if self.layout.meshed:  # every rank concludes from every slice's calibration, alike
             runs = self.job_comm.gather_objects(runs[0])
         report, found = self._outcomes.calibrated_runs(runs, self.dp_size)
         escalating = self._responder.handle(found, escalate=self._outcomes.escalating(found))
-        if escalating and self._rejoin is not None:  # "recover" before any snapshot: every rank exits by the contract
-            self._rejoin.recover(-1, escalating, self._outcomes.verification)
+        self._rejoin.recover(-1, escalating, self._outcomes.verification)  # "recover" before any snapshot: all exit
         return report
 
     def serve(self) -> int:
@@ -414,28 +423,27 @@ class SDCGuard:
         if self.role != "shadow":
             raise RuntimeError("guard.serve() runs on dedicated shadow ranks only")
         server = ShadowServer(self.params, self._replayer, num_workers=self.dp_size)
-        return self._rejoin.serve(server) if self._rejoin is not None else server.serve()
+        return self._rejoin.serve(server)
 
     # ------------------------------------------------------------------ recovery: the seam of :mod:`.rejoin`
 
     @property
     def resume_from(self) -> int | None:
         """The step the last recovery went on from (a promoted spare starts there); None before any."""
-        return None if self._rejoin is None else self._rejoin.resume_from
+        return self._rejoin.resume_from
 
     def restore(self, fallback: Callable[[], int] | None = None) -> Restored:
         """A restarted job's workers, before the first step (``snapshot_dir=``): the newest verified snapshot in host
         memory a vote of the replicas confirms, else ``fallback()`` (it loads the last verified disk checkpoint and
         returns the step to go on at); which, in the result and a log line (:meth:`~.rejoin.Rejoin.restore`)."""
-        if self._rejoin is None or self.role != "worker":
+        if self.role != "worker":
             raise BadInput('guard.restore() runs on the workers of a guard with escalate="recover"')
         return self._rejoin.restore(self.comm, fallback)
 
     @property
     def snapshot_step(self) -> int | None:
         """The step the verified snapshot starts (what a recovery would roll back to now); None: none kept."""
-        verified = None if self._recovery is None else self._recovery.keeper.verified
-        return None if verified is None else verified.step
+        return self._rejoin.snapshot_step
 
     @property
     def last_batch(self) -> Batch:
@@ -450,16 +458,14 @@ class SDCGuard:
         """After a recovery (:class:`~.rejoin.Rejoin`): take up the re-formed group ``comm`` as a worker numbered by
         its place (the order the group sums in), training ``model``, with the checks made again for its members
         (what was learnt about determinism and earlier suspects is kept; ``leavers`` are gone)."""
-        self.job_comm = self.comm = comm
-        self.group, self.members, self.dp_size, self.dp_rank = comm.group, comm.members, comm.size, comm.index
-        self.data_rank, self.role, self.shadow_ranks = comm.index, "worker", tuple(shadows)
-        self.layout = Layout(ranks=tuple(comm.members), slices=(tuple(comm.members),))
+        self._stand("worker", shadows, comm, comm, Layout(ranks=tuple(comm.members), slices=(tuple(comm.members),)))
+        self.data_rank = comm.index
         self.model, self._ddp = model, model if is_ddp(model) else None
         self._attr = Attributor(self.taps.unit_names, self.identities, job=self.job, job_size=comm.size)
         speaks = comm.index == 0
         self._outcomes = self._outcomes.regrouped(self._attr, list(comm.members), leavers, speaks=speaks)
         self._responder.writer, self._responder.before_acting = speaks, None
-        self._samples = int(comm.gather_ints([self._samples]).max())  # a promoted spare's counter was its own
+        self._cadence.join(int(comm.gather_ints([self._cadence.samples]).max()))
         self._observer = StepObserver(self.taps, rank=self.dp_rank, device=self.device, rng_hook=self._rng_hook)
         self._checks = self._make_checks(None)
 
@@ -474,26 +480,19 @@ class SDCGuard:
             self._responder.record(self._responder.handle(found, escalate=self._outcomes.escalating(found)))
         self._checksums.mode.end()
         self.taps.close()
-        if self._rejoin is not None:
-            self._rejoin.close()
+        self._rejoin.close()
         return found
 
     def state_dict(self) -> dict[str, Any]:
         """Counters a resumed run needs (the sample counter drives pairings and micro-batch choice)."""
-        return {
-            "version": 2, "steps": self._steps, "samples": self._samples, "last_step": self._last_step,
-            "slow": self._slow.state_dict() if self._slow is not None else {}, **self._outcomes.state_dict(),
-            "incidents": len(self.incidents),
-        }  # fmt: skip
+        slow = self._slow.state_dict() if self._slow is not None else {}
+        counters = self._cadence.state_dict()
+        return {"version": 2, **counters, "slow": slow, **self._outcomes.state_dict(), "incidents": len(self.incidents)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("version") not in (1, 2):
             raise BadInput(f"unknown SDCGuard state version {state.get('version')!r}")
-        self._steps, self._samples, self._last_step = int(state["steps"]), int(state["samples"]), state["last_step"]
-        if state["version"] == 1:
-            determinism = {"state": "nondeterministic" if state["nondeterministic"] else "unknown"}
-            self._outcomes.load_state_dict({"determinism": determinism})
-            return
+        self._cadence.load_state_dict(state)
         self._outcomes.load_state_dict(state)
         if self._slow is not None:
             self._slow.load_state_dict(state.get("slow", {}))

@@ -24,13 +24,17 @@ def construction_notices(
     cuda_problems: list[str],
     setups: Mapping[int, tuple[str, ...]],
     worker: bool = True,
+    compiled: bool = False,
 ) -> list[str]:
     """The warnings of a starting rank (``speaks``: one rank of the job says the job-wide ones; ``replicas``: some
     two ranks hold the same shard; ``cuda_problems``: settings that keep CUDA replays from being bit-identical;
-    ``worker``: a dedicated shadow says none)."""
+    ``worker``: a dedicated shadow says none; ``compiled``: the model has compiled regions and the checksums were on,
+    so the guard turns them off and says why)."""
     out: list[str] = []
     if not worker:
         return out
+    if speaks and compiled:
+        out.append(COMPILED_NOTICE)
     if speaks and job_size > 1 and not replicas:
         out.append(
             "no two ranks hold the same shard of any parameter (FSDP2 over every rank, or FSDP2 x TP without a "

@@ -1,10 +1,11 @@
 """A guard's part in a recovery (``escalate="recover"``): the job-wide plan, this rank's part in it, and the guard
 taken up again in the re-formed group.
 
-Split from :mod:`.guard` by job: everything here runs once per recovery. It is an object of its own
-(:class:`Rejoin`) that reaches the guard only through a small public seam (:class:`Member`): what the plan reads
-(the rank, the workers, the shadows, the model and the last batch), :meth:`Member.tell_shadows` (the shadows learn
-the plan) and :meth:`Member.regroup` (the guard takes up the new group and makes its checks again).
+Split from :mod:`.guard` by job: the snapshots' part of each step, and everything that runs once per recovery. It
+is an object of its own (:class:`Rejoin`) that reaches the guard only through a small public seam (:class:`Member`):
+what the plan reads (the rank, the workers, the shadows, the model and the last batch), :meth:`Member.tell_shadows`
+(the shadows learn the plan) and :meth:`Member.regroup` (the guard takes up the new group and makes its checks
+again). A guard without ``escalate="recover"`` holds a :class:`NoRejoin`: the same interface, doing nothing.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from typing import Any, Protocol
 
 from torch import nn
 
+from ..errors import BadInput
 from ..logs import get_logger
 from ..records import Incident
 from .comm import Comm
+from .config import GuardConfig
 from .recovery.engine import warm_up
 from .recovery.plan import RecoveryPlan, plan_recovery
 from .recovery.recover import Recovery, Restored
@@ -27,7 +30,7 @@ from .replay.recompute import LossFn
 from .rounds.shadows import ShadowServer
 from .verdicts.verification import Verification
 
-__all__ = ["Member", "Rejoin", "make_rejoin"]
+__all__ = ["Member", "NoRejoin", "Rejoin", "make_rejoin"]
 
 _log = get_logger("training")
 
@@ -56,6 +59,10 @@ class Member(Protocol):
     @property
     def module(self) -> nn.Module:
         """The module without data-parallel wrapper."""
+
+    @property
+    def loss_fn(self) -> LossFn:
+        """The guard's loss function (a new DDP's warm-up runs it once)."""
 
     @property
     def last_batch(self) -> Any:
@@ -94,6 +101,25 @@ class Rejoin:
         self.loss_fn, self.params, self.identities, self.min_replicas = loss_fn, params, identities, min_replicas
         self.resume_from: int | None = None
         """The step the last recovery went on from."""
+
+    def begin_step(self, step: int, last_verified: int | None) -> list[Incident]:
+        """Before step ``step``: the snapshots' part (:meth:`~.recovery.recover.Recovery.begin_step`), and the
+        incidents of a recovery this step finished, with how it went (to record)."""
+        self.recovery.begin_step(step, last_verified)
+        return self.recovery.finished(step)
+
+    def end_step(self, step: int, *, committed_sample: bool) -> None:
+        """After the step's checks, before the optimizer: a snapshot copy in flight is read first; a sampled step
+        every rank committed is noted."""
+        self.recovery.fence()
+        if committed_sample:
+            self.recovery.sampled(step)
+
+    @property
+    def snapshot_step(self) -> int | None:
+        """The step the verified snapshot starts (what a recovery would roll back to now); None: none kept."""
+        verified = self.recovery.keeper.verified
+        return None if verified is None else verified.step
 
     def recover(self, step: int, incidents: list[Incident], verification: Verification) -> int | None:
         """The job-wide plan (:mod:`.recovery.plan`) from what every worker holds alike (the escalating incidents
@@ -168,21 +194,46 @@ class Rejoin:
         return self.resume_from
 
 
+class NoRejoin:
+    """The part of a guard without ``escalate="recover"``: :class:`Rejoin`'s interface, keeping no snapshot and never
+    recovering, so the guard asks the same of both."""
+
+    resume_from: int | None = None
+    snapshot_step: int | None = None
+
+    def begin_step(self, step: int, last_verified: int | None) -> list[Incident]:
+        return []
+
+    def end_step(self, step: int, *, committed_sample: bool) -> None:
+        pass
+
+    def recover(self, step: int, incidents: list[Incident], verification: Verification) -> int | None:
+        return None
+
+    def restore(self, comm: Comm, fallback: Callable[[], int] | None) -> Restored:
+        raise BadInput('guard.restore() runs on the workers of a guard with escalate="recover"')
+
+    def serve(self, server: ShadowServer) -> int:
+        return server.serve()
+
+    def close(self) -> None:
+        pass
+
+
 def make_rejoin(
     member: Member,
-    escalate: str,
+    config: GuardConfig,
     optimizer: Stateful | None,
     state: Sequence[Stateful],
     *,
-    loss_fn: LossFn,
-    min_replicas: int | None,
     snapshot_dir: str | os.PathLike[str] | None,
     sharded: bool,
-) -> Rejoin | None:
+) -> Rejoin | NoRejoin:
     """The recoveries of a guard (``member``) built from its settings (:func:`~.recovery.setup.make_recovery`
-    refuses what it cannot re-form); None unless ``escalate="recover"``."""
+    refuses what it cannot re-form); :class:`NoRejoin` unless ``escalate="recover"``."""
+    min_replicas = config.min_replicas
     recovery = make_recovery(
-        escalate,
+        config.escalate,
         member.module,
         optimizer,
         state,
@@ -192,11 +243,11 @@ def make_rejoin(
         rank=member.rank,
     )
     if recovery is None:
-        return None
+        return NoRejoin()
     return Rejoin(
         member,
         recovery,
-        loss_fn=loss_fn,
+        loss_fn=member.loss_fn,
         params=list(member.module.parameters()),
         identities=member.identities,
         min_replicas=min_replicas,

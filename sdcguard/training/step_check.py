@@ -1,4 +1,5 @@
-"""One shape for every check the guard makes on a step, and the one rule that turns their results into a decision.
+"""One shape for every check the guard makes on a step, the one rule that turns their results into a decision, and
+the cadence of the sampled and checksummed steps.
 
 A :class:`StepCheck` (the cross-replica check, the sampled round, the matmul checksums, the timing of slow ranks, and
 each mesh check to come) adds its *slice* to the step's one all-gather, by name, and from the gathered slice of
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, get_args
+from typing import Any, Literal, Protocol, get_args
 
 import torch
 
@@ -24,7 +25,17 @@ from .comm import Comm
 from .replay.observe import Observed
 from .verdicts.local import explained
 
-__all__ = ["Check", "StepState", "CheckResult", "StepCheck", "StepTable", "gather_step", "Decision", "decide"]
+__all__ = [
+    "Cadence",
+    "Check",
+    "StepState",
+    "CheckResult",
+    "StepCheck",
+    "StepTable",
+    "gather_step",
+    "Decision",
+    "decide",
+]
 
 
 Check = Literal["memory", "nonfinite", "reduction", "gradient_replica", "weight_replica", "replay", "checksum"]
@@ -119,3 +130,57 @@ def decide(results: Sequence[CheckResult], *, record_only: bool) -> Decision:
         incidents=tuple(explained([i for r in results for i in r.incidents])),
         checks=tuple(sorted((r.ran for r in results if r.ran is not None), key=get_args(Check).index)),
     )
+
+
+class Cadence:
+    """Which steps a guard samples and checksums, and the counters that decide it.
+
+    A step is sampled (one of its micro-batches replayed on another device) when its number is a multiple of
+    ``replay_every`` and replays are still on; its matmuls are checked against their checksums when its number is a
+    multiple of ``checksum_every`` (the guard sets 0 for a model with compiled regions: :mod:`.hooks.wrappers`). The
+    sample counter drives the rounds' pairings and which micro-batch a sampled step records, so a resumed run carries
+    it over (:meth:`state_dict`), and a promoted spare takes the workers' (:meth:`join`).
+
+    Args:
+        replay_every: sample one step in N (0: never).
+        checksum_every: checksum-check one step in N (0: never).
+    """
+
+    def __init__(self, *, replay_every: int, checksum_every: int) -> None:
+        self.replay_every = replay_every
+        self.checksum_every = checksum_every
+        self.steps = 0
+        """Steps ended so far."""
+        self.samples = 0
+        """Sampled steps ended so far: the next sample's number."""
+        self.last_step: int | None = None
+        """The number of the last step ended."""
+        self.sampled = False
+        """Whether the step in progress is sampled."""
+
+    def begin(self, step: int, *, replay_on: bool) -> bool:
+        """Start step ``step`` (``replay_on``: replays have not proven nondeterministic); whether it is sampled."""
+        every = self.replay_every
+        self.sampled = every > 0 and step % every == 0 and replay_on
+        return self.sampled
+
+    def checksummed(self, step: int) -> bool:
+        """Whether step ``step``'s matmuls are checked against their checksums."""
+        return bool(self.checksum_every) and step % self.checksum_every == 0
+
+    def end(self, step: int, *, sampled: bool) -> None:
+        """Step ``step`` ended (``sampled``: it was a sampled one)."""
+        if sampled:
+            self.samples += 1
+        self.steps += 1
+        self.last_step = step
+
+    def join(self, samples: int) -> None:
+        """Take the group's sample counter (a promoted spare's counter was its own)."""
+        self.samples = samples
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "samples": self.samples, "last_step": self.last_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps, self.samples, self.last_step = int(state["steps"]), int(state["samples"]), state["last_step"]

@@ -6,7 +6,7 @@ made the same way both times.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -17,13 +17,14 @@ from ..errors import BadInput
 from .checksums.mode import ChecksumMode
 from .checksums.round import ChecksumCheck
 from .comm import Comm
+from .config import GuardConfig
 from .hooks.ddp import ParamTaps
 from .hooks.taps import Taps
-from .identity import JobView
 from .local.finite import NonFiniteCheck
 from .local.memory import MemoryCheck
 from .local.reduction import ReductionCheck
 from .mesh import Layout
+from .placement import Placement
 from .replay.recompute import Replayer
 from .replica import GradientReplicaCheck, ReplicaPhases, WeightCheck
 from .response import Responder
@@ -35,12 +36,12 @@ from .timing import IdleClock, PhaseClock, SlowJudge, SlowWatch, TimingCheck
 from .verdicts.attribution import Attributor
 from .verdicts.outcomes import Outcomes
 
-__all__ = ["Checks", "Where", "make_checks"]
+__all__ = ["Checks", "Parts", "Where", "make_checks"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Where:
-    """Where a guard stands, as its checks need it."""
+    """Where a guard stands in the job: what a recovery changes."""
 
     job_comm: Comm
     """The group of the step's gather."""
@@ -48,12 +49,31 @@ class Where:
     """This rank's data-parallel group."""
     layout: Layout
     shadow_ranks: tuple[int, ...]
-    identities: dict[int, tuple[str | None, str]]
-    setups: dict[int, tuple[str, ...]]
-    job: str
-    device: torch.device
+
+
+@dataclass(frozen=True, kw_only=True)
+class Parts:
+    """What a guard's checks are made of that a recovery keeps: its taps and module, where it was placed (the job's
+    view, the parameters' replica classes, the frozen ones), its replayer, clock and responder, and its settings."""
+
+    taps: Taps
+    module: nn.Module
+    placement: Placement
+    replayer: Replayer
+    responder: Responder
+    clock: PhaseClock
+    config: GuardConfig
     record_ops: bool
     """Settling reruns may run under the op recorder (:meth:`~.guard.SDCGuard` decides)."""
+    log: logging.LoggerAdapter[logging.Logger]
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return list(self.taps.params)
+
+    @property
+    def device(self) -> torch.device:
+        return self.params[0].device
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,58 +91,55 @@ class Checks:
 
 def make_checks(
     where: Where,
-    view: JobView,
-    classes: list[int],
+    parts: Parts,
     *,
-    taps: Taps,
-    params: list[nn.Parameter],
-    frozen: Sequence[tuple[str, nn.Parameter]],
-    module: nn.Module,
-    replayer: Replayer,
     attr: Attributor,
     outcomes: Outcomes,
-    responder: Responder,
-    clock: PhaseClock,
     slow: SlowWatch | None,
-    rows: int,
-    splits: int,
-    log: logging.LoggerAdapter[logging.Logger],
     ddp: DistributedDataParallel | None = None,
 ) -> Checks:
     """The checksums (their mode is popped first: no replay runs under it), each rank's own shards against their
     fingerprint from after the optimizer step, non-finite losses and gradients, the gradients' path into ``ddp``'s
     reduction (the model's DDP wrapper, watched from now on), the reduced gradients across replicas, the sampled
     round, and the timing of slow ranks when timed."""
+    taps, view, device = parts.taps, parts.placement.view, parts.device
     job_ranks = list(where.job_comm.members)
     rank_keys = view.keys(job_ranks)
     if len({len(k) for k in rank_keys}) > 1:
         raise BadInput("the ranks' parameters are sharded differently (their DTensor placements differ)")
-    ids = [(g, *where.identities.get(g, (None, ""))) for g in job_ranks]
-    replica = ReplicaPhases(where.job_comm, rank_keys, taps.param_names, ids, where.job, classes[: len(params)])
-    names = [*taps.param_names, *(f"{name} (frozen)" for name, _ in frozen)]
-    frozen_weights = [p.detach() for _, p in frozen]
+    ids = [(g, *view.identities.get(g, (None, ""))) for g in job_ranks]
+    replica = ReplicaPhases(
+        where.job_comm, rank_keys, taps.param_names, ids, view.job, parts.placement.classes[: len(parts.params)]
+    )
+    names = [*taps.param_names, *(f"{name} (frozen)" for name, _ in parts.placement.frozen)]
+    frozen_weights = [w.detach() for _, w in parts.placement.frozen]
     weights = WeightCheck(
-        ReplicaPhases(where.job_comm, rank_keys, names, ids, where.job, classes), taps.weights, frozen_weights
+        ReplicaPhases(where.job_comm, rank_keys, names, ids, view.job, parts.placement.classes),
+        taps.weights,
+        frozen_weights,
     )
     memory = MemoryCheck(
-        lambda: [*taps.weights(), *frozen_weights], names, ids, where.job, where.device, index=where.job_comm.index
+        lambda: [*taps.weights(), *frozen_weights], names, ids, view.job, device, index=where.job_comm.index
     )
-    finite = NonFiniteCheck(taps.reduced, ids, where.job, where.device)
+    finite = NonFiniteCheck(taps.reduced, ids, view.job, device)
     speaks = where.job_comm.index == 0
     watch = taps.reduction if isinstance(taps, ParamTaps) else None
     if watch is not None and ddp is not None and not watch.watch(ddp) and speaks:
-        log.warning("the gradients' path into DDP's all-reduce is not checked: %s", watch.refused)
-    reduction = ReductionCheck(watch, taps.param_names, ids, where.job, where.device)
-    rnd = RoundCheck(_make_round(where, taps, params, replayer, attr), outcomes, where.device, log, speaks=speaks)
+        parts.log.warning("the gradients' path into DDP's all-reduce is not checked: %s", watch.refused)
+    reduction = ReductionCheck(watch, taps.param_names, ids, view.job, device)
+    rnd = RoundCheck(_make_round(where, parts, attr), outcomes, device, parts.log, speaks=speaks)
     escalate: Callable[..., None] | None = rnd.round.escalate if where.shadow_ranks else None
     if escalate is not None:  # an escalation reaches the dedicated shadows too (they raise or exit alike)
-        responder.before_acting = escalate
-    checksums = ChecksumCheck(ChecksumMode(module, rows=rows, splits=splits), where.job_comm, attr, where.device)
+        parts.responder.before_acting = escalate
+    checksums = ChecksumCheck(
+        ChecksumMode(parts.module, rows=parts.config.checksum_rows, splits=parts.config.checksum_splits),
+        where.job_comm,
+        attr,
+        device,
+    )
     judge = (
-        SlowJudge(
-            slow, job_ranks, where.identities, job=where.job, job_size=len(view.ranks), slices=where.layout.slices
-        )
-        if slow is not None and not isinstance(clock, IdleClock)
+        SlowJudge(slow, job_ranks, view.identities, job=view.job, job_size=len(view.ranks), slices=where.layout.slices)
+        if slow is not None and not isinstance(parts.clock, IdleClock)
         else None
     )
     checks: list[StepCheck] = [
@@ -130,27 +147,27 @@ def make_checks(
         memory,
         finite,
         reduction,
-        GradientReplicaCheck(replica, taps.reduced, where.device),
+        GradientReplicaCheck(replica, taps.reduced, device),
         rnd,
     ]
     if judge is not None:
-        checks.append(TimingCheck(clock, judge, where.device))
+        checks.append(TimingCheck(parts.clock, judge, device))
     return Checks(
         replica=replica, weights=weights, round=rnd, checksums=checksums, memory=memory, slow=judge, all=checks
     )
 
 
-def _make_round(where: Where, taps: Taps, params: list[nn.Parameter], replayer: Replayer, attr: Attributor) -> Round:
+def _make_round(where: Where, parts: Parts, attr: Attributor) -> Round:
     if where.shadow_ranks:
-        return DedicatedRound(where.comm, where.shadow_ranks, params, replayer, attr)
-    collective = taps.collective_replay or where.layout.meshed
+        return DedicatedRound(where.comm, where.shadow_ranks, parts.params, parts.replayer, attr)
+    collective = parts.taps.collective_replay or where.layout.meshed
     return PeerRound(
         where.comm,
-        replayer,
+        parts.replayer,
         attr,
-        record_ops=where.record_ops,
+        record_ops=parts.record_ops,
         collective=collective,
-        setups=where.setups,
+        setups=parts.placement.view.setups,
         job=where.job_comm,
         layout=where.layout,
     )

@@ -360,6 +360,15 @@ def test_state_dict_round_trip() -> None:
         fresh.load_state_dict({"version": 99})
 
 
+def test_a_version_1_state_is_still_read() -> None:
+    old = {"version": 1, "steps": 7, "samples": 4, "last_step": 6, "nondeterministic": True}
+    guard = SDCGuard(_model(), lm_loss, replay_every=2)
+    guard.load_state_dict(old)
+    state = guard.state_dict()
+    assert (state["steps"], state["samples"], state["last_step"]) == (7, 4, 6)
+    assert state["determinism"]["state"] == "nondeterministic" and guard.nondeterministic
+
+
 def test_a_loss_fn_that_returns_no_scalar_is_named() -> None:
     guard = SDCGuard(_model(), lambda m, b: m(b["tokens"]))  # logits, not a loss
     with pytest.raises(ValueError, match="scalar tensor"):

@@ -125,16 +125,15 @@ class Replayer:
         taps: Taps,
         loss_fn: LossFn,
         *,
-        device: torch.device,
-        params: Sequence[nn.Parameter],
         rng_hook: RngHook | None = None,
         timed: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
         context: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> None:
         self.taps = taps
         self.loss_fn = loss_fn
-        self.device = device
-        self.params = list(params)
+        self.params = list(taps.params)
+        """The parameters whose gradients a replay computes (the taps'), on the device it runs on."""
+        self.device = self.params[0].device
         self.rng_hook = rng_hook
         self.timed = timed
         self.context = context

@@ -201,7 +201,11 @@ class Outcomes:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.determinism.load_state_dict(state.get("determinism", {}))
+        """Take what a resumed run kept; a version-1 guard state kept only whether replays proved nondeterministic."""
+        determinism = state.get("determinism", {})
+        if "nondeterministic" in state:
+            determinism = {"state": "nondeterministic" if state["nondeterministic"] else "unknown"}
+        self.determinism.load_state_dict(determinism)
         self.verification.load_state_dict(state.get("verification", {}))
         self.unresolved = {int(r) for r in state.get("unresolved", ())}
 
