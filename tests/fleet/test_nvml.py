@@ -1,29 +1,37 @@
 """NVML as a second opinion (:mod:`sdcguard.fleet.nvml`): the XIDs and ECC counts the scanner's telemetry read
 around each GPU scan, shown by ``sdcguard report`` beside each GPU (table, JSON, CSV, HTML; nothing new for a CPU
-fleet), and kept reports that stay equal to computed ones. On SQLite and on the PostgreSQL server the tests start."""
+fleet), kept reports that stay equal to computed ones, and ``[policy] nvml_errors`` (off by default) quarantining a
+GPU whose scans in the window after its last release saw a hardware event. On SQLite and on the PostgreSQL server the
+tests start."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from sdcguard.cli import cli
 from sdcguard.durations import DAY_S
 from sdcguard.fleet.merge import merge_stores
 from sdcguard.fleet.nvml import HARDWARE_XIDS, hardware_events, nvml_text
+from sdcguard.fleet.policy import QuarantinePolicy, apply_policy, decide, read_inputs
 from sdcguard.fleet.report.devices import build_report
 from sdcguard.fleet.report.kept import ReportLines, keep_report, kept_lines
 from sdcguard.fleet.store.rows import NvmlScan
 from sdcguard.fleet.store.store import Store
 from tests._fleet import NOW, gpu_scan, nvml_snapshot, result, scan
+from tests.conftest import BACKENDS
 
 GPU0, GPU1 = "GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111"
 HOUR = 3600.0
+ON = QuarantinePolicy(nvml_errors=True)
 
 
 def _scan(**readings: object) -> NvmlScan:
@@ -120,3 +128,103 @@ def test_a_kept_report_equals_the_computed_one_as_gpus_scan_and_merge(tmp_path: 
             GPU0: "xid 79",
             GPU1: "remap failure",
         }
+
+
+def test_the_rule_is_off_by_default_and_a_release_ends_its_evidence(store_db: str) -> None:
+    with Store.open(store_db) as store:
+        gpu_scan(store, GPU0, t=NOW - 2 * HOUR, before=nvml_snapshot(), after=nvml_snapshot(xids=[79]))
+        gpu_scan(store, GPU1, t=NOW - 2 * HOUR, before=nvml_snapshot(), after=nvml_snapshot(xids=[13, 31, 43, 45]))
+        assert apply_policy(store, QuarantinePolicy(), now=NOW).quarantined == []  # off by default
+        decided = apply_policy(store, ON, now=NOW)
+        assert decided.quarantined == [GPU0], decided.reasons
+        assert decided.reasons[0] == (
+            f"{GPU0}: NVML: XID 79 during the scan started 2027-01-15T06:00:00Z (nvml_errors is on)"
+        ), decided.reasons
+        store.quarantine.release(GPU0, reason="reseated", now=NOW + 60)
+        assert apply_policy(store, ON, now=NOW + 120).quarantined == []
+        gpu_scan(store, GPU0, t=NOW + 180, before=nvml_snapshot(dbe=0), after=nvml_snapshot(dbe=1, failure=True))
+        decided = apply_policy(store, ON, now=NOW + 300)
+        assert decided.quarantined == [GPU0] and "NVML: DBE +1, remap failure during" in decided.reasons[0]
+
+
+# --- the property: quarantined by the rule iff a scan in the window after its last release saw a hardware event ---
+DEVICES = (GPU0, GPU1)
+WINDOW_S = 10 * HOUR
+KINDS = {
+    "clean": (nvml_snapshot(), nvml_snapshot()),
+    "xid79": (nvml_snapshot(), nvml_snapshot(xids=[79])),
+    "xid13": (nvml_snapshot(), nvml_snapshot(xids=[13, 43])),
+    "dbe": (nvml_snapshot(dbe=1), nvml_snapshot(dbe=2)),
+    "rows": (nvml_snapshot(rows=0), nvml_snapshot(rows=1)),
+    "failure": (nvml_snapshot(), nvml_snapshot(failure=True)),
+    "garbage": ("x", {"xids": "79", "ecc_dbe_volatile": "2", "remap_failure": "yes"}),
+    "partial": ({"time": 1.0}, {"xids": [94]}),
+}
+"""A scan's telemetry before and after it, by what it saw."""
+HARDWARE = {"xid79", "dbe", "rows", "failure", "partial"}
+
+_op = st.one_of(
+    st.tuples(st.just("scan"), st.sampled_from(DEVICES), st.sampled_from(sorted(KINDS))),
+    st.tuples(st.just("drill"), st.sampled_from(DEVICES), st.sampled_from(sorted(HARDWARE))),
+    st.tuples(st.just("release"), st.sampled_from(DEVICES), st.just("")),
+    st.tuples(st.just("wait"), st.just(""), st.sampled_from(["1", "4", "9"])),
+    st.tuples(st.just("policy"), st.just(""), st.just("")),
+)
+XID_THEN_RELEASED = [("scan", GPU0, "xid79"), ("policy", "", ""), ("release", GPU0, ""), ("policy", "", "")]
+OUT_OF_THE_WINDOW = [("scan", GPU1, "dbe"), ("wait", "", "9"), ("wait", "", "4"), ("policy", "", "")]
+DRILL_AND_APPLICATION = [
+    ("drill", GPU0, "xid79"),
+    ("scan", GPU1, "xid13"),
+    ("scan", GPU1, "garbage"),
+    ("policy", "", ""),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@example(ops=XID_THEN_RELEASED)
+@example(ops=OUT_OF_THE_WINDOW)
+@example(ops=DRILL_AND_APPLICATION)
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(_op, min_size=1, max_size=14))
+def test_the_rule_quarantines_a_gpu_iff_a_scan_in_the_window_after_its_release_saw_a_hardware_event(
+    backend: str, new_store: Callable[[str], str], ops: list[tuple[str, str, str]]
+) -> None:
+    policy = QuarantinePolicy(nvml_errors=True, window_s=WINDOW_S)
+    seen: dict[str, list[float]] = {d: [] for d in DEVICES}  # when each GPU's scans saw a hardware event
+    released: dict[str, float] = {}
+    clock = NOW
+    with Store.open(new_store(backend)) as store:
+        for kind, device, how in ops:
+            clock += HOUR
+            if kind in ("scan", "drill"):
+                before, after = KINDS[how]
+                gpu_scan(
+                    store, device, t=clock, before=before, after=after, inject="gpu:0:flip" if kind == "drill" else None
+                )
+                if kind == "scan" and how in HARDWARE:
+                    seen[device].append(clock)
+            elif kind == "release":
+                if store.quarantine.states().get(device) != "quarantined":
+                    store.quarantine.add(device, reason="by hand", now=clock)
+                store.quarantine.release(device, reason="reseated", now=clock)
+                released[device] = clock
+            elif kind == "wait":
+                clock += float(how) * HOUR
+            else:
+                now = clock + 120
+                states = store.quarantine.states()
+                want = {
+                    d
+                    for d, times in seen.items()
+                    if states.get(d) != "quarantined"
+                    and any(t >= now - WINDOW_S and t >= released.get(d, float("-inf")) for t in times)
+                }
+                verdict = decide(read_inputs(store, policy, now=now, devices=None, scope="fleet"), policy)
+                assert set(verdict.quarantine) == want, (ops, verdict.quarantine, seen, released)
+                assert all("(nvml_errors is on)" in why for why in verdict.quarantine.values())
+                off = decide(
+                    read_inputs(store, QuarantinePolicy(window_s=WINDOW_S), now=now, devices=None, scope="fleet"),
+                    QuarantinePolicy(window_s=WINDOW_S),
+                )
+                assert off.quarantine == {}
+                assert set(apply_policy(store, policy, now=now).quarantined) == want
