@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sdcguard.fleet.store.store import Store
-from sdcguard.records import CaseResult, DeviceInfo
+from sdcguard.records import CaseResult, DeviceInfo, ScanStatus
 
 NOW = 1_800_000_000.0
 """A fixed 'now' (2027-01-15) so windows are deterministic."""
@@ -115,3 +115,51 @@ def assert_tallies_match_rows(path: str | Path) -> None:
     assert got.keys() == want.keys()
     for key, (n, k, s) in want.items():
         assert got[key][:2] == (n, k) and abs(got[key][2] - s) <= 1e-9 * max(1.0, abs(s)), (key, got[key], want[key])
+
+
+def nvml_snapshot(
+    *, dbe: int = 0, rows: int = 0, failure: bool = False, xids: Sequence[int] = (), t: float = NOW
+) -> dict[str, object]:
+    """A GPU's telemetry snapshot as :class:`fleet_scan.devices.telemetry.GpuTelemetry` takes it: ``dbe`` volatile
+    double-bit ECC errors, ``rows`` rows remapped for uncorrectable errors, a remap ``failure``, the ``xids`` so far."""
+    return {
+        "time": t,
+        "temperature_c": 41,
+        "sm_clock_mhz": 1980,
+        "mem_clock_mhz": 2619,
+        "power_w": 118.0,
+        "utilization_pct": 0,
+        "ecc_sbe_volatile": 3,
+        "ecc_dbe_volatile": dbe,
+        "ecc_sbe_aggregate": 7,
+        "ecc_dbe_aggregate": dbe,
+        "remapped_rows_correctable": 2,
+        "remapped_rows_uncorrectable": rows,
+        "remap_pending": False,
+        "remap_failure": failure,
+        "xids": list(xids),
+    }
+
+
+def gpu_scan(
+    store: Store,
+    device: str,
+    *,
+    t: float,
+    before: object,
+    after: object,
+    status: ScanStatus = "complete",
+    inject: str | None = None,
+    host: str = "node1",
+) -> int:
+    """A GPU's scan through the store's write path, as the scanner writes one: its telemetry before it in the meta
+    it begins with (``inject``: a fire drill's, as drills were written before they were kept apart), its telemetry
+    after it with its end (``status``)."""
+    store.scans.record_devices([DeviceInfo(id=device, host=host, kind="gpu", index=0)], now=t)
+    sid = store.scans.begin(
+        device=device, host=host, budget_s=60.0, started_at=t, meta={"inject": inject, "telemetry_before": before}
+    )
+    store.scans.record(
+        sid, [result(device, t=t + 1)], finish=status, finished_at=t + 60, meta={"telemetry_after": after}
+    )
+    return sid

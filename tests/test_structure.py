@@ -92,7 +92,7 @@ FOLDER_LAYERS: dict[str, list[set[str]]] = {
     ],
     "sdcguard.fleet": [
         {"store"},
-        {"rates", "slow", "slow_fleet", "breaker", "actions", "policy", "merge", "dcgm"},
+        {"rates", "slow", "slow_fleet", "breaker", "actions", "policy", "merge", "dcgm", "nvml"},
         {"report", "plan"},
     ],
 }

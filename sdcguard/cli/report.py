@@ -71,6 +71,7 @@ def _print_report(lines: ReportLines, *, since: str, confidence: float, show_all
         caption += f"; {counts['healthy']} healthy devices not listed (--all lists them)"
     shown = list(lines.dicts(listed))
     dcgm = any(d.get("dcgm") for d in shown)  # a column only where a diagnostic was imported
+    nvml = any(d.get("nvml") for d in shown)  # and only where a GPU's scan read NVML's telemetry
     print_table(
         "sdcguard report",
         [
@@ -86,8 +87,9 @@ def _print_report(lines: ReportLines, *, since: str, confidence: float, show_all
             "scans",
             "last scan (UTC)",
             *(["dcgm diag"] if dcgm else []),
+            *(["nvml"] if nvml else []),
         ],
-        [line for d in shown for line in _lines(d, dcgm)],
+        [line for d in shown for line in _lines(d, dcgm, nvml)],
         caption=caption,
     )
 
@@ -105,9 +107,9 @@ def _open(drills: bool, drill_store: Path | None) -> Store:
     return open_store(readonly=True, db=path)
 
 
-def _lines(d: dict[str, Any], dcgm: bool) -> list[list[str]]:
+def _lines(d: dict[str, Any], dcgm: bool, nvml: bool) -> list[list[str]]:
     """A device's row (its JSON object), and under it (``--families``) its figures per kernel family; ``dcgm``: with
-    the latest DCGM diagnostic's result."""
+    the latest DCGM diagnostic's result; ``nvml``: with what NVML saw around its latest scan."""
     return [
         [
             d["device"],
@@ -122,6 +124,7 @@ def _lines(d: dict[str, Any], dcgm: bool) -> list[list[str]]:
             str(d["scans"]),
             d["last_scan"] or "never",
             *([d.get("dcgm") or "-"] if dcgm else []),
+            *([(d.get("nvml") or {}).get("text") or "-"] if nvml else []),
         ],
         *(  # --families: the device's figures per kernel family, under its row
             [
@@ -137,6 +140,7 @@ def _lines(d: dict[str, Any], dcgm: bool) -> list[list[str]]:
                 "",
                 "",
                 *([""] if dcgm else []),
+                *([""] if nvml else []),
             ]
             for name, f in sorted(d.get("families", {}).items())
         ),

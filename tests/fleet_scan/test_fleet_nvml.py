@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,9 @@ from fleet_scan.devices import discovery
 from fleet_scan.devices.discovery import discover_gpus, select_targets
 from fleet_scan.devices.idle import IdleMonitor
 from fleet_scan.devices.telemetry import GpuTelemetry
+from sdcguard.fleet.nvml import nvml_text
+from sdcguard.fleet.store.store import Store
+from sdcguard.records import DeviceInfo
 
 _UUIDS = ["GPU-0badc0de-1111-2222-3333-444455556666", "GPU-0badc0de-1111-2222-3333-444455557777"]
 
@@ -123,6 +127,41 @@ def test_gpu_telemetry_reads_what_the_board_has_and_the_xids_in_between(monkeypa
     assert "retired_pages_sbe" not in snap  # not supported: absent, not an error
     assert snap["xids"] == [79]
     tel.close()
+
+
+def test_the_snapshots_the_scanner_keeps_are_what_the_store_reads_back(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The telemetry the scanner takes before and after a scan, kept in its meta as the worker keeps it, reads back
+    as NVML's opinion of the GPU: the XID delivered in between and the double-bit ECC errors counted meanwhile."""
+    fake = _fake_nvml()
+    _install(monkeypatch, fake)
+    tel = GpuTelemetry(0)
+    before = tel.snapshot()
+    fake.nvmlDeviceGetTotalEccErrors = lambda h, kind, counter: (
+        3 if kind == fake.NVML_MEMORY_ERROR_TYPE_CORRECTED else 2
+    )
+    fake.nvmlEventSetWait_v2 = _events([79])
+    after = tel.snapshot()
+    tel.close()
+    with Store.open(tmp_path / "f.db") as store:
+        store.scans.record_devices([DeviceInfo(id=_UUIDS[0], host="node1", kind="gpu", index=0)])
+        sid = store.scans.begin(device=_UUIDS[0], host="node1", budget_s=60.0, meta={"telemetry_before": before})
+        store.scans.record(sid, (), finish="error", meta={"telemetry_after": after})
+        got = store.hardware.latest()[_UUIDS[0]]
+    assert got.xids == (79,) and got.dbe_growth == 2 and got.remapped_rows_correctable == 2
+    assert nvml_text(got) == "xid 79, dbe +2"
+
+
+def _events(xids: list[int]) -> Any:
+    pending = list(xids)
+
+    def wait(events: str, timeout_ms: int) -> Any:
+        if not pending:
+            raise NVMLError("Timeout")
+        return types.SimpleNamespace(eventData=pending.pop(0))
+
+    return wait
 
 
 def test_a_gpu_with_a_job_is_busy_and_its_appearance_preempts(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,7 +18,9 @@ Rules need different views, so the policy runs in two places (``scope``):
      evidence, and while such failures are inside ``breaker_window_s`` nobody is quarantined in that run (the
      outcome says why). Training incidents of a job that named too many devices are never evidence either.
   3. A device is quarantined on a sticky failure, on ``rate_low`` above ``rate_threshold`` at ``confidence``,
-     or on ``incident_threshold`` attributed training incidents naming it in the window.
+     or on ``incident_threshold`` attributed training incidents naming it in the window; where told, also on the
+     hardware's own opinion in the window: a failed DCGM diagnostic (``dcgm_failures``), a hardware event in
+     NVML's telemetry of its scans (``nvml_errors``: :mod:`..nvml`).
   4. Probation (after a manual release): any failure since the release re-quarantines the device;
      ``probation_clean_scans`` complete clean scans end it.
 

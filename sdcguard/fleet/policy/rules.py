@@ -12,13 +12,14 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ...durations import DAY_S
+from ...durations import DAY_S, iso_utc
 from ...records import Incident
 from ..breaker import SuiteEvidence, SuiteVerdict, judge_suite, judge_training
+from ..nvml import hardware_events
 from ..rates import clopper_pearson_arrays
 from ..slow import Slowness
 from ..slow_fleet import SlownessInputs, judge_fleet, with_training
-from ..store.rows import Decision, DiagSummary, FailedExecution, QuarantineEntry
+from ..store.rows import Decision, DiagSummary, FailedExecution, NvmlScan, QuarantineEntry
 from .settings import PolicyScope, QuarantinePolicy
 
 __all__ = ["PolicyInputs", "PolicyVerdict", "decide"]
@@ -61,6 +62,9 @@ class PolicyInputs:
     """Each device released by hand -> when it last was: evidence from before that never quarantines it again."""
     diagnostics: Mapping[str, DiagSummary] = field(default_factory=dict)
     """(fleet, ``dcgm_failures`` on) Each device whose latest DCGM diagnostic in the window failed a test."""
+    nvml: tuple[NvmlScan, ...] = ()
+    """(fleet, ``nvml_errors`` on) The GPUs' scans in the window whose NVML telemetry saw an XID, ECC errors or a
+    failed remapping (:meth:`~..store.diagnostics.Hardware.events`), oldest first."""
 
     def after_release(self, device: str, t: float) -> bool:
         """Whether evidence of ``device`` at ``t`` counts: it is not older than the device's last release."""
@@ -216,10 +220,32 @@ def _fleet_candidates(
     for dev, diag in sorted(inputs.diagnostics.items()):  # read only with dcgm_failures on
         if diag.time >= since and (scope is None or dev in scope) and inputs.after_release(dev, diag.time):
             add(dev, f"DCGM diagnostic failed: {', '.join(diag.failed)} (dcgm_failures is on)")
+    for dev, why in _nvml_rule(inputs, since).items():  # read only with nvml_errors on
+        add(dev, why)
     if policy.incident_threshold > 0:
         for dev, count in sorted(incident_counts.items()):
             if count >= policy.incident_threshold and (scope is None or dev in scope):
                 add(dev, f"{count} training incidents named it alone in the last {policy.window_s / DAY_S:g} days")
+    return found
+
+
+def _nvml_rule(inputs: PolicyInputs, since: float) -> dict[str, str]:
+    """Each GPU (of ``inputs.devices``) whose scans since ``since`` and its last release saw a hardware event
+    (:func:`~..nvml.hardware_events`), named by the latest such scan."""
+    scope = inputs.devices
+    seen: dict[str, list[NvmlScan]] = {}
+    for r in inputs.nvml:
+        if r.time >= since and (scope is None or r.device in scope) and inputs.after_release(r.device, r.time):
+            if hardware_events(r):
+                seen.setdefault(r.device, []).append(r)
+    found = {}
+    for dev, scans in sorted(seen.items()):
+        last = max(scans, key=lambda r: (r.time, r.scan))
+        more = f"; {len(scans) - 1} earlier scan(s) in the window too" if len(scans) > 1 else ""
+        found[dev] = (
+            f"NVML: {', '.join(hardware_events(last))} during the scan started {iso_utc(last.time)}{more} "
+            "(nvml_errors is on)"
+        )
     return found
 
 

@@ -101,6 +101,7 @@ def read_inputs(
         slowness=read_slowness(store, since=window, settings=policy.slow_settings),
         releases=releases,
         diagnostics=store.diagnostics.failed(since=window) if policy.dcgm_failures else {},
+        nvml=store.hardware.events(since=window, devices=devices) if policy.nvml_errors else (),
         slow_noted=frozenset(
             d.device for d in store.quarantine.decisions(since=window) if d.decision == "slow" and d.device is not None
         ),

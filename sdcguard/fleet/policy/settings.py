@@ -59,6 +59,12 @@ class QuarantinePolicy:
     Off by default: DCGM's failures include what the golden suite does not judge (PCIe bandwidth, power, thermal
     limits, a process on the GPU), and no retest reproduces them here; the report shows them beside each device, and
     a fleet that trusts its diagnostic level turns this on."""
+    nvml_errors: bool = False
+    """Also quarantine a GPU whose scans in the window saw a hardware event in NVML's telemetry: an XID of
+    :data:`~..nvml.HARDWARE_XIDS`, a double-bit ECC count or uncorrectable remapped rows that grew, a failed row
+    remapping (``store.hardware``). Off by default: an XID or an ECC error can be the driver's or the application's
+    doing rather than the GPU's, a GPU reset clears some, and a fleet that already acts on DCGM's or NVSentinel's
+    health events would take the same GPU out twice; the report shows them beside each GPU."""
     slow_drain: bool = False
     """Also quarantine a slow device (the actions drain it). Off: a slow device computes right answers; the
     report, the HTML page and Prometheus show it, and the decision is recorded."""

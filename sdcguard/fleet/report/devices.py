@@ -26,11 +26,12 @@ from ...devices import unknown_device
 from ...durations import iso_utc
 from ...records import DeviceInfo
 from ..breaker import BreakerSettings, suite_blamed_devices
+from ..nvml import HARDWARE_XIDS, nvml_text
 from ..policy.settings import QuarantinePolicy
 from ..rates import Rate, clopper_pearson, device_rates
 from ..slow import Slowness, SlowSettings
 from ..slow_fleet import fleet_slowness
-from ..store.rows import DeviceStatus, DiagSummary, ScanCounts
+from ..store.rows import DeviceStatus, DiagSummary, NvmlScan, ScanCounts
 from ..store.store import Store
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "REPORT_FIELDS",
     "STATUS_ORDER",
     "dcgm_text",
+    "nvml_json",
 ]
 
 STATUS_ORDER: tuple[DeviceStatus, ...] = ("quarantined", "probation", "suspect", "healthy")
@@ -70,8 +72,10 @@ REPORT_FIELDS = (
     "slow_confidence",
     "slow_judged_at",
     "dcgm",
+    "nvml",
 )
-"""The flat fields of a report row, in CSV column order (JSON adds ``families`` when asked for)."""
+"""The flat fields of a report row, in CSV column order (JSON adds ``families`` when asked for; ``nvml`` is an object
+there, its ``text`` in CSV)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -98,6 +102,8 @@ class DeviceReport:
     healthy; :mod:`..slow`)."""
     dcgm: DiagSummary | None = None
     """Its latest DCGM diagnostic (``sdcguard import dcgm``), a second opinion beside the golden suite's."""
+    nvml: NvmlScan | None = None
+    """NVML's readings around its latest scan (a GPU's: ``store.hardware``), another second opinion."""
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON object of this row (``last_scan`` as ISO 8601 UTC)."""
@@ -121,6 +127,7 @@ class DeviceReport:
             "last_scan": iso_utc(self.last_scan),
             **(self.slowness.as_dict() if self.slowness is not None else _NOT_JUDGED),
             "dcgm": dcgm_text(self.dcgm),
+            "nvml": nvml_json(self.nvml),
             **(
                 {
                     "families": {
@@ -151,6 +158,30 @@ def dcgm_text(d: DiagSummary | None) -> str | None:
     if d is None:
         return None
     return f"fail: {', '.join(d.failed)}" if d.status == "fail" else d.status
+
+
+def nvml_json(r: NvmlScan | None) -> dict[str, Any] | None:
+    """The ``nvml`` object of a GPU's row: the text of its cell (:func:`~..nvml.nvml_text`), when its latest scan
+    with NVML telemetry started, the XIDs seen during it (``hardware_xids``: those that count), what grew during it,
+    and the latest readings (null where the GPU gave none); None: no NVML reading."""
+    if r is None:
+        return None
+    return {
+        "text": nvml_text(r),
+        "scan_started": iso_utc(r.time),
+        "xids": list(r.xids),
+        "hardware_xids": [x for x in r.xids if x in HARDWARE_XIDS],
+        "dbe_growth": r.dbe_growth,
+        "uncorrectable_rows_growth": r.uncorrectable_rows_growth,
+        "remap_failure": r.remap_failure,
+        "remap_pending": r.remap_pending,
+        "ecc_sbe_aggregate": r.ecc_sbe_aggregate,
+        "ecc_dbe_aggregate": r.ecc_dbe_aggregate,
+        "retired_pages_sbe": r.retired_pages_sbe,
+        "retired_pages_dbe": r.retired_pages_dbe,
+        "remapped_rows_correctable": r.remapped_rows_correctable,
+        "remapped_rows_uncorrectable": r.remapped_rows_uncorrectable,
+    }
 
 
 _NOT_JUDGED = Slowness(device="", slow=False).as_dict()
@@ -226,6 +257,7 @@ def build_report(
         max_age_s=slow_max_age_s,
     )
     diagnosed = store.diagnostics.latest(wanted)
+    hardware = store.hardware.latest(wanted)
     lo0, hi0 = clopper_pearson(0, 0, confidence)
     empty = Rate(executions=0, failures=0, rate=0.0, rate_low=lo0, rate_high=hi0, test_hours=0.0)
     none = ScanCounts(0, None)
@@ -248,6 +280,7 @@ def build_report(
                 last_scan=counts.last_complete,
                 slowness=slowness.get(d.id),
                 dcgm=diagnosed.get(d.id),
+                nvml=hardware.get(d.id),
             )
         )
     order = {s: i for i, s in enumerate(STATUS_ORDER)}
@@ -279,6 +312,8 @@ def _csv_cell(value: Any) -> Any:
     """A field as the JSON report spells it: ``true``/``false`` (not Python's ``True``), empty for null."""
     if value is None:
         return ""
+    if isinstance(value, dict):  # nvml: its text
+        return value.get("text") or ""
     if isinstance(value, bool):
         return "true" if value else "false"
     return value

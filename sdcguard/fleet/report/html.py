@@ -24,6 +24,7 @@ from ... import __version__
 from ...durations import iso_utc
 from ...errors import BadInput
 from ...records import Incident
+from ..nvml import nvml_text
 from ..rates import clopper_pearson, clopper_pearson_arrays
 from ..slow import SlowSettings
 from ..store.rows import SeriesPoint
@@ -212,6 +213,7 @@ def _hosts(rows: Sequence[DeviceReport], confidence: float, limit: int) -> str:
 def _device_table(rows: Sequence[DeviceReport], limit: int) -> str:
     shown = rows[:limit]
     dcgm = any(r.dcgm is not None for r in shown)  # a column only where a DCGM diagnostic was imported
+    nvml = any(r.nvml is not None for r in shown)  # and only where a GPU's scan read NVML's telemetry
     body = [
         f"<tr>{td(r.device)}{td(r.host)}{td(r.kind)}{td(r.model or '-')}"
         f"{td(f'{r.overall.executions:,}', n=True, v=r.overall.executions)}"
@@ -220,7 +222,8 @@ def _device_table(rows: Sequence[DeviceReport], limit: int) -> str:
         f"{td(fmt(r.overall.rate_low), n=True, v=r.overall.rate_low)}"
         f"{td(fmt(r.overall.rate_high), n=True, v=r.overall.rate_high)}{status(r.status)}{slow_cell(r)}"
         f"{td(r.scans, n=True)}"
-        f"{time_cell(r.last_scan)}{td(dcgm_text(r.dcgm) or '-') if dcgm else ''}</tr>"
+        f"{time_cell(r.last_scan)}{td(dcgm_text(r.dcgm) or '-') if dcgm else ''}"
+        f"{td(nvml_text(r.nvml) or '-') if nvml else ''}</tr>"
         for r in shown
     ]
     caption = "Click a header to sort; again to reverse."
@@ -245,6 +248,7 @@ def _device_table(rows: Sequence[DeviceReport], limit: int) -> str:
             ("scans", True),
             ("last scan (UTC)", "time"),
             *([("dcgm diag", False)] if dcgm else []),
+            *([("nvml", False)] if nvml else []),
         ],
         body,
         sortable=True,

@@ -27,6 +27,7 @@ __all__ = [
     "SpoolBacklog",
     "DiagRecord",
     "DiagSummary",
+    "NvmlScan",
     "CheckpointEntry",
     "ScrubEntry",
     "CheckpointStatus",
@@ -183,6 +184,33 @@ class DiagSummary:
     failed: tuple[str, ...]
     """The tests that failed."""
     tests: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NvmlScan:
+    """What NVML said of one GPU around one of its scans (``store.hardware``): the scanner's telemetry before and
+    after it (``scans.meta``). A reading the GPU or its driver did not give, or that is not a count, is None."""
+
+    device: str
+    scan: int
+    time: float
+    """When the scan started."""
+    xids: tuple[int, ...] = ()
+    """The XID events delivered while it ran, hardware or not (:mod:`sdcguard.fleet.nvml` tells which count)."""
+    dbe_growth: int | None = None
+    """Volatile double-bit ECC errors counted during the scan (after less before, a reset counting none)."""
+    uncorrectable_rows_growth: int | None = None
+    """Rows remapped for uncorrectable errors during the scan."""
+    remap_failure: bool | None = None
+    """A row remapping failed (either snapshot says so)."""
+    remap_pending: bool | None = None
+    """A remapped row waits for a GPU reset. This and the counts below: the latest snapshot's readings."""
+    ecc_sbe_aggregate: int | None = None
+    ecc_dbe_aggregate: int | None = None
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,13 +23,15 @@ from .core import StoreCore, in_devices, where_clause
 from .writes.results import append_results, case_result, ensure_device, jdump, merge_patch
 from .writes.tallies import apply_running_deltas, tally_rows
 
-__all__ = ["Scans"]
+__all__ = ["Scans", "DRILL_SCAN"]
 
 _TERMINAL: frozenset[str] = frozenset({"complete", "preempted", "interrupted", "error"})
 
-_LEGACY_DRILL = "meta LIKE '%\"inject\": \"%' AND status != 'running'"
-"""A finished scan of a fire drill written before drills were kept apart: its meta names what it injected (a real
-scan's meta says ``"inject": null``)."""
+DRILL_SCAN = 'meta LIKE \'%"inject": "%\''
+"""A scan of a fire drill written before drills were kept apart: its meta names what it injected (a real scan's
+meta says ``"inject": null``). Never evidence: reads of scans' meta leave it out."""
+_LEGACY_DRILL = f"{DRILL_SCAN} AND status != 'running'"
+"""A finished one: what :meth:`Scans.legacy_drills` moves."""
 
 _SCAN_COLUMNS = "uuid, device, host, started_at, finished_at, budget_s, status, meta, total"
 _RESULT_COLUMNS = (

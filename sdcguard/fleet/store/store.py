@@ -11,7 +11,9 @@ A :class:`Store` is its jobs, each one object holding its reads and writes toget
   actions, devices' statuses;
 - ``store.training`` (:class:`~.training.Training`): incidents, checkpoints and scrubs;
 - ``store.summaries`` (:class:`~.summaries.Summaries`): kept summaries and devices' versions;
-- ``store.maintenance`` (:class:`~.maintenance.Maintenance`): merge, prune, vacuum, roles, a spool's mark.
+- ``store.maintenance`` (:class:`~.maintenance.Maintenance`): merge, prune, vacuum, roles, a spool's mark;
+- ``store.diagnostics`` and ``store.hardware`` (:mod:`.diagnostics`): the hardware's own opinions of itself, DCGM's
+  diagnostics and NVML's readings around each scan.
 
 Nothing outside the store writes SQL: everything else asks a job by name and gets records (:mod:`.rows`). A caller
 takes the job it uses. A server store's writers and their spool offer the writers' jobs the same way
@@ -26,7 +28,7 @@ from typing import Literal
 
 from .core import BUSY_TIMEOUT_S, StoreCore, open_backend
 from .counts import Counts
-from .diagnostics import Diagnostics
+from .diagnostics import Diagnostics, Hardware
 from .failures import Failures
 from .maintenance import Maintenance
 from .quarantine import Quarantine
@@ -70,6 +72,8 @@ class Store:
         """Merge, prune, vacuum, roles, a spool's mark; the store's identity and retention horizon."""
         self.diagnostics = Diagnostics(core)
         """DCGM's diagnostics per GPU, a second opinion beside the golden suite's results."""
+        self.hardware = Hardware(core)
+        """NVML's readings of each GPU around its scans (XIDs, ECC counts, remapped rows), another second opinion."""
 
     @classmethod
     def open(
