@@ -29,15 +29,19 @@ ROOT = Path(__file__).resolve().parents[1]
 def _build_in_place(tree: Path) -> None:
     subprocess.run(
         [sys.executable, "-c", "from setuptools import setup; setup()", "build_ext", "--inplace", "-q"],
-        cwd=tree, check=True, capture_output=True,
-    )  # fmt: skip
+        cwd=tree,
+        check=True,
+        capture_output=True,
+    )
 
 
 def _run(tree: Path, options: list[str], out: Path) -> dict[str, Any]:
     subprocess.run(
         [sys.executable, str(tree / "benchmarks" / "replay_overhead.py"), *options, "--json", str(out)],
-        cwd=tree, check=True, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+        cwd=tree,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     figures: dict[str, Any] = json.loads(out.read_text())
     return figures
 
@@ -69,8 +73,12 @@ def main() -> None:
             for key, rev in trees.items():
                 if rev is None:
                     continue
-                subprocess.run(["git", "worktree", "add", "--detach", str(paths[key]), rev], cwd=ROOT, check=True,
-                               capture_output=True)  # fmt: skip
+                subprocess.run(
+                    ["git", "worktree", "add", "--detach", str(paths[key]), rev],
+                    cwd=ROOT,
+                    check=True,
+                    capture_output=True,
+                )
                 # The instrument is this tree's: the same benchmark script and model on both sides (a commit's
                 # library is what is measured; sdcguard/testing is outside its import graph).
                 shutil.copy2(
@@ -88,8 +96,9 @@ def main() -> None:
         finally:
             for key, rev in trees.items():
                 if rev is not None:
-                    subprocess.run(["git", "worktree", "remove", "--force", str(paths[key])], cwd=ROOT,
-                                   capture_output=True)  # fmt: skip
+                    subprocess.run(
+                        ["git", "worktree", "remove", "--force", str(paths[key])], cwd=ROOT, capture_output=True
+                    )
     ran = " ".join(options)
     new = args.new or "this tree"
     print(f"{new} / {args.base}, median of {args.pairs} alternating pairs [min, max]; replay_overhead.py {ran}")

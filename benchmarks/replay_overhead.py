@@ -356,8 +356,9 @@ def _mesh(args: argparse.Namespace) -> None:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_mesh_rank_main, args=(r, 4, os.path.join(tmp, "store"), args, queue))
-                 for r in range(4)]  # fmt: skip
+        procs = [
+            ctx.Process(target=_mesh_rank_main, args=(r, 4, os.path.join(tmp, "store"), args, queue)) for r in range(4)
+        ]
         for p in procs:
             p.start()
         times, inside = queue.get(timeout=3600)

@@ -38,9 +38,15 @@ def _model(transformers: Any, device_type: str) -> Any:
     import torch
 
     config = transformers.GPT2Config(
-        vocab_size=61, n_positions=16, n_embd=32, n_layer=2, n_head=2, activation_function="gelu",
-        bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+        vocab_size=61,
+        n_positions=16,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        activation_function="gelu",
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config)
     if device_type == "cpu":  # no plugin here: shard by hand, as from_pretrained(distributed_config=...) does
@@ -76,17 +82,28 @@ def _rank_job(rank: int, world: int, device_type: str, out_dir: str) -> dict[str
     rows = [{"input_ids": t, "labels": t} for t in torch.randint(0, 61, (4 * STEPS, 12), generator=g)]
     mode = OpFaultMode(
         Fault(pattern="bitflip", bit="exponent", timing="transient", seed=1),
-        ops="gelu", phase="forward", rank=0, steps=[FAULT_STEP],
-    )  # fmt: skip
+        ops="gelu",
+        phase="forward",
+        rank=0,
+        steps=[FAULT_STEP],
+    )
 
     cb = SDCGuardTrainerCallback(replay_every=1, weight_check_every=1, escalate="off")
     probe = hf_step_probe(cb, mode)
     plugin = {"fsdp": "full_shard", "fsdp_config": {"version": 2, "transformer_layer_cls_to_wrap": ["GPT2Block"]}}
     args = transformers.TrainingArguments(
-        output_dir=out_dir, max_steps=STEPS, per_device_train_batch_size=2, gradient_accumulation_steps=2,
-        use_cpu=device_type == "cpu", report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True,
-        dataloader_num_workers=0, **(plugin if device_type == "cuda" else {}),
-    )  # fmt: skip
+        output_dir=out_dir,
+        max_steps=STEPS,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        use_cpu=device_type == "cpu",
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **(plugin if device_type == "cuda" else {}),
+    )
     trainer = transformers.Trainer(model=model, args=args, train_dataset=rows, callbacks=[cb, probe])
     with mode:
         trainer.train()
