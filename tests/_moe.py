@@ -19,7 +19,8 @@ EP = 2
 def job(
     rank: int, world: int, guarded: bool, fault: dict[str, Any] | None, steps: int, starve: bool = False
 ) -> dict[str, Any]:
-    """``fault``: ``{"kind": "dw" | "memory", "rank": r, "step": s}`` (``dw`` sticky for the whole step);
+    """``fault``: ``{"kind": "dw" | "forward" | "memory", "rank": r, "step": s}`` (``dw``: the expert weight
+    gradient, ``forward``: the rank's forward matmuls before the dispatch, both sticky for the whole step);
     ``starve``: the router sends every token to experts 0 and 1 (EP rank 0's), so EP rank 1's receive none."""
     warnings.filterwarnings("ignore")
     import torch.distributed as dist
@@ -28,7 +29,7 @@ def job(
     import sdcguard
     from sdcguard.fingerprints import fingerprint
     from sdcguard.inject import Fault
-    from sdcguard.inject.torch_faults import corrupt_weights_
+    from sdcguard.inject.torch_faults import OpFaultMode, corrupt_weights_
     from sdcguard.testing.moe import D, H, MoE, moe_batch, moe_loss, reduce_moe_gradients
 
     dp = world // EP
@@ -47,6 +48,9 @@ def job(
     mode: Any = None
     if fault is not None and fault["kind"] == "dw":
         mode = ShapeFault((D, H), fault["rank"], fault["step"], None)
+    elif fault is not None and fault["kind"] == "forward":
+        sticky = Fault(pattern="bitflip", bit="exponent", timing="sticky")
+        mode = OpFaultMode(sticky, ops="addmm", phase="forward", rank=fault["rank"], steps=[fault["step"]])
     seen: list[dict[str, Any]] = []
     for step in range(steps):
         if fault is not None and fault["kind"] == "memory" and step == fault["step"]:

@@ -40,6 +40,9 @@ class Digest:
 
     loss: int | None
     units: tuple[int, ...]
+    trace: tuple[int, ...] = ()
+    """What this computation put into its unit's collectives, one fingerprint each, in call order
+    (:mod:`.replay.collectives`; empty outside a unit). Not part of equality: it locates a disagreement."""
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Digest):
@@ -77,6 +80,8 @@ class LocalRecord:
         """Produced basis: unit -> parameter index -> fingerprint (0-d int64 on the device)."""
         self.loss: torch.Tensor | None = None
         """Fingerprint of the loss (0-d int64 on the device), when the caller saw the loss."""
+        self._trace: list[torch.Tensor] = []
+        """One fingerprint (0-d int64 on the device) per collective of the unit, in call order."""
 
     @property
     def seen(self) -> list[bool]:
@@ -118,6 +123,11 @@ class LocalRecord:
         parts[part] = value
         self._seen["produced"][index] = True
 
+    def add_contribution(self, inputs: list[torch.Tensor]) -> None:
+        """Fingerprint what this rank put into one collective of its unit (its inputs, folded), on the device."""
+        value = fingerprints_on_device([t.detach() for t in inputs]).to(self.fps.device)
+        self._trace.append(combine_on_device(value) if len(inputs) > 1 else value[0])
+
     def set_loss(self, loss: torch.Tensor) -> None:
         self.loss = fingerprints_on_device([loss.detach()]).to(self.fps.device)[0]
 
@@ -138,4 +148,5 @@ class LocalRecord:
         """The host-side digest on the selected basis (one host synchronisation)."""
         units = tuple(unsigned64(v) for v in self._values().tolist())
         loss = None if self.loss is None else unsigned64(int(self.loss))
-        return Digest(loss=loss, units=units)
+        trace = tuple(unsigned64(v) for v in torch.stack(self._trace).tolist()) if self._trace else ()
+        return Digest(loss=loss, units=units, trace=trace)

@@ -52,20 +52,19 @@ from .recovery.recover import Restored
 from .recovery.state import Stateful
 from .rejoin import make_rejoin
 from .replay.capture import Batch, RngHook, capture_rng, make_capture
-from .replay.observe import StepObserver
-from .replay.recompute import LossFn, Replayer
+from .replay.recompute import LossFn
 from .replay.stage import StageObserver, stage_output
 from .replica import ReplicaPhases
 from .response import Responder
 from .rounds.roles import Role
 from .rounds.shadows import ShadowServer
 from .step_check import Cadence, StepCheck, StepState, decide, gather_step
-from .timing import IdleClock, PhaseClock, RankSlowness, SlowWatch
+from .timing import RankSlowness, SlowWatch
 from .verdicts.attribution import Attributor
 from .verdicts.calibration import CalibrationReport, calibrate, setup_warnings
 from .verdicts.local import explained
 from .verdicts.outcomes import Outcomes
-from .wiring import Parts, Where, make_checks
+from .wiring import Instruments, Parts, Where, make_checks
 
 __all__ = ["SDCGuard"]
 
@@ -206,15 +205,13 @@ class SDCGuard:
         return p
 
     def _instruments(self, loss_fn: LossFn, rng_hook: RngHook | None, slow: SlowWatch | None, context: Any) -> None:
-        """What watches the step (the observer, for a whole step or a pipeline stage's micro-batches), times it (the
-        clock, when slow ranks are watched) and replays it (the replayer)."""
-        observer = StageObserver if self.layout.stages or loss_fn is stage_output else StepObserver
-        self._observer = observer(self.taps, rank=self.dp_rank, device=self.device, rng_hook=rng_hook)
+        """What watches the step, times it and replays it (:class:`~.wiring.Instruments`)."""
         timed = slow is not None and not self.shadow_ranks and self.role == "worker" and self.layout.width > 1
-        self._clock = PhaseClock(self.device) if timed else IdleClock()
-        self._train_context = context
-        self._replayer = Replayer(self.taps, loss_fn, rng_hook=rng_hook, timed=self._clock.replay, context=context)
-        self._rng_hook = rng_hook
+        unit = self.layout.unit_of(self.rank)
+        made = Instruments.make(self.taps, loss_fn, unit=unit, rng_hook=rng_hook, timed=timed, context=context)
+        self._made, self._clock, self._replayer = made, made.clock, made.replayer
+        self._observer = made.observer(self.dp_rank, stage=bool(self.layout.stages) or loss_fn is stage_output)
+        self._train_context, self._rng_hook = context, rng_hook
 
     def _say_notices(self, compiled: bool) -> None:
         """What this rank says once as it starts (:mod:`.notices`)."""
@@ -337,9 +334,10 @@ class SDCGuard:
     def watch_stage(self, watched: bool = True) -> None:
         """:func:`~sdcguard.adapters.pipelining.watch_stage` (and its ``remove``) says whether the schedule feeds this
         guard a pipeline stage's micro-batches; a stage's guard nothing feeds refuses its first step in one line."""
-        if not isinstance(self._observer, StageObserver):  # a group per stage, with a loss_fn of its own
-            self._observer = StageObserver(self.taps, rank=self.dp_rank, device=self.device, rng_hook=self._rng_hook)
-        self._observer.watched = watched
+        observer = self._observer
+        if not isinstance(observer, StageObserver):  # a group per stage, with a loss_fn of its own
+            observer = self._observer = self._made.stage_observer(self.dp_rank)
+        observer.watched = watched
 
     def abandon_step(self) -> None:
         """After a failure between ``begin_step`` and ``end_step``: stop observing the step (its hooks disarmed, the
@@ -466,7 +464,7 @@ class SDCGuard:
         self._outcomes = self._outcomes.regrouped(self._attr, list(comm.members), leavers, speaks=speaks)
         self._responder.writer, self._responder.before_acting = speaks, None
         self._cadence.join(int(comm.gather_ints([self._cadence.samples]).max()))
-        self._observer = StepObserver(self.taps, rank=self.dp_rank, device=self.device, rng_hook=self._rng_hook)
+        self._observer = self._made.observer(self.dp_rank)
         self._checks = self._make_checks(None)
 
     def close(self) -> list[Incident]:

@@ -5,6 +5,7 @@ made the same way both times.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +26,11 @@ from .local.memory import MemoryCheck
 from .local.reduction import ReductionCheck
 from .mesh import Layout
 from .placement import Placement
-from .replay.recompute import Replayer
+from .replay.capture import RngHook
+from .replay.collectives import CollectiveTracer, unit_tracer
+from .replay.observe import StepObserver
+from .replay.recompute import LossFn, Replayer
+from .replay.stage import StageObserver
 from .replica import GradientReplicaCheck, ReplicaPhases, WeightCheck
 from .response import Responder
 from .rounds.peer import PeerRound
@@ -36,7 +41,46 @@ from .timing import IdleClock, PhaseClock, SlowJudge, SlowWatch, TimingCheck
 from .verdicts.attribution import Attributor
 from .verdicts.outcomes import Outcomes
 
-__all__ = ["Checks", "Parts", "Where", "make_checks"]
+__all__ = ["Checks", "Instruments", "Parts", "Where", "make_checks"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Instruments:
+    """What times a guard's step (the clock, when slow ranks are watched), replays it (the replayer) and watches it
+    (an observer, for a whole step or a pipeline stage's micro-batches), each tracing the collectives of the unit the
+    rank computes with (:mod:`.replay.collectives`; ``tracer`` is None outside a unit)."""
+
+    taps: Taps
+    device: torch.device
+    rng_hook: RngHook | None
+    tracer: CollectiveTracer | None
+    clock: PhaseClock
+    replayer: Replayer
+
+    @classmethod
+    def make(
+        cls,
+        taps: Taps,
+        loss_fn: LossFn,
+        *,
+        unit: tuple[int, ...],
+        rng_hook: RngHook | None,
+        timed: bool,
+        context: Callable[[], contextlib.AbstractContextManager[object]],
+    ) -> Instruments:
+        device, tracer = taps.params[0].device, unit_tracer(unit)
+        clock = PhaseClock(device) if timed else IdleClock()
+        replayer = Replayer(taps, loss_fn, rng_hook=rng_hook, timed=clock.replay, context=context, tracer=tracer)
+        return cls(taps=taps, device=device, rng_hook=rng_hook, tracer=tracer, clock=clock, replayer=replayer)
+
+    def observer(self, dp_rank: int, *, stage: bool = False) -> StepObserver:
+        """An observer for data-parallel rank ``dp_rank`` (``stage``: of a pipeline stage's micro-batches)."""
+        if stage:
+            return self.stage_observer(dp_rank)
+        return StepObserver(self.taps, rank=dp_rank, device=self.device, rng_hook=self.rng_hook, tracer=self.tracer)
+
+    def stage_observer(self, dp_rank: int) -> StageObserver:
+        return StageObserver(self.taps, rank=dp_rank, device=self.device, rng_hook=self.rng_hook, tracer=self.tracer)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,12 +5,13 @@ attention block whose ``cp`` ranks each hold a contiguous part of the sequence a
 - ranks along ``cp`` hold the same dense weights, so the weight check compares over ``dp x cp``: with dp=2 x cp=2 a
   weight flipped in one rank's memory is outvoted by three copies and named alone (``weight_replica``), beside its
   own ``memory`` incident, where dp=2 alone would have no third opinion;
-- a fault in one rank's forward crosses the CP all-gather: vetoed on every rank at its step, its incident worded
-  "context-parallel" (not "tensor-parallel"), the faulty rank among the suspects, never an innocent rank alone;
+- a fault in one rank's forward crosses the CP all-gather: vetoed on every rank at its step, traced to the rank whose
+  contribution to the all-gather differed first: with dp=3 x cp=2 that rank alone, with dp=2 x cp=2 it and its
+  replica (``unresolved``, worded "context-parallel", not "tensor-parallel"), never an innocent rank alone;
 - clean steps commit and train bit for bit as the unguarded run (dp=2 x cp=2 and dp=1 x cp=3); with dp=1 x cp=3 a
   sticky forward fault has no replica to replay it and the matmul checksums name its rank alone.
 
-CI runs the first two in one run; ``-m slow`` the rest.
+CI runs the first two in one run and the dp=3 x cp=2 fault; ``-m slow`` the rest.
 """
 
 from __future__ import annotations
@@ -41,12 +42,20 @@ def test_cp_ranks_witness_each_others_weights_and_a_crossing_fault_is_worded_con
     crossed = steps[1]
     assert not crossed["commit"] and crossed["incidents"] and crossed["unresolved"], crossed
     assert all(1 in s for _, _, s in crossed["incidents"]), crossed
+    assert ("unresolved", 1, (1, 3)) in crossed["incidents"], crossed  # rank 1 and its replica, not every rank
     assert all("context-parallel" in w and "tensor-parallel" not in w for w in crossed["unresolved"]), crossed
     memory = steps[2]
     assert not memory["commit"], memory
     assert {("memory", 2, (2,)), ("weight_replica", 2, (2,))} <= set(memory["incidents"]), memory
     for e in steps:
         assert all(len(s) > 1 or s in ((1,), (2,)) for _, _, s in e["incidents"]), f"an innocent rank alone: {e}"
+
+
+@pytest.mark.timeout(200)
+def test_with_a_third_replica_a_fault_crossing_the_cp_all_gather_is_traced_to_its_rank() -> None:
+    steps = _alike(run_ranks(job, 6, 3, True, [{"kind": "forward", "rank": 1, "step": 1}], 3, timeout=180))
+    assert steps[0]["commit"] and steps[2]["commit"], steps
+    assert not steps[1]["commit"] and steps[1]["incidents"] == [("replay", 1, (1,))], steps[1]
 
 
 @pytest.mark.slow

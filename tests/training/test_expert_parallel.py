@@ -4,14 +4,14 @@ compared over every data rank, expert parameters over their expert-data-parallel
 ``ep`` coordinate), and an EP group replays another EP group's micro-batches together, its all-to-alls included.
 
 - clean steps commit with no incident and train bit for bit as the unguarded run (every rank's replay agrees);
-- a sticky fault in one rank's expert weight-gradient matmul is vetoed on every rank at its step and names that rank
-  alone with a third replica of its experts (dp=3), and with two (dp=2) names it among its suspects, the incident
-  worded "expert-parallel", never an innocent rank alone;
+- a sticky fault in one rank's expert weight-gradient matmul, or in its forward before the dispatch (crossing the
+  all-to-all), is vetoed on every rank at its step and names that rank alone with a third replica of its experts
+  (dp=3), and with two (dp=2) names it and its replica, never an innocent rank alone;
 - one element of a rank's expert weight flipped in memory names that rank alone (``memory``);
 - experts held as plain tensors with no mesh (dense layers alike, experts not) are refused at construction in one
   line; an unseeded model (every parameter differs: DDP's broadcast makes it alike) is not.
 
-CI runs the dp=3 fault cell and the refusal; ``-m slow`` the rest.
+CI runs the dp=3 fault cells and the refusal; ``-m slow`` the rest.
 """
 
 from __future__ import annotations
@@ -53,6 +53,23 @@ def test_a_sticky_fault_in_one_ranks_expert_gradient_is_named_alone_with_a_third
     assert "replay" in steps[AT]["checks"] and "gradient_replica" in steps[AT]["checks"]
 
 
+@pytest.mark.timeout(200)
+def test_a_sticky_fault_before_the_dispatch_is_traced_to_its_rank_past_the_all_to_all() -> None:
+    """Rank 1's forward matmuls corrupt what it dispatches: every rank of its EP group computes from it, so the shards
+    name both; the traces of the all-to-alls show rank 1's contribution differed first."""
+    steps = _alike(_run(3, "forward"))
+    assert steps[AT]["incidents"] == [("replay", AT, (FAULTY,))], steps[AT]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_with_two_replicas_a_fault_before_the_dispatch_names_its_rank_and_that_ranks_replica() -> None:
+    steps = _alike(_run(2, "forward"))
+    assert steps[AT]["incidents"] == [("unresolved", AT, (FAULTY, FAULTY + EP))], steps[AT]
+    (unresolved,) = steps[AT]["unresolved"]
+    assert "expert-parallel collectives first differed on ranks 1, 3" in unresolved, unresolved
+
+
 @pytest.mark.timeout(120)
 def test_experts_held_as_plain_tensors_without_a_mesh_or_through_guard_step_are_refused_in_one_line() -> None:
     first, second = run_ranks(plain_experts, 2, timeout=100)
@@ -80,7 +97,8 @@ def test_clean_expert_parallel_steps_commit_and_train_as_unguarded() -> None:
 def test_with_two_replicas_of_its_experts_the_faulty_rank_is_among_the_suspects() -> None:
     steps = _alike(_run(2, "dw"))
     (unresolved,) = steps[AT]["unresolved"]
-    assert "expert-parallel" in unresolved and "tensor-parallel" not in unresolved, unresolved
+    assert steps[AT]["incidents"] == [("unresolved", AT, (FAULTY, FAULTY + EP))], steps[AT]  # it and its replica
+    assert "tensor-parallel" not in unresolved, unresolved
 
 
 @pytest.mark.slow

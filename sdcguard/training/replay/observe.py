@@ -24,6 +24,7 @@ from ...fingerprints import local_tensor
 from ..digest import Basis, LocalRecord
 from ..hooks.taps import Taps
 from .capture import AutocastProbe, Batch, Capture, RngHook, capture_rng, make_capture
+from .collectives import CollectiveTracer
 
 __all__ = ["StepObserver", "Observed"]
 
@@ -43,8 +44,18 @@ class Observed:
 class StepObserver:
     """Per-step observation state of one rank (see the module docstring)."""
 
-    def __init__(self, taps: Taps, *, rank: int, device: torch.device, rng_hook: RngHook | None) -> None:
+    def __init__(
+        self,
+        taps: Taps,
+        *,
+        rank: int,
+        device: torch.device,
+        rng_hook: RngHook | None,
+        tracer: CollectiveTracer | None = None,
+    ) -> None:
         self.taps = taps
+        self.tracer = tracer
+        """Traces the sampled micro-batch's contributions to its unit's collectives (None outside a unit)."""
         self.rank = rank
         self.device = device
         self.rng_hook = rng_hook
@@ -88,6 +99,8 @@ class StepObserver:
             self._probe = AutocastProbe()
             self.taps.arm(self._record)
             self._armed = True
+            if self.tracer is not None:  # until the next micro-batch's forward, or finish(): its backward included
+                self.tracer.start(self._record)
         self._index += 1
 
     def observe_loss(self, loss: torch.Tensor) -> None:
@@ -134,6 +147,8 @@ class StepObserver:
         self._count = self.taps.handed_over
 
     def _disarm(self) -> None:
+        if self.tracer is not None:
+            self.tracer.stop()
         if self._armed:
             self.taps.arm(None)
             self._armed = False

@@ -20,6 +20,7 @@ from ...fingerprints import is_dtensor_type, local_tensor
 from ..digest import Digest, LocalRecord
 from ..hooks.taps import Taps
 from .capture import Batch, Capture, RngHook, autocast_replayed, batch_for_replay, rng_replayed
+from .collectives import CollectiveTracer
 
 __all__ = ["LossFn", "replay", "check_loss", "parameters_swapped", "Replayer"]
 
@@ -93,18 +94,21 @@ def replay(
     same_process: bool = False,
     params: Sequence[nn.Parameter] = (),
     param_values: Sequence[torch.Tensor] | None = None,
+    tracer: CollectiveTracer | None = None,
 ) -> Digest:
     """Recompute the captured micro-batch on this process and return its :class:`Digest`.
 
     ``param_values`` replays at other parameter values than the live ones (``params`` holds the parameters they
-    stand for); ``same_process`` says the capture was taken by this very process (all CUDA generator states are
-    then restored, not only the current device's).
+    stand for); ``tracer`` traces the replay's contributions to its unit's collectives; ``same_process`` says the
+    capture was taken by this very process (all CUDA generator states are then restored, not only the current
+    device's).
     """
     batch = batch_for_replay(capture, device)
     record = LocalRecord(len(taps.unit_names), device, bases=(capture.basis,))
     module = taps.replay_module
+    traced = tracer.tracing(record) if tracer is not None else contextlib.nullcontext()
     with _buffers_kept(module), parameters_swapped(params, param_values), torch.enable_grad(), taps.replay_context():
-        with rng_replayed(capture.rng, rng_hook, same_process=same_process):
+        with rng_replayed(capture.rng, rng_hook, same_process=same_process), traced:
             with autocast_replayed(capture.autocast):
                 loss = check_loss(loss_fn(module, batch), scalar=capture.seed is None)
             record.set_loss(loss)
@@ -128,8 +132,11 @@ class Replayer:
         rng_hook: RngHook | None = None,
         timed: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
         context: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+        tracer: CollectiveTracer | None = None,
     ) -> None:
         self.taps = taps
+        self.tracer = tracer
+        """Traces each replay's contributions to this rank's unit's collectives (None outside a unit)."""
         self.loss_fn = loss_fn
         self.params = list(taps.params)
         """The parameters whose gradients a replay computes (the taps'), on the device it runs on."""
@@ -153,6 +160,7 @@ class Replayer:
                     same_process=same_process,
                     params=self.params,
                     param_values=values,
+                    tracer=self.tracer,
                 )
         finally:
             self.replaying = False

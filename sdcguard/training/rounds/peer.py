@@ -30,7 +30,7 @@ from ..replay.recompute import Replayer
 from ..verdicts.attribution import Attributor, Judgement, Opinion, judge
 from ..verdicts.calibration import OpRecorder
 from ..verdicts.outcomes import RoundResult, conclude
-from ..verdicts.units import join_units
+from ..verdicts.units import first_to_differ, join_units, narrowed
 from .pairing import peer_source, peer_target
 
 __all__ = ["PeerRound", "COLUMNS", "SettleOpinion", "SliceVerdict", "JUDGED"]
@@ -79,6 +79,9 @@ class SliceVerdict:
     slice: int
     judgement: Judgement | None
     ops: tuple[str, ...] = ()
+    traces: tuple[tuple[int, ...], ...] = ()
+    """Its slice's computations of the micro-batch (the original, the replay, every rank's rerun), each one's
+    contributions to its unit's collectives (:mod:`..replay.collectives`)."""
 
 
 class PeerRound:
@@ -189,23 +192,26 @@ class PeerRound:
     ) -> list[tuple[int, Judgement]]:
         """Every slice settles the micro-batch of its ``p``-th rank (so tensor-parallel groups recompute together);
         the judgements of the ``disagreeing`` slices, joined by tensor-parallel group."""
-        j, ops = self._settle(st, p, r)
+        j, ops, traces = self._settle(st, p, r)
         if not self.layout.meshed:
             result.ops |= ops
             return [(self.comm.members[p], j)]
         mine = self.layout.slices.index(self.layout.slice_of(self.comm.rank))
-        verdict = SliceVerdict(slice=mine, judgement=j if mine in disagreeing else None, ops=tuple(sorted(ops)))
+        judgement = j if mine in disagreeing else None
+        verdict = SliceVerdict(slice=mine, judgement=judgement, ops=tuple(sorted(ops)), traces=traces)
         everyone: list[SliceVerdict] = self.job.gather_objects(verdict)
         by_slice = {v.slice: v for v in everyone}
         result.ops |= {op for v in by_slice.values() for op in v.ops}
-        judged = [(self.layout.slices[i][p], by_slice[i].judgement) for i in disagreeing]
-        judged_here = [(owner, jj) for owner, jj in judged if jj is not None]
+        # the slices whose ranks first put differing values into their units' collectives hold the fault's start
+        first = first_to_differ({i: v.traces for i, v in by_slice.items()})
+        judged = [(i, self.layout.slices[i][p], by_slice[i].judgement) for i in disagreeing]
+        judged_here = narrowed([(i, o, jj) for i, o, jj in judged if jj is not None], first, self.layout.unit_word)
         return join_units(judged_here, self.layout.unit_of, self.layout.unit_word)
 
     def close(self) -> list[RoundResult]:
         return []
 
-    def _settle(self, st: _Sampled, p: int, r: int) -> tuple[Judgement, set[str]]:
+    def _settle(self, st: _Sampled, p: int, r: int) -> tuple[Judgement, set[str], tuple[tuple[int, ...], ...]]:
         W, me, g = self.comm.size, self.comm.index, self.comm.members
         cap = self.comm.broadcast_object(st.capture if me == p else None, src=p)
         recorder = OpRecorder() if self.record_ops else None
@@ -227,4 +233,5 @@ class PeerRound:
         original = Opinion(g[p], owner)
         # the replay first, then every device's rerun (the owner's and the replayer's show self-consistency)
         others = [Opinion(g[r], replayer)] + [Opinion(g[q], everyone[q].rerun) for q in range(W)]
-        return judge(original, others, self.setups), ops
+        traces = (owner.trace, replayer.trace, *(e.rerun.trace for e in everyone))
+        return judge(original, others, self.setups), ops, traces
