@@ -19,7 +19,7 @@ not this interface's job-wide calls: :class:`~.torchft.TorchFTEngine`, which say
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,7 +33,7 @@ from .snapshot import Snapshot, SnapshotKeeper, snapshot_fingerprints
 from .state import state_digest
 from .vote import State, confirmed
 
-__all__ = ["RecoveryEngine", "TorchEngine", "Healed"]
+__all__ = ["RecoveryEngine", "TorchEngine", "Healed", "heal_by_class"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,11 +53,15 @@ class Healed:
 class RecoveryEngine(Protocol):
     """Re-forms the job (see the module docstring). Every method is called by every rank it names, alike."""
 
+    def replicas(self, workers: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        """The workers grouped by replica, in data order: a replica leaves whole (:func:`~.plan.plan_recovery`)."""
+
     def exclude(self, plan: RecoveryPlan) -> Comm | None:
         """The new data-parallel group (None on a rank outside it); every rank of the job calls it."""
 
     def heal(self, comm: Comm, mine: Snapshot | None, batch: Any) -> Healed:
-        """Every member of ``comm`` ends holding the snapshot a strict majority of its holders agree on."""
+        """Every member of ``comm`` ends holding the snapshot a strict majority of the holders of its shard agree on
+        (every member holds the same state under DDP)."""
 
     def promote(self, comm: Comm, model: nn.Module, module: nn.Module, warm: Callable[[nn.Module], None]) -> nn.Module:
         """The model the loop trains in the new group (``warm(model)`` runs one forward and backward)."""
@@ -75,38 +79,11 @@ class TorchEngine:
     def exclude(self, plan: RecoveryPlan) -> Comm | None:
         return self.world.reform(plan.members)
 
+    def replicas(self, workers: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        return tuple((w,) for w in workers)
+
     def heal(self, comm: Comm, mine: Snapshot | None, batch: Any) -> Healed:
-        held = None if mine is None else (mine.step, mine.finish().digest)
-        values: list[tuple[State | None, bool]] = comm.gather_objects((held, batch is not None))
-        states = [v for v, _ in values]
-        state = confirmed(states, voters=sum(v is not None for v in states))
-        if state is None:
-            return Healed(snapshot=None, state=None, batch=batch)
-        source = states.index(state)
-        lacking = [i for i, v in enumerate(states) if v != state]
-        if not lacking and all(has for _, has in values):
-            return Healed(snapshot=mine, state=state, batch=batch)
-        # What the receivers need to allocate and check comes as one small object (step, skeleton, the tensors'
-        # shapes and dtypes, the source's fingerprints, a warm-up batch); the tensors themselves go point to point
-        # from the source to each member that lacks the state, as tensors (no pickle of the weights).
-        header = None
-        if comm.index == source and mine is not None:
-            header = (mine.step, mine.skeleton, [(t.shape, t.dtype) for t in mine.tensors], mine.fingerprints, batch)
-        step, skeleton, layout, fingerprints, their_batch = comm.broadcast_object(header, src=source)
-        if comm.index == source and mine is not None:
-            for i in lacking:
-                for work in send_tensors([t for t in mine.tensors if t.numel()], comm.members[i]):
-                    work.wait()
-        if comm.index not in lacking:
-            return Healed(snapshot=mine, state=state, batch=batch if batch is not None else their_batch)
-        tensors = [torch.empty(shape, dtype=dtype) for shape, dtype in layout]
-        recv_tensors_([t for t in tensors if t.numel()], comm.members[source])
-        fps = snapshot_fingerprints(tensors)  # what arrived, against what the source sent
-        got = Snapshot(
-            step=step, skeleton=skeleton, tensors=tensors, fingerprints=fps, digest=state_digest(fps, skeleton)
-        )
-        ok = fps == list(fingerprints) and (got.step, got.digest) == state
-        return Healed(snapshot=got if ok else None, state=state, received=True, batch=their_batch)
+        return heal_by_class(comm, mine, batch, [list(range(comm.size))])
 
     def promote(self, comm: Comm, model: nn.Module, module: nn.Module, warm: Callable[[nn.Module], None]) -> nn.Module:
         if is_ddp(model):
@@ -140,3 +117,52 @@ def warm_up(
                 p.grad = None
 
     return warm
+
+
+def heal_by_class(comm: Comm, mine: Snapshot | None, batch: Any, classes: Sequence[Sequence[int]]) -> Healed:
+    """:meth:`RecoveryEngine.heal` where ``classes`` (members' indices in ``comm``, each member in one) hold the same
+    state: the members' snapshots are voted on within each class; one holder of each class sends it to the members of
+    its class that lack it. The whole job goes on only when every class has a voted state (else every member's
+    :attr:`Healed.state` is None, so every rank exits alike). Every member calls the same collectives in the same
+    order: the decisions come from one gather."""
+    held = None if mine is None else (mine.step, mine.finish().digest)
+    values: list[tuple[State | None, bool]] = comm.gather_objects((held, batch is not None))
+    states = [v for v, _ in values]
+    voted = [confirmed([states[i] for i in c], voters=sum(states[i] is not None for i in c)) for c in classes]
+    if any(v is None for v in voted):
+        return Healed(snapshot=None, state=None, batch=batch)
+    mine_class = next(k for k, c in enumerate(classes) if comm.index in c)
+    healed = Healed(snapshot=mine, state=voted[mine_class], batch=batch)
+    for c, state in zip(classes, voted):
+        lacking = [i for i in c if states[i] != state]
+        if not lacking and all(values[i][1] for i in c):
+            continue
+        got = _send_state(comm, mine, batch, c[[states[i] for i in c].index(state)], lacking, state)
+        if comm.index in c:
+            healed = got
+    return healed
+
+
+def _send_state(
+    comm: Comm, mine: Snapshot | None, batch: Any, source: int, lacking: Sequence[int], state: State | None
+) -> Healed:
+    """The voted ``state`` from member ``source`` to the members ``lacking`` it (every member calls it)."""
+    # What the receivers need to allocate and check comes as one small object (step, skeleton, the tensors' shapes
+    # and dtypes, the source's fingerprints, a warm-up batch); the tensors themselves go point to point from the
+    # source to each member that lacks the state, as tensors (no pickle of the weights).
+    header = None
+    if comm.index == source and mine is not None:
+        header = (mine.step, mine.skeleton, [(t.shape, t.dtype) for t in mine.tensors], mine.fingerprints, batch)
+    step, skeleton, layout, fingerprints, their_batch = comm.broadcast_object(header, src=source)
+    if comm.index == source and mine is not None:
+        for i in lacking:
+            for work in send_tensors([t for t in mine.tensors if t.numel()], comm.members[i]):
+                work.wait()
+    if comm.index not in lacking:
+        return Healed(snapshot=mine, state=state, batch=batch if batch is not None else their_batch)
+    tensors = [torch.empty(shape, dtype=dtype) for shape, dtype in layout]
+    recv_tensors_([t for t in tensors if t.numel()], comm.members[source])
+    fps = snapshot_fingerprints(tensors)  # what arrived, against what the source sent
+    got = Snapshot(step=step, skeleton=skeleton, tensors=tensors, fingerprints=fps, digest=state_digest(fps, skeleton))
+    ok = fps == list(fingerprints) and (got.step, got.digest) == state
+    return Healed(snapshot=got if ok else None, state=state, received=True, batch=their_batch)
