@@ -133,7 +133,13 @@ class Rejoin:
         named = {r for i in incidents if i.kind != "unresolved" for r in i.suspect_ranks}
         undecided = {r for i in incidents if i.kind == "unresolved" for r in i.suspect_ranks}
         plan = plan_recovery(
-            step, m.members, m.shadow_ranks, named, min_replicas=self.min_replicas, undecided=undecided
+            step,
+            m.members,
+            m.shadow_ranks,
+            named,
+            min_replicas=self.min_replicas,
+            undecided=undecided,
+            replicas=self.recovery.engine.replicas(m.members),
         )
         m.tell_shadows(plan, incidents)
         return self.follow(plan, incidents, last_verified, tainted_from)
@@ -227,7 +233,8 @@ def make_rejoin(
     state: Sequence[Stateful],
     *,
     snapshot_dir: str | os.PathLike[str] | None,
-    sharded: bool,
+    fsdp: bool,
+    meshed: bool,
 ) -> Rejoin | NoRejoin:
     """The recoveries of a guard (``member``) built from its settings (:func:`~.recovery.setup.make_recovery`
     refuses what it cannot re-form); :class:`NoRejoin` unless ``escalate="recover"``."""
@@ -237,7 +244,9 @@ def make_rejoin(
         member.module,
         optimizer,
         state,
-        sharded=sharded,
+        fsdp=fsdp,
+        meshed=meshed,
+        workers=member.members,
         replicas=min_replicas,
         snapshot_dir=snapshot_dir,
         rank=member.rank,
