@@ -187,8 +187,8 @@ class SDCGuard:
         """Checksums off for a model with compiled regions (:mod:`.hooks.wrappers`)."""
         self._cadence = Cadence(replay_every=self.config.replay_every, checksum_every=checksum_every)
         self._closed = False
-        fsdp, meshed = is_fsdp(self.module), self.layout.meshed
-        self._rejoin = make_rejoin(self, self.config, optimizer, state, snapshot_dir=snapshot_dir, fsdp=fsdp, meshed=meshed)
+        meshed = self.layout.meshed  # model-parallel or pipeline dimensions
+        self._rejoin = make_rejoin(self, self.config, optimizer, state, snapshot_dir=snapshot_dir, meshed=meshed)
         self.data_rank, self._batch = self.dp_rank, None  # whose batches it feeds: a recovery renumbers them
         self._say_notices(compiled)
 

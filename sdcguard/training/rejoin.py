@@ -21,6 +21,7 @@ from ..logs import get_logger
 from ..records import Incident
 from .comm import Comm
 from .config import GuardConfig
+from .hooks.fsdp import is_fsdp
 from .recovery.engine import warm_up
 from .recovery.plan import RecoveryPlan, plan_recovery
 from .recovery.recover import Recovery, Restored
@@ -233,18 +234,18 @@ def make_rejoin(
     state: Sequence[Stateful],
     *,
     snapshot_dir: str | os.PathLike[str] | None,
-    fsdp: bool,
     meshed: bool,
 ) -> Rejoin | NoRejoin:
     """The recoveries of a guard (``member``) built from its settings (:func:`~.recovery.setup.make_recovery`
-    refuses what it cannot re-form); :class:`NoRejoin` unless ``escalate="recover"``."""
+    refuses what it cannot re-form; ``meshed``: the job's mesh has model-parallel or pipeline dimensions);
+    :class:`NoRejoin` unless ``escalate="recover"``."""
     min_replicas = config.min_replicas
     recovery = make_recovery(
         config.escalate,
         member.module,
         optimizer,
         state,
-        fsdp=fsdp,
+        fsdp=is_fsdp(member.module),
         meshed=meshed,
         workers=member.members,
         replicas=min_replicas,

@@ -12,10 +12,10 @@ step (docs/recovery.md).
 
 The recovery (:meth:`Recovery.execute`), on every rank of the job alike: the engine excludes the leavers; a leaver
 exits by the contract (86) once the group is re-formed, and so do the healthy ranks of its replica when a replica
-spans several ranks (85: an HSDP replica missing a shard cannot go on); the members heal (every member holds the voted snapshot),
-roll back, get the model for the new group, roll back again (the warm-up's forward changed the buffers), and vote:
-every member's live state must have the digest its shard's holders voted for, or the job exits by the
-contract (a member that does not hold it with 86: it can never commit).
+spans several ranks (85: an HSDP replica missing a shard cannot go on); the members heal (every member holds the
+voted snapshot), roll back, get the model for the new group, roll back again (the warm-up's forward changed the
+buffers), and vote: every member's live state must have the digest its shard's holders voted for, or the job exits
+by the contract (a member that does not hold it with 86: it can never commit).
 """
 
 from __future__ import annotations

@@ -190,7 +190,9 @@ class LiveState:
         that recovers has one: an FSDP2/HSDP mesh, :mod:`.setup`)."""
         from torch.distributed.tensor import DTensor
 
-        mesh = next((p.device_mesh for p in self.module.parameters() if is_dtensor_type(type(p))), None)
+        mesh = next(
+            (getattr(p, "device_mesh", None) for p in self.module.parameters() if is_dtensor_type(type(p))), None
+        )
         if mesh is None:
             raise BadInput("a kept state holds DTensors, but the module's parameters are not DTensors")
         return DTensor.from_local(
