@@ -1,4 +1,4 @@
-"""An FSDP2/HSDP module moved onto a new device mesh after a recovery (:class:`~.engine.MeshEngine`): the same module,
+"""An FSDP2/HSDP module moved onto a new device mesh after a recovery (:class:`~.hsdp.HSDPEngine`): the same module,
 the same parameters (the optimizer holds them), its gradients reduced over the new mesh's groups from the next
 backward on.
 
