@@ -54,13 +54,23 @@ def recovering(rank: int, world: int, fault: tuple[int, int], min_replicas: int 
     warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
     model, opt = _model(init_device_mesh("cpu", SHAPE, mesh_dim_names=NAMES))
     guard = SDCGuard(
-        model, lm_loss, replay_every=2, weight_check_every=1, checksum_every=0, slow=None, optimizer=opt,
-        escalate="recover", min_replicas=min_replicas,
-    )  # fmt: skip
+        model,
+        lm_loss,
+        replay_every=2,
+        weight_check_every=1,
+        checksum_every=0,
+        slow=None,
+        optimizer=opt,
+        escalate="recover",
+        min_replicas=min_replicas,
+    )
     injector = OpFaultMode(
-        Fault(pattern="bitflip", bit="high_mantissa", timing="sticky", seed=5), ops="gelu", phase="forward",
-        rank=fault[0], steps=range(fault[1], STEPS),
-    )  # fmt: skip
+        Fault(pattern="bitflip", bit="high_mantissa", timing="sticky", seed=5),
+        ops="gelu",
+        phase="forward",
+        rank=fault[0],
+        steps=range(fault[1], STEPS),
+    )
     resumes, step = [], 0
     try:
         while step < STEPS:
