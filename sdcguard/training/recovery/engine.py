@@ -1,13 +1,16 @@
 """The engine that re-forms a job after a recovery decision, behind one small interface, so another engine
 (torchft's replica groups, NCCL's ``shrink_group`` on a GPU) is one more implementation, never a branch in the
-guard: :class:`RecoveryEngine`. :class:`TorchEngine` is plain ``torch.distributed`` (gloo on CPUs, NCCL on GPUs).
+guard: :class:`RecoveryEngine`. :class:`TorchEngine` is plain ``torch.distributed`` (gloo on CPUs, NCCL on GPUs)
+for DDP jobs and single processes; :class:`~.hsdp.HSDPEngine` re-forms an HSDP job over a new device mesh.
 torchft's replica groups have the same verbs at the points torchft gives them (a per-step quorum, heal callbacks),
 not this interface's job-wide calls: :class:`~.torchft.TorchFTEngine`, which says why.
 
+- ``replicas``: the workers grouped by replica (one rank each here): a replica leaves whole.
 - ``exclude``: a new data-parallel group without the leavers and with the promoted spares, in data-rank order
   (every rank of the job calls it: :meth:`~sdcguard.training.comm.Comm.reform`).
 - ``heal``: every member ends holding the verified snapshot. The members' snapshots are voted on
-  (:func:`~.vote.confirmed`: a strict majority of the members that held one); one holder sends it to every member
+  (:func:`~.vote.confirmed`: a strict majority of the members that held one; per class of members holding the same
+  state, :func:`heal_by_class`: one class here, one per shard under HSDP); one holder sends it to every member
   that lacks it (a promoted spare, or a replica whose copy differs), and a receiver keeps it only when the bits it
   received have the fingerprints the sender had, and their digest is the voted one.
 - ``promote``: the model for the new group: the old DDP wrapper's hooks taken off, a new DDP over the new group,
