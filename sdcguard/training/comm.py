@@ -169,6 +169,15 @@ class Comm:
         group = None if ranks == list(range(dist.get_world_size())) else dist.new_group(ranks)
         return Comm(group, members=ranks) if dist.get_rank() in ranks else None
 
+    def reform_mesh(self, mesh: Any, rows: Sequence[Sequence[int]]) -> Any:
+        """A device mesh like ``mesh`` (its device type and dimension names) over ``rows`` (global ranks, one row per
+        position along the first dimension) after a recovery: every rank of the job calls it with the same
+        ``rows`` (``DeviceMesh`` creates every row's and column's group with ``dist.new_group``); a rank outside it
+        holds it with no coordinate."""
+        from torch.distributed.device_mesh import DeviceMesh
+
+        return DeviceMesh(mesh.device_type, [list(r) for r in rows], mesh_dim_names=mesh.mesh_dim_names)
+
     def split(self, groups: Sequence[Sequence[int]]) -> Comm:
         """This member's group among ``groups`` (global ranks; every member of this group is in exactly one of
         them), created collectively: every member calls it with the same ``groups``."""

@@ -186,8 +186,8 @@ class SDCGuard:
         """Checksums off for a model with compiled regions (:mod:`.hooks.wrappers`)."""
         self._cadence = Cadence(replay_every=self.config.replay_every, checksum_every=checksum_every)
         self._closed = False
-        sharded = self.layout.meshed or is_fsdp(self.module)
-        self._rejoin = make_rejoin(self, self.config, optimizer, state, snapshot_dir=snapshot_dir, sharded=sharded)
+        meshed = self.layout.meshed  # model-parallel or pipeline dimensions
+        self._rejoin = make_rejoin(self, self.config, optimizer, state, snapshot_dir=snapshot_dir, meshed=meshed)
         self.data_rank, self._batch = self.dp_rank, None  # whose batches it feeds: a recovery renumbers them
         self._say_notices(compiled)
 

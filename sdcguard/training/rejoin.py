@@ -21,6 +21,7 @@ from ..logs import get_logger
 from ..records import Incident
 from .comm import Comm
 from .config import GuardConfig
+from .hooks.fsdp import is_fsdp
 from .recovery.engine import warm_up
 from .recovery.plan import RecoveryPlan, plan_recovery
 from .recovery.recover import Recovery, Restored
@@ -133,7 +134,13 @@ class Rejoin:
         named = {r for i in incidents if i.kind != "unresolved" for r in i.suspect_ranks}
         undecided = {r for i in incidents if i.kind == "unresolved" for r in i.suspect_ranks}
         plan = plan_recovery(
-            step, m.members, m.shadow_ranks, named, min_replicas=self.min_replicas, undecided=undecided
+            step,
+            m.members,
+            m.shadow_ranks,
+            named,
+            min_replicas=self.min_replicas,
+            undecided=undecided,
+            replicas=self.recovery.engine.replicas(m.members),
         )
         m.tell_shadows(plan, incidents)
         return self.follow(plan, incidents, last_verified, tainted_from)
@@ -227,17 +234,20 @@ def make_rejoin(
     state: Sequence[Stateful],
     *,
     snapshot_dir: str | os.PathLike[str] | None,
-    sharded: bool,
+    meshed: bool,
 ) -> Rejoin | NoRejoin:
     """The recoveries of a guard (``member``) built from its settings (:func:`~.recovery.setup.make_recovery`
-    refuses what it cannot re-form); :class:`NoRejoin` unless ``escalate="recover"``."""
+    refuses what it cannot re-form; ``meshed``: the job's mesh has model-parallel or pipeline dimensions);
+    :class:`NoRejoin` unless ``escalate="recover"``."""
     min_replicas = config.min_replicas
     recovery = make_recovery(
         config.escalate,
         member.module,
         optimizer,
         state,
-        sharded=sharded,
+        fsdp=is_fsdp(member.module),
+        meshed=meshed,
+        workers=member.members,
         replicas=min_replicas,
         snapshot_dir=snapshot_dir,
         rank=member.rank,

@@ -58,7 +58,7 @@ from .wrappers import imported
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
 
-__all__ = ["FSDPTaps", "is_fsdp"]
+__all__ = ["FSDPTaps", "is_fsdp", "fsdp_param_groups"]
 
 
 def _fsdp_module_type() -> type[FSDPModule] | None:
@@ -84,7 +84,7 @@ def _reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: Any, op: A
 _SyncSetting = list[tuple[bool, bool]]
 
 
-def _param_groups(module: FSDPModule) -> list[Any]:
+def fsdp_param_groups(module: FSDPModule) -> list[Any]:
     """The parameter groups of ``module``'s FSDP2 state: torch 2.13 keeps a list (``_fsdp_param_groups``), torch 2.11
     one group or None (``_fsdp_param_group``). FSDP2 has no public accessor; AttributeError where a torch keeps
     neither. (The first GPU run, torch 2.11, read no group: no produced-gradient hook was set, and an FSDP2 step with
@@ -104,7 +104,7 @@ def _sync_setting(module: FSDPModule) -> _SyncSetting | None:
     FSDP2 offers a setter (``set_requires_gradient_sync``) but no getter, so this reads torch's state, and gives None
     where a torch version keeps it elsewhere."""
     try:
-        return [(bool(g.reduce_grads), bool(g.all_reduce_grads)) for g in _param_groups(module)]
+        return [(bool(g.reduce_grads), bool(g.all_reduce_grads)) for g in fsdp_param_groups(module)]
     except (AttributeError, TypeError):
         return None
 
@@ -112,7 +112,7 @@ def _sync_setting(module: FSDPModule) -> _SyncSetting | None:
 def _restore_sync(module: FSDPModule, setting: _SyncSetting | None) -> None:
     if setting is None:  # unknown: leave sync on, the setting FSDP2 starts with
         return
-    for g, (reduce, all_reduce) in zip(_param_groups(module), setting):
+    for g, (reduce, all_reduce) in zip(fsdp_param_groups(module), setting):
         g.reduce_grads, g.all_reduce_grads = reduce, all_reduce
 
 
@@ -159,7 +159,7 @@ def _unsharded(module: FSDPModule) -> list[tuple[nn.Parameter, nn.Parameter]]:
     try:
         return [
             (fp.sharded_param, fp._unsharded_param)
-            for g in _param_groups(module)
+            for g in fsdp_param_groups(module)
             for fp in g.fsdp_params
             if getattr(fp, "_unsharded_param", None) is not None
         ]

@@ -9,11 +9,14 @@ Rules, in order:
    faulty: its suspects are *undecided*, and when one of them is not also named by a verdict that settles it, the
    job cannot go on without risking a healthy device's leaving: every rank exits by the contract with 85 (86 only
    on the named leavers), the incident in the store naming every suspect.
-2. Each worker that leaves is replaced by a dedicated shadow that does not leave, lowest rank first (a *spare*).
-3. The new data-parallel group is the workers that stay plus the promoted spares, in rank order: the order its
+2. A replica that spans several ranks (an HSDP replica: one rank per shard) leaves whole: a replica missing a shard
+   cannot go on. Its other ranks are *released*: their devices are not suspects, they leave with 85.
+3. Each worker that leaves is replaced by a dedicated shadow that does not leave, lowest rank first (a *spare*);
+   only where every replica is one rank (dedicated shadows replay a whole model on one device).
+4. The new data-parallel group is the workers that stay plus the promoted spares, in rank order: the order its
    reductions sum in, so the data-parallel ranks are numbered by it (a fault-free run of the same size sums the
    same data ranks in the same order).
-4. The job goes on (``reform``) when it keeps as many workers as before, or at least ``min_replicas`` of them
+5. The job goes on (``reform``) when it keeps as many replicas as before, or at least ``min_replicas`` of them
    (and at least one); else every rank exits by the exit-code contract (``exit``): 86 on a leaver, 85 elsewhere.
 """
 
@@ -37,6 +40,7 @@ class RecoveryPlan:
     workers: tuple[int, ...]
     """The data-parallel workers before, in data-rank order."""
     leavers: tuple[int, ...]
+    """The suspects that leave (86)."""
     members: tuple[int, ...]
     """The new data-parallel group, in data-rank order (empty when the job exits)."""
     promoted: tuple[int, ...]
@@ -44,6 +48,8 @@ class RecoveryPlan:
     shadows: tuple[int, ...]
     """Dedicated shadows that stay shadows."""
     action: Literal["reform", "exit"]
+    released: tuple[int, ...] = ()
+    """Healthy ranks of a replica that leaves whole (85)."""
 
     def status(self, rank: int) -> int:
         """A rank's exit status under the contract."""
@@ -63,9 +69,11 @@ def plan_recovery(
     min_replicas: int | None,
     spares: bool = True,
     undecided: Iterable[int] = (),
+    replicas: Sequence[Sequence[int]] = (),
 ) -> RecoveryPlan:
     """The plan for suspects named at ``step`` (``undecided``: suspects of unresolved verdicts; ``spares``: the
-    shadows may be promoted)."""
+    shadows may be promoted; ``replicas``: the workers grouped by replica, each group leaving whole; empty: every
+    worker is a replica of its own)."""
     job = set(workers) | set(shadows)
     leavers = tuple(sorted(set(suspects) & job))
     if (set(undecided) & job) - set(leavers):
@@ -78,12 +86,17 @@ def plan_recovery(
             shadows=tuple(shadows),
             action="exit",
         )
+    groups = [tuple(g) for g in replicas] or [(w,) for w in workers]
+    leaving = [g for g in groups if set(g) & set(leavers)]
+    released = tuple(sorted(r for g in leaving for r in g if r not in leavers))
     staying_shadows = [s for s in sorted(shadows) if s not in leavers]
-    leaving_workers = [w for w in workers if w in leavers]
-    promoted = tuple(staying_shadows[: len(leaving_workers)]) if spares else ()
-    members = tuple(sorted([w for w in workers if w not in leavers] + list(promoted)))
+    singles = all(len(g) == 1 for g in groups)
+    promoted = tuple(staying_shadows[: len(leaving)]) if spares and singles else ()
+    gone = set(leavers) | set(released)
+    members = tuple(sorted([w for w in workers if w not in gone] + list(promoted)))
     left_shadows = tuple(s for s in staying_shadows if s not in promoted)
-    enough = len(members) == len(workers) or (min_replicas is not None and len(members) >= min_replicas)
+    kept = len(groups) - len(leaving) + len(promoted)
+    enough = kept == len(groups) or (min_replicas is not None and kept >= min_replicas)
     action: Literal["reform", "exit"] = "reform" if members and enough else "exit"
     return RecoveryPlan(
         step=step,
@@ -93,4 +106,5 @@ def plan_recovery(
         promoted=promoted if action == "reform" else (),
         shadows=left_shadows,
         action=action,
+        released=released,
     )

@@ -11,10 +11,11 @@ fault, and a snapshot after every checked step (one in 4 at the defaults) would 
 step (docs/recovery.md).
 
 The recovery (:meth:`Recovery.execute`), on every rank of the job alike: the engine excludes the leavers; a leaver
-exits by the contract (86) once the group is re-formed; the members heal (every member holds the voted snapshot),
-roll back, get the model for the new group, roll back again (the warm-up's forward changed the buffers), and vote:
-every member's live state must have the snapshot's digest (:func:`~.vote.holders`), or the job exits by the
-contract (a member that does not hold it with 86: it can never commit).
+exits by the contract (86) once the group is re-formed, and so do the healthy ranks of its replica when a replica
+spans several ranks (85: an HSDP replica missing a shard cannot go on); the members heal (every member holds the
+voted snapshot), roll back, get the model for the new group, roll back again (the warm-up's forward changed the
+buffers), and vote: every member's live state must have the digest its shard's holders voted for, or the job exits
+by the contract (a member that does not hold it with 86: it can never commit).
 """
 
 from __future__ import annotations
@@ -149,6 +150,9 @@ class Recovery:
             exit_by_contract(
                 EXIT_SUSPECT_DEVICE, incidents, _why(plan, "this rank left the job; the others went on"), left=True
             )
+        if rank in plan.released:
+            why = "this rank's replica left with a suspect rank (a replica missing a shard cannot go on)"
+            exit_by_contract(EXIT_RESTART, incidents, _why(plan, why), left=True)
         if comm is None:
             return Rejoined(comm=None, model=None, snapshot=None)
         healed = self.engine.heal(comm, self.keeper.verified, batch)
@@ -161,11 +165,8 @@ class Recovery:
         if snap is not None:
             self.engine.roll_back(self.keeper, snap)
             self.keeper.adopt(snap)
-        mine = self.keeper.live_digest() if snap is not None else 0
-        digests = [row[0] for row in comm.gather_ints([signed64(mine)]).tolist()]
-        expected = signed64(healed.state[1])
-        if any(d != expected for d in digests):  # the post-heal vote: nobody commits a state it does not hold
-            status = EXIT_SUSPECT_DEVICE if signed64(mine) != expected else EXIT_RESTART
+        status = self._post_heal_vote(comm, snap, healed.state[1])
+        if status is not None:
             exit_by_contract(status, incidents, _why(plan, "a replica does not hold the verified state after the heal"))
         return Rejoined(comm=comm, model=model, snapshot=snap)
 
@@ -190,13 +191,21 @@ class Recovery:
         if snap is not None:
             self.engine.roll_back(self.keeper, snap)
             self.keeper.adopt(snap)
-        mine = self.keeper.live_digest() if snap is not None else 0
-        digests = [row[0] for row in comm.gather_ints([signed64(mine)]).tolist()]
-        if any(d != signed64(healed.state[1]) for d in digests):
-            status = EXIT_SUSPECT_DEVICE if signed64(mine) != signed64(healed.state[1]) else EXIT_RESTART
+        status = self._post_heal_vote(comm, snap, healed.state[1])
+        if status is not None:
             exit_by_contract(status, [], "restart: a replica does not hold the snapshot the others confirm")
         step = healed.state[0]
         return Restored(source="snapshot", step=step, detail=f"the verified snapshot in host memory, step {step}")
+
+    def _post_heal_vote(self, comm: Comm, snap: Snapshot | None, voted: int) -> int | None:
+        """Nobody commits a state it does not hold: every member's live state must have the digest the holders of its
+        shard voted for (``voted``: this member's; one state for all under DDP). None when every member's has, else
+        this rank's exit status (86 where its own has not)."""
+        mine = signed64(self.keeper.live_digest() if snap is not None else 0)
+        rows = comm.gather_ints([mine, signed64(voted)]).tolist()
+        if all(held == expected for held, expected in rows):
+            return None
+        return EXIT_SUSPECT_DEVICE if mine != signed64(voted) else EXIT_RESTART
 
     def went_on(self, plan: RecoveryPlan, incidents: Sequence[Incident], resume: int, replacement: str | None) -> None:
         """The recovery of ``plan`` left this rank going on at step ``resume`` (``replacement``: the spare's

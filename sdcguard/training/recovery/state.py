@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from ...errors import BadInput
-from ...fingerprints import combine, local_tensor
+from ...fingerprints import combine, is_dtensor_type, local_tensor
 
-__all__ = ["Stateful", "Slot", "flatten", "unflatten", "skeleton_hash", "state_digest", "LiveState"]
+__all__ = ["Stateful", "Slot", "ShardSlot", "flatten", "unflatten", "skeleton_hash", "state_digest", "LiveState"]
 
 
 @runtime_checkable
@@ -41,8 +41,53 @@ class Slot:
     index: int
 
 
+@dataclass(frozen=True)
+class ShardSlot(Slot):
+    """Where a ``DTensor`` was (an FSDP2 parameter's optimizer state): the flat list holds its local shard; its
+    placements, global shape and stride come back with it (:func:`unflatten`'s ``place``). Its mesh does not: a
+    recovery may have moved the job onto another one (:mod:`.remesh`)."""
+
+    placements: tuple[tuple[Any, ...], ...]
+    """Plain values (:func:`_plain`), so equal states pickle alike (placement objects pickle with references)."""
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+def _plain(placement: Any) -> tuple[Any, ...]:
+    """A ``DTensor`` placement as plain values: ``("replicate",)``, ``("shard", dim)``, ``("strided", dim, split)``."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if isinstance(placement, _StridedShard):
+        return ("strided", placement.dim, placement.split_factor)
+    if isinstance(placement, Shard):
+        return ("shard", placement.dim)
+    if isinstance(placement, Replicate):
+        return ("replicate",)
+    raise BadInput(f"a DTensor in the training state has a {placement} placement: a snapshot keeps Shard and Replicate")
+
+
+def _placement(plain: tuple[Any, ...]) -> Any:
+    """The placement :func:`_plain` took apart."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if plain[0] == "strided":
+        return _StridedShard(plain[1], split_factor=plain[2])
+    return Shard(plain[1]) if plain[0] == "shard" else Replicate()
+
+
+Place = Callable[[torch.Tensor, ShardSlot], torch.Tensor]
+"""Turns a local shard back into a ``DTensor`` (:meth:`LiveState.write`)."""
+
+
 def flatten(value: Any, out: list[torch.Tensor]) -> Any:
-    """``value`` with every tensor replaced by a :class:`Slot`; the tensors are appended to ``out`` in order."""
+    """``value`` with every tensor replaced by a :class:`Slot` (a ``DTensor``: its local shard, and a
+    :class:`ShardSlot`); the tensors are appended to ``out`` in order."""
+    if is_dtensor_type(type(value)):
+        out.append(local_tensor(value))
+        placements = tuple(_plain(p) for p in value.placements)
+        return ShardSlot(len(out) - 1, placements, tuple(value.shape), tuple(value.stride()))
     if isinstance(value, torch.Tensor):
         out.append(value)
         return Slot(len(out) - 1)
@@ -55,16 +100,19 @@ def flatten(value: Any, out: list[torch.Tensor]) -> Any:
     return value
 
 
-def unflatten(skeleton: Any, tensors: Sequence[torch.Tensor]) -> Any:
-    """The value :func:`flatten` took apart, with ``tensors`` in the slots."""
+def unflatten(skeleton: Any, tensors: Sequence[torch.Tensor], place: Place | None = None) -> Any:
+    """The value :func:`flatten` took apart, with ``tensors`` in the slots (``place``: what a :class:`ShardSlot`'s
+    local shard becomes; None: the local shard itself)."""
+    if isinstance(skeleton, ShardSlot) and place is not None:
+        return place(tensors[skeleton.index], skeleton)
     if isinstance(skeleton, Slot):
         return tensors[skeleton.index]
     if isinstance(skeleton, dict):
-        return type(skeleton)((k, unflatten(v, tensors)) for k, v in skeleton.items())
+        return type(skeleton)((k, unflatten(v, tensors, place)) for k, v in skeleton.items())
     if isinstance(skeleton, list):
-        return [unflatten(v, tensors) for v in skeleton]
+        return [unflatten(v, tensors, place) for v in skeleton]
     if isinstance(skeleton, tuple):
-        return tuple(unflatten(v, tensors) for v in skeleton)
+        return tuple(unflatten(v, tensors, place) for v in skeleton)
     return skeleton
 
 
@@ -131,10 +179,30 @@ class LiveState:
             for key, value in unflatten(skeleton["module"], tensors).items():
                 local_tensor(live[key].detach()).copy_(value)
         cloned = _Cloned(tensors, clone)
+        place = self._place
         if self.optimizer is not None:
-            self.optimizer.load_state_dict(unflatten(skeleton["optimizer"], cloned))
+            self.optimizer.load_state_dict(unflatten(skeleton["optimizer"], cloned, place))
         for obj, skel in zip(self.extra, skeleton["extra"]):
-            obj.load_state_dict(unflatten(skel, cloned))
+            obj.load_state_dict(unflatten(skel, cloned, place))
+
+    def _place(self, local: torch.Tensor, slot: ShardSlot) -> torch.Tensor:
+        """A kept local shard as the ``DTensor`` it was, on the mesh the module's parameters are on now (a job
+        that recovers has one: an FSDP2/HSDP mesh, :mod:`.setup`)."""
+        from torch.distributed.tensor import DTensor
+
+        mesh = next(
+            (getattr(p, "device_mesh", None) for p in self.module.parameters() if is_dtensor_type(type(p))), None
+        )
+        if mesh is None:
+            raise BadInput("a kept state holds DTensors, but the module's parameters are not DTensors")
+        return DTensor.from_local(
+            local,
+            mesh,
+            [_placement(p) for p in slot.placements],
+            run_check=False,
+            shape=torch.Size(slot.shape),
+            stride=slot.stride,
+        )
 
 
 class _Cloned(Sequence[torch.Tensor]):

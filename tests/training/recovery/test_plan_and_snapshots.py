@@ -60,6 +60,36 @@ def test_a_spare_takes_the_leavers_place_and_the_data_ranks_follow_the_groups_or
     assert plan_recovery(9, [0, 1], [], {0, 1}, min_replicas=1).action == "exit"  # nobody left
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4), st.integers(2, 4), st.sets(st.integers(0, 16), max_size=3), st.none() | st.integers(1, 4))
+def test_an_hsdp_replica_leaves_whole_and_only_its_suspects_leave_as_suspects(
+    shards: int, rows: int, suspects: set[int], min_replicas: int | None
+) -> None:
+    replicas = [tuple(range(r * shards, (r + 1) * shards)) for r in range(rows)]
+    workers = [w for row in replicas for w in row]
+    plan = plan_recovery(7, workers, [], suspects, min_replicas=min_replicas, replicas=replicas)
+    hit = [row for row in replicas if set(row) & suspects]
+    assert set(plan.leavers) == suspects & set(workers)
+    assert set(plan.released) == {r for row in hit for r in row} - suspects  # healthy ranks of a leaving replica
+    assert all(plan.status(r) == 85 for r in plan.released)
+    kept = len(replicas) - len(hit)
+    if plan.action == "reform":
+        assert kept == rows or kept >= (min_replicas or 10**9)
+        assert plan.members == tuple(w for row in replicas if row not in hit for w in row)  # whole rows, in order
+    else:
+        assert not kept or (kept < rows and kept < (min_replicas or 10**9))
+    assert plan.promoted == ()
+
+
+def test_an_hsdp_job_without_min_replicas_exits_and_one_with_it_goes_on_as_two_replicas() -> None:
+    replicas = [(0, 1), (2, 3), (4, 5)]
+    workers = [0, 1, 2, 3, 4, 5]
+    assert plan_recovery(4, workers, [], {2}, min_replicas=None, replicas=replicas).action == "exit"
+    plan = plan_recovery(4, workers, [], {2}, min_replicas=2, replicas=replicas)
+    assert (plan.action, plan.leavers, plan.released, plan.members) == ("reform", (2,), (3,), (0, 1, 4, 5))
+    assert plan_recovery(4, workers, [], {2, 5}, min_replicas=2, replicas=replicas).action == "exit"
+
+
 def test_the_vote_takes_the_newest_state_a_strict_majority_holds() -> None:
     assert confirmed([(5, 1), (5, 1), (5, 2)], voters=3) == (5, 1)
     assert confirmed([(5, 1), (6, 9), None], voters=3) is None  # no majority

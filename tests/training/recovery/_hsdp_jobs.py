@@ -1,0 +1,167 @@
+"""The HSDP recovery test's jobs on gloo ranks: 3 replicas x 2 shards with ``escalate="recover"`` and a sticky fault
+on one rank, and the fault-free reference it must equal bit for bit: the same job without a guard, whose replica 1
+leaves before a step and whose other ranks go on as a fresh 2 x 2 HSDP job (a new module, ``fully_shard`` over a new
+mesh, a new optimizer) resumed from the local shards and optimizer state they held, by public torch APIs only."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Any
+
+import torch
+
+from sdcguard import SDCGuard
+from sdcguard.inject.faults import Fault
+from sdcguard.inject.torch_faults import OpFaultMode
+from sdcguard.testing.models import TinyTransformer, lm_loss
+from tests.training.recovery._jobs import SEQ, _batch
+
+STEPS = 6
+SHAPE = (3, 2)
+NAMES = ("replicate", "shard")
+
+
+def _model(mesh: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = TinyTransformer(d=8, heads=2, seq=SEQ, layers=1)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def _local(t: torch.Tensor) -> bytes:
+    local = t.detach().to_local() if hasattr(t, "to_local") else t.detach()
+    return bytes(local.numpy().tobytes())
+
+
+def _final(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """This rank's local shards of the weights and of the optimizer's state."""
+    state = opt.state_dict()["state"]
+    return {
+        "weights": [_local(p) for p in model.parameters()],
+        "optimizer": {k: {n: _local(t) for n, t in v.items()} for k, v in state.items()},
+    }
+
+
+def recovering(rank: int, world: int, fault: tuple[int, int], min_replicas: int | None) -> dict[str, Any]:
+    """A sticky GELU fault on rank ``fault[0]`` from step ``fault[1]`` on; how the rank ended."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
+    model, opt = _model(init_device_mesh("cpu", SHAPE, mesh_dim_names=NAMES))
+    guard = SDCGuard(
+        model,
+        lm_loss,
+        replay_every=2,
+        weight_check_every=1,
+        checksum_every=0,
+        slow=None,
+        optimizer=opt,
+        escalate="recover",
+        min_replicas=min_replicas,
+    )
+    injector = OpFaultMode(
+        Fault(pattern="bitflip", bit="high_mantissa", timing="sticky", seed=5),
+        ops="gelu",
+        phase="forward",
+        rank=fault[0],
+        steps=range(fault[1], STEPS),
+    )
+    resumes, step = [], 0
+    try:
+        while step < STEPS:
+            injector.step = step
+            with injector if rank == fault[0] else contextlib.nullcontext():
+                report = guard.step(step, _batch(step, guard.data_rank))
+            if report.resume_from is not None:
+                resumes.append((step, report.resume_from))
+                step = report.resume_from
+                continue
+            if report.commit:
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+            guard.after_optimizer_step()
+            step += 1
+        guard.close()
+    except SystemExit as e:
+        return {"exit": e.code}
+    recovered = [(i.kind, i.suspect_ranks, i.recovered_step) for i in guard.incidents if i.recovered_step is not None]
+    return {"data_rank": guard.data_rank, "resumes": resumes, "recovered": recovered, **_final(model, opt)}
+
+
+def _resumed(model: torch.nn.Module, opt: torch.optim.Optimizer, mesh: Any) -> tuple[Any, Any]:
+    """A fresh HSDP job over ``mesh`` holding what ``model`` and ``opt`` hold (this rank's shards)."""
+    from torch.distributed.tensor import DTensor
+
+    fresh, fresh_opt = _model(mesh)
+    with torch.no_grad():
+        for new, old in zip(fresh.parameters(), model.parameters(), strict=True):
+            new.to_local().copy_(old.detach().to_local())
+    params = list(fresh.parameters())
+    state = opt.state_dict()
+    for i, slots in state["state"].items():
+        p = params[i]
+        for name, t in list(slots.items()):
+            if isinstance(t, DTensor):
+                local = t.to_local().clone()
+                slots[name] = DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+    fresh_opt.load_state_dict(state)
+    return fresh, fresh_opt
+
+
+def fault_free(rank: int, world: int, leaves_at: int) -> dict[str, Any]:
+    """No guard, no fault: 3 x 2 until ``leaves_at``, then replica 1 (ranks 2, 3) leaves and the others go on as a
+    fresh 2 x 2 job resumed from their state, data ranks numbered by place."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
+    model, opt = _model(init_device_mesh("cpu", SHAPE, mesh_dim_names=NAMES))
+    data_rank = rank
+    for step in range(STEPS):
+        if step == leaves_at:
+            mesh = DeviceMesh("cpu", [[0, 1], [4, 5]], mesh_dim_names=NAMES)  # every rank creates its groups
+            if rank in (2, 3):
+                return {"role": "left"}
+            model, opt = _resumed(model, opt, mesh)
+            data_rank = [0, 1, 4, 5].index(rank)
+        lm_loss(model, _batch(step, data_rank)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {"data_rank": data_rank, **_final(model, opt)}
+
+
+def recovered_and_reference(rank: int, world: int, leaves_at: int) -> dict[str, Any]:
+    """The fault-free reference (:func:`fault_free`, replica 1 leaving before ``leaves_at``), then the guarded job
+    with a sticky fault on rank 2 from step 3 and ``min_replicas=2`` (:func:`recovering`), in the same processes:
+    one start of six ranks for both."""
+    import torch.distributed as dist
+
+    reference = fault_free(rank, world, leaves_at)
+    dist.barrier()
+    return {"reference": reference, "recovered": recovering(rank, world, (2, 3), 2)}
+
+
+def refusals(rank: int, world: int) -> list[str]:
+    """What ``escalate="recover"`` says on two ranks to a tensor-parallel mesh and to FSDP2 without replicas."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from sdcguard.errors import BadInput
+    from tests._tensor_parallel import TPNet, loss_fn
+
+    tp = TPNet()
+    tp_mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    parallelize_module(tp, tp_mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    fsdp, fsdp_opt = _model(init_device_mesh("cpu", (2,), mesh_dim_names=("shard",)))
+    said = []
+    for model, loss, opt in [(tp, loss_fn, torch.optim.SGD(tp.parameters())), (fsdp, lm_loss, fsdp_opt)]:
+        try:
+            SDCGuard(model, loss, escalate="recover", optimizer=opt, min_replicas=1, replay_every=1)
+            said.append("accepted")
+        except BadInput as e:
+            said.append(str(e))
+    return said

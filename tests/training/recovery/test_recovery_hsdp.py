@@ -1,0 +1,47 @@
+"""``escalate="recover"`` in a real HSDP job (FSDP2 over a 3 replicas x 2 shards mesh, six gloo processes): a sticky
+fault on one rank of replica 1; that rank exits 86 and its healthy shard-peer leaves with it (85: a replica missing a
+shard cannot go on); the other four go on as 2 replicas x 2 shards (``min_replicas=2``) on a new mesh, and each
+one's local shards of the weights and of the AdamW state equal, bit for bit, a fault-free job whose replica 1 left
+before the same step and whose other ranks went on as a fresh 2 x 2 HSDP job resumed from their state (public torch
+APIs only: a new module, ``fully_shard`` over a new mesh, a new optimizer). No spares: dedicated shadows are
+DDP-only. Layouts still not re-formed (tensor parallel meshes, FSDP2 without replicas) are refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdcguard.testing import run_ranks
+from tests.training.recovery._hsdp_jobs import recovered_and_reference, refusals
+
+pytestmark = [pytest.mark.distributed]
+
+RESUME = 3
+"""The state the recovery goes back to: a fault from step 3 is seen at the sample of step 4 (``replay_every=2``), and
+the last verified snapshot is the state step 3 starts from (as in the DDP test's cell)."""
+
+
+@pytest.mark.timeout(200)
+def test_hsdp_replica_with_a_sticky_rank_leaves_whole_and_the_survivors_equal_a_fault_free_two_replica_run() -> None:
+    results = run_ranks(recovered_and_reference, 6, RESUME, timeout=180)
+    recovered = [r["recovered"] for r in results]
+    assert recovered[2] == {"exit": 86}  # the named rank
+    assert recovered[3] == {"exit": 85}  # its shard-peer: released, not a suspect
+    survivors = [0, 1, 4, 5]
+    assert [recovered[r]["data_rank"] for r in survivors] == [0, 1, 2, 3]  # numbered by place in the new group
+    for r in survivors:
+        assert recovered[r]["resumes"] == [(4, RESUME)], recovered[r]["resumes"]
+        assert recovered[r]["recovered"] == [("replay", (2,), RESUME)], recovered[r]["recovered"]
+        reference = results[r]["reference"]
+        assert reference["data_rank"] == recovered[r]["data_rank"]
+        assert recovered[r]["weights"] == reference["weights"], r
+        assert recovered[r]["optimizer"] == reference["optimizer"], r
+    assert recovered[0]["weights"] == recovered[4]["weights"] != recovered[1]["weights"]  # replicas of shard 0
+
+
+@pytest.mark.timeout(120)
+def test_recover_refuses_tensor_parallel_meshes_and_fsdp2_without_replicas_in_one_line() -> None:
+    said = run_ranks(refusals, 2, timeout=100)
+    assert said[0] == said[1]
+    tp, fsdp = said[0]
+    assert "model-parallel or pipeline dimensions are not supported yet" in tp and "\n" not in tp
+    assert "cannot be re-formed (its mesh is FSDPMeshInfo, not HSDP" in fsdp and "\n" not in fsdp
