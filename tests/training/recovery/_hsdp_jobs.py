@@ -47,12 +47,15 @@ def _final(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]
     }
 
 
-def recovering(rank: int, world: int, fault: tuple[int, int], min_replicas: int | None) -> dict[str, Any]:
-    """A sticky GELU fault on rank ``fault[0]`` from step ``fault[1]`` on; how the rank ended."""
+def recovering(
+    rank: int, world: int, fault: tuple[int, int], min_replicas: int | None, names: tuple[str, str] = NAMES
+) -> dict[str, Any]:
+    """A sticky GELU fault on rank ``fault[0]`` from step ``fault[1]`` on; how the rank ended (``names``: the mesh's
+    dimension names)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
-    model, opt = _model(init_device_mesh("cpu", SHAPE, mesh_dim_names=NAMES))
+    model, opt = _model(init_device_mesh("cpu", SHAPE, mesh_dim_names=names))
     guard = SDCGuard(
         model,
         lm_loss,
@@ -113,17 +116,17 @@ def _resumed(model: torch.nn.Module, opt: torch.optim.Optimizer, mesh: Any) -> t
     return fresh, fresh_opt
 
 
-def fault_free(rank: int, world: int, leaves_at: int) -> dict[str, Any]:
+def fault_free(rank: int, world: int, leaves_at: int, names: tuple[str, str] = NAMES) -> dict[str, Any]:
     """No guard, no fault: 3 x 2 until ``leaves_at``, then replica 1 (ranks 2, 3) leaves and the others go on as a
     fresh 2 x 2 job resumed from their state, data ranks numbered by place."""
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
     warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
-    model, opt = _model(init_device_mesh("cpu", SHAPE, mesh_dim_names=NAMES))
+    model, opt = _model(init_device_mesh("cpu", SHAPE, mesh_dim_names=names))
     data_rank = rank
     for step in range(STEPS):
         if step == leaves_at:
-            mesh = DeviceMesh("cpu", [[0, 1], [4, 5]], mesh_dim_names=NAMES)  # every rank creates its groups
+            mesh = DeviceMesh("cpu", [[0, 1], [4, 5]], mesh_dim_names=names)  # every rank creates its groups
             if rank in (2, 3):
                 return {"role": "left"}
             model, opt = _resumed(model, opt, mesh)
@@ -134,15 +137,15 @@ def fault_free(rank: int, world: int, leaves_at: int) -> dict[str, Any]:
     return {"data_rank": data_rank, **_final(model, opt)}
 
 
-def recovered_and_reference(rank: int, world: int, leaves_at: int) -> dict[str, Any]:
+def recovered_and_reference(rank: int, world: int, leaves_at: int, names: tuple[str, str] = NAMES) -> dict[str, Any]:
     """The fault-free reference (:func:`fault_free`, replica 1 leaving before ``leaves_at``), then the guarded job
     with a sticky fault on rank 2 from step 3 and ``min_replicas=2`` (:func:`recovering`), in the same processes:
     one start of six ranks for both."""
     import torch.distributed as dist
 
-    reference = fault_free(rank, world, leaves_at)
+    reference = fault_free(rank, world, leaves_at, names)
     dist.barrier()
-    return {"reference": reference, "recovered": recovering(rank, world, (2, 3), 2)}
+    return {"reference": reference, "recovered": recovering(rank, world, (2, 3), 2, names)}
 
 
 def refusals(rank: int, world: int) -> list[str]:

@@ -21,8 +21,11 @@ the last verified snapshot is the state step 3 starts from (as in the DDP test's
 
 
 @pytest.mark.timeout(200)
-def test_hsdp_replica_with_a_sticky_rank_leaves_whole_and_the_survivors_equal_a_fault_free_two_replica_run() -> None:
-    results = run_ranks(recovered_and_reference, 6, RESUME, timeout=180)
+@pytest.mark.parametrize("names", [("replicate", "shard"), ("dp_replicate", "dp_shard")])  # torch's, torchtitan's
+def test_hsdp_replica_with_a_sticky_rank_leaves_whole_and_the_survivors_equal_a_fault_free_two_replica_run(
+    names: tuple[str, str],
+) -> None:
+    results = run_ranks(recovered_and_reference, 6, RESUME, names, timeout=180)
     recovered = [r["recovered"] for r in results]
     assert recovered[2] == {"exit": 86}  # the named rank
     assert recovered[3] == {"exit": 85}  # its shard-peer: released, not a suspect
