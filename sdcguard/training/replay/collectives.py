@@ -81,6 +81,8 @@ class CollectiveTracer(TorchDispatchMode):
         """False: traces nothing (``benchmarks/tp_overhead.py`` measures what tracing costs)."""
         self._record: LocalRecord | None = None
         self._within: dict[str, bool] = {}
+        self._kinds: dict[tuple[type, ...], tuple[bool, bool]] = {}
+        self._ops: dict[Any, bool] = {}
 
     @contextlib.contextmanager
     def tracing(self, record: LocalRecord) -> Iterator[None]:
@@ -106,11 +108,18 @@ class CollectiveTracer(TorchDispatchMode):
             self.__exit__(None, None, None)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if any(is_dtensor_type(t) for t in types):
+        kinds = self._kinds.get(types)  # every op of the forward and backward passes here: what it asks is cached
+        if kinds is None:
+            dtensor = any(is_dtensor_type(t) for t in types)
+            kinds = self._kinds[types] = (dtensor, not any(is_wrapper_type(t) for t in types))
+        dtensor, plain = kinds  # plain: not a fake tensor of DTensor's sharding propagation
+        if dtensor:
             return NotImplemented  # a DTensor runs its plain ops, its implicit redistributions included, past this mode
         kwargs = kwargs or {}
-        plain = not any(is_wrapper_type(t) for t in types)  # not a fake tensor of DTensor's sharding propagation
-        if self._record is not None and plain and str(func.overloadpacket) in TRACED:
+        traced = self._ops.get(func)
+        if traced is None:
+            traced = self._ops[func] = str(func.overloadpacket) in TRACED
+        if traced and plain and self._record is not None:
             named = dict(zip((a.name for a in func._schema.arguments), args)) | kwargs
             group = next((named[g] for g in _GROUPS if g in named), None)
             inputs = next((_tensors(named[i]) for i in _INPUTS if i in named), [])
