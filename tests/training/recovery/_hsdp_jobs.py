@@ -168,3 +168,34 @@ def refusals(rank: int, world: int) -> list[str]:
         except BadInput as e:
             said.append(str(e))
     return said
+
+
+def _restart_guard(shm: str) -> tuple[SDCGuard, Any, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
+    model, opt = _model(init_device_mesh("cpu", (2, 2), mesh_dim_names=NAMES))
+    settings: dict[str, Any] = {"replay_every": 2, "weight_check_every": 0, "checksum_every": 0, "slow": None}
+    guard = SDCGuard(model, lm_loss, optimizer=opt, escalate="recover", snapshot_dir=shm, **settings)
+    return guard, model, opt
+
+
+def first_hsdp_run(rank: int, world: int, shm: str, steps: int) -> dict[str, Any]:
+    """2 replicas x 2 shards, ``steps`` clean steps, then the processes end without closing anything: the step of
+    the verified snapshot left in shared memory and this rank's local state at the start of every step."""
+    guard, model, opt = _restart_guard(shm)
+    states = {}
+    for step in range(steps):
+        states[step] = _final(model, opt)
+        guard.step(step, _batch(step, guard.data_rank))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {"step": guard.snapshot_step, "states": states}
+
+
+def restarted_hsdp(rank: int, world: int, shm: str, moved: str | None = None) -> dict[str, Any]:
+    """A new job over the same folder (``moved``: rank 3 restarts on another node, whose shared memory is this
+    empty folder): ``guard.restore()``, then this rank's local state."""
+    guard, model, opt = _restart_guard(moved if moved is not None and rank == 3 else shm)
+    restored = guard.restore()
+    return {"source": restored.source, "step": restored.step, "state": _final(model, opt)}

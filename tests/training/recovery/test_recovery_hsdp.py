@@ -8,10 +8,12 @@ DDP-only. Layouts still not re-formed (tensor parallel meshes, FSDP2 without rep
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sdcguard.testing import run_ranks
-from tests.training.recovery._hsdp_jobs import recovered_and_reference, refusals
+from tests.training.recovery._hsdp_jobs import first_hsdp_run, recovered_and_reference, refusals, restarted_hsdp
 
 pytestmark = [pytest.mark.distributed]
 
@@ -48,3 +50,18 @@ def test_recover_refuses_tensor_parallel_meshes_and_fsdp2_without_replicas_in_on
     tp, fsdp = said[0]
     assert "model-parallel or pipeline dimensions are not supported yet" in tp and "\n" not in tp
     assert "cannot be re-formed (its mesh is FSDPMeshInfo, not HSDP" in fsdp and "\n" not in fsdp
+
+
+@pytest.mark.timeout(200)
+def test_a_restarted_hsdp_job_resumes_each_shard_from_the_shared_memory_snapshot(tmp_path: Path) -> None:
+    """Each rank's snapshot is its own shard: a restart votes per mesh column, and a rank restarted on an empty node
+    receives its shard from the rank holding the same shard in the other replica."""
+    shm = str(tmp_path / "shm")
+    before = run_ranks(first_hsdp_run, 4, shm, 6, timeout=150)
+    step = before[0]["step"]
+    assert step is not None and step >= 3 and all(b["step"] == step for b in before)
+    for moved in (None, str(tmp_path / "other-node")):
+        again = run_ranks(restarted_hsdp, 4, shm, moved, timeout=150)
+        for rank, r in enumerate(again):
+            assert (r["source"], r["step"]) == ("snapshot", step), r
+            assert r["state"] == before[rank]["states"][step], rank  # bit for bit, each rank's own shard
