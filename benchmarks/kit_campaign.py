@@ -5,20 +5,28 @@ lm-resiliency is not a dependency (``pip install lm-resiliency==0.2.0`` into a v
     python benchmarks/kit_campaign.py [defaults | REPLAY_EVERY] [WORLD] [SURFACES] [MICRO_BATCHES]
 
 SURFACES is a comma-separated subset of output, input, weight, gradient, optimizer_state (default: all). Every
-fault the kit's local executor injects on those surfaces (``tensor_corruption`` by single and multi bit flip, set
-value, scale, noise and sign flip; ``stale_state``; ``duplicate``; and on the flow surfaces, input, output and
-gradient, ``drop`` and ``reorder``), one-off (one matching call; on weight and optimizer state, which the kit mutates for whole iterations, one iteration) and sticky (three iterations), on
-``blocks.0.fc1`` (its output, its input, its weight, the weight's gradient, the weight's SGD momentum buffer) of
-rank 1 of a tiny transformer under DDP, five steps apart. The guard is built first, then SCOUT
-(``ModelReplayHarness`` on the model's one block, the kit's optimizer post-step hook, replaying every
-``REPLAY_EVERY`` steps: 50, its default and the guard's, for ``defaults``), then the kit
-(``enable_fault_injection``), so the kit's hooks run after both detectors'. The kit's iteration is the optimizer
-step, called on vetoed steps too (their gradients are None: the weights do not move).
+fault the kit's local executor injects there (``tensor_corruption`` by single and multi bit flip, set value, scale,
+noise and sign flip; ``stale_state``; ``duplicate``; on the flow surfaces, input, output and gradient, also
+``drop`` and ``reorder``), one-off and sticky (three iterations), on ``blocks.0.fc1`` of rank 1 of a tiny
+transformer under DDP: its output, its input, its weight, the weight's gradient, the weight's SGD momentum buffer.
+One-off is one matching call; on weight and optimizer state, which the kit mutates for whole iterations, one
+iteration. The flow faults run in one job, five steps apart (a vetoed or all-reduced flow fault leaves the replicas
+equal); each state fault in a job of its own (it can leave the replicas apart until caught), onset at step 2, run
+to step 105 at the defaults (past both detectors' replays of steps 50 and 100 and the guard's weight check at 100),
+8 steps past the onset otherwise.
 
-An occurrence's window runs from its onset step to the next occurrence's onset. Each detector's verdicts in it
-(the guard's incidents; SCOUT's ``kind="sdc"`` fault reports) make one ``LocalizationResult`` per occurrence,
-scored by ``FaultInjectionSession.evaluate``; a verdict outside every window is a clean-step alarm. Prints one line
-per fault kind and timing, the totals, and the rows as JSON."""
+The guard is built first (``escalate="off"``, ``slow=None``), then SCOUT (``ModelReplayHarness`` on the model's one
+block, its check in an optimizer post-step hook every ``REPLAY_EVERY`` steps, 50 for ``defaults`` as the guard's
+replay; its embedding recipe off, as it finds no embedding under the names it knows, and its temporal straggler
+baseline off), then the kit (``enable_fault_injection``), whose hooks therefore run after both detectors'. The guard
+is handed the step counted from 1, as SCOUT and the kit count it, so at the defaults both replay the same training
+steps. The kit's iteration is the optimizer step, called on vetoed steps too (their gradients are None: the weights
+do not move).
+
+An occurrence's window runs from its onset step to the next onset (or the job's end). Each detector's verdicts in it
+(the guard's incidents; SCOUT's ``kind="sdc"`` reports) make one ``LocalizationResult``, scored by
+``FaultInjectionSession.evaluate``; a verdict before the first onset is an alarm on a clean step. Prints one line per
+fault kind and timing, the totals, and the rows as JSON."""
 
 from __future__ import annotations
 
@@ -92,9 +100,11 @@ def plan(surfaces: tuple[str, ...]) -> tuple[list[tuple[str, str, str, dict[str,
 
 def _campaign(cases: list[tuple[str, str, str, dict[str, Any]]], tail: int) -> tuple[Any, int]:
     from lm_resiliency.fault_injection import (
+        FailureType,
         FaultCampaign,
         FaultIncident,
         FaultSpec,
+        FaultSurface,
         FaultTarget,
         IncidentLifetime,
         IncidentTrigger,
@@ -110,8 +120,10 @@ def _campaign(cases: list[tuple[str, str, str, dict[str, Any]]], tail: int) -> t
             lifetime = IncidentLifetime(iterations=1)
         else:
             lifetime = IncidentLifetime(matching_calls=1)
-        target = FaultTarget(surface=surface, rank=FAULTY, module_path=MODULE)
-        spec = FaultSpec(fault_id=name, type=kind, target=target, parameters={**params, **_selectors(surface)})
+        target = FaultTarget(surface=FaultSurface(surface), rank=FAULTY, module_path=MODULE)
+        spec = FaultSpec(
+            fault_id=name, type=FailureType(kind), target=target, parameters={**params, **_selectors(surface)}
+        )
         incidents.append(
             FaultIncident(incident_id=name, trigger=IncidentTrigger(at=(at,)), lifetime=lifetime, faults=(spec,))
         )
@@ -139,12 +151,16 @@ def _cuda_stand_ins() -> None:
     compares values."""
     if torch.cuda.is_available():
         return
-    torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
-    torch.cuda.Event = _CpuEvent  # type: ignore[assignment,misc]
-    torch.cuda.current_stream = lambda device=None: None  # type: ignore[assignment]
+    stand_ins = {
+        "synchronize": lambda device=None: None,
+        "Event": _CpuEvent,
+        "current_stream": lambda device=None: None,
+    }
+    for name, stand_in in stand_ins.items():
+        setattr(torch.cuda, name, stand_in)
 
 
-def _scout(model: torch.nn.Module, opt: torch.optim.Optimizer, every: int, now: list[int]) -> tuple[Any, list[Any]]:
+def _scout(model: TinyTransformer, opt: torch.optim.Optimizer, every: int, now: list[int]) -> tuple[Any, list[Any]]:
     """SCOUT's replay harness on the model's one block; its SDC reports as (step, failed ranks, scope)."""
     from lm_resiliency.detection import ModelReplayHarness, ReplayHarnessConfig, replay_fault_reports
 
@@ -178,7 +194,7 @@ def _windows(records: list[Any], steps: int) -> dict[str, tuple[int, int]]:
 
 def _score(session: Any, windows: dict[str, tuple[int, int]], found: list[tuple[int, tuple[int, ...], str]]) -> Any:
     """One LocalizationResult per occurrence from the verdicts in its window, scored by the kit's scorer."""
-    results = []
+    results: list[dict[str, Any]] = []
     for occurrence, (start, end) in windows.items():
         seen = [f for f in found if start <= f[0] < end]
         results.append(
@@ -219,7 +235,8 @@ def job(rank: int, world: int, every: int | None, cases: list[Any], micro: int, 
     aborted = None
     for step in range(steps):
         now[0] = step
-        report = guard.step(step, micro_batches=[make_batch(step, rank * micro + i, seq=SEQ) for i in range(micro)])
+        batches = [make_batch(step, rank * micro + i, seq=SEQ) for i in range(micro)]
+        report = guard.step(step + 1, micro_batches=batches)  # counted from 1, as the kit and SCOUT count
         commits.append(report.commit)
         incidents = list(report.incidents)
         try:
@@ -230,8 +247,8 @@ def job(rank: int, world: int, every: int | None, cases: list[Any], micro: int, 
         opt.zero_grad(set_to_none=True)
         incidents += guard.after_optimizer_step()
         for i in incidents:
-            found.append((i.step, tuple(i.suspect_ranks), "rank"))
-            kinds.setdefault(i.step, set()).add(i.kind)
+            found.append((i.step - 1, tuple(i.suspect_ranks), "rank"))
+            kinds.setdefault(i.step - 1, set()).add(i.kind)
     guard.close()
     harness.remove_hooks()
     records = [r for r in session.records if r.execution_rank == rank]
@@ -271,10 +288,7 @@ def _mark(detected: bool, localized: bool, named: list[int], steps: int | None) 
 
 
 def run(every: int | None, world: int, surfaces: tuple[str, ...], micro: int) -> dict[str, Any]:
-    """The flow faults in one job, five steps apart (a vetoed or all-reduced flow fault leaves the replicas equal);
-    each state fault in a job of its own (a corrupted weight or momentum leaves the replicas apart until caught),
-    run to step 105 at the defaults (past the guard's weight check at step 100 and both detectors' replays at 50
-    and 100), to eight steps after its onset at ``replay_every``."""
+    """The flow faults in one job, each state fault in a job of its own (the module docstring says why)."""
     cases = plan(surfaces)[0]
     flow = [c for c in cases if c[0] not in STATE]
     jobs = ([flow] if flow else []) + [[c] for c in cases if c[0] in STATE]
@@ -294,11 +308,13 @@ def run(every: int | None, world: int, surfaces: tuple[str, ...], micro: int) ->
 def print_table(res: dict[str, Any], names: list[str], skipped: list[tuple[str, str]], title: str) -> None:
     rows = res["rows"]
     print(title)
-    print("fault (surface-kind-timing) | injected | guard: caught, steps | vetoed | guard checks | SCOUT: caught, steps")
+    print(
+        "fault (surface-kind-timing) | injected | guard: caught, steps | vetoed | guard checks | SCOUT: caught, steps"
+    )
     for r in rows:
-        injected = "yes" if r["injected"] else f"no ({r['status']}: {(r['error'] or '')[:60]})"
+        status = "yes" if r["injected"] else f"no ({r['status']}: {(r['error'] or '')[:60]})"
         guard, scout = _mark(*r["guard"]), _mark(*r["scout"])
-        print(" | ".join((r["incident"], injected, guard, str(r["vetoed"]), ",".join(r["guard_kinds"]), scout)))
+        print(" | ".join((r["incident"], status, guard, str(r["vetoed"]), ",".join(r["guard_kinds"]), scout)))
     ran = {r["incident"] for r in rows}
     for name in names:
         if name not in ran:
