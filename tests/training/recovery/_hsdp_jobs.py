@@ -48,14 +48,19 @@ def _final(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]
 
 
 def recovering(
-    rank: int, world: int, fault: tuple[int, int], min_replicas: int | None, names: tuple[str, str] = NAMES
+    rank: int,
+    world: int,
+    fault: tuple[int, int],
+    min_replicas: int | None,
+    names: tuple[str, str] = NAMES,
+    shape: tuple[int, int] = SHAPE,
 ) -> dict[str, Any]:
     """A sticky GELU fault on rank ``fault[0]`` from step ``fault[1]`` on; how the rank ended (``names``: the mesh's
-    dimension names)."""
+    dimension names, ``shape``: replicas x shards)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
-    model, opt = _model(init_device_mesh("cpu", SHAPE, mesh_dim_names=names))
+    model, opt = _model(init_device_mesh("cpu", shape, mesh_dim_names=names))
     guard = SDCGuard(
         model,
         lm_loss,
@@ -116,36 +121,42 @@ def _resumed(model: torch.nn.Module, opt: torch.optim.Optimizer, mesh: Any) -> t
     return fresh, fresh_opt
 
 
-def fault_free(rank: int, world: int, leaves_at: int, names: tuple[str, str] = NAMES) -> dict[str, Any]:
-    """No guard, no fault: 3 x 2 until ``leaves_at``, then replica 1 (ranks 2, 3) leaves and the others go on as a
-    fresh 2 x 2 job resumed from their state, data ranks numbered by place."""
+def fault_free(
+    rank: int, world: int, leaves_at: int, names: tuple[str, str] = NAMES, shape: tuple[int, int] = SHAPE
+) -> dict[str, Any]:
+    """No guard, no fault: ``shape`` (replicas x shards) until ``leaves_at``, then replica 1 (ranks 2, 3) leaves and
+    the others go on as a fresh job of one replica fewer resumed from their state, data ranks numbered by place."""
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
     warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
-    model, opt = _model(init_device_mesh("cpu", SHAPE, mesh_dim_names=names))
+    model, opt = _model(init_device_mesh("cpu", shape, mesh_dim_names=names))
+    rows = [list(range(i * shape[1], (i + 1) * shape[1])) for i in range(shape[0])]
+    stay = [row for i, row in enumerate(rows) if i != 1]
     data_rank = rank
     for step in range(STEPS):
         if step == leaves_at:
-            mesh = DeviceMesh("cpu", [[0, 1], [4, 5]], mesh_dim_names=names)  # every rank creates its groups
-            if rank in (2, 3):
+            mesh = DeviceMesh("cpu", stay, mesh_dim_names=names)  # every rank creates its groups
+            if rank in rows[1]:
                 return {"role": "left"}
             model, opt = _resumed(model, opt, mesh)
-            data_rank = [0, 1, 4, 5].index(rank)
+            data_rank = [r for row in stay for r in row].index(rank)
         lm_loss(model, _batch(step, data_rank)).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     return {"data_rank": data_rank, **_final(model, opt)}
 
 
-def recovered_and_reference(rank: int, world: int, leaves_at: int, names: tuple[str, str] = NAMES) -> dict[str, Any]:
+def recovered_and_reference(
+    rank: int, world: int, leaves_at: int, names: tuple[str, str] = NAMES, shape: tuple[int, int] = SHAPE
+) -> dict[str, Any]:
     """The fault-free reference (:func:`fault_free`, replica 1 leaving before ``leaves_at``), then the guarded job
-    with a sticky fault on rank 2 from step 3 and ``min_replicas=2`` (:func:`recovering`), in the same processes:
-    one start of six ranks for both."""
+    with a sticky fault on rank 2 from step 3 and ``min_replicas`` one replica fewer (:func:`recovering`), in the
+    same processes: one start of the ranks for both."""
     import torch.distributed as dist
 
-    reference = fault_free(rank, world, leaves_at, names)
+    reference = fault_free(rank, world, leaves_at, names, shape)
     dist.barrier()
-    return {"reference": reference, "recovered": recovering(rank, world, (2, 3), 2, names)}
+    return {"reference": reference, "recovered": recovering(rank, world, (2, 3), shape[0] - 1, names, shape)}
 
 
 def refusals(rank: int, world: int) -> list[str]:
