@@ -14,12 +14,11 @@ rank 0 as a share of an ``ep`` step.
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
-import tempfile
 import time
 import warnings
 from typing import Any
+
+from benchmarks.mesh_rounds import report, spawn
 
 
 def _ep_rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace, queue: Any) -> None:
@@ -88,30 +87,10 @@ def _ep_rank_main(rank: int, world: int, store_path: str, args: argparse.Namespa
 
 def run(args: argparse.Namespace) -> None:
     """Run the four ranks and print the figures (see the module docstring)."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_ep_rank_main, args=(r, 4, store, args, queue)) for r in range(4)]
-        for p in procs:
-            p.start()
-        times, inside = queue.get(timeout=3600)
-        for p in procs:
-            p.join(60)
-    med = {n: statistics.median(v) for n, v in times.items()}
-    print(
+    times, inside = spawn(_ep_rank_main, args)
+    title = (
         f"mesh: dp=2 x ep=2 (4 ranks), MoE d={args.d}, 4 experts of width {4 * args.d}, top-2, "
         f"{args.batch * args.seq} tokens per rank, threads/process={args.threads}, {args.rounds} rounds x "
         f"{args.steps} steps"
     )
-    for name in times:
-        r = sorted(a / b - 1 for a, b in zip(times[name], times["ep"]))
-        vs = "" if name == "ep" else f"{statistics.median(r):>+14.1%}  [{r[0]:+.1%}, {r[-1]:+.1%}]  vs ep"
-        own = (
-            f"; inside the guard's calls {inside[name] * 1e3:.2f} ms = {inside[name] / med['ep']:.2%}"
-            if name in inside
-            else ""
-        )
-        print(f"  {name:<12}{med[name] * 1e3:>11.2f} ms {vs}{own}")
+    report(title, times, inside, "ep")

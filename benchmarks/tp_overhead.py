@@ -14,12 +14,11 @@ rank 0 as a share of a ``2d`` step.
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
-import tempfile
 import time
 import warnings
 from typing import Any
+
+from benchmarks.mesh_rounds import report, spawn
 
 
 def _mesh_rank_main(rank: int, world: int, store_path: str, args: argparse.Namespace, queue: Any) -> None:
@@ -97,30 +96,10 @@ def _mesh_rank_main(rank: int, world: int, store_path: str, args: argparse.Names
 
 
 def run(args: argparse.Namespace) -> None:
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [
-            ctx.Process(target=_mesh_rank_main, args=(r, 4, os.path.join(tmp, "store"), args, queue)) for r in range(4)
-        ]
-        for p in procs:
-            p.start()
-        times, inside = queue.get(timeout=3600)
-        for p in procs:
-            p.join(60)
-    med = {n: statistics.median(v) for n, v in times.items()}
-    print(
+    """Run the four ranks and print the figures (see the module docstring)."""
+    times, inside = spawn(_mesh_rank_main, args)
+    title = (
         f"mesh: dp=2 x tp=2 (4 ranks), FSDP2 over dp, {args.layers} MLP blocks d={args.d} -> {4 * args.d}, "
         f"{args.batch * args.seq} rows, threads/process={args.threads}, {args.rounds} rounds x {args.steps} steps"
     )
-    for name in times:
-        r = sorted(a / b - 1 for a, b in zip(times[name], times["2d"]))
-        vs = "" if name == "2d" else f"{statistics.median(r):>+14.1%}  [{r[0]:+.1%}, {r[-1]:+.1%}]  vs 2d"
-        own = (
-            f"; inside the guard's calls {inside[name] * 1e3:.2f} ms = {inside[name] / med['2d']:.2%}"
-            if name in inside
-            else ""
-        )
-        print(f"  {name:<12}{med[name] * 1e3:>11.2f} ms {vs}{own}")
+    report(title, times, inside, "2d")
