@@ -15,7 +15,7 @@ from sdcguard import SDCGuard
 from sdcguard.inject.faults import Fault
 from sdcguard.inject.torch_faults import OpFaultMode
 from sdcguard.testing.models import TinyTransformer, lm_loss
-from tests.training.recovery._jobs import SEQ, _batch
+from tests.training.recovery._jobs import SEQ, _batch, train
 
 STEPS = 6
 SHAPE = (3, 2)
@@ -79,21 +79,14 @@ def recovering(
         rank=fault[0],
         steps=range(fault[1], STEPS),
     )
-    resumes, step = [], 0
+    resumes: list[tuple[int, int]] = []
+
+    def before(step: int) -> contextlib.AbstractContextManager[object]:
+        injector.step = step
+        return injector if rank == fault[0] else contextlib.nullcontext()
+
     try:
-        while step < STEPS:
-            injector.step = step
-            with injector if rank == fault[0] else contextlib.nullcontext():
-                report = guard.step(step, _batch(step, guard.data_rank))
-            if report.resume_from is not None:
-                resumes.append((step, report.resume_from))
-                step = report.resume_from
-                continue
-            if report.commit:
-                opt.step()
-            opt.zero_grad(set_to_none=True)
-            guard.after_optimizer_step()
-            step += 1
+        train(guard, opt, steps=STEPS, before=before, resumed=lambda step, resume: resumes.append((step, resume)))
         guard.close()
     except SystemExit as e:
         return {"exit": e.code}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,6 +39,33 @@ def _final(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]
         "weights": [p.detach().numpy().tobytes() for p in model.parameters()],
         "optimizer": {k: {n: t.numpy().tobytes() for n, t in v.items()} for k, v in state.items()},
     }
+
+
+def train(
+    guard: SDCGuard,
+    opt: torch.optim.Optimizer,
+    start: int = 0,
+    *,
+    steps: int = STEPS,
+    before: Callable[[int], contextlib.AbstractContextManager[object]] = lambda step: contextlib.nullcontext(),
+    resumed: Callable[[int, int], None] = lambda step, resume: None,
+) -> None:
+    """The loop of docs/recovery.md from ``start`` to ``steps``: ``guard.step`` inside ``before(step)`` (a fault
+    injector), the same batches again from ``report.resume_from`` after a recovery (``resumed(step, resume)`` told),
+    the optimizer step where the guard commits."""
+    step = start
+    while step < steps:
+        with before(step):
+            report = guard.step(step, _batch(step, guard.data_rank))
+        if report.resume_from is not None:
+            resumed(step, report.resume_from)
+            step = report.resume_from
+            continue
+        if report.commit:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        guard.after_optimizer_step()
+        step += 1
 
 
 def recovering(
@@ -74,22 +102,16 @@ def recovering(
             guard = SDCGuard(DDP(model, process_group=kw["group"]), lm_loss, **kw)
             step = 0
         flipped = False
-        while step < STEPS:
+
+        def before(step: int) -> contextlib.AbstractContextManager[object]:
+            nonlocal flipped
             injector.step = step
             if memory and rank == fault[0] and step == fault[1] and not flipped:
                 corrupt_weights_(model, Fault(pattern="bitflip", bit=30, elements=1, seed=7), names="*fc1.weight")
                 flipped = True
-            with injector if rank == fault[0] and not memory else contextlib.nullcontext():
-                report = guard.step(step, _batch(step, guard.data_rank))
-            if report.resume_from is not None:
-                resumes.append((step, report.resume_from))
-                step = report.resume_from
-                continue
-            if report.commit:
-                opt.step()
-            opt.zero_grad(set_to_none=True)
-            guard.after_optimizer_step()
-            step += 1
+            return injector if rank == fault[0] and not memory else contextlib.nullcontext()
+
+        train(guard, opt, step, before=before, resumed=lambda step, resume: resumes.append((step, resume)))
         guard.close()
     except SystemExit as e:
         return {"exit": e.code}

@@ -21,7 +21,7 @@ from sdcguard.inject.torch_faults import OpFaultMode
 from sdcguard.testing.models import lm_loss
 from sdcguard.training.recovery.snapshot import snapshot_fingerprints
 from sdcguard.training.recovery.state import LiveState, state_digest
-from tests.training.recovery._jobs import _batch, _model
+from tests.training.recovery._jobs import _batch, _model, train
 
 STEPS = 12
 
@@ -67,20 +67,17 @@ def recover_cell(rank: int, world: int, kind: str, count: int) -> dict[str, Any]
         else:
             guard = SDCGuard(DDP(model, process_group=kw["group"]), lm_loss, **kw)
             step = 0
-        while step < STEPS:
-            if fault is not None:
-                fault.step = step
-            with fault if fault is not None else contextlib.nullcontext():
-                report = guard.step(step, _batch(step, guard.data_rank))
-            if report.resume_from is not None:
-                step = report.resume_from
-                timeline.append((step, tuple(guard.members)))
-                continue
-            if report.commit:
-                opt.step()
-            opt.zero_grad(set_to_none=True)
-            guard.after_optimizer_step()
-            step += 1
+
+        def before(step: int) -> contextlib.AbstractContextManager[object]:
+            if fault is None:
+                return contextlib.nullcontext()
+            fault.step = step
+            return fault
+
+        def resumed(step: int, resume: int) -> None:
+            timeline.append((resume, tuple(guard.members)))
+
+        train(guard, opt, step, steps=STEPS, before=before, resumed=resumed)
         guard.close()
     except SystemExit as e:
         return {"ended": e.code}
